@@ -1,0 +1,115 @@
+/* backend.h - the one narrow interface between core/ and a compute backend.
+ *
+ * core/ plans every buffer and decides every batch; a backend only moves
+ * bytes and runs kernels on memory it allocated. All pointers passed to the
+ * compute entries are backend memory (host memory for cpu, device memory for
+ * cuda). Matrices are row-major float32. Weight matrices are stored [out, in]
+ * (nn.Linear), so every product is C = A · Wᵀ.
+ *
+ * A context belongs to one thread at a time (one worker: one context, one
+ * CUDA stream). Compute calls may be asynchronous; sync() waits for them.
+ */
+#ifndef CANOPY_BACKEND_H
+#define CANOPY_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "canopy_core.h"
+
+typedef struct cn_backend_vt cn_backend_vt;
+
+/* Every backend context starts with this header (its own fields follow). */
+struct cn_backend_ctx {
+  const cn_backend_vt *vt;
+  long long kernels; /* compute calls issued, for run statistics */
+};
+
+struct cn_backend_vt {
+  const char *name;
+  /* true when backend memory is ordinary host memory (cpu): core then reads
+   * results and index arrays in place instead of copying them. */
+  bool host_memory;
+  void (*close)(cn_backend_ctx *bk);
+
+  /* ---- memory ---- */
+  /* Backend memory for a run arena; NULL on failure. */
+  void *(*alloc)(cn_backend_ctx *bk, size_t bytes);
+  void (*free)(cn_backend_ctx *bk, void *p);
+  /* A backend copy of a model tensor, made once per (context, tensor) and
+   * kept until close (cpu: the host pointer itself). */
+  const float *(*weights)(cn_backend_ctx *bk, const float *host, size_t n);
+  void (*to_device)(cn_backend_ctx *bk, void *dst, const void *src, size_t n);
+  void (*to_host)(cn_backend_ctx *bk, void *dst, const void *src, size_t n);
+  void (*sync)(cn_backend_ctx *bk);
+
+  /* ---- compute ---- */
+  /* C[M,N] = A[M,K] · W[N,K]ᵀ + beta·C (+ bias[N] broadcast over rows when
+   * bias != NULL). */
+  void (*gemm)(cn_backend_ctx *bk, int M, int N, int K, const float *A,
+               int lda, const float *W, int ldw, const float *bias,
+               float beta, float *C, int ldc);
+  /* For r < count: C_r[M,N] = A_r[M,K] · B_r[K,N] (+ beta·C_r), with
+   * A_r = A + r·sa etc. (cublasSgemmStridedBatched shape; B not transposed). */
+  void (*gemm_strided)(cn_backend_ctx *bk, int count, int M, int N, int K,
+                       const float *A, int lda, long long sa, const float *B,
+                       int ldb, long long sb, float beta, float *C, int ldc,
+                       long long sc);
+  /* dst[r, 0:width] = base[idx[r] : idx[r] + width], or zeros when
+   * idx[r] < 0; rows of dst are ldd floats apart. */
+  void (*gather)(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
+                 const int64_t *idx, int n, int width);
+  /* dst[r, 0:width] = Σ_{k in seg[r] .. seg[r+1]} base[idx[k] : + width]
+   * (zeros for an empty segment). */
+  void (*gather_sum)(cn_backend_ctx *bk, float *dst, int ldd,
+                     const float *base, const int64_t *idx,
+                     const int64_t *seg, int n, int width);
+
+  /* ---- fused cells: nonlinearities and state update in one pass ----
+   * Child state is read where it lives: base + off[r] (off < 0: zero). */
+  /* treelstm leaf: G[n,3H] = (i, o, u); out row = [h | c]. */
+  void (*treelstm_leaf)(cn_backend_ctx *bk, int n, int H, const float *G,
+                        float *out, int ldo);
+  /* treelstm internal: G[n,5H] = (i, f1, f2, o, u); c_k = base[off_k + H]. */
+  void (*treelstm_internal)(cn_backend_ctx *bk, int n, int H, const float *G,
+                            const float *base, const int64_t *off1,
+                            const int64_t *off2, float *out, int ldo);
+  /* treegru gates: G[n,3H] = (r1, r2, z) pre-activation; X[n,2H] = [h1; h2]
+   * is replaced by [σ(r1) ⊙ h1; σ(r2) ⊙ h2]. */
+  void (*treegru_gates)(cn_backend_ctx *bk, int n, int H, const float *G,
+                        float *X);
+  /* treegru out: h = σ(z) ⊙ (h1 + h2)/2 + (1 - σ(z)) ⊙ tanh(N), with
+   * h1, h2 = base[off1], base[off2]; N[n,H] holds the candidate's
+   * pre-activation. */
+  void (*treegru_out)(cn_backend_ctx *bk, int n, int H, const float *G,
+                      const float *N, const float *base, const int64_t *off1,
+                      const int64_t *off2, float *out, int ldo);
+  /* childsum: G[n,4H] = (i, f, o, u) pre-activations of the vertex itself
+   * (its f part is unused); F[Σk, H] = h_k · U_fᵀ for every child, child
+   * segment seg[r] .. seg[r+1]; c_k = base[coff[k] + H]; bf[H] = b_f (x is
+   * zero on internal nodes, and leaves have no children):
+   * c = σ(i)⊙tanh(u) + Σk σ(F_k + bf)⊙c_k; h = σ(o)⊙tanh(c). */
+  void (*childsum)(cn_backend_ctx *bk, int n, int H, const float *G,
+                   const float *F, const int64_t *seg, const float *bf,
+                   const float *base, const int64_t *coff, float *out,
+                   int ldo);
+  /* mvrnn internal vector input: X[r] = [B a; A b] (2H) where child 1 is
+   * (a, A) at base + off1[r] (a first, then A row-major H×H) and child 2
+   * (b, B) at base + off2[r]; off2[r] < 0 means b = 0, B = I. */
+  void (*mvrnn_vec)(cn_backend_ctx *bk, int n, int H, const float *base,
+                    const int64_t *off1, const int64_t *off2, float *X);
+  /* mvrnn internal matrix: out_r = WM[:, :H] · A + WM[:, H:] · B with A, B
+   * the children's matrices as above (B = I when off2[r] < 0); out rows of
+   * H×H floats start at out + r·ldo. */
+  void (*mvrnn_mat)(cn_backend_ctx *bk, int n, int H, const float *WM,
+                    const float *base, const int64_t *off1,
+                    const int64_t *off2, float *out, int ldo);
+  /* y = tanh(x) in place over n rows of width w (row stride ld). */
+  void (*tanh_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
+};
+
+/* Convenience wrapper that counts kernels. */
+#define CN_BK(bk, op, ...) ((bk)->kernels++, (bk)->vt->op((bk), __VA_ARGS__))
+
+#endif /* CANOPY_BACKEND_H */

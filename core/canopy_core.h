@@ -1,0 +1,192 @@
+/* canopy_core.h - the public face of core/.
+ *
+ * core/ turns inputs into instance graphs, models into bound weights, runs
+ * into batch sequences over one planned arena, and drives a backend through
+ * the narrow interface in backend.h. It knows nothing of HTTP, threads or
+ * devices; everything here is testable in-process.
+ *
+ * Conventions (shared/STYLE.md): functions return 0 or a negative CN_E_*
+ * code; a cn_err filled on failure says what went wrong and where.
+ */
+#ifndef CANOPY_CORE_H
+#define CANOPY_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ------------------------------------------------------------
+ * One table: enum value, wire code (API.md), HTTP status (the one place it
+ * is decided), and a default message. libuv UV_ERRNO_MAP style. */
+#define CN_ERRNO_MAP(XX)                                                      \
+  XX(BAD_JSON, "bad_json", 400, "the body is not valid JSON")                 \
+  XX(BAD_INSTANCE, "bad_instance", 400, "the instance is not valid")          \
+  XX(BAD_TREE, "bad_tree", 400, "the tree is not valid")                      \
+  XX(BAD_LATTICE, "bad_lattice", 400, "the lattice is not valid")             \
+  XX(TOO_MANY_CHILDREN, "too_many_children", 400, "a node has too many children") \
+  XX(NO_SUCH_MODEL, "no_such_model", 404, "no such model")                    \
+  XX(NO_SUCH_ROUTE, "no_such_route", 404, "no such route")                    \
+  XX(METHOD_NOT_ALLOWED, "method_not_allowed", 405, "method not allowed")     \
+  XX(TOO_LARGE, "too_large", 413, "the request is over a configured limit")   \
+  XX(OVERLOADED, "overloaded", 429, "the server is overloaded, retry later")  \
+  XX(DRAINING, "draining", 503, "the server is shutting down")                \
+  XX(TIMEOUT, "timeout", 504, "the request timed out")                        \
+  XX(BAD_MODEL, "bad_model", 500, "the model could not be loaded")            \
+  XX(BAD_CONFIG, "bad_config", 500, "the configuration is not valid")         \
+  XX(IO, "io", 500, "input/output error")                                     \
+  XX(NOMEM, "internal", 500, "out of memory")                                 \
+  XX(BACKEND, "internal", 500, "the compute backend failed")                  \
+  XX(INTERNAL, "internal", 500, "internal error")
+
+typedef enum {
+  CN_OK = 0,
+#define CN__ERR_ENUM(name, code, status, msg) CN_E_##name,
+  CN__ERR_FIRST = -1000,
+  CN_ERRNO_MAP(CN__ERR_ENUM)
+#undef CN__ERR_ENUM
+  CN__ERR_LAST
+} cn_errno;
+
+const char *cn_err_code(int err);   /* "bad_tree"; "internal" if unknown  */
+int cn_err_http_status(int err);    /* 400, 404, ...; 500 if unknown      */
+const char *cn_err_default_msg(int err);
+
+/* Error detail: what and where. instance/node/offset are -1 when unknown. */
+typedef struct cn_err {
+  int code;            /* CN_E_* */
+  int instance;        /* index of the instance in its request / input file */
+  int node;            /* node, token or span index inside the instance */
+  long long offset;    /* byte offset inside the instance's text */
+  char msg[320];
+} cn_err;
+
+void cn_err_clear(cn_err *e);
+/* Sets code and a printf-style message; returns code so callers can
+ * `return cn_err_set(err, CN_E_BAD_TREE, "...")`. */
+int cn_err_set(cn_err *e, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* {"error": {"code", "message", "instance"?, "node"?, "offset"?}} */
+json_t *cn_err_to_json(const cn_err *e);
+
+/* ---- limits on inputs (config/ fills them; core enforces them) -------- */
+typedef struct cn_limits {
+  int max_nodes;       /* vertices of one tree / tokens of one sequence     */
+  int max_depth;       /* tree depth, leaf = 1                              */
+  int max_token_len;   /* bytes of one word or label                        */
+  int max_children;    /* children of one node (childsum-treelstm)          */
+  int max_seq_len;     /* tokens of a sequence, chars of a lattice, DAG nodes */
+  int max_spans;       /* word spans of one lattice / prev edges of one DAG */
+} cn_limits;
+
+void cn_limits_default(cn_limits *l);
+
+/* ---- models ------------------------------------------------------------ */
+typedef struct cn_model cn_model;
+
+typedef enum {
+  CN_INPUT_TREE = 0,
+  CN_INPUT_SEQUENCE,
+  CN_INPUT_LATTICE,
+  CN_INPUT_DAG
+} cn_input_kind;
+
+const char *cn_input_kind_name(cn_input_kind k);
+
+/* Loads and checks a model directory (model.json, weights.safetensors,
+ * vocabularies). Either the whole model is returned in *out, or nothing is
+ * and err says which file, key or tensor is wrong. The caller owns *out and
+ * frees it with cn_model_free. A loaded model is immutable and may be shared
+ * by any number of threads. */
+int cn_model_load(const char *dir, cn_model **out, cn_err *err);
+void cn_model_free(cn_model *m);
+
+const char *cn_model_family(const cn_model *m);
+cn_input_kind cn_model_input(const cn_model *m);
+int cn_model_n_types(const cn_model *m);
+const char *cn_model_type_name(const cn_model *m, int type);
+/* Family, sizes, labels, input kind, vertex types (new reference). */
+json_t *cn_model_describe(const cn_model *m);
+
+/* Writes a fresh model directory: model.json, weights.safetensors with
+ * deterministic random weights (scaled so activations do not saturate) and
+ * vocabularies built from a JSONL data file (or a tiny built-in list). */
+typedef struct cn_model_init_opts {
+  const char *family;
+  const char *dir;
+  int hidden, embed, classes;  /* 0: family default */
+  const char *vocab_from;      /* JSONL file of instances, or NULL */
+  uint64_t seed;
+  int max_vocab;               /* 0: default */
+} cn_model_init_opts;
+
+int cn_model_init(const cn_model_init_opts *o, cn_err *err);
+
+/* ---- instances -----------------------------------------------------------
+ * A parsed and validated input, ready to join a run. It owns its memory and
+ * refers to the model it was parsed for (which must outlive it). */
+typedef struct cn_instance cn_instance;
+
+/* Parses one INSTANCE object of API.md for model m. index is the instance's
+ * position in its request, copied into err->instance on failure. */
+int cn_instance_parse(const cn_model *m, const json_t *inst,
+                      const cn_limits *lim, int index, cn_instance **out,
+                      cn_err *err);
+void cn_instance_free(cn_instance *inst);
+/* Vertices this instance adds to a run (for the per-run vertex limit). */
+size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
+
+/* ---- runs ------------------------------------------------------------- */
+typedef enum {
+  CN_POLICY_NONE = 0, /* one instance at a time, vertex by vertex: reference */
+  CN_POLICY_DEPTH,    /* TensorFlow Fold: same type, same topological depth  */
+  CN_POLICY_AGENDA,   /* DyNet: ready type of least average depth first      */
+  CN_POLICY__COUNT
+} cn_policy_kind;
+
+const char *cn_policy_name(cn_policy_kind p);
+int cn_policy_parse(const char *name, cn_policy_kind *out);
+
+/* Per-instance request options. */
+enum {
+  CN_OUT_ALL = 1u << 0,       /* outputs: "all" (every tree node)          */
+  CN_OUT_HIDDEN = 1u << 1     /* return_hidden                              */
+};
+
+typedef struct cn_run_stats {
+  int instances;
+  long long vertices;
+  long long batches;      /* batched vertex launches                        */
+  long long lower_bound;  /* sum over types of depth_t (MODELS.md)          */
+  size_t arena_bytes;     /* bytes of the run's planned arena               */
+  size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
+  long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
+} cn_run_stats;
+
+typedef struct cn_backend_ctx cn_backend_ctx;
+typedef struct cn_run cn_run;
+
+/* A run gathers many instances and executes them together. It borrows the
+ * model, the backend context and the instances: all must outlive it. */
+cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk);
+/* Adds an instance; returns its slot (0, 1, ...) or a negative error.
+ * max_decode_len: lstm-nmt cap from the request (0: model default). */
+int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
+               int max_decode_len);
+/* Plans the arena, schedules with the policy, executes every batch. */
+int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* The per-instance output object of API.md (new reference). */
+json_t *cn_run_output(const cn_run *r, int slot);
+void cn_run_get_stats(const cn_run *r, cn_run_stats *s);
+/* Batches and lower bound of the instance's own vertices alone are not
+ * meaningful under batching; API.md reports the run's. */
+void cn_run_free(cn_run *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CANOPY_CORE_H */

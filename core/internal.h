@@ -1,0 +1,302 @@
+/* internal.h - declarations shared inside core/ only. server/ must not
+ * include this file; it sees canopy_core.h. */
+#ifndef CANOPY_CORE_INTERNAL_H
+#define CANOPY_CORE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "canopy_core.h"
+
+#define CN_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define CN_MAX_TYPES 8
+#define CN_MAX_TENSORS 24
+
+/* Checked allocation helpers: NULL on overflow or failure. */
+void *cn__xcalloc(size_t n, size_t size);
+void *cn__xrealloc(void *p, size_t n, size_t size);
+
+/* ---- parsed trees (tree_parse.c) ---------------------------------------
+ * Nodes are numbered in pre-order (the order their opening bracket
+ * appears). Node i's children are children[first_child .. +n_children], in
+ * order. Strings (word, label) point into the tree's own pool and are NOT
+ * NUL-terminated; use the lengths. A leaf has a word and no children; an
+ * internal node has children and no word. The tree owns all its memory. */
+typedef struct cn_tree_node {
+  int32_t parent;      /* -1 for the root */
+  int32_t first_child; /* index into cn_tree.children */
+  int32_t n_children;
+  int32_t depth;       /* root = 1 */
+  const char *word;    /* leaves only, else NULL */
+  int32_t word_len;
+  const char *label;   /* may be NULL (no label) */
+  int32_t label_len;
+  int8_t type;         /* JSON "type": 'a', 'b', or 0 when absent */
+  int64_t offset;      /* byte offset of the node in a bracketed string, or -1 */
+} cn_tree_node;
+
+typedef struct cn_tree {
+  int32_t n_nodes;
+  cn_tree_node *nodes;
+  int32_t *children;   /* n_nodes - 1 entries */
+  char *pool;          /* backing store for words and labels */
+  int32_t height;      /* max node depth */
+} cn_tree;
+
+/* Parse a bracketed (Penn / SST) tree string of len bytes (API.md "Details
+ * that are part of the contract"). Iterative: no recursion, so deep input
+ * cannot overflow the stack. Limits: max_nodes, max_depth, max_token_len.
+ * On error returns CN_E_BAD_TREE (or CN_E_TOO_LARGE for a limit) with
+ * err->offset = byte offset of the problem and err->node when known. */
+int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
+                            cn_tree *out, cn_err *err);
+/* Parse a JSON NODE tree ({"word"} or {"label", "type", "children"}).
+ * Iterative. Errors name the node by pre-order index (err->node). */
+int cn_tree_parse_json(const json_t *root, const cn_limits *lim, cn_tree *out,
+                       cn_err *err);
+void cn_tree_free(cn_tree *t);
+
+/* ---- vocabularies (vocab.c) --------------------------------------------
+ * One token a line; line k is id k; id 0 is <unk>. Open-addressing hash. */
+typedef struct cn_vocab cn_vocab;
+int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err);
+/* Builds a vocabulary from an array of tokens (copied). */
+int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out);
+void cn_vocab_free(cn_vocab *v);
+int cn_vocab_size(const cn_vocab *v);
+/* Id of token s[0..len), 0 (<unk>) if absent. lowercase: ASCII A-Z folded
+ * before look-up (the stored tokens are used as they are). */
+int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
+                    bool lowercase);
+const char *cn_vocab_token(const cn_vocab *v, int id); /* NULL if out of range */
+/* Writes one token a line. */
+int cn_vocab_write(const char *path, const char *const *tokens, int n,
+                   cn_err *err);
+/* Ranks a bag of tokens (repeats counted; the array is sorted in place) by
+ * descending count, then bytewise. *out (malloc'd, *n_out entries) lists
+ * the specials first, then at most max - n_specials distinct tokens; it
+ * points into specials and tokens, copying nothing. Specials, empty tokens
+ * and tokens holding a line break are left out of the ranking. */
+int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
+                   int n_specials, int max, const char ***out, int *n_out);
+
+/* ---- safetensors (safetensors.c) ---------------------------------------
+ * Read-only mmap of a .safetensors file; every tensor's header entry is
+ * checked (dtype, shape product × dtype size == byte span, offsets inside
+ * the data section, no overlap) before any is used. */
+typedef struct cn_tensor {
+  char name[96];
+  int ndim;
+  int64_t shape[4];
+  int64_t numel;
+  const float *data; /* into the mapping; F32 only */
+} cn_tensor;
+
+typedef struct cn_safetensors {
+  void *map;
+  size_t map_len;
+  int n;
+  cn_tensor *tensors;
+} cn_safetensors;
+
+int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err);
+const cn_tensor *cn_safetensors_find(const cn_safetensors *st,
+                                     const char *name);
+void cn_safetensors_close(cn_safetensors *st);
+
+/* Tensor to write: name, shape, data (numel floats). */
+typedef struct cn_tensor_out {
+  const char *name;
+  int ndim;
+  int64_t shape[4];
+  const float *data;
+} cn_tensor_out;
+int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
+                         cn_err *err);
+
+/* ---- families (core/families/) ------------------------------------------- */
+typedef struct cn_run cn_run;
+typedef struct cn_family cn_family;
+
+/* Sizes a family's tensor shapes are written in. */
+typedef struct cn_dims {
+  int64_t H, D, C, V;     /* hidden, embed, classes, vocab                  */
+  int64_t Vw, Dw, Vt, K;  /* word vocab/embed, target vocab, mvrnn matrices */
+} cn_dims;
+
+enum {
+  CN_INIT_LINEAR = 0, /* U(-1/√fan_in, 1/√fan_in), fan_in = last dim        */
+  CN_INIT_BIAS,       /* U(-1/√H, 1/√H)                                     */
+  CN_INIT_EMBED,      /* N(0, 1) scaled to unit-ish rows: U(-1, 1)·√3/√D…   */
+  CN_INIT_MATRICES    /* identity + small noise, per [K, H, H] slice        */
+};
+
+typedef struct cn_tensor_spec {
+  const char *name;
+  int ndim;
+  int64_t shape[3]; /* -1: any size ≥ 1 (checked as such) */
+  int init;
+} cn_tensor_spec;
+
+struct cn_family {
+  const char *name;
+  cn_input_kind input;
+  int n_types;
+  const char *type_names[CN_MAX_TYPES];
+  bool has_classes; /* has an output layer with C classes */
+  int max_arity;    /* trees: most children per node (0: lim->max_children) */
+  /* The tensors of the family at these sizes, in binding order; returns
+   * their number (≤ CN_MAX_TENSORS). */
+  int (*tensors)(const cn_dims *d, cn_tensor_spec *out);
+  /* Adds the instance's vertices to the run; returns 0 or an error. */
+  int (*build)(cn_run *r, int slot);
+  /* Floats of per-vertex state (the vertex's row in its type buffer), and
+   * of scratch one batch of n vertices with n_inputs input edges in all
+   * needs. */
+  int64_t (*state_floats)(const cn_model *m, int type);
+  int64_t (*scratch_floats)(const cn_model *m, int type, int64_t n,
+                            int64_t n_inputs);
+  /* Executes one batch: n vertices of one type, all inputs ready. */
+  void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
+  /* Writes the per-instance output object (API.md). */
+  json_t *(*output)(const cn_run *r, int slot);
+};
+
+const cn_family *cn__family_find(const char *name);
+/* model.c: "treelstm, treegru, ..." (every registered family) into buf. */
+void cn__family_names(char *buf, size_t cap);
+/* model.c: whether the family sizes a tensor by Vw (word_vocab) or by Vt
+ * (tgt_vocab), i.e. which extra vocabularies its model.json must name. */
+void cn__family_needs(const cn_family *fam, bool *word, bool *tgt);
+
+/* ---- models (model.c) ---------------------------------------------------*/
+struct cn_model {
+  char *dir;
+  const cn_family *fam;
+  json_t *json;           /* model.json, kept for describe() */
+  cn_dims dims;
+  cn_vocab *vocab;        /* input tokens / characters */
+  cn_vocab *word_vocab;   /* latticelstm */
+  cn_vocab *tgt_vocab;    /* lstm-nmt */
+  char **labels;          /* C names or NULL */
+  int n_labels;
+  bool lowercase;
+  char **type_b_labels;   /* treelstm-2type */
+  int n_type_b_labels;
+  int max_decode_len;     /* lstm-nmt */
+  char *lexicon_path;     /* latticelstm: model.json "lexicon", joined to dir;
+                             NULL when absent */
+  cn_safetensors st;
+  int n_tensors;
+  const cn_tensor *w[CN_MAX_TENSORS]; /* in the family's spec order */
+};
+
+/* ---- instances (instance.c) ---------------------------------------------*/
+struct cn_instance {
+  const cn_model *m;
+  cn_input_kind kind;
+  cn_tree tree;           /* CN_INPUT_TREE */
+  int32_t *ids;           /* per node: word id (trees), token ids (seq)... */
+  uint8_t *node_type;     /* trees: per node vertex type (family's index) */
+  int32_t n;              /* tree nodes / tokens / chars / DAG nodes */
+};
+
+/* ---- runs (run.c) -------------------------------------------------------
+ * A run's graph is kept as arrays (struct of arrays), grown per run, never
+ * per vertex. Vertices are added in a topological order: a vertex's inputs
+ * exist before it. Each vertex gets, when its batch is planned, a row in its
+ * type's state buffer (Cavs' dynamic tensors): the rows of one batch are
+ * consecutive, so a batched kernel writes its outputs in place. */
+typedef struct cn_run_slot {
+  const cn_instance *inst;
+  unsigned flags;
+  int max_decode_len;
+  int32_t v0, nv;        /* the slot's vertices: [v0, v0 + nv)             */
+  int32_t node_v0;       /* node_vertex[node_v0 + i] = vertex of node i     */
+  int32_t out_v0, n_out; /* output vertices, in node pre-order             */
+} cn_run_slot;
+
+typedef struct cn_run_batch {
+  int32_t type;
+  int32_t start, n;      /* into order[] */
+} cn_run_batch;
+
+struct cn_run {
+  /* borrowed */
+  const cn_model *m;
+  const cn_family *fam;
+  cn_backend_ctx *bk;
+  /* instances */
+  cn_run_slot *slots;
+  int n_slots, cap_slots;
+  /* the vertex graph */
+  int32_t nv, cap_v;
+  uint8_t *vtype;
+  int32_t *vslot, *vnode, *vaux;
+  int32_t *in_start;     /* nv + 1 entries once finished: CSR of inputs     */
+  int32_t *in_edges;
+  int32_t ne, cap_e;
+  int32_t *node_vertex;  /* per slot, per node: the node's vertex          */
+  int32_t n_nodev, cap_nodev;
+  /* the plan */
+  int64_t n_of_type[CN_MAX_TYPES];
+  int64_t state_floats[CN_MAX_TYPES];
+  int64_t type_base[CN_MAX_TYPES];   /* float offset of the type's buffer  */
+  int64_t max_batch[CN_MAX_TYPES];
+  int64_t *state_off;    /* per vertex: float offset of its state row      */
+  int32_t *order;        /* vertices in execution order                    */
+  cn_run_batch *batches;
+  int32_t n_batches;
+  int64_t lower_bound;
+  /* memory */
+  float *arena;          /* backend memory: states, then scratch           */
+  float *host;           /* host copy of the states (device backends only) */
+  int64_t arena_floats, scratch_off, scratch_floats;
+  int64_t *idx_host;     /* index staging for the batch being launched     */
+  int64_t idx_cap, idx_used;
+  const float *wb[CN_MAX_TENSORS]; /* the model's tensors, backend copies  */
+  bool executed;
+  /* statistics */
+  size_t gather_bytes;
+  long long kernels;
+};
+
+/* Adds a vertex with the given inputs; returns its index or -1 (no memory). */
+int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
+                           const int32_t *inputs, int n_inputs);
+/* Reserves n entries of node_vertex for a slot; returns the first. */
+int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
+/* Inputs of vertex v. */
+static inline const int32_t *cn__run_inputs(const cn_run *r, int32_t v,
+                                            int *n) {
+  *n = r->in_start[v + 1] - r->in_start[v];
+  return r->in_edges + r->in_start[v];
+}
+/* The vertex's state row, in backend memory. */
+static inline float *cn__run_state(const cn_run *r, int32_t v) {
+  return r->arena + r->state_off[v];
+}
+/* Scratch for the batch being executed: at least n · scratch_floats(type). */
+static inline float *cn__run_scratch(const cn_run *r) {
+  return r->arena + r->scratch_off;
+}
+/* An index array of n entries for the batch being launched; valid until the
+ * batch returns. */
+int64_t *cn__run_idx(cn_run *r, int64_t n);
+/* Rows `width` floats wide at base + idx[r]: returns a pointer and row
+ * stride that read them directly when they are evenly spaced, else gathers
+ * them into dst (row stride ldd) and returns dst. Counts copied bytes. */
+const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
+                          const int64_t *idx, int n, int width, int *ld);
+/* Host-readable view of a vertex's state after execution. */
+const float *cn__run_state_host(const cn_run *r, int32_t v);
+
+/* ---- scheduling (sched.c) ------------------------------------------------
+ * Fills r->order and r->batches for the policy, and r->lower_bound. */
+int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* Σ_t depth_t over the run (MODELS.md lower bound). */
+int64_t cn__sched_lower_bound(const cn_run *r);
+
+#endif /* CANOPY_CORE_INTERNAL_H */
