@@ -1,0 +1,509 @@
+/* test_model.c - vocabularies, model loading and cn_model_init.
+ *
+ * Every registered family must survive init -> load; every way a model
+ * directory can be wrong must be refused whole, with a message naming the
+ * file and the key or tensor to fix. */
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "families/families.h"
+#include "internal.h"
+
+static char dir[64];
+
+static int rm_one(const char *p, const struct stat *sb, int flag,
+                  struct FTW *ftw) {
+  return remove(p);
+}
+
+static void setup(void) {
+  strcpy(dir, "/tmp/cn_model_XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void) { nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+TestSuite(vocab, .init = setup, .fini = teardown);
+TestSuite(model, .init = setup, .fini = teardown);
+
+static const char *in_dir(const char *name) {
+  static char p[4][256];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(p[k], sizeof(p[k]), "%s/%s", dir, name);
+  return p[k];
+}
+
+static void put(const char *name, const char *text) {
+  FILE *f = fopen(in_dir(name), "wb");
+  cr_assert_not_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "cannot open %s", path);
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static const char *data_file(const char *name) {
+  static char p[512];
+  const char *d = getenv("CANOPY_DATA");
+  cr_assert_not_null(d, "set CANOPY_DATA to shared/data (meson test does)");
+  snprintf(p, sizeof(p), "%s/%s", d, name);
+  return p;
+}
+
+/* ---- vocab --------------------------------------------------------------*/
+Test(vocab, load_lookup_lowercase_unk) {
+  put("v.txt", "<unk>\nthe\nThe\nfilm\r\nthe\n");
+  cn_vocab *v;
+  cn_err e;
+  cr_assert_eq(cn_vocab_load(in_dir("v.txt"), &v, &e), 0, "%s", e.msg);
+  cr_assert_eq(cn_vocab_size(v), 5);
+  cr_assert_eq(cn_vocab_lookup(v, "the", 3, false), 1);
+  cr_assert_eq(cn_vocab_lookup(v, "The", 3, false), 2);
+  cr_assert_eq(cn_vocab_lookup(v, "THE", 3, true), 1);
+  cr_assert_eq(cn_vocab_lookup(v, "The", 3, true), 1);
+  cr_assert_eq(cn_vocab_lookup(v, "film", 4, false), 3, "\\r not stripped");
+  cr_assert_eq(cn_vocab_lookup(v, "FiLm", 4, true), 3);
+  cr_assert_eq(cn_vocab_lookup(v, "films", 4, false), 3, "length ignored");
+  cr_assert_eq(cn_vocab_lookup(v, "films", 5, false), 0);
+  cr_assert_eq(cn_vocab_lookup(v, "", 0, false), 0);
+  cr_assert_eq(cn_vocab_lookup(v, "<unk>", 5, false), 0);
+  cr_assert_str_eq(cn_vocab_token(v, 3), "film");
+  cr_assert_str_eq(cn_vocab_token(v, 4), "the"); /* duplicate keeps its id */
+  cr_assert_null(cn_vocab_token(v, 5));
+  cr_assert_null(cn_vocab_token(v, -1));
+  cn_vocab_free(v);
+}
+
+Test(vocab, no_final_newline_and_many_tokens) {
+  FILE *f = fopen(in_dir("big.txt"), "wb");
+  fputs("<unk>", f);
+  for (int i = 1; i < 5000; i++) fprintf(f, "\ntok%d", i);
+  fclose(f);
+  cn_vocab *v;
+  cn_err e;
+  cr_assert_eq(cn_vocab_load(in_dir("big.txt"), &v, &e), 0, "%s", e.msg);
+  cr_assert_eq(cn_vocab_size(v), 5000);
+  char b[16];
+  for (int i = 1; i < 5000; i++) {
+    int n = snprintf(b, sizeof(b), "TOK%d", i);
+    cr_assert_eq(cn_vocab_lookup(v, b, (size_t)n, true), i);
+    cr_assert_eq(cn_vocab_lookup(v, b, (size_t)n, false), 0);
+  }
+  cn_vocab_free(v);
+}
+
+Test(vocab, empty_line_is_an_error_naming_it) {
+  put("v.txt", "<unk>\na\n\nb\n");
+  cn_vocab *v = (cn_vocab *)1;
+  cn_err e;
+  cr_assert_eq(cn_vocab_load(in_dir("v.txt"), &v, &e), CN_E_BAD_MODEL);
+  cr_assert_null(v);
+  cr_assert_not_null(strstr(e.msg, "line 3"), "%s", e.msg);
+  cr_assert_not_null(strstr(e.msg, "v.txt"), "%s", e.msg);
+  put("v.txt", "<unk>\na\n\r\n");
+  cr_assert_eq(cn_vocab_load(in_dir("v.txt"), &v, &e), CN_E_BAD_MODEL);
+  cr_assert_not_null(strstr(e.msg, "line 3"), "%s", e.msg);
+  put("v.txt", "");
+  cr_assert_eq(cn_vocab_load(in_dir("v.txt"), &v, &e), CN_E_BAD_MODEL);
+  cr_assert_eq(cn_vocab_load(in_dir("none.txt"), &v, &e), CN_E_IO);
+  cr_assert_not_null(strstr(e.msg, "none.txt"), "%s", e.msg);
+}
+
+Test(vocab, write_then_load_and_from_list) {
+  const char *toks[] = {"<unk>", "b", "a", "Ça"};
+  cn_err e;
+  cr_assert_eq(cn_vocab_write(in_dir("w.txt"), toks, 4, &e), 0, "%s", e.msg);
+  cr_assert_str_eq(slurp(in_dir("w.txt")), "<unk>\nb\na\nÇa\n");
+  cn_vocab *v, *l;
+  cr_assert_eq(cn_vocab_load(in_dir("w.txt"), &v, &e), 0);
+  cr_assert_eq(cn_vocab_from_list(toks, 4, &l), 0);
+  for (int i = 0; i < 4; i++) {
+    cr_assert_eq(cn_vocab_lookup(v, toks[i], strlen(toks[i]), false), i);
+    cr_assert_eq(cn_vocab_lookup(l, toks[i], strlen(toks[i]), false), i);
+  }
+  cn_vocab_free(v);
+  cn_vocab_free(l);
+  const char *bad[] = {"<unk>", "a\nb"};
+  cr_assert_neq(cn_vocab_write(in_dir("x.txt"), bad, 2, &e), 0);
+  cr_assert_eq(access(in_dir("x.txt"), F_OK), -1);
+}
+
+Test(vocab, rank_by_count_then_bytes) {
+  char *bag[] = {strdup("b"), strdup("a"), strdup("c"), strdup("b"),
+                 strdup("<unk>"), strdup("a"), strdup(""), strdup("d"),
+                 strdup("b")};
+  const char *sp[] = {"<unk>"};
+  const char **out;
+  int n;
+  cr_assert_eq(cn__vocab_rank(bag, 9, sp, 1, 4, &out, &n), 0);
+  cr_assert_eq(n, 4);
+  cr_assert_str_eq(out[0], "<unk>");
+  cr_assert_str_eq(out[1], "b"); /* 3 */
+  cr_assert_str_eq(out[2], "a"); /* 2 */
+  cr_assert_str_eq(out[3], "c"); /* 1, before d */
+  free(out);
+  for (int i = 0; i < 9; i++) free(bag[i]);
+}
+
+/* ---- model: helpers -----------------------------------------------------*/
+static void init_model(const char *family, const char *vocab_from, int h) {
+  cn_model_init_opts o = {.family = family, .dir = dir, .hidden = h,
+                          .embed = 0, .seed = 7, .vocab_from = vocab_from};
+  cn_err e;
+  cn_err_clear(&e);
+  int rc = cn_model_init(&o, &e);
+  cr_assert_eq(rc, 0, "init %s: %s", family, e.msg);
+}
+
+/* Load must fail with code, leaving *out NULL, and mention both strings. */
+static void expect_load_fail(int code, const char *s1, const char *s2) {
+  cn_model *m = (cn_model *)1;
+  cn_err e;
+  cn_err_clear(&e);
+  int rc = cn_model_load(dir, &m, &e);
+  cr_assert_eq(rc, code, "rc %d (%s), msg: %s", rc, cn_err_code(rc), e.msg);
+  cr_assert_eq(e.code, code);
+  cr_assert_null(m);
+  if (s1) cr_assert_not_null(strstr(e.msg, s1), "no '%s' in: %s", s1, e.msg);
+  if (s2) cr_assert_not_null(strstr(e.msg, s2), "no '%s' in: %s", s2, e.msg);
+}
+
+static json_t *read_json(void) {
+  json_error_t je;
+  json_t *j = json_load_file(in_dir("model.json"), 0, &je);
+  cr_assert_not_null(j, "%s", je.text);
+  return j;
+}
+
+static void write_json(json_t *j) {
+  cr_assert_eq(json_dump_file(j, in_dir("model.json"), JSON_INDENT(2)), 0);
+  json_decref(j);
+}
+
+/* Rewrites weights.safetensors without tensor drop, with tensor reshape
+ * given shape [r, c] and with a tensor add of shape [r, c] (each if not
+ * NULL). */
+static void rewrite_weights(const char *drop, const char *reshape,
+                            const char *add, int64_t r, int64_t c) {
+  cn_safetensors st;
+  cn_err e;
+  const char *p = in_dir("weights.safetensors");
+  cr_assert_eq(cn_safetensors_open(p, &st, &e), 0, "%s", e.msg);
+  cn_tensor_out t[CN_MAX_TENSORS + 1];
+  float *big = calloc((size_t)(r * c + 1), sizeof(float));
+  int n = 0;
+  for (int i = 0; i < st.n; i++) {
+    const cn_tensor *s = &st.tensors[i];
+    if (drop && strcmp(s->name, drop) == 0) continue;
+    t[n] = (cn_tensor_out){s->name, s->ndim, {0}, s->data};
+    memcpy(t[n].shape, s->shape, sizeof(s->shape));
+    if (reshape && strcmp(s->name, reshape) == 0)
+      t[n] = (cn_tensor_out){s->name, 2, {r, c}, big};
+    n++;
+  }
+  if (add) t[n++] = (cn_tensor_out){add, 2, {r, c}, big};
+  cr_assert_eq(cn_safetensors_write(p, t, n, &e), 0, "%s", e.msg);
+  cn_safetensors_close(&st);
+  free(big);
+}
+
+static const char *data_for(const cn_family *f) {
+  switch (f->input) {
+  case CN_INPUT_TREE:
+    return data_file(strcmp(f->name, "childsum-treelstm") == 0
+                         ? "trees-nary.jsonl" : "trees-binary.jsonl");
+  case CN_INPUT_SEQUENCE: return data_file("sequences.jsonl");
+  case CN_INPUT_LATTICE: return data_file("lattices.jsonl");
+  case CN_INPUT_DAG: return data_file("dags.jsonl");
+  }
+  return NULL;
+}
+
+/* ---- model: init -> load for every family ------------------------------*/
+static void check_loaded(const cn_family *f, const cn_model *m, int h) {
+  cr_assert_str_eq(cn_model_family(m), f->name);
+  cr_assert_eq(cn_model_input(m), f->input);
+  cr_assert_eq(cn_model_n_types(m), f->n_types);
+  cr_assert_str_eq(cn_model_type_name(m, 0), f->type_names[0]);
+  cr_assert_null(cn_model_type_name(m, f->n_types));
+  cr_assert_eq(m->dims.H, h);
+  cr_assert_gt(m->dims.V, 1);
+  cr_assert_eq(m->dims.V, cn_vocab_size(m->vocab));
+  cr_assert_str_eq(cn_vocab_token(m->vocab, 0), "<unk>");
+  cn_tensor_spec spec[CN_MAX_TENSORS];
+  cr_assert_eq(m->n_tensors, f->tensors(&m->dims, spec));
+  for (int i = 0; i < m->n_tensors; i++) {
+    cr_assert_str_eq(m->w[i]->name, spec[i].name);
+    cr_assert_eq(m->w[i]->ndim, spec[i].ndim);
+    for (int k = 0; k < spec[i].ndim; k++)
+      cr_assert_eq(m->w[i]->shape[k], spec[i].shape[k], "%s dim %d",
+                   spec[i].name, k);
+    for (int64_t k = 0; k < m->w[i]->numel; k++)
+      cr_assert(m->w[i]->data[k] > -1.5f && m->w[i]->data[k] < 1.5f,
+                "%s[%lld] = %g", spec[i].name, (long long)k, m->w[i]->data[k]);
+  }
+  json_t *d = cn_model_describe(m);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "family")), f->name);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "input")),
+                   cn_input_kind_name(f->input));
+  cr_assert_eq(json_integer_value(json_object_get(d, "vocab_size")), m->dims.V);
+  cr_assert_eq(json_array_size(json_object_get(d, "vertex_types")),
+               (size_t)f->n_types);
+  if (f->has_classes) {
+    cr_assert_eq(json_integer_value(json_object_get(d, "classes")), 5);
+    json_t *l = json_object_get(d, "labels");
+    cr_assert_eq(json_array_size(l), 5);
+    cr_assert_str_eq(json_string_value(json_array_get(l, 4)), "very positive");
+  }
+  json_decref(d);
+}
+
+Test(model, init_load_every_family_from_data) {
+  cr_assert_gt(cn__family_count(), 0);
+  for (int i = 0; i < cn__family_count(); i++) {
+    const cn_family *f = cn__family_at(i);
+    teardown();
+    setup();
+    init_model(f->name, data_for(f), 16);
+    cn_model *m = NULL;
+    cn_err e;
+    cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    check_loaded(f, m, 16);
+    cr_assert_gt(m->dims.V, 50, "%s: vocab from data has %lld tokens",
+                 f->name, (long long)m->dims.V);
+    if (strcmp(f->name, "mvrnn") == 0) {
+      cr_assert_eq(m->dims.K, 256);
+      cr_assert_eq(m->dims.D, 16);
+    }
+    if (strcmp(f->name, "treelstm-2type") == 0) {
+      cr_assert_eq(m->n_type_b_labels, 2);
+      cr_assert_str_eq(m->type_b_labels[1], "PP");
+    }
+    cn_model_free(m);
+  }
+}
+
+Test(model, init_builtin_vocab_and_defaults) {
+  for (int i = 0; i < cn__family_count(); i++) {
+    const cn_family *f = cn__family_at(i);
+    teardown();
+    setup();
+    init_model(f->name, NULL, 0);
+    cn_model *m = NULL;
+    cn_err e;
+    cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    check_loaded(f, m, 64);
+    cr_assert_eq(m->dims.D, 64);
+    cr_assert_eq(m->n_labels, f->has_classes ? 5 : 0);
+    cr_assert_eq(m->lowercase, false);
+    cr_assert_gt(cn_vocab_lookup(m->vocab, "the", 3, false), 0);
+    cn_model_free(m);
+  }
+}
+
+Test(model, init_is_deterministic_and_seeded) {
+  cn_model_init_opts o = {.family = "treelstm", .dir = dir, .hidden = 8,
+                          .embed = 4, .classes = 2, .seed = 3};
+  cn_err e;
+  cr_assert_eq(cn_model_init(&o, &e), 0, "%s", e.msg);
+  cn_model *a, *b;
+  cr_assert_eq(cn_model_load(dir, &a, &e), 0, "%s", e.msg);
+  cr_assert_eq(a->dims.C, 2);
+  cr_assert_str_eq(a->labels[1], "positive");
+  o.seed = 4;
+  cr_assert_eq(cn_model_init(&o, &e), 0, "%s", e.msg);
+  cr_assert_eq(cn_model_load(dir, &b, &e), 0, "%s", e.msg);
+  cr_assert_neq(memcmp(a->w[1]->data, b->w[1]->data, 4 * sizeof(float)), 0);
+  cn_model_free(b);
+  o.seed = 3;
+  cr_assert_eq(cn_model_init(&o, &e), 0, "%s", e.msg);
+  cr_assert_eq(cn_model_load(dir, &b, &e), 0, "%s", e.msg);
+  for (int i = 0; i < a->n_tensors; i++)
+    cr_assert_arr_eq(a->w[i]->data, b->w[i]->data,
+                     (size_t)a->w[i]->numel * sizeof(float));
+  /* Ranges of the init kinds: leaf.W is U(±1/√D), leaf.b U(±1/√H). */
+  const cn_tensor *lw = cn_safetensors_find(&a->st, "leaf.W");
+  const cn_tensor *lb = cn_safetensors_find(&a->st, "leaf.b");
+  float mw = 0, mb = 0;
+  for (int64_t k = 0; k < lw->numel; k++)
+    mw = fmaxf(mw, fabsf(lw->data[k]));
+  for (int64_t k = 0; k < lb->numel; k++)
+    mb = fmaxf(mb, fabsf(lb->data[k]));
+  cr_assert(mw <= 0.5f && mw > 0.2f, "leaf.W max %g", mw);
+  cr_assert(mb <= 0.3536f && mb > 0.1f, "leaf.b max %g", mb);
+  cn_model_free(a);
+  cn_model_free(b);
+}
+
+Test(model, init_vocab_ranked_and_capped) {
+  put("d.jsonl", "{\"tree\": \"(S (A b) (B a))\"}\n\n"
+                 "{\"tree\": {\"children\": [{\"word\": \"b\"}, "
+                 "{\"word\": \"c\"}]}}\n{\"tree\": \"(X (Y b) z)\"}\n");
+  cn_model_init_opts o = {.family = "treelstm", .dir = in_dir("m"),
+                          .vocab_from = in_dir("d.jsonl"), .hidden = 4};
+  cn_err e;
+  cr_assert_eq(cn_model_init(&o, &e), 0, "%s", e.msg);
+  cr_assert_str_eq(slurp(in_dir("m/vocab.txt")), "<unk>\nb\na\nc\nz\n");
+  o.max_vocab = 3;
+  cr_assert_eq(cn_model_init(&o, &e), 0, "%s", e.msg);
+  cr_assert_str_eq(slurp(in_dir("m/vocab.txt")), "<unk>\nb\na\n");
+  put("d.jsonl", "{\"tree\": \"(S (A b) (B a))\"}\n{\"tree\": \"(S (A b\"}\n");
+  cr_assert_neq(cn_model_init(&o, &e), 0);
+  cr_assert_not_null(strstr(e.msg, "d.jsonl: line 2"), "%s", e.msg);
+  o.vocab_from = in_dir("nothing.jsonl");
+  cr_assert_eq(cn_model_init(&o, &e), CN_E_IO);
+  cr_assert_not_null(strstr(e.msg, "nothing.jsonl"), "%s", e.msg);
+}
+
+Test(model, init_refuses_unknown_family_and_bad_sizes) {
+  cn_model_init_opts o = {.family = "transformer", .dir = dir};
+  cn_err e;
+  cr_assert_neq(cn_model_init(&o, &e), 0);
+  cr_assert_not_null(strstr(e.msg, "transformer"), "%s", e.msg);
+  cr_assert_not_null(strstr(e.msg, "treelstm"), "%s", e.msg);
+  cr_assert_eq(access(in_dir("model.json"), F_OK), -1);
+  o = (cn_model_init_opts){.family = "mvrnn", .dir = dir, .hidden = 8,
+                           .embed = 4};
+  cr_assert_neq(cn_model_init(&o, &e), 0);
+  cr_assert_not_null(strstr(e.msg, "embed"), "%s", e.msg);
+  o = (cn_model_init_opts){.family = "treegru", .dir = dir, .hidden = -3};
+  cr_assert_neq(cn_model_init(&o, &e), 0);
+  cr_assert_not_null(strstr(e.msg, "hidden"), "%s", e.msg);
+}
+
+/* ---- model: load errors -------------------------------------------------*/
+Test(model, missing_key_names_it) {
+  init_model("treelstm", NULL, 8);
+  json_t *j = read_json();
+  json_object_del(j, "hidden");
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "'hidden'", "model.json");
+  j = read_json();
+  json_object_set_new(j, "hidden", json_integer(8));
+  json_object_set_new(j, "classes", json_string("five"));
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "'classes'", "model.json");
+  j = read_json();
+  json_object_set_new(j, "classes", json_integer(5));
+  json_object_del(j, "vocab");
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "'vocab'", "model.json");
+}
+
+Test(model, unknown_family_lists_known) {
+  init_model("treegru", NULL, 8);
+  json_t *j = read_json();
+  json_object_set_new(j, "family", json_string("rnng"));
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "'rnng'", "treelstm, treelstm-2type");
+}
+
+Test(model, missing_tensor_names_it) {
+  init_model("treelstm", NULL, 8);
+  rewrite_weights("leaf.W", NULL, NULL, 0, 0);
+  expect_load_fail(CN_E_BAD_MODEL, "tensor 'leaf.W' is missing",
+                   "weights.safetensors");
+}
+
+Test(model, wrong_shape_names_tensor_and_sizes) {
+  init_model("treelstm", NULL, 8); /* H = 8, D = 64 */
+  rewrite_weights(NULL, "leaf.W", NULL, 24, 32);
+  expect_load_fail(CN_E_BAD_MODEL,
+                   "tensor 'leaf.W' has shape [24, 32], expected [24, 64]",
+                   "3H=24, D=64");
+}
+
+Test(model, extra_tensors_are_fine) {
+  init_model("childsum-treelstm", NULL, 8);
+  rewrite_weights(NULL, NULL, "unused.extra", 2, 2);
+  cn_model *m;
+  cn_err e;
+  cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s", e.msg);
+  cr_assert_eq(m->st.n, m->n_tensors + 1);
+  cn_model_free(m);
+}
+
+Test(model, truncated_weights) {
+  init_model("treegru", NULL, 8);
+  const char *p = in_dir("weights.safetensors");
+  FILE *f = fopen(p, "rb");
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fclose(f);
+  cr_assert_eq(truncate(p, len - 8), 0);
+  expect_load_fail(CN_E_BAD_MODEL, "weights.safetensors", "'out.b'");
+  unlink(p);
+  expect_load_fail(CN_E_IO, "weights.safetensors", NULL);
+}
+
+Test(model, labels_count_must_match_classes) {
+  init_model("treelstm", NULL, 8);
+  json_t *j = read_json();
+  json_object_set_new(j, "labels", json_pack("[sss]", "a", "b", "c"));
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "'labels' has 3 names", "'classes' is 5");
+}
+
+Test(model, mvrnn_needs_embed_equal_hidden) {
+  init_model("mvrnn", NULL, 8);
+  json_t *j = read_json();
+  json_object_set_new(j, "embed", json_integer(4));
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "mvrnn", "'embed' == 'hidden'");
+}
+
+Test(model, vocab_and_json_file_errors) {
+  expect_load_fail(CN_E_IO, "model.json", NULL);
+  init_model("treelstm", NULL, 8);
+  unlink(in_dir("vocab.txt"));
+  expect_load_fail(CN_E_IO, "vocab.txt", NULL);
+  put("vocab.txt", "<unk>\n\nfilm\n");
+  expect_load_fail(CN_E_BAD_MODEL, "vocab.txt", "line 2");
+  put("model.json", "{\"family\": \"treelstm\",\n  \"hidden\": }");
+  expect_load_fail(CN_E_BAD_MODEL, "model.json", "line 2");
+  put("model.json", "{\"family\": \"treelstm\", \"hidden\": 8, \"embed\": 64,"
+                    " \"classes\": 5, \"vocab\": \"vocab.txt\","
+                    " \"lowercase\": \"yes\"}");
+  expect_load_fail(CN_E_BAD_MODEL, "'lowercase'", NULL);
+}
+
+Test(model, vocab_size_change_is_caught_by_embed_shape) {
+  init_model("treelstm", NULL, 8);
+  put("vocab.txt", "<unk>\nthe\n");
+  expect_load_fail(CN_E_BAD_MODEL, "'embed'", "V=2");
+}
+
+Test(model, optional_keys) {
+  init_model("treelstm", NULL, 8);
+  json_t *j = read_json();
+  json_object_set_new(j, "lowercase", json_true());
+  json_object_set_new(j, "lexicon", json_string("lexicon.txt"));
+  json_object_set_new(j, "max_decode_len", json_integer(7));
+  write_json(j);
+  cn_model *m;
+  cn_err e;
+  cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s", e.msg);
+  cr_assert(m->lowercase);
+  cr_assert_eq(m->max_decode_len, 7);
+  cr_assert_str_eq(m->lexicon_path, in_dir("lexicon.txt"));
+  cr_assert_null(m->word_vocab);
+  cr_assert_eq(m->dims.Vw, 0);
+  json_t *d = cn_model_describe(m);
+  cr_assert(json_is_true(json_object_get(d, "lowercase")));
+  json_decref(d);
+  cn_model_free(m);
+}
