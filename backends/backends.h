@@ -1,0 +1,25 @@
+/* backends.h - opening a compute backend by name. server/ picks one per
+ * worker; core/ only sees the cn_backend_ctx it is handed. */
+#ifndef CANOPY_BACKENDS_H
+#define CANOPY_BACKENDS_H
+
+#include "canopy_core.h"
+
+typedef struct cn_backend_ctx cn_backend_ctx;
+
+/* Opens a context of backend "cpu" or "cuda" (device: GPU ordinal). The
+ * caller owns it and closes it with cn_backend_close. A backend that is
+ * not built in, or has no device, is a clear error, never a crash. */
+int cn_backend_open(const char *name, int device, cn_backend_ctx **out,
+                    cn_err *err);
+void cn_backend_close(cn_backend_ctx *bk);
+/* Kernel launches issued on this context so far. */
+long long cn_backend_kernels(const cn_backend_ctx *bk);
+/* Size of the OpenBLAS thread pool (cpu). */
+void cn_backend_cpu_threads(int n);
+
+/* internal */
+int cn__backend_cpu_open(cn_backend_ctx **out, cn_err *err);
+int cn__backend_cuda_open(int device, cn_backend_ctx **out, cn_err *err);
+
+#endif

@@ -1,0 +1,250 @@
+/* cpu.c - the CPU backend: OpenBLAS sgemm for every product, plain loops
+ * the compiler vectorises for gathers and the fused cells.
+ *
+ * Memory is host memory (vt.host_memory): weights are used where the model
+ * mapped them, and core reads results in place. One context per worker
+ * thread; OpenBLAS's own threads split each large product.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends.h"
+#include "backend.h"
+
+typedef struct cpu_ctx {
+  cn_backend_ctx base;
+} cpu_ctx;
+
+static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void cpu_close(cn_backend_ctx *bk) { free(bk); }
+
+static void *cpu_alloc(cn_backend_ctx *bk, size_t bytes) {
+  void *p = NULL;
+  size_t n = (bytes + 63) & ~(size_t)63;
+  if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+  return p;
+}
+
+static void cpu_free(cn_backend_ctx *bk, void *p) { free(p); }
+
+static const float *cpu_weights(cn_backend_ctx *bk, const float *host,
+                                size_t n) {
+  return host;
+}
+
+static void cpu_copy(cn_backend_ctx *bk, void *dst, const void *src,
+                     size_t n) {
+  memcpy(dst, src, n);
+}
+
+static void cpu_sync(cn_backend_ctx *bk) {}
+
+/* C[M,N] = A[M,K]·W[N,K]ᵀ (+ bias) + beta·C */
+static void cpu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
+                     int lda, const float *W, int ldw, const float *bias,
+                     float beta, float *C, int ldc) {
+  if (bias != NULL) {
+    for (int i = 0; i < M; i++) {
+      float *c = C + (size_t)i * ldc;
+      if (beta == 0.0f)
+        memcpy(c, bias, (size_t)N * sizeof(float));
+      else
+        for (int j = 0; j < N; j++) c[j] = beta * c[j] + bias[j];
+    }
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, lda,
+              W, ldw, beta, C, ldc);
+}
+
+static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
+                             int K, const float *A, int lda, long long sa,
+                             const float *B, int ldb, long long sb, float beta,
+                             float *C, int ldc, long long sc) {
+  for (int r = 0; r < count; r++)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f,
+                A + r * sa, lda, B + r * sb, ldb, beta, C + r * sc, ldc);
+}
+
+static void cpu_gather(cn_backend_ctx *bk, float *dst, int ldd,
+                       const float *base, const int64_t *idx, int n,
+                       int width) {
+  for (int r = 0; r < n; r++) {
+    float *d = dst + (size_t)r * ldd;
+    if (idx[r] < 0)
+      memset(d, 0, (size_t)width * sizeof(float));
+    else
+      memcpy(d, base + idx[r], (size_t)width * sizeof(float));
+  }
+}
+
+static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
+                           const float *base, const int64_t *idx,
+                           const int64_t *seg, int n, int width) {
+  for (int r = 0; r < n; r++) {
+    float *d = dst + (size_t)r * ldd;
+    memset(d, 0, (size_t)width * sizeof(float));
+    for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
+      const float *s = base + idx[k];
+      for (int j = 0; j < width; j++) d[j] += s[j];
+    }
+  }
+}
+
+static void cpu_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
+                              const float *G, float *out, int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 3 * H;
+    float *h = out + (size_t)r * ldo, *c = h + H;
+    for (int j = 0; j < H; j++) {
+      float cj = sigm(g[j]) * tanhf(g[2 * H + j]);
+      c[j] = cj;
+      h[j] = sigm(g[H + j]) * tanhf(cj);
+    }
+  }
+}
+
+static void cpu_treelstm_internal(cn_backend_ctx *bk, int n, int H,
+                                  const float *G, const float *base,
+                                  const int64_t *off1, const int64_t *off2,
+                                  float *out, int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 5 * H;
+    const float *c1 = off1[r] >= 0 ? base + off1[r] + H : NULL;
+    const float *c2 = off2[r] >= 0 ? base + off2[r] + H : NULL;
+    float *h = out + (size_t)r * ldo, *c = h + H;
+    for (int j = 0; j < H; j++) {
+      float cj = sigm(g[j]) * tanhf(g[4 * H + j]);
+      if (c1) cj += sigm(g[H + j]) * c1[j];
+      if (c2) cj += sigm(g[2 * H + j]) * c2[j];
+      c[j] = cj;
+      h[j] = sigm(g[3 * H + j]) * tanhf(cj);
+    }
+  }
+}
+
+static void cpu_treegru_gates(cn_backend_ctx *bk, int n, int H,
+                              const float *G, float *X) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 3 * H;
+    float *x = X + (size_t)r * 2 * H;
+    for (int j = 0; j < 2 * H; j++) x[j] *= sigm(g[j]);
+  }
+}
+
+static void cpu_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
+                            const float *N, const float *base,
+                            const int64_t *off1, const int64_t *off2,
+                            float *out, int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *z = G + (size_t)r * 3 * H + 2 * H;
+    const float *nn = N + (size_t)r * H;
+    const float *h1 = off1[r] >= 0 ? base + off1[r] : NULL;
+    const float *h2 = off2[r] >= 0 ? base + off2[r] : NULL;
+    float *h = out + (size_t)r * ldo;
+    for (int j = 0; j < H; j++) {
+      float s = (h1 ? h1[j] : 0.0f) + (h2 ? h2[j] : 0.0f);
+      float zj = sigm(z[j]);
+      h[j] = zj * s * 0.5f + (1.0f - zj) * tanhf(nn[j]);
+    }
+  }
+}
+
+static void cpu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
+                         const float *F, const int64_t *seg, const float *bf,
+                         const float *base, const int64_t *coff, float *out,
+                         int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 4 * H;
+    float *h = out + (size_t)r * ldo, *c = h + H;
+    for (int j = 0; j < H; j++) c[j] = sigm(g[j]) * tanhf(g[3 * H + j]);
+    for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
+      const float *f = F + (size_t)k * H;
+      const float *ck = base + coff[k] + H;
+      for (int j = 0; j < H; j++) c[j] += sigm(f[j] + bf[j]) * ck[j];
+    }
+    for (int j = 0; j < H; j++) h[j] = sigm(g[2 * H + j]) * tanhf(c[j]);
+  }
+}
+
+static void cpu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
+                          const int64_t *off1, const int64_t *off2, float *X) {
+  for (int r = 0; r < n; r++) {
+    const float *a = base + off1[r], *A = a + H;
+    float *x = X + (size_t)r * 2 * H;
+    if (off2[r] < 0) { /* b = 0, B = I: [B a; A b] = [a; 0] */
+      memcpy(x, a, (size_t)H * sizeof(float));
+      memset(x + H, 0, (size_t)H * sizeof(float));
+      continue;
+    }
+    const float *b = base + off2[r], *B = b + H;
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, H, H, 1.0f, B, H, a, 1, 0.0f, x,
+                1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, H, H, 1.0f, A, H, b, 1, 0.0f,
+                x + H, 1);
+  }
+}
+
+static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
+                          const float *base, const int64_t *off1,
+                          const int64_t *off2, float *out, int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *A = base + off1[r] + H;
+    float *P = out + (size_t)r * ldo;
+    /* P = WM[:, :H]·A (WM rows are 2H apart). */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, H, H, H, 1.0f, WM,
+                2 * H, A, H, 0.0f, P, H);
+    if (off2[r] < 0) { /* + WM[:, H:]·I */
+      for (int i = 0; i < H; i++)
+        for (int j = 0; j < H; j++)
+          P[(size_t)i * H + j] += WM[(size_t)i * 2 * H + H + j];
+    } else {
+      const float *B = base + off2[r] + H;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, H, H, H, 1.0f,
+                  WM + H, 2 * H, B, H, 1.0f, P, H);
+    }
+  }
+}
+
+static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
+                          int ld) {
+  for (int r = 0; r < n; r++) {
+    float *y = x + (size_t)r * ld;
+    for (int j = 0; j < w; j++) y[j] = tanhf(y[j]);
+  }
+}
+
+static const cn_backend_vt cpu_vt = {
+    .name = "cpu",
+    .host_memory = true,
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .weights = cpu_weights,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .sync = cpu_sync,
+    .gemm = cpu_gemm,
+    .gemm_strided = cpu_gemm_strided,
+    .gather = cpu_gather,
+    .gather_sum = cpu_gather_sum,
+    .treelstm_leaf = cpu_treelstm_leaf,
+    .treelstm_internal = cpu_treelstm_internal,
+    .treegru_gates = cpu_treegru_gates,
+    .treegru_out = cpu_treegru_out,
+    .childsum = cpu_childsum,
+    .mvrnn_vec = cpu_mvrnn_vec,
+    .mvrnn_mat = cpu_mvrnn_mat,
+    .tanh_rows = cpu_tanh_rows,
+};
+
+int cn__backend_cpu_open(cn_backend_ctx **out, cn_err *err) {
+  cpu_ctx *c = calloc(1, sizeof(*c));
+  if (c == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory for backend");
+  c->base.vt = &cpu_vt;
+  *out = &c->base;
+  return 0;
+}

@@ -1,0 +1,43 @@
+/* families.h - the family descriptors, and helpers the tree families share. */
+#ifndef CANOPY_FAMILIES_H
+#define CANOPY_FAMILIES_H
+
+#include "../internal.h"
+
+extern const cn_family cn__fam_treelstm;
+extern const cn_family cn__fam_treelstm_2type;
+extern const cn_family cn__fam_treegru;
+extern const cn_family cn__fam_childsum;
+extern const cn_family cn__fam_mvrnn;
+
+int cn__family_count(void);
+const cn_family *cn__family_at(int i);
+
+/* ---- tree families (tree_common.c) ---- */
+typedef struct cn_tree_types {
+  int leaf, internal_a, internal_b, output; /* internal_b < 0: one kind */
+} cn_tree_types;
+
+/* Adds the vertices of a tree instance: one per node, built children first
+ * (reverse pre-order), then one output vertex per requested node (the root,
+ * or every node in pre-order). A node's inputs are its children, in order. */
+int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt);
+/* The per-instance object: logits/label/label_name of the root, "nodes"
+ * for outputs=all, "h" (the first h_floats of the root's state). */
+json_t *cn__tree_output(const cn_run *r, int slot, int h_floats);
+/* off[i] = state offset of input `which` of verts[i], or -1 if it has no
+ * such input (a unary node's second child). Staged in the run's indices. */
+int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
+/* off[i] = state offset of verts[i] plus add. */
+int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
+/* off[i] = vaux[verts[i]] · stride (an embedding row). */
+int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
+/* Standard output vertex: logits = out.W h + out.b, h = first H floats of
+ * the input's state. */
+void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
+                     const float *W, const float *b);
+/* JSON helpers. */
+json_t *cn__json_floats(const float *x, int64_t n);
+int cn__argmax(const float *x, int n);
+
+#endif

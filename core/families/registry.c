@@ -1,0 +1,22 @@
+/* registry.c - the model families core serves, by model.json "family". */
+#include <string.h>
+
+#include "families.h"
+
+static const cn_family *const families[] = {
+    &cn__fam_treelstm, &cn__fam_treelstm_2type, &cn__fam_treegru,
+    &cn__fam_childsum, &cn__fam_mvrnn,
+};
+
+const cn_family *cn__family_find(const char *name) {
+  if (name == NULL) return NULL;
+  for (size_t i = 0; i < CN_ARRAY_SIZE(families); i++)
+    if (strcmp(families[i]->name, name) == 0) return families[i];
+  return NULL;
+}
+
+int cn__family_count(void) { return (int)CN_ARRAY_SIZE(families); }
+
+const cn_family *cn__family_at(int i) {
+  return i >= 0 && i < (int)CN_ARRAY_SIZE(families) ? families[i] : NULL;
+}

@@ -1,0 +1,128 @@
+/* tree_common.c - what the tree families share: building a tree instance's
+ * vertices, index arrays for batched kernels, the output layer, and the
+ * per-instance JSON object of API.md. */
+#include <stdlib.h>
+
+#include "families.h"
+
+int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
+  const cn_instance *inst = r->slots[slot].inst;
+  const cn_tree *t = &inst->tree;
+  unsigned flags = r->slots[slot].flags;
+  int32_t n = t->n_nodes;
+  int32_t base = cn__run_reserve_nodes(r, n);
+  if (base < 0) return CN_E_NOMEM;
+  /* Children come after their parent in pre-order, so walking the nodes
+   * backwards adds every child before its parent. */
+  for (int32_t i = n - 1; i >= 0; i--) {
+    const cn_tree_node *nd = &t->nodes[i];
+    int type = tt->leaf;
+    if (nd->n_children > 0)
+      type = (tt->internal_b >= 0 && inst->node_type[i] == 'b')
+                 ? tt->internal_b
+                 : tt->internal_a;
+    /* Inputs: the children's vertices, read from the node map in place
+     * (indices into node_vertex stay valid while we only append vertices). */
+    int32_t in[64];
+    int32_t *inputs = in;
+    if (nd->n_children > (int32_t)CN_ARRAY_SIZE(in)) {
+      inputs = malloc((size_t)nd->n_children * sizeof(int32_t));
+      if (inputs == NULL) return CN_E_NOMEM;
+    }
+    for (int32_t k = 0; k < nd->n_children; k++)
+      inputs[k] = r->node_vertex[base + t->children[nd->first_child + k]];
+    int32_t v = cn__run_add_vertex(r, type, slot, i, inst->ids[i], inputs,
+                                   nd->n_children);
+    if (inputs != in) free(inputs);
+    if (v < 0) return CN_E_NOMEM;
+    r->node_vertex[base + i] = v;
+  }
+  cn_run_slot *s = &r->slots[slot];
+  s->node_v0 = base;
+  s->out_v0 = r->nv;
+  s->n_out = (flags & CN_OUT_ALL) ? n : 1;
+  for (int32_t i = 0; i < s->n_out; i++) {
+    int32_t in = r->node_vertex[base + i];
+    if (cn__run_add_vertex(r, tt->output, slot, i, 0, &in, 1) < 0)
+      return CN_E_NOMEM;
+  }
+  return 0;
+}
+
+int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    off[i] = which < k ? r->state_off[in[which]] : -1;
+  }
+  return off;
+}
+
+int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) off[i] = r->state_off[verts[i]] + add;
+  return off;
+}
+
+int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) off[i] = (int64_t)r->vaux[verts[i]] * stride;
+  return off;
+}
+
+void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
+                     const float *W, const float *b) {
+  int C = (int)r->m->dims.C;
+  int64_t *hoff = cn__inputs_off(r, verts, n, 0);
+  int ld;
+  /* h rows [n, H]; read in place when evenly spaced. */
+  const float *X = cn__run_rows(r, cn__run_scratch(r), H, r->arena, hoff, n,
+                                H, &ld);
+  float *out = r->arena + r->state_off[verts[0]];
+  CN_BK(r->bk, gemm, n, C, H, X, ld, W, H, b, 0.0f, out, C);
+}
+
+json_t *cn__json_floats(const float *x, int64_t n) {
+  json_t *a = json_array();
+  for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_real(x[i]));
+  return a;
+}
+
+int cn__argmax(const float *x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i; /* lowest index wins a tie */
+  return best;
+}
+
+static json_t *logits_object(const cn_run *r, json_t *o, const float *z) {
+  const cn_model *m = r->m;
+  int C = (int)m->dims.C;
+  int label = cn__argmax(z, C);
+  json_object_set_new(o, "logits", cn__json_floats(z, C));
+  json_object_set_new(o, "label", json_integer(label));
+  if (m->labels != NULL && label < m->n_labels)
+    json_object_set_new(o, "label_name", json_string(m->labels[label]));
+  return o;
+}
+
+json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
+  const cn_run_slot *s = &r->slots[slot];
+  json_t *o = json_object();
+  logits_object(r, o, cn__run_state_host(r, s->out_v0));
+  if (s->flags & CN_OUT_ALL) {
+    json_t *nodes = json_array();
+    for (int32_t i = 0; i < s->n_out; i++)
+      json_array_append_new(
+          nodes, logits_object(r, json_object(),
+                               cn__run_state_host(r, s->out_v0 + i)));
+    json_object_set_new(o, "nodes", nodes);
+  }
+  if (s->flags & CN_OUT_HIDDEN) {
+    int32_t root = r->node_vertex[s->node_v0];
+    json_object_set_new(o, "h",
+                        cn__json_floats(cn__run_state_host(r, root), h_floats));
+  }
+  return o;
+}

@@ -1,0 +1,94 @@
+/* treegru.c - binary Tree-GRU, MODELS.md "treegru".
+ *
+ * State of every node vertex: h, H floats. Per batch of n vertices:
+ *   leaf:     h = tanh(X·leaf.Wᵀ + leaf.b) written straight into the rows.
+ *   internal: X[n,2H] = [h1; h2]; G[n,3H] = X·Ugᵀ + bg;
+ *             X := [σ(r1)⊙h1; σ(r2)⊙h2]; N[n,H] = X·Unᵀ + bn;
+ *             h = σ(z)⊙(h1 + h2)/2 + (1 - σ(z))⊙tanh(N).
+ *   output:   logits = h·out.Wᵀ + out.b.
+ */
+#include "families.h"
+
+enum { EMBED, LEAF_W, LEAF_B, INT_UG, INT_BG, INT_UN, INT_BN, OUT_W, OUT_B };
+enum { T_LEAF, T_INTERNAL, T_OUTPUT };
+
+static int spec(const cn_dims *d, cn_tensor_spec *t) {
+  int64_t H = d->H, D = d->D, C = d->C, V = d->V;
+  t[EMBED] = (cn_tensor_spec){"embed", 2, {V, D}, CN_INIT_EMBED};
+  t[LEAF_W] = (cn_tensor_spec){"leaf.W", 2, {H, D}, CN_INIT_LINEAR};
+  t[LEAF_B] = (cn_tensor_spec){"leaf.b", 1, {H}, CN_INIT_BIAS};
+  t[INT_UG] = (cn_tensor_spec){"internal.Ug", 2, {3 * H, 2 * H},
+                               CN_INIT_LINEAR};
+  t[INT_BG] = (cn_tensor_spec){"internal.bg", 1, {3 * H}, CN_INIT_BIAS};
+  t[INT_UN] = (cn_tensor_spec){"internal.Un", 2, {H, 2 * H}, CN_INIT_LINEAR};
+  t[INT_BN] = (cn_tensor_spec){"internal.bn", 1, {H}, CN_INIT_BIAS};
+  t[OUT_W] = (cn_tensor_spec){"out.W", 2, {C, H}, CN_INIT_LINEAR};
+  t[OUT_B] = (cn_tensor_spec){"out.b", 1, {C}, CN_INIT_BIAS};
+  return 9;
+}
+
+static int build(cn_run *r, int slot) {
+  cn_tree_types tt = {T_LEAF, T_INTERNAL, -1, T_OUTPUT};
+  return cn__tree_build(r, slot, &tt);
+}
+
+static int64_t state_floats(const cn_model *m, int type) {
+  return type == T_OUTPUT ? m->dims.C : m->dims.H;
+}
+
+static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
+                              int64_t n_inputs) {
+  int64_t H = m->dims.H, D = m->dims.D;
+  if (type == T_LEAF) return n * D;
+  if (type == T_OUTPUT) return n * H;
+  return n * (2 * H + 3 * H + H);
+}
+
+static void exec(cn_run *r, int type, const int32_t *verts, int n) {
+  cn_backend_ctx *bk = r->bk;
+  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
+  float *out = r->arena + r->state_off[verts[0]];
+  float *X = cn__run_scratch(r);
+  if (type == T_OUTPUT) {
+    cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
+  } else if (type == T_LEAF) {
+    int64_t *e = cn__aux_off(r, verts, n, D);
+    CN_BK(bk, gather, X, D, r->wb[EMBED], e, n, D);
+    CN_BK(bk, gemm, n, H, D, X, D, r->wb[LEAF_W], D, r->wb[LEAF_B], 0.0f,
+          out, H);
+    CN_BK(bk, tanh_rows, n, H, out, H);
+  } else {
+    float *G = X + (int64_t)n * 2 * H;
+    float *N = G + (int64_t)n * 3 * H;
+    int64_t *o1 = cn__inputs_off(r, verts, n, 0);
+    int64_t *o2 = cn__inputs_off(r, verts, n, 1);
+    CN_BK(bk, gather, X, 2 * H, r->arena, o1, n, H);
+    CN_BK(bk, gather, X + H, 2 * H, r->arena, o2, n, H);
+    r->gather_bytes += (size_t)n * 2 * (size_t)H * sizeof(float);
+    CN_BK(bk, gemm, n, 3 * H, 2 * H, X, 2 * H, r->wb[INT_UG], 2 * H,
+          r->wb[INT_BG], 0.0f, G, 3 * H);
+    CN_BK(bk, treegru_gates, n, H, G, X);
+    CN_BK(bk, gemm, n, H, 2 * H, X, 2 * H, r->wb[INT_UN], 2 * H,
+          r->wb[INT_BN], 0.0f, N, H);
+    CN_BK(bk, treegru_out, n, H, G, N, r->arena, o1, o2, out, H);
+  }
+}
+
+static json_t *output(const cn_run *r, int slot) {
+  return cn__tree_output(r, slot, (int)r->m->dims.H);
+}
+
+const cn_family cn__fam_treegru = {
+    .name = "treegru",
+    .input = CN_INPUT_TREE,
+    .n_types = 3,
+    .type_names = {"leaf", "internal", "output"},
+    .has_classes = true,
+    .max_arity = 2,
+    .tensors = spec,
+    .build = build,
+    .state_floats = state_floats,
+    .scratch_floats = scratch_floats,
+    .exec = exec,
+    .output = output,
+};

@@ -1,0 +1,127 @@
+/* treelstm.c - binary constituency Tree-LSTM (Tai et al. 2015, N-ary with
+ * N = 2) and its two-internal-type variant, MODELS.md "treelstm" and
+ * "treelstm-2type".
+ *
+ * State of every node vertex: [h | c], 2H floats. Per batch of n vertices:
+ *   leaf:     X[n,D] = embed rows; G[n,3H] = X·leaf.Wᵀ + leaf.b; fused cell.
+ *   internal: X[n,2H] = [h1; h2] gathered; G[n,5H] = X·Uᵀ + b; fused cell
+ *             reading c1, c2 where they live.
+ *   output:   logits[n,C] = h·out.Wᵀ + out.b.
+ */
+#include "families.h"
+
+enum { EMBED, LEAF_W, LEAF_B, OUT_W, OUT_B, INT_U, INT_B, INT_B_U, INT_B_B };
+
+static int spec_common(const cn_dims *d, cn_tensor_spec *t) {
+  int64_t H = d->H, D = d->D, C = d->C, V = d->V;
+  t[EMBED] = (cn_tensor_spec){"embed", 2, {V, D}, CN_INIT_EMBED};
+  t[LEAF_W] = (cn_tensor_spec){"leaf.W", 2, {3 * H, D}, CN_INIT_LINEAR};
+  t[LEAF_B] = (cn_tensor_spec){"leaf.b", 1, {3 * H}, CN_INIT_BIAS};
+  t[OUT_W] = (cn_tensor_spec){"out.W", 2, {C, H}, CN_INIT_LINEAR};
+  t[OUT_B] = (cn_tensor_spec){"out.b", 1, {C}, CN_INIT_BIAS};
+  return 5;
+}
+
+static int spec_treelstm(const cn_dims *d, cn_tensor_spec *t) {
+  int n = spec_common(d, t);
+  t[n++] = (cn_tensor_spec){"internal.U", 2, {5 * d->H, 2 * d->H},
+                            CN_INIT_LINEAR};
+  t[n++] = (cn_tensor_spec){"internal.b", 1, {5 * d->H}, CN_INIT_BIAS};
+  return n;
+}
+
+static int spec_2type(const cn_dims *d, cn_tensor_spec *t) {
+  int n = spec_common(d, t);
+  t[n++] = (cn_tensor_spec){"internal_a.U", 2, {5 * d->H, 2 * d->H},
+                            CN_INIT_LINEAR};
+  t[n++] = (cn_tensor_spec){"internal_a.b", 1, {5 * d->H}, CN_INIT_BIAS};
+  t[n++] = (cn_tensor_spec){"internal_b.U", 2, {5 * d->H, 2 * d->H},
+                            CN_INIT_LINEAR};
+  t[n++] = (cn_tensor_spec){"internal_b.b", 1, {5 * d->H}, CN_INIT_BIAS};
+  return n;
+}
+
+/* Types: treelstm {leaf, internal, output}; 2type {leaf, internal_a,
+ * internal_b, output}. The output type is always the last. */
+static bool is_2type(const cn_run *r) { return r->fam->n_types == 4; }
+
+static int build(cn_run *r, int slot) {
+  cn_tree_types tt = {0, 1, is_2type(r) ? 2 : -1, is_2type(r) ? 3 : 2};
+  return cn__tree_build(r, slot, &tt);
+}
+
+static int64_t state_floats(const cn_model *m, int type) {
+  return type == m->fam->n_types - 1 ? m->dims.C : 2 * m->dims.H;
+}
+
+static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
+                              int64_t n_inputs) {
+  int64_t H = m->dims.H, D = m->dims.D;
+  if (type == 0) return n * (D + 3 * H);
+  if (type == m->fam->n_types - 1) return n * H;
+  return n * (2 * H + 5 * H);
+}
+
+static void exec(cn_run *r, int type, const int32_t *verts, int n) {
+  cn_backend_ctx *bk = r->bk;
+  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
+  float *out = r->arena + r->state_off[verts[0]];
+  if (type == r->fam->n_types - 1) {
+    cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
+    return;
+  }
+  float *X = cn__run_scratch(r);
+  if (type == 0) {
+    float *G = X + (int64_t)n * D;
+    int64_t *e = cn__aux_off(r, verts, n, D);
+    CN_BK(bk, gather, X, D, r->wb[EMBED], e, n, D);
+    CN_BK(bk, gemm, n, 3 * H, D, X, D, r->wb[LEAF_W], D, r->wb[LEAF_B], 0.0f,
+          G, 3 * H);
+    CN_BK(bk, treelstm_leaf, n, H, G, out, 2 * H);
+    return;
+  }
+  const float *U = r->wb[INT_U], *b = r->wb[INT_B];
+  if (type == 2) U = r->wb[INT_B_U], b = r->wb[INT_B_B];
+  float *G = X + (int64_t)n * 2 * H;
+  int64_t *o1 = cn__inputs_off(r, verts, n, 0);
+  int64_t *o2 = cn__inputs_off(r, verts, n, 1);
+  CN_BK(bk, gather, X, 2 * H, r->arena, o1, n, H);
+  CN_BK(bk, gather, X + H, 2 * H, r->arena, o2, n, H);
+  r->gather_bytes += (size_t)n * 2 * (size_t)H * sizeof(float);
+  CN_BK(bk, gemm, n, 5 * H, 2 * H, X, 2 * H, U, 2 * H, b, 0.0f, G, 5 * H);
+  CN_BK(bk, treelstm_internal, n, H, G, r->arena, o1, o2, out, 2 * H);
+}
+
+static json_t *output(const cn_run *r, int slot) {
+  return cn__tree_output(r, slot, (int)r->m->dims.H);
+}
+
+const cn_family cn__fam_treelstm = {
+    .name = "treelstm",
+    .input = CN_INPUT_TREE,
+    .n_types = 3,
+    .type_names = {"leaf", "internal", "output"},
+    .has_classes = true,
+    .max_arity = 2,
+    .tensors = spec_treelstm,
+    .build = build,
+    .state_floats = state_floats,
+    .scratch_floats = scratch_floats,
+    .exec = exec,
+    .output = output,
+};
+
+const cn_family cn__fam_treelstm_2type = {
+    .name = "treelstm-2type",
+    .input = CN_INPUT_TREE,
+    .n_types = 4,
+    .type_names = {"leaf", "internal_a", "internal_b", "output"},
+    .has_classes = true,
+    .max_arity = 2,
+    .tensors = spec_2type,
+    .build = build,
+    .state_floats = state_floats,
+    .scratch_floats = scratch_floats,
+    .exec = exec,
+    .output = output,
+};
