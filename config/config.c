@@ -1,0 +1,294 @@
+/* config.c - the declarative key table and its parsers.
+ *
+ * Every setting Canopy reads lives in keys[] below (redis config.c
+ * `static_configs[]`): its name, type, bounds, default and help. The flags
+ * (--name), the environment (CANOPY_NAME), the config file (`name value`),
+ * `--help` and the sample config/canopy.conf are all derived from it, so a
+ * key cannot exist in one place and be missing from another.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+#define LIM(f) offsetof(cn_config, limits.f)
+#define SRV(f) offsetof(cn_config, serve.f)
+#define SRVS(f) SRV(f), sizeof(((cn_config *)0)->serve.f)
+
+#define INT_KEY(name, lo, hi, dflt, off, help, group) \
+  {name, CN_CFG_INT, lo, hi, dflt, off, 0, help, NULL, group}
+#define STR_KEY(name, dflt, field, help, choices) \
+  {name, CN_CFG_STRING, 0, 0, dflt, SRVS(field), help, choices, "serve"}
+
+static const cn_config_key keys[] = {
+    /* ---- input limits: core enforces them, every command accepts them */
+    INT_KEY("max-nodes", 1, 1 << 24, "4096", LIM(max_nodes),
+            "most nodes in one tree (tokens of a sequence: max-seq-len)",
+            "limits"),
+    INT_KEY("max-depth", 1, 1 << 20, "512", LIM(max_depth),
+            "deepest tree accepted, leaf = 1", "limits"),
+    INT_KEY("max-token-len", 1, 1 << 20, "256", LIM(max_token_len),
+            "longest word or label, in bytes", "limits"),
+    INT_KEY("max-children", 1, 1 << 20, "256", LIM(max_children),
+            "most children of one node (childsum-treelstm)", "limits"),
+    INT_KEY("max-seq-len", 1, 1 << 24, "1024", LIM(max_seq_len),
+            "longest sequence, lattice (characters) or DAG (nodes)",
+            "limits"),
+    INT_KEY("max-spans", 1, 1 << 24, "8192", LIM(max_spans),
+            "most word spans of a lattice / predecessor edges of a DAG",
+            "limits"),
+    /* ---- the daemon (`canopy serve`) */
+    STR_KEY("config", "", config,
+            "config file of `key value` lines read before the environment "
+            "and flags",
+            NULL),
+    STR_KEY("host", "127.0.0.1", host, "address to listen on", NULL),
+    INT_KEY("port", 0, 65535, "8080", SRV(port), "TCP port to listen on",
+            "serve"),
+    STR_KEY("models-dir", "models", models_dir,
+            "every subdirectory holding a model.json is served under its "
+            "name",
+            NULL),
+    STR_KEY("backend", "cpu", backend, "compute backend of every worker",
+            "cpu|cuda"),
+    STR_KEY("policy", "agenda", policy, "batching policy of every run",
+            "none|depth|agenda"),
+    INT_KEY("workers", 1, 256, "2", SRV(workers),
+            "worker threads, each with its own backend context", "serve"),
+    INT_KEY("blas-threads", 0, 256, "0", SRV(blas_threads),
+            "OpenBLAS threads; 0: max(1, cores / workers)", "serve"),
+    INT_KEY("max-delay-us", 0, 60000000, "2000", SRV(max_delay_us),
+            "a run closes this long after its first request arrived",
+            "serve"),
+    INT_KEY("max-instances", 1, 1 << 20, "256", SRV(max_instances),
+            "a run closes when it holds this many instances", "serve"),
+    INT_KEY("max-vertices", 1, 1 << 28, "262144", SRV(max_vertices),
+            "a run closes before this many vertices; a bigger request is 413",
+            "serve"),
+    INT_KEY("queue-depth", 1, 1 << 24, "8192", SRV(queue_depth),
+            "instances waiting for a worker; beyond it requests get 429",
+            "serve"),
+    INT_KEY("max-body-bytes", 64, 1 << 30, "8388608", SRV(max_body_bytes),
+            "largest request body, in bytes (413 beyond)", "serve"),
+    INT_KEY("max-instances-per-request", 1, 1 << 20, "1024",
+            SRV(max_instances_per_request),
+            "most instances in one request (413 beyond)", "serve"),
+    INT_KEY("timeout-ms", 0, 3600000, "30000", SRV(timeout_ms),
+            "default request timeout (504); a request's timeout_ms wins; "
+            "0: none",
+            "serve"),
+    INT_KEY("drain-grace-ms", 0, 3600000, "10000", SRV(drain_grace_ms),
+            "on SIGTERM/SIGINT, in-flight work gets this long to finish",
+            "serve"),
+    INT_KEY("max-connections", 1, 1 << 20, "1024", SRV(max_connections),
+            "open client connections at most", "serve"),
+    INT_KEY("idle-timeout-s", 1, 86400, "30", SRV(idle_timeout_s),
+            "an idle keep-alive connection is closed after this long",
+            "serve"),
+    STR_KEY("log-level", "info", log_level,
+            "error | warn | info (one line a request) | debug",
+            "error|warn|info|debug"),
+    STR_KEY("http-mode", "uv-poll", http_mode,
+            "uv-poll: MHD's epoll fd in the libuv loop; mhd-thread: MHD's "
+            "thread hands requests over",
+            "uv-poll|mhd-thread"),
+};
+
+#define N_KEYS (sizeof(keys) / sizeof(keys[0]))
+
+const cn_config_key *cn_config_keys(int *n) {
+  *n = (int)N_KEYS;
+  return keys;
+}
+
+const cn_config_key *cn_config_find(const char *name) {
+  for (size_t i = 0; i < N_KEYS; i++)
+    if (strcmp(keys[i].name, name) == 0) return &keys[i];
+  return NULL;
+}
+
+/* Is value one of the '|'-separated choices? */
+static bool in_choices(const char *choices, const char *value) {
+  size_t n = strlen(value);
+  for (const char *p = choices; *p;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncmp(p, value, n) == 0) return true;
+    if (bar == NULL) break;
+    p = bar + 1;
+  }
+  return false;
+}
+
+static int set_key(cn_config *c, const cn_config_key *k, const char *value,
+                   const char *source, cn_err *err) {
+  char *p = (char *)c + k->offset;
+  switch (k->type) {
+    case CN_CFG_INT: {
+      char *end;
+      errno = 0;
+      long long v = strtoll(value, &end, 10);
+      if (errno != 0 || end == value || *end != '\0')
+        return cn_err_set(err, CN_E_BAD_CONFIG,
+                          "%s %s: '%s' is not an integer", source, k->name,
+                          value);
+      if (v < k->min || v > k->max)
+        return cn_err_set(err, CN_E_BAD_CONFIG,
+                          "%s %s: %lld is out of range [%lld, %lld]", source,
+                          k->name, v, k->min, k->max);
+      *(int *)p = (int)v;
+      return 0;
+    }
+    case CN_CFG_BOOL:
+      if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0 ||
+          strcmp(value, "yes") == 0)
+        *(bool *)p = true;
+      else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0 ||
+               strcmp(value, "no") == 0)
+        *(bool *)p = false;
+      else
+        return cn_err_set(err, CN_E_BAD_CONFIG,
+                          "%s %s: '%s' is not true or false", source, k->name,
+                          value);
+      return 0;
+    case CN_CFG_STRING:
+      if (strlen(value) >= k->size)
+        return cn_err_set(err, CN_E_BAD_CONFIG,
+                          "%s %s: value longer than %zu bytes", source,
+                          k->name, k->size - 1);
+      if (k->choices != NULL && !in_choices(k->choices, value))
+        return cn_err_set(err, CN_E_BAD_CONFIG,
+                          "%s %s: '%s' is not one of %s", source, k->name,
+                          value, k->choices);
+      strcpy(p, value);
+      return 0;
+  }
+  return CN_E_INTERNAL;
+}
+
+void cn_config_defaults(cn_config *c) {
+  memset(c, 0, sizeof(*c));
+  for (size_t i = 0; i < N_KEYS; i++)
+    (void)set_key(c, &keys[i], keys[i].dflt, "default", NULL);
+}
+
+int cn_config_set(cn_config *c, const char *name, const char *value,
+                  cn_err *err) {
+  const cn_config_key *k = cn_config_find(name);
+  if (k == NULL)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "unknown configuration key '%s'",
+                      name);
+  return set_key(c, k, value, "option", err);
+}
+
+int cn_config_from_env(cn_config *c, cn_err *err) {
+  for (size_t i = 0; i < N_KEYS; i++) {
+    char var[96] = "CANOPY_";
+    size_t j = strlen(var);
+    for (const char *s = keys[i].name; *s && j + 1 < sizeof(var); s++)
+      var[j++] = *s == '-' ? '_' : (char)toupper((unsigned char)*s);
+    var[j] = '\0';
+    const char *v = getenv(var);
+    if (v == NULL) continue;
+    int rc = set_key(c, &keys[i], v, var, err);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+/* `key value` lines: the value is the rest of the line, trimmed, and may
+ * be wrapped in double quotes (for an empty value or one with spaces). */
+int cn_config_load_file(cn_config *c, const char *path, cn_err *err) {
+  int rc = 0;
+  char line[4096];
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "config %s: cannot open: %s",
+                      path, strerror(errno));
+  for (int lineno = 1; fgets(line, sizeof(line), f) != NULL; lineno++) {
+    char *s = line, *e;
+    if (strchr(line, '\n') == NULL && !feof(f)) {
+      rc = cn_err_set(err, CN_E_BAD_CONFIG, "config %s:%d: line too long",
+                      path, lineno);
+      goto out;
+    }
+    char *hash = strchr(s, '#');
+    if (hash != NULL) *hash = '\0';
+    while (isspace((unsigned char)*s)) s++;
+    e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    if (*s == '\0') continue;
+    char *key = s;
+    while (*s && !isspace((unsigned char)*s)) s++;
+    if (*s) *s++ = '\0';
+    while (isspace((unsigned char)*s)) s++;
+    size_t vl = strlen(s);
+    if (vl >= 2 && s[0] == '"' && s[vl - 1] == '"') {
+      s[vl - 1] = '\0';
+      s++;
+    }
+    const cn_config_key *k = cn_config_find(key);
+    if (k == NULL) {
+      rc = cn_err_set(err, CN_E_BAD_CONFIG,
+                      "config %s:%d: unknown configuration key '%s'", path,
+                      lineno, key);
+      goto out;
+    }
+    char where[1200];
+    snprintf(where, sizeof(where), "config %s:%d:", path, lineno);
+    rc = set_key(c, k, s, where, err);
+    if (rc != 0) goto out;
+  }
+out:
+  fclose(f);
+  return rc;
+}
+
+static void usage_key(FILE *f, const cn_config_key *k) {
+  fprintf(f, "  --%-26s %s (default %s", k->name, k->help,
+          k->dflt[0] ? k->dflt : "none");
+  if (k->type == CN_CFG_INT) fprintf(f, ", %lld..%lld", k->min, k->max);
+  if (k->choices != NULL) fprintf(f, ", one of %s", k->choices);
+  fprintf(f, ")\n");
+}
+
+void cn_config_usage_group(FILE *f, const char *group) {
+  for (size_t i = 0; i < N_KEYS; i++)
+    if (strcmp(keys[i].group, group) == 0) usage_key(f, &keys[i]);
+}
+
+void cn_config_usage(FILE *f) { cn_config_usage_group(f, "limits"); }
+
+void cn_config_write_sample(FILE *f) {
+  fprintf(f,
+          "# canopy.conf - configuration of `canopy serve`.\n"
+          "#\n"
+          "# One `key value` a line; '#' starts a comment. Every key is also "
+          "a flag\n# (--key value) and an environment variable (CANOPY_KEY, "
+          "dashes as\n# underscores). Precedence: defaults < this file < "
+          "environment < flags.\n# Use it with `canopy serve --config "
+          "config/canopy.conf`. Each line below\n# is the key's default; "
+          "generated by `canopy serve --print-config`.\n");
+  const char *group = "";
+  for (size_t i = 0; i < N_KEYS; i++) {
+    const cn_config_key *k = &keys[i];
+    if (strcmp(group, k->group) != 0) {
+      group = k->group;
+      fprintf(f, "\n# ---- %s\n",
+              strcmp(group, "limits") == 0 ? "input limits (400/413 beyond)"
+                                           : "the daemon");
+    }
+    fprintf(f, "\n# %s", k->help);
+    if (k->type == CN_CFG_INT) fprintf(f, " [%lld..%lld]", k->min, k->max);
+    if (k->choices != NULL) fprintf(f, " [%s]", k->choices);
+    fprintf(f, "\n");
+    if (strcmp(k->name, "config") == 0)
+      fprintf(f, "# (only as a flag or CANOPY_CONFIG)\n# %s \"\"\n",
+              k->name);
+    else
+      fprintf(f, "%s %s\n", k->name, k->dflt[0] ? k->dflt : "\"\"");
+  }
+}

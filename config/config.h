@@ -1,0 +1,78 @@
+/* config.h - Canopy's configuration: one declarative table of keys (name,
+ * type, bounds, default, help), filled from defaults, then a config file,
+ * then CANOPY_* environment variables, then command-line flags. A bad value
+ * stops start-up with a message naming the key (redis config.c style). */
+#ifndef CANOPY_CONFIG_H
+#define CANOPY_CONFIG_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "canopy_core.h"
+
+/* The daemon's settings (`canopy serve`); see config/canopy.conf. */
+typedef struct cn_serve_config {
+  char host[256];          /* listen address (IPv4 or IPv6 literal)       */
+  int port;
+  char models_dir[1024];
+  char config[1024];       /* the config file this came from, if any      */
+  char backend[16];
+  char policy[16];
+  char log_level[16];
+  char http_mode[16];      /* uv-poll | mhd-thread                        */
+  int workers;
+  int blas_threads;        /* 0: max(1, cores / workers)                  */
+  int max_delay_us;        /* aggregation window                          */
+  int max_instances;       /* instances that close a run                  */
+  int max_vertices;        /* vertices that close a run; bigger: 413      */
+  int queue_depth;         /* instances waiting for a worker; beyond: 429 */
+  int max_body_bytes;
+  int max_instances_per_request;
+  int timeout_ms;          /* default per-request timeout, 0 = none       */
+  int drain_grace_ms;
+  int max_connections;
+  int idle_timeout_s;      /* keep-alive connections idle this long close */
+} cn_serve_config;
+
+typedef struct cn_config {
+  cn_limits limits;
+  cn_serve_config serve;
+} cn_config;
+
+typedef enum { CN_CFG_INT, CN_CFG_STRING, CN_CFG_BOOL } cn_config_type;
+
+typedef struct cn_config_key {
+  const char *name;     /* "max-nodes": flag --max-nodes, env CANOPY_MAX_NODES */
+  cn_config_type type;
+  long long min, max;   /* CN_CFG_INT bounds (inclusive) */
+  const char *dflt;     /* default, as text */
+  size_t offset;        /* where the value lives in cn_config */
+  size_t size;          /* CN_CFG_STRING: buffer size */
+  const char *help;
+  const char *choices;  /* CN_CFG_STRING: "a|b|c" allowed values, or NULL */
+  const char *group;    /* "limits" (every command) or "serve" (daemon)  */
+} cn_config_key;
+
+/* The key table and its length. */
+const cn_config_key *cn_config_keys(int *n);
+const cn_config_key *cn_config_find(const char *name);
+
+void cn_config_defaults(cn_config *c);
+/* Sets one key from text; errors name the key, the value and the bounds. */
+int cn_config_set(cn_config *c, const char *name, const char *value,
+                  cn_err *err);
+/* Applies every CANOPY_<KEY> variable present in the environment. */
+int cn_config_from_env(cn_config *c, cn_err *err);
+/* Reads a config file of `key value` lines; '#' starts a comment. Errors
+ * name the file, the line and the key. */
+int cn_config_load_file(cn_config *c, const char *path, cn_err *err);
+/* Prints "  --key VALUE  help (default D, min..max)" for the "limits"
+ * keys (what every command accepts). */
+void cn_config_usage(FILE *f);
+/* The same for every key of one group ("limits", "serve"). */
+void cn_config_usage_group(FILE *f, const char *group);
+/* Writes a self-documenting config file with every key at its default
+ * (config/canopy.conf is this output). */
+void cn_config_write_sample(FILE *f);
+
+#endif

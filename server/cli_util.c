@@ -1,0 +1,39 @@
+/* cli_util.c - flag parsing shared by the subcommands. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cn__flag_value(int argc, char **argv, int *i, const char *name,
+                   const char **value) {
+  const char *a = argv[*i];
+  size_t n = strlen(name);
+  if (strncmp(a, name, n) != 0) return 0;
+  if (a[n] == '=') { /* --name=value */
+    *value = a + n + 1;
+    return 1;
+  }
+  if (a[n] != '\0') return 0;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "canopy: %s needs a value\n", name);
+    return -1;
+  }
+  *value = argv[++*i];
+  return 1;
+}
+
+int cn__parse_int(const char *flag, const char *s, long long min,
+                  long long max, long long *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < min || v > max) {
+    fprintf(stderr, "canopy: %s: '%s' is not an integer in [%lld, %lld]\n",
+            flag, s, min, max);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}

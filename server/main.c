@@ -1,0 +1,45 @@
+/* main.c - the canopy binary: one executable, several subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifndef CANOPY_VERSION
+#define CANOPY_VERSION "dev"
+#endif
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "canopy %s - an inference server for dynamic neural networks\n"
+          "\n"
+          "usage: canopy COMMAND [OPTIONS]\n"
+          "\n"
+          "commands:\n"
+          "  run      run a model over a JSONL file of instances, batched\n"
+          "  model    create (init) or describe (info) a model directory\n"
+          "\n"
+          "'canopy COMMAND --help' describes a command's options.\n",
+          CANOPY_VERSION);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 1;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "run") == 0) return cn_cmd_run(argc - 1, argv + 1);
+  if (strcmp(cmd, "model") == 0) return cn_cmd_model(argc - 1, argv + 1);
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
+      strcmp(cmd, "help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  if (strcmp(cmd, "--version") == 0) {
+    printf("canopy %s\n", CANOPY_VERSION);
+    return 0;
+  }
+  fprintf(stderr, "canopy: unknown command '%s'\n\n", cmd);
+  usage(stderr);
+  return 1;
+}
