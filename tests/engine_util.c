@@ -1,0 +1,130 @@
+/* engine_util.c - see engine_util.h. */
+#include "engine_util.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+cn_model *tu_model(const char *family, int H, int D, const char *data,
+                   char *dir, size_t dir_len) {
+  snprintf(dir, dir_len, "/tmp/canopy-test-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir));
+  char path[512], mdir[600];
+  snprintf(mdir, sizeof(mdir), "%s/m", dir);
+  if (data != NULL) {
+    const char *root = getenv("CANOPY_DATA");
+    cr_assert_not_null(root, "CANOPY_DATA is not set");
+    snprintf(path, sizeof(path), "%s/%s", root, data);
+  }
+  cn_model_init_opts o = {.family = family, .dir = mdir, .hidden = H,
+                          .embed = D, .classes = 5,
+                          .vocab_from = data ? path : NULL, .seed = 7};
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_model_init(&o, &err), 0, "init %s: %s", family, err.msg);
+  cn_model *m = NULL;
+  cr_assert_eq(cn_model_load(mdir, &m, &err), 0, "load %s: %s", family,
+               err.msg);
+  return m;
+}
+
+json_t *tu_data_lines(const char *name, int max) {
+  const char *root = getenv("CANOPY_DATA");
+  cr_assert_not_null(root, "CANOPY_DATA is not set");
+  char path[512];
+  snprintf(path, sizeof(path), "%s/%s", root, name);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "cannot open %s", path);
+  json_t *a = json_array();
+  char *line = NULL;
+  size_t cap = 0;
+  while ((max <= 0 || (int)json_array_size(a) < max) &&
+         getline(&line, &cap, f) > 0) {
+    json_error_t je;
+    json_t *j = json_loads(line, 0, &je);
+    cr_assert_not_null(j, "%s: %s", path, je.text);
+    json_array_append_new(a, j);
+  }
+  free(line);
+  fclose(f);
+  return a;
+}
+
+json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
+               int batch, unsigned flags, long long *batches,
+               long long *lower_bound) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  size_t n = json_array_size(insts);
+  json_t *outs = json_array();
+  if (batches) *batches = 0;
+  if (lower_bound) *lower_bound = 0;
+  for (size_t s = 0; s < n; s += (size_t)batch) {
+    size_t e = s + (size_t)batch < n ? s + (size_t)batch : n;
+    cn_instance **in = calloc(e - s, sizeof(*in));
+    int *slot = calloc(e - s, sizeof(int));
+    json_t **errs = calloc(e - s, sizeof(json_t *));
+    cn_run *r = cn_run_new(m, bk);
+    for (size_t i = s; i < e; i++) {
+      if (cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
+                            &in[i - s], &err) != 0) {
+        errs[i - s] = cn_err_to_json(&err);
+        continue;
+      }
+      slot[i - s] = cn_run_add(r, in[i - s], flags, 0);
+      cr_assert_geq(slot[i - s], 0);
+    }
+    cr_assert_eq(cn_run_exec(r, pol, &err), 0, "exec: %s", err.msg);
+    cn_run_stats st;
+    cn_run_get_stats(r, &st);
+    if (batches) *batches += st.batches;
+    if (lower_bound) *lower_bound += st.lower_bound;
+    for (size_t i = s; i < e; i++)
+      json_array_append_new(outs, errs[i - s] ? errs[i - s]
+                                              : cn_run_output(r, slot[i - s]));
+    cn_run_free(r);
+    for (size_t i = 0; i < e - s; i++) cn_instance_free(in[i]);
+    free(in);
+    free(slot);
+    free(errs);
+  }
+  cn_backend_close(bk);
+  return outs;
+}
+
+double tu_json_maxdiff(const json_t *a, const json_t *b) {
+  if (json_is_number(a) && json_is_number(b))
+    return fabs(json_number_value(a) - json_number_value(b));
+  if (json_typeof(a) != json_typeof(b)) return 1e30;
+  double m = 0;
+  if (json_is_array(a)) {
+    if (json_array_size(a) != json_array_size(b)) return 1e30;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+      double d = tu_json_maxdiff(json_array_get(a, i), json_array_get(b, i));
+      if (d > m) m = d;
+    }
+    return m;
+  }
+  if (json_is_object(a)) {
+    if (json_object_size(a) != json_object_size(b)) return 1e30;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)a, k, v) {
+      json_t *w = json_object_get(b, k);
+      if (w == NULL) return 1e30;
+      double d = tu_json_maxdiff(v, w);
+      if (d > m) m = d;
+    }
+    return m;
+  }
+  return json_equal(a, b) ? 0 : 1e30;
+}
+
+void tu_rmdir(const char *dir) {
+  char cmd[700];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# canopy against the independent numpy reference (tests/reference), every
+# tree family, every policy, on the real parse trees of shared/data.
+# Two kinds of model per family: one written by `canopy model init`, one
+# written by the reference's own safetensors writer (with labels, lowercase
+# and type_b_labels), so both the engine and the model reader are checked.
+# usage: compare_all.sh CANOPY DATA_DIR WORK_DIR
+set -euo pipefail
+canopy=$1 data=$2 work=$3/reference-models
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+rm -rf "$work"
+mkdir -p "$work"
+fail=0
+for fam in treelstm treelstm-2type treegru childsum-treelstm mvrnn; do
+  input=$data/trees-binary.jsonl
+  [ "$fam" = childsum-treelstm ] && input=$data/trees-nary.jsonl
+  H=32
+  [ "$fam" = mvrnn ] && H=16
+  "$canopy" model init "$fam" "$work/c-$fam" --hidden $H --embed $H \
+      --vocab-from "$input" --seed 3 2>/dev/null
+  extra=()
+  [ "$fam" = treelstm-2type ] && extra=(--type-b-labels NP,VP,PP)
+  "$py" "$here/canopy_ref.py" --make-model "$work/r-$fam" --family "$fam" \
+      --hidden 12 --embed 12 --classes 4 --seed 5 --labels --lowercase \
+      --vocab-from "$input" "${extra[@]}" >/dev/null
+  for m in c r; do
+    echo "== $fam ($m model) on $(basename "$input")"
+    "$py" "$here/compare.py" --canopy "$canopy" --model "$work/$m-$fam" \
+        --input "$input" --outputs all --return-hidden \
+        --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
+  done
+done
+exit $fail

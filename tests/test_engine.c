@@ -1,0 +1,118 @@
+/* test_engine.c - every batched path against the unbatched reference:
+ * for each tree family, every policy and several run sizes give the
+ * outputs of policy `none` (one vertex at a time) to 1e-5, on real parse
+ * trees; batch counts never go below the lower bound. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <string.h>
+
+#include "engine_util.h"
+
+typedef struct fam_case {
+  char family[32];
+  char data[32];
+} fam_case;
+
+static fam_case cases[] = {
+    {"treelstm", "trees-binary.jsonl"},
+    {"treelstm-2type", "trees-binary.jsonl"},
+    {"treegru", "trees-binary.jsonl"},
+    {"childsum-treelstm", "trees-nary.jsonl"},
+    {"mvrnn", "trees-binary.jsonl"},
+};
+
+ParameterizedTestParameters(engine, batched_equals_none) {
+  return cr_make_param_array(fam_case, cases,
+                             sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(fam_case *c, engine, batched_equals_none, .timeout = 120) {
+  char dir[256];
+  int H = strcmp(c->family, "mvrnn") == 0 ? 16 : 24;
+  cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));
+  json_t *in = tu_data_lines(c->data, 96);
+  unsigned flags = CN_OUT_ALL | CN_OUT_HIDDEN;
+  long long nb, lb;
+  json_t *ref = tu_run(m, in, CN_POLICY_NONE, 1, flags, &nb, &lb);
+  cr_assert_eq(json_array_size(ref), json_array_size(in));
+  /* none launches one batch per vertex: never below the bound. */
+  cr_assert_geq(nb, lb);
+  const int sizes[] = {1, 7, 64, 200};
+  for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+      json_t *got = tu_run(m, in, (cn_policy_kind)p, sizes[s], flags, &nb, &lb);
+      double d = tu_json_maxdiff(ref, got);
+      cr_expect_leq(d, 1e-5, "%s policy %s batch %d: max diff %g", c->family,
+                    cn_policy_name((cn_policy_kind)p), sizes[s], d);
+      cr_expect_geq(nb, lb, "%s: %lld batches under the bound %lld",
+                    c->family, nb, lb);
+      json_decref(got);
+    }
+  }
+  /* outputs=root gives the root's logits of outputs=all. */
+  json_t *root = tu_run(m, in, CN_POLICY_AGENDA, 64, 0, NULL, NULL);
+  for (size_t i = 0; i < json_array_size(in); i++) {
+    json_t *a = json_object_get(json_array_get(root, i), "logits");
+    json_t *b = json_object_get(json_array_get(ref, i), "logits");
+    cr_expect_leq(tu_json_maxdiff(a, b), 1e-5);
+    cr_expect_null(json_object_get(json_array_get(root, i), "nodes"));
+    cr_expect_null(json_object_get(json_array_get(root, i), "h"));
+  }
+  json_decref(root);
+  json_decref(ref);
+  json_decref(in);
+  cn_model_free(m);
+  tu_rmdir(dir);
+}
+
+/* The agenda policy batches a binary tree run with outputs=root in
+ * exactly the bound: leaves, one batch per internal level, outputs. */
+Test(engine, agenda_meets_bound_on_roots) {
+  char dir[256];
+  cn_model *m = tu_model("treelstm", 8, 8, "trees-binary.jsonl", dir,
+                         sizeof(dir));
+  json_t *in = tu_data_lines("trees-binary.jsonl", 64);
+  long long nb, lb;
+  json_t *out = tu_run(m, in, CN_POLICY_AGENDA, 64, 0, &nb, &lb);
+  cr_expect_eq(nb, lb, "agenda %lld batches, bound %lld", nb, lb);
+  json_decref(out);
+  json_decref(in);
+  cn_model_free(m);
+  tu_rmdir(dir);
+}
+
+/* A bad instance among good ones is reported in place and changes nothing
+ * for the others. */
+Test(engine, bad_instance_isolated) {
+  char dir[256];
+  cn_model *m = tu_model("treelstm", 8, 8, "trees-binary.jsonl", dir,
+                         sizeof(dir));
+  json_t *good = tu_data_lines("trees-binary.jsonl", 4);
+  json_t *mixed = json_deep_copy(good);
+  json_array_insert_new(mixed, 2, json_pack("{s:s}", "tree", "(S (A a"));
+  json_array_insert_new(mixed, 0,
+                        json_pack("{s:s}", "tree", "(S (A a) (B b) (C c))"));
+  json_t *a = tu_run(m, good, CN_POLICY_AGENDA, 64, 0, NULL, NULL);
+  json_t *b = tu_run(m, mixed, CN_POLICY_AGENDA, 64, 0, NULL, NULL);
+  cr_assert_eq(json_array_size(b), 6);
+  json_t *e0 = json_object_get(json_array_get(b, 0), "error");
+  cr_assert_not_null(e0);
+  cr_expect_str_eq(json_string_value(json_object_get(e0, "code")),
+                   "too_many_children");
+  cr_expect_eq(json_integer_value(json_object_get(e0, "node")), 0);
+  json_t *e3 = json_object_get(json_array_get(b, 3), "error");
+  cr_assert_not_null(e3);
+  cr_expect_str_eq(json_string_value(json_object_get(e3, "code")), "bad_tree");
+  cr_expect_eq(json_integer_value(json_object_get(e3, "instance")), 3);
+  const size_t map[] = {1, 2, 4, 5};
+  for (size_t i = 0; i < 4; i++)
+    cr_expect_leq(tu_json_maxdiff(json_array_get(a, i),
+                                  json_array_get(b, map[i])),
+                  1e-6);
+  json_decref(a);
+  json_decref(b);
+  json_decref(good);
+  json_decref(mixed);
+  cn_model_free(m);
+  tu_rmdir(dir);
+}
