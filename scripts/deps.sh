@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Canopy builds, runs and tests with.
+# Skips apt-get entirely when everything is already installed.
+set -euo pipefail
+pkgs=(build-essential meson ninja-build pkg-config
+      libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev
+      libcriterion-dev python3 python3-numpy curl)
+pkgs+=("$@")
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates one demo model per family under models/ (generated, not
+# committed), with vocabularies from the evaluation data beside the
+# checkout (../shared/data) or the small sample bundled in scripts/.
+# usage: scripts/models.sh [BUILD_DIR]   (idempotent; FORCE=1 rebuilds)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+canopy=$build/canopy
+data=../shared/data
+[ -f "$data/trees-binary.jsonl" ] || data=scripts/demo-data
+mk() { # family dir data-file [options]
+  local fam=$1 dir=models/$2 src=$data/$3
+  shift 3
+  if [ -f "$dir/model.json" ] && [ -z "${FORCE:-}" ]; then return; fi
+  "$canopy" model init "$fam" "$dir" --vocab-from "$src" "$@"
+}
+mk treelstm treelstm trees-binary.jsonl --hidden 128 --embed 128 --classes 5
+mk treelstm-2type treelstm-2type trees-binary.jsonl --hidden 128 --embed 128
+mk treegru treegru trees-binary.jsonl --hidden 128 --embed 128
+mk childsum-treelstm childsum-treelstm trees-nary.jsonl --hidden 128 --embed 128
+mk mvrnn mvrnn trees-binary.jsonl --hidden 32 --embed 32
