@@ -1,0 +1,31 @@
+# Canopy: build in a full Debian 12 stage, run in a slim one.
+#   docker build -t canopy . && docker run --rm canopy
+FROM debian:12 AS build
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends build-essential meson ninja-build pkg-config \
+      libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN meson setup /build -Dtests=false -Dcuda=disabled --prefix /opt/canopy \
+    && ninja -C /build && ninja -C /build install \
+    && mkdir -p /opt/canopy/share \
+    && cp -r scripts/demo-data /opt/canopy/share/data \
+    && for f in treelstm treelstm-2type treegru mvrnn; do \
+         /opt/canopy/bin/canopy model init $f /opt/canopy/models/$f \
+           --vocab-from scripts/demo-data/trees-binary.jsonl; done \
+    && /opt/canopy/bin/canopy model init childsum-treelstm \
+         /opt/canopy/models/childsum-treelstm \
+         --vocab-from scripts/demo-data/trees-nary.jsonl
+
+FROM debian:12-slim
+RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends libjansson4 libopenblas0-pthread libuv1 \
+      libmicrohttpd12 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --home /opt/canopy canopy
+COPY --from=build /opt/canopy /opt/canopy
+USER canopy
+WORKDIR /opt/canopy
+ENV PATH=/opt/canopy/bin:$PATH
+CMD ["canopy", "run", "--model", "models/treelstm", "--input", "share/data/trees-binary.jsonl", "--outputs", "root"]
