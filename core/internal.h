@@ -172,6 +172,8 @@ void cn__family_names(char *buf, size_t cap);
 void cn__family_needs(const cn_family *fam, bool *word, bool *tgt);
 
 /* ---- models (model.c) ---------------------------------------------------*/
+typedef struct cn_lexicon cn_lexicon;
+
 struct cn_model {
   char *dir;
   const cn_family *fam;
@@ -186,6 +188,7 @@ struct cn_model {
   char **type_b_labels;   /* treelstm-2type */
   int n_type_b_labels;
   int max_decode_len;     /* lstm-nmt */
+  cn_lexicon *lexicon;    /* latticelstm: loaded from lexicon_path      */
   char *lexicon_path;     /* latticelstm: model.json "lexicon", joined to dir;
                              NULL when absent */
   cn_safetensors st;
@@ -201,7 +204,37 @@ struct cn_instance {
   int32_t *ids;           /* per node: word id (trees), token ids (seq)... */
   uint8_t *node_type;     /* trees: per node vertex type (family's index) */
   int32_t n;              /* tree nodes / tokens / chars / DAG nodes */
+  /* lattices: word spans [start, end) and their word_vocab ids, sorted by
+   * (end, start); DAGs: predecessors of node j are
+   * prev[prev_start[j] .. prev_start[j + 1]). */
+  int32_t n_spans;
+  int32_t *span_start, *span_end, *span_word;
+  int32_t *prev_start, *prev;
 };
+
+/* ---- sequences, lattices, DAGs (seq_parse.c) ----------------------------
+ * Parse the non-tree INSTANCE forms of API.md into *in (kind already set).
+ * Errors: CN_E_BAD_INSTANCE / CN_E_BAD_LATTICE / CN_E_TOO_LARGE with the
+ * offending token, span or node in err->node. */
+int cn__parse_sequence(const cn_model *m, const json_t *inst,
+                       const cn_limits *lim, cn_instance *in, cn_err *err);
+int cn__parse_lattice(const cn_model *m, const json_t *inst,
+                      const cn_limits *lim, cn_instance *in, cn_err *err);
+int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
+                  cn_instance *in, cn_err *err);
+
+/* ---- lexicon (lexicon.c) --------------------------------------------------
+ * A byte trie of the lexicon's words, built once per model at load. */
+int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err);
+int cn_lexicon_from_list(const char *const *words, int n, cn_lexicon **out);
+void cn_lexicon_free(cn_lexicon *lx);
+/* Every span [b, e), e - b >= 2, whose joined characters (chars[i] of
+ * len[i] bytes; ASCII-lowercased when lowercase) are a lexicon word, in
+ * (start, end) order. Calls emit(ctx, b, e) per span; stops early and
+ * returns its non-zero result. Work is O(n · longest word). */
+int cn_lexicon_match(const cn_lexicon *lx, const char *const *chars,
+                     const int32_t *len, int32_t n, bool lowercase,
+                     int (*emit)(void *ctx, int32_t b, int32_t e), void *ctx);
 
 /* ---- runs (run.c) -------------------------------------------------------
  * A run's graph is kept as arrays (struct of arrays), grown per run, never

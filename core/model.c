@@ -225,6 +225,7 @@ void cn_model_free(cn_model *m) {
     free(m->type_b_labels[i]);
   free(m->type_b_labels);
   free(m->lexicon_path);
+  cn_lexicon_free(m->lexicon);
   cn_safetensors_close(&m->st);
   free(m);
 }
@@ -306,6 +307,10 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
     goto out;
   }
+  /* The lexicon becomes a trie once, here (lexicon.c). */
+  if (m->lexicon_path != NULL &&
+      (rc = cn_lexicon_load(m->lexicon_path, &m->lexicon, err)) != 0)
+    goto out;
   bool need_word, need_tgt;
   cn__family_needs(m->fam, &need_word, &need_tgt);
   if ((rc = vocab_key(m, file, "vocab", true, &m->vocab, &m->dims.V, err)) ||

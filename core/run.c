@@ -90,7 +90,8 @@ int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
   r->vslot[v] = slot;
   r->vnode[v] = node;
   r->vaux[v] = aux;
-  memcpy(r->in_edges + r->ne, inputs, (size_t)n_inputs * sizeof(int32_t));
+  if (n_inputs > 0)
+    memcpy(r->in_edges + r->ne, inputs, (size_t)n_inputs * sizeof(int32_t));
   r->ne += n_inputs;
   r->in_start[v + 1] = r->ne;
   r->nv = v + 1;

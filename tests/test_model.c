@@ -495,11 +495,17 @@ Test(model, optional_keys) {
   json_object_set_new(j, "max_decode_len", json_integer(7));
   write_json(j);
   cn_model *m;
+  cn_err e0;
+  /* A lexicon that model.json names must exist: the error names it. */
+  cr_assert_eq(cn_model_load(dir, &m, &e0), CN_E_IO);
+  cr_assert(strstr(e0.msg, "lexicon.txt") != NULL, "%s", e0.msg);
+  put("lexicon.txt", "the\nfilm\n");
   cn_err e;
   cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s", e.msg);
   cr_assert(m->lowercase);
   cr_assert_eq(m->max_decode_len, 7);
   cr_assert_str_eq(m->lexicon_path, in_dir("lexicon.txt"));
+  cr_assert_not_null(m->lexicon);
   cr_assert_null(m->word_vocab);
   cr_assert_eq(m->dims.Vw, 0);
   json_t *d = cn_model_describe(m);
