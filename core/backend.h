@@ -61,10 +61,11 @@ struct cn_backend_vt {
   void (*gather)(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                  const int64_t *idx, int n, int width);
   /* dst[r, 0:width] = Σ_{k in seg[r] .. seg[r+1]} base[idx[k] : + width]
-   * (zeros for an empty segment). */
+   * (zeros for an empty segment), divided by the segment's length when
+   * mean != 0. */
   void (*gather_sum)(cn_backend_ctx *bk, float *dst, int ldd,
                      const float *base, const int64_t *idx,
-                     const int64_t *seg, int n, int width);
+                     const int64_t *seg, int n, int width, int mean);
 
   /* ---- fused cells: nonlinearities and state update in one pass ----
    * Child state is read where it lives: base + off[r] (off < 0: zero). */
@@ -105,6 +106,33 @@ struct cn_backend_vt {
   void (*mvrnn_mat)(cn_backend_ctx *bk, int n, int H, const float *WM,
                     const float *base, const int64_t *off1,
                     const int64_t *off2, float *out, int ldo);
+  /* LSTM cell, nn.LSTMCell order: G[n,4H] = (i, f, g, o) pre-activations
+   * (plus bias b2[4H] when not NULL); c_prev = base[coff[r] + H] (zero when
+   * coff[r] < 0); out row = [h | c]. */
+  void (*lstm_cell)(cn_backend_ctx *bk, int n, int H, const float *G,
+                    const float *b2, const float *base, const int64_t *coff,
+                    float *out, int ldo);
+  /* GRU cell, nn.GRUCell order: GI[n,3H] = W_ih x + b_ih, GH[n,3H] =
+   * W_hh h + b_hh, each (r, z, n); h = Hp[r] (ld H). out row = h'. */
+  void (*gru_cell)(cn_backend_ctx *bk, int n, int H, const float *GI,
+                   const float *GH, const float *Hp, float *out, int ldo);
+  /* Lattice LSTM char cell (Zhang & Yang 2018): G[n,4H] = (i, f, o, u)
+   * pre-activations; c_prev = base[cprev[r] + H] (zero when < 0); words
+   * ending here: k in seg[r] .. seg[r+1], cell state base[cw[k]], link
+   * gate base[lk[k]] (already σ'd). No words: c = σ(f)⊙c_prev +
+   * σ(i)⊙tanh(u); else c = (e^σ(i)⊙tanh(u) + Σ e^l_k⊙cw_k) /
+   * (e^σ(i) + Σ e^l_k). h = σ(o)⊙tanh(c); out row = [h | c]. */
+  void (*lattice_char)(cn_backend_ctx *bk, int n, int H, const float *G,
+                       const float *base, const int64_t *cprev,
+                       const int64_t *seg, const int64_t *cw,
+                       const int64_t *lk, float *out, int ldo);
+  /* Lattice LSTM word cell: G[n,3H] = (i, f, u); c_b = base[cb[r] + H];
+   * out row = cw = σ(f)⊙c_b + σ(i)⊙tanh(u). */
+  void (*lattice_word)(cn_backend_ctx *bk, int n, int H, const float *G,
+                       const float *base, const int64_t *cb, float *out,
+                       int ldo);
+  /* y = σ(x) in place over n rows of width w (row stride ld). */
+  void (*sigmoid_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
   /* y = tanh(x) in place over n rows of width w (row stride ld). */
   void (*tanh_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 };

@@ -102,9 +102,10 @@ int cn_instance_parse(const cn_model *m, const json_t *inst,
   }
   switch (in->kind) {
     case CN_INPUT_TREE: rc = parse_tree(m, inst, lim, in, err); break;
-    default:
-      rc = cn_err_set(err, CN_E_BAD_INSTANCE, "input kind %s not supported",
-                      cn_input_kind_name(in->kind));
+    case CN_INPUT_SEQUENCE: rc = cn__parse_sequence(m, inst, lim, in, err); break;
+    case CN_INPUT_LATTICE: rc = cn__parse_lattice(m, inst, lim, in, err); break;
+    case CN_INPUT_DAG: rc = cn__parse_dag(m, inst, lim, in, err); break;
+    default: rc = cn_err_set(err, CN_E_INTERNAL, "unknown input kind");
   }
 out:
   if (rc != 0) {
@@ -121,11 +122,14 @@ void cn_instance_free(cn_instance *in) {
   cn_tree_free(&in->tree);
   free(in->ids);
   free(in->node_type);
+  free(in->span_start);
+  free(in->span_end);
+  free(in->span_word);
+  free(in->prev_start);
+  free(in->prev);
   free(in);
 }
 
 size_t cn_instance_vertices(const cn_instance *in, int outputs_all) {
-  if (in->kind == CN_INPUT_TREE)
-    return (size_t)in->n + (outputs_all ? (size_t)in->n : 1);
-  return (size_t)in->n;
+  return (size_t)in->m->fam->count(in, outputs_all ? CN_OUT_ALL : 0, 0);
 }

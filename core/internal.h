@@ -152,6 +152,9 @@ struct cn_family {
   int (*tensors)(const cn_dims *d, cn_tensor_spec *out);
   /* Adds the instance's vertices to the run; returns 0 or an error. */
   int (*build)(cn_run *r, int slot);
+  /* Vertices build() will add for this instance (upper bound for families
+   * whose graph is decided at run time; max_decode_len 0: default). */
+  int64_t (*count)(const cn_instance *in, unsigned flags, int max_decode_len);
   /* Floats of per-vertex state (the vertex's row in its type buffer), and
    * of scratch one batch of n vertices with n_inputs input edges in all
    * needs. */

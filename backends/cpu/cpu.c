@@ -83,13 +83,17 @@ static void cpu_gather(cn_backend_ctx *bk, float *dst, int ldd,
 
 static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
                            const float *base, const int64_t *idx,
-                           const int64_t *seg, int n, int width) {
+                           const int64_t *seg, int n, int width, int mean) {
   for (int r = 0; r < n; r++) {
     float *d = dst + (size_t)r * ldd;
     memset(d, 0, (size_t)width * sizeof(float));
     for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
       const float *s = base + idx[k];
       for (int j = 0; j < width; j++) d[j] += s[j];
+    }
+    if (mean && seg[r + 1] > seg[r]) {
+      float inv = 1.0f / (float)(seg[r + 1] - seg[r]);
+      for (int j = 0; j < width; j++) d[j] *= inv;
     }
   }
 }
@@ -209,6 +213,88 @@ static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
   }
 }
 
+static void cpu_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
+                          const float *b2, const float *base,
+                          const int64_t *coff, float *out, int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 4 * H;
+    const float *cp = coff[r] >= 0 ? base + coff[r] + H : NULL;
+    float *h = out + (size_t)r * ldo, *c = h + H;
+    for (int j = 0; j < H; j++) {
+      float gi = g[j], gf = g[H + j], gg = g[2 * H + j], go = g[3 * H + j];
+      if (b2) gi += b2[j], gf += b2[H + j], gg += b2[2 * H + j],
+              go += b2[3 * H + j];
+      float cj = sigm(gi) * tanhf(gg) + (cp ? sigm(gf) * cp[j] : 0.0f);
+      c[j] = cj;
+      h[j] = sigm(go) * tanhf(cj);
+    }
+  }
+}
+
+static void cpu_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
+                         const float *GH, const float *Hp, float *out,
+                         int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *gi = GI + (size_t)r * 3 * H, *gh = GH + (size_t)r * 3 * H;
+    const float *hp = Hp + (size_t)r * H;
+    float *h = out + (size_t)r * ldo;
+    for (int j = 0; j < H; j++) {
+      float rj = sigm(gi[j] + gh[j]);
+      float zj = sigm(gi[H + j] + gh[H + j]);
+      float nj = tanhf(gi[2 * H + j] + rj * gh[2 * H + j]);
+      h[j] = (1.0f - zj) * nj + zj * hp[j];
+    }
+  }
+}
+
+static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
+                             const float *base, const int64_t *cprev,
+                             const int64_t *seg, const int64_t *cw,
+                             const int64_t *lk, float *out, int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 4 * H;
+    const float *cp = cprev[r] >= 0 ? base + cprev[r] + H : NULL;
+    float *h = out + (size_t)r * ldo, *c = h + H;
+    if (seg[r + 1] == seg[r]) {
+      for (int j = 0; j < H; j++)
+        c[j] = sigm(g[j]) * tanhf(g[3 * H + j]) +
+               (cp ? sigm(g[H + j]) * cp[j] : 0.0f);
+    } else {
+      for (int j = 0; j < H; j++) {
+        float ai = expf(sigm(g[j]));
+        float num = ai * tanhf(g[3 * H + j]), den = ai;
+        for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
+          float ak = expf(base[lk[k] + j]);
+          num += ak * base[cw[k] + j];
+          den += ak;
+        }
+        c[j] = num / den;
+      }
+    }
+    for (int j = 0; j < H; j++) h[j] = sigm(g[2 * H + j]) * tanhf(c[j]);
+  }
+}
+
+static void cpu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
+                             const float *base, const int64_t *cb, float *out,
+                             int ldo) {
+  for (int r = 0; r < n; r++) {
+    const float *g = G + (size_t)r * 3 * H;
+    const float *c = base + cb[r] + H;
+    float *w = out + (size_t)r * ldo;
+    for (int j = 0; j < H; j++)
+      w[j] = sigm(g[H + j]) * c[j] + sigm(g[j]) * tanhf(g[2 * H + j]);
+  }
+}
+
+static void cpu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
+                             int ld) {
+  for (int r = 0; r < n; r++) {
+    float *y = x + (size_t)r * ld;
+    for (int j = 0; j < w; j++) y[j] = sigm(y[j]);
+  }
+}
+
 static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
                           int ld) {
   for (int r = 0; r < n; r++) {
@@ -238,6 +324,11 @@ static const cn_backend_vt cpu_vt = {
     .childsum = cpu_childsum,
     .mvrnn_vec = cpu_mvrnn_vec,
     .mvrnn_mat = cpu_mvrnn_mat,
+    .lstm_cell = cpu_lstm_cell,
+    .gru_cell = cpu_gru_cell,
+    .lattice_char = cpu_lattice_char,
+    .lattice_word = cpu_lattice_word,
+    .sigmoid_rows = cpu_sigmoid_rows,
     .tanh_rows = cpu_tanh_rows,
 };
 

@@ -84,7 +84,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   float *G = hs + (int64_t)n * H;
   float *Hk = G + (int64_t)n * 4 * H;
   float *F = Hk + E * H;
-  CN_BK(bk, gather_sum, hs, H, r->arena, coff, seg, n, H);
+  CN_BK(bk, gather_sum, hs, H, r->arena, coff, seg, n, H, 0);
   CN_BK(bk, gemm, n, 4 * H, H, hs, H, r->wb[CELL_U], H, r->wb[CELL_B], 0.0f,
         G, 4 * H);
   int ld;
@@ -109,6 +109,7 @@ const cn_family cn__fam_childsum = {
     .max_arity = 0,
     .tensors = spec,
     .build = build,
+    .count = cn__tree_count,
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,

@@ -9,6 +9,9 @@ extern const cn_family cn__fam_treelstm_2type;
 extern const cn_family cn__fam_treegru;
 extern const cn_family cn__fam_childsum;
 extern const cn_family cn__fam_mvrnn;
+extern const cn_family cn__fam_bilstm;
+extern const cn_family cn__fam_latticelstm;
+extern const cn_family cn__fam_latticegru;
 
 int cn__family_count(void);
 const cn_family *cn__family_at(int i);
@@ -22,6 +25,9 @@ typedef struct cn_tree_types {
  * (reverse pre-order), then one output vertex per requested node (the root,
  * or every node in pre-order). A node's inputs are its children, in order. */
 int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt);
+/* Vertices of a tree instance: its nodes, plus one output per node
+ * (outputs=all) or one for the root. */
+int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode);
 /* The per-instance object: logits/label/label_name of the root, "nodes"
  * for outputs=all, "h" (the first h_floats of the root's state). */
 json_t *cn__tree_output(const cn_run *r, int slot, int h_floats);
@@ -36,6 +42,19 @@ int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
  * the input's state. */
 void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
                      const float *W, const float *b);
+/* Taggers' per-token object: "logits" and "tags" per position (output
+ * vertices out_v0 .. + n_out), "tag_names" when the model has labels, and
+ * "h" per position from hidden(r, slot, i, buf) when CN_OUT_HIDDEN. */
+json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
+                          void (*hidden)(const cn_run *r, int slot, int i,
+                                         float *buf));
+/* The classifier's object: logits, label, label_name of one output row. */
+json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
+/* One LSTM step (nn.LSTMCell) for a batch: x = E[vaux], previous state
+ * = input 0 of each vertex (zero when it has none); writes [h | c]. */
+void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
+                        const float *E, const float *Wih, const float *Whh,
+                        const float *bih, const float *bhh);
 /* JSON helpers. */
 json_t *cn__json_floats(const float *x, int64_t n);
 int cn__argmax(const float *x, int n);

@@ -84,6 +84,7 @@ const cn_family cn__fam_mvrnn = {
     .max_arity = 2,
     .tensors = spec,
     .build = build,
+    .count = cn__tree_count,
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,

@@ -49,6 +49,10 @@ int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   return 0;
 }
 
+int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode) {
+  return (int64_t)in->n + ((flags & CN_OUT_ALL) ? in->n : 1);
+}
+
 int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which) {
   int64_t *off = cn__run_idx(r, n);
   for (int i = 0; i < n; i++) {
@@ -96,7 +100,7 @@ int cn__argmax(const float *x, int n) {
   return best;
 }
 
-static json_t *logits_object(const cn_run *r, json_t *o, const float *z) {
+json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z) {
   const cn_model *m = r->m;
   int C = (int)m->dims.C;
   int label = cn__argmax(z, C);
@@ -110,12 +114,12 @@ static json_t *logits_object(const cn_run *r, json_t *o, const float *z) {
 json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
   const cn_run_slot *s = &r->slots[slot];
   json_t *o = json_object();
-  logits_object(r, o, cn__run_state_host(r, s->out_v0));
+  cn__logits_object(r, o, cn__run_state_host(r, s->out_v0));
   if (s->flags & CN_OUT_ALL) {
     json_t *nodes = json_array();
     for (int32_t i = 0; i < s->n_out; i++)
       json_array_append_new(
-          nodes, logits_object(r, json_object(),
+          nodes, cn__logits_object(r, json_object(),
                                cn__run_state_host(r, s->out_v0 + i)));
     json_object_set_new(o, "nodes", nodes);
   }
@@ -123,6 +127,40 @@ json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
     int32_t root = r->node_vertex[s->node_v0];
     json_object_set_new(o, "h",
                         cn__json_floats(cn__run_state_host(r, root), h_floats));
+  }
+  return o;
+}
+
+json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
+                          void (*hidden)(const cn_run *r, int slot, int i,
+                                         float *buf)) {
+  const cn_run_slot *s = &r->slots[slot];
+  const cn_model *m = r->m;
+  int C = (int)m->dims.C;
+  json_t *o = json_object();
+  json_t *logits = json_array(), *tags = json_array();
+  json_t *names = m->labels != NULL ? json_array() : NULL;
+  for (int32_t i = 0; i < s->n_out; i++) {
+    const float *z = cn__run_state_host(r, s->out_v0 + i);
+    int t = cn__argmax(z, C);
+    json_array_append_new(logits, cn__json_floats(z, C));
+    json_array_append_new(tags, json_integer(t));
+    if (names != NULL)
+      json_array_append_new(names, json_string(t < m->n_labels
+                                                   ? m->labels[t] : ""));
+  }
+  json_object_set_new(o, "logits", logits);
+  json_object_set_new(o, "tags", tags);
+  if (names != NULL) json_object_set_new(o, "tag_names", names);
+  if (s->flags & CN_OUT_HIDDEN) {
+    json_t *hs = json_array();
+    float *buf = malloc((size_t)h_floats * sizeof(float));
+    for (int32_t i = 0; buf != NULL && i < s->n_out; i++) {
+      hidden(r, slot, i, buf);
+      json_array_append_new(hs, cn__json_floats(buf, h_floats));
+    }
+    free(buf);
+    json_object_set_new(o, "h", hs);
   }
   return o;
 }

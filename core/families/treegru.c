@@ -87,6 +87,7 @@ const cn_family cn__fam_treegru = {
     .max_arity = 2,
     .tensors = spec,
     .build = build,
+    .count = cn__tree_count,
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,

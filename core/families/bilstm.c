@@ -1,0 +1,160 @@
+/* bilstm.c - BiLSTM sequence tagger (Huang et al. 2015, no CRF), MODELS.md
+ * "bilstm-tagger".
+ *
+ * Per token t: fwd_t reads fwd_(t-1), bwd_t reads bwd_(t+1), output_t reads
+ * both. State of fwd/bwd vertices: [h | c], 2H floats. Per batch of n:
+ *   fwd/bwd: G[n,4H] = X·W_ihᵀ + b_ih + Hp·W_hhᵀ; nn.LSTMCell update with
+ *            b_hh added in the fused pass.
+ *   output:  logits[n,C] = [hf; hb]·out.Wᵀ + out.b.
+ * Batches of fwd vertices advance many sentences one step together, each
+ * at its own position.
+ */
+#include <stdio.h>
+
+#include "families.h"
+
+enum { EMBED, F_WIH, F_WHH, F_BIH, F_BHH, B_WIH, B_WHH, B_BIH, B_BHH, OUT_W,
+       OUT_B };
+enum { T_FWD, T_BWD, T_OUTPUT };
+
+static int spec(const cn_dims *d, cn_tensor_spec *t) {
+  int64_t H = d->H, D = d->D, C = d->C, V = d->V;
+  t[EMBED] = (cn_tensor_spec){"embed", 2, {V, D}, CN_INIT_EMBED};
+  const char *dir[2] = {"fwd", "bwd"};
+  static char names[2][4][16];
+  for (int k = 0; k < 2; k++) {
+    snprintf(names[k][0], 16, "%s.W_ih", dir[k]);
+    snprintf(names[k][1], 16, "%s.W_hh", dir[k]);
+    snprintf(names[k][2], 16, "%s.b_ih", dir[k]);
+    snprintf(names[k][3], 16, "%s.b_hh", dir[k]);
+    int b = 1 + 4 * k;
+    t[b] = (cn_tensor_spec){names[k][0], 2, {4 * H, D}, CN_INIT_LINEAR};
+    t[b + 1] = (cn_tensor_spec){names[k][1], 2, {4 * H, H}, CN_INIT_LINEAR};
+    t[b + 2] = (cn_tensor_spec){names[k][2], 1, {4 * H}, CN_INIT_BIAS};
+    t[b + 3] = (cn_tensor_spec){names[k][3], 1, {4 * H}, CN_INIT_BIAS};
+  }
+  t[OUT_W] = (cn_tensor_spec){"out.W", 2, {C, 2 * H}, CN_INIT_LINEAR};
+  t[OUT_B] = (cn_tensor_spec){"out.b", 1, {C}, CN_INIT_BIAS};
+  return 11;
+}
+
+static int64_t count(const cn_instance *in, unsigned flags, int max_decode) {
+  return 3 * (int64_t)in->n;
+}
+
+/* node_vertex[base + t] = fwd_t, node_vertex[base + n + t] = bwd_t. */
+static int build(cn_run *r, int slot) {
+  const cn_instance *in = r->slots[slot].inst;
+  int32_t n = in->n;
+  int32_t base = cn__run_reserve_nodes(r, 2 * n);
+  if (base < 0) return CN_E_NOMEM;
+  for (int32_t t = 0; t < n; t++) {
+    int32_t prev = t > 0 ? r->node_vertex[base + t - 1] : -1;
+    int32_t v = cn__run_add_vertex(r, T_FWD, slot, t, in->ids[t], &prev,
+                                   t > 0);
+    if (v < 0) return CN_E_NOMEM;
+    r->node_vertex[base + t] = v;
+  }
+  for (int32_t t = n - 1; t >= 0; t--) {
+    int32_t next = t + 1 < n ? r->node_vertex[base + n + t + 1] : -1;
+    int32_t v = cn__run_add_vertex(r, T_BWD, slot, t, in->ids[t], &next,
+                                   t + 1 < n);
+    if (v < 0) return CN_E_NOMEM;
+    r->node_vertex[base + n + t] = v;
+  }
+  cn_run_slot *s = &r->slots[slot];
+  s->node_v0 = base;
+  s->out_v0 = r->nv;
+  s->n_out = n;
+  for (int32_t t = 0; t < n; t++) {
+    int32_t io[2] = {r->node_vertex[base + t], r->node_vertex[base + n + t]};
+    if (cn__run_add_vertex(r, T_OUTPUT, slot, t, 0, io, 2) < 0)
+      return CN_E_NOMEM;
+  }
+  return 0;
+}
+
+static int64_t state_floats(const cn_model *m, int type) {
+  return type == T_OUTPUT ? m->dims.C : 2 * m->dims.H;
+}
+
+static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
+                              int64_t n_inputs) {
+  int64_t H = m->dims.H, D = m->dims.D;
+  if (type == T_OUTPUT) return n * 2 * H;
+  return n * (D + H + 4 * H);
+}
+
+/* One LSTM step for a batch of sequence positions, shared by the lstm-nmt
+ * family: X rows are embeddings, the previous state is input 0 (if any). */
+void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
+                        const float *E, const float *Wih, const float *Whh,
+                        const float *bih, const float *bhh) {
+  cn_backend_ctx *bk = r->bk;
+  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
+  float *X = cn__run_scratch(r);
+  float *Hp = X + (int64_t)n * D;
+  float *G = Hp + (int64_t)n * H;
+  int64_t *e = cn__aux_off(r, verts, n, D);
+  int64_t *prev = cn__inputs_off(r, verts, n, 0);
+  int ld;
+  CN_BK(bk, gather, X, D, E, e, n, D);
+  CN_BK(bk, gemm, n, 4 * H, D, X, D, Wih, D, bih, 0.0f, G, 4 * H);
+  bool any = false;
+  for (int i = 0; i < n && !any; i++) any = prev[i] >= 0;
+  if (any) {
+    const float *hp = cn__run_rows(r, Hp, H, r->arena, prev, n, H, &ld);
+    CN_BK(bk, gemm, n, 4 * H, H, hp, ld, Whh, H, NULL, 1.0f, G, 4 * H);
+  }
+  CN_BK(bk, lstm_cell, n, H, G, bhh, r->arena, prev,
+        r->arena + r->state_off[verts[0]], 2 * H);
+}
+
+static void exec(cn_run *r, int type, const int32_t *verts, int n) {
+  const float *const *w = r->wb;
+  if (type == T_FWD) {
+    cn__exec_lstm_step(r, verts, n, w[EMBED], w[F_WIH], w[F_WHH], w[F_BIH],
+                       w[F_BHH]);
+  } else if (type == T_BWD) {
+    cn__exec_lstm_step(r, verts, n, w[EMBED], w[B_WIH], w[B_WHH], w[B_BIH],
+                       w[B_BHH]);
+  } else {
+    int H = (int)r->m->dims.H, C = (int)r->m->dims.C;
+    float *X = cn__run_scratch(r);
+    int64_t *hf = cn__inputs_off(r, verts, n, 0);
+    int64_t *hb = cn__inputs_off(r, verts, n, 1);
+    CN_BK(r->bk, gather, X, 2 * H, r->arena, hf, n, H);
+    CN_BK(r->bk, gather, X + H, 2 * H, r->arena, hb, n, H);
+    r->gather_bytes += (size_t)n * 2 * (size_t)H * sizeof(float);
+    CN_BK(r->bk, gemm, n, C, 2 * H, X, 2 * H, w[OUT_W], 2 * H, w[OUT_B], 0.0f,
+          r->arena + r->state_off[verts[0]], C);
+  }
+}
+
+static void hidden(const cn_run *r, int slot, int t, float *buf) {
+  const cn_run_slot *s = &r->slots[slot];
+  int H = (int)r->m->dims.H;
+  int32_t n = s->n_out;
+  const float *hf = cn__run_state_host(r, r->node_vertex[s->node_v0 + t]);
+  const float *hb = cn__run_state_host(r, r->node_vertex[s->node_v0 + n + t]);
+  for (int j = 0; j < H; j++) buf[j] = hf[j], buf[H + j] = hb[j];
+}
+
+static json_t *output(const cn_run *r, int slot) {
+  return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
+}
+
+const cn_family cn__fam_bilstm = {
+    .name = "bilstm-tagger",
+    .input = CN_INPUT_SEQUENCE,
+    .n_types = 3,
+    .type_names = {"fwd", "bwd", "output"},
+    .has_classes = true,
+    .tensors = spec,
+    .build = build,
+    .count = count,
+    .state_floats = state_floats,
+    .scratch_floats = scratch_floats,
+    .exec = exec,
+    .output = output,
+};

@@ -1,0 +1,127 @@
+/* latticegru.c - word-lattice GRU encoder (Su et al. 2017, pooled
+ * predecessors), MODELS.md "latticegru".
+ *
+ * Vertices: node_j per DAG node (inputs: its predecessors) and one output
+ * for the sink. State of a node: h, H floats. Per batch of n nodes:
+ *   Hp[n,H] = mean of the predecessors' h (zero without any);
+ *   GI = X·W_ihᵀ + b_ih, GH = Hp·W_hhᵀ + b_hh; nn.GRUCell update.
+ */
+#include "families.h"
+
+enum { EMBED, WIH, WHH, BIH, BHH, OUT_W, OUT_B };
+enum { T_NODE, T_OUTPUT };
+
+static int spec(const cn_dims *d, cn_tensor_spec *t) {
+  int64_t H = d->H, D = d->D, C = d->C, V = d->V;
+  t[EMBED] = (cn_tensor_spec){"embed", 2, {V, D}, CN_INIT_EMBED};
+  t[WIH] = (cn_tensor_spec){"gru.W_ih", 2, {3 * H, D}, CN_INIT_LINEAR};
+  t[WHH] = (cn_tensor_spec){"gru.W_hh", 2, {3 * H, H}, CN_INIT_LINEAR};
+  t[BIH] = (cn_tensor_spec){"gru.b_ih", 1, {3 * H}, CN_INIT_BIAS};
+  t[BHH] = (cn_tensor_spec){"gru.b_hh", 1, {3 * H}, CN_INIT_BIAS};
+  t[OUT_W] = (cn_tensor_spec){"out.W", 2, {C, H}, CN_INIT_LINEAR};
+  t[OUT_B] = (cn_tensor_spec){"out.b", 1, {C}, CN_INIT_BIAS};
+  return 7;
+}
+
+static int64_t count(const cn_instance *in, unsigned flags, int max_decode) {
+  return (int64_t)in->n + 1;
+}
+
+static int build(cn_run *r, int slot) {
+  const cn_instance *in = r->slots[slot].inst;
+  int32_t n = in->n;
+  int32_t base = cn__run_reserve_nodes(r, n);
+  if (base < 0) return CN_E_NOMEM;
+  int32_t buf[32];
+  for (int32_t j = 0; j < n; j++) {
+    int32_t k = in->prev_start[j + 1] - in->prev_start[j];
+    int32_t *inputs = k <= 32 ? buf : malloc((size_t)k * sizeof(int32_t));
+    if (inputs == NULL) return CN_E_NOMEM;
+    for (int32_t q = 0; q < k; q++)
+      inputs[q] = r->node_vertex[base + in->prev[in->prev_start[j] + q]];
+    int32_t v = cn__run_add_vertex(r, T_NODE, slot, j, in->ids[j], inputs, k);
+    if (inputs != buf) free(inputs);
+    if (v < 0) return CN_E_NOMEM;
+    r->node_vertex[base + j] = v;
+  }
+  cn_run_slot *s = &r->slots[slot];
+  s->node_v0 = base;
+  s->out_v0 = r->nv;
+  s->n_out = 1;
+  int32_t sink = r->node_vertex[base + n - 1];
+  return cn__run_add_vertex(r, T_OUTPUT, slot, n - 1, 0, &sink, 1) < 0
+             ? CN_E_NOMEM
+             : 0;
+}
+
+static int64_t state_floats(const cn_model *m, int type) {
+  return type == T_OUTPUT ? m->dims.C : m->dims.H;
+}
+
+static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
+                              int64_t n_inputs) {
+  int64_t H = m->dims.H, D = m->dims.D;
+  return type == T_OUTPUT ? n * H : n * (D + H + 6 * H);
+}
+
+static void exec(cn_run *r, int type, const int32_t *verts, int n) {
+  cn_backend_ctx *bk = r->bk;
+  const float *const *w = r->wb;
+  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
+  if (type == T_OUTPUT) {
+    cn__exec_output(r, verts, n, H, w[OUT_W], w[OUT_B]);
+    return;
+  }
+  float *X = cn__run_scratch(r);
+  float *Hp = X + (int64_t)n * D;
+  float *GI = Hp + (int64_t)n * H;
+  float *GH = GI + (int64_t)n * 3 * H;
+  int64_t *seg = cn__run_idx(r, n + 1);
+  int64_t E = 0;
+  seg[0] = 0;
+  for (int i = 0; i < n; i++) {
+    int k;
+    cn__run_inputs(r, verts[i], &k);
+    seg[i + 1] = E += k;
+  }
+  int64_t *poff = cn__run_idx(r, E);
+  for (int i = 0; i < n; i++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    for (int q = 0; q < k; q++) poff[seg[i] + q] = r->state_off[in[q]];
+  }
+  int64_t *e = cn__aux_off(r, verts, n, D);
+  CN_BK(bk, gather, X, D, w[EMBED], e, n, D);
+  CN_BK(bk, gather_sum, Hp, H, r->arena, poff, seg, n, H, 1);
+  r->gather_bytes += (size_t)E * (size_t)H * sizeof(float);
+  CN_BK(bk, gemm, n, 3 * H, D, X, D, w[WIH], D, w[BIH], 0.0f, GI, 3 * H);
+  CN_BK(bk, gemm, n, 3 * H, H, Hp, H, w[WHH], H, w[BHH], 0.0f, GH, 3 * H);
+  CN_BK(bk, gru_cell, n, H, GI, GH, Hp, r->arena + r->state_off[verts[0]], H);
+}
+
+static json_t *output(const cn_run *r, int slot) {
+  const cn_run_slot *s = &r->slots[slot];
+  json_t *o = cn__logits_object(r, json_object(),
+                                cn__run_state_host(r, s->out_v0));
+  if (s->flags & CN_OUT_HIDDEN) {
+    int32_t sink = r->node_vertex[s->node_v0 + s->inst->n - 1];
+    json_object_set_new(o, "h", cn__json_floats(cn__run_state_host(r, sink),
+                                                r->m->dims.H));
+  }
+  return o;
+}
+
+const cn_family cn__fam_latticegru = {
+    .name = "latticegru",
+    .input = CN_INPUT_DAG,
+    .n_types = 2,
+    .type_names = {"node", "output"},
+    .has_classes = true,
+    .tensors = spec,
+    .build = build,
+    .count = count,
+    .state_floats = state_floats,
+    .scratch_floats = scratch_floats,
+    .exec = exec,
+    .output = output,
+};
