@@ -122,6 +122,8 @@ typedef struct cn_model_init_opts {
   const char *vocab_from;      /* JSONL file of instances, or NULL */
   uint64_t seed;
   int max_vocab;               /* 0: default */
+  const char *lexicon;         /* latticelstm: word list copied into the
+                                  model (spans for requests without words) */
 } cn_model_init_opts;
 
 int cn_model_init(const cn_model_init_opts *o, cn_err *err);

@@ -330,6 +330,62 @@ out:
   return rc;
 }
 
+/* The lexicon's words (two characters or more) join the word vocabulary,
+ * so spans the lexicon finds have embeddings of their own. */
+static int lexicon_words(const char *path, toklist *word, cn_err *err) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return cn_err_set(err, CN_E_IO, "%s: cannot open the lexicon: %s", path,
+                      strerror(errno));
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  int rc = 0;
+  while (rc == 0 && (n = getline(&line, &cap, f)) >= 0) {
+    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
+    if (n >= 2) rc = tl_add(word, line, (size_t)n);
+  }
+  free(line);
+  fclose(f);
+  return rc != 0 ? cn_err_set(err, rc, "%s: out of memory", path) : 0;
+}
+
+/* Copies the lexicon into the model directory (tmp + rename). */
+static int copy_lexicon(const char *from, const char *to, cn_err *err) {
+  FILE *f = fopen(from, "r");
+  if (f == NULL)
+    return cn_err_set(err, CN_E_IO, "%s: cannot open the lexicon: %s", from,
+                      strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0, got;
+  char chunk[65536];
+  int rc = 0;
+  while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) {
+    if (len + got + 1 > cap) {
+      cap = (len + got + 1) * 2;
+      char *nb = realloc(buf, cap);
+      if (nb == NULL) {
+        rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", from);
+        goto out;
+      }
+      buf = nb;
+    }
+    memcpy(buf + len, chunk, got);
+    len += got;
+  }
+  if (buf == NULL) buf = calloc(1, 1);
+  if (buf == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", from);
+    goto out;
+  }
+  buf[len] = '\0';
+  rc = write_atomic(to, buf, err);
+out:
+  free(buf);
+  fclose(f);
+  return rc;
+}
+
 static json_t *labels_json(int c) {
   static const char *five[] = {"very negative", "negative", "neutral",
                                "positive", "very positive"};
@@ -348,7 +404,7 @@ static json_t *labels_json(int c) {
 /* model.json: sizes, file names, labels and family options. The seed is
  * recorded for the reader (a seed above 2^63 shows as negative). */
 static json_t *model_json(const cn_family *fam, int h, int d, int c,
-                          const int nv[3], uint64_t seed) {
+                          const int nv[3], uint64_t seed, bool lexicon) {
   json_t *j = json_object();
   json_object_set_new(j, "family", json_string(fam->name));
   json_object_set_new(j, "hidden", json_integer(h));
@@ -360,6 +416,7 @@ static json_t *model_json(const cn_family *fam, int h, int d, int c,
     json_object_set_new(j, "tgt_vocab", json_string("tgt_vocab.txt"));
     json_object_set_new(j, "max_decode_len", json_integer(50));
   }
+  if (lexicon) json_object_set_new(j, "lexicon", json_string("lexicon.txt"));
   if (fam->has_classes) json_object_set_new(j, "labels", labels_json(c));
   json_object_set_new(j, "lowercase", json_false());
   if (strcmp(fam->name, "treelstm-2type") == 0)
@@ -413,6 +470,13 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
   }
   bool need_word, need_tgt;
   cn__family_needs(fam, &need_word, &need_tgt);
+  if (o->lexicon != NULL && fam->input != CN_INPUT_LATTICE) {
+    rc = cn_err_set(err, CN_E_BAD_CONFIG, "--lexicon is for lattice "
+                    "families (latticelstm), not %s", fam->name);
+    goto out;
+  }
+  if (o->lexicon != NULL && (rc = lexicon_words(o->lexicon, &word, err)))
+    goto out;
   if (o->vocab_from != NULL) {
     rc = collect_file(fam, o->vocab_from, &src, &word, err);
   } else {
@@ -460,7 +524,11 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
                     err)) ||
       (rc = write_weights(fam, &dims, o->seed, path, err)))
     goto out;
-  j = model_json(fam, h, d, c, nv, o->seed);
+  if (o->lexicon != NULL &&
+      ((rc = path_in(path, sizeof(path), o->dir, "lexicon.txt", err)) ||
+       (rc = copy_lexicon(o->lexicon, path, err))))
+    goto out;
+  j = model_json(fam, h, d, c, nv, o->seed, o->lexicon != NULL);
   text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (text == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "model.json: out of memory");

@@ -13,6 +13,7 @@ static void model_usage(FILE *f) {
           "[--classes C]\n"
           "                         [--vocab-from FILE.jsonl] [--seed S] "
           "[--max-vocab N]\n"
+          "                         [--lexicon WORDS.txt]   (latticelstm)\n"
           "       canopy model info DIR\n"
           "\n"
           "init writes DIR/model.json, DIR/weights.safetensors and the "
@@ -20,7 +21,8 @@ static void model_usage(FILE *f) {
           "same seed gives the same model) and\na vocabulary of the tokens "
           "in FILE.jsonl, most frequent first.\n"
           "families: treelstm treelstm-2type treegru childsum-treelstm "
-          "mvrnn\n");
+          "mvrnn bilstm-tagger\n"
+          "          lstm-nmt latticelstm latticegru\n");
 }
 
 static int cmd_init(int argc, char **argv) {
@@ -46,6 +48,9 @@ static int cmd_init(int argc, char **argv) {
     } else if ((m = cn__flag_value(argc, argv, &i, "--max-vocab", &v)) != 0) {
       if (m < 0 || cn__parse_int("--max-vocab", v, 1, 1 << 24, &x)) return 1;
       o.max_vocab = (int)x;
+    } else if ((m = cn__flag_value(argc, argv, &i, "--lexicon", &v)) != 0) {
+      if (m < 0) return 1;
+      o.lexicon = v;
     } else if ((m = cn__flag_value(argc, argv, &i, "--vocab-from", &v)) !=
                0) {
       if (m < 0) return 1;

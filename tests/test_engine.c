@@ -19,6 +19,9 @@ static fam_case cases[] = {
     {"treegru", "trees-binary.jsonl"},
     {"childsum-treelstm", "trees-nary.jsonl"},
     {"mvrnn", "trees-binary.jsonl"},
+    {"bilstm-tagger", "sequences.jsonl"},
+    {"latticelstm", "lattices.jsonl"},
+    {"latticegru", "dags.jsonl"},
 };
 
 ParameterizedTestParameters(engine, batched_equals_none) {

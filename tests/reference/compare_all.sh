@@ -31,4 +31,35 @@ for fam in treelstm treelstm-2type treegru childsum-treelstm mvrnn; do
         --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
   done
 done
+# Sequences, lattices (the data's spans, and raw text through the lexicon)
+# and DAGs.
+lex=$work/lexicon.txt
+head -3000 "$data/lexicon.txt" >"$lex"
+"$py" - "$data/lattices.jsonl" "$work/lattice-text.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as out:
+    for i, line in enumerate(open(sys.argv[1])):
+        if i >= 150: break
+        out.write(json.dumps({"text": "".join(json.loads(line)["chars"])}) + "\n")
+PY
+for spec in bilstm-tagger:sequences.jsonl latticelstm:lattices.jsonl \
+            latticelstm:lattice-text.jsonl latticegru:dags.jsonl; do
+  fam=${spec%%:*} file=${spec##*:}
+  input=$data/$file
+  [ -f "$input" ] || input=$work/$file
+  src=$data/${file/lattice-text/lattices}
+  extra=()
+  [ "$fam" = latticelstm ] && extra=(--lexicon "$lex")
+  "$canopy" model init "$fam" "$work/c-$fam" --hidden 24 --embed 24 \
+      --vocab-from "$src" --seed 3 "${extra[@]}" 2>/dev/null
+  "$py" "$here/canopy_ref.py" --make-model "$work/r-$fam" --family "$fam" \
+      --hidden 10 --embed 10 --classes 4 --seed 5 --labels --lowercase \
+      --vocab-from "$src" "${extra[@]}" >/dev/null
+  for m in c r; do
+    echo "== $fam ($m model) on $(basename "$input")"
+    "$py" "$here/compare.py" --canopy "$canopy" --model "$work/$m-$fam" \
+        --input "$input" --return-hidden --policies none,depth,agenda \
+        --batch 1,64 --tol 1e-4 || fail=1
+  done
+done
 exit $fail

@@ -1,0 +1,294 @@
+/* test_seq.c - sequences, lattices and DAGs: every validation error, text
+ * splitting, lexicon matching against brute force, and tiny hand-checked
+ * lattice and DAG cases computed here from MODELS.md in double precision. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_util.h"
+#include "internal.h"
+
+static char dir[256];
+static cn_model *M;
+
+static void load(const char *family, const char *data, int H) {
+  M = tu_model(family, H, H, data, dir, sizeof(dir));
+}
+
+static void unload(void) {
+  cn_model_free(M);
+  tu_rmdir(dir);
+}
+
+/* Parses a JSON instance; returns the error code (0 ok) and fills err. */
+static int parse(const char *js, cn_err *err, cn_instance **out) {
+  json_error_t je;
+  json_t *j = json_loads(js, 0, &je);
+  cr_assert_not_null(j, "test JSON: %s", je.text);
+  cn_limits lim;
+  cn_limits_default(&lim);
+  lim.max_seq_len = 50;
+  lim.max_spans = 6;
+  lim.max_token_len = 12;
+  cn_instance *in = NULL;
+  int rc = cn_instance_parse(M, j, &lim, 3, &in, err);
+  json_decref(j);
+  if (out) *out = in;
+  else cn_instance_free(in);
+  return rc;
+}
+
+static void expect_err(const char *js, int code, int node, const char *sub) {
+  cn_err err;
+  int rc = parse(js, &err, NULL);
+  cr_expect_eq(rc, code, "%s: got %s (%s)", js, cn_err_code(rc), err.msg);
+  cr_expect_eq(err.instance, 3, "%s: instance index", js);
+  if (node >= -1) cr_expect_eq(err.node, node, "%s: node %d", js, err.node);
+  if (sub) cr_expect(strstr(err.msg, sub) != NULL, "%s: '%s'", js, err.msg);
+}
+
+Test(seq, sequence_errors, .fini = unload) {
+  load("bilstm-tagger", "sequences.jsonl", 8);
+  expect_err("{\"tokens\": []}", CN_E_BAD_INSTANCE, -2, "empty");
+  expect_err("{\"text\": \" \\t\\u3000 \"}", CN_E_BAD_INSTANCE, -2, "empty");
+  expect_err("{\"tokens\": \"a b\"}", CN_E_BAD_INSTANCE, -2, "array");
+  expect_err("{\"tokens\": [\"a\", 3]}", CN_E_BAD_INSTANCE, 1, NULL);
+  expect_err("{\"tokens\": [\"a\", \"\"]}", CN_E_BAD_INSTANCE, 1, NULL);
+  expect_err("{\"tree\": \"(A a)\"}", CN_E_BAD_INSTANCE, -2, "\"tokens\"");
+  expect_err("{\"tokens\": [\"abcdefghijklmnop\"]}", CN_E_TOO_LARGE, 0,
+             "over the limit");
+  char big[600] = "{\"text\": \"";
+  for (int i = 0; i < 51; i++) strcat(big, "a ");
+  strcat(big, "\"}");
+  expect_err(big, CN_E_TOO_LARGE, -2, "limit");
+  expect_err("[1]", CN_E_BAD_INSTANCE, -2, "object");
+}
+
+Test(seq, text_splits_on_unicode_whitespace, .fini = unload) {
+  load("bilstm-tagger", "sequences.jsonl", 8);
+  cn_err err;
+  cn_instance *a, *b;
+  cr_assert_eq(parse("{\"text\": \"\\u00a0the\\u2003cat\\nsat\\u3000 \"}", &err,
+                     &a), 0, "%s", err.msg);
+  cr_assert_eq(parse("{\"tokens\": [\"the\", \"cat\", \"sat\"]}", &err, &b), 0);
+  cr_assert_eq(a->n, 3);
+  for (int i = 0; i < 3; i++) cr_expect_eq(a->ids[i], b->ids[i]);
+  cn_instance_free(a);
+  cn_instance_free(b);
+}
+
+Test(seq, lattice_errors, .fini = unload) {
+  load("latticelstm", "lattices.jsonl", 8);
+  expect_err("{\"chars\": []}", CN_E_BAD_LATTICE, -2, "empty");
+  expect_err("{\"text\": \"\"}", CN_E_BAD_LATTICE, -2, "empty");
+  expect_err("{\"text\": \"cat\", \"words\": [{\"start\": 1, \"end\": 4}]}",
+             CN_E_BAD_LATTICE, 0, "outside");
+  expect_err("{\"text\": \"cat\", \"words\": [{\"start\": -1, \"end\": 2}]}",
+             CN_E_BAD_LATTICE, 0, "outside");
+  expect_err("{\"text\": \"cat\", \"words\": [{\"start\": 0, \"end\": 2}, "
+             "{\"start\": 1, \"end\": 2}]}", CN_E_BAD_LATTICE, 1, "shorter");
+  expect_err("{\"text\": \"cat\", \"words\": [{\"start\": 2, \"end\": 1}]}",
+             CN_E_BAD_LATTICE, 0, NULL);
+  expect_err("{\"text\": \"cats\", \"words\": [{\"start\": 0, \"end\": 2}, "
+             "{\"start\": 1, \"end\": 3}, {\"start\": 0, \"end\": 2}]}",
+             CN_E_BAD_LATTICE, -2, "twice");
+  expect_err("{\"text\": \"cat\", \"words\": {}}", CN_E_BAD_LATTICE, -2, NULL);
+  expect_err("{\"text\": \"cat\", \"words\": [{\"start\": 0}]}",
+             CN_E_BAD_LATTICE, 0, NULL);
+  expect_err("{\"text\": \"cat\", \"words\": [{\"start\": 0, \"end\": 2, "
+             "\"token\": 5}]}", CN_E_BAD_LATTICE, 0, "token");
+  expect_err("{\"text\": \"abcdefgh\", \"words\": [{\"start\": 0, \"end\": 2},"
+             "{\"start\": 0, \"end\": 3},{\"start\": 0, \"end\": 4},"
+             "{\"start\": 0, \"end\": 5},{\"start\": 0, \"end\": 6},"
+             "{\"start\": 0, \"end\": 7},{\"start\": 0, \"end\": 8}]}",
+             CN_E_TOO_LARGE, -2, "limit");
+  expect_err("{\"chars\": [\"c\", \"\"]}", CN_E_BAD_LATTICE, 1, NULL);
+  /* text is code points: "né" is two characters */
+  cn_err err;
+  cn_instance *in;
+  cr_assert_eq(parse("{\"text\": \"n\\u00e9\", \"words\": []}", &err, &in), 0);
+  cr_expect_eq(in->n, 2);
+  cr_expect_eq(in->n_spans, 0);
+  cn_instance_free(in);
+}
+
+Test(seq, dag_errors, .fini = unload) {
+  load("latticegru", "dags.jsonl", 8);
+  expect_err("{\"nodes\": []}", CN_E_BAD_LATTICE, -2, "empty");
+  expect_err("{\"nodes\": 3}", CN_E_BAD_INSTANCE, -2, NULL);
+  expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": [0]}]}",
+             CN_E_BAD_LATTICE, 0, "earlier");
+  expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": []}, {\"token\": \"b\","
+             " \"prev\": [1]}]}", CN_E_BAD_LATTICE, 1, "earlier");
+  expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": []}, {\"token\": \"b\","
+             " \"prev\": []}]}", CN_E_BAD_LATTICE, 0, "sink");
+  expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": []}, {\"token\": \"b\","
+             " \"prev\": [0, 0]}]}", CN_E_BAD_LATTICE, 1, "twice");
+  expect_err("{\"nodes\": [{\"prev\": []}]}", CN_E_BAD_LATTICE, 0, "token");
+  expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": [\"0\"]}]}",
+             CN_E_BAD_LATTICE, 0, NULL);
+}
+
+static int32_t got[600][2], ng;
+
+static int collect(void *ctx, int32_t b, int32_t e) {
+  got[ng][0] = b, got[ng][1] = e, ng++;
+  return 0;
+}
+
+/* Brute force: every [b, e), e - b >= 2, checked against the word list. */
+Test(seq, lexicon_matches_brute_force) {
+  const char *words[] = {"ab", "abc", "b", "bca", "cab", "aaaa", "ca", "bb"};
+  cn_lexicon *lx;
+  cr_assert_eq(cn_lexicon_from_list(words, 8, &lx), 0);
+  srand(7);
+  for (int trial = 0; trial < 500; trial++) {
+    int n = 1 + rand() % 24;
+    char s[32];
+    const char *cs[32];
+    int32_t ls[32];
+    for (int i = 0; i < n; i++) {
+      s[i] = "abcAB"[rand() % 5];
+      cs[i] = &s[i];
+      ls[i] = 1;
+    }
+    for (int lower = 0; lower < 2; lower++) {
+      ng = 0;
+      cn_lexicon_match(lx, cs, ls, n, lower, collect, NULL);
+      int k = 0;
+      for (int b = 0; b < n; b++)
+        for (int e = b + 2; e <= n; e++) {
+          char w[32];
+          for (int i = b; i < e; i++)
+            w[i - b] = lower && s[i] <= 'Z' ? (char)(s[i] + 32) : s[i];
+          w[e - b] = 0;
+          bool in = false;
+          for (int q = 0; q < 8; q++) in |= strcmp(words[q], w) == 0;
+          if (!in) continue;
+          cr_assert_lt(k, ng, "trial %d: missing span [%d,%d)", trial, b, e);
+          cr_expect(got[k][0] == b && got[k][1] == e,
+                    "trial %d: span %d is [%d,%d), expected [%d,%d)", trial,
+                    k, got[k][0], got[k][1], b, e);
+          k++;
+        }
+      cr_expect_eq(k, ng, "trial %d: %d extra spans", trial, ng - k);
+    }
+  }
+  cn_lexicon_free(lx);
+}
+
+/* ---- tiny hand-checked cases ---- */
+static double sg(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static const float *T(const char *name) {
+  const cn_tensor *t = cn_safetensors_find(&M->st, name);
+  cr_assert_not_null(t, "%s", name);
+  return t->data;
+}
+
+/* y = W[rows, :cols](ld) · x + b */
+static void lin(const char *w, const char *b, int rows, int cols,
+                const double *x, double *y) {
+  const float *W = T(w), *B = T(b);
+  for (int i = 0; i < rows; i++) {
+    double s = B[i];
+    for (int j = 0; j < cols; j++) s += (double)W[(size_t)i * cols + j] * x[j];
+    y[i] = s;
+  }
+}
+
+static json_t *run_one(const char *js) {
+  json_t *in = json_pack("[o]", json_loads(js, 0, NULL));
+  json_t *out = tu_run(M, in, CN_POLICY_AGENDA, 4, CN_OUT_HIDDEN, NULL, NULL);
+  json_t *o = json_incref(json_array_get(out, 0));
+  json_decref(in);
+  json_decref(out);
+  cr_assert_null(json_object_get(o, "error"));
+  return o;
+}
+
+static void near(const json_t *a, const double *x, int n, const char *what) {
+  cr_assert_eq((int)json_array_size(a), n, "%s", what);
+  for (int i = 0; i < n; i++)
+    cr_expect(fabs(json_number_value(json_array_get(a, i)) - x[i]) < 1e-5,
+              "%s[%d]: %.8g vs %.8g", what, i,
+              json_number_value(json_array_get(a, i)), x[i]);
+}
+
+/* "abc" with the one word [0, 2) "ab": char 1 merges the word. */
+Test(seq, tiny_lattice_one_word, .fini = unload) {
+  enum { H = 4 };
+  load("latticelstm", "lattices.jsonl", H);
+  const int D = H;
+  const float *E = T("embed"), *WE = T("word_embed");
+  const char *ch[3] = {"a", "b", "c"};
+  double h[3][H], c[3][H], x[3][H];
+  for (int j = 0; j < 3; j++) {
+    int id = cn_vocab_lookup(M->vocab, ch[j], 1, false);
+    for (int k = 0; k < D; k++) x[j][k] = E[(size_t)id * D + k];
+  }
+  int wid = cn_vocab_lookup(M->word_vocab, "ab", 2, false);
+  double cw[H], l[H];
+  for (int j = 0; j < 3; j++) {
+    double in[2 * H], g[4 * H];
+    for (int k = 0; k < D; k++) in[k] = x[j][k];
+    for (int k = 0; k < H; k++) in[D + k] = j ? h[j - 1][k] : 0;
+    lin("char.W", "char.b", 4 * H, D + H, in, g);
+    if (j == 1) { /* the word ending here: cell and link gate */
+      double xw[2 * H], gw[3 * H], xl[2 * H];
+      for (int k = 0; k < D; k++) xw[k] = WE[(size_t)wid * D + k];
+      for (int k = 0; k < H; k++) xw[D + k] = h[0][k];
+      lin("word.W", "word.b", 3 * H, D + H, xw, gw);
+      for (int k = 0; k < H; k++)
+        cw[k] = sg(gw[H + k]) * c[0][k] + sg(gw[k]) * tanh(gw[2 * H + k]);
+      for (int k = 0; k < D; k++) xl[k] = x[1][k];
+      for (int k = 0; k < H; k++) xl[D + k] = cw[k];
+      lin("link.W", "link.b", H, D + H, xl, l);
+      for (int k = 0; k < H; k++) l[k] = sg(l[k]);
+      for (int k = 0; k < H; k++) {
+        double ai = exp(sg(g[k])), al = exp(l[k]);
+        c[j][k] = (ai * tanh(g[3 * H + k]) + al * cw[k]) / (ai + al);
+      }
+    } else {
+      for (int k = 0; k < H; k++)
+        c[j][k] = sg(g[k]) * tanh(g[3 * H + k]) +
+                  (j ? sg(g[H + k]) * c[j - 1][k] : 0);
+    }
+    for (int k = 0; k < H; k++) h[j][k] = sg(g[2 * H + k]) * tanh(c[j][k]);
+  }
+  json_t *o = run_one("{\"chars\": [\"a\", \"b\", \"c\"], \"words\": "
+                      "[{\"start\": 0, \"end\": 2}]}");
+  json_t *hs = json_object_get(o, "h");
+  for (int j = 0; j < 3; j++) near(json_array_get(hs, j), h[j], H, "h");
+  json_decref(o);
+}
+
+/* Two nodes: a -> b; the sink's logits from its GRU state. */
+Test(seq, tiny_dag_two_nodes, .fini = unload) {
+  enum { H = 4 };
+  load("latticegru", "dags.jsonl", H);
+  const float *E = T("embed");
+  double h[2][H];
+  const char *tok[2] = {"the", "of"};
+  for (int j = 0; j < 2; j++) {
+    double x[H], gi[3 * H], gh[3 * H], hp[H];
+    int id = cn_vocab_lookup(M->vocab, tok[j], strlen(tok[j]), false);
+    for (int k = 0; k < H; k++) x[k] = E[(size_t)id * H + k];
+    for (int k = 0; k < H; k++) hp[k] = j ? h[0][k] : 0;
+    lin("gru.W_ih", "gru.b_ih", 3 * H, H, x, gi);
+    lin("gru.W_hh", "gru.b_hh", 3 * H, H, hp, gh);
+    for (int k = 0; k < H; k++) {
+      double r = sg(gi[k] + gh[k]), z = sg(gi[H + k] + gh[H + k]);
+      double n = tanh(gi[2 * H + k] + r * gh[2 * H + k]);
+      h[j][k] = (1 - z) * n + z * hp[k];
+    }
+  }
+  double z[5];
+  lin("out.W", "out.b", 5, H, h[1], z);
+  json_t *o = run_one("{\"nodes\": [{\"token\": \"the\", \"prev\": []}, "
+                      "{\"token\": \"of\", \"prev\": [0]}]}");
+  near(json_object_get(o, "h"), h[1], H, "h");
+  near(json_object_get(o, "logits"), z, 5, "logits");
+  json_decref(o);
+}
