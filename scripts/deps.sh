@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config
       libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev
-      libcriterion-dev python3 python3-numpy curl)
+      libcriterion-dev python3 python3-numpy curl
+      prometheus)
 pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do

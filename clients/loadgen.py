@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""loadgen.py - load generator for `canopy serve` (standard library only).
+
+Closed loop (--concurrency N: N connections, each sends its next request
+as soon as the previous answer arrives) or open loop (--rate R: requests
+start at R per second whatever the answers do, up to --concurrency in
+flight). Always bounded: --requests and --duration cap it, and the target
+must be a loopback address unless --allow-remote is given.
+
+Prints throughput (requests/s, instances/s), p50/p90/p99 latency, errors
+by status, and the batches vs lower bound the daemon reports in /metrics.
+"""
+import argparse
+import http.client
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+
+
+def metrics(host, port):
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, v = line.rpartition(" ")
+            out[name] = float(v)
+    return out
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--model", default="treelstm")
+    ap.add_argument("--input", required=True, help="JSONL of INSTANCE objects")
+    ap.add_argument("--per-request", type=int, default=1,
+                    help="instances per request")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=0,
+                    help="open loop: requests per second (0: closed loop)")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds")
+    ap.add_argument("--allow-remote", action="store_true")
+    a = ap.parse_args()
+    u = urllib.parse.urlparse(a.url)
+    host, port = u.hostname, u.port or 80
+    addr = socket.gethostbyname(host)
+    if not ipaddress.ip_address(addr).is_loopback and not a.allow_remote:
+        sys.exit("loadgen: %s is not a loopback address (--allow-remote)" % host)
+    a.requests = max(1, min(a.requests, 1_000_000))
+    a.duration = max(0.1, min(a.duration, 600.0))
+    a.concurrency = max(1, min(a.concurrency, 1024))
+    insts = [json.loads(l) for l in open(a.input) if l.strip()]
+    bodies = []
+    for i in range(0, len(insts), a.per_request):
+        chunk = insts[i:i + a.per_request]
+        if len(chunk) == a.per_request:
+            bodies.append(json.dumps({"instances": chunk}).encode())
+    path = "/v1/models/%s/infer" % a.model
+    lock = threading.Lock()
+    state = {"next": 0, "lat": [], "status": {}, "inst": 0}
+    m0 = metrics(host, port)
+    t0 = time.monotonic()
+    deadline = t0 + a.duration
+
+    def take():
+        with lock:
+            n = state["next"]
+            if n >= a.requests or time.monotonic() > deadline:
+                return None
+            state["next"] = n + 1
+            return n
+
+    def worker():
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        while True:
+            n = take()
+            if n is None:
+                break
+            if a.rate > 0:  # open loop: request n starts at t0 + n / rate
+                delay = t0 + n / a.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            start = time.monotonic()
+            try:
+                conn.request("POST", path, body=bodies[n % len(bodies)],
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                st = resp.status
+                if resp.getheader("Connection", "").lower() == "close":
+                    conn.close()
+            except (OSError, http.client.HTTPException):
+                st = "conn-error"
+                conn.close()
+                conn = http.client.HTTPConnection(host, port, timeout=60)
+            lat = time.monotonic() - start
+            with lock:
+                state["status"][st] = state["status"].get(st, 0) + 1
+                if st == 200:
+                    state["lat"].append(lat)
+                    state["inst"] += a.per_request
+        conn.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(a.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    secs = time.monotonic() - t0
+    m1 = metrics(host, port)
+    lat = state["lat"]
+    ok = len(lat)
+    d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+    runs = d("canopy_runs_total")
+    res = {
+        "mode": "open %.0f/s" % a.rate if a.rate else "closed",
+        "concurrency": a.concurrency, "per_request": a.per_request,
+        "requests": sum(state["status"].values()), "ok": ok,
+        "seconds": round(secs, 3),
+        "requests_per_s": round(ok / secs, 1),
+        "instances_per_s": round(state["inst"] / secs, 1),
+        "p50_ms": round(pct(lat, 50) * 1e3, 3),
+        "p90_ms": round(pct(lat, 90) * 1e3, 3),
+        "p99_ms": round(pct(lat, 99) * 1e3, 3),
+        "errors": {str(k): v for k, v in state["status"].items() if k != 200},
+        "runs": int(runs),
+        "instances_per_run": round(d("canopy_batch_size_instances_sum") /
+                                   runs, 2) if runs else 0,
+        "batches": int(d("canopy_batches_total")),
+        "lower_bound": int(d("canopy_lower_bound_batches_total")),
+        "median_compute_ms_approx": round(
+            d("canopy_compute_duration_seconds_sum") / runs * 1e3, 3)
+        if runs else 0,
+    }
+    print(json.dumps(res))
+    return 0 if not res["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

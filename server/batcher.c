@@ -1,0 +1,239 @@
+/* batcher.c - per-model aggregation windows, admission and the hand-back
+ * of finished runs. Everything here runs on the loop thread.
+ *
+ * A model's window opens with the first request that finds none open and
+ * closes max-delay-us later, or as soon as it holds max-instances
+ * instances, or just before a request would take it past max-vertices,
+ * whichever comes first (the time / size bound of just-in-time batching:
+ * DyNet's autobatching groups only what is there when it must compute).
+ * A closed window is a run: it goes to the job queue for a worker.
+ *
+ * Admission bounds memory: the instances waiting in windows or in the
+ * queue never exceed queue-depth; a request that would pass it is
+ * answered 429 with Retry-After, before anything of it is kept.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "serve_impl.h"
+
+void cn__handle_unref_cb(uv_handle_t *h) { cn__req_unref(h->data); }
+
+int cn__retry_after_s(cn__server *s) {
+  double compute_s = (double)atomic_load(&s->ewma_compute_us) / 1e6;
+  int queued;
+  pthread_mutex_lock(&s->qmu);
+  queued = s->queued_jobs;
+  pthread_mutex_unlock(&s->qmu);
+  double wait = s->cfg.serve.max_delay_us / 1e6 +
+                (1.0 + (double)queued / s->n_threads) * compute_s;
+  int secs = (int)ceil(wait);
+  return secs < 1 ? 1 : secs > 60 ? 60 : secs;
+}
+
+static void window_close(cn__model_entry *me) {
+  cn__job *j = me->window;
+  if (j == NULL) return;
+  me->window = NULL;
+  uv_timer_stop(&me->timer);
+  cn__workers_push(me->srv, j);
+}
+
+static void on_window_timer(uv_timer_t *t) { window_close(t->data); }
+
+static int job_append(cn__job *j, cn__req *r) {
+  if (j->n == j->cap) {
+    int cap = j->cap ? j->cap * 2 : 16;
+    cn__req **p = realloc(j->reqs, (size_t)cap * sizeof(*p));
+    if (p == NULL) return -1;
+    j->reqs = p;
+    j->cap = cap;
+  }
+  j->reqs[j->n++] = r;
+  j->instances += r->n_inst;
+  j->vertices += r->vertices;
+  atomic_fetch_add(&r->refs, 1); /* the run's */
+  return 0;
+}
+
+static void on_timeout(uv_timer_t *t) {
+  cn__batcher_cancel(t->data, "timeout", 504);
+}
+
+/* A readable socket of a suspended request is either the client's EOF
+ * (it gave up: drop its instances) or a pipelined next request (nothing
+ * to learn; stop watching). */
+static void on_conn_event(uv_poll_t *p, int status, int events) {
+  cn__req *r = p->data;
+  char c;
+  bool gone = status < 0 || (events & UV_DISCONNECT);
+  if (!gone) {
+    ssize_t n = recv(r->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+  if (gone)
+    cn__batcher_cancel(r, "disconnect", 499);
+  else
+    uv_poll_stop(p);
+}
+
+void cn__batcher_submit(cn__server *s, cn__req *r) {
+  cn__model_entry *me = r->me;
+  const cn_serve_config *sc = &s->cfg.serve;
+  r->state = CN__REQ_WAITING;
+  r->wnext = s->waiting;
+  r->wprev = NULL;
+  if (s->waiting) s->waiting->wprev = r;
+  s->waiting = r;
+  if (atomic_load(&s->draining)) {
+    cn__req_answer(r, 503, cn__error_body(CN_E_DRAINING,
+                                          "the server is shutting down", -1),
+                   "draining");
+    return;
+  }
+  int waiting = atomic_load(&s->waiting_instances);
+  if (waiting + r->n_inst > sc->queue_depth) {
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "the queue is full (%d instances waiting, queue-depth %d); "
+             "retry later",
+             waiting, sc->queue_depth);
+    cn__metrics_overloaded(&s->metrics);
+    cn__req_answer(r, 429, cn__error_body(CN_E_OVERLOADED, msg, -1),
+                   "overloaded");
+    return;
+  }
+  if (me->window != NULL &&
+      (me->window->vertices + r->vertices > (size_t)sc->max_vertices))
+    window_close(me);
+  if (me->window == NULL) {
+    cn__job *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+      cn__req_answer(r, 500, cn__error_body(CN_E_NOMEM, "out of memory", -1),
+                     "nomem");
+      return;
+    }
+    j->me = me;
+    j->t_open = cn__now();
+    me->window = j;
+    uv_timer_start(&me->timer, on_window_timer,
+                   (uint64_t)(sc->max_delay_us / 1000), 0);
+  }
+  if (job_append(me->window, r) != 0) {
+    cn__req_answer(r, 500, cn__error_body(CN_E_NOMEM, "out of memory", -1),
+                   "nomem");
+    return;
+  }
+  atomic_fetch_add(&s->waiting_instances, r->n_inst);
+  if (r->timeout_ms > 0) {
+    uv_timer_init(&s->loop, &r->tmo);
+    r->tmo.data = r;
+    atomic_fetch_add(&r->refs, 1);
+    r->tmo_open = true;
+    uv_timer_start(&r->tmo, on_timeout, (uint64_t)r->timeout_ms, 0);
+  }
+  if (r->fd >= 0 && uv_poll_init(&s->loop, &r->poll, r->fd) == 0) {
+    r->poll.data = r;
+    atomic_fetch_add(&r->refs, 1);
+    r->poll_open = true;
+    uv_poll_start(&r->poll, UV_READABLE | UV_DISCONNECT, on_conn_event);
+  }
+  if (me->window->instances >= sc->max_instances ||
+      me->window->vertices >= (size_t)sc->max_vertices)
+    window_close(me);
+}
+
+/* Gives up on a waiting request (timeout, disconnect): if its run has not
+ * closed yet its instances leave the window now; if the run is queued the
+ * worker skips it; if it is computing the result is thrown away. */
+void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
+  cn__server *s = r->srv;
+  if (r->state != CN__REQ_WAITING) return;
+  cn__model_entry *me = r->me;
+  cn__job *j = me->window;
+  bool dropped = false;
+  for (int i = 0; j != NULL && i < j->n; i++) {
+    if (j->reqs[i] != r) continue;
+    memmove(&j->reqs[i], &j->reqs[i + 1],
+            (size_t)(j->n - i - 1) * sizeof(cn__req *));
+    j->n--;
+    j->instances -= r->n_inst;
+    j->vertices -= r->vertices;
+    atomic_fetch_sub(&s->waiting_instances, r->n_inst);
+    dropped = true;
+    if (j->n == 0) {
+      me->window = NULL;
+      uv_timer_stop(&me->timer);
+      cn__job_free(j);
+    }
+    cn__req_unref(r); /* the run's reference */
+    break;
+  }
+  bool disc = strcmp(reason, "disconnect") == 0;
+  if (dropped)
+    cn__metrics_dropped(&s->metrics, r->n_inst, disc, !disc);
+  else
+    cn__metrics_dropped(&s->metrics, 0, disc, !disc);
+  char msg[96];
+  snprintf(msg, sizeof(msg), "no result within timeout_ms %lld",
+           r->timeout_ms);
+  cn__req_answer(r, status,
+                 disc ? NULL : cn__error_body(CN_E_TIMEOUT, msg, -1), reason);
+}
+
+/* Runs come back from the workers: answer the requests still waiting. */
+void cn__batcher_on_done(uv_async_t *a) {
+  cn__server *s = a->data;
+  pthread_mutex_lock(&s->dmu);
+  cn__job *j = s->dhead;
+  s->dhead = NULL;
+  pthread_mutex_unlock(&s->dmu);
+  while (j != NULL) {
+    cn__job *next = j->next;
+    for (int i = 0; i < j->n; i++) {
+      cn__req *r = j->reqs[i];
+      if (r->state == CN__REQ_WAITING) {
+        char *body = r->result;
+        r->result = NULL;
+        cn__req_answer(r, body ? r->result_status : 500,
+                       body ? body
+                            : cn__error_body(CN_E_INTERNAL,
+                                             "the run produced no result",
+                                             -1),
+                       NULL);
+      }
+    }
+    cn__job_free(j);
+    j = next;
+  }
+}
+
+/* mhd-thread mode: requests parsed on MHD's thread arrive here. */
+void cn__batcher_on_inbox(uv_async_t *a) {
+  cn__server *s = a->data;
+  pthread_mutex_lock(&s->imu);
+  cn__req *r = s->ihead;
+  s->ihead = s->itail = NULL;
+  pthread_mutex_unlock(&s->imu);
+  while (r != NULL) {
+    cn__req *next = r->inbox_next;
+    r->inbox_next = NULL;
+    cn__batcher_submit(s, r);
+    r = next;
+  }
+}
+
+void cn__batcher_flush_all(cn__server *s) {
+  for (int i = 0; i < s->n_models; i++) window_close(&s->models[i]);
+}
+
+/* Grace period over: whatever still waits is answered now. */
+void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg) {
+  cn__batcher_flush_all(s);
+  while (s->waiting != NULL)
+    cn__req_answer(s->waiting, cn_err_http_status(code),
+                   cn__error_body(code, msg, -1), "drain-expired");
+}

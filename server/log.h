@@ -1,0 +1,29 @@
+/* log.h - leveled, structured (logfmt) logging to stderr.
+ *
+ * CN_LOG checks the level before anything is formatted (redis serverLog),
+ * so a debug line costs one comparison when debug is off. Lines are
+ * written with a single write(2) and may come from any thread. */
+#ifndef CANOPY_SERVER_LOG_H
+#define CANOPY_SERVER_LOG_H
+
+typedef enum {
+  CN_LOG_ERROR = 0,
+  CN_LOG_WARN,
+  CN_LOG_INFO,
+  CN_LOG_DEBUG
+} cn_log_level;
+
+extern int cn__log_level;
+
+/* "error" | "warn" | "info" | "debug" -> level; -1 if unknown. */
+int cn__log_parse_level(const char *name);
+/* fmt is the rest of a logfmt line: `msg=... key=value ...`. */
+void cn__log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define CN_LOG(level, ...)                              \
+  do {                                                  \
+    if ((level) <= cn__log_level) cn__log((level), __VA_ARGS__); \
+  } while (0)
+
+#endif

@@ -1,0 +1,260 @@
+/* metrics.c - the one generator of /metrics and the counters behind it.
+ *
+ * Names follow the Prometheus conventions: base units (seconds, bytes),
+ * `_total` on counters, histograms as _bucket/_sum/_count with cumulative
+ * buckets and a final le="+Inf". `promtool check metrics` runs on this
+ * output in the tests. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metrics.h"
+
+static const int statuses[] = {200, 400, 404, 405, 413, 429, 499,
+                               500, 503, 504, 0 /* other */};
+#define CN__N_STATUS ((int)(sizeof(statuses) / sizeof(statuses[0])))
+
+static const double lat_le[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                0.05,   0.1,   0.25,   0.5,   1,    2.5,
+                                5,      10,    30};
+static const double size_le[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                                  1024, 4096};
+
+static void hist_init(cn__hist *h, const double *le, int n) {
+  memset(h, 0, sizeof(*h));
+  h->le = le;
+  h->n = n;
+}
+
+static void hist_add(cn__hist *h, double v) {
+  int i = 0;
+  while (i < h->n && v > h->le[i]) i++;
+  h->counts[i]++;
+  h->sum += v;
+  h->count++;
+}
+
+int cn__metrics_init(cn__metrics *m, int n_models, const char **names) {
+  memset(m, 0, sizeof(*m));
+  pthread_mutex_init(&m->mu, NULL);
+  m->n_models = n_models;
+  m->model_names = names;
+  m->requests = calloc((size_t)(n_models + 1) * CN__N_STATUS,
+                       sizeof(uint64_t));
+  m->instances = calloc((size_t)n_models + 1, sizeof(uint64_t));
+  if (m->requests == NULL || m->instances == NULL) return -1;
+  hist_init(&m->request_s, lat_le, 15);
+  hist_init(&m->queue_s, lat_le, 15);
+  hist_init(&m->compute_s, lat_le, 15);
+  hist_init(&m->batch_instances, size_le, 12);
+  return 0;
+}
+
+void cn__metrics_free(cn__metrics *m) {
+  free(m->requests);
+  free(m->instances);
+  pthread_mutex_destroy(&m->mu);
+}
+
+void cn__metrics_request(cn__metrics *m, int model, int status,
+                         int instances, double seconds) {
+  int slot = CN__N_STATUS - 1;
+  for (int i = 0; i < CN__N_STATUS - 1; i++)
+    if (statuses[i] == status) slot = i;
+  if (model < 0 || model >= m->n_models) model = m->n_models;
+  pthread_mutex_lock(&m->mu);
+  m->requests[model * CN__N_STATUS + slot]++;
+  if (status == 200) m->instances[model] += (uint64_t)instances;
+  hist_add(&m->request_s, seconds);
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
+                     double compute_s, long long batches,
+                     long long lower_bound, long long vertices,
+                     long long kernels, size_t gather_bytes,
+                     size_t arena_bytes) {
+  (void)queue_s_max;
+  pthread_mutex_lock(&m->mu);
+  m->runs++;
+  hist_add(&m->batch_instances, instances);
+  hist_add(&m->compute_s, compute_s);
+  m->batches += (uint64_t)batches;
+  m->lower_bound += (uint64_t)lower_bound;
+  m->vertices += (uint64_t)vertices;
+  m->kernels += (uint64_t)kernels;
+  m->gather_bytes += gather_bytes;
+  m->arena_bytes_total += arena_bytes;
+  m->arena_bytes_last = arena_bytes;
+  if (arena_bytes > m->arena_bytes_peak) m->arena_bytes_peak = arena_bytes;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_queue_wait(cn__metrics *m, double seconds) {
+  pthread_mutex_lock(&m->mu);
+  hist_add(&m->queue_s, seconds);
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
+                         int timeout) {
+  pthread_mutex_lock(&m->mu);
+  m->instances_dropped += (uint64_t)instances;
+  m->cancelled_disconnect += (uint64_t)disconnect;
+  m->cancelled_timeout += (uint64_t)timeout;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_overloaded(cn__metrics *m) {
+  pthread_mutex_lock(&m->mu);
+  m->rejected_overloaded++;
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* A growing text buffer. */
+typedef struct sbuf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < b->cap - b->len) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t cap = (b->cap + (size_t)n + 1) * 2;
+    char *q = realloc(b->p, cap);
+    if (q == NULL) {
+      b->oom = 1;
+      return;
+    }
+    b->p = q;
+    b->cap = cap;
+  }
+}
+
+static void head(sbuf *b, const char *name, const char *type,
+                 const char *help) {
+  sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void counter(sbuf *b, const char *name, const char *help,
+                    unsigned long long v) {
+  head(b, name, "counter", help);
+  sb_printf(b, "%s %llu\n", name, v);
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, double v) {
+  head(b, name, "gauge", help);
+  sb_printf(b, "%s %.17g\n", name, v);
+}
+
+static void hist(sbuf *b, const char *name, const char *help,
+                 const cn__hist *h) {
+  head(b, name, "histogram", help);
+  uint64_t cum = 0;
+  for (int i = 0; i < h->n; i++) {
+    cum += h->counts[i];
+    sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i],
+              (unsigned long long)cum);
+  }
+  cum += h->counts[h->n];
+  sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+            (unsigned long long)cum);
+  sb_printf(b, "%s_sum %.17g\n%s_count %llu\n", name, h->sum, name,
+            (unsigned long long)h->count);
+}
+
+char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
+  sbuf b = {malloc(8192), 0, 8192, 0};
+  if (b.p == NULL) return NULL;
+  pthread_mutex_lock(&m->mu);
+  head(&b, "canopy_requests_total", "counter",
+       "HTTP requests answered, by model and status");
+  for (int mi = 0; mi <= m->n_models; mi++)
+    for (int si = 0; si < CN__N_STATUS; si++) {
+      uint64_t v = m->requests[mi * CN__N_STATUS + si];
+      if (v == 0 && !(si == 0 && mi < m->n_models)) continue;
+      char st[8];
+      if (statuses[si]) snprintf(st, sizeof(st), "%d", statuses[si]);
+      else snprintf(st, sizeof(st), "other");
+      sb_printf(&b, "canopy_requests_total{model=\"%s\",status=\"%s\"} %llu\n",
+                mi < m->n_models ? m->model_names[mi] : "", st,
+                (unsigned long long)v);
+    }
+  head(&b, "canopy_instances_total", "counter",
+       "instances answered with outputs, by model");
+  for (int mi = 0; mi < m->n_models; mi++)
+    sb_printf(&b, "canopy_instances_total{model=\"%s\"} %llu\n",
+              m->model_names[mi], (unsigned long long)m->instances[mi]);
+  hist(&b, "canopy_request_duration_seconds",
+       "time from a request's arrival to its answer", &m->request_s);
+  hist(&b, "canopy_queue_duration_seconds",
+       "time a request waited (window and queue) before its run started",
+       &m->queue_s);
+  hist(&b, "canopy_compute_duration_seconds",
+       "time a worker spent executing one run", &m->compute_s);
+  hist(&b, "canopy_batch_size_instances", "instances per executed run",
+       &m->batch_instances);
+  counter(&b, "canopy_runs_total", "runs executed", m->runs);
+  counter(&b, "canopy_batches_total",
+          "batched vertex launches of all runs", m->batches);
+  counter(&b, "canopy_lower_bound_batches_total",
+          "sum over runs of the lower bound on batches (MODELS.md)",
+          m->lower_bound);
+  counter(&b, "canopy_vertices_total", "vertices executed", m->vertices);
+  counter(&b, "canopy_backend_kernels_total", "backend calls", m->kernels);
+  counter(&b, "canopy_instances_dropped_total",
+          "instances dropped before running (timeout or disconnect)",
+          m->instances_dropped);
+  head(&b, "canopy_requests_cancelled_total", "counter",
+       "requests abandoned before their answer, by reason");
+  sb_printf(&b, "canopy_requests_cancelled_total{reason=\"timeout\"} %llu\n",
+            (unsigned long long)m->cancelled_timeout);
+  sb_printf(&b,
+            "canopy_requests_cancelled_total{reason=\"disconnect\"} %llu\n",
+            (unsigned long long)m->cancelled_disconnect);
+  counter(&b, "canopy_requests_rejected_overloaded_total",
+          "requests refused with 429 because the queue was full",
+          m->rejected_overloaded);
+  counter(&b, "canopy_gather_copied_bytes_total",
+          "bytes moved by child gathers and scatters", m->gather_bytes);
+  counter(&b, "canopy_arena_allocated_bytes_total",
+          "bytes of arenas planned for runs", m->arena_bytes_total);
+  gauge(&b, "canopy_arena_bytes", "arena bytes of the last run",
+        (double)m->arena_bytes_last);
+  gauge(&b, "canopy_arena_peak_bytes", "largest arena of any run",
+        (double)m->arena_bytes_peak);
+  counter(&b, "canopy_policy_retrains_total",
+          "times a batching policy was retrained", m->policy_retrains);
+  double start = m->start_time;
+  pthread_mutex_unlock(&m->mu);
+  gauge(&b, "canopy_queue_depth_instances",
+        "instances waiting in windows or the run queue",
+        (double)g->queue_instances);
+  gauge(&b, "canopy_queue_depth_runs", "closed runs waiting for a worker",
+        (double)g->queued_runs);
+  gauge(&b, "canopy_in_flight_requests",
+        "requests accepted and not yet answered", (double)g->in_flight);
+  gauge(&b, "canopy_workers", "worker threads", (double)g->workers);
+  gauge(&b, "canopy_ready", "1 when /readyz answers 200", (double)g->ready);
+  gauge(&b, "canopy_draining", "1 while shutting down",
+        (double)g->draining);
+  gauge(&b, "canopy_start_time_seconds",
+        "when the daemon started, seconds since the Unix epoch", start);
+  if (b.oom) {
+    free(b.p);
+    return NULL;
+  }
+  return b.p;
+}

@@ -1,0 +1,62 @@
+/* metrics.h - counters kept where the work happens (the handler counts
+ * requests, the workers count runs and batches), exposed by one generator
+ * (cn__metrics_render, redis genRedisInfoString style) in the Prometheus
+ * text format 0.0.4. One mutex guards them: every update is a handful of
+ * additions, far cheaper than the request it describes. */
+#ifndef CANOPY_SERVER_METRICS_H
+#define CANOPY_SERVER_METRICS_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CN__HIST_MAX 24
+
+typedef struct cn__hist {
+  int n;                       /* buckets (upper bounds, +Inf implied) */
+  const double *le;
+  uint64_t counts[CN__HIST_MAX + 1];
+  double sum;
+  uint64_t count;
+} cn__hist;
+
+typedef struct cn__metrics {
+  pthread_mutex_t mu;
+  int n_models;
+  const char **model_names;   /* borrowed; slot n_models is "" (no model) */
+  uint64_t *requests;         /* [(n_models + 1) * CN__N_STATUS]          */
+  uint64_t *instances;        /* [n_models + 1] instances answered 200    */
+  cn__hist request_s, queue_s, compute_s, batch_instances;
+  uint64_t runs, batches, lower_bound, vertices, kernels;
+  uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
+  uint64_t rejected_overloaded;
+  uint64_t gather_bytes, arena_bytes_total;
+  uint64_t arena_bytes_last, arena_bytes_peak;
+  uint64_t policy_retrains;
+  double start_time;
+} cn__metrics;
+
+/* Values read at render time (owned elsewhere). */
+typedef struct cn__gauges {
+  long long queue_instances, queued_runs, in_flight, workers, ready,
+      draining;
+} cn__gauges;
+
+int cn__metrics_init(cn__metrics *m, int n_models, const char **names);
+void cn__metrics_free(cn__metrics *m);
+/* model: index or -1 (no model) */
+void cn__metrics_request(cn__metrics *m, int model, int status,
+                         int instances, double seconds);
+void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
+                     double compute_s, long long batches,
+                     long long lower_bound, long long vertices,
+                     long long kernels, size_t gather_bytes,
+                     size_t arena_bytes);
+void cn__metrics_queue_wait(cn__metrics *m, double seconds);
+void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
+                         int timeout);
+void cn__metrics_overloaded(cn__metrics *m);
+/* The whole exposition; caller frees. */
+char *cn__metrics_render(cn__metrics *m, const cn__gauges *g);
+
+#endif

@@ -1,0 +1,272 @@
+/* serve.c - `canopy serve`: configuration, models, the loop, and drain.
+ *
+ * Start-up is all or nothing: every model under models-dir must load (a
+ * model is served whole or not at all, and a daemon missing a model a load
+ * balancer expects is worse than one that refuses to start), every worker
+ * must open its backend, the port must bind; otherwise exit 1 with the
+ * reason. Then the loop runs until SIGTERM/SIGINT, and drain: /readyz
+ * turns 503, the listening socket closes, waiting requests finish, and the
+ * process exits 0 once nothing is in flight or drain-grace-ms has passed.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends.h"
+#include "cli.h"
+#include "routes.h"
+#include "serve_impl.h"
+
+double cn__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void serve_usage(FILE *f) {
+  fprintf(f,
+          "usage: canopy serve [--models-dir DIR] [--port P] [options]\n"
+          "\n"
+          "Serves every subdirectory of DIR that holds a model.json under "
+          "its directory\nname, over HTTP/1.1 (docs: API.md). Every option "
+          "is also a config-file key\n(--config FILE) and an environment "
+          "variable CANOPY_KEY; flags win over the\nenvironment, which wins "
+          "over the file.\n\n"
+          "  --print-config                print a config file of every key "
+          "at its default\n\ndaemon:\n");
+  cn_config_usage_group(f, "serve");
+  fprintf(f, "input limits:\n");
+  cn_config_usage_group(f, "limits");
+}
+
+/* defaults < config file < CANOPY_* < flags. The file is named by
+ * --config or CANOPY_CONFIG, so it is found before the rest is applied. */
+static int parse_config(int argc, char **argv, cn_config *c) {
+  cn_err err;
+  cn_err_clear(&err);
+  cn_config_defaults(c);
+  const char *file = getenv("CANOPY_CONFIG");
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      serve_usage(stdout);
+      return 1;
+    }
+    if (strcmp(argv[i], "--print-config") == 0) {
+      cn_config_write_sample(stdout);
+      return 1;
+    }
+    const char *v;
+    int m = cn__flag_value(argc, argv, &i, "--config", &v);
+    if (m < 0) return -1;
+    if (m > 0) file = v;
+  }
+  if (file != NULL && file[0] != '\0') {
+    if (cn_config_load_file(c, file, &err) != 0) goto bad;
+    snprintf(c->serve.config, sizeof(c->serve.config), "%s", file);
+  }
+  if (cn_config_from_env(c, &err) != 0) goto bad;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0) {
+      fprintf(stderr, "canopy serve: unexpected argument '%s'\n", a);
+      return -1;
+    }
+    char name[64];
+    const char *eq = strchr(a, '=');
+    size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+    if (len >= sizeof(name)) len = sizeof(name) - 1;
+    memcpy(name, a + 2, len);
+    name[len] = '\0';
+    if (cn_config_find(name) == NULL) {
+      fprintf(stderr, "canopy serve: unknown option '%s' (see --help)\n", a);
+      return -1;
+    }
+    const char *v;
+    char flag[80];
+    snprintf(flag, sizeof(flag), "--%s", name);
+    if (cn__flag_value(argc, argv, &i, flag, &v) < 0) return -1;
+    if (strcmp(name, "config") == 0) continue;
+    if (cn_config_set(c, name, v, &err) != 0) goto bad;
+  }
+  return 0;
+bad:
+  fprintf(stderr, "canopy serve: %s\n", err.msg);
+  return -1;
+}
+
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every subdirectory of dir holding a model.json, in name order. */
+static int load_models(cn__server *s, cn_err *err) {
+  const char *dir = s->cfg.serve.models_dir;
+  char *names[1024];
+  int n = 0, rc = 0;
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: cannot open '%s'",
+                      dir);
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL && n < 1024) {
+    char p[2048];
+    struct stat st;
+    if (de->d_name[0] == '.' || strlen(de->d_name) >= 128) continue;
+    snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
+    if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+      names[n++] = strdup(de->d_name);
+  }
+  closedir(d);
+  qsort(names, (size_t)n, sizeof(char *), cmp_names);
+  if (n == 0) {
+    rc = cn_err_set(err, CN_E_BAD_CONFIG,
+                    "models-dir: no subdirectory of '%s' holds a model.json",
+                    dir);
+    goto out;
+  }
+  s->models = calloc((size_t)n, sizeof(cn__model_entry));
+  if (s->models == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "no memory");
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    cn__model_entry *me = &s->models[i];
+    char p[2048];
+    snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+    snprintf(me->name, sizeof(me->name), "%s", names[i]);
+    me->index = i;
+    me->srv = s;
+    rc = cn_model_load(p, &me->model, err);
+    if (rc != 0) {
+      CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s dir=\"%s\" "
+             "error=\"%s\"", names[i], p, err->msg);
+      goto out;
+    }
+    s->n_models++;
+    me->describe = cn__model_describe_full(s, me);
+    CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s",
+           me->name, cn_model_family(me->model),
+           cn_input_kind_name(cn_model_input(me->model)));
+  }
+out:
+  for (int i = 0; i < n; i++) free(names[i]);
+  return rc;
+}
+
+static void drain_check(uv_timer_t *t) {
+  cn__server *s = t->data;
+  double waited_ms = (cn__now() - s->drain_started) * 1e3;
+  if (waited_ms > s->cfg.serve.drain_grace_ms && s->waiting != NULL) {
+    CN_LOG(CN_LOG_WARN, "msg=drain-grace-expired in_flight=%d",
+           atomic_load(&s->in_flight));
+    cn__batcher_fail_waiting(s, CN_E_DRAINING,
+                             "the server shut down before the answer");
+  }
+  /* answered requests get a moment to be written out */
+  bool done = atomic_load(&s->in_flight) == 0 ||
+              waited_ms > s->cfg.serve.drain_grace_ms + 1000;
+  if (!done) return;
+  CN_LOG(CN_LOG_INFO, "msg=drained ms=%.1f", waited_ms);
+  uv_stop(&s->loop);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  cn__server *s = h->data;
+  if (atomic_exchange(&s->draining, 1)) return;
+  CN_LOG(CN_LOG_INFO, "msg=draining signal=%d in_flight=%d grace_ms=%d",
+         signum, atomic_load(&s->in_flight), s->cfg.serve.drain_grace_ms);
+  s->drain_started = cn__now();
+  cn__http_quiesce(s);
+  uv_timer_start(&s->drain_timer, drain_check, 0, 10);
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+int cn_cmd_serve(int argc, char **argv) {
+  static cn__server srv; /* static: signal handles point into it */
+  cn__server *s = &srv;
+  int status = 1, rc;
+  cn_err err;
+  cn_err_clear(&err);
+  memset(s, 0, sizeof(*s));
+  rc = parse_config(argc, argv, &s->cfg);
+  if (rc != 0) return rc > 0 ? 0 : 1;
+  const cn_serve_config *sc = &s->cfg.serve;
+  cn__log_level = cn__log_parse_level(sc->log_level);
+  s->mhd_thread = strcmp(sc->http_mode, "mhd-thread") == 0;
+  cn_policy_parse(sc->policy, &s->policy);
+  pthread_mutex_init(&s->qmu, NULL);
+  pthread_cond_init(&s->qcv, NULL);
+  pthread_mutex_init(&s->dmu, NULL);
+  pthread_mutex_init(&s->imu, NULL);
+  uv_loop_init(&s->loop);
+  if (load_models(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto out;
+  }
+  const char **names = calloc((size_t)s->n_models, sizeof(char *));
+  for (int i = 0; names && i < s->n_models; i++) names[i] = s->models[i].name;
+  if (names == NULL || cn__metrics_init(&s->metrics, s->n_models, names)) {
+    free(names);
+    goto out;
+  }
+  s->metrics.start_time = (double)time(NULL);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int blas = sc->blas_threads > 0 ? sc->blas_threads
+                                  : (int)(cores / sc->workers);
+  cn_backend_cpu_threads(blas < 1 ? 1 : blas);
+  if (cn__workers_start(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: backend %s: %s\n", sc->backend, err.msg);
+    goto stop;
+  }
+  for (int i = 0; i < s->n_models; i++) {
+    uv_timer_init(&s->loop, &s->models[i].timer);
+    s->models[i].timer.data = &s->models[i];
+  }
+  uv_async_init(&s->loop, &s->done_async, cn__batcher_on_done);
+  uv_async_init(&s->loop, &s->inbox_async, cn__batcher_on_inbox);
+  s->done_async.data = s->inbox_async.data = s;
+  uv_timer_init(&s->loop, &s->drain_timer);
+  s->drain_timer.data = s;
+  uv_signal_init(&s->loop, &s->sigterm);
+  uv_signal_init(&s->loop, &s->sigint);
+  s->sigterm.data = s->sigint.data = s;
+  uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&s->sigint, on_signal, SIGINT);
+  signal(SIGPIPE, SIG_IGN);
+  if (cn__http_start(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto stop;
+  }
+  CN_LOG(CN_LOG_INFO, "msg=ready models=%d workers=%d blas_threads=%d "
+         "policy=%s max_delay_us=%d max_instances=%d queue_depth=%d",
+         s->n_models, sc->workers, blas < 1 ? 1 : blas,
+         cn_policy_name(s->policy), sc->max_delay_us, sc->max_instances,
+         sc->queue_depth);
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  status = 0;
+stop:
+  cn__batcher_fail_waiting(s, CN_E_DRAINING, "the server shut down");
+  cn__http_close_handles(s);
+  uv_walk(&s->loop, close_walk, NULL);
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  cn__http_stop(s);
+  cn__workers_stop(s);
+  cn__batcher_on_done(&s->done_async); /* runs finished after the loop */
+  free((void *)s->metrics.model_names);
+  cn__metrics_free(&s->metrics);
+out:
+  uv_loop_close(&s->loop);
+  for (int i = 0; i < s->n_models; i++) {
+    json_decref(s->models[i].describe);
+    cn_model_free(s->models[i].model);
+  }
+  free(s->models);
+  return status;
+}

@@ -1,0 +1,184 @@
+/* serve_impl.h - internal declarations shared by the daemon's files.
+ *
+ * Threads and who touches what:
+ *   loop thread   owns every uv handle, the aggregation windows, the list
+ *                 of waiting requests, and answers them (uv-poll mode: it
+ *                 also runs every MHD callback);
+ *   MHD thread    (http-mode mhd-thread only) parses requests and hands
+ *                 them to the loop through the inbox;
+ *   workers       take closed runs from the job queue, execute them and
+ *                 hand them back through the done queue (uv_async).
+ * A request is reference counted (atomic): its connection holds one
+ * reference until MHD reports it complete, a run holds one until the loop
+ * has taken the run back, and each open uv handle holds one until its
+ * close callback (nothing is freed inside its own callback).
+ */
+#ifndef CANOPY_SERVE_IMPL_H
+#define CANOPY_SERVE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include <microhttpd.h>
+#include <uv.h>
+
+#include "canopy_core.h"
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+
+typedef struct cn__job cn__job;
+typedef struct cn__server cn__server;
+
+/* One served model. Fields above `window` are immutable once serving. */
+typedef struct cn__model_entry {
+  char name[128];
+  cn_model *model;
+  int index;           /* metrics label slot */
+  json_t *describe;    /* GET /v1/models/{name} body */
+  /* loop thread only: the open aggregation window */
+  cn__job *window;
+  uv_timer_t timer;
+  cn__server *srv;
+} cn__model_entry;
+
+enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
+
+typedef struct cn__req {
+  /* any thread */
+  atomic_int refs;
+  atomic_int cancelled;     /* timed out or disconnected: skip its work */
+  /* set by the handler before submission, read-only afterwards */
+  cn__server *srv;
+  char id[72];
+  char method[8];
+  char path[160];
+  cn__model_entry *me;
+  int route;                /* cn__route */
+  struct MHD_Connection *conn;
+  int fd;
+  cn_instance **inst;
+  int n_inst;
+  size_t vertices;
+  unsigned flags;
+  int max_decode_len;
+  long long timeout_ms;
+  double t_arrive;          /* first byte of the request seen (s)        */
+  char *body;               /* the upload, bounded by max-body-bytes     */
+  size_t body_len, body_cap;
+  int too_large;            /* body over the limit: discard the rest     */
+  bool handled;
+  /* written by a worker, read by the loop after the run comes back */
+  char *result;
+  int result_status;
+  double queue_ms, compute_ms;
+  /* loop thread only */
+  int state;
+  uv_timer_t tmo;
+  uv_poll_t poll;
+  bool tmo_open, poll_open;
+  struct cn__req *wprev, *wnext; /* list of waiting requests */
+  struct cn__req *inbox_next;
+  /* the answer (handler reads it after resume) */
+  int status;
+  char *resp;
+  const char *reason;       /* timeout / disconnect / ... for the log    */
+} cn__req;
+
+/* A run being gathered (window) or queued for / computed by a worker. */
+struct cn__job {
+  cn__model_entry *me;
+  cn__req **reqs;
+  int n, cap;
+  int instances;
+  size_t vertices;
+  double t_open;
+  cn__job *next;
+  /* worker results */
+  cn_run_stats st;
+  double compute_ms;
+};
+
+struct cn__server {
+  cn_config cfg;
+  cn_policy_kind policy;
+  cn__model_entry *models;
+  int n_models;
+  uv_loop_t loop;
+  struct MHD_Daemon *mhd;
+  bool mhd_thread;           /* http-mode mhd-thread */
+  uv_poll_t mhd_poll;
+  uv_timer_t mhd_timer;
+  uv_async_t done_async, inbox_async;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t drain_timer;
+  /* shared */
+  atomic_int draining;
+  atomic_int waiting_instances; /* in windows or queued, not yet running */
+  atomic_int in_flight;         /* requests submitted and not answered   */
+  atomic_uint_fast64_t next_id;
+  atomic_llong ewma_compute_us;
+  /* job queue: loop -> workers */
+  pthread_mutex_t qmu;
+  pthread_cond_t qcv;
+  cn__job *qhead, *qtail;
+  int queued_jobs;
+  bool stopping;
+  /* done queue: workers -> loop */
+  pthread_mutex_t dmu;
+  cn__job *dhead;
+  /* inbox: MHD thread -> loop (mhd-thread mode) */
+  pthread_mutex_t imu;
+  cn__req *ihead, *itail;
+  /* loop thread */
+  cn__req *waiting;          /* requests submitted and not yet answered */
+  double drain_started;
+  pthread_t *threads;
+  int n_threads;
+  cn__metrics metrics;
+};
+
+double cn__now(void);
+
+/* http.c: requests and answers */
+typedef struct cn__http_cbs {
+  MHD_AccessHandlerCallback on_request;
+  MHD_RequestCompletedCallback on_completed;
+} cn__http_cbs;
+void cn__http_set_callbacks(cn__server *s, cn__http_cbs *cbs);
+void cn__req_unref(cn__req *r);
+void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
+
+/* listen.c: the MHD daemon inside the loop */
+int cn__http_start(cn__server *s, cn_err *err);
+void cn__http_kick(cn__server *s);   /* let MHD run soon (uv-poll mode) */
+void cn__http_quiesce(cn__server *s); /* stop accepting connections */
+void cn__http_close_handles(cn__server *s);
+void cn__http_stop(cn__server *s);
+/* Answers a waiting request from the loop: closes its handles, records
+ * metrics and the log line, resumes its connection. Takes over body. */
+void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
+char *cn__error_body(int code, const char *msg, int instance);
+
+/* infer.c: parses r->body (and frees it) into r's options and instances */
+int cn__infer_parse(cn__req *r, cn_err *e);
+
+/* routes.h: the routes and the GET bodies */
+
+/* batcher.c (loop thread) */
+void cn__batcher_submit(cn__server *s, cn__req *r);
+void cn__batcher_cancel(cn__req *r, const char *reason, int status);
+void cn__batcher_on_done(uv_async_t *a);
+void cn__batcher_on_inbox(uv_async_t *a);
+void cn__batcher_flush_all(cn__server *s);
+void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
+int cn__retry_after_s(cn__server *s);
+
+/* worker.c */
+int cn__workers_start(cn__server *s, cn_err *err);
+void cn__workers_push(cn__server *s, cn__job *j);
+void cn__workers_stop(cn__server *s);
+void cn__job_free(cn__job *j);
+
+#endif

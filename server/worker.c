@@ -1,0 +1,197 @@
+/* worker.c - the worker threads: each owns one backend context (a CPU
+ * context here, a CUDA stream later) and executes closed runs from the
+ * job queue, one at a time, in its own thread.
+ *
+ * A worker formats every answer of its run (JSON serialisation is a real
+ * cost at high rates), so the loop only copies pointers. Requests that
+ * were cancelled before the run started are skipped: their instances
+ * never reach the engine.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends.h"
+#include "serve_impl.h"
+
+#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+typedef struct worker_arg {
+  cn__server *s;
+  int index;
+  cn_backend_ctx *bk;
+} worker_arg;
+
+void cn__job_free(cn__job *j) {
+  for (int i = 0; i < j->n; i++) cn__req_unref(j->reqs[i]);
+  free(j->reqs);
+  free(j);
+}
+
+void cn__workers_push(cn__server *s, cn__job *j) {
+  pthread_mutex_lock(&s->qmu);
+  j->next = NULL;
+  if (s->qtail) s->qtail->next = j;
+  else s->qhead = j;
+  s->qtail = j;
+  s->queued_jobs++;
+  pthread_cond_signal(&s->qcv);
+  pthread_mutex_unlock(&s->qmu);
+}
+
+static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots) {
+  json_t *o = json_object();
+  json_t *outs = json_array();
+  for (int i = 0; i < r->n_inst; i++)
+    json_array_append_new(outs, cn_run_output(run, slots[i]));
+  json_object_set_new(o, "model", json_string(j->me->name));
+  json_object_set_new(o, "outputs", outs);
+  json_t *st = json_object();
+  json_object_set_new(st, "queue_ms", json_real(r->queue_ms));
+  json_object_set_new(st, "compute_ms", json_real(r->compute_ms));
+  json_object_set_new(st, "batches", json_integer(j->st.batches));
+  json_object_set_new(st, "lower_bound", json_integer(j->st.lower_bound));
+  json_object_set_new(o, "stats", st);
+  char *s = json_dumps(o, DUMP_FLAGS);
+  json_decref(o);
+  return s;
+}
+
+/* Sets every live request's answer: outputs, or the run's error. */
+static void run_job(worker_arg *w, cn__job *j) {
+  cn__server *s = w->s;
+  int **slots = calloc((size_t)j->n, sizeof(int *));
+  cn_run *run = cn_run_new(j->me->model, w->bk);
+  double t0 = cn__now();
+  int live = 0, dropped = 0;
+  cn_err err;
+  cn_err_clear(&err);
+  if (slots == NULL || run == NULL) {
+    cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
+    goto fail;
+  }
+  for (int i = 0; i < j->n; i++) {
+    cn__req *r = j->reqs[i];
+    if (atomic_load(&r->cancelled)) {
+      dropped += r->n_inst;
+      continue;
+    }
+    r->queue_ms = (t0 - r->t_arrive) * 1e3;
+    cn__metrics_queue_wait(&s->metrics, t0 - r->t_arrive);
+    slots[i] = malloc((size_t)r->n_inst * sizeof(int));
+    if (slots[i] == NULL) {
+      cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
+      goto fail;
+    }
+    for (int k = 0; k < r->n_inst; k++) {
+      slots[i][k] = cn_run_add(run, r->inst[k], r->flags, r->max_decode_len);
+      if (slots[i][k] < 0) {
+        cn_err_set(&err, slots[i][k], "could not add instance %d", k);
+        goto fail;
+      }
+    }
+    live++;
+  }
+  if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
+  if (live == 0) goto done;
+  if (cn_run_exec(run, s->policy, &err) != 0) goto fail;
+  double ms = (cn__now() - t0) * 1e3;
+  cn_run_get_stats(run, &j->st);
+  j->compute_ms = ms;
+  long long prev = atomic_load(&s->ewma_compute_us);
+  atomic_store(&s->ewma_compute_us,
+               prev == 0 ? (long long)(ms * 1e3)
+                         : (long long)(0.8 * prev + 0.2 * ms * 1e3));
+  cn__metrics_run(&s->metrics, j->st.instances, 0, ms / 1e3, j->st.batches,
+                  j->st.lower_bound, j->st.vertices, j->st.kernels,
+                  j->st.gather_bytes, j->st.arena_bytes);
+  for (int i = 0; i < j->n; i++) {
+    cn__req *r = j->reqs[i];
+    if (slots[i] == NULL) continue;
+    r->compute_ms = ms;
+    r->result = format_answer(j, r, run, slots[i]);
+    r->result_status = 200;
+  }
+  goto done;
+fail:
+  CN_LOG(CN_LOG_ERROR, "msg=run-failed model=%s code=%s error=\"%s\"",
+         j->me->name, cn_err_code(err.code), err.msg);
+  for (int i = 0; i < j->n; i++) {
+    cn__req *r = j->reqs[i];
+    json_t *e = cn_err_to_json(&err);
+    r->result = json_dumps(e, DUMP_FLAGS);
+    r->result_status = cn_err_http_status(err.code);
+    json_decref(e);
+  }
+done:
+  cn_run_free(run);
+  for (int i = 0; slots != NULL && i < j->n; i++) free(slots[i]);
+  free(slots);
+}
+
+static void *worker_main(void *arg) {
+  worker_arg *w = arg;
+  cn__server *s = w->s;
+  for (;;) {
+    pthread_mutex_lock(&s->qmu);
+    while (s->qhead == NULL && !s->stopping)
+      pthread_cond_wait(&s->qcv, &s->qmu);
+    cn__job *j = s->qhead;
+    if (j == NULL) { /* stopping and nothing left */
+      pthread_mutex_unlock(&s->qmu);
+      break;
+    }
+    s->qhead = j->next;
+    if (s->qhead == NULL) s->qtail = NULL;
+    s->queued_jobs--;
+    pthread_mutex_unlock(&s->qmu);
+    atomic_fetch_sub(&s->waiting_instances, j->instances);
+    run_job(w, j);
+    pthread_mutex_lock(&s->dmu);
+    j->next = s->dhead;
+    s->dhead = j;
+    pthread_mutex_unlock(&s->dmu);
+    uv_async_send(&s->done_async);
+  }
+  cn_backend_close(w->bk);
+  free(w);
+  return NULL;
+}
+
+/* Opens every worker's backend context first, so a backend that cannot
+ * open stops start-up with its error instead of failing requests later. */
+int cn__workers_start(cn__server *s, cn_err *err) {
+  int n = s->cfg.serve.workers;
+  s->threads = calloc((size_t)n, sizeof(pthread_t));
+  if (s->threads == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
+  for (int i = 0; i < n; i++) {
+    worker_arg *w = calloc(1, sizeof(*w));
+    if (w == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
+    w->s = s;
+    w->index = i;
+    int rc = cn_backend_open(s->cfg.serve.backend, 0, &w->bk, err);
+    if (rc != 0) {
+      free(w);
+      return rc;
+    }
+    if (pthread_create(&s->threads[i], NULL, worker_main, w) != 0) {
+      cn_backend_close(w->bk);
+      free(w);
+      return cn_err_set(err, CN_E_INTERNAL, "cannot start worker %d", i);
+    }
+    s->n_threads++;
+  }
+  return 0;
+}
+
+/* Workers finish the queued runs, then exit; joined here. */
+void cn__workers_stop(cn__server *s) {
+  pthread_mutex_lock(&s->qmu);
+  s->stopping = true;
+  pthread_cond_broadcast(&s->qcv);
+  pthread_mutex_unlock(&s->qmu);
+  for (int i = 0; i < s->n_threads; i++) pthread_join(s->threads[i], NULL);
+  free(s->threads);
+  s->threads = NULL;
+  s->n_threads = 0;
+}

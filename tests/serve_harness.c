@@ -1,0 +1,239 @@
+/* serve_harness.c - see serve_harness.h. */
+#include "serve_harness.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *th_bin(void) {
+  const char *b = getenv("CANOPY_BIN");
+  cr_assert(b != NULL, "CANOPY_BIN is not set");
+  return b;
+}
+
+const char *th_data(void) {
+  const char *d = getenv("CANOPY_DATA");
+  return d ? d : "../shared/data";
+}
+
+void th_models(th_daemon *d, const char *const *families) {
+  memset(d, 0, sizeof(*d));
+  snprintf(d->dir, sizeof(d->dir), "/tmp/canopy-serve-XXXXXX");
+  cr_assert(mkdtemp(d->dir) != NULL);
+  for (int i = 0; families[i]; i++) {
+    char cmd[2048];
+    const char *data = strcmp(families[i], "childsum-treelstm") == 0
+                           ? "trees-nary.jsonl"
+                           : "trees-binary.jsonl";
+    snprintf(cmd, sizeof(cmd),
+             "%s model init %s %s/models/%s --vocab-from %s/%s >/dev/null 2>&1",
+             th_bin(), families[i], d->dir, families[i], th_data(), data);
+    cr_assert(system(cmd) == 0, "%s", cmd);
+  }
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(a);
+  cr_assert(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+  getsockname(fd, (struct sockaddr *)&a, &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+void th_start(th_daemon *d, const char *const *flags) {
+  d->port = free_port();
+  snprintf(d->log, sizeof(d->log), "%s/serve.log", d->dir);
+  char port[16], models[300];
+  snprintf(port, sizeof(port), "%d", d->port);
+  snprintf(models, sizeof(models), "%s/models", d->dir);
+  const char *argv[64] = {th_bin(), "serve", "--port", port,
+                          "--models-dir", models};
+  int n = 6;
+  for (int i = 0; flags && flags[i] && n < 62; i++) argv[n++] = flags[i];
+  argv[n] = NULL;
+  d->pid = fork();
+  cr_assert(d->pid >= 0);
+  if (d->pid == 0) {
+    FILE *f = freopen(d->log, "w", stderr);
+    (void)f;
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  for (int i = 0; i < 500; i++) {
+    th_resp r;
+    if (th_http(d->port, "GET", "/healthz", NULL, NULL, &r) == 0) {
+      th_resp_free(&r);
+      return;
+    }
+    int st;
+    cr_assert(waitpid(d->pid, &st, WNOHANG) == 0,
+              "canopy serve exited early; see %s", d->log);
+    usleep(10000);
+  }
+  cr_assert_fail("canopy serve did not come up; see %s", d->log);
+}
+
+int th_stop(th_daemon *d) {
+  int st = 0;
+  if (d->pid <= 0) return 0;
+  kill(d->pid, SIGTERM);
+  waitpid(d->pid, &st, 0);
+  d->pid = 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void th_cleanup(th_daemon *d) {
+  if (d->pid > 0) {
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, NULL, 0);
+  }
+  char cmd[300];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", d->dir);
+  if (d->dir[0] && system(cmd) != 0) fprintf(stderr, "cannot remove\n");
+}
+
+int th_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  struct timeval tv = {.tv_sec = 20};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return;
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+void th_send(int fd, const char *method, const char *path, const char *body,
+             const char *headers) {
+  char head[2048];
+  size_t bl = body ? strlen(body) : 0;
+  int n = snprintf(head, sizeof(head),
+                   "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%s", method, path,
+                   headers ? headers : "");
+  if (body)
+    n += snprintf(head + n, sizeof(head) - (size_t)n,
+                  "Content-Type: application/json\r\nContent-Length: "
+                  "%zu\r\n",
+                  bl);
+  n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
+  send_all(fd, head, (size_t)n);
+  if (body) send_all(fd, body, bl);
+}
+
+int th_read(int fd, th_resp *r) {
+  memset(r, 0, sizeof(*r));
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  char *end = NULL;
+  while ((end = memmem(buf, len, "\r\n\r\n", 4)) == NULL) {
+    if (len + 1 >= cap) buf = realloc(buf, cap *= 2);
+    ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+    if (n <= 0) {
+      free(buf);
+      return -1;
+    }
+    len += (size_t)n;
+  }
+  size_t hl = (size_t)(end - buf) + 4;
+  size_t copy = hl < sizeof(r->headers) - 1 ? hl : sizeof(r->headers) - 1;
+  memcpy(r->headers, buf, copy);
+  sscanf(buf, "HTTP/1.1 %d", &r->status);
+  char v[32];
+  size_t cl = 0;
+  if (th_header(r, "Content-Length", v, sizeof(v))) cl = strtoul(v, 0, 10);
+  while (len < hl + cl) {
+    if (len + 1 >= cap) buf = realloc(buf, cap *= 2);
+    ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+    if (n <= 0) break;
+    len += (size_t)n;
+  }
+  r->body = malloc(cl + 1);
+  memcpy(r->body, buf + hl, cl);
+  r->body[cl] = '\0';
+  r->body_len = cl;
+  free(buf);
+  return 0;
+}
+
+int th_http(int port, const char *method, const char *path,
+            const char *body, const char *headers, th_resp *r) {
+  int fd = th_connect(port);
+  if (fd < 0) return -1;
+  th_send(fd, method, path, body, headers);
+  int rc = th_read(fd, r);
+  close(fd);
+  return rc;
+}
+
+const char *th_header(const th_resp *r, const char *name, char *buf,
+                      size_t n) {
+  size_t nl = strlen(name);
+  for (const char *p = strstr(r->headers, "\r\n"); p; p = strstr(p, "\r\n")) {
+    p += 2;
+    if (strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+      const char *v = p + nl + 1;
+      while (*v == ' ') v++;
+      size_t k = strcspn(v, "\r\n");
+      if (k >= n) k = n - 1;
+      memcpy(buf, v, k);
+      buf[k] = '\0';
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+void th_resp_free(th_resp *r) {
+  free(r->body);
+  r->body = NULL;
+}
+
+double th_metric(const char *text, const char *sample) {
+  size_t n = strlen(sample);
+  for (const char *p = text; p && *p; p = strchr(p, '\n')) {
+    if (*p == '\n') p++;
+    if (strncmp(p, sample, n) == 0 && p[n] == ' ') return atof(p + n + 1);
+  }
+  return -1;
+}
+
+char *th_read_file(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  size_t got = fread(s, 1, (size_t)n, f);
+  s[got] = '\0';
+  fclose(f);
+  return s;
+}

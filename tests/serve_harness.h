@@ -1,0 +1,49 @@
+/* serve_harness.h - start the real `canopy serve` on a free port against
+ * freshly initialised models, and talk HTTP/1.1 to it over plain sockets
+ * (redis start_server / pipewire PWTEST_ARG_DAEMON style). */
+#ifndef CANOPY_TEST_SERVE_HARNESS_H
+#define CANOPY_TEST_SERVE_HARNESS_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+typedef struct th_daemon {
+  pid_t pid;
+  int port;
+  char dir[256];    /* temp dir: models/ and the daemon's log */
+  char log[300];
+} th_daemon;
+
+typedef struct th_resp {
+  int status;
+  char headers[4096];
+  char *body;       /* NUL-terminated; free with th_resp_free */
+  size_t body_len;
+} th_resp;
+
+const char *th_bin(void);
+const char *th_data(void);
+/* A temp dir holding models/<family> for each listed family. */
+void th_models(th_daemon *d, const char *const *families);
+/* Starts the daemon with models-dir and port set plus extra flags
+ * (NULL-terminated) and waits for /healthz. */
+void th_start(th_daemon *d, const char *const *flags);
+/* SIGTERM, wait; returns the exit status (or -1 if killed). */
+int th_stop(th_daemon *d);
+void th_cleanup(th_daemon *d);
+
+int th_connect(int port);
+void th_send(int fd, const char *method, const char *path, const char *body,
+             const char *headers);
+/* Reads one response; returns 0, or -1 on EOF / error. */
+int th_read(int fd, th_resp *r);
+int th_http(int port, const char *method, const char *path,
+            const char *body, const char *headers, th_resp *r);
+const char *th_header(const th_resp *r, const char *name, char *buf,
+                      size_t n);
+void th_resp_free(th_resp *r);
+/* Value of one sample line of a /metrics exposition ("name{labels}"). */
+double th_metric(const char *text, const char *sample);
+char *th_read_file(const char *path);
+
+#endif

@@ -1,0 +1,281 @@
+/* test_serve.c - `canopy serve` end to end over real HTTP: every route,
+ * error code and status of API.md, X-Request-Id, limits, 429, 504,
+ * client disconnect, drain, and promtool on /metrics. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "serve_harness.h"
+
+static th_daemon d;
+static const char *const tree_only[] = {"treelstm", NULL};
+static const char *ONE =
+    "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) (2 fine)))\"}]}";
+
+static void teardown(void) { th_cleanup(&d); }
+
+/* Checks status and, for errors, the API.md error object and its code. */
+static void expect(int port, const char *method, const char *path,
+                   const char *body, int status, const char *code) {
+  th_resp r;
+  cr_assert_eq(th_http(port, method, path, body, NULL, &r), 0, "%s %s",
+               method, path);
+  cr_expect_eq(r.status, status, "%s %s: %d, want %d: %s", method, path,
+               r.status, status, r.body);
+  char id[80];
+  cr_expect(th_header(&r, "X-Request-Id", id, sizeof(id)) != NULL);
+  json_error_t je;
+  json_t *j = json_loads(r.body, 0, &je);
+  if (strcmp(path, "/metrics") != 0)
+    cr_expect(j != NULL, "%s %s: body is not JSON: %s", method, path,
+              r.body);
+  if (code != NULL && j != NULL) {
+    json_t *e = json_object_get(j, "error");
+    cr_expect(json_is_object(e), "no error object: %s", r.body);
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")), code);
+    cr_expect(json_string_length(json_object_get(e, "message")) > 0);
+  }
+  json_decref(j);
+  th_resp_free(&r);
+}
+
+Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  int p = d.port;
+  expect(p, "GET", "/healthz", NULL, 200, NULL);
+  expect(p, "GET", "/readyz", NULL, 200, NULL);
+  expect(p, "GET", "/v2/health/live", NULL, 200, NULL);
+  expect(p, "GET", "/v2/health/ready", NULL, 200, NULL);
+  expect(p, "GET", "/v1/models", NULL, 200, NULL);
+  expect(p, "GET", "/v1/models/treelstm", NULL, 200, NULL);
+  expect(p, "GET", "/metrics", NULL, 200, NULL);
+  expect(p, "POST", "/v1/models/treelstm/infer", ONE, 200, NULL);
+  expect(p, "GET", "/nope", NULL, 404, "no_such_route");
+  expect(p, "GET", "/v1/models/treelstm/other", NULL, 404, "no_such_route");
+  expect(p, "GET", "/v1/models/nope", NULL, 404, "no_such_model");
+  expect(p, "POST", "/v1/models/nope/infer", ONE, 404, "no_such_model");
+  expect(p, "DELETE", "/metrics", NULL, 405, "method_not_allowed");
+  expect(p, "GET", "/v1/models/treelstm/infer", NULL, 405,
+         "method_not_allowed");
+  expect(p, "POST", "/healthz", "{}", 405, "method_not_allowed");
+  const char *infer = "/v1/models/treelstm/infer";
+  expect(p, "POST", infer, "{\"instances\": [", 400, "bad_json");
+  expect(p, "POST", infer, "[1,2]", 400, "bad_json");
+  expect(p, "POST", infer, "{\"instances\": {}}", 400, "bad_json");
+  expect(p, "POST", infer, "{\"instances\": []}", 400, "bad_instance");
+  expect(p, "POST", infer, "{\"instances\": [3]}", 400, "bad_instance");
+  expect(p, "POST", infer, "{\"instances\": [{\"text\": \"a b\"}]}", 400,
+         "bad_instance");
+  expect(p, "POST", infer, "{\"tree\": \"(3 (2 It)\"}", 400, "bad_tree");
+  expect(p, "POST", infer, "{\"tree\": \"(a b c d)\"}", 400,
+         "too_many_children");
+  expect(p, "POST", infer, "{\"tree\": \"(2 a)\", \"outputs\": \"x\"}", 400,
+         "bad_json");
+  expect(p, "POST", infer, "{\"tree\": \"(2 a)\", \"timeout_ms\": -1}", 400,
+         "bad_json");
+  /* single INSTANCE body, outputs=all, return_hidden */
+  th_resp r;
+  cr_assert_eq(th_http(p, "POST", infer,
+                       "{\"tree\": \"(1 (2 a) (3 b))\", \"outputs\": \"all\", "
+                       "\"return_hidden\": true}",
+                       "X-Request-Id: my-id-42\r\n", &r),
+               0);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  char id[80];
+  cr_expect_str_eq(th_header(&r, "X-Request-Id", id, sizeof(id)), "my-id-42");
+  json_t *j = json_loads(r.body, 0, NULL);
+  json_t *o = json_array_get(json_object_get(j, "outputs"), 0);
+  cr_expect_eq(json_array_size(json_object_get(o, "nodes")), 3);
+  cr_expect(json_array_size(json_object_get(o, "h")) > 0);
+  json_t *st = json_object_get(j, "stats");
+  cr_expect(json_integer_value(json_object_get(st, "batches")) >=
+            json_integer_value(json_object_get(st, "lower_bound")));
+  cr_expect(json_is_number(json_object_get(st, "queue_ms")));
+  cr_expect(json_is_number(json_object_get(st, "compute_ms")));
+  json_decref(j);
+  th_resp_free(&r);
+  /* the model description names the policy in use */
+  cr_assert_eq(th_http(p, "GET", "/v1/models/treelstm", NULL, NULL, &r), 0);
+  j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(
+                       json_object_get(j, "policy"), "kind")),
+                   "agenda");
+  cr_expect_str_eq(json_string_value(json_object_get(j, "family")),
+                   "treelstm");
+  json_decref(j);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+Test(serve, limits_413, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-body-bytes", "1000",
+                         "--max-instances-per-request", "2",
+                         "--max-vertices", "10", "--max-depth", "8", NULL};
+  th_start(&d, flags);
+  const char *infer = "/v1/models/treelstm/infer";
+  char big[3000];
+  snprintf(big, sizeof(big), "{\"tree\": \"(2 %02000d)\"}", 0);
+  expect(d.port, "POST", infer, big, 413, "too_large");
+  expect(d.port, "POST", infer,
+         "{\"instances\":[{\"tree\":\"(2 a)\"},{\"tree\":\"(2 a)\"},"
+         "{\"tree\":\"(2 a)\"}]}",
+         413, "too_large");
+  /* 4 leaves + 3 internal + 7 outputs (outputs=all) > 10 */
+  const char *wide = "{\"outputs\":\"all\",\"tree\":\"(1 (1 (2 a) (2 b)) "
+                     "(1 (2 c) (2 d)))\"}";
+  expect(d.port, "POST", infer, wide, 413, "too_large");
+  expect(d.port, "POST", infer,
+         "{\"tree\":\"(a (b (c (d (e (f (g (h (i (j k))))))))))\"}", 413,
+         "too_large");
+  /* and the daemon is still fine */
+  expect(d.port, "POST", infer, ONE, 200, NULL);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* One worker, a 3 s window and a queue of 2 instances make 429 and 504
+ * deterministic: the first request waits in the window, the next one does
+ * not fit in the queue, and the first one's timeout_ms passes first. */
+Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--workers", "1", "--queue-depth", "2",
+                         "--max-delay-us", "3000000", NULL};
+  th_start(&d, flags);
+  const char *infer = "/v1/models/treelstm/infer";
+  int a = th_connect(d.port);
+  th_send(a, "POST", infer,
+          "{\"tree\": \"(2 a)\", \"timeout_ms\": 300}", NULL);
+  usleep(100000);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", infer,
+                       "{\"instances\":[{\"tree\":\"(2 a)\"},"
+                       "{\"tree\":\"(2 b)\"}]}",
+                       NULL, &r),
+               0);
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  char ra[16];
+  cr_expect(th_header(&r, "Retry-After", ra, sizeof(ra)) != NULL);
+  cr_expect(atoi(ra) >= 1);
+  cr_expect(strstr(r.body, "\"overloaded\"") != NULL);
+  th_resp_free(&r);
+  cr_assert_eq(th_read(a, &r), 0);
+  cr_expect_eq(r.status, 504, "%s", r.body);
+  cr_expect(strstr(r.body, "\"timeout\"") != NULL);
+  th_resp_free(&r);
+  close(a);
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect_eq(th_metric(r.body, "canopy_instances_dropped_total"), 1);
+  cr_expect_eq(th_metric(r.body, "canopy_runs_total"), 0);
+  cr_expect_eq(th_metric(r.body, "canopy_queue_depth_instances"), 0);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+Test(serve, disconnect_drops_instances, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "1500000", NULL};
+  th_start(&d, flags);
+  int a = th_connect(d.port);
+  th_send(a, "POST", "/v1/models/treelstm/infer",
+          "{\"instances\":[{\"tree\":\"(2 a)\"},{\"tree\":\"(2 b)\"}]}",
+          NULL);
+  usleep(100000);
+  close(a);
+  usleep(200000);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect_eq(th_metric(r.body,
+                         "canopy_requests_cancelled_total{reason=\"disconnect\"}"),
+               1, "%s", r.body);
+  cr_expect_eq(th_metric(r.body, "canopy_instances_dropped_total"), 2);
+  th_resp_free(&r);
+  usleep(1500000); /* the window would have closed: nothing ran */
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect_eq(th_metric(r.body, "canopy_runs_total"), 0);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* SIGTERM with requests waiting in a 1 s window: readyz turns 503 on an
+ * open connection, new connections are refused, every accepted request is
+ * answered 200, and the process exits 0. */
+Test(serve, sigterm_drains, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "1000000", NULL};
+  th_start(&d, flags);
+  int k = th_connect(d.port);
+  th_resp r;
+  th_send(k, "GET", "/readyz", NULL, NULL);
+  cr_assert_eq(th_read(k, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  int c[8];
+  for (int i = 0; i < 8; i++) {
+    c[i] = th_connect(d.port);
+    th_send(c[i], "POST", "/v1/models/treelstm/infer", ONE, NULL);
+  }
+  usleep(100000);
+  kill(d.pid, SIGTERM);
+  usleep(100000);
+  th_send(k, "GET", "/readyz", NULL, NULL);
+  cr_assert_eq(th_read(k, &r), 0);
+  cr_expect_eq(r.status, 503);
+  cr_expect(strstr(r.body, "draining") != NULL);
+  th_resp_free(&r);
+  close(k);
+  cr_expect_eq(th_connect(d.port), -1, "new connections are refused");
+  for (int i = 0; i < 8; i++) {
+    cr_assert_eq(th_read(c[i], &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    th_resp_free(&r);
+    close(c[i]);
+  }
+  int st;
+  waitpid(d.pid, &st, 0);
+  d.pid = 0;
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+Test(serve, promtool_check_metrics, .fini = teardown, .timeout = 30) {
+  if (system("command -v promtool >/dev/null") != 0)
+    cr_skip_test("promtool not installed (Debian package prometheus)");
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  th_resp r;
+  expect(d.port, "POST", "/v1/models/treelstm/infer", ONE, 200, NULL);
+  expect(d.port, "POST", "/v1/models/treelstm/infer", "{", 400, "bad_json");
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  char ct[128];
+  cr_expect(strstr(th_header(&r, "Content-Type", ct, sizeof(ct)),
+                   "version=0.0.4") != NULL);
+  char path[400], cmd[900];
+  snprintf(path, sizeof(path), "%s/metrics.txt", d.dir);
+  FILE *f = fopen(path, "w");
+  fwrite(r.body, 1, r.body_len, f);
+  fclose(f);
+  static const char *const must[] = {
+      "canopy_requests_total{model=\"treelstm\",status=\"200\"}",
+      "canopy_batches_total", "canopy_lower_bound_batches_total",
+      "canopy_in_flight_requests", "canopy_policy_retrains_total",
+      "canopy_gather_copied_bytes_total", "canopy_arena_bytes",
+      "canopy_batch_size_instances_count", "canopy_queue_depth_instances",
+      "canopy_request_duration_seconds_count"};
+  for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++)
+    cr_expect(th_metric(r.body, must[i]) >= 0, "missing %s", must[i]);
+  cr_expect(th_metric(r.body, "canopy_batches_total") > 0);
+  cr_expect(th_metric(r.body, "canopy_policy_retrains_total") == 0);
+  cr_expect(th_metric(r.body, "canopy_batch_size_instances_count") == 1);
+  cr_expect(th_metric(r.body, "canopy_gather_copied_bytes_total") >= 0);
+  th_resp_free(&r);
+  snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > %s.out 2>&1",
+           path, path);
+  cr_expect_eq(system(cmd), 0, "promtool check metrics failed (%s.out)",
+               path);
+  cr_expect_eq(th_stop(&d), 0);
+}

@@ -1,0 +1,131 @@
+/* test_serve_outputs.c - the daemon answers what `canopy run` answers.
+ *
+ * For every tree family: 40 instances sent by 8 concurrent clients (5 per
+ * request, all sent before any answer is read, so they share runs) must
+ * get exactly the outputs `canopy run` prints for the same instances
+ * (1e-5 per element), including outputs=all and return_hidden. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "serve_harness.h"
+
+#define N_INST 40
+#define PER_REQ 5
+
+static th_daemon d;
+static void teardown(void) { th_cleanup(&d); }
+
+static void compare_json(const json_t *a, const json_t *b, const char *where) {
+  if (json_is_number(a) && json_is_number(b)) {
+    double x = json_number_value(a), y = json_number_value(b);
+    cr_assert(fabs(x - y) <= 1e-5, "%s: %.9g vs %.9g", where, x, y);
+    return;
+  }
+  cr_assert_eq(json_typeof(a), json_typeof(b), "%s: types differ", where);
+  if (json_is_array(a)) {
+    cr_assert_eq(json_array_size(a), json_array_size(b), "%s", where);
+    for (size_t i = 0; i < json_array_size(a); i++)
+      compare_json(json_array_get(a, i), json_array_get(b, i), where);
+  } else if (json_is_object(a)) {
+    const char *k;
+    json_t *v;
+    cr_assert_eq(json_object_size(a), json_object_size(b), "%s", where);
+    json_object_foreach((json_t *)a, k, v)
+      compare_json(v, json_object_get(b, k), k);
+  } else {
+    cr_assert(json_equal(a, b), "%s: values differ", where);
+  }
+}
+
+static void check_family(const char *family, const char *extra_flags,
+                         const char *opts) {
+  const char *fams[] = {family, NULL};
+  th_models(&d, fams);
+  th_start(&d, (const char *const[]){"--max-delay-us", "20000", NULL});
+  const char *file = strcmp(family, "childsum-treelstm") == 0
+                         ? "trees-nary.jsonl"
+                         : "trees-binary.jsonl";
+  char cmd[2048], path[600];
+  snprintf(path, sizeof(path), "%s/in.jsonl", d.dir);
+  snprintf(cmd, sizeof(cmd), "head -n %d %s/%s > %s", N_INST, th_data(),
+           file, path);
+  cr_assert_eq(system(cmd), 0);
+  snprintf(cmd, sizeof(cmd),
+           "%s run --model %s/models/%s --input %s --batch 7 %s 2>/dev/null",
+           th_bin(), d.dir, family, path, extra_flags);
+  FILE *p = popen(cmd, "r");
+  json_t *want[N_INST];
+  char line[1 << 16];
+  for (int i = 0; i < N_INST; i++) {
+    cr_assert(fgets(line, sizeof(line), p) != NULL, "canopy run: line %d", i);
+    want[i] = json_loads(line, 0, NULL);
+  }
+  pclose(p);
+  FILE *in = fopen(path, "r");
+  int fds[N_INST / PER_REQ];
+  for (int q = 0; q < N_INST / PER_REQ; q++) {
+    char body[1 << 16] = "{\"instances\":[";
+    for (int i = 0; i < PER_REQ; i++) {
+      cr_assert(fgets(line, sizeof(line), in) != NULL);
+      line[strcspn(line, "\n")] = '\0';
+      strcat(body, line);
+      strcat(body, i + 1 < PER_REQ ? "," : "]");
+    }
+    strcat(body, opts);
+    strcat(body, "}");
+    char url[256];
+    snprintf(url, sizeof(url), "/v1/models/%s/infer", family);
+    fds[q] = th_connect(d.port);
+    th_send(fds[q], "POST", url, body, NULL);
+  }
+  fclose(in);
+  long long shared = 0;
+  for (int q = 0; q < N_INST / PER_REQ; q++) {
+    th_resp r;
+    cr_assert_eq(th_read(fds[q], &r), 0);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *outs = json_object_get(j, "outputs");
+    cr_assert_eq(json_array_size(outs), PER_REQ);
+    for (int i = 0; i < PER_REQ; i++)
+      compare_json(json_array_get(outs, i), want[q * PER_REQ + i], family);
+    shared += json_integer_value(
+        json_object_get(json_object_get(j, "stats"), "lower_bound"));
+    json_decref(j);
+    th_resp_free(&r);
+    close(fds[q]);
+  }
+  cr_expect(shared > 0);
+  for (int i = 0; i < N_INST; i++) json_decref(want[i]);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  /* 8 requests, fewer runs: they were batched together */
+  cr_expect(th_metric(r.body, "canopy_runs_total") < 8, "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+Test(serve_outputs, treelstm, .fini = teardown, .timeout = 40) {
+  check_family("treelstm", "", "");
+}
+Test(serve_outputs, treelstm_all_hidden, .fini = teardown, .timeout = 40) {
+  check_family("treelstm", "--outputs all --return-hidden",
+               ",\"outputs\":\"all\",\"return_hidden\":true");
+}
+Test(serve_outputs, treelstm_2type, .fini = teardown, .timeout = 40) {
+  check_family("treelstm-2type", "", "");
+}
+Test(serve_outputs, treegru, .fini = teardown, .timeout = 40) {
+  check_family("treegru", "", "");
+}
+Test(serve_outputs, childsum_treelstm, .fini = teardown, .timeout = 40) {
+  check_family("childsum-treelstm", "", "");
+}
+Test(serve_outputs, mvrnn, .fini = teardown, .timeout = 40) {
+  check_family("mvrnn", "--return-hidden", ",\"return_hidden\":true");
+}
