@@ -9,14 +9,7 @@ WORKDIR /src
 COPY . .
 RUN meson setup /build -Dtests=false -Dcuda=disabled --prefix /opt/canopy \
     && ninja -C /build && ninja -C /build install \
-    && mkdir -p /opt/canopy/share \
-    && cp -r scripts/demo-data /opt/canopy/share/data \
-    && for f in treelstm treelstm-2type treegru mvrnn; do \
-         /opt/canopy/bin/canopy model init $f /opt/canopy/models/$f \
-           --vocab-from scripts/demo-data/trees-binary.jsonl; done \
-    && /opt/canopy/bin/canopy model init childsum-treelstm \
-         /opt/canopy/models/childsum-treelstm \
-         --vocab-from scripts/demo-data/trees-nary.jsonl
+    && scripts/models.sh /build && cp -r models /opt/canopy/models
 
 FROM debian:12-slim
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -28,4 +21,5 @@ COPY --from=build /opt/canopy /opt/canopy
 USER canopy
 WORKDIR /opt/canopy
 ENV PATH=/opt/canopy/bin:$PATH
-CMD ["canopy", "run", "--model", "models/treelstm", "--input", "share/data/trees-binary.jsonl", "--outputs", "root"]
+EXPOSE 8080
+CMD ["canopy", "serve", "--models-dir", "models", "--host", "0.0.0.0", "--port", "8080"]

@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# The main job (README): installs the Debian packages, builds, creates the
-# demo models, and runs every demo model over the bundled parse trees with
-# the batching engine, printing the outputs' first lines and a summary.
+# The main job (README): installs the Debian packages, builds, creates one
+# demo model per family under models/, and runs the daemon on them in the
+# foreground (127.0.0.1:8080 unless CANOPY_PORT / --port say otherwise).
+# Extra arguments go to `canopy serve`. Ctrl-C drains and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 [ -f build/build.ninja ] || meson setup build >/dev/null
 ninja -C build >/dev/null
 scripts/models.sh build
-data=../shared/data
-[ -f "$data/trees-binary.jsonl" ] || data=scripts/demo-data
-for fam in treelstm treelstm-2type treegru childsum-treelstm mvrnn; do
-  input=$data/trees-binary.jsonl
-  [ "$fam" = childsum-treelstm ] && input=$data/trees-nary.jsonl
-  echo "== $fam on $input (first 2 outputs, then the run summary)"
-  build/canopy run --model "models/$fam" --input "$input" --batch 64 \
-      --policy agenda >"build/demo-$fam.jsonl" 2>"build/demo-$fam.log"
-  head -2 "build/demo-$fam.jsonl" | cut -c1-160
-  tail -1 "build/demo-$fam.log"
-done
+port=${CANOPY_PORT:-8080}
+cat >&2 <<MSG
+canopy: serving $(ls models | tr '\n' ' ')on http://127.0.0.1:$port
+  try:  curl -s -d '{"tree": "(3 (2 It) (4 (2 is) (2 fine)))"}' http://127.0.0.1:$port/v1/models/treelstm/infer
+        CANOPY_URL=http://127.0.0.1:$port clients/curl-examples.sh
+        /usr/bin/python3 clients/loadgen.py --url http://127.0.0.1:$port --model treelstm --input scripts/demo-data/trees-binary.jsonl --concurrency 16 --duration 10
+MSG
+exec build/canopy serve --models-dir models --port "$port" "$@"

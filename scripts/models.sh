@@ -12,6 +12,7 @@ data=../shared/data
 mk() { # family dir data-file [options]
   local fam=$1 dir=models/$2 src=$data/$3
   shift 3
+  [ -f "$src" ] || src=scripts/demo-data/$(basename "$src")
   if [ -f "$dir/model.json" ] && [ -z "${FORCE:-}" ]; then return; fi
   "$canopy" model init "$fam" "$dir" --vocab-from "$src" "$@"
 }
@@ -20,3 +21,13 @@ mk treelstm-2type treelstm-2type trees-binary.jsonl --hidden 128 --embed 128
 mk treegru treegru trees-binary.jsonl --hidden 128 --embed 128
 mk childsum-treelstm childsum-treelstm trees-nary.jsonl --hidden 128 --embed 128
 mk mvrnn mvrnn trees-binary.jsonl --hidden 32 --embed 32
+mk bilstm-tagger bilstm-tagger sequences.jsonl --hidden 128 --embed 128
+mk latticelstm latticelstm lattices.jsonl --hidden 128 --embed 128 \
+   --lexicon "$( [ -f "$data/lexicon.txt" ] && echo "$data/lexicon.txt" \
+                 || echo scripts/demo-data/lexicon.txt)"
+mk latticegru latticegru dags.jsonl --hidden 128 --embed 128
+if "$canopy" model --help | grep -q lstm-nmt && \
+   "$canopy" model init lstm-nmt /tmp/canopy-nmt-probe >/dev/null 2>&1; then
+  rm -rf /tmp/canopy-nmt-probe
+  mk lstm-nmt lstm-nmt sequences.jsonl --hidden 128 --embed 128
+fi
