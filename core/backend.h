@@ -131,6 +131,10 @@ struct cn_backend_vt {
   void (*lattice_word)(cn_backend_ctx *bk, int n, int H, const float *G,
                        const float *base, const int64_t *cb, float *out,
                        int ldo);
+  /* out[r] = argmax of row r of X[n, w] (lowest index on a tie), written
+   * to HOST memory (the decoder needs it to decide what runs next). */
+  void (*argmax_rows)(cn_backend_ctx *bk, int n, int w, const float *X,
+                      int ld, int32_t *out);
   /* y = σ(x) in place over n rows of width w (row stride ld). */
   void (*sigmoid_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
   /* y = tanh(x) in place over n rows of width w (row stride ld). */

@@ -147,6 +147,9 @@ typedef enum {
   CN_POLICY_NONE = 0, /* one instance at a time, vertex by vertex: reference */
   CN_POLICY_DEPTH,    /* TensorFlow Fold: same type, same topological depth  */
   CN_POLICY_AGENDA,   /* DyNet: ready type of least average depth first      */
+  CN_POLICY_SUFFICIENT, /* ED-Batch §5.3: ready type maximising eq. 1's ratio */
+  CN_POLICY_FSM,      /* ED-Batch §2: a learned FSM (cn_run_exec_fsm); with
+                         no policy object, the agenda choice                */
   CN_POLICY__COUNT
 } cn_policy_kind;
 
@@ -187,6 +190,114 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s);
 /* Batches and lower bound of the instance's own vertices alone are not
  * meaningful under batching; API.md reports the run's. */
 void cn_run_free(cn_run *r);
+
+/* ---- learned batching policies (ED-Batch §2) -----------------------------
+ * A cn_fsm maps the state E(frontier) to the vertex type to batch next. It
+ * is learned per model by tabular Q-learning on a sample of run graphs,
+ * kept on disk in a policy cache, and immutable once built: any number of
+ * threads may execute runs with one. References are counted (atomically):
+ * cn_fsm_retain adds one, cn_fsm_free drops one and frees at zero. */
+typedef struct cn_fsm cn_fsm;
+
+typedef enum {
+  CN_FSM_ENC_BASE = 0, /* E_base: the set of types on the frontier          */
+  CN_FSM_ENC_MAX,      /* E_max: E_base plus the most common type           */
+  CN_FSM_ENC_SORT,     /* E_sort: the types sorted by frontier count        */
+  CN_FSM_ENC__COUNT
+} cn_fsm_encoding;
+
+const char *cn_fsm_encoding_name(cn_fsm_encoding e);
+int cn_fsm_encoding_parse(const char *name, cn_fsm_encoding *out);
+
+/* Training hyper-parameters; cn_fsm_opts_default fills the defaults shown. */
+typedef struct cn_fsm_opts {
+  cn_fsm_encoding encoding; /* sort                                         */
+  int iterations;           /* 1000 episodes (one training graph each)      */
+  int eval_every;           /* 50: greedy evaluation, best table kept       */
+  int nstep;                /* 4: n-step bootstrapping                      */
+  double alpha;             /* 0.5: eq. 1's α                               */
+  double learning_rate;     /* 0.2                                          */
+  double gamma;             /* 1.0 (episodic)                               */
+  double epsilon_start;     /* 0.5: ε-greedy, decayed linearly to ...       */
+  double epsilon_end;       /* 0.02                                         */
+  uint64_t seed;            /* 1                                            */
+  double time_limit_s;      /* 60: stop (keeping the best table) after this */
+  int fallback;             /* 1: execute agenda or depth instead when one
+                               of them launches fewer batches on the
+                               training sample                              */
+  int polish_rounds;        /* 8: rounds of coordinate descent on the
+                               greedy table after Q-learning (0: none)      */
+} cn_fsm_opts;
+
+void cn_fsm_opts_default(cn_fsm_opts *o);
+
+/* A bounded set of run graphs: compact copies of the typed DAGs (vertex
+ * types and input edges only), the most recent `capacity` kept (a ring:
+ * the oldest is dropped). The online reservoir, and the training sample.
+ * Not thread-safe: guard adds with a lock and train from a snapshot (which
+ * shares the immutable graphs, O(capacity)). */
+typedef struct cn_graph_set cn_graph_set;
+
+cn_graph_set *cn_graph_set_new(int n_types, int capacity);
+void cn_graph_set_free(cn_graph_set *s);
+/* Copies r's typed DAG (call after cn_run_add, before or after exec). */
+int cn_graph_set_add_run(cn_graph_set *s, const cn_run *r);
+int cn_graph_set_count(const cn_graph_set *s);
+cn_graph_set *cn_graph_set_snapshot(const cn_graph_set *s);
+/* Batches the policy launches over every graph of the set (fsm used with
+ * CN_POLICY_FSM), and the sum of their lower bounds; < 0 on error. */
+long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
+                               const cn_fsm *fsm, long long *lower_bound);
+
+/* Learns a policy for m from the graphs (all of m's type count). Takes
+ * about iterations × one schedule of a graph; never blocks on I/O. */
+int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
+                 const cn_fsm_opts *o, cn_fsm **out, cn_err *err);
+cn_fsm *cn_fsm_retain(const cn_fsm *p);
+void cn_fsm_free(cn_fsm *p);
+cn_fsm_encoding cn_fsm_get_encoding(const cn_fsm *p);
+/* Batches of the policy on its training sample (and their lower bound). */
+long long cn_fsm_train_batches(const cn_fsm *p, long long *lower_bound);
+/* {"kind", "encoding", "executes", "states", "trained_on_graphs",
+ *  "trained_on_vertices", "iterations", "train_seconds", "batches":
+ *  {"fsm", "agenda", "depth", "sufficient", "lower_bound"}, "key"}. */
+json_t *cn_fsm_describe(const cn_fsm *p);
+/* Plans the run with the learned policy, then as cn_run_exec. The policy
+ * must have been trained for the run's model. */
+int cn_run_exec_fsm(cn_run *r, const cn_fsm *p, cn_err *err);
+
+/* One file (JSON) per model; written to a temporary file then renamed. */
+int cn_fsm_save(const cn_fsm *p, const char *path, cn_err *err);
+/* Loads a policy for m with encoding enc. Fails (CN_E_BAD_MODEL, saying
+ * why) when the file is corrupt or its key (m's family, types, weights
+ * file, enc) does not match: such a file is never trusted. CN_E_IO when it
+ * cannot be read. */
+int cn_fsm_load(const cn_model *m, cn_fsm_encoding enc, const char *path,
+                cn_fsm **out, cn_err *err);
+
+/* ---- the policy cache (policy_cache.c) -----------------------------------
+ * `canopy policy train`, `run` and `serve` share one default directory:
+ * $CANOPY_POLICY_CACHE, else $XDG_CACHE_HOME/canopy/policies, else
+ * $HOME/.cache/canopy/policies, else /tmp/canopy-policies. */
+int cn_policy_cache_default_dir(char *buf, size_t cap);
+/* <dir>/<model dir name>-<hash of its real path>.fsm.json */
+int cn_policy_cache_path(const cn_model *m, const char *dir, char *buf,
+                         size_t cap);
+
+typedef enum {
+  CN_CACHE_HIT = 0, /* *out is the cached policy                           */
+  CN_CACHE_MISS,    /* no file                                             */
+  CN_CACHE_STALE,   /* a file for other weights/types/encoding: ignored    */
+  CN_CACHE_CORRUPT  /* unreadable or damaged: ignored                      */
+} cn_cache_status;
+
+/* Returns a cn_cache_status (err->msg says why for STALE and CORRUPT, to
+ * be logged as a warning) or a negative error. dir NULL: the default. */
+int cn_policy_cache_load(const cn_model *m, const char *dir,
+                         cn_fsm_encoding enc, cn_fsm **out, cn_err *err);
+/* Creates dir if needed; atomic replace of the model's file. */
+int cn_policy_cache_store(const cn_model *m, const char *dir,
+                          const cn_fsm *p, cn_err *err);
 
 #ifdef __cplusplus
 }

@@ -150,6 +150,9 @@ struct cn_family {
   /* The tensors of the family at these sizes, in binding order; returns
    * their number (≤ CN_MAX_TENSORS). */
   int (*tensors)(const cn_dims *d, cn_tensor_spec *out);
+  /* The graph grows while it runs (lstm-nmt decoding): exec() adds the
+   * vertices of later steps; build() reserves their count in r->reserve. */
+  bool dynamic;
   /* Adds the instance's vertices to the run; returns 0 or an error. */
   int (*build)(cn_run *r, int slot);
   /* Vertices build() will add for this instance (upper bound for families
@@ -286,14 +289,23 @@ struct cn_run {
   cn_run_batch *batches;
   int32_t n_batches;
   int64_t lower_bound;
+  const struct cn_fsm *sched_fsm; /* CN_POLICY_FSM: the learned policy (or
+                                     NULL: agenda); set by cn_run_exec_fsm */
   /* memory */
   float *arena;          /* backend memory: states, then scratch           */
   float *host;           /* host copy of the states (device backends only) */
   int64_t arena_floats, scratch_off, scratch_floats;
+  float *scratch;        /* the batch's scratch: inside the arena for a
+                            planned run, its own block (grown) when dynamic */
   int64_t *idx_host;     /* index staging for the batch being launched     */
   int64_t idx_cap, idx_used;
   const float *wb[CN_MAX_TENSORS]; /* the model's tensors, backend copies  */
   bool executed;
+  /* data-dependent graphs (cn_family.dynamic) */
+  int64_t reserve[CN_MAX_TYPES]; /* vertices exec() may still add, by type */
+  struct cn_frontier *live;      /* mirrors vertices added while running  */
+  int64_t cap_state_off;
+  bool own_scratch;
   /* statistics */
   size_t gather_bytes;
   long long kernels;
@@ -316,7 +328,7 @@ static inline float *cn__run_state(const cn_run *r, int32_t v) {
 }
 /* Scratch for the batch being executed: at least n · scratch_floats(type). */
 static inline float *cn__run_scratch(const cn_run *r) {
-  return r->arena + r->scratch_off;
+  return r->scratch;
 }
 /* An index array of n entries for the batch being launched; valid until the
  * batch returns. */
@@ -329,10 +341,115 @@ const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
 /* Host-readable view of a vertex's state after execution. */
 const float *cn__run_state_host(const cn_run *r, int32_t v);
 
+/* Executes a run of a dynamic family (run_dynamic.c): frontier by
+ * frontier, the graph growing as exec() adds vertices. */
+int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* Shared by run.c and run_dynamic.c. */
+void cn__run_bind_weights(cn_run *r);
+int cn__run_copy_back(cn_run *r, cn_err *err);
+
 /* ---- scheduling (sched.c) ------------------------------------------------
- * Fills r->order and r->batches for the policy, and r->lower_bound. */
+ * Fills r->order and r->batches for the policy, and r->lower_bound. With
+ * CN_POLICY_FSM the policy object is r->sched_fsm (NULL: agenda). */
 int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err);
 /* Σ_t depth_t over the run (MODELS.md lower bound). */
 int64_t cn__sched_lower_bound(const cn_run *r);
+
+/* A typed DAG as the scheduler sees it (borrowed arrays): vertices in a
+ * topological order, inputs of v at in_edges[in_start[v] .. in_start[v+1]). */
+typedef struct cn_dag {
+  int n_types;
+  int32_t nv;
+  const uint8_t *vtype;
+  const int32_t *in_start, *in_edges;
+} cn_dag;
+
+static inline cn_dag cn__run_dag(const cn_run *r) {
+  cn_dag g = {r->fam->n_types, r->nv, r->vtype, r->in_start, r->in_edges};
+  return g;
+}
+int64_t cn__dag_lower_bound(const cn_dag *g);
+/* Schedules g with a policy. order (g->nv entries) and batches (g->nv) may
+ * be NULL to count only; *n_batches gets the count. fsm: CN_POLICY_FSM's
+ * learned policy (NULL: agenda). Returns 0 or CN_E_NOMEM/CN_E_INTERNAL. */
+int cn__sched_dag(const cn_dag *g, cn_policy_kind policy,
+                  const struct cn_fsm *fsm, int32_t *order,
+                  cn_run_batch *batches, int32_t *n_batches);
+
+/* ---- the frontier (frontier.c): ED-Batch Alg. 1, one step at a time -------
+ * The ready vertices of a typed DAG that may still grow: a driver adds
+ * vertices (inputs first), asks a policy for the next type, commits the
+ * batch of every ready vertex of that type, and may add vertices that depend
+ * on committed ones before the next step (lstm-nmt decoding). Static plans
+ * (cn__sched_dag) and FSM training drive the same object.
+ *
+ *   cn_frontier f;
+ *   cn__frontier_init(&f, n_types, false);
+ *   cn__frontier_add(&f, type, inputs, n) ...      // or cn__frontier_add_dag
+ *   while ((t = cn__frontier_next(&f, CN_POLICY_FSM, fsm)) >= 0) {
+ *     n = cn__frontier_commit(&f, t, verts);       // verts: room for nv
+ *     ... execute verts[0..n) ... cn__frontier_add(...) for new vertices
+ *   }
+ *   cn__frontier_free(&f);
+ *
+ * Read-only for drivers: n_types, nv, n_done, n_ready[], n_sub[]. Not
+ * thread-safe; one driver at a time. */
+typedef struct cn_frontier {
+  int n_types;
+  int32_t nv, n_done;
+  int64_t n_ready[CN_MAX_TYPES]; /* |Frontier_t(G)|: ready type-t vertices  */
+  int64_t n_sub[CN_MAX_TYPES];   /* |Frontier(G^t)| (track_sub): type-t
+                                    vertices with no type-t vertex left
+                                    among their ancestors (ED-Batch §2.3) */
+  int64_t n_of_type[CN_MAX_TYPES];
+  double depth_sum[CN_MAX_TYPES];
+  /* private */
+  bool track_sub;
+  int32_t cap_v, ne, cap_e;
+  uint8_t *vtype, *done;
+  int32_t *depth, *pending, *in_start, *in_edges;
+  int32_t *out_head, *out_tail, *e_next, *e_dst; /* out-edges, per source  */
+  int32_t *sub;                  /* [v][t]: inputs with a type-t vertex left
+                                    at or above them (track_sub)          */
+  int32_t *q[CN_MAX_TYPES];      /* ready FIFO per type                    */
+  int64_t qhead[CN_MAX_TYPES], qtail[CN_MAX_TYPES], qcap[CN_MAX_TYPES];
+  int32_t *stack;
+} cn_frontier;
+
+/* track_sub: keep n_sub[] (eq. 1's ratio; the sufficient policy and FSM
+ * training need it; costs O(E·T) per episode). */
+int cn__frontier_init(cn_frontier *f, int n_types, bool track_sub);
+void cn__frontier_free(cn_frontier *f);
+/* Appends a vertex whose inputs are existing vertices; returns its index or
+ * a negative error. Inputs already committed count as computed. */
+int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
+                         int n_inputs);
+int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g);
+/* Back to nothing committed (same vertices): FSM training episodes. */
+int cn__frontier_reset(cn_frontier *f);
+/* The policy's next type (ED-Batch Alg. 1 line 3), -1 when nothing is
+ * ready. Frontier policies: agenda, sufficient (needs track_sub; without it
+ * agenda), fsm (fsm NULL: agenda). none/depth are static plans, not
+ * frontier policies: they answer agenda here. */
+int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
+                      const struct cn_fsm *fsm);
+int cn__frontier_agenda(const cn_frontier *f);
+/* ED-Batch eq. 1's ratio for type t: |Frontier_t(G)| / |Frontier(G^t)|,
+ * in (0, 1] when t is ready (track_sub), 0 when not. */
+double cn__frontier_ratio(const cn_frontier *f, int t);
+/* Commits the batch of every ready type-t vertex (Alg. 1 lines 4-6):
+ * writes them to out (FIFO order) and returns how many. */
+int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out);
+
+/* ---- learned policies (fsm.c) ------------------------------------------- */
+/* The state key E(G) of the frontier counts (ED-Batch §2.3): never 0 for
+ * a non-empty frontier. */
+uint32_t cn__fsm_encode(cn_fsm_encoding enc, int n_types,
+                        const int64_t *n_ready);
+/* π(E(G)); unseen states and actions fall back to agenda. */
+int cn__fsm_choose(const struct cn_fsm *p, const cn_frontier *f);
+/* Which plan the policy executes (CN_POLICY_FSM, or the heuristic that
+ * beat it on its training sample). */
+cn_policy_kind cn__fsm_executes(const struct cn_fsm *p);
 
 #endif /* CANOPY_CORE_INTERNAL_H */

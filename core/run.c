@@ -54,6 +54,7 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
 void cn_run_free(cn_run *r) {
   if (r == NULL) return;
   if (r->arena != NULL) r->bk->vt->free(r->bk, r->arena);
+  if (r->own_scratch && r->scratch != NULL) r->bk->vt->free(r->bk, r->scratch);
   free(r->slots);
   free(r->vtype);
   free(r->vslot);
@@ -96,6 +97,12 @@ int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
   r->in_start[v + 1] = r->ne;
   r->nv = v + 1;
   r->n_of_type[type]++;
+  if (r->live != NULL) { /* a dynamic run: the frontier sees it too */
+    if (v >= r->cap_state_off ||
+        cn__frontier_add(r->live, type, inputs, n_inputs) != v)
+      return -1;
+    r->state_off[v] = -1;
+  }
   return v;
 }
 
@@ -194,6 +201,7 @@ static int plan_arena(cn_run *r, cn_err *err) {
   r->scratch_floats = scratch;
   r->arena_floats = off + scratch + 16;
   r->arena = r->bk->vt->alloc(r->bk, (size_t)r->arena_floats * sizeof(float));
+  r->scratch = r->arena ? r->arena + r->scratch_off : NULL;
   r->idx_host = malloc((size_t)(idx + 1) * sizeof(int64_t));
   r->idx_cap = idx + 1;
   r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
@@ -218,13 +226,12 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
     return cn_err_set(err, CN_E_INTERNAL, "a run executes only once");
   r->executed = true;
   if (r->nv == 0) return 0;
+  if (r->fam->dynamic) return cn__run_exec_dynamic(r, policy, err);
   int rc = cn__sched_plan(r, policy, err);
   if (rc != 0) return rc;
   rc = plan_arena(r, err);
   if (rc != 0) return rc;
-  for (int i = 0; i < r->m->n_tensors; i++)
-    r->wb[i] = r->bk->vt->weights(r->bk, r->m->w[i]->data,
-                                  (size_t)r->m->w[i]->numel);
+  cn__run_bind_weights(r);
   long long k0 = r->bk->kernels;
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];
@@ -233,14 +240,23 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
   }
   r->bk->vt->sync(r->bk);
   r->kernels = r->bk->kernels - k0;
-  if (!r->bk->vt->host_memory) {
-    /* Results are read on the host: copy the state buffers back once. */
-    size_t bytes = (size_t)r->scratch_off * sizeof(float);
-    r->host = malloc(bytes ? bytes : 1);
-    if (r->host == NULL)
-      return cn_err_set(err, CN_E_NOMEM, "no memory for the run's results");
-    r->bk->vt->to_host(r->bk, r->host, r->arena, bytes);
-  }
+  return cn__run_copy_back(r, err);
+}
+
+void cn__run_bind_weights(cn_run *r) {
+  for (int i = 0; i < r->m->n_tensors; i++)
+    r->wb[i] = r->bk->vt->weights(r->bk, r->m->w[i]->data,
+                                  (size_t)r->m->w[i]->numel);
+}
+
+int cn__run_copy_back(cn_run *r, cn_err *err) {
+  if (r->bk->vt->host_memory) return 0;
+  /* Results are read on the host: copy the state buffers back once. */
+  size_t bytes = (size_t)r->scratch_off * sizeof(float);
+  r->host = malloc(bytes ? bytes : 1);
+  if (r->host == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "no memory for the run's results");
+  r->bk->vt->to_host(r->bk, r->host, r->arena, bytes);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 
 int cn_cmd_run(int argc, char **argv);
 int cn_cmd_model(int argc, char **argv);
+int cn_cmd_policy(int argc, char **argv);
 int cn_cmd_serve(int argc, char **argv);
 
 /* Small flag helpers shared by the subcommands. */

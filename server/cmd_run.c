@@ -13,6 +13,7 @@
 #include "backends.h"
 #include "canopy_core.h"
 #include "cli.h"
+#include "cmd_policy.h"
 #include "config.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
@@ -21,7 +22,11 @@ typedef struct run_opts {
   const char *model, *input, *backend;
   unsigned flags;
   cn_policy_kind policy;
-  long long batch, threads;
+  long long batch, threads, max_decode_len;
+  const char *policy_cache;  /* --policy-cache (NULL: the default)       */
+  cn_fsm_encoding encoding;  /* --encoding, for --policy fsm            */
+  cn_fsm *fsm;               /* --policy fsm: cached or learned here    */
+  char *slurped;             /* stdin, kept to learn from and then run  */
   cn_config cfg;
 } run_opts;
 
@@ -48,10 +53,20 @@ static void run_usage(FILE *f) {
           "  --outputs root|all    tree families: the root only, or every "
           "node (default root)\n"
           "  --return-hidden       also return hidden vectors (\"h\")\n"
-          "  --policy P            none | depth | agenda (default agenda)\n"
+          "  --policy P            none | depth | agenda | sufficient | fsm "
+          "(default agenda)\n"
+          "  --policy-cache DIR    where --policy fsm finds (or, with none "
+          "cached,\n"
+          "                        learns from the input and stores) the "
+          "model's policy\n"
+          "                        (default: see canopy policy --help)\n"
+          "  --encoding E          base | max | sort: the FSM's state "
+          "(default sort)\n"
           "  --batch N             instances per run (default 64)\n"
           "  --backend B           cpu | cuda (default cpu)\n"
           "  --threads N           OpenBLAS threads (default: OpenBLAS's own)\n"
+          "  --max-decode-len N    lstm-nmt: decode at most N steps (below the "
+          "model's cap)\n"
           "limits:\n");
   cn_config_usage(f);
   fprintf(f,
@@ -67,6 +82,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   o->backend = "cpu";
   o->policy = CN_POLICY_AGENDA;
   o->batch = 64;
+  o->encoding = CN_FSM_ENC_SORT;
   cn_config_defaults(&o->cfg);
   cn_err err;
   cn_err_clear(&err);
@@ -102,12 +118,27 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       if (m < 0) return -1;
       if (cn_policy_parse(v, &o->policy) != 0) {
         fprintf(stderr,
-                "canopy run: unknown --policy '%s' (none, depth, agenda)\n",
+                "canopy run: unknown --policy '%s' (none, depth, agenda, "
+                "sufficient, fsm)\n",
                 v);
+        return -1;
+      }
+    } else if ((m = cn__flag_value(argc, argv, &i, "--policy-cache", &v)) !=
+               0) {
+      if (m < 0) return -1;
+      o->policy_cache = v;
+    } else if ((m = cn__flag_value(argc, argv, &i, "--encoding", &v)) != 0) {
+      if (m < 0 || cn_fsm_encoding_parse(v, &o->encoding) != 0) {
+        fprintf(stderr, "canopy run: --encoding must be base, max or sort\n");
         return -1;
       }
     } else if ((m = cn__flag_value(argc, argv, &i, "--batch", &v)) != 0) {
       if (m < 0 || cn__parse_int("--batch", v, 1, 1 << 20, &o->batch))
+        return -1;
+    } else if ((m = cn__flag_value(argc, argv, &i, "--max-decode-len", &v)) !=
+               0) {
+      if (m < 0 ||
+          cn__parse_int("--max-decode-len", v, 1, 1 << 20, &o->max_decode_len))
         return -1;
     } else if ((m = cn__flag_value(argc, argv, &i, "--threads", &v)) != 0) {
       if (m < 0 || cn__parse_int("--threads", v, 1, 1024, &x)) return -1;
@@ -157,7 +188,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   if (r == NULL) return -1;
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) continue;
-    ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, 0);
+    ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, (int)o->max_decode_len);
     if (ls[i].slot < 0) {
       cn_err_set(&ls[i].err, ls[i].slot, "could not add the instance");
       cn_instance_free(ls[i].inst);
@@ -166,7 +197,8 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   }
   cn_err err;
   cn_err_clear(&err);
-  if (cn_run_exec(r, o->policy, &err) != 0) {
+  if ((o->fsm != NULL ? cn_run_exec_fsm(r, o->fsm, &err)
+                      : cn_run_exec(r, o->policy, &err)) != 0) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     rc = -1;
     goto out;
@@ -195,6 +227,45 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
 out:
   cn_run_free(r);
   for (int i = 0; i < n; i++) cn_instance_free(ls[i].inst);
+  return rc;
+}
+
+/* --policy fsm: the cached policy, else one learned from the input's
+ * first runs (stdin is read into memory first so it can be read twice). */
+static int load_policy(run_opts *o, const cn_model *m, cn_backend_ctx *bk,
+                       FILE **in) {
+  if (cn__policy_cached(m, o->policy_cache, "canopy run", o->encoding,
+                        &o->fsm) == 0)
+    return 0;
+  fprintf(stderr, "canopy run: no cached %s policy for this model: learning "
+          "one from the input\n", cn_fsm_encoding_name(o->encoding));
+  FILE *t = NULL;
+  if (*in == stdin) {
+    size_t len = 0;
+    FILE *mem = open_memstream(&o->slurped, &len);
+    char chunk[65536];
+    size_t k;
+    while (mem != NULL && (k = fread(chunk, 1, sizeof(chunk), stdin)) > 0)
+      fwrite(chunk, 1, k, mem);
+    if (mem == NULL || fclose(mem) != 0) return -1;
+    *in = fmemopen(o->slurped, len ? len : 1, "r");
+    t = fmemopen(o->slurped, len ? len : 1, "r");
+  } else {
+    t = fopen(o->input, "r");
+  }
+  if (*in == NULL || t == NULL) {
+    if (t != NULL) fclose(t);
+    fprintf(stderr, "canopy run: cannot read %s again to learn from it\n",
+            o->input);
+    return -1;
+  }
+  cn_fsm_opts fo;
+  cn_fsm_opts_default(&fo);
+  fo.encoding = o->encoding;
+  int rc = cn__policy_learn(m, bk, o->policy_cache, "canopy run", &fo, t,
+                            o->flags, (int)o->batch, 16, &o->cfg.limits,
+                            &o->fsm);
+  fclose(t);
   return rc;
 }
 
@@ -227,6 +298,7 @@ int cn_cmd_run(int argc, char **argv) {
     fprintf(stderr, "canopy run: cannot open %s: %m\n", o.input);
     goto out;
   }
+  if (o.policy == CN_POLICY_FSM && load_policy(&o, m, bk, &in) != 0) goto out;
   ls = calloc((size_t)o.batch, sizeof(line));
   if (ls == NULL) goto out;
 
@@ -284,6 +356,8 @@ out:
   free(ls);
   if (in != NULL && in != stdin) fclose(in);
   cn_backend_close(bk);
+  cn_fsm_free(o.fsm);
   cn_model_free(m);
+  free(o.slurped);
   return status;
 }

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
           "commands:\n"
           "  run      run a model over a JSONL file of instances, batched\n"
           "  model    create (init) or describe (info) a model directory\n"
+          "  policy   learn (train) or show a model's batching policy (FSM)\n"
           "  serve    the HTTP daemon: serve every model of a directory\n"
           "\n"
           "'canopy COMMAND --help' describes a command's options.\n",
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "run") == 0) return cn_cmd_run(argc - 1, argv + 1);
   if (strcmp(cmd, "model") == 0) return cn_cmd_model(argc - 1, argv + 1);
+  if (strcmp(cmd, "policy") == 0) return cn_cmd_policy(argc - 1, argv + 1);
   if (strcmp(cmd, "serve") == 0) return cn_cmd_serve(argc - 1, argv + 1);
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 ||
       strcmp(cmd, "help") == 0) {

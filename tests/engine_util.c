@@ -96,6 +96,7 @@ json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
 }
 
 double tu_json_maxdiff(const json_t *a, const json_t *b) {
+  if (a == NULL || b == NULL) return a == b ? 0 : 1e30;
   if (json_is_number(a) && json_is_number(b))
     return fabs(json_number_value(a) - json_number_value(b));
   if (json_typeof(a) != json_typeof(b)) return 1e30;

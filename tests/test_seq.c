@@ -292,3 +292,114 @@ Test(seq, tiny_dag_two_nodes, .fini = unload) {
   near(json_object_get(o, "logits"), z, 5, "logits");
   json_decref(o);
 }
+
+/* ---- lstm-nmt: data-dependent decoding ---- */
+
+/* Overwrites tensor `name` of the model in `mdir` with `vals` (numel
+ * floats), then reloads M. */
+static void patch(const char *mdir, const char *name, const float *vals) {
+  char path[600];
+  snprintf(path, sizeof(path), "%s/weights.safetensors", mdir);
+  const cn_tensor *t = cn_safetensors_find(&M->st, name);
+  cr_assert_not_null(t);
+  long off = (long)((const char *)t->data - (const char *)M->st.map);
+  FILE *f = fopen(path, "r+b");
+  cr_assert_not_null(f);
+  cr_assert_eq(fseek(f, off, SEEK_SET), 0);
+  cr_assert_eq(fwrite(vals, sizeof(float), (size_t)t->numel, f),
+               (size_t)t->numel);
+  fclose(f);
+  cn_model_free(M);
+  cn_err err;
+  cr_assert_eq(cn_model_load(mdir, &M, &err), 0, "%s", err.msg);
+}
+
+/* proj.W = 0 and proj.b = e_k·10: every step emits token k. */
+static void force_token(const char *mdir, int k) {
+  const cn_tensor *w = cn_safetensors_find(&M->st, "proj.W");
+  float *z = calloc((size_t)w->numel, sizeof(float));
+  patch(mdir, "proj.W", z);
+  const cn_tensor *b = cn_safetensors_find(&M->st, "proj.b");
+  float *bb = calloc((size_t)b->numel, sizeof(float));
+  bb[k] = 10.0f;
+  patch(mdir, "proj.b", bb);
+  free(z);
+  free(bb);
+}
+
+static json_t *decode(const char *const *src, const int *caps, int n,
+                      cn_policy_kind pol, long long *batches,
+                      long long *bound) {
+  cn_backend_ctx *bk;
+  cn_err err;
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0);
+  cn_run *r = cn_run_new(M, bk);
+  cn_instance *in[8];
+  for (int i = 0; i < n; i++) {
+    json_t *j = json_pack("{s:s}", "text", src[i]);
+    cr_assert_eq(cn_instance_parse(M, j, NULL, i, &in[i], &err), 0);
+    json_decref(j);
+    cr_assert_eq(cn_run_add(r, in[i], CN_OUT_HIDDEN, caps[i]), i);
+  }
+  cr_assert_eq(cn_run_exec(r, pol, &err), 0, "%s", err.msg);
+  cn_run_stats st;
+  cn_run_get_stats(r, &st);
+  *batches = st.batches;
+  *bound = st.lower_bound;
+  json_t *out = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(out, cn_run_output(r, i));
+  cn_run_free(r);
+  for (int i = 0; i < n; i++) cn_instance_free(in[i]);
+  cn_backend_close(bk);
+  return out;
+}
+
+Test(seq, nmt_stops_at_eos_on_step_one, .fini = unload) {
+  load("lstm-nmt", "sequences.jsonl", 8);
+  char mdir[300];
+  snprintf(mdir, sizeof(mdir), "%s/m", dir);
+  force_token(mdir, 2); /* </s> */
+  const char *src[1] = {"the cat sat"};
+  int caps[1] = {0};
+  long long nb, lb;
+  json_t *o = decode(src, caps, 1, CN_POLICY_AGENDA, &nb, &lb);
+  json_t *ids = json_object_get(json_array_get(o, 0), "output_ids");
+  cr_expect_eq(json_array_size(ids), 0, "</s> is not part of the output");
+  cr_expect_eq(lb, 3 + 2 * 1, "n + 2T with T = 1");
+  cr_expect_eq(nb, lb);
+  json_decref(o);
+}
+
+/* One instance stops at step 1 (cap 1), the other runs to its cap (6)
+ * emitting token 5 every step; they share the run without padding, and
+ * each output equals the instance decoded alone. */
+Test(seq, nmt_different_lengths_share_a_run, .fini = unload) {
+  load("lstm-nmt", "sequences.jsonl", 8);
+  char mdir[300];
+  snprintf(mdir, sizeof(mdir), "%s/m", dir);
+  force_token(mdir, 5);
+  const char *src[2] = {"the cat sat on the mat", "a dog"};
+  int caps[2] = {1, 6};
+  long long nb, lb;
+  for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
+    json_t *both = decode(src, caps, 2, (cn_policy_kind)p, &nb, &lb);
+    cr_expect_eq(json_array_size(json_object_get(json_array_get(both, 0),
+                                                 "output_ids")), 1);
+    cr_expect_eq(json_array_size(json_object_get(json_array_get(both, 1),
+                                                 "output_ids")), 6);
+    cr_expect_eq(json_integer_value(json_array_get(json_object_get(
+                     json_array_get(both, 1), "output_ids"), 5)), 5);
+    /* bound: depth_enc 6 (the first instance) + depth_dec 6 + depth_proj 6
+     * (the second) */
+    cr_expect_eq(lb, 18, "policy %d bound %lld", p, lb);
+    cr_expect_geq(nb, lb, "policy %d", p);
+    for (int i = 0; i < 2; i++) {
+      long long b1, l1;
+      json_t *one = decode(&src[i], &caps[i], 1, CN_POLICY_NONE, &b1, &l1);
+      cr_expect_leq(tu_json_maxdiff(json_array_get(one, 0),
+                                    json_array_get(both, i)), 1e-5);
+      json_decref(one);
+    }
+    json_decref(both);
+  }
+}

@@ -287,6 +287,17 @@ static void cpu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
   }
 }
 
+static void cpu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
+                            int ld, int32_t *out) {
+  for (int r = 0; r < n; r++) {
+    const float *x = X + (size_t)r * ld;
+    int best = 0;
+    for (int j = 1; j < w; j++)
+      if (x[j] > x[best]) best = j;
+    out[r] = best;
+  }
+}
+
 static void cpu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
                              int ld) {
   for (int r = 0; r < n; r++) {
@@ -329,6 +340,7 @@ static const cn_backend_vt cpu_vt = {
     .lattice_char = cpu_lattice_char,
     .lattice_word = cpu_lattice_word,
     .sigmoid_rows = cpu_sigmoid_rows,
+    .argmax_rows = cpu_argmax_rows,
     .tanh_rows = cpu_tanh_rows,
 };
 

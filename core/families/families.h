@@ -12,6 +12,7 @@ extern const cn_family cn__fam_mvrnn;
 extern const cn_family cn__fam_bilstm;
 extern const cn_family cn__fam_latticelstm;
 extern const cn_family cn__fam_latticegru;
+extern const cn_family cn__fam_nmt;
 
 int cn__family_count(void);
 const cn_family *cn__family_at(int i);

@@ -6,7 +6,7 @@
 static const cn_family *const families[] = {
     &cn__fam_treelstm, &cn__fam_treelstm_2type, &cn__fam_treegru,
     &cn__fam_childsum, &cn__fam_mvrnn,    &cn__fam_bilstm,
-    &cn__fam_latticelstm, &cn__fam_latticegru,
+    &cn__fam_latticelstm, &cn__fam_latticegru, &cn__fam_nmt,
 };
 
 const cn_family *cn__family_find(const char *name) {

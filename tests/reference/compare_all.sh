@@ -62,4 +62,17 @@ for spec in bilstm-tagger:sequences.jsonl latticelstm:lattices.jsonl \
         --batch 1,64 --tol 1e-4 || fail=1
   done
 done
+# lstm-nmt: greedy decoding; the reference-written model leans towards
+# </s> (--eos-bias) so output lengths vary inside every run.
+"$canopy" model init lstm-nmt "$work/c-nmt" --hidden 16 --embed 16 \
+    --vocab-from "$data/sequences.jsonl" --seed 3 2>/dev/null
+"$py" "$here/canopy_ref.py" --make-model "$work/r-nmt" --family lstm-nmt \
+    --hidden 16 --embed 16 --seed 5 --vocab-from "$data/sequences.jsonl" \
+    --eos-bias 1 --model-max-decode-len 20 >/dev/null
+for m in c r; do
+  echo "== lstm-nmt ($m model) on sequences.jsonl"
+  "$py" "$here/compare.py" --canopy "$canopy" --model "$work/$m-nmt" \
+      --input "$data/sequences.jsonl" --return-hidden --max-decode-len 12 \
+      --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
+done
 exit $fail

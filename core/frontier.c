@@ -1,0 +1,276 @@
+/* frontier.c - the frontier of a typed DAG, one batch at a time.
+ *
+ * ED-Batch Alg. 1: while the graph is not empty, a policy names the next
+ * type (line 3), every ready vertex of that type forms the batch (line 4),
+ * the batch runs (line 5) and the frontier is updated (line 6). This file
+ * is that loop's state, shared by the static plans (sched.c), FSM training
+ * (fsm.c) and a dynamic executor that adds vertices while it runs (lstm-nmt
+ * decoding): everything here looks at the frontier, never at the future.
+ *
+ * Besides the ready counts |Frontier_t(G)|, the frontier can keep
+ * |Frontier(G^t)| (ED-Batch §2.3): the type-t vertices left with no type-t
+ * vertex left among their ancestors, i.e. those a type-t batch could run
+ * before any other type-t batch. The ratio of the two is eq. 1's second
+ * term and the sufficient condition of Lemma 1 / §5.3. Kept incrementally:
+ * sub[v][t] counts v's inputs p with "a type-t vertex left at or above p";
+ * committing a type-t vertex clears that flag for it, and a zero count
+ * clears it for a non-t consumer in turn. Each (vertex, type) flag clears at
+ * most once, so a whole schedule costs O((V + E)·T).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static int grow32(int32_t **p, size_t n) {
+  int32_t *q = cn__xrealloc(*p, n, sizeof(int32_t));
+  if (q == NULL) return -1;
+  *p = q;
+  return 0;
+}
+
+int cn__frontier_init(cn_frontier *f, int n_types, bool track_sub) {
+  memset(f, 0, sizeof(*f));
+  if (n_types < 1 || n_types > CN_MAX_TYPES) return CN_E_INTERNAL;
+  f->n_types = n_types;
+  f->track_sub = track_sub;
+  f->in_start = malloc(sizeof(int32_t));
+  if (f->in_start == NULL) return CN_E_NOMEM;
+  f->in_start[0] = 0;
+  return 0;
+}
+
+void cn__frontier_free(cn_frontier *f) {
+  free(f->vtype);
+  free(f->done);
+  free(f->depth);
+  free(f->pending);
+  free(f->in_start);
+  free(f->in_edges);
+  free(f->out_head);
+  free(f->out_tail);
+  free(f->e_next);
+  free(f->e_dst);
+  free(f->sub);
+  free(f->stack);
+  for (int t = 0; t < CN_MAX_TYPES; t++) free(f->q[t]);
+  memset(f, 0, sizeof(*f));
+}
+
+/* "A type-t vertex is left at or above p" (see the file comment). */
+static inline bool above(const cn_frontier *f, int32_t p, int t) {
+  return !f->done[p] &&
+         (f->vtype[p] == t || f->sub[(size_t)p * f->n_types + t] > 0);
+}
+
+static int push_ready(cn_frontier *f, int32_t v) {
+  int t = f->vtype[v];
+  if (f->qtail[t] == f->qcap[t]) {
+    int64_t c = f->qcap[t] ? f->qcap[t] * 2 : 64;
+    if (grow32(&f->q[t], (size_t)c)) return -1;
+    f->qcap[t] = c;
+  }
+  f->q[t][f->qtail[t]++] = v;
+  f->n_ready[t]++;
+  return 0;
+}
+
+/* Per-vertex state of v from its inputs, as if added now. */
+static int settle(cn_frontier *f, int32_t v) {
+  int T = f->n_types, t = f->vtype[v];
+  int32_t d = -1, pend = 0;
+  int32_t *sv = f->sub + (size_t)v * T;
+  if (f->track_sub) memset(sv, 0, (size_t)T * sizeof(int32_t));
+  for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
+    int32_t p = f->in_edges[i];
+    if (f->depth[p] > d) d = f->depth[p];
+    if (!f->done[p]) pend++;
+    if (f->track_sub)
+      for (int a = 0; a < T; a++) sv[a] += above(f, p, a);
+  }
+  f->depth[v] = d + 1;
+  f->pending[v] = pend;
+  f->done[v] = 0;
+  if (f->track_sub && sv[t] == 0) f->n_sub[t]++;
+  if (pend == 0 && push_ready(f, v)) return CN_E_NOMEM;
+  return 0;
+}
+
+int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
+                         int n_inputs) {
+  int T = f->n_types;
+  int32_t v = f->nv;
+  if (type < 0 || type >= T || n_inputs < 0) return CN_E_INTERNAL;
+  for (int i = 0; i < n_inputs; i++)
+    if (inputs[i] < 0 || inputs[i] >= v) return CN_E_INTERNAL;
+  if (v + 1 > f->cap_v) {
+    size_t c = f->cap_v ? (size_t)f->cap_v * 2 : 256;
+    if (c > INT32_MAX / 2) return CN_E_NOMEM;
+    uint8_t *vt = cn__xrealloc(f->vtype, c, 1);
+    if (vt == NULL) return CN_E_NOMEM;
+    f->vtype = vt;
+    uint8_t *dn = cn__xrealloc(f->done, c, 1);
+    if (dn == NULL) return CN_E_NOMEM;
+    f->done = dn;
+    if (grow32(&f->depth, c) || grow32(&f->pending, c) ||
+        grow32(&f->in_start, c + 1) || grow32(&f->out_head, c) ||
+        grow32(&f->out_tail, c) || grow32(&f->stack, c) ||
+        (f->track_sub && grow32(&f->sub, c * (size_t)T)))
+      return CN_E_NOMEM;
+    f->cap_v = (int32_t)c;
+  }
+  if (f->ne + n_inputs > f->cap_e) {
+    size_t c = f->cap_e ? (size_t)f->cap_e : 256;
+    while (c < (size_t)f->ne + (size_t)n_inputs) c *= 2;
+    if (c > INT32_MAX / 2) return CN_E_NOMEM;
+    if (grow32(&f->in_edges, c) || grow32(&f->e_next, c) ||
+        grow32(&f->e_dst, c))
+      return CN_E_NOMEM;
+    f->cap_e = (int32_t)c;
+  }
+  f->vtype[v] = (uint8_t)type;
+  f->out_head[v] = f->out_tail[v] = -1;
+  for (int i = 0; i < n_inputs; i++) {
+    /* In-edge i of v is out-edge e of its source, appended at the tail so
+     * consumers are visited in the order they were added. */
+    int32_t e = f->ne + i, p = inputs[i];
+    f->in_edges[e] = p;
+    f->e_dst[e] = v;
+    f->e_next[e] = -1;
+    if (f->out_tail[p] < 0)
+      f->out_head[p] = e;
+    else
+      f->e_next[f->out_tail[p]] = e;
+    f->out_tail[p] = e;
+  }
+  f->ne += n_inputs;
+  f->in_start[v + 1] = f->ne;
+  f->nv = v + 1;
+  f->n_of_type[type]++;
+  int rc = settle(f, v);
+  if (rc != 0) return rc;
+  f->depth_sum[type] += f->depth[v];
+  return v;
+}
+
+int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
+  for (int32_t v = 0; v < g->nv; v++) {
+    int32_t b = g->in_start[v];
+    int32_t w = cn__frontier_add(f, g->vtype[v], g->in_edges + b,
+                                 g->in_start[v + 1] - b);
+    if (w < 0) return w;
+  }
+  return 0;
+}
+
+int cn__frontier_reset(cn_frontier *f) {
+  memset(f->n_ready, 0, sizeof(f->n_ready));
+  memset(f->n_sub, 0, sizeof(f->n_sub));
+  memset(f->qhead, 0, sizeof(f->qhead));
+  memset(f->qtail, 0, sizeof(f->qtail));
+  f->n_done = 0;
+  for (int32_t v = 0; v < f->nv; v++) f->done[v] = 0;
+  for (int32_t v = 0; v < f->nv; v++)
+    if (settle(f, v)) return CN_E_NOMEM;
+  return 0;
+}
+
+int cn__frontier_agenda(const cn_frontier *f) {
+  int best = -1;
+  double best_avg = 0;
+  for (int t = 0; t < f->n_types; t++) {
+    if (f->n_ready[t] == 0) continue;
+    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
+    if (best < 0 || avg < best_avg) {
+      best = t;
+      best_avg = avg;
+    }
+  }
+  return best;
+}
+
+double cn__frontier_ratio(const cn_frontier *f, int t) {
+  if (!f->track_sub || f->n_ready[t] == 0 || f->n_sub[t] == 0) return 0.0;
+  return (double)f->n_ready[t] / (double)f->n_sub[t];
+}
+
+/* ED-Batch §5.3: the ready type maximising eq. 1's ratio; ties go to the
+ * agenda's order (least average depth, then lowest type). */
+static int next_sufficient(const cn_frontier *f) {
+  int best = -1;
+  double br = -1, bavg = 0;
+  for (int t = 0; t < f->n_types; t++) {
+    if (f->n_ready[t] == 0) continue;
+    double r = cn__frontier_ratio(f, t);
+    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
+    if (best < 0 || r > br + 1e-12 || (r > br - 1e-12 && avg < bavg)) {
+      best = t;
+      br = r;
+      bavg = avg;
+    }
+  }
+  return best;
+}
+
+int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
+                      const struct cn_fsm *fsm) {
+  if (f->n_done == f->nv) return -1;
+  switch (policy) {
+    case CN_POLICY_SUFFICIENT:
+      return f->track_sub ? next_sufficient(f) : cn__frontier_agenda(f);
+    case CN_POLICY_FSM:
+      if (fsm == NULL) return cn__frontier_agenda(f);
+      /* A policy that lost to a heuristic on its sample runs that one. */
+      if (cn__fsm_executes(fsm) == CN_POLICY_SUFFICIENT && f->track_sub)
+        return next_sufficient(f);
+      if (cn__fsm_executes(fsm) != CN_POLICY_FSM)
+        return cn__frontier_agenda(f);
+      return cn__fsm_choose(fsm, f);
+    default: return cn__frontier_agenda(f);
+  }
+}
+
+/* A type-t vertex v was committed: the flag "type t left at or above" goes
+ * false for v, then for every consumer whose count drops to zero. */
+static void clear_sub(cn_frontier *f, int32_t v, int t) {
+  int T = f->n_types;
+  int32_t sp = 0;
+  f->stack[sp++] = v;
+  while (sp > 0) {
+    int32_t u = f->stack[--sp];
+    for (int32_t e = f->out_head[u]; e >= 0; e = f->e_next[e]) {
+      int32_t w = f->e_dst[e];
+      if (--f->sub[(size_t)w * T + t] != 0) continue;
+      if (f->vtype[w] == t)
+        f->n_sub[t]++; /* w now heads G^t */
+      else
+        f->stack[sp++] = w; /* each w is pushed once: its count hit 0 */
+    }
+  }
+}
+
+int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
+  if (t < 0 || t >= f->n_types) return 0;
+  int64_t h = f->qhead[t], e = f->qtail[t];
+  f->qhead[t] = e;
+  int32_t n = 0;
+  /* Mark the whole batch done first: its vertices' outputs are computed
+   * together, and none of them is an input of another (all were ready). */
+  for (int64_t i = h; i < e; i++) {
+    int32_t v = f->q[t][i];
+    f->done[v] = 1;
+    out[n++] = v;
+  }
+  f->n_done += n;
+  f->n_ready[t] -= n;
+  if (f->track_sub) f->n_sub[t] -= n;
+  for (int32_t i = 0; i < n; i++) {
+    int32_t v = out[i];
+    for (int32_t k = f->out_head[v]; k >= 0; k = f->e_next[k]) {
+      int32_t w = f->e_dst[k];
+      if (--f->pending[w] == 0 && push_ready(f, w)) return CN_E_NOMEM;
+    }
+    if (f->track_sub) clear_sub(f, v, t);
+  }
+  return n;
+}
