@@ -25,7 +25,7 @@ echo "== sanitizer build (address, undefined)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 run_suite build-asan -Db_sanitize=address,undefined \
-  -Dbuildtype=debugoptimized -Db_lundef=false || status=1
+  -Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled || status=1
 
 /usr/bin/python3 - build build-asan <<'PY'
 import json, sys, os

@@ -10,16 +10,48 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends.h"
 #include "backend.h"
+#include "backends.h"
+#include "fastmath.h"
 
 typedef struct cpu_ctx {
   cn_backend_ctx base;
+  float *zeros; /* a row of zeros standing in for a missing child/state */
+  int n_zeros;
 } cpu_ctx;
 
-static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* A row of at least n zeros, so the fused loops need no branch for a
+ * missing input (and vectorise). */
+static const float *zeros(cn_backend_ctx *bk, int n) {
+  cpu_ctx *c = (cpu_ctx *)bk;
+  if (n > c->n_zeros) {
+    float *z = calloc((size_t)n, sizeof(float));
+    if (z == NULL) abort();
+    free(c->zeros);
+    c->zeros = z;
+    c->n_zeros = n;
+  }
+  return c->zeros;
+}
 
-static void cpu_close(cn_backend_ctx *bk) { free(bk); }
+#define ROW(off, add) ((off) >= 0 ? base + (off) + (add) : zeros(bk, H))
+
+#define sigm cn_sigmoid
+#define tanhf cn_tanh
+#define expf cn_exp
+
+/* The fused loops are compiled twice, for AVX2 and the x86-64 baseline,
+ * and picked at load time (gcc function multi-versioning). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CN_VEC __attribute__((target_clones("avx2", "default")))
+#else
+#define CN_VEC
+#endif
+
+static void cpu_close(cn_backend_ctx *bk) {
+  free(((cpu_ctx *)bk)->zeros);
+  free(bk);
+}
 
 static void *cpu_alloc(cn_backend_ctx *bk, size_t bytes) {
   void *p = NULL;
@@ -98,11 +130,11 @@ static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   }
 }
 
-static void cpu_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
+CN_VEC static void cpu_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
                               const float *G, float *out, int ldo) {
   for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 3 * H;
-    float *h = out + (size_t)r * ldo, *c = h + H;
+    const float *restrict g = G + (size_t)r * 3 * H;
+    float *restrict h = out + (size_t)r * ldo, *restrict c = h + H;
     for (int j = 0; j < H; j++) {
       float cj = sigm(g[j]) * tanhf(g[2 * H + j]);
       c[j] = cj;
@@ -111,58 +143,68 @@ static void cpu_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
   }
 }
 
-static void cpu_treelstm_internal(cn_backend_ctx *bk, int n, int H,
-                                  const float *G, const float *base,
-                                  const int64_t *off1, const int64_t *off2,
-                                  float *out, int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 5 * H;
-    const float *c1 = off1[r] >= 0 ? base + off1[r] + H : NULL;
-    const float *c2 = off2[r] >= 0 ? base + off2[r] + H : NULL;
-    float *h = out + (size_t)r * ldo, *c = h + H;
-    for (int j = 0; j < H; j++) {
-      float cj = sigm(g[j]) * tanhf(g[4 * H + j]);
-      if (c1) cj += sigm(g[H + j]) * c1[j];
-      if (c2) cj += sigm(g[2 * H + j]) * c2[j];
-      c[j] = cj;
-      h[j] = sigm(g[3 * H + j]) * tanhf(cj);
-    }
+/* One row of the internal cell; a function of its own so the restrict
+ * qualifiers hold and the loop vectorises. */
+static inline void treelstm_internal_row(int H, const float *restrict g,
+                                         const float *restrict c1,
+                                         const float *restrict c2,
+                                         float *restrict h,
+                                         float *restrict c) {
+  for (int j = 0; j < H; j++) {
+    float cj = sigm(g[j]) * tanhf(g[4 * H + j]) + sigm(g[H + j]) * c1[j] +
+               sigm(g[2 * H + j]) * c2[j];
+    c[j] = cj;
+    h[j] = sigm(g[3 * H + j]) * tanhf(cj);
   }
 }
 
-static void cpu_treegru_gates(cn_backend_ctx *bk, int n, int H,
+CN_VEC static void cpu_treelstm_internal(cn_backend_ctx *bk, int n, int H,
+                                         const float *G, const float *base,
+                                         const int64_t *off1,
+                                         const int64_t *off2, float *out,
+                                         int ldo) {
+  for (int r = 0; r < n; r++) {
+    float *h = out + (size_t)r * ldo;
+    treelstm_internal_row(H, G + (size_t)r * 5 * H, ROW(off1[r], H),
+                          ROW(off2[r], H), h, h + H);
+  }
+}
+
+CN_VEC static void cpu_treegru_gates(cn_backend_ctx *bk, int n, int H,
                               const float *G, float *X) {
   for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 3 * H;
+    const float *restrict g = G + (size_t)r * 3 * H;
     float *x = X + (size_t)r * 2 * H;
     for (int j = 0; j < 2 * H; j++) x[j] *= sigm(g[j]);
   }
 }
 
-static void cpu_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
-                            const float *N, const float *base,
-                            const int64_t *off1, const int64_t *off2,
-                            float *out, int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *z = G + (size_t)r * 3 * H + 2 * H;
-    const float *nn = N + (size_t)r * H;
-    const float *h1 = off1[r] >= 0 ? base + off1[r] : NULL;
-    const float *h2 = off2[r] >= 0 ? base + off2[r] : NULL;
-    float *h = out + (size_t)r * ldo;
-    for (int j = 0; j < H; j++) {
-      float s = (h1 ? h1[j] : 0.0f) + (h2 ? h2[j] : 0.0f);
-      float zj = sigm(z[j]);
-      h[j] = zj * s * 0.5f + (1.0f - zj) * tanhf(nn[j]);
-    }
+static inline void treegru_row(int H, const float *restrict z,
+                               const float *restrict nn,
+                               const float *restrict h1,
+                               const float *restrict h2, float *restrict h) {
+  for (int j = 0; j < H; j++) {
+    float zj = sigm(z[j]);
+    h[j] = zj * (h1[j] + h2[j]) * 0.5f + (1.0f - zj) * tanhf(nn[j]);
   }
 }
 
-static void cpu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
+CN_VEC static void cpu_treegru_out(cn_backend_ctx *bk, int n, int H,
+                                   const float *G, const float *N,
+                                   const float *base, const int64_t *off1,
+                                   const int64_t *off2, float *out,
+                                   int ldo) {
+  for (int r = 0; r < n; r++)
+    treegru_row(H, G + (size_t)r * 3 * H + 2 * H, N + (size_t)r * H,
+                ROW(off1[r], 0), ROW(off2[r], 0), out + (size_t)r * ldo);
+}
+
+CN_VEC static void cpu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
                          const float *F, const int64_t *seg, const float *bf,
                          const float *base, const int64_t *coff, float *out,
                          int ldo) {
   for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 4 * H;
+    const float *restrict g = G + (size_t)r * 4 * H;
     float *h = out + (size_t)r * ldo, *c = h + H;
     for (int j = 0; j < H; j++) c[j] = sigm(g[j]) * tanhf(g[3 * H + j]);
     for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
@@ -213,52 +255,60 @@ static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
   }
 }
 
-static void cpu_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
-                          const float *b2, const float *base,
-                          const int64_t *coff, float *out, int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 4 * H;
-    const float *cp = coff[r] >= 0 ? base + coff[r] + H : NULL;
-    float *h = out + (size_t)r * ldo, *c = h + H;
-    for (int j = 0; j < H; j++) {
-      float gi = g[j], gf = g[H + j], gg = g[2 * H + j], go = g[3 * H + j];
-      if (b2) gi += b2[j], gf += b2[H + j], gg += b2[2 * H + j],
-              go += b2[3 * H + j];
-      float cj = sigm(gi) * tanhf(gg) + (cp ? sigm(gf) * cp[j] : 0.0f);
-      c[j] = cj;
-      h[j] = sigm(go) * tanhf(cj);
-    }
+static inline void lstm_row(int H, const float *restrict g,
+                            const float *restrict bb,
+                            const float *restrict cp, float *restrict h,
+                            float *restrict c) {
+  for (int j = 0; j < H; j++) {
+    float gi = g[j] + bb[j], gf = g[H + j] + bb[H + j];
+    float gg = g[2 * H + j] + bb[2 * H + j], go = g[3 * H + j] + bb[3 * H + j];
+    float cj = sigm(gi) * tanhf(gg) + sigm(gf) * cp[j];
+    c[j] = cj;
+    h[j] = sigm(go) * tanhf(cj);
   }
 }
 
-static void cpu_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
-                         const float *GH, const float *Hp, float *out,
-                         int ldo) {
+CN_VEC static void cpu_lstm_cell(cn_backend_ctx *bk, int n, int H,
+                                 const float *G, const float *b2,
+                                 const float *base, const int64_t *coff,
+                                 float *out, int ldo) {
+  const float *bb = b2 ? b2 : zeros(bk, 4 * H);
   for (int r = 0; r < n; r++) {
-    const float *gi = GI + (size_t)r * 3 * H, *gh = GH + (size_t)r * 3 * H;
-    const float *hp = Hp + (size_t)r * H;
     float *h = out + (size_t)r * ldo;
-    for (int j = 0; j < H; j++) {
-      float rj = sigm(gi[j] + gh[j]);
-      float zj = sigm(gi[H + j] + gh[H + j]);
-      float nj = tanhf(gi[2 * H + j] + rj * gh[2 * H + j]);
-      h[j] = (1.0f - zj) * nj + zj * hp[j];
-    }
+    lstm_row(H, G + (size_t)r * 4 * H, bb, ROW(coff[r], H), h, h + H);
   }
 }
 
-static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
+static inline void gru_row(int H, const float *restrict gi,
+                           const float *restrict gh,
+                           const float *restrict hp, float *restrict h) {
+  for (int j = 0; j < H; j++) {
+    float rj = sigm(gi[j] + gh[j]);
+    float zj = sigm(gi[H + j] + gh[H + j]);
+    float nj = tanhf(gi[2 * H + j] + rj * gh[2 * H + j]);
+    h[j] = (1.0f - zj) * nj + zj * hp[j];
+  }
+}
+
+CN_VEC static void cpu_gru_cell(cn_backend_ctx *bk, int n, int H,
+                                const float *GI, const float *GH,
+                                const float *Hp, float *out, int ldo) {
+  for (int r = 0; r < n; r++)
+    gru_row(H, GI + (size_t)r * 3 * H, GH + (size_t)r * 3 * H,
+            Hp + (size_t)r * H, out + (size_t)r * ldo);
+}
+
+CN_VEC static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
                              const float *base, const int64_t *cprev,
                              const int64_t *seg, const int64_t *cw,
                              const int64_t *lk, float *out, int ldo) {
   for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 4 * H;
-    const float *cp = cprev[r] >= 0 ? base + cprev[r] + H : NULL;
-    float *h = out + (size_t)r * ldo, *c = h + H;
+    const float *restrict g = G + (size_t)r * 4 * H;
+    const float *restrict cp = ROW(cprev[r], H);
+    float *restrict h = out + (size_t)r * ldo, *restrict c = h + H;
     if (seg[r + 1] == seg[r]) {
       for (int j = 0; j < H; j++)
-        c[j] = sigm(g[j]) * tanhf(g[3 * H + j]) +
-               (cp ? sigm(g[H + j]) * cp[j] : 0.0f);
+        c[j] = sigm(g[j]) * tanhf(g[3 * H + j]) + sigm(g[H + j]) * cp[j];
     } else {
       for (int j = 0; j < H; j++) {
         float ai = expf(sigm(g[j]));
@@ -275,11 +325,11 @@ static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
   }
 }
 
-static void cpu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
+CN_VEC static void cpu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
                              const float *base, const int64_t *cb, float *out,
                              int ldo) {
   for (int r = 0; r < n; r++) {
-    const float *g = G + (size_t)r * 3 * H;
+    const float *restrict g = G + (size_t)r * 3 * H;
     const float *c = base + cb[r] + H;
     float *w = out + (size_t)r * ldo;
     for (int j = 0; j < H; j++)
@@ -298,7 +348,7 @@ static void cpu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
   }
 }
 
-static void cpu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
+CN_VEC static void cpu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
                              int ld) {
   for (int r = 0; r < n; r++) {
     float *y = x + (size_t)r * ld;
@@ -306,7 +356,7 @@ static void cpu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
   }
 }
 
-static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
+CN_VEC static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
                           int ld) {
   for (int r = 0; r < n; r++) {
     float *y = x + (size_t)r * ld;
