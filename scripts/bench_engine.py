@@ -27,14 +27,20 @@ def main():
                     help="the data file is repeated this many times")
     ap.add_argument("--outputs", default="root")
     ap.add_argument("--policies", default="none,depth,agenda")
+    ap.add_argument("--lexicon", help="latticelstm: lexicon for model init")
+    ap.add_argument("--model", help="use this model directory as it is")
+    ap.add_argument("--extra", default="", help="more canopy run flags")
     a = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="canopy-bench-")
-    model = os.path.join(work, a.family)
-    subprocess.run([a.canopy, "model", "init", a.family, model,
-                    "--hidden", str(a.hidden), "--embed", str(a.embed),
-                    "--classes", str(a.classes), "--vocab-from", a.data],
-                   check=True, stderr=subprocess.DEVNULL)
+    model = a.model or os.path.join(work, a.family)
+    if not a.model:
+        init = [a.canopy, "model", "init", a.family, model,
+                "--hidden", str(a.hidden), "--embed", str(a.embed),
+                "--classes", str(a.classes), "--vocab-from", a.data]
+        if a.lexicon:
+            init += ["--lexicon", a.lexicon]
+        subprocess.run(init, check=True, stderr=subprocess.DEVNULL)
     lines = open(a.data).read().splitlines() * a.copies
     data = os.path.join(work, "input.jsonl")
     with open(data, "w") as f:
@@ -55,7 +61,9 @@ def main():
         for _ in range(a.repeat):
             p = subprocess.run([a.canopy, "run", "--model", model, "--input",
                                 data, "--policy", pol, "--batch",
-                                str(a.batch), "--outputs", a.outputs],
+                                str(a.batch), "--outputs", a.outputs,
+                                "--policy-cache", os.path.join(work, "pc")]
+                               + a.extra.split(),
                                stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, check=True)
             summ = json.loads(p.stderr.strip().splitlines()[-1])
