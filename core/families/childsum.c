@@ -26,10 +26,6 @@ static int spec(const cn_dims *d, cn_tensor_spec *t) {
   return 6;
 }
 
-static int build(cn_run *r, int slot) {
-  cn_tree_types tt = {T_LEAF, T_INTERNAL, -1, T_OUTPUT};
-  return cn__tree_build(r, slot, &tt);
-}
 
 static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : 2 * m->dims.H;
@@ -96,9 +92,6 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   r->gather_bytes += (size_t)E * (size_t)H * sizeof(float);
 }
 
-static json_t *output(const cn_run *r, int slot) {
-  return cn__tree_output(r, slot, (int)r->m->dims.H);
-}
 
 const cn_family cn__fam_childsum = {
     .name = "childsum-treelstm",
@@ -108,10 +101,10 @@ const cn_family cn__fam_childsum = {
     .has_classes = true,
     .max_arity = 0,
     .tensors = spec,
-    .build = build,
+    .build = cn__tree_build3,
     .count = cn__tree_count,
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,
-    .output = output,
+    .output = cn__tree_output_h,
 };

@@ -26,6 +26,10 @@ typedef struct cn_tree_types {
  * (reverse pre-order), then one output vertex per requested node (the root,
  * or every node in pre-order). A node's inputs are its children, in order. */
 int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt);
+/* build() of the families with types {leaf, internal, output}. */
+int cn__tree_build3(cn_run *r, int slot);
+/* output() of the tree families: "h" is the first H floats of the root. */
+json_t *cn__tree_output_h(const cn_run *r, int slot);
 /* Vertices of a tree instance: its nodes, plus one output per node
  * (outputs=all) or one for the root. */
 int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode);

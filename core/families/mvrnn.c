@@ -28,10 +28,6 @@ static int spec(const cn_dims *d, cn_tensor_spec *t) {
   return 7;
 }
 
-static int build(cn_run *r, int slot) {
-  cn_tree_types tt = {T_LEAF, T_INTERNAL, -1, T_OUTPUT};
-  return cn__tree_build(r, slot, &tt);
-}
 
 static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : m->dims.H + m->dims.H * m->dims.H;
@@ -71,9 +67,6 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   }
 }
 
-static json_t *output(const cn_run *r, int slot) {
-  return cn__tree_output(r, slot, (int)r->m->dims.H);
-}
 
 const cn_family cn__fam_mvrnn = {
     .name = "mvrnn",
@@ -83,10 +76,10 @@ const cn_family cn__fam_mvrnn = {
     .has_classes = true,
     .max_arity = 2,
     .tensors = spec,
-    .build = build,
+    .build = cn__tree_build3,
     .count = cn__tree_count,
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,
-    .output = output,
+    .output = cn__tree_output_h,
 };

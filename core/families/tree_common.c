@@ -49,6 +49,15 @@ int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   return 0;
 }
 
+int cn__tree_build3(cn_run *r, int slot) {
+  static const cn_tree_types tt = {0, 1, -1, 2};
+  return cn__tree_build(r, slot, &tt);
+}
+
+json_t *cn__tree_output_h(const cn_run *r, int slot) {
+  return cn__tree_output(r, slot, (int)r->m->dims.H);
+}
+
 int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode) {
   return (int64_t)in->n + ((flags & CN_OUT_ALL) ? in->n : 1);
 }

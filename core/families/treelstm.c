@@ -92,9 +92,6 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   CN_BK(bk, treelstm_internal, n, H, G, r->arena, o1, o2, out, 2 * H);
 }
 
-static json_t *output(const cn_run *r, int slot) {
-  return cn__tree_output(r, slot, (int)r->m->dims.H);
-}
 
 const cn_family cn__fam_treelstm = {
     .name = "treelstm",
@@ -109,7 +106,7 @@ const cn_family cn__fam_treelstm = {
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,
-    .output = output,
+    .output = cn__tree_output_h,
 };
 
 const cn_family cn__fam_treelstm_2type = {
@@ -125,5 +122,5 @@ const cn_family cn__fam_treelstm_2type = {
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,
-    .output = output,
+    .output = cn__tree_output_h,
 };
