@@ -75,4 +75,24 @@ for m in c r; do
       --input "$data/sequences.jsonl" --return-hidden --max-decode-len 12 \
       --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
 done
+# The same models over real HTTP: canopy serve on a free port, concurrent
+# clients sharing runs, every family against the reference, then SIGTERM.
+srv=$work/serve
+mkdir -p "$srv"
+for d in "$work"/c-* "$work"/r-*; do cp -r "$d" "$srv/"; done
+head -100 "$data/trees-binary.jsonl" >"$work/tb.jsonl"
+head -100 "$data/trees-nary.jsonl" >"$work/tn.jsonl"
+head -100 "$data/sequences.jsonl" >"$work/sq.jsonl"
+head -60 "$data/lattices.jsonl" >"$work/la.jsonl"
+head -60 "$data/dags.jsonl" >"$work/dg.jsonl"
+head -40 "$work/lattice-text.jsonl" >"$work/lt.jsonl"
+echo "== every family over HTTP"
+"$py" "$here/compare_http.py" --canopy "$canopy" --models-dir "$srv" \
+    r-treelstm="$work/tb.jsonl:all:hidden" c-treelstm="$work/tb.jsonl" \
+    r-treelstm-2type="$work/tb.jsonl:all:hidden" \
+    r-treegru="$work/tb.jsonl:all" r-childsum-treelstm="$work/tn.jsonl:all:hidden" \
+    r-mvrnn="$work/tb.jsonl:all:hidden" r-bilstm-tagger="$work/sq.jsonl:hidden" \
+    r-latticelstm="$work/la.jsonl:hidden" c-latticelstm="$work/lt.jsonl" \
+    r-latticegru="$work/dg.jsonl:hidden" r-nmt="$work/sq.jsonl:hidden:decode=12" \
+    || fail=1
 exit $fail
