@@ -139,6 +139,13 @@ struct cn_backend_vt {
   void (*sigmoid_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
   /* y = tanh(x) in place over n rows of width w (row stride ld). */
   void (*tanh_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
+
+  /* ---- errors ---- */
+  /* Compute calls return nothing, so an asynchronous backend (cuda) keeps
+   * its first failure and reports it here: 0, or a CN_E_BACKEND code with
+   * err filled, clearing it. NULL when the backend cannot fail (cpu). Core
+   * asks after each run's sync(). */
+  int (*status)(cn_backend_ctx *bk, cn_err *err);
 };
 
 /* Convenience wrapper that counts kernels. */

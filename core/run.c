@@ -249,15 +249,20 @@ void cn__run_bind_weights(cn_run *r) {
                                   (size_t)r->m->w[i]->numel);
 }
 
+static int backend_status(cn_run *r, cn_err *err) {
+  return r->bk->vt->status != NULL ? r->bk->vt->status(r->bk, err) : 0;
+}
+
 int cn__run_copy_back(cn_run *r, cn_err *err) {
-  if (r->bk->vt->host_memory) return 0;
+  int rc = backend_status(r, err);
+  if (rc != 0 || r->bk->vt->host_memory) return rc;
   /* Results are read on the host: copy the state buffers back once. */
   size_t bytes = (size_t)r->scratch_off * sizeof(float);
   r->host = malloc(bytes ? bytes : 1);
   if (r->host == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory for the run's results");
   r->bk->vt->to_host(r->bk, r->host, r->arena, bytes);
-  return 0;
+  return backend_status(r, err);
 }
 
 json_t *cn_run_output(const cn_run *r, int slot) {

@@ -1,0 +1,184 @@
+/* cuda_internal.h - the CUDA backend's context and helpers, shared by its
+ * three translation units (docs/cuda.md):
+ *   cuda_mem.cu     open/close, the device pool, weights, index staging,
+ *                   copies, errors, the vtable;
+ *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, mvrnn_mat);
+ *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise.
+ * Only backends/cuda includes CUDA headers.
+ */
+#ifndef CANOPY_CUDA_INTERNAL_H
+#define CANOPY_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend.h"
+#include "backends.h"
+}
+
+/* One block of device memory the pool handed out or keeps for reuse. */
+typedef struct cu_block {
+  void *p;
+  size_t bytes; /* capacity (a power of two, at least 4 KiB) */
+  bool used;
+} cu_block;
+
+/* A model tensor's device copy, keyed by the host pointer, its length and
+ * a fingerprint of sampled values (a model loaded later at the same
+ * address is not mistaken for the old one). */
+typedef struct cu_weight {
+  const float *host;
+  size_t n;
+  uint64_t print;
+  float *dev;
+} cu_weight;
+
+typedef struct cu_ctx {
+  cn_backend_ctx base;
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+
+  /* The first failure since the last status() call (sticky: compute calls
+   * become no-ops until it is reported). */
+  int failed;
+  char msg[300];
+
+  /* Device pool: every block ever cudaMalloc'd, reused by size. */
+  cu_block *blocks;
+  int n_blocks, cap_blocks;
+  long long device_allocs; /* cudaMalloc calls for the pool */
+  long long weight_allocs; /* cudaMalloc calls for weights */
+  size_t pool_bytes;
+
+  cu_weight *weights;
+  int n_weights, cap_weights;
+
+  /* Index staging: pinned host ring and its device twin, in two halves;
+   * ev[h] marks the last work that read half h. */
+  int64_t *stage_host, *stage_dev;
+  size_t stage_cap, stage_pos;
+  int stage_half;
+  cudaEvent_t stage_ev[2];
+  long long stage_grows;
+
+  /* argmax results: device and pinned host. */
+  int32_t *am_dev, *am_host;
+  size_t am_cap;
+
+  /* mvrnn_mat's identity (B = I for a missing child), for one H. */
+  float *eye;
+  int eye_H;
+} cu_ctx;
+
+static inline cu_ctx *cu_of(cn_backend_ctx *bk) { return (cu_ctx *)bk; }
+
+/* Records the first error (file:line, the call and CUDA's words). */
+void cu_fail(cu_ctx *c, const char *file, int line, const char *what,
+             const char *why);
+
+/* Every CUDA and cuBLAS call goes through one of these: on failure the
+ * context remembers "file:line: call: reason" and the expression is
+ * false. */
+#define CN_CUDA_CHECK(c, call)                                            \
+  cu_check_rt((c), (call), __FILE__, __LINE__, #call)
+#define CN_CUBLAS_CHECK(c, call)                                          \
+  cu_check_blas((c), (call), __FILE__, __LINE__, #call)
+
+static inline bool cu_check_rt(cu_ctx *c, cudaError_t e, const char *file,
+                               int line, const char *what) {
+  if (e == cudaSuccess) return true;
+  cu_fail(c, file, line, what, cudaGetErrorString(e));
+  (void)cudaGetLastError(); /* clear a non-sticky error */
+  return false;
+}
+
+const char *cu_blas_str(cublasStatus_t s);
+
+static inline bool cu_check_blas(cu_ctx *c, cublasStatus_t s,
+                                 const char *file, int line,
+                                 const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return true;
+  cu_fail(c, file, line, what, cu_blas_str(s));
+  return false;
+}
+
+/* Launch check: the configuration error of the last <<<>>>. */
+#define CN_CUDA_LAUNCHED(c) CN_CUDA_CHECK((c), cudaGetLastError())
+
+/* Enters a compute call: false when the context already failed (the call
+ * is skipped) or its device cannot be made current on this thread. */
+bool cu_enter(cu_ctx *c);
+
+/* Copies k host index arrays (lengths len[i], NULL when 0) to the device
+ * through the pinned ring with one asynchronous copy on the stream; dev[i]
+ * receive the device addresses. False on failure (recorded). */
+bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
+              const int64_t *len, const int64_t **dev);
+
+/* A scratch block from the pool (stream-ordered reuse); NULL on failure. */
+void *cu_pool_get(cu_ctx *c, size_t bytes);
+void cu_pool_put(cu_ctx *c, void *p);
+
+/* Grid size for n threads of `threads` per block. */
+static inline unsigned cu_blocks(long long n, int threads) {
+  long long b = (n + threads - 1) / threads;
+  return (unsigned)(b > 0x7fffffffLL ? 0x7fffffffLL : b);
+}
+
+/* cuda_blas.cu */
+void cu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
+             int lda, const float *W, int ldw, const float *bias, float beta,
+             float *C, int ldc);
+void cu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N, int K,
+                     const float *A, int lda, long long sa, const float *B,
+                     int ldb, long long sb, float beta, float *C, int ldc,
+                     long long sc);
+void cu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
+                  const float *base, const int64_t *off1,
+                  const int64_t *off2, float *out, int ldo);
+
+/* cuda_kernels.cu */
+bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
+                  float *C, int ldc);
+bool cu_eye(cu_ctx *c, float *I, int H);
+void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
+               const int64_t *idx, int n, int width);
+void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
+                   const int64_t *idx, const int64_t *seg, int n, int width,
+                   int mean);
+void cu_treelstm_leaf(cn_backend_ctx *bk, int n, int H, const float *G,
+                      float *out, int ldo);
+void cu_treelstm_internal(cn_backend_ctx *bk, int n, int H, const float *G,
+                          const float *base, const int64_t *off1,
+                          const int64_t *off2, float *out, int ldo);
+void cu_treegru_gates(cn_backend_ctx *bk, int n, int H, const float *G,
+                      float *X);
+void cu_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
+                    const float *N, const float *base, const int64_t *off1,
+                    const int64_t *off2, float *out, int ldo);
+void cu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
+                 const float *F, const int64_t *seg, const float *bf,
+                 const float *base, const int64_t *coff, float *out, int ldo);
+void cu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
+                  const int64_t *off1, const int64_t *off2, float *X);
+void cu_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
+                  const float *b2, const float *base, const int64_t *coff,
+                  float *out, int ldo);
+void cu_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
+                 const float *GH, const float *Hp, float *out, int ldo);
+void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
+                     const float *base, const int64_t *cprev,
+                     const int64_t *seg, const int64_t *cw, const int64_t *lk,
+                     float *out, int ldo);
+void cu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
+                     const float *base, const int64_t *cb, float *out,
+                     int ldo);
+void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
+                    int32_t *out);
+void cu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
+void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
+
+#endif

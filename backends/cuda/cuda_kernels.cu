@@ -1,0 +1,484 @@
+/* cuda_kernels.cu - gathers, the fused cells, argmax and the elementwise
+ * ops. Each is one kernel launch over the batch (one thread per output
+ * float, grid-stride), preceded by one asynchronous copy of the call's
+ * host index arrays into the staging ring (cu_stage). The arithmetic
+ * follows backends/cpu/cpu.c operation for operation (expf, tanhf, no fast
+ * math) so results agree to float rounding.
+ */
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define THREADS 256
+
+typedef long long ll;
+
+__device__ __forceinline__ float sigm(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+#define GRID_LOOP(i, total)                                              \
+  for (ll i = (ll)blockIdx.x * blockDim.x + threadIdx.x; i < (total);    \
+       i += (ll)gridDim.x * blockDim.x)
+
+static unsigned grid_for(ll total) {
+  unsigned b = cu_blocks(total, THREADS);
+  return b > 65535u * 8u ? 65535u * 8u : b; /* grid-stride beyond */
+}
+
+#define LAUNCH(c, total, kernel, ...)                                     \
+  do {                                                                   \
+    kernel<<<grid_for(total), THREADS, 0, (c)->stream>>>(__VA_ARGS__);   \
+    CN_CUDA_LAUNCHED(c);                                                 \
+  } while (0)
+
+/* ---- helpers for the products ---- */
+
+__global__ void k_bias_rows(int M, int N, const float *bias, float beta,
+                            float *C, int ldc) {
+  GRID_LOOP(i, (ll)M * N) {
+    ll r = i / N;
+    int j = (int)(i % N);
+    float *c = C + r * ldc + j;
+    *c = beta == 0.0f ? bias[j] : beta * *c + bias[j];
+  }
+}
+
+bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
+                  float *C, int ldc) {
+  LAUNCH(c, (ll)M * N, k_bias_rows, M, N, bias, beta, C, ldc);
+  return !c->failed;
+}
+
+__global__ void k_eye(float *I, int H) {
+  GRID_LOOP(i, (ll)H * H) I[i] = (i / H == i % H) ? 1.0f : 0.0f;
+}
+
+bool cu_eye(cu_ctx *c, float *I, int H) {
+  LAUNCH(c, (ll)H * H, k_eye, I, H);
+  return !c->failed;
+}
+
+/* ---- gathers ---- */
+
+__global__ void k_gather(float *dst, int ldd, const float *base,
+                         const int64_t *idx, int n, int width) {
+  GRID_LOOP(i, (ll)n * width) {
+    ll r = i / width;
+    int j = (int)(i % width);
+    int64_t o = idx[r];
+    dst[r * ldd + j] = o < 0 ? 0.0f : base[o + j];
+  }
+}
+
+void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
+               const int64_t *idx, int n, int width) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || width <= 0 || !cu_enter(c)) return;
+  const int64_t *h[1] = {idx}, *d[1];
+  const int64_t len[1] = {n};
+  if (!cu_stage(c, 1, h, len, d)) return;
+  LAUNCH(c, (ll)n * width, k_gather, dst, ldd, base, d[0], n, width);
+}
+
+__global__ void k_gather_sum(float *dst, int ldd, const float *base,
+                             const int64_t *idx, const int64_t *seg, int n,
+                             int width, int mean) {
+  GRID_LOOP(i, (ll)n * width) {
+    ll r = i / width;
+    int j = (int)(i % width);
+    float s = 0.0f;
+    for (int64_t k = seg[r]; k < seg[r + 1]; k++) s += base[idx[k] + j];
+    if (mean && seg[r + 1] > seg[r])
+      s *= 1.0f / (float)(seg[r + 1] - seg[r]);
+    dst[r * ldd + j] = s;
+  }
+}
+
+void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
+                   const int64_t *idx, const int64_t *seg, int n, int width,
+                   int mean) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || width <= 0 || !cu_enter(c)) return;
+  const int64_t *h[2] = {seg, idx}, *d[2];
+  const int64_t len[2] = {n + 1, seg[n]};
+  if (!cu_stage(c, 2, h, len, d)) return;
+  LAUNCH(c, (ll)n * width, k_gather_sum, dst, ldd, base, d[1], d[0], n,
+         width, mean);
+}
+
+/* ---- tree cells ---- */
+
+__global__ void k_treelstm_leaf(int n, int H, const float *G, float *out,
+                                int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *g = G + r * 3 * H;
+    float *h = out + r * ldo, *c = h + H;
+    float cj = sigm(g[j]) * tanhf(g[2 * H + j]);
+    c[j] = cj;
+    h[j] = sigm(g[H + j]) * tanhf(cj);
+  }
+}
+
+void cu_treelstm_leaf(cn_backend_ctx *bk, int n, int H, const float *G,
+                      float *out, int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  LAUNCH(c, (ll)n * H, k_treelstm_leaf, n, H, G, out, ldo);
+}
+
+__global__ void k_treelstm_internal(int n, int H, const float *G,
+                                    const float *base, const int64_t *off1,
+                                    const int64_t *off2, float *out,
+                                    int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *g = G + r * 5 * H;
+    float *h = out + r * ldo, *c = h + H;
+    float cj = sigm(g[j]) * tanhf(g[4 * H + j]);
+    if (off1[r] >= 0) cj += sigm(g[H + j]) * base[off1[r] + H + j];
+    if (off2[r] >= 0) cj += sigm(g[2 * H + j]) * base[off2[r] + H + j];
+    c[j] = cj;
+    h[j] = sigm(g[3 * H + j]) * tanhf(cj);
+  }
+}
+
+void cu_treelstm_internal(cn_backend_ctx *bk, int n, int H, const float *G,
+                          const float *base, const int64_t *off1,
+                          const int64_t *off2, float *out, int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[2] = {off1, off2}, *d[2];
+  const int64_t len[2] = {n, n};
+  if (!cu_stage(c, 2, h, len, d)) return;
+  LAUNCH(c, (ll)n * H, k_treelstm_internal, n, H, G, base, d[0], d[1], out,
+         ldo);
+}
+
+__global__ void k_treegru_gates(int n, int H, const float *G, float *X) {
+  GRID_LOOP(i, (ll)n * 2 * H) {
+    ll r = i / (2 * H);
+    int j = (int)(i % (2 * H));
+    X[r * 2 * H + j] *= sigm(G[r * 3 * H + j]);
+  }
+}
+
+void cu_treegru_gates(cn_backend_ctx *bk, int n, int H, const float *G,
+                      float *X) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  LAUNCH(c, (ll)n * 2 * H, k_treegru_gates, n, H, G, X);
+}
+
+__global__ void k_treegru_out(int n, int H, const float *G, const float *N,
+                              const float *base, const int64_t *off1,
+                              const int64_t *off2, float *out, int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    float z = G[r * 3 * H + 2 * H + j];
+    float s = (off1[r] >= 0 ? base[off1[r] + j] : 0.0f) +
+              (off2[r] >= 0 ? base[off2[r] + j] : 0.0f);
+    float zj = sigm(z);
+    out[r * ldo + j] = zj * s * 0.5f + (1.0f - zj) * tanhf(N[r * H + j]);
+  }
+}
+
+void cu_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
+                    const float *N, const float *base, const int64_t *off1,
+                    const int64_t *off2, float *out, int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[2] = {off1, off2}, *d[2];
+  const int64_t len[2] = {n, n};
+  if (!cu_stage(c, 2, h, len, d)) return;
+  LAUNCH(c, (ll)n * H, k_treegru_out, n, H, G, N, base, d[0], d[1], out,
+         ldo);
+}
+
+__global__ void k_childsum(int n, int H, const float *G, const float *F,
+                           const int64_t *seg, const float *bf,
+                           const float *base, const int64_t *coff, float *out,
+                           int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *g = G + r * 4 * H;
+    float cj = sigm(g[j]) * tanhf(g[3 * H + j]);
+    for (int64_t k = seg[r]; k < seg[r + 1]; k++)
+      cj += sigm(F[k * H + j] + bf[j]) * base[coff[k] + H + j];
+    float *h = out + r * ldo;
+    h[H + j] = cj;
+    h[j] = sigm(g[2 * H + j]) * tanhf(cj);
+  }
+}
+
+void cu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
+                 const float *F, const int64_t *seg, const float *bf,
+                 const float *base, const int64_t *coff, float *out,
+                 int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[2] = {seg, coff}, *d[2];
+  const int64_t len[2] = {n + 1, seg[n]};
+  if (!cu_stage(c, 2, h, len, d)) return;
+  LAUNCH(c, (ll)n * H, k_childsum, n, H, G, F, d[0], bf, base, d[1], out,
+         ldo);
+}
+
+/* X[r] = [B a; A b]; b = 0, B = I without a second child. */
+__global__ void k_mvrnn_vec(int n, int H, const float *base,
+                            const int64_t *off1, const int64_t *off2,
+                            float *X) {
+  GRID_LOOP(i, (ll)n * 2 * H) {
+    ll r = i / (2 * H);
+    int q = (int)(i % (2 * H));
+    const float *a = base + off1[r], *A = a + H;
+    float v = 0.0f;
+    if (off2[r] < 0) {
+      v = q < H ? a[q] : 0.0f;
+    } else {
+      const float *b = base + off2[r], *B = b + H;
+      const float *M = q < H ? B + (ll)q * H : A + (ll)(q - H) * H;
+      const float *x = q < H ? a : b;
+      for (int j = 0; j < H; j++) v += M[j] * x[j];
+    }
+    X[r * 2 * H + q] = v;
+  }
+}
+
+void cu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
+                  const int64_t *off1, const int64_t *off2, float *X) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[2] = {off1, off2}, *d[2];
+  const int64_t len[2] = {n, n};
+  if (!cu_stage(c, 2, h, len, d)) return;
+  LAUNCH(c, (ll)n * 2 * H, k_mvrnn_vec, n, H, base, d[0], d[1], X);
+}
+
+/* ---- sequence cells ---- */
+
+__global__ void k_lstm_cell(int n, int H, const float *G, const float *b2,
+                            const float *base, const int64_t *coff,
+                            float *out, int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *g = G + r * 4 * H;
+    float gi = g[j], gf = g[H + j], gg = g[2 * H + j], go = g[3 * H + j];
+    if (b2) {
+      gi += b2[j];
+      gf += b2[H + j];
+      gg += b2[2 * H + j];
+      go += b2[3 * H + j];
+    }
+    float cj = sigm(gi) * tanhf(gg) +
+               (coff[r] >= 0 ? sigm(gf) * base[coff[r] + H + j] : 0.0f);
+    float *h = out + r * ldo;
+    h[H + j] = cj;
+    h[j] = sigm(go) * tanhf(cj);
+  }
+}
+
+void cu_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
+                  const float *b2, const float *base, const int64_t *coff,
+                  float *out, int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[1] = {coff}, *d[1];
+  const int64_t len[1] = {n};
+  if (!cu_stage(c, 1, h, len, d)) return;
+  LAUNCH(c, (ll)n * H, k_lstm_cell, n, H, G, b2, base, d[0], out, ldo);
+}
+
+__global__ void k_gru_cell(int n, int H, const float *GI, const float *GH,
+                           const float *Hp, float *out, int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *gi = GI + r * 3 * H, *gh = GH + r * 3 * H;
+    float rj = sigm(gi[j] + gh[j]);
+    float zj = sigm(gi[H + j] + gh[H + j]);
+    float nj = tanhf(gi[2 * H + j] + rj * gh[2 * H + j]);
+    out[r * ldo + j] = (1.0f - zj) * nj + zj * Hp[r * H + j];
+  }
+}
+
+void cu_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
+                 const float *GH, const float *Hp, float *out, int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  LAUNCH(c, (ll)n * H, k_gru_cell, n, H, GI, GH, Hp, out, ldo);
+}
+
+__global__ void k_lattice_char(int n, int H, const float *G,
+                               const float *base, const int64_t *cprev,
+                               const int64_t *seg, const int64_t *cw,
+                               const int64_t *lk, float *out, int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *g = G + r * 4 * H;
+    float cj;
+    if (seg[r + 1] == seg[r]) {
+      cj = sigm(g[j]) * tanhf(g[3 * H + j]) +
+           (cprev[r] >= 0 ? sigm(g[H + j]) * base[cprev[r] + H + j] : 0.0f);
+    } else {
+      float ai = expf(sigm(g[j]));
+      float num = ai * tanhf(g[3 * H + j]), den = ai;
+      for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
+        float ak = expf(base[lk[k] + j]);
+        num += ak * base[cw[k] + j];
+        den += ak;
+      }
+      cj = num / den;
+    }
+    float *h = out + r * ldo;
+    h[H + j] = cj;
+    h[j] = sigm(g[2 * H + j]) * tanhf(cj);
+  }
+}
+
+void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
+                     const float *base, const int64_t *cprev,
+                     const int64_t *seg, const int64_t *cw, const int64_t *lk,
+                     float *out, int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[4] = {cprev, seg, cw, lk}, *d[4];
+  const int64_t len[4] = {n, n + 1, seg[n], seg[n]};
+  if (!cu_stage(c, 4, h, len, d)) return;
+  LAUNCH(c, (ll)n * H, k_lattice_char, n, H, G, base, d[0], d[1], d[2], d[3],
+         out, ldo);
+}
+
+__global__ void k_lattice_word(int n, int H, const float *G,
+                               const float *base, const int64_t *cb,
+                               float *out, int ldo) {
+  GRID_LOOP(i, (ll)n * H) {
+    ll r = i / H;
+    int j = (int)(i % H);
+    const float *g = G + r * 3 * H;
+    out[r * ldo + j] = sigm(g[H + j]) * base[cb[r] + H + j] +
+                       sigm(g[j]) * tanhf(g[2 * H + j]);
+  }
+}
+
+void cu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
+                     const float *base, const int64_t *cb, float *out,
+                     int ldo) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || !cu_enter(c)) return;
+  const int64_t *h[1] = {cb}, *d[1];
+  const int64_t len[1] = {n};
+  if (!cu_stage(c, 1, h, len, d)) return;
+  LAUNCH(c, (ll)n * H, k_lattice_word, n, H, G, base, d[0], out, ldo);
+}
+
+/* ---- argmax and elementwise ---- */
+
+/* One block per row; the lowest index wins a tie, as in the cpu loop. */
+__global__ void k_argmax_rows(int n, int w, const float *X, int ld,
+                              int32_t *out) {
+  __shared__ float sv[THREADS];
+  __shared__ int si[THREADS];
+  for (ll r = blockIdx.x; r < n; r += gridDim.x) {
+    const float *x = X + r * ld;
+    int best = -1;
+    float bv = 0.0f;
+    for (int j = threadIdx.x; j < w; j += blockDim.x)
+      if (best < 0 || x[j] > bv) {
+        best = j;
+        bv = x[j];
+      }
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = best;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s) {
+        int oi = si[threadIdx.x + s];
+        float ov = sv[threadIdx.x + s];
+        int mi = si[threadIdx.x];
+        if (oi >= 0 && (mi < 0 || ov > sv[threadIdx.x] ||
+                        (ov == sv[threadIdx.x] && oi < mi))) {
+          si[threadIdx.x] = oi;
+          sv[threadIdx.x] = ov;
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) out[r] = si[0] < 0 ? 0 : si[0];
+    __syncthreads();
+  }
+}
+
+void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
+                    int32_t *out) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0) return;
+  bool ok = cu_enter(c);
+  if (ok && c->am_cap < (size_t)n) {
+    size_t cap = c->am_cap ? c->am_cap : 1024;
+    while (cap < (size_t)n) cap *= 2;
+    ok = CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    if (c->am_dev != NULL) CN_CUDA_CHECK(c, cudaFree(c->am_dev));
+    if (c->am_host != NULL) CN_CUDA_CHECK(c, cudaFreeHost(c->am_host));
+    c->am_dev = NULL;
+    c->am_host = NULL;
+    c->am_cap = 0;
+    ok = ok &&
+         CN_CUDA_CHECK(c, cudaMalloc((void **)&c->am_dev, cap * 4)) &&
+         CN_CUDA_CHECK(c, cudaHostAlloc((void **)&c->am_host, cap * 4,
+                                        cudaHostAllocDefault));
+    if (ok) {
+      c->am_cap = cap;
+      c->device_allocs++;
+    }
+  }
+  if (ok) {
+    unsigned grid = n < 65535 * 8 ? (unsigned)n : 65535u * 8u;
+    k_argmax_rows<<<grid, THREADS, 0, c->stream>>>(n, w, X, ld, c->am_dev);
+    ok = CN_CUDA_LAUNCHED(c) &&
+         CN_CUDA_CHECK(c, cudaMemcpyAsync(c->am_host, c->am_dev,
+                                          (size_t)n * 4,
+                                          cudaMemcpyDeviceToHost,
+                                          c->stream)) &&
+         CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+  }
+  /* The decoder reads out right away: after a failure it reads zeros (the
+   * run then fails at status()). */
+  if (ok)
+    memcpy(out, c->am_host, (size_t)n * sizeof(int32_t));
+  else
+    memset(out, 0, (size_t)n * sizeof(int32_t));
+}
+
+__global__ void k_sigmoid_rows(int n, int w, float *x, int ld) {
+  GRID_LOOP(i, (ll)n * w) {
+    float *y = x + (i / w) * ld + (i % w);
+    *y = sigm(*y);
+  }
+}
+
+void cu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || w <= 0 || !cu_enter(c)) return;
+  LAUNCH(c, (ll)n * w, k_sigmoid_rows, n, w, x, ld);
+}
+
+__global__ void k_tanh_rows(int n, int w, float *x, int ld) {
+  GRID_LOOP(i, (ll)n * w) {
+    float *y = x + (i / w) * ld + (i % w);
+    *y = tanhf(*y);
+  }
+}
+
+void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || w <= 0 || !cu_enter(c)) return;
+  LAUNCH(c, (ll)n * w, k_tanh_rows, n, w, x, ld);
+}

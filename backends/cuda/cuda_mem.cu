@@ -1,0 +1,408 @@
+/* cuda_mem.cu - the CUDA backend's context: opening a device, one stream
+ * and one cuBLAS handle per context (= per worker thread), the device pool
+ * behind alloc(), weights uploaded once per (context, tensor), the pinned
+ * index staging ring, copies, and error reporting. See docs/cuda.md.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* ---- errors ---- */
+
+void cu_fail(cu_ctx *c, const char *file, int line, const char *what,
+             const char *why) {
+  if (c == NULL || c->failed) return;
+  const char *slash = strrchr(file, '/');
+  c->failed = CN_E_BACKEND;
+  snprintf(c->msg, sizeof(c->msg), "backend 'cuda': %s:%d: %s: %s",
+           slash ? slash + 1 : file, line, what, why);
+}
+
+const char *cu_blas_str(cublasStatus_t s) { return cublasGetStatusString(s); }
+
+static thread_local int tl_device = -1;
+
+static bool set_device(cu_ctx *c) {
+  if (tl_device == c->device) return true;
+  if (!CN_CUDA_CHECK(c, cudaSetDevice(c->device))) return false;
+  tl_device = c->device;
+  return true;
+}
+
+bool cu_enter(cu_ctx *c) { return !c->failed && set_device(c); }
+
+static int cu_status(cn_backend_ctx *bk, cn_err *err) {
+  cu_ctx *c = cu_of(bk);
+  if (!c->failed) return 0;
+  int code = c->failed;
+  c->failed = 0;
+  return cn_err_set(err, code, "%s", c->msg);
+}
+
+/* ---- the device pool ----
+ * Blocks are powers of two (at least 4 KiB); a request takes a free block
+ * of its class or makes one with cudaMalloc (counted). Blocks return to
+ * the pool on free and go back to the device only at close, so after the
+ * first runs of each size class there is no device allocation at all.
+ * Reuse is safe without events: every user of a block is on this
+ * context's one stream, in order. */
+
+static size_t pool_class(size_t bytes) {
+  size_t b = 4096;
+  while (b < bytes) b <<= 1;
+  return b;
+}
+
+static void pool_trim(cu_ctx *c) {
+  /* Out of device memory: hand the unused blocks back and try again. */
+  (void)cudaStreamSynchronize(c->stream);
+  int k = 0;
+  for (int i = 0; i < c->n_blocks; i++) {
+    if (!c->blocks[i].used) {
+      (void)cudaFree(c->blocks[i].p);
+      c->pool_bytes -= c->blocks[i].bytes;
+    } else {
+      c->blocks[k++] = c->blocks[i];
+    }
+  }
+  c->n_blocks = k;
+}
+
+void *cu_pool_get(cu_ctx *c, size_t bytes) {
+  size_t cls = pool_class(bytes);
+  for (int i = 0; i < c->n_blocks; i++)
+    if (!c->blocks[i].used && c->blocks[i].bytes == cls) {
+      c->blocks[i].used = true;
+      return c->blocks[i].p;
+    }
+  if (!set_device(c)) return NULL;
+  if (c->n_blocks == c->cap_blocks) {
+    int cap = c->cap_blocks ? 2 * c->cap_blocks : 32;
+    cu_block *b = (cu_block *)realloc(c->blocks, (size_t)cap * sizeof(*b));
+    if (b == NULL) return NULL;
+    c->blocks = b;
+    c->cap_blocks = cap;
+  }
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, cls);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    pool_trim(c);
+    e = cudaMalloc(&p, cls);
+  }
+  if (e != cudaSuccess) {
+    /* Not sticky: core reports the allocation failure itself. */
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  c->device_allocs++;
+  c->pool_bytes += cls;
+  cu_block *nb = &c->blocks[c->n_blocks++];
+  nb->p = p;
+  nb->bytes = cls;
+  nb->used = true;
+  return p;
+}
+
+void cu_pool_put(cu_ctx *c, void *p) {
+  if (p == NULL) return;
+  for (int i = c->n_blocks - 1; i >= 0; i--)
+    if (c->blocks[i].p == p) {
+      c->blocks[i].used = false;
+      return;
+    }
+}
+
+static void *cu_alloc(cn_backend_ctx *bk, size_t bytes) {
+  return cu_pool_get(cu_of(bk), bytes ? bytes : 1);
+}
+
+static void cu_free(cn_backend_ctx *bk, void *p) { cu_pool_put(cu_of(bk), p); }
+
+/* ---- weights ---- */
+
+static uint64_t fingerprint(const float *h, size_t n) {
+  uint64_t x = 1469598103934665603ull ^ (uint64_t)n;
+  for (int s = 0; s <= 16 && n > 0; s++) {
+    size_t i = s == 16 ? n - 1 : n / 16 * (size_t)s;
+    uint32_t v;
+    memcpy(&v, h + i, 4);
+    x = (x ^ v) * 1099511628211ull;
+  }
+  return x;
+}
+
+static const float *cu_weights(cn_backend_ctx *bk, const float *host,
+                               size_t n) {
+  cu_ctx *c = cu_of(bk);
+  if (!set_device(c)) return NULL;
+  uint64_t fp = fingerprint(host, n);
+  cu_weight *w = NULL;
+  for (int i = 0; i < c->n_weights; i++)
+    if (c->weights[i].host == host && c->weights[i].n == n) {
+      w = &c->weights[i];
+      if (w->print == fp) return w->dev;
+      break; /* another model at the same address: upload again */
+    }
+  if (w == NULL) {
+    if (c->n_weights == c->cap_weights) {
+      int cap = c->cap_weights ? 2 * c->cap_weights : 64;
+      cu_weight *a =
+          (cu_weight *)realloc(c->weights, (size_t)cap * sizeof(*a));
+      if (a == NULL) {
+        cu_fail(c, __FILE__, __LINE__, "realloc", "out of host memory");
+        return NULL;
+      }
+      c->weights = a;
+      c->cap_weights = cap;
+    }
+    float *d = NULL;
+    if (!CN_CUDA_CHECK(c, cudaMalloc((void **)&d, (n ? n : 1) * 4)))
+      return NULL;
+    c->weight_allocs++;
+    w = &c->weights[c->n_weights++];
+    w->host = host;
+    w->n = n;
+    w->print = 0;
+    w->dev = d;
+  }
+  /* Pageable source: the call returns once the bytes are staged. */
+  if (n > 0 && !CN_CUDA_CHECK(c, cudaMemcpyAsync(w->dev, host, n * 4,
+                                                 cudaMemcpyHostToDevice,
+                                                 c->stream)))
+    return NULL;
+  w->print = fp;
+  return w->dev;
+}
+
+/* ---- index staging ---- */
+
+static bool stage_grow(cu_ctx *c, size_t need) {
+  size_t cap = c->stage_cap ? c->stage_cap : ((size_t)1 << 18);
+  while (cap / 2 < need) cap *= 2;
+  if (c->stage_host != NULL) {
+    if (!CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream))) return false;
+    CN_CUDA_CHECK(c, cudaFreeHost(c->stage_host));
+    CN_CUDA_CHECK(c, cudaFree(c->stage_dev));
+    c->stage_host = NULL;
+    c->stage_dev = NULL;
+    c->stage_grows++;
+  }
+  if (!CN_CUDA_CHECK(c, cudaHostAlloc((void **)&c->stage_host, cap * 8,
+                                      cudaHostAllocDefault)) ||
+      !CN_CUDA_CHECK(c, cudaMalloc((void **)&c->stage_dev, cap * 8))) {
+    c->stage_cap = 0;
+    return false;
+  }
+  c->stage_cap = cap;
+  c->stage_pos = 0;
+  c->stage_half = 0;
+  return true;
+}
+
+bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
+              const int64_t *len, const int64_t **dev) {
+  size_t total = 0;
+  for (int i = 0; i < k; i++)
+    total += len[i] > 0 ? ((size_t)len[i] + 1) & ~(size_t)1 : 0;
+  if (total == 0) {
+    for (int i = 0; i < k; i++) dev[i] = NULL;
+    return true;
+  }
+  if (total > c->stage_cap / 2 && !stage_grow(c, total)) return false;
+  size_t half = c->stage_cap / 2;
+  if (c->stage_pos + total > half) {
+    /* Switch halves: wait until the copies that last read the other half
+     * from pinned memory have run (usually long done). */
+    if (!CN_CUDA_CHECK(c, cudaEventRecord(c->stage_ev[c->stage_half],
+                                          c->stream)))
+      return false;
+    c->stage_half ^= 1;
+    if (!CN_CUDA_CHECK(c, cudaEventSynchronize(c->stage_ev[c->stage_half])))
+      return false;
+    c->stage_pos = 0;
+  }
+  size_t at = (size_t)c->stage_half * half + c->stage_pos, o = at;
+  for (int i = 0; i < k; i++) {
+    if (len[i] <= 0 || host[i] == NULL) {
+      dev[i] = NULL;
+      continue;
+    }
+    memcpy(c->stage_host + o, host[i], (size_t)len[i] * 8);
+    dev[i] = c->stage_dev + o;
+    o += ((size_t)len[i] + 1) & ~(size_t)1;
+  }
+  c->stage_pos += total;
+  return CN_CUDA_CHECK(c, cudaMemcpyAsync(c->stage_dev + at,
+                                          c->stage_host + at, total * 8,
+                                          cudaMemcpyHostToDevice, c->stream));
+}
+
+/* ---- copies ---- */
+
+static void cu_to_device(cn_backend_ctx *bk, void *dst, const void *src,
+                         size_t n) {
+  cu_ctx *c = cu_of(bk);
+  if (n == 0 || !cu_enter(c)) return;
+  if (CN_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
+                                       c->stream)))
+    CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cu_to_host(cn_backend_ctx *bk, void *dst, const void *src,
+                       size_t n) {
+  cu_ctx *c = cu_of(bk);
+  if (n == 0 || !cu_enter(c)) return;
+  if (CN_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost,
+                                       c->stream)))
+    CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cu_sync(cn_backend_ctx *bk) {
+  cu_ctx *c = cu_of(bk);
+  if (!cu_enter(c)) return;
+  CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+/* ---- open / close ---- */
+
+static void cu_close(cn_backend_ctx *bk) {
+  cu_ctx *c = cu_of(bk);
+  if (c == NULL) return;
+  if (c->device >= 0 && cudaSetDevice(c->device) == cudaSuccess) {
+    tl_device = c->device;
+    if (c->stream != NULL) (void)cudaStreamSynchronize(c->stream);
+    if (getenv("CANOPY_CUDA_STATS") != NULL)
+      fprintf(stderr,
+              "canopy cuda: device %d: %lld pool allocations (%zu bytes), "
+              "%lld weight tensors, %lld staging grows, %lld launches\n",
+              c->device, c->device_allocs, c->pool_bytes, c->weight_allocs,
+              c->stage_grows, c->base.kernels);
+    if (c->blas != NULL) (void)cublasDestroy(c->blas);
+    for (int i = 0; i < c->n_blocks; i++) (void)cudaFree(c->blocks[i].p);
+    for (int i = 0; i < c->n_weights; i++) (void)cudaFree(c->weights[i].dev);
+    if (c->stage_host != NULL) (void)cudaFreeHost(c->stage_host);
+    if (c->stage_dev != NULL) (void)cudaFree(c->stage_dev);
+    if (c->am_host != NULL) (void)cudaFreeHost(c->am_host);
+    if (c->am_dev != NULL) (void)cudaFree(c->am_dev);
+    for (int h = 0; h < 2; h++)
+      if (c->stage_ev[h] != NULL) (void)cudaEventDestroy(c->stage_ev[h]);
+    if (c->stream != NULL) (void)cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+  }
+  free(c->blocks);
+  free(c->weights);
+  free(c);
+}
+
+static const cn_backend_vt cuda_vt = {
+    .name = "cuda",
+    .host_memory = false,
+    .close = cu_close,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .weights = cu_weights,
+    .to_device = cu_to_device,
+    .to_host = cu_to_host,
+    .sync = cu_sync,
+    .gemm = cu_gemm,
+    .gemm_strided = cu_gemm_strided,
+    .gather = cu_gather,
+    .gather_sum = cu_gather_sum,
+    .treelstm_leaf = cu_treelstm_leaf,
+    .treelstm_internal = cu_treelstm_internal,
+    .treegru_gates = cu_treegru_gates,
+    .treegru_out = cu_treegru_out,
+    .childsum = cu_childsum,
+    .mvrnn_vec = cu_mvrnn_vec,
+    .mvrnn_mat = cu_mvrnn_mat,
+    .lstm_cell = cu_lstm_cell,
+    .gru_cell = cu_gru_cell,
+    .lattice_char = cu_lattice_char,
+    .lattice_word = cu_lattice_word,
+    .argmax_rows = cu_argmax_rows,
+    .sigmoid_rows = cu_sigmoid_rows,
+    .tanh_rows = cu_tanh_rows,
+    .status = cu_status,
+};
+
+/* cuBLAS scratch: its own, from the pool, so products never allocate. */
+#define CU_BLAS_WORKSPACE ((size_t)32 << 20)
+
+extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
+                                     cn_err *err) {
+  *out = NULL;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cn_err_set(err, CN_E_BACKEND,
+                      "backend 'cuda': no CUDA device (cudaGetDeviceCount: "
+                      "%s)",
+                      cudaGetErrorString(e));
+  }
+  if (count == 0)
+    return cn_err_set(err, CN_E_BACKEND,
+                      "backend 'cuda': no CUDA device (cudaGetDeviceCount: "
+                      "0 devices)");
+  if (device < 0 || device >= count)
+    return cn_err_set(err, CN_E_BACKEND,
+                      "backend 'cuda': device %d not present (%d device%s)",
+                      device, count, count == 1 ? "" : "s");
+  cudaDeviceProp prop;
+  e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess)
+    return cn_err_set(err, CN_E_BACKEND,
+                      "backend 'cuda': device %d: cudaGetDeviceProperties: %s",
+                      device, cudaGetErrorString(e));
+  if (prop.major < 9)
+    return cn_err_set(err, CN_E_BACKEND,
+                      "backend 'cuda': device %d (%s) is compute capability "
+                      "%d.%d; this build carries sm_90 code and compute_90 "
+                      "PTX only (add a -gencode for it in "
+                      "backends/cuda/meson.build)",
+                      device, prop.name, prop.major, prop.minor);
+
+  cu_ctx *c = (cu_ctx *)calloc(1, sizeof(*c));
+  if (c == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory for backend");
+  c->base.vt = &cuda_vt;
+  c->device = device;
+  void *ws = NULL;
+  bool ok = set_device(c) &&
+            CN_CUDA_CHECK(c, cudaStreamCreateWithFlags(
+                                 &c->stream, cudaStreamNonBlocking)) &&
+            CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
+                                 &c->stage_ev[0], cudaEventDisableTiming)) &&
+            CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
+                                 &c->stage_ev[1], cudaEventDisableTiming)) &&
+            CN_CUBLAS_CHECK(c, cublasCreate(&c->blas)) &&
+            CN_CUBLAS_CHECK(c, cublasSetStream(c->blas, c->stream)) &&
+            /* Plain FP32: no TF32 tensor-op shortcuts (1e-4 vs cpu). */
+            CN_CUBLAS_CHECK(c, cublasSetMathMode(c->blas,
+                                                 CUBLAS_DEFAULT_MATH)) &&
+            stage_grow(c, 1);
+  if (ok) {
+    ws = cu_pool_get(c, CU_BLAS_WORKSPACE);
+    ok = ws != NULL && CN_CUBLAS_CHECK(c, cublasSetWorkspace(
+                                              c->blas, ws, CU_BLAS_WORKSPACE));
+    if (ws == NULL)
+      cu_fail(c, __FILE__, __LINE__, "cudaMalloc(cuBLAS workspace)",
+              "out of device memory");
+  }
+  if (!ok) {
+    int rc = cn_err_set(err, CN_E_BACKEND, "%s", c->msg);
+    cu_close(&c->base);
+    return rc;
+  }
+  *out = &c->base;
+  return 0;
+}
+
+/* For tests and benchmarks (declared where used): device allocations the
+ * pool made so far. */
+extern "C" long long cn__backend_cuda_device_allocs(const cn_backend_ctx *bk) {
+  return ((const cu_ctx *)bk)->device_allocs;
+}

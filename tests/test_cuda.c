@@ -1,0 +1,372 @@
+/* test_cuda.c - the CUDA backend against the cpu backend (docs/cuda.md):
+ * every family's batched outputs to 1e-4, every op on random inputs to
+ * 1e-4, no device allocation after warm-up; and, without a device, the
+ * clean start-up error. Tests that need a GPU report as skipped without
+ * one. Built only when the cuda backend is (-Dcuda=enabled / auto). */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "engine_util.h"
+
+/* backends/cuda/cuda_mem.cu */
+long long cn__backend_cuda_device_allocs(const cn_backend_ctx *bk);
+
+static cn_backend_ctx *open_or_skip(const char *name) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  if (cn_backend_open(name, 0, &bk, &err) != 0) {
+    if (strcmp(name, "cuda") == 0)
+      cr_skip_test("no usable CUDA device: %s", err.msg);
+    cr_assert_fail("%s: %s", name, err.msg);
+  }
+  return bk;
+}
+
+/* ---- without a device: a clear error, no crash ---- */
+
+Test(cuda, no_device_is_a_clean_error) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  int rc = cn_backend_open("cuda", 0, &bk, &err);
+  if (rc == 0) {
+    cn_backend_close(bk);
+    cr_skip_test("a CUDA device is present: nothing to check");
+  }
+  cr_assert_eq(rc, CN_E_BACKEND);
+  cr_assert_eq(err.code, CN_E_BACKEND);
+  cr_assert_null(bk);
+  cr_assert(strstr(err.msg, "backend 'cuda'") != NULL, "%s", err.msg);
+  cr_log_info("cuda open without a device: %s", err.msg);
+  /* Asking again gives the same answer (nothing left half-open). */
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cuda", 0, &bk, &err), CN_E_BACKEND);
+}
+
+Test(cuda, bad_device_ordinal_is_an_error) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cuda", 4096, &bk, &err), CN_E_BACKEND);
+  cr_assert(strstr(err.msg, "backend 'cuda'") != NULL, "%s", err.msg);
+}
+
+/* ---- families: cuda equals cpu ---- */
+
+static json_t *run_on(cn_backend_ctx *bk, const cn_model *m,
+                      const json_t *insts, cn_policy_kind pol, int batch,
+                      unsigned flags) {
+  cn_err err;
+  size_t n = json_array_size(insts);
+  json_t *outs = json_array();
+  for (size_t s = 0; s < n; s += (size_t)batch) {
+    size_t e = s + (size_t)batch < n ? s + (size_t)batch : n;
+    cn_instance **in = calloc(e - s, sizeof(*in));
+    int *slot = calloc(e - s, sizeof(int));
+    cn_run *r = cn_run_new(m, bk);
+    for (size_t i = s; i < e; i++) {
+      cn_err_clear(&err);
+      cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL,
+                                     (int)i, &in[i - s], &err),
+                   0, "%s", err.msg);
+      slot[i - s] = cn_run_add(r, in[i - s], flags, 0);
+      cr_assert_geq(slot[i - s], 0);
+    }
+    cn_err_clear(&err);
+    cr_assert_eq(cn_run_exec(r, pol, &err), 0, "exec: %s", err.msg);
+    for (size_t i = s; i < e; i++)
+      json_array_append_new(outs, cn_run_output(r, slot[i - s]));
+    cn_run_free(r);
+    for (size_t i = 0; i < e - s; i++) cn_instance_free(in[i]);
+    free(in);
+    free(slot);
+  }
+  return outs;
+}
+
+typedef struct fam_case {
+  char family[32];
+  char data[32];
+} fam_case;
+
+static fam_case cases[] = {
+    {"treelstm", "trees-binary.jsonl"},
+    {"treelstm-2type", "trees-binary.jsonl"},
+    {"treegru", "trees-binary.jsonl"},
+    {"childsum-treelstm", "trees-nary.jsonl"},
+    {"mvrnn", "trees-binary.jsonl"},
+    {"bilstm-tagger", "sequences.jsonl"},
+    {"latticelstm", "lattices.jsonl"},
+    {"latticegru", "dags.jsonl"},
+    {"lstm-nmt", "sequences.jsonl"},
+};
+
+ParameterizedTestParameters(cuda, family_equals_cpu) {
+  return cr_make_param_array(fam_case, cases,
+                             sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(fam_case *c, cuda, family_equals_cpu, .timeout = 300) {
+  cn_backend_ctx *gpu = open_or_skip("cuda");
+  cn_backend_ctx *cpu = open_or_skip("cpu");
+  char dir[256];
+  int H = strcmp(c->family, "mvrnn") == 0 ? 16 : 32;
+  cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));
+  json_t *in = tu_data_lines(c->data, 128);
+  unsigned flags = CN_OUT_ALL | CN_OUT_HIDDEN;
+  const int sizes[] = {1, 16, 128};
+  for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
+    if (p == CN_POLICY_FSM) continue; /* needs a learned policy */
+    for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+      json_t *want = run_on(cpu, m, in, (cn_policy_kind)p, sizes[s], flags);
+      json_t *got = run_on(gpu, m, in, (cn_policy_kind)p, sizes[s], flags);
+      double d = tu_json_maxdiff(want, got);
+      cr_expect_leq(d, 1e-4, "%s policy %s batch %d: cuda differs by %g",
+                    c->family, cn_policy_name((cn_policy_kind)p), sizes[s],
+                    d);
+      json_decref(want);
+      json_decref(got);
+    }
+  }
+  /* Warm: the same runs again allocate nothing on the device. */
+  long long a0 = cn__backend_cuda_device_allocs(gpu);
+  for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
+    if (p == CN_POLICY_FSM) continue;
+    json_decref(run_on(gpu, m, in, (cn_policy_kind)p, 128, flags));
+  }
+  cr_expect_eq(cn__backend_cuda_device_allocs(gpu), a0,
+               "%s: %lld device allocations after warm-up", c->family,
+               cn__backend_cuda_device_allocs(gpu) - a0);
+  json_decref(in);
+  cn_model_free(m);
+  tu_rmdir(dir);
+  cn_backend_close(gpu);
+  cn_backend_close(cpu);
+}
+
+/* ---- ops: cuda equals cpu on random inputs ---- */
+
+static cn_backend_ctx *G_, *C_; /* cuda, cpu */
+static unsigned seed_ = 12345;
+
+static float frand(void) {
+  seed_ = seed_ * 1103515245u + 12345u;
+  return ((float)((seed_ >> 8) & 0xffff) / 65536.0f) * 2.0f - 1.0f;
+}
+
+static float *rnd(size_t n) {
+  float *p = malloc((n ? n : 1) * sizeof(float));
+  for (size_t i = 0; i < n; i++) p[i] = frand();
+  return p;
+}
+
+/* A device copy of n host floats. */
+static float *up(const float *h, size_t n) {
+  float *d = G_->vt->alloc(G_, (n ? n : 1) * sizeof(float));
+  cr_assert_not_null(d);
+  G_->vt->to_device(G_, d, h, n * sizeof(float));
+  return d;
+}
+
+/* Device n floats back on the host, compared with the cpu result. */
+static void expect_same(const char *op, const float *dev, const float *want,
+                        size_t n) {
+  float *got = malloc((n ? n : 1) * sizeof(float));
+  G_->vt->to_host(G_, got, dev, n * sizeof(float));
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(G_->vt->status(G_, &err), 0, "%s: %s", op, err.msg);
+  double md = 0;
+  for (size_t i = 0; i < n; i++) {
+    double d = fabs((double)got[i] - (double)want[i]);
+    if (!(d <= md)) md = d;
+  }
+  cr_expect_leq(md, 1e-4, "%s: cuda differs from cpu by %g", op, md);
+  free(got);
+}
+
+static void ops_init(void) {
+  G_ = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  if (cn_backend_open("cuda", 0, &G_, &err) != 0) G_ = NULL;
+  cr_assert_eq(cn_backend_open("cpu", 0, &C_, &err), 0);
+}
+
+static void ops_fini(void) {
+  cn_backend_close(G_);
+  cn_backend_close(C_);
+}
+
+#define NEED_GPU()                                                          \
+  do {                                                                     \
+    if (G_ == NULL) cr_skip_test("no usable CUDA device");                 \
+  } while (0)
+
+enum { N = 37, H = 24, R = 64 }; /* rows, hidden, state rows */
+
+/* Random state offsets (row·S, some -1 when allow_neg). */
+static int64_t *offs(int n, int S, bool allow_neg) {
+  int64_t *o = malloc((size_t)n * sizeof(int64_t));
+  for (int i = 0; i < n; i++) {
+    seed_ = seed_ * 1103515245u + 12345u;
+    int row = (int)((seed_ >> 8) % R);
+    o[i] = allow_neg && (seed_ >> 20) % 4 == 0 ? -1 : (int64_t)row * S;
+  }
+  return o;
+}
+
+/* Segments of 0..3 per row. */
+static int64_t *segs(int n) {
+  int64_t *s = malloc((size_t)(n + 1) * sizeof(int64_t));
+  s[0] = 0;
+  for (int i = 0; i < n; i++) {
+    seed_ = seed_ * 1103515245u + 12345u;
+    s[i + 1] = s[i] + (int64_t)((seed_ >> 10) % 4);
+  }
+  return s;
+}
+
+TestSuite(cuda_ops, .init = ops_init, .fini = ops_fini);
+
+Test(cuda_ops, gemm_and_strided) {
+  NEED_GPU();
+  int M = 45, Nn = 70, K = 33;
+  float *A = rnd((size_t)M * K), *W = rnd((size_t)Nn * K), *b = rnd(Nn);
+  for (int beta = 0; beta < 2; beta++)
+    for (int bias = 0; bias < 2; bias++) {
+      float *Cc = rnd((size_t)M * Nn);
+      float *Cd = up(Cc, (size_t)M * Nn);
+      float *Ad = up(A, (size_t)M * K), *Wd = up(W, (size_t)Nn * K),
+            *bd = up(b, Nn);
+      C_->vt->gemm(C_, M, Nn, K, A, K, W, K, bias ? b : NULL, (float)beta,
+                   Cc, Nn);
+      G_->vt->gemm(G_, M, Nn, K, Ad, K, Wd, K, bias ? bd : NULL, (float)beta,
+                   Cd, Nn);
+      expect_same("gemm", Cd, Cc, (size_t)M * Nn);
+      free(Cc);
+    }
+  int cnt = 5;
+  float *SA = rnd((size_t)cnt * M * K), *SB = rnd((size_t)cnt * K * Nn);
+  float *SC = rnd((size_t)cnt * M * Nn);
+  float *SAd = up(SA, (size_t)cnt * M * K), *SBd = up(SB, (size_t)cnt * K * Nn);
+  float *SCd = up(SC, (size_t)cnt * M * Nn);
+  C_->vt->gemm_strided(C_, cnt, M, Nn, K, SA, K, (long long)M * K, SB, Nn,
+                       (long long)K * Nn, 0.5f, SC, Nn, (long long)M * Nn);
+  G_->vt->gemm_strided(G_, cnt, M, Nn, K, SAd, K, (long long)M * K, SBd, Nn,
+                       (long long)K * Nn, 0.5f, SCd, Nn, (long long)M * Nn);
+  expect_same("gemm_strided", SCd, SC, (size_t)cnt * M * Nn);
+}
+
+Test(cuda_ops, gathers_and_elementwise) {
+  NEED_GPU();
+  int S = 2 * H, ldd = H + 5;
+  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
+  int64_t *idx = offs(N, S, true);
+  float *d = rnd((size_t)N * ldd), *dd = up(d, (size_t)N * ldd);
+  C_->vt->gather(C_, d, ldd, base, idx, N, H);
+  G_->vt->gather(G_, dd, ldd, based, idx, N, H);
+  expect_same("gather", dd, d, (size_t)N * ldd);
+  int64_t *seg = segs(N), *gi = offs((int)seg[N], S, false);
+  for (int mean = 0; mean < 2; mean++) {
+    C_->vt->gather_sum(C_, d, ldd, base, gi, seg, N, H, mean);
+    G_->vt->gather_sum(G_, dd, ldd, based, gi, seg, N, H, mean);
+    expect_same("gather_sum", dd, d, (size_t)N * ldd);
+  }
+  float *x = rnd((size_t)N * ldd), *xd = up(x, (size_t)N * ldd);
+  C_->vt->sigmoid_rows(C_, N, H, x, ldd);
+  G_->vt->sigmoid_rows(G_, N, H, xd, ldd);
+  expect_same("sigmoid_rows", xd, x, (size_t)N * ldd);
+  C_->vt->tanh_rows(C_, N, H, x, ldd);
+  G_->vt->tanh_rows(G_, N, H, xd, ldd);
+  expect_same("tanh_rows", xd, x, (size_t)N * ldd);
+  /* argmax, with ties (the lowest index wins). */
+  int w = 300;
+  float *X = rnd((size_t)N * w);
+  for (int r = 0; r < N; r += 3) X[(size_t)r * w + 7] = X[(size_t)r * w + 200] = 5;
+  float *Xd = up(X, (size_t)N * w);
+  int32_t a[N], b[N];
+  C_->vt->argmax_rows(C_, N, w, X, w, a);
+  G_->vt->argmax_rows(G_, N, w, Xd, w, b);
+  for (int r = 0; r < N; r++) cr_expect_eq(a[r], b[r], "argmax row %d", r);
+}
+
+Test(cuda_ops, tree_cells) {
+  NEED_GPU();
+  int S = 2 * H, ldo = 2 * H;
+  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
+  float *G = rnd((size_t)N * 5 * H), *Gd = up(G, (size_t)N * 5 * H);
+  float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
+  int64_t *o1 = offs(N, S, true), *o2 = offs(N, S, true);
+  C_->vt->treelstm_leaf(C_, N, H, G, out, ldo);
+  G_->vt->treelstm_leaf(G_, N, H, Gd, outd, ldo);
+  expect_same("treelstm_leaf", outd, out, (size_t)N * ldo);
+  C_->vt->treelstm_internal(C_, N, H, G, base, o1, o2, out, ldo);
+  G_->vt->treelstm_internal(G_, N, H, Gd, based, o1, o2, outd, ldo);
+  expect_same("treelstm_internal", outd, out, (size_t)N * ldo);
+  float *X = rnd((size_t)N * 2 * H), *Xd = up(X, (size_t)N * 2 * H);
+  C_->vt->treegru_gates(C_, N, H, G, X);
+  G_->vt->treegru_gates(G_, N, H, Gd, Xd);
+  expect_same("treegru_gates", Xd, X, (size_t)N * 2 * H);
+  float *Nn = rnd((size_t)N * H), *Nd = up(Nn, (size_t)N * H);
+  C_->vt->treegru_out(C_, N, H, G, Nn, base, o1, o2, out, ldo);
+  G_->vt->treegru_out(G_, N, H, Gd, Nd, based, o1, o2, outd, ldo);
+  expect_same("treegru_out", outd, out, (size_t)N * ldo);
+  int64_t *seg = segs(N), *co = offs((int)seg[N], S, false);
+  float *F = rnd((size_t)seg[N] * H), *Fd = up(F, (size_t)seg[N] * H);
+  float *bf = rnd(H), *bfd = up(bf, H);
+  C_->vt->childsum(C_, N, H, G, F, seg, bf, base, co, out, ldo);
+  G_->vt->childsum(G_, N, H, Gd, Fd, seg, bfd, based, co, outd, ldo);
+  expect_same("childsum", outd, out, (size_t)N * ldo);
+}
+
+Test(cuda_ops, mvrnn) {
+  NEED_GPU();
+  int h = 12, S = h + h * h;
+  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
+  int64_t *o1 = offs(N, S, false), *o2 = offs(N, S, true);
+  float *X = rnd((size_t)N * 2 * h), *Xd = up(X, (size_t)N * 2 * h);
+  C_->vt->mvrnn_vec(C_, N, h, base, o1, o2, X);
+  G_->vt->mvrnn_vec(G_, N, h, based, o1, o2, Xd);
+  expect_same("mvrnn_vec", Xd, X, (size_t)N * 2 * h);
+  float *WM = rnd((size_t)h * 2 * h), *WMd = up(WM, (size_t)h * 2 * h);
+  int ldo = S;
+  float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
+  C_->vt->mvrnn_mat(C_, N, h, WM, base, o1, o2, out, ldo);
+  G_->vt->mvrnn_mat(G_, N, h, WMd, based, o1, o2, outd, ldo);
+  expect_same("mvrnn_mat", outd, out, (size_t)N * ldo);
+}
+
+Test(cuda_ops, sequence_cells) {
+  NEED_GPU();
+  int S = 2 * H, ldo = 2 * H;
+  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
+  float *G = rnd((size_t)N * 4 * H), *Gd = up(G, (size_t)N * 4 * H);
+  float *b2 = rnd(4 * H), *b2d = up(b2, 4 * H);
+  float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
+  int64_t *co = offs(N, S, true);
+  for (int wb = 0; wb < 2; wb++) {
+    C_->vt->lstm_cell(C_, N, H, G, wb ? b2 : NULL, base, co, out, ldo);
+    G_->vt->lstm_cell(G_, N, H, Gd, wb ? b2d : NULL, based, co, outd, ldo);
+    expect_same("lstm_cell", outd, out, (size_t)N * ldo);
+  }
+  float *GH = rnd((size_t)N * 3 * H), *GHd = up(GH, (size_t)N * 3 * H);
+  float *Hp = rnd((size_t)N * H), *Hpd = up(Hp, (size_t)N * H);
+  C_->vt->gru_cell(C_, N, H, G, GH, Hp, out, ldo);
+  G_->vt->gru_cell(G_, N, H, Gd, GHd, Hpd, outd, ldo);
+  expect_same("gru_cell", outd, out, (size_t)N * ldo);
+  int64_t *seg = segs(N), *cw = offs((int)seg[N], S, false),
+          *lk = offs((int)seg[N], S, false);
+  C_->vt->lattice_char(C_, N, H, G, base, co, seg, cw, lk, out, ldo);
+  G_->vt->lattice_char(G_, N, H, Gd, based, co, seg, cw, lk, outd, ldo);
+  expect_same("lattice_char", outd, out, (size_t)N * ldo);
+  int64_t *cb = offs(N, S, false);
+  C_->vt->lattice_word(C_, N, H, G, base, cb, out, H);
+  G_->vt->lattice_word(G_, N, H, Gd, based, cb, outd, H);
+  expect_same("lattice_word", outd, out, (size_t)N * H);
+}
