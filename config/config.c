@@ -54,8 +54,30 @@ static const cn_config_key keys[] = {
             NULL),
     STR_KEY("backend", "cpu", backend, "compute backend of every worker",
             "cpu|cuda"),
-    STR_KEY("policy", "agenda", policy, "batching policy of every run",
-            "none|depth|agenda"),
+    STR_KEY("policy", "fsm", policy,
+            "batching policy of every run; fsm: the model's learned policy "
+            "from policy-cache (agenda until one is cached or learned online)",
+            "none|depth|agenda|sufficient|fsm"),
+    STR_KEY("policy-cache", "", policy_cache,
+            "directory of learned policies shared with `canopy run` and "
+            "`canopy policy train`; empty: $CANOPY_POLICY_CACHE, else "
+            "$XDG_CACHE_HOME/canopy/policies, else ~/.cache/canopy/policies",
+            NULL),
+    STR_KEY("encoding", "sort", encoding,
+            "policy fsm: state encoding of the learned policy (ED-Batch 2.3)",
+            "base|max|sort"),
+    INT_KEY("retrain-interval-s", 0, 86400, "60", SRV(retrain_interval_s),
+            "policy fsm: retrain each model's policy from its recent run "
+            "graphs this often, in a low-priority thread; 0: never",
+            "serve"),
+    INT_KEY("reservoir-graphs", 1, 1 << 20, "256", SRV(reservoir_graphs),
+            "policy fsm: recent run graphs kept per model (FIFO) to retrain "
+            "on",
+            "serve"),
+    INT_KEY("retrain-min-graphs", 1, 1 << 20, "32", SRV(retrain_min_graphs),
+            "policy fsm: retrain only once the reservoir holds this many "
+            "graphs",
+            "serve"),
     INT_KEY("workers", 1, 256, "2", SRV(workers),
             "worker threads, each with its own backend context", "serve"),
     INT_KEY("blas-threads", 0, 256, "0", SRV(blas_threads),

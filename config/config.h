@@ -17,7 +17,12 @@ typedef struct cn_serve_config {
   char models_dir[1024];
   char config[1024];       /* the config file this came from, if any      */
   char backend[16];
-  char policy[16];
+  char policy[16];          /* none|depth|agenda|sufficient|fsm          */
+  char policy_cache[1024];  /* "": cn_policy_cache_default_dir            */
+  char encoding[16];        /* fsm state encoding: base|max|sort          */
+  int retrain_interval_s;   /* online retraining period, 0 = off          */
+  int reservoir_graphs;     /* run graphs kept per model for retraining   */
+  int retrain_min_graphs;   /* fewer graphs than this: no retraining      */
   char log_level[16];
   char http_mode[16];      /* uv-poll | mhd-thread                        */
   int workers;

@@ -43,7 +43,10 @@ int cn__metrics_init(cn__metrics *m, int n_models, const char **names) {
   m->requests = calloc((size_t)(n_models + 1) * CN__N_STATUS,
                        sizeof(uint64_t));
   m->instances = calloc((size_t)n_models + 1, sizeof(uint64_t));
-  if (m->requests == NULL || m->instances == NULL) return -1;
+  m->retrains = calloc((size_t)(n_models > 0 ? n_models : 1) * CN__N_RETRAIN,
+                       sizeof(uint64_t));
+  if (m->requests == NULL || m->instances == NULL || m->retrains == NULL)
+    return -1;
   hist_init(&m->request_s, lat_le, 15);
   hist_init(&m->queue_s, lat_le, 15);
   hist_init(&m->compute_s, lat_le, 15);
@@ -54,6 +57,7 @@ int cn__metrics_init(cn__metrics *m, int n_models, const char **names) {
 void cn__metrics_free(cn__metrics *m) {
   free(m->requests);
   free(m->instances);
+  free(m->retrains);
   pthread_mutex_destroy(&m->mu);
 }
 
@@ -175,6 +179,18 @@ static void hist(sbuf *b, const char *name, const char *help,
             (unsigned long long)h->count);
 }
 
+static const char *const retrain_results[CN__N_RETRAIN] = {"swapped", "kept",
+                                                         "failed"};
+
+void cn__metrics_retrain(cn__metrics *m, int model, int result) {
+  if (model < 0 || model >= m->n_models || result < 0 ||
+      result >= CN__N_RETRAIN)
+    return;
+  pthread_mutex_lock(&m->mu);
+  m->retrains[model * CN__N_RETRAIN + result]++;
+  pthread_mutex_unlock(&m->mu);
+}
+
 char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   sbuf b = {malloc(8192), 0, 8192, 0};
   if (b.p == NULL) return NULL;
@@ -235,8 +251,16 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
         (double)m->arena_bytes_last);
   gauge(&b, "canopy_arena_peak_bytes", "largest arena of any run",
         (double)m->arena_bytes_peak);
-  counter(&b, "canopy_policy_retrains_total",
-          "times a batching policy was retrained", m->policy_retrains);
+  head(&b, "canopy_policy_retrains_total", "counter",
+       "online retraining rounds of a model's learned batching policy, by "
+       "result (swapped: the new policy launches fewer batches)");
+  for (int mi = 0; mi < m->n_models; mi++)
+    for (int ri = 0; ri < CN__N_RETRAIN; ri++)
+      sb_printf(&b,
+                "canopy_policy_retrains_total{model=\"%s\",result=\"%s\"} "
+                "%llu\n",
+                m->model_names[mi], retrain_results[ri],
+                (unsigned long long)m->retrains[mi * CN__N_RETRAIN + ri]);
   double start = m->start_time;
   pthread_mutex_unlock(&m->mu);
   gauge(&b, "canopy_queue_depth_instances",

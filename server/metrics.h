@@ -32,7 +32,7 @@ typedef struct cn__metrics {
   uint64_t rejected_overloaded;
   uint64_t gather_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
-  uint64_t policy_retrains;
+  uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
   double start_time;
 } cn__metrics;
 
@@ -56,6 +56,10 @@ void cn__metrics_queue_wait(cn__metrics *m, double seconds);
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout);
 void cn__metrics_overloaded(cn__metrics *m);
+/* One online retraining round of a model's policy. */
+enum { CN__RETRAIN_SWAPPED = 0, CN__RETRAIN_KEPT, CN__RETRAIN_FAILED,
+       CN__N_RETRAIN };
+void cn__metrics_retrain(cn__metrics *m, int model, int result);
 /* The whole exposition; caller frees. */
 char *cn__metrics_render(cn__metrics *m, const cn__gauges *g);
 

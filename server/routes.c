@@ -74,15 +74,13 @@ static char *models_list(cn__server *s) {
   return dump(root);
 }
 
-/* GET /v1/models/{name}: cn_model_describe plus what the daemon adds (the
- * name and the batching policy in use), built once at start-up. */
+/* GET /v1/models/{name}: cn_model_describe plus the name, built once at
+ * start-up; the "policy" object (which changes when the retrainer swaps
+ * policies) is added per request by cn__policy_describe. */
 json_t *cn__model_describe_full(cn__server *s, cn__model_entry *me) {
   json_t *o = cn_model_describe(me->model);
   json_object_set_new(o, "name", json_string(me->name));
   json_object_set_new(o, "ready", json_true());
-  json_t *pol = json_object();
-  json_object_set_new(pol, "kind", json_string(cn_policy_name(s->policy)));
-  json_object_set_new(o, "policy", pol);
   return o;
 }
 
@@ -124,9 +122,14 @@ int cn__route_get(cn__server *s, cn__route rt, cn__model_entry *me,
     case CN__RT_MODELS:
       *body = models_list(s);
       break;
-    case CN__RT_MODEL:
-      *body = json_dumps(me->describe, JSON_COMPACT);
+    case CN__RT_MODEL: {
+      json_t *o = json_deep_copy(me->describe);
+      if (o != NULL)
+        json_object_set_new(o, "policy", cn__policy_describe(s, me));
+      *body = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+      json_decref(o);
       break;
+    }
     default:
       return -1;
   }

@@ -147,6 +147,7 @@ static int load_models(cn__server *s, cn_err *err) {
       goto out;
     }
     s->n_models++;
+    cn__policy_init(s, me); /* a cache read at most: never trains */
     me->describe = cn__model_describe_full(s, me);
     CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s",
            me->name, cn_model_family(me->model),
@@ -181,6 +182,7 @@ static void on_signal(uv_signal_t *h, int signum) {
          signum, atomic_load(&s->in_flight), s->cfg.serve.drain_grace_ms);
   s->drain_started = cn__now();
   cn__http_quiesce(s);
+  cn__retrainer_signal_stop(s);
   uv_timer_start(&s->drain_timer, drain_check, 0, 10);
 }
 
@@ -195,6 +197,7 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_err err;
   cn_err_clear(&err);
   memset(s, 0, sizeof(*s));
+  double t_start = cn__now();
   rc = parse_config(argc, argv, &s->cfg);
   if (rc != 0) return rc > 0 ? 0 : 1;
   const cn_serve_config *sc = &s->cfg.serve;
@@ -225,6 +228,7 @@ int cn_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "canopy serve: backend %s: %s\n", sc->backend, err.msg);
     goto stop;
   }
+  cn__retrainer_start(s); /* failure to start only loses retraining */
   for (int i = 0; i < s->n_models; i++) {
     uv_timer_init(&s->loop, &s->models[i].timer);
     s->models[i].timer.data = &s->models[i];
@@ -245,10 +249,11 @@ int cn_cmd_serve(int argc, char **argv) {
     goto stop;
   }
   CN_LOG(CN_LOG_INFO, "msg=ready models=%d workers=%d blas_threads=%d "
-         "policy=%s max_delay_us=%d max_instances=%d queue_depth=%d",
+         "policy=%s max_delay_us=%d max_instances=%d queue_depth=%d "
+         "startup_ms=%.1f",
          s->n_models, sc->workers, blas < 1 ? 1 : blas,
          cn_policy_name(s->policy), sc->max_delay_us, sc->max_instances,
-         sc->queue_depth);
+         sc->queue_depth, (cn__now() - t_start) * 1e3);
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = 0;
 stop:
@@ -257,6 +262,7 @@ stop:
   uv_walk(&s->loop, close_walk, NULL);
   uv_run(&s->loop, UV_RUN_DEFAULT);
   cn__http_stop(s);
+  cn__retrainer_join(s);
   cn__workers_stop(s);
   cn__batcher_on_done(&s->done_async); /* runs finished after the loop */
   free((void *)s->metrics.model_names);
@@ -265,6 +271,7 @@ out:
   uv_loop_close(&s->loop);
   for (int i = 0; i < s->n_models; i++) {
     json_decref(s->models[i].describe);
+    cn__policy_destroy(&s->models[i]);
     cn_model_free(s->models[i].model);
   }
   free(s->models);

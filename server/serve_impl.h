@@ -31,12 +31,35 @@
 typedef struct cn__job cn__job;
 typedef struct cn__server cn__server;
 
-/* One served model. Fields above `window` are immutable once serving. */
+/* A model's learned batching policy (policy fsm; policy.c). Workers take
+ * a reference to `fsm` under `mu` (a few instructions) and add their run's
+ * graph to `reservoir` under `rmu`; the retrainer snapshots the reservoir
+ * under `rmu`, trains with no lock held, and swaps `fsm` under `mu`. */
+typedef struct cn__policy {
+  pthread_mutex_t mu;        /* fsm and the fields below it               */
+  cn_fsm *fsm;               /* NULL: the agenda fallback                 */
+  const char *source;        /* "cache" | "online" | "agenda-fallback"   */
+  long long batches;         /* of the policy in use on `evaluated_on`    */
+  long long agenda_batches;  /* agenda's on the same graphs (-1: unknown) */
+  long long lower_bound;     /* of those graphs                           */
+  int evaluated_on;          /* graphs those numbers were measured on     */
+  int swaps;
+  long long retrains[3];     /* swapped, kept, failed                     */
+  double last_train_s;
+  pthread_mutex_t rmu;       /* reservoir and added                       */
+  cn_graph_set *reservoir;   /* recent run graphs, FIFO (NULL: not fsm)   */
+  long long added;           /* graphs ever added                         */
+  long long trained_at;      /* `added` when the last round snapshotted   */
+} cn__policy;
+
+/* One served model. Fields above `window` are immutable once serving
+ * (`pol` guards itself). */
 typedef struct cn__model_entry {
   char name[128];
   cn_model *model;
   int index;           /* metrics label slot */
-  json_t *describe;    /* GET /v1/models/{name} body */
+  json_t *describe;    /* GET /v1/models/{name} body, less "policy" */
+  cn__policy pol;
   /* loop thread only: the open aggregation window */
   cn__job *window;
   uv_timer_t timer;
@@ -136,6 +159,11 @@ struct cn__server {
   double drain_started;
   pthread_t *threads;
   int n_threads;
+  /* the online retrainer (policy.c) */
+  pthread_mutex_t rtmu;
+  pthread_cond_t rtcv;
+  bool rt_stop, rt_started;
+  pthread_t rt_thread;
   cn__metrics metrics;
 };
 
@@ -174,6 +202,20 @@ void cn__batcher_on_inbox(uv_async_t *a);
 void cn__batcher_flush_all(cn__server *s);
 void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
 int cn__retry_after_s(cn__server *s);
+
+/* policy.c: learned policies per model, and the online retrainer */
+void cn__policy_init(cn__server *s, cn__model_entry *me);
+void cn__policy_destroy(cn__model_entry *me);
+/* The policy object of GET /v1/models/{name} (new reference). */
+json_t *cn__policy_describe(cn__server *s, cn__model_entry *me);
+/* Workers: executes run with the model's policy; then keeps its graph. */
+int cn__policy_exec(cn__server *s, cn__model_entry *me, cn_run *run,
+                    cn_err *err);
+void cn__policy_observe(cn__server *s, cn__model_entry *me,
+                        const cn_run *run);
+int cn__retrainer_start(cn__server *s);
+void cn__retrainer_signal_stop(cn__server *s); /* any thread, idempotent */
+void cn__retrainer_join(cn__server *s);
 
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);

@@ -94,10 +94,11 @@ static void run_job(worker_arg *w, cn__job *j) {
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
   if (live == 0) goto done;
-  if (cn_run_exec(run, s->policy, &err) != 0) goto fail;
+  if (cn__policy_exec(s, j->me, run, &err) != 0) goto fail;
   double ms = (cn__now() - t0) * 1e3;
   cn_run_get_stats(run, &j->st);
   j->compute_ms = ms;
+  cn__policy_observe(s, j->me, run); /* after the timing: not compute */
   long long prev = atomic_load(&s->ewma_compute_us);
   atomic_store(&s->ewma_compute_us,
                prev == 0 ? (long long)(ms * 1e3)

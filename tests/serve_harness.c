@@ -68,6 +68,10 @@ void th_start(th_daemon *d, const char *const *flags) {
   d->pid = fork();
   cr_assert(d->pid >= 0);
   if (d->pid == 0) {
+    /* hermetic: learned policies go to the temp dir, never to ~/.cache */
+    char cache[320];
+    snprintf(cache, sizeof(cache), "%s/policies", d->dir);
+    setenv("CANOPY_POLICY_CACHE", cache, 1);
     FILE *f = freopen(d->log, "w", stderr);
     (void)f;
     execv(argv[0], (char *const *)argv);

@@ -100,12 +100,16 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   cr_expect(json_is_number(json_object_get(st, "compute_ms")));
   json_decref(j);
   th_resp_free(&r);
-  /* the model description names the policy in use */
+  /* the model description names the policy in use: by default the learned
+   * one, here not cached yet (an empty temp cache), so agenda stands in */
   cr_assert_eq(th_http(p, "GET", "/v1/models/treelstm", NULL, NULL, &r), 0);
   j = json_loads(r.body, 0, NULL);
   cr_expect_str_eq(json_string_value(json_object_get(
                        json_object_get(j, "policy"), "kind")),
-                   "agenda");
+                   "fsm");
+  cr_expect_str_eq(json_string_value(json_object_get(
+                       json_object_get(j, "policy"), "source")),
+                   "agenda-fallback");
   cr_expect_str_eq(json_string_value(json_object_get(j, "family")),
                    "treelstm");
   json_decref(j);
@@ -262,14 +266,16 @@ Test(serve, promtool_check_metrics, .fini = teardown, .timeout = 30) {
   static const char *const must[] = {
       "canopy_requests_total{model=\"treelstm\",status=\"200\"}",
       "canopy_batches_total", "canopy_lower_bound_batches_total",
-      "canopy_in_flight_requests", "canopy_policy_retrains_total",
+      "canopy_in_flight_requests",
+      "canopy_policy_retrains_total{model=\"treelstm\",result=\"kept\"}",
       "canopy_gather_copied_bytes_total", "canopy_arena_bytes",
       "canopy_batch_size_instances_count", "canopy_queue_depth_instances",
       "canopy_request_duration_seconds_count"};
   for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++)
     cr_expect(th_metric(r.body, must[i]) >= 0, "missing %s", must[i]);
   cr_expect(th_metric(r.body, "canopy_batches_total") > 0);
-  cr_expect(th_metric(r.body, "canopy_policy_retrains_total") == 0);
+  cr_expect(th_metric(r.body, "canopy_policy_retrains_total{model="
+                              "\"treelstm\",result=\"swapped\"}") == 0);
   cr_expect(th_metric(r.body, "canopy_batch_size_instances_count") == 1);
   cr_expect(th_metric(r.body, "canopy_gather_copied_bytes_total") >= 0);
   th_resp_free(&r);
