@@ -24,6 +24,7 @@ run_suite build || status=1
 echo "== sanitizer build (address, undefined)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0
 run_suite build-asan -Db_sanitize=address,undefined \
   -Dbuildtype=debugoptimized -Db_lundef=false -Dcuda=disabled || status=1
 
