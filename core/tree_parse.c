@@ -39,19 +39,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "tree_impl.h"
 
 /* ---- shared helpers ---------------------------------------------------- */
 
-/* The effective limits of one parse: NULL and non-positive fields resolved
- * to numbers so the hot loops compare against plain ints. */
-typedef struct tree_limits {
-  int32_t max_nodes;
-  int32_t max_depth;
-  int32_t max_token_len;
-} tree_limits;
 
-static void tree_limits_resolve(const cn_limits *lim, tree_limits *out) {
+void cn__tree_limits_resolve(const cn_limits *lim, cn__tree_limits *out) {
   cn_limits def;
   if (lim == NULL) {
     cn_limits_default(&def);
@@ -67,9 +60,7 @@ static void tree_limits_resolve(const cn_limits *lim, tree_limits *out) {
 /* Fills err (which may be NULL) with code, where and a message, and
  * returns code. Unlike cn_err_set it also records offset and node, the
  * two things a person needs to find the problem in their input. */
-static int tree_fail(cn_err *err, int code, long long offset, int node,
-                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static int tree_fail(cn_err *err, int code, long long offset, int node,
+int cn__tree_fail(cn_err *err, int code, long long offset, int node,
                      const char *fmt, ...) {
   if (err == NULL) return code;
   va_list ap;
@@ -86,18 +77,18 @@ static int tree_fail(cn_err *err, int code, long long offset, int node,
  * returns its index in *idx. The node array grows by doubling, so a tree
  * costs O(log n) allocations, not one per node. where is the byte offset
  * (bracketed) or -1 (JSON) used in the max_nodes message. */
-static int tree_add_node(cn_tree *t, int32_t *cap, const tree_limits *lim,
+int cn__tree_add_node(cn_tree *t, int32_t *cap, const cn__tree_limits *lim,
                          int32_t parent, int32_t depth, int64_t where,
                          int32_t *idx, cn_err *err) {
   int rc = 0;
   if (t->n_nodes >= lim->max_nodes) {
     if (where >= 0)
-      rc = tree_fail(err, CN_E_TOO_LARGE, where, t->n_nodes,
+      rc = cn__tree_fail(err, CN_E_TOO_LARGE, where, t->n_nodes,
                      "the tree has more than %d nodes (limit max_nodes); "
                      "node %d starts at byte %lld",
                      (int)lim->max_nodes, (int)t->n_nodes, (long long)where);
     else
-      rc = tree_fail(err, CN_E_TOO_LARGE, -1, t->n_nodes,
+      rc = cn__tree_fail(err, CN_E_TOO_LARGE, -1, t->n_nodes,
                      "the tree has more than %d nodes (limit max_nodes); "
                      "node %d is one too many",
                      (int)lim->max_nodes, (int)t->n_nodes);
@@ -107,7 +98,7 @@ static int tree_add_node(cn_tree *t, int32_t *cap, const tree_limits *lim,
     int32_t ncap = *cap < 32 ? 32 : (*cap > INT32_MAX / 2 ? INT32_MAX : *cap * 2);
     cn_tree_node *nn = cn__xrealloc(t->nodes, (size_t)ncap, sizeof(*nn));
     if (nn == NULL) {
-      rc = tree_fail(err, CN_E_NOMEM, where, -1,
+      rc = cn__tree_fail(err, CN_E_NOMEM, where, -1,
                      "out of memory growing a tree to %d nodes", (int)ncap);
       goto out;
     }
@@ -129,12 +120,12 @@ out:
  * parent links. Pre-order numbering finishes a node's children only after
  * their subtrees, so this is done once at the end: count, prefix-sum, then
  * place nodes in index order, which is each parent's children order. O(n). */
-static int tree_link_children(cn_tree *t, cn_err *err) {
+int cn__tree_link_children(cn_tree *t, cn_err *err) {
   int rc = 0;
   int32_t n = t->n_nodes;
   t->children = cn__xcalloc(n > 1 ? (size_t)(n - 1) : 1, sizeof(int32_t));
   if (t->children == NULL) {
-    rc = tree_fail(err, CN_E_NOMEM, -1, -1,
+    rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
                    "out of memory linking a tree of %d nodes", (int)n);
     goto out;
   }
@@ -214,7 +205,7 @@ typedef struct br_frame {
 typedef struct br_ctx {
   const char *s;
   size_t len;
-  tree_limits lim;
+  cn__tree_limits lim;
   cn_tree *t;
   int32_t cap;
   br_frame *stack;
@@ -229,13 +220,13 @@ static int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
   int32_t idx;
   int32_t depth = c->sp + 1;
   if (depth > c->lim.max_depth) {
-    rc = tree_fail(c->err, CN_E_TOO_LARGE, (long long)off, c->t->n_nodes,
+    rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)off, c->t->n_nodes,
                    "the tree is deeper than %d levels (limit max_depth): "
                    "the word at byte %zu is at depth %d",
                    (int)c->lim.max_depth, off, (int)depth);
     goto out;
   }
-  rc = tree_add_node(c->t, &c->cap, &c->lim, c->stack[c->sp - 1].node, depth,
+  rc = cn__tree_add_node(c->t, &c->cap, &c->lim, c->stack[c->sp - 1].node, depth,
                      (int64_t)off, &idx, c->err);
   if (rc) goto out;
   c->t->nodes[idx].word = c->t->pool + off;
@@ -278,13 +269,13 @@ static int br_open(br_ctx *c, size_t i) {
   }
   int32_t depth = c->sp + 1;
   if (depth > c->lim.max_depth) {
-    rc = tree_fail(c->err, CN_E_TOO_LARGE, (long long)i, c->t->n_nodes,
+    rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)i, c->t->n_nodes,
                    "the tree is deeper than %d levels (limit max_depth): "
                    "the bracket at byte %zu is at depth %d",
                    (int)c->lim.max_depth, i, (int)depth);
     goto out;
   }
-  rc = tree_add_node(c->t, &c->cap, &c->lim,
+  rc = cn__tree_add_node(c->t, &c->cap, &c->lim,
                      c->sp > 0 ? c->stack[c->sp - 1].node : -1, depth,
                      (int64_t)i, &idx, c->err);
   if (rc) goto out;
@@ -292,7 +283,7 @@ static int br_open(br_ctx *c, size_t i) {
     int32_t ncap = c->stack_cap < 64 ? 64 : c->stack_cap * 2;
     br_frame *ns = cn__xrealloc(c->stack, (size_t)ncap, sizeof(*ns));
     if (ns == NULL) {
-      rc = tree_fail(c->err, CN_E_NOMEM, (long long)i, -1,
+      rc = cn__tree_fail(c->err, CN_E_NOMEM, (long long)i, -1,
                      "out of memory at nesting depth %d", (int)depth);
       goto out;
     }
@@ -315,13 +306,13 @@ static int br_close(br_ctx *c) {
   cn_tree_node *n = &c->t->nodes[f->node];
   switch (f->state) {
   case BR_EMPTY:
-    rc = tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+    rc = cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
                    "empty brackets '()' at byte %lld (node %d): a node is "
                    "(LABEL word) or (LABEL child ...)",
                    (long long)n->offset, (int)f->node);
     goto out;
   case BR_ATOM1:
-    rc = tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+    rc = cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
                    "brackets at byte %lld (node %d) hold only the word "
                    "'%.*s': a leaf is (LABEL word), and a bare word needs "
                    "no brackets",
@@ -383,29 +374,29 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
   c.len = len;
   c.t = out;
   c.err = err;
-  tree_limits_resolve(lim, &c.lim);
+  cn__tree_limits_resolve(lim, &c.lim);
   if (s == NULL && len > 0) {
-    rc = tree_fail(err, CN_E_INTERNAL, -1, -1, "no tree string given");
+    rc = cn__tree_fail(err, CN_E_INTERNAL, -1, -1, "no tree string given");
     goto out;
   }
 
   size_t i = 0;
   while (i < len && br_is_ws((unsigned char)s[i])) i++;
   if (i == len) {
-    rc = tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                    "the tree is empty: expected '(' at byte %zu", i);
     goto out;
   }
   if (s[i] != '(') {
     char shown[8];
-    rc = tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                    "a tree must start with '(': found %s at byte %zu",
                    br_show_byte((unsigned char)s[i], shown), i);
     goto out;
   }
   out->pool = malloc(len);
   if (out->pool == NULL) {
-    rc = tree_fail(err, CN_E_NOMEM, -1, -1,
+    rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
                    "out of memory copying a tree of %zu bytes", len);
     goto out;
   }
@@ -419,18 +410,18 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
       continue;
     }
     if (br_is_ctrl(ch)) {
-      rc = tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                      "control byte 0x%02x at byte %zu is not allowed in a "
                      "tree", ch, i);
       goto out;
     }
     if (done) {
       if (ch == ')')
-        rc = tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                        "unbalanced ')' at byte %zu: the tree already closed",
                        i);
       else
-        rc = tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                        "text after the tree at byte %zu: a tree string holds "
                        "exactly one top-level (...)", i);
       goto out;
@@ -448,7 +439,7 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
       size_t start = i;
       while (i < len && br_is_atom((unsigned char)s[i])) i++;
       if (i - start > (size_t)c.lim.max_token_len) {
-        rc = tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
+        rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
                        "the word or label at byte %zu is %zu bytes long, "
                        "over the limit of %d (max_token_len)",
                        start, i - start, (int)c.lim.max_token_len);
@@ -459,14 +450,14 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
     }
   }
   if (c.sp > 0) {
-    rc = tree_fail(err, CN_E_BAD_TREE, (long long)len, c.stack[c.sp - 1].node,
+    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, c.stack[c.sp - 1].node,
                    "expected ')' at end of input (byte %zu): %d bracket%s "
                    "still open, the innermost opened at byte %lld",
                    len, (int)c.sp, c.sp == 1 ? "" : "s",
                    (long long)out->nodes[c.stack[c.sp - 1].node].offset);
     goto out;
   }
-  rc = tree_link_children(out, err);
+  rc = cn__tree_link_children(out, err);
 
 out:
   free(c.stack);
@@ -474,243 +465,3 @@ out:
   return rc;
 }
 
-/* ---- JSON form --------------------------------------------------------- */
-
-typedef struct js_frame {
-  const json_t *arr;   /* the node's "children" */
-  size_t next;         /* next child to visit */
-  int32_t node;
-  int32_t depth;
-} js_frame;
-
-typedef struct js_ctx {
-  tree_limits lim;
-  cn_tree *t;
-  int32_t cap;
-  js_frame *stack;
-  int32_t sp, stack_cap;
-  size_t pool_len;
-  cn_err *err;
-} js_ctx;
-
-static const char *js_type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-  case JSON_OBJECT: return "an object";
-  case JSON_ARRAY: return "an array";
-  case JSON_STRING: return "a string";
-  case JSON_INTEGER: return "an integer";
-  case JSON_REAL: return "a number";
-  case JSON_TRUE: return "true";
-  case JSON_FALSE: return "false";
-  case JSON_NULL: return "null";
-  }
-  return "something else";
-}
-
-/* The JSON-pointer-like path of the node being visited, e.g.
- * "/children/1/children/0" ("the root" for the root), read off the stack.
- * Deep paths keep the first two and last three steps. */
-static void js_path(const js_ctx *c, char *buf, size_t n) {
-  size_t at = 0;
-  if (c->sp == 0) {
-    snprintf(buf, n, "the root");
-    return;
-  }
-  at += (size_t)snprintf(buf, n, "at ");
-  for (int32_t k = 0; k < c->sp && at < n; k++) {
-    if (c->sp > 6 && k == 2) {
-      at += (size_t)snprintf(buf + at, n - at, "/...");
-      k = c->sp - 4;
-      continue;
-    }
-    at += (size_t)snprintf(buf + at, n - at, "/children/%zu",
-                           c->stack[k].next - 1);
-  }
-}
-
-/* Checks that an optional string member is a non-empty string within
- * max_token_len; *s / *slen are set when it is present. */
-static int js_string_member(js_ctx *c, const json_t *obj, const char *key,
-                            int32_t idx, const char **s, size_t *slen) {
-  int rc = 0;
-  char path[160];
-  const json_t *v = json_object_get(obj, key);
-  *s = NULL;
-  *slen = 0;
-  if (v == NULL || json_is_null(v)) goto out;
-  if (!json_is_string(v) || json_string_length(v) == 0) {
-    rc = tree_fail(c->err, CN_E_BAD_TREE, -1, idx,
-                   "node %d (%s): '%s' must be a non-empty string, not %s",
-                   (int)idx, (js_path(c, path, sizeof(path)), path), key,
-                   json_is_string(v) ? "an empty string" : js_type_name(v));
-    goto out;
-  }
-  if (json_string_length(v) > (size_t)c->lim.max_token_len) {
-    rc = tree_fail(c->err, CN_E_TOO_LARGE, -1, idx,
-                   "node %d (%s): '%s' is %zu bytes long, over the limit of "
-                   "%d (max_token_len)",
-                   (int)idx, (js_path(c, path, sizeof(path)), path), key,
-                   json_string_length(v),
-                   (int)c->lim.max_token_len);
-    goto out;
-  }
-  *s = json_string_value(v);
-  *slen = json_string_length(v);
-out:
-  return rc;
-}
-
-/* Visits one NODE value: numbers it (pre-order), checks it, and pushes its
- * children array for the caller's loop to walk. Words and labels point into
- * the JSON for now; cn_tree_parse_json copies them into the pool at the end. */
-static int js_visit(js_ctx *c, const json_t *v, int32_t parent,
-                    int32_t depth) {
-  int rc = 0;
-  int32_t idx;
-  char path[160];
-#define JS_PATH() (js_path(c, path, sizeof(path)), path)
-  rc = tree_add_node(c->t, &c->cap, &c->lim, parent, depth, -1, &idx, c->err);
-  if (rc) goto out;
-  c->t->nodes[idx].offset = -1;
-  if (depth > c->lim.max_depth) {
-    rc = tree_fail(c->err, CN_E_TOO_LARGE, -1, idx,
-                   "node %d (%s) is at depth %d: the tree is deeper than %d "
-                   "levels (limit max_depth)",
-                   (int)idx, JS_PATH(), (int)depth, (int)c->lim.max_depth);
-    goto out;
-  }
-  if (!json_is_object(v)) {
-    rc = tree_fail(c->err, CN_E_BAD_TREE, -1, idx,
-                   "node %d (%s) must be an object like {\"word\": ...} or "
-                   "{\"label\": ..., \"children\": [...]}, not %s",
-                   (int)idx, JS_PATH(), js_type_name(v));
-    goto out;
-  }
-  const char *word, *label;
-  size_t word_len, label_len;
-  rc = js_string_member(c, v, "word", idx, &word, &word_len);
-  if (rc) goto out;
-  rc = js_string_member(c, v, "label", idx, &label, &label_len);
-  if (rc) goto out;
-  const json_t *type = json_object_get(v, "type");
-  int8_t type_c = 0;
-  if (type != NULL && !json_is_null(type)) {
-    const char *ts = json_is_string(type) ? json_string_value(type) : NULL;
-    if (ts == NULL || json_string_length(type) != 1 ||
-        (ts[0] != 'a' && ts[0] != 'b')) {
-      rc = tree_fail(c->err, CN_E_BAD_TREE, -1, idx,
-                     "node %d (%s): 'type' must be \"a\" or \"b\"",
-                     (int)idx, JS_PATH());
-      goto out;
-    }
-    type_c = (int8_t)ts[0];
-  }
-  const json_t *kids = json_object_get(v, "children");
-  if (kids != NULL && json_is_null(kids)) kids = NULL; /* null = absent */
-  if (word != NULL && kids != NULL) {
-    rc = tree_fail(c->err, CN_E_BAD_TREE, -1, idx,
-                   "node %d (%s) has both 'word' and 'children': a leaf "
-                   "has a word and no children",
-                   (int)idx, JS_PATH());
-    goto out;
-  }
-  if (word == NULL &&
-      (kids == NULL || !json_is_array(kids) || json_array_size(kids) == 0)) {
-    if (kids == NULL)
-      rc = tree_fail(c->err, CN_E_BAD_TREE, -1, idx,
-                     "node %d (%s) has neither 'word' (a leaf) nor "
-                     "'children' (an internal node)",
-                     (int)idx, JS_PATH());
-    else
-      rc = tree_fail(c->err, CN_E_BAD_TREE, -1, idx,
-                     "node %d (%s): 'children' must be a non-empty array, "
-                     "not %s",
-                     (int)idx, JS_PATH(),
-                     json_is_array(kids) ? "an empty array"
-                                         : js_type_name(kids));
-    goto out;
-  }
-  cn_tree_node *n = &c->t->nodes[idx];
-  n->type = type_c;
-  n->word = word;
-  n->word_len = (int32_t)word_len;
-  n->label = label;
-  n->label_len = (int32_t)label_len;
-  c->pool_len += word_len + label_len;
-  if (word != NULL) goto out;
-  if (c->sp == c->stack_cap) {
-    int32_t ncap = c->stack_cap < 64 ? 64 : c->stack_cap * 2;
-    js_frame *ns = cn__xrealloc(c->stack, (size_t)ncap, sizeof(*ns));
-    if (ns == NULL) {
-      rc = tree_fail(c->err, CN_E_NOMEM, -1, idx,
-                     "out of memory at nesting depth %d", (int)depth);
-      goto out;
-    }
-    c->stack = ns;
-    c->stack_cap = ncap;
-  }
-  c->stack[c->sp++] = (js_frame){kids, 0, idx, depth};
-out:
-  return rc;
-#undef JS_PATH
-}
-
-/* Why: clients that already hold a tree as a data structure send it as JSON
- * NODE objects instead of a bracketed string (API.md). Same result type,
- * same limits; errors name the node by pre-order index and its path. On
- * failure *out is zeroed. */
-int cn_tree_parse_json(const json_t *root, const cn_limits *lim, cn_tree *out,
-                       cn_err *err) {
-  int rc = 0;
-  js_ctx c;
-  memset(&c, 0, sizeof(c));
-  memset(out, 0, sizeof(*out));
-  c.t = out;
-  c.err = err;
-  tree_limits_resolve(lim, &c.lim);
-  if (root == NULL) {
-    rc = tree_fail(err, CN_E_BAD_TREE, -1, 0, "node 0 (the root) is missing");
-    goto out;
-  }
-
-  rc = js_visit(&c, root, -1, 1);
-  if (rc) goto out;
-  while (c.sp > 0) {
-    js_frame *f = &c.stack[c.sp - 1];
-    if (f->next >= json_array_size(f->arr)) {
-      c.sp--;
-      continue;
-    }
-    const json_t *child = json_array_get(f->arr, f->next++);
-    rc = js_visit(&c, child, f->node, f->depth + 1);
-    if (rc) goto out;
-  }
-
-  /* Copy words and labels out of the JSON into the tree's one pool. */
-  out->pool = malloc(c.pool_len ? c.pool_len : 1);
-  if (out->pool == NULL) {
-    rc = tree_fail(err, CN_E_NOMEM, -1, -1,
-                   "out of memory copying %zu bytes of words", c.pool_len);
-    goto out;
-  }
-  size_t at = 0;
-  for (int32_t i = 0; i < out->n_nodes; i++) {
-    cn_tree_node *n = &out->nodes[i];
-    if (n->word != NULL) {
-      memcpy(out->pool + at, n->word, (size_t)n->word_len);
-      n->word = out->pool + at;
-      at += (size_t)n->word_len;
-    }
-    if (n->label != NULL) {
-      memcpy(out->pool + at, n->label, (size_t)n->label_len);
-      n->label = out->pool + at;
-      at += (size_t)n->label_len;
-    }
-  }
-  rc = tree_link_children(out, err);
-
-out:
-  free(c.stack);
-  if (rc) cn_tree_free(out);
-  return rc;
-}
