@@ -306,6 +306,7 @@ struct cn_run {
   struct cn_frontier *live;      /* mirrors vertices added while running  */
   int64_t cap_state_off;
   bool own_scratch;
+  int exec_rc;                   /* set by an exec() that could not finish */
   /* statistics */
   size_t gather_bytes;
   long long kernels;

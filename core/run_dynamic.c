@@ -58,6 +58,7 @@ static int launch(cn_run *r, int t, const int32_t *verts, int32_t n,
     return CN_E_NOMEM;
   r->idx_used = 0;
   r->fam->exec(r, t, verts, n);
+  if (r->exec_rc != 0) return r->exec_rc;
   r->n_batches++;
   if (n > r->max_batch[t]) r->max_batch[t] = n;
   return 0;

@@ -102,8 +102,9 @@ static void exec_proj(cn_run *r, const int32_t *verts, int n) {
   const float *h = cn__run_rows(r, X, H, r->arena, hoff, n, H, &ld);
   CN_BK(r->bk, gemm, n, Vt, H, h, ld, r->wb[PROJ_W], H, r->wb[PROJ_B], 0.0f,
         L, Vt);
-  int32_t *y = malloc((size_t)n * sizeof(int32_t));
-  if (y == NULL) abort(); /* no way to fail a batch midway */
+  /* The argmax ids go to host index staging (room for n int64 is room for
+   * n int32): no allocation per batch. */
+  int32_t *y = (int32_t *)cn__run_idx(r, n);
   CN_BK(r->bk, argmax_rows, n, Vt, L, Vt, y);
   for (int i = 0; i < n; i++) {
     int32_t p = verts[i], slot = r->vslot[p], t = r->vnode[p];
@@ -116,11 +117,13 @@ static void exec_proj(cn_run *r, const int32_t *verts, int n) {
     int32_t d = cn__run_add_vertex(r, T_DEC, slot, t + 1, y[i], in2, 2);
     int32_t q = d < 0 ? -1 : cn__run_add_vertex(r, T_PROJ, slot, t + 1, 0,
                                                  &d, 1);
-    if (q < 0) abort(); /* capacity was reserved by build() */
+    if (q < 0) { /* the graph arrays could not grow */
+      r->exec_rc = CN_E_NOMEM;
+      return;
+    }
     r->node_vertex[base + nsrc + t + 1] = d;
     r->node_vertex[base + nsrc + cap + t + 1] = q;
   }
-  free(y);
 }
 
 static void exec(cn_run *r, int type, const int32_t *verts, int n) {
