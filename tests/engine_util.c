@@ -1,6 +1,8 @@
 /* engine_util.c - see engine_util.h. */
 #include "engine_util.h"
 
+#include "internal.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -51,13 +53,10 @@ json_t *tu_data_lines(const char *name, int max) {
   return a;
 }
 
-json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
-               int batch, unsigned flags, long long *batches,
-               long long *lower_bound) {
-  cn_backend_ctx *bk = NULL;
+json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
+                  cn_policy_kind pol, int batch, unsigned flags,
+                  long long *batches, long long *lower_bound) {
   cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
   size_t n = json_array_size(insts);
   json_t *outs = json_array();
   if (batches) *batches = 0;
@@ -77,6 +76,7 @@ json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
       slot[i - s] = cn_run_add(r, in[i - s], flags, 0);
       cr_assert_geq(slot[i - s], 0);
     }
+    cn_err_clear(&err);
     cr_assert_eq(cn_run_exec(r, pol, &err), 0, "exec: %s", err.msg);
     cn_run_stats st;
     cn_run_get_stats(r, &st);
@@ -91,6 +91,18 @@ json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
     free(slot);
     free(errs);
   }
+  return outs;
+}
+
+json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
+               int batch, unsigned flags, long long *batches,
+               long long *lower_bound) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  json_t *outs = tu_run_on(bk, m, insts, pol, batch, flags, batches,
+                           lower_bound);
   cn_backend_close(bk);
   return outs;
 }
@@ -128,4 +140,56 @@ void tu_rmdir(const char *dir) {
   char cmd[700];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+tu_family tu_families[] = {
+    {"treelstm", "trees-binary.jsonl"},
+    {"treelstm-2type", "trees-binary.jsonl"},
+    {"treegru", "trees-binary.jsonl"},
+    {"childsum-treelstm", "trees-nary.jsonl"},
+    {"mvrnn", "trees-binary.jsonl"},
+    {"bilstm-tagger", "sequences.jsonl"},
+    {"latticelstm", "lattices.jsonl"},
+    {"latticegru", "dags.jsonl"},
+    {"lstm-nmt", "sequences.jsonl"},
+};
+const size_t tu_n_families = sizeof(tu_families) / sizeof(tu_families[0]);
+
+/* Each step runs every ready vertex of one type (running fewer of them is
+ * never better), so the search is over sets of executed vertices. */
+int tu_brute_force_min(const cn_run *r) {
+  int n = r->nv;
+  cr_assert_leq(n, 32);
+  uint32_t full = (n == 32) ? 0xffffffffu : ((1u << n) - 1);
+  uint32_t inmask[32] = {0};
+  for (int v = 0; v < n; v++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, v, &k);
+    for (int j = 0; j < k; j++) inmask[v] |= 1u << in[j];
+  }
+  size_t cap = (size_t)1 << n;
+  uint8_t *dist = malloc(cap);
+  uint32_t *q = malloc(cap * sizeof(uint32_t));
+  memset(dist, 0xff, cap);
+  size_t qh = 0, qt = 0;
+  dist[0] = 0;
+  q[qt++] = 0;
+  while (qh < qt) {
+    uint32_t s = q[qh++];
+    if (s == full) break;
+    for (int t = 0; t < r->fam->n_types; t++) {
+      uint32_t a = 0;
+      for (int v = 0; v < n; v++)
+        if (!(s >> v & 1) && r->vtype[v] == t && (inmask[v] & ~s) == 0)
+          a |= 1u << v;
+      if (a != 0 && dist[s | a] == 0xff) {
+        dist[s | a] = (uint8_t)(dist[s] + 1);
+        q[qt++] = s | a;
+      }
+    }
+  }
+  int best = dist[full];
+  free(dist);
+  free(q);
+  return best;
 }

@@ -15,8 +15,12 @@ cn_model *tu_model(const char *family, int H, int D, const char *data,
                    char *dir_out, size_t dir_len);
 /* Lines of a data file under $CANOPY_DATA (at most max), parsed. */
 json_t *tu_data_lines(const char *name, int max);
-/* Runs instances (a JSON array) in runs of `batch`, returns a JSON array of
- * per-instance outputs (or error objects). */
+/* Runs instances (a JSON array) in runs of `batch` on backend bk, returns a
+ * JSON array of per-instance outputs (or error objects). */
+json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
+                  cn_policy_kind pol, int batch, unsigned flags,
+                  long long *batches, long long *lower_bound);
+/* The same on a fresh cpu backend context. */
 json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
                int batch, unsigned flags, long long *batches,
                long long *lower_bound);
@@ -24,5 +28,18 @@ json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
  * same shape; returns 1e30 when the shapes differ. */
 double tu_json_maxdiff(const json_t *a, const json_t *b);
 void tu_rmdir(const char *dir);
+
+/* Every family with the data file its instances come from. */
+typedef struct tu_family {
+  char family[32];
+  char data[32];
+} tu_family;
+extern tu_family tu_families[];
+extern const size_t tu_n_families;
+
+/* Fewest batches any schedule of the run's graph can launch (<= 32
+ * vertices): breadth-first search over the sets of executed vertices. */
+struct cn_run;
+int tu_brute_force_min(const struct cn_run *r);
 
 #endif

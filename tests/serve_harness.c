@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,4 +241,26 @@ char *th_read_file(const char *path) {
   s[got] = '\0';
   fclose(f);
   return s;
+}
+
+void th_expect_json_near(const json_t *a, const json_t *b, const char *where) {
+  if (json_is_number(a) && json_is_number(b)) {
+    double x = json_number_value(a), y = json_number_value(b);
+    cr_assert(fabs(x - y) <= 1e-5, "%s: %.9g vs %.9g", where, x, y);
+    return;
+  }
+  cr_assert_eq(json_typeof(a), json_typeof(b), "%s: types differ", where);
+  if (json_is_array(a)) {
+    cr_assert_eq(json_array_size(a), json_array_size(b), "%s", where);
+    for (size_t i = 0; i < json_array_size(a); i++)
+      th_expect_json_near(json_array_get(a, i), json_array_get(b, i), where);
+  } else if (json_is_object(a)) {
+    const char *k;
+    json_t *v;
+    cr_assert_eq(json_object_size(a), json_object_size(b), "%s", where);
+    json_object_foreach((json_t *)a, k, v)
+      th_expect_json_near(v, json_object_get(b, k), k);
+  } else {
+    cr_assert(json_equal(a, b), "%s: values differ", where);
+  }
 }

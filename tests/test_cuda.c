@@ -58,60 +58,11 @@ Test(cuda, bad_device_ordinal_is_an_error) {
 
 /* ---- families: cuda equals cpu ---- */
 
-static json_t *run_on(cn_backend_ctx *bk, const cn_model *m,
-                      const json_t *insts, cn_policy_kind pol, int batch,
-                      unsigned flags) {
-  cn_err err;
-  size_t n = json_array_size(insts);
-  json_t *outs = json_array();
-  for (size_t s = 0; s < n; s += (size_t)batch) {
-    size_t e = s + (size_t)batch < n ? s + (size_t)batch : n;
-    cn_instance **in = calloc(e - s, sizeof(*in));
-    int *slot = calloc(e - s, sizeof(int));
-    cn_run *r = cn_run_new(m, bk);
-    for (size_t i = s; i < e; i++) {
-      cn_err_clear(&err);
-      cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL,
-                                     (int)i, &in[i - s], &err),
-                   0, "%s", err.msg);
-      slot[i - s] = cn_run_add(r, in[i - s], flags, 0);
-      cr_assert_geq(slot[i - s], 0);
-    }
-    cn_err_clear(&err);
-    cr_assert_eq(cn_run_exec(r, pol, &err), 0, "exec: %s", err.msg);
-    for (size_t i = s; i < e; i++)
-      json_array_append_new(outs, cn_run_output(r, slot[i - s]));
-    cn_run_free(r);
-    for (size_t i = 0; i < e - s; i++) cn_instance_free(in[i]);
-    free(in);
-    free(slot);
-  }
-  return outs;
-}
-
-typedef struct fam_case {
-  char family[32];
-  char data[32];
-} fam_case;
-
-static fam_case cases[] = {
-    {"treelstm", "trees-binary.jsonl"},
-    {"treelstm-2type", "trees-binary.jsonl"},
-    {"treegru", "trees-binary.jsonl"},
-    {"childsum-treelstm", "trees-nary.jsonl"},
-    {"mvrnn", "trees-binary.jsonl"},
-    {"bilstm-tagger", "sequences.jsonl"},
-    {"latticelstm", "lattices.jsonl"},
-    {"latticegru", "dags.jsonl"},
-    {"lstm-nmt", "sequences.jsonl"},
-};
-
 ParameterizedTestParameters(cuda, family_equals_cpu) {
-  return cr_make_param_array(fam_case, cases,
-                             sizeof(cases) / sizeof(cases[0]));
+  return cr_make_param_array(tu_family, tu_families, tu_n_families);
 }
 
-ParameterizedTest(fam_case *c, cuda, family_equals_cpu, .timeout = 300) {
+ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
   cn_backend_ctx *gpu = open_or_skip("cuda");
   cn_backend_ctx *cpu = open_or_skip("cpu");
   char dir[256];
@@ -123,8 +74,10 @@ ParameterizedTest(fam_case *c, cuda, family_equals_cpu, .timeout = 300) {
   for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
     if (p == CN_POLICY_FSM) continue; /* needs a learned policy */
     for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
-      json_t *want = run_on(cpu, m, in, (cn_policy_kind)p, sizes[s], flags);
-      json_t *got = run_on(gpu, m, in, (cn_policy_kind)p, sizes[s], flags);
+      json_t *want = tu_run_on(cpu, m, in, (cn_policy_kind)p, sizes[s],
+                               flags, NULL, NULL);
+      json_t *got = tu_run_on(gpu, m, in, (cn_policy_kind)p, sizes[s],
+                              flags, NULL, NULL);
       double d = tu_json_maxdiff(want, got);
       cr_expect_leq(d, 1e-4, "%s policy %s batch %d: cuda differs by %g",
                     c->family, cn_policy_name((cn_policy_kind)p), sizes[s],
@@ -137,7 +90,8 @@ ParameterizedTest(fam_case *c, cuda, family_equals_cpu, .timeout = 300) {
   long long a0 = cn__backend_cuda_device_allocs(gpu);
   for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
     if (p == CN_POLICY_FSM) continue;
-    json_decref(run_on(gpu, m, in, (cn_policy_kind)p, 128, flags));
+    json_decref(
+        tu_run_on(gpu, m, in, (cn_policy_kind)p, 128, flags, NULL, NULL));
   }
   cr_expect_eq(cn__backend_cuda_device_allocs(gpu), a0,
                "%s: %lld device allocations after warm-up", c->family,

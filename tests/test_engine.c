@@ -8,29 +8,11 @@
 
 #include "engine_util.h"
 
-typedef struct fam_case {
-  char family[32];
-  char data[32];
-} fam_case;
-
-static fam_case cases[] = {
-    {"treelstm", "trees-binary.jsonl"},
-    {"treelstm-2type", "trees-binary.jsonl"},
-    {"treegru", "trees-binary.jsonl"},
-    {"childsum-treelstm", "trees-nary.jsonl"},
-    {"mvrnn", "trees-binary.jsonl"},
-    {"bilstm-tagger", "sequences.jsonl"},
-    {"latticelstm", "lattices.jsonl"},
-    {"latticegru", "dags.jsonl"},
-    {"lstm-nmt", "sequences.jsonl"},
-};
-
 ParameterizedTestParameters(engine, batched_equals_none) {
-  return cr_make_param_array(fam_case, cases,
-                             sizeof(cases) / sizeof(cases[0]));
+  return cr_make_param_array(tu_family, tu_families, tu_n_families);
 }
 
-ParameterizedTest(fam_case *c, engine, batched_equals_none, .timeout = 120) {
+ParameterizedTest(tu_family *c, engine, batched_equals_none, .timeout = 120) {
   char dir[256];
   int H = strcmp(c->family, "mvrnn") == 0 ? 16 : 24;
   cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));

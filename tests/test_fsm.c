@@ -201,43 +201,6 @@ Test(fsm, frontier_counts_against_definition) {
 }
 
 
-/* Fewest batches of any schedule: breadth-first search over the sets of
- * executed vertices, each step running every ready vertex of one type
- * (as in test_sched.c). */
-static int brute_force_min(const cn_run *r) {
-  int n = r->nv;
-  uint32_t full = (1u << n) - 1, inmask[32] = {0};
-  for (int v = 0; v < n; v++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, v, &k);
-    for (int j = 0; j < k; j++) inmask[v] |= 1u << in[j];
-  }
-  size_t cap = (size_t)1 << n;
-  uint8_t *dist = malloc(cap);
-  uint32_t *q = malloc(cap * sizeof(uint32_t));
-  memset(dist, 0xff, cap);
-  size_t qh = 0, qt = 0;
-  dist[0] = 0;
-  q[qt++] = 0;
-  while (qh < qt) {
-    uint32_t s = q[qh++];
-    if (s == full) break;
-    for (int t = 0; t < r->fam->n_types; t++) {
-      uint32_t a = 0;
-      for (int v = 0; v < n; v++)
-        if (!(s >> v & 1) && r->vtype[v] == t && (inmask[v] & ~s) == 0)
-          a |= 1u << v;
-      if (a != 0 && dist[s | a] == 0xff) {
-        dist[s | a] = (uint8_t)(dist[s] + 1);
-        q[qt++] = s | a;
-      }
-    }
-  }
-  int best = dist[full];
-  free(dist);
-  free(q);
-  return best;
-}
 
 /* Fewest batches of any FSM with the encoding: depth-first search over
  * schedules, choosing an action the first time a state is met and keeping
@@ -324,7 +287,7 @@ Test(fsm, learning_finds_the_optimum_on_small_dags, .timeout = 60) {
     int n = 4 + trial % 11;
     cn_run *r = random_dag(n, 9000u + (unsigned)trial);
     cn_dag g = cn__run_dag(r);
-    int opt = brute_force_min(r);
+    int opt = tu_brute_force_min(r);
     cn_graph_set *gs = cn_graph_set_new(3, 1);
     cr_assert_eq(cn_graph_set_add_run(gs, r), 0);
     for (int e = 0; e < CN_FSM_ENC__COUNT; e++) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_util.h"
 #include "internal.h"
 
 static const cn_family fake3 = {.name = "fake", .n_types = 3,
@@ -53,46 +54,6 @@ static void check_valid(const cn_run *r) {
   free(done);
 }
 
-/* Fewest batches of any schedule: breadth-first search over the sets of
- * executed vertices, each step running every ready vertex of one type
- * (running fewer of them is never better). */
-static int brute_force_min(const cn_run *r) {
-  int n = r->nv;
-  uint32_t full = (n == 32) ? 0xffffffffu : ((1u << n) - 1);
-  uint32_t inmask[32] = {0};
-  for (int v = 0; v < n; v++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, v, &k);
-    for (int j = 0; j < k; j++) inmask[v] |= 1u << in[j];
-  }
-  size_t cap = (size_t)1 << n;
-  uint8_t *dist = malloc(cap);
-  memset(dist, 0xff, cap);
-  uint32_t *q = malloc(cap * sizeof(uint32_t));
-  size_t qh = 0, qt = 0;
-  dist[0] = 0;
-  q[qt++] = 0;
-  while (qh < qt) {
-    uint32_t s = q[qh++];
-    if (s == full) break;
-    for (int t = 0; t < r->fam->n_types; t++) {
-      uint32_t add_set = 0;
-      for (int v = 0; v < n; v++)
-        if (!(s >> v & 1) && r->vtype[v] == t && (inmask[v] & ~s) == 0)
-          add_set |= 1u << v;
-      if (add_set == 0) continue;
-      uint32_t ns = s | add_set;
-      if (dist[ns] == 0xff) {
-        dist[ns] = (uint8_t)(dist[s] + 1);
-        q[qt++] = ns;
-      }
-    }
-  }
-  int best = dist[full];
-  free(dist);
-  free(q);
-  return best;
-}
 
 Test(sched, bound_binary_tree_all_outputs) {
   /* A complete binary tree of 4 leaves (type a), 3 internal (b), one
@@ -106,7 +67,7 @@ Test(sched, bound_binary_tree_all_outputs) {
   for (int i = 0; i < 4; i++) add(r, 2, 1, l[i]);
   for (int i = 0; i < 3; i++) add(r, 2, 1, in[i]);
   cr_expect_eq(cn__sched_lower_bound(r), 4);
-  cr_expect_eq(brute_force_min(r), 4);
+  cr_expect_eq(tu_brute_force_min(r), 4);
   cn_run_free(r);
 }
 
@@ -161,7 +122,7 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
         }
         cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
       }
-      if (opt < 0) opt = brute_force_min(r);
+      if (opt < 0) opt = tu_brute_force_min(r);
       cn_err err;
       cn_err_clear(&err);
       cr_assert_eq(cn__sched_plan(r, (cn_policy_kind)p, &err), 0);

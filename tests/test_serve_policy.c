@@ -22,28 +22,6 @@
 static th_daemon d;
 static void teardown(void) { th_cleanup(&d); }
 
-static void compare_json(const json_t *a, const json_t *b, const char *where) {
-  if (json_is_number(a) && json_is_number(b)) {
-    double x = json_number_value(a), y = json_number_value(b);
-    cr_assert(fabs(x - y) <= 1e-5, "%s: %.9g vs %.9g", where, x, y);
-    return;
-  }
-  cr_assert_eq(json_typeof(a), json_typeof(b), "%s: types differ", where);
-  if (json_is_array(a)) {
-    cr_assert_eq(json_array_size(a), json_array_size(b), "%s", where);
-    for (size_t i = 0; i < json_array_size(a); i++)
-      compare_json(json_array_get(a, i), json_array_get(b, i), where);
-  } else if (json_is_object(a)) {
-    const char *k;
-    json_t *v;
-    cr_assert_eq(json_object_size(a), json_object_size(b), "%s", where);
-    json_object_foreach((json_t *)a, k, v)
-      compare_json(v, json_object_get(b, k), k);
-  } else {
-    cr_assert(json_equal(a, b), "%s: values differ", where);
-  }
-}
-
 /* Request bodies of PER_REQ trees each, outputs "all" (every node: the
  * case where agenda launches about twice the lower bound). */
 static char **bodies(void) {
@@ -172,7 +150,7 @@ Test(serve_policy, online_retrain_swap_and_cache, .fini = teardown,
 
   /* the swap changes the schedule, not the numbers */
   json_t *after = infer(b[0]);
-  compare_json(before, after, "outputs after the swap");
+  th_expect_json_near(before, after, "outputs after the swap");
   json_decref(after);
   cr_expect_eq(th_stop(&d), 0);
 
@@ -186,7 +164,7 @@ Test(serve_policy, online_retrain_swap_and_cache, .fini = teardown,
             16);
   json_decref(p);
   after = infer(b[0]);
-  compare_json(before, after, "outputs after the restart");
+  th_expect_json_near(before, after, "outputs after the restart");
   json_decref(after);
   json_decref(before);
   cr_expect_eq(th_stop(&d), 0);
