@@ -26,6 +26,56 @@ struct cn_backend_ctx {
   long long kernels; /* compute calls issued, for run statistics */
 };
 
+/* ---- the fused elementwise program of a compiled vertex function ----
+ * Operands are (slot, col): row r of slot s starts at
+ *   base + (off != NULL ? off[r] : r · ld)
+ * and the operand reads/writes floats [col, col + width) of that row. off
+ * is a HOST index array (the run's staging, valid until the batch returns);
+ * off[r] < 0 reads as a zero row (a missing child) and is never written.
+ * ld = 0 with off = NULL is one row shared by every r (a bias). The slot
+ * numbered tmp_slot has base NULL: the backend's own per-row scratch of
+ * tmp_width floats (values that never leave the kernel). slot < 0 in an
+ * operand is the constant k. Every operand of an instruction has its
+ * width; instructions run in order, each over its whole width, row by row
+ * (so a later instruction may read what an earlier one wrote in the same
+ * row, at any column). */
+enum cn_ew_op {
+  CN_EW_MOV,     /* d = a            */
+  CN_EW_ADD,     /* d = a + b        */
+  CN_EW_SUB,     /* d = a - b        */
+  CN_EW_MUL,     /* d = a * b        */
+  CN_EW_DIV,     /* d = a / b        */
+  CN_EW_SIGMOID, /* d = 1/(1+e^-a)   */
+  CN_EW_TANH,    /* d = tanh(a)      */
+  CN_EW_EXP      /* d = e^a          */
+};
+
+typedef struct cn_ew_arg {
+  int16_t slot; /* < 0: the constant k */
+  int32_t col;
+  float k;
+} cn_ew_arg;
+
+typedef struct cn_ew_insn {
+  uint8_t op;     /* enum cn_ew_op */
+  int32_t width;
+  cn_ew_arg d, a, b;
+} cn_ew_insn;
+
+typedef struct cn_ew_slot {
+  float *base;
+  int64_t ld;
+  const int64_t *off;
+} cn_ew_slot;
+
+typedef struct cn_ew_prog {
+  int n_insn;
+  const cn_ew_insn *insn;
+  int n_slots;
+  int tmp_slot;  /* -1: none */
+  int tmp_width; /* floats of per-row scratch */
+} cn_ew_prog;
+
 struct cn_backend_vt {
   const char *name;
   /* true when backend memory is ordinary host memory (cpu): core then reads
@@ -139,6 +189,16 @@ struct cn_backend_vt {
   void (*sigmoid_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
   /* y = tanh(x) in place over n rows of width w (row stride ld). */
   void (*tanh_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
+
+  /* ---- compiled vertex functions (core/cell_*.c, issue #5) ----
+   * dst[r, 0:width] = src[r, 0:width] for r < n (rows ldd / lds floats
+   * apart): the gathers and scatters a layout could not avoid. */
+  void (*copy_rows)(cn_backend_ctx *bk, float *dst, int ldd, const float *src,
+                    int lds, int n, int width);
+  /* One fused elementwise kernel (Cavs' fusion): runs p's instructions in
+   * order on each of n rows; see cn_ew_prog below. */
+  void (*ew_program)(cn_backend_ctx *bk, const struct cn_ew_prog *p,
+                     const struct cn_ew_slot *slots, int n);
 
   /* ---- errors ---- */
   /* Compute calls return nothing, so an asynchronous backend (cuda) keeps

@@ -18,6 +18,8 @@ typedef struct cpu_ctx {
   cn_backend_ctx base;
   float *zeros; /* a row of zeros standing in for a missing child/state */
   int n_zeros;
+  float *ew;   /* ew_program: per-row scratch and constant rows */
+  int64_t n_ew;
 } cpu_ctx;
 
 /* A row of at least n zeros, so the fused loops need no branch for a
@@ -50,6 +52,7 @@ static const float *zeros(cn_backend_ctx *bk, int n) {
 
 static void cpu_close(cn_backend_ctx *bk) {
   free(((cpu_ctx *)bk)->zeros);
+  free(((cpu_ctx *)bk)->ew);
   free(bk);
 }
 
@@ -364,6 +367,93 @@ CN_VEC static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
   }
 }
 
+/* ---- compiled vertex functions (core/cell_exec.c) ---- */
+static void cpu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
+                          const float *src, int lds, int n, int width) {
+  for (int r = 0; r < n; r++)
+    memcpy(dst + (size_t)r * ldd, src + (size_t)r * lds,
+           (size_t)width * sizeof(float));
+}
+
+/* One instruction over w floats. d may be a or b exactly (an accumulating
+ * chain), so no restrict; the loops still vectorise behind gcc's overlap
+ * check. */
+CN_VEC static void ew_apply(int op, int w, float *d, const float *a,
+                            const float *b) {
+  switch (op) {
+  case CN_EW_MOV: for (int j = 0; j < w; j++) d[j] = a[j]; break;
+  case CN_EW_ADD: for (int j = 0; j < w; j++) d[j] = a[j] + b[j]; break;
+  case CN_EW_SUB: for (int j = 0; j < w; j++) d[j] = a[j] - b[j]; break;
+  case CN_EW_MUL: for (int j = 0; j < w; j++) d[j] = a[j] * b[j]; break;
+  case CN_EW_DIV: for (int j = 0; j < w; j++) d[j] = a[j] / b[j]; break;
+  case CN_EW_SIGMOID: for (int j = 0; j < w; j++) d[j] = sigm(a[j]); break;
+  case CN_EW_TANH: for (int j = 0; j < w; j++) d[j] = tanhf(a[j]); break;
+  default: for (int j = 0; j < w; j++) d[j] = expf(a[j]); break;
+  }
+}
+
+/* Row r of slot s: NULL for a missing input (off < 0). */
+static inline float *slot_row(const cn_ew_slot *s, int r) {
+  if (s->off != NULL) return s->off[r] < 0 ? NULL : s->base + s->off[r];
+  return s->base + (int64_t)r * s->ld;
+}
+
+/* The fused elementwise program (Cavs' fusion): row by row, so the
+ * per-row scratch (tmp) and the row's operands stay in L1 while every
+ * instruction runs over it. Constants become rows of k, made once. */
+static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
+                           const cn_ew_slot *slots, int n) {
+  cpu_ctx *c = (cpu_ctx *)bk;
+  int64_t need = p->tmp_width, maxw = 1;
+  for (int i = 0; i < p->n_insn; i++) {
+    const cn_ew_insn *in = &p->insn[i];
+    if (in->width > maxw) maxw = in->width;
+    if (in->a.slot < 0) need += in->width;
+    if (in->b.slot < 0) need += in->width;
+  }
+  if (need > c->n_ew) {
+    float *w = realloc(c->ew, (size_t)need * sizeof(float));
+    if (w == NULL) abort(); /* sized by a compiled cell: a few KiB */
+    c->ew = w;
+    c->n_ew = need;
+  }
+  const float *zero = zeros(bk, (int)maxw);
+  float *tmp = c->ew, *kbuf = c->ew + p->tmp_width;
+  /* const rows, in instruction order */
+  float *kp = kbuf;
+  for (int i = 0; i < p->n_insn; i++) {
+    const cn_ew_insn *in = &p->insn[i];
+    const cn_ew_arg *ab[2] = {&in->a, &in->b};
+    for (int q = 0; q < 2; q++)
+      if (ab[q]->slot < 0) {
+        for (int j = 0; j < in->width; j++) kp[j] = ab[q]->k;
+        kp += in->width;
+      }
+  }
+  for (int r = 0; r < n; r++) {
+    kp = kbuf;
+    for (int i = 0; i < p->n_insn; i++) {
+      const cn_ew_insn *in = &p->insn[i];
+      const cn_ew_arg *args[3] = {&in->d, &in->a, &in->b};
+      float *ptr[3];
+      for (int q = 0; q < 3; q++) {
+        const cn_ew_arg *x = args[q];
+        if (x->slot < 0) {
+          ptr[q] = q == 0 ? NULL : kp;
+          if (q > 0) kp += in->width; /* as laid out above */
+          continue;
+        }
+        float *row = x->slot == p->tmp_slot ? tmp
+                                            : slot_row(&slots[x->slot], r);
+        ptr[q] = row != NULL ? row + x->col : NULL;
+        if (ptr[q] == NULL && q > 0) ptr[q] = (float *)zero;
+      }
+      if (ptr[0] == NULL) continue; /* never write a missing row */
+      ew_apply(in->op, in->width, ptr[0], ptr[1], ptr[2]);
+    }
+  }
+}
+
 static const cn_backend_vt cpu_vt = {
     .name = "cpu",
     .host_memory = true,
@@ -392,6 +482,8 @@ static const cn_backend_vt cpu_vt = {
     .sigmoid_rows = cpu_sigmoid_rows,
     .argmax_rows = cpu_argmax_rows,
     .tanh_rows = cpu_tanh_rows,
+    .copy_rows = cpu_copy_rows,
+    .ew_program = cpu_ew_program,
 };
 
 int cn__backend_cpu_open(cn_backend_ctx **out, cn_err *err) {

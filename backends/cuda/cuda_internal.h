@@ -3,7 +3,8 @@
  *   cuda_mem.cu     open/close, the device pool, weights, index staging,
  *                   copies, errors, the vtable;
  *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, mvrnn_mat);
- *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise.
+ *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise, row
+ *                   copies and the fused elementwise programs (ew_program).
  * Only backends/cuda includes CUDA headers.
  */
 #ifndef CANOPY_CUDA_INTERNAL_H
@@ -71,6 +72,11 @@ typedef struct cu_ctx {
   /* mvrnn_mat's identity (B = I for a missing child), for one H. */
   float *eye;
   int eye_H;
+
+  /* ew_program's per-row scratch when it does not fit in shared memory:
+   * a pool block, grown (never shrunk) to the largest n · tmp_width. */
+  float *ew_tmp;
+  size_t ew_tmp_bytes;
 } cu_ctx;
 
 static inline cu_ctx *cu_of(cn_backend_ctx *bk) { return (cu_ctx *)bk; }
@@ -117,6 +123,14 @@ bool cu_enter(cu_ctx *c);
  * receive the device addresses. False on failure (recorded). */
 bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
               const int64_t *len, const int64_t **dev);
+
+/* The same ring, for callers that build their upload in place: reserves
+ * `words` int64 (rounded up to even) and returns the pinned host words to
+ * fill and their device twin; cu_stage_commit then issues the one
+ * asynchronous copy. Nothing else may be staged in between. */
+bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
+                      int64_t **dev);
+bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words);
 
 /* A scratch block from the pool (stream-ordered reuse); NULL on failure. */
 void *cu_pool_get(cu_ctx *c, size_t bytes);
@@ -180,5 +194,9 @@ void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
                     int32_t *out);
 void cu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
+void cu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd, const float *src,
+                  int lds, int n, int width);
+void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
+                   const cn_ew_slot *slots, int n);
 
 #endif

@@ -203,20 +203,17 @@ static bool stage_grow(cu_ctx *c, size_t need) {
   return true;
 }
 
-bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
-              const int64_t *len, const int64_t **dev) {
-  size_t total = 0;
-  for (int i = 0; i < k; i++)
-    total += len[i] > 0 ? ((size_t)len[i] + 1) & ~(size_t)1 : 0;
-  if (total == 0) {
-    for (int i = 0; i < k; i++) dev[i] = NULL;
-    return true;
-  }
-  if (total > c->stage_cap / 2 && !stage_grow(c, total)) return false;
+bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
+                      int64_t **dev) {
+  *host = NULL;
+  *dev = NULL;
+  words = (words + 1) & ~(size_t)1;
+  if (words == 0) return true;
+  if (words > c->stage_cap / 2 && !stage_grow(c, words)) return false;
   size_t half = c->stage_cap / 2;
-  if (c->stage_pos + total > half) {
-    /* Switch halves: wait until the copies that last read the other half
-     * from pinned memory have run (usually long done). */
+  if (c->stage_pos + words > half) {
+    /* Switch halves: wait until the copies (and the kernels) that last
+     * read the other half have run (usually long done). */
     if (!CN_CUDA_CHECK(c, cudaEventRecord(c->stage_ev[c->stage_half],
                                           c->stream)))
       return false;
@@ -225,20 +222,42 @@ bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
       return false;
     c->stage_pos = 0;
   }
-  size_t at = (size_t)c->stage_half * half + c->stage_pos, o = at;
+  size_t at = (size_t)c->stage_half * half + c->stage_pos;
+  *host = c->stage_host + at;
+  *dev = c->stage_dev + at;
+  c->stage_pos += words;
+  return true;
+}
+
+bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words) {
+  if (host == NULL || words == 0) return true;
+  size_t at = (size_t)(host - c->stage_host);
+  return CN_CUDA_CHECK(c, cudaMemcpyAsync(c->stage_dev + at, host,
+                                          words * 8, cudaMemcpyHostToDevice,
+                                          c->stream));
+}
+
+bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
+              const int64_t *len, const int64_t **dev) {
+  size_t total = 0;
+  for (int i = 0; i < k; i++)
+    total += len[i] > 0 ? ((size_t)len[i] + 1) & ~(size_t)1 : 0;
+  int64_t *hs = NULL, *ds = NULL;
+  if (total == 0 || !cu_stage_reserve(c, total, &hs, &ds)) {
+    for (int i = 0; i < k; i++) dev[i] = NULL;
+    return total == 0;
+  }
+  size_t o = 0;
   for (int i = 0; i < k; i++) {
     if (len[i] <= 0 || host[i] == NULL) {
       dev[i] = NULL;
       continue;
     }
-    memcpy(c->stage_host + o, host[i], (size_t)len[i] * 8);
-    dev[i] = c->stage_dev + o;
+    memcpy(hs + o, host[i], (size_t)len[i] * 8);
+    dev[i] = ds + o;
     o += ((size_t)len[i] + 1) & ~(size_t)1;
   }
-  c->stage_pos += total;
-  return CN_CUDA_CHECK(c, cudaMemcpyAsync(c->stage_dev + at,
-                                          c->stage_host + at, total * 8,
-                                          cudaMemcpyHostToDevice, c->stream));
+  return cu_stage_commit(c, hs, total);
 }
 
 /* ---- copies ---- */
@@ -326,6 +345,8 @@ static const cn_backend_vt cuda_vt = {
     .argmax_rows = cu_argmax_rows,
     .sigmoid_rows = cu_sigmoid_rows,
     .tanh_rows = cu_tanh_rows,
+    .copy_rows = cu_copy_rows,
+    .ew_program = cu_ew_program,
     .status = cu_status,
 };
 
