@@ -156,6 +156,38 @@ typedef enum {
 const char *cn_policy_name(cn_policy_kind p);
 int cn_policy_parse(const char *name, cn_policy_kind *out);
 
+/* How a vertex function's memory is laid out (issue #5, ED-Batch §3).
+ * fused: the hand-written fused kernels (backend.h); naive and pq: the cell
+ * compiled from the family's op IR (core/cell.h), pq with the PQ-tree
+ * layout, naive with every variable in its own buffer (gathers and
+ * scatters around each batched product). Types a family does not describe
+ * in the IR run their hand-written kernels under every layout. */
+typedef enum {
+  CN_LAYOUT_FUSED = 0,
+  CN_LAYOUT_NAIVE,
+  CN_LAYOUT_PQ,
+  CN_LAYOUT__COUNT
+} cn_layout;
+
+const char *cn_layout_name(cn_layout l);
+int cn_layout_parse(const char *name, cn_layout *out);
+
+/* The compiled cells of each vertex type (`canopy model info`): per
+ * layout, products, fused kernels, copies, compile time. */
+json_t *cn_model_describe_cells(const cn_model *m);
+
+/* Per-execution figures of one vertex type's cell (cn_run_bench_type). */
+typedef struct cn_cell_bench {
+  int compiled;       /* 0: the type runs hand-written kernels only       */
+  int n;              /* vertices per execution                           */
+  double us;          /* mean microseconds per execution                  */
+  long long kernels;  /* launches per execution (gathers included)        */
+  size_t cell_bytes;  /* bytes copied inside the cell                     */
+  size_t gather_bytes;/* bytes moved between vertices                     */
+  int products, fused_kernels, copy_kernels;
+  double compile_ms;
+} cn_cell_bench;
+
 /* Per-instance request options. */
 enum {
   CN_OUT_ALL = 1u << 0,       /* outputs: "all" (every tree node)          */
@@ -170,6 +202,7 @@ typedef struct cn_run_stats {
   size_t arena_bytes;     /* bytes of the run's planned arena               */
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
+  size_t cell_bytes;      /* bytes moved by copies inside vertex functions  */
 } cn_run_stats;
 
 typedef struct cn_backend_ctx cn_backend_ctx;
@@ -178,6 +211,15 @@ typedef struct cn_run cn_run;
 /* A run gathers many instances and executes them together. It borrows the
  * model, the backend context and the instances: all must outlive it. */
 cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk);
+/* Chooses the layout the run's vertex functions execute with (default
+ * CN_LAYOUT_FUSED); before cn_run_exec. */
+void cn_run_set_layout(cn_run *r, cn_layout layout);
+/* After cn_run_exec: re-executes n vertices of one of the run's batches of
+ * `type` iters times with `layout` and measures them (the ED-Batch Table 2
+ * style report; the run's outputs are unchanged). out->n is 0 when the run
+ * has no vertex of the type. Static families only. */
+int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
+                      cn_cell_bench *out, cn_err *err);
 /* Adds an instance; returns its slot (0, 1, ...) or a negative error.
  * max_decode_len: lstm-nmt cap from the request (0: model default). */
 int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,

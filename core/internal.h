@@ -119,6 +119,8 @@ int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
 /* ---- families (core/families/) ------------------------------------------- */
 typedef struct cn_run cn_run;
 typedef struct cn_family cn_family;
+struct cn_ir;  /* core/cell.h */
+struct cn_cell;
 
 /* Sizes a family's tensor shapes are written in. */
 typedef struct cn_dims {
@@ -168,6 +170,10 @@ struct cn_family {
   void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
   /* Writes the per-instance output object (API.md). */
   json_t *(*output)(const cn_run *r, int slot);
+  /* The vertex function of a type as op IR (core/cell.h), for the naive
+   * and pq layouts; returns 0, or 1 when the type has only its
+   * hand-written exec(). NULL: no type is described. */
+  int (*cell)(const cn_model *m, int type, struct cn_ir *g);
 };
 
 const cn_family *cn__family_find(const char *name);
@@ -200,6 +206,9 @@ struct cn_model {
   cn_safetensors st;
   int n_tensors;
   const cn_tensor *w[CN_MAX_TENSORS]; /* in the family's spec order */
+  /* compiled vertex functions (core/cell.h): [layout - 1][type], NULL
+   * where the family has no IR for the type */
+  struct cn_cell *cell[2][CN_MAX_TYPES];
 };
 
 /* ---- instances (instance.c) ---------------------------------------------*/
@@ -307,8 +316,11 @@ struct cn_run {
   int64_t cap_state_off;
   bool own_scratch;
   int exec_rc;                   /* set by an exec() that could not finish */
+  cn_layout layout;
   /* statistics */
+  size_t cell_bytes;
   size_t gather_bytes;
+  size_t input_bytes;   /* embedding rows gathered (not between vertices) */
   long long kernels;
 };
 
@@ -341,6 +353,13 @@ const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
                           const int64_t *idx, int n, int width, int *ld);
 /* Host-readable view of a vertex's state after execution. */
 const float *cn__run_state_host(const cn_run *r, int32_t v);
+
+/* Executes one batch with the run's layout: the compiled cell when the
+ * model has one for the type, else the family's exec(). */
+void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n);
+/* Scratch floats and index entries that batch needs. */
+void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
+                         int64_t *scratch, int64_t *idx);
 
 /* Executes a run of a dynamic family (run_dynamic.c): frontier by
  * frontier, the graph growing as exec() adds vertices. */

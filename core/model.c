@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "families/families.h"
+#include "cell.h"
 #include "internal.h"
 
 #define MAX_SIZE (1 << 16)  /* H, D: keeps every shape product in range */
@@ -227,7 +228,26 @@ void cn_model_free(cn_model *m) {
   free(m->lexicon_path);
   cn_lexicon_free(m->lexicon);
   cn_safetensors_close(&m->st);
+  for (int l = 0; l < 2; l++)
+    for (int t = 0; t < CN_MAX_TYPES; t++) cn__cell_free(m->cell[l][t]);
   free(m);
+}
+
+/* Compiles every type the family describes in the IR, for both compiled
+ * layouts, once (issue #5: compile at load, not per run). */
+static int compile_cells(cn_model *m, cn_err *err) {
+  if (m->fam->cell == NULL) return 0;
+  cn_ir *g = malloc(sizeof(*g));
+  if (g == NULL) return cn_err_set(err, CN_E_NOMEM, "out of memory");
+  int rc = 0;
+  for (int t = 0; t < m->fam->n_types && rc == 0; t++) {
+    memset(g, 0, sizeof(*g));
+    if (m->fam->cell(m, t, g) != 0) continue;
+    for (int l = 0; l < 2 && rc == 0; l++)
+      rc = cn__cell_compile(m, t, g, CN_LAYOUT_NAIVE + l, &m->cell[l][t], err);
+  }
+  free(g);
+  return rc;
 }
 
 /* The order of checks follows the order a person would fix things in:
@@ -328,6 +348,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
       we->shape[1] <= MAX_SIZE)
     m->dims.Dw = we->shape[1];
   if ((rc = bind_tensors(m, wfile, err)) != 0) goto out;
+  if ((rc = compile_cells(m, err)) != 0) goto out;
   rc = 0;
 out:
   if (f != NULL) fclose(f);

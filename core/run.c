@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "families/families.h"
+#include "cell.h"
 #include "internal.h"
 
 static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
@@ -192,9 +193,9 @@ static int plan_arena(cn_run *r, cn_err *err) {
       cn__run_inputs(r, r->order[bt->start + i], &k);
       edges += k;
     }
-    int64_t s = f->scratch_floats(r->m, bt->type, bt->n, edges);
+    int64_t s, need;
+    cn__run_batch_needs(r, bt->type, bt->n, edges, &s, &need);
     if (s > scratch) scratch = s;
-    int64_t need = 4 * (int64_t)bt->n + 2 * edges + 1;
     if (need > idx) idx = need;
   }
   r->scratch_off = off;
@@ -236,11 +237,55 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];
     r->idx_used = 0;
-    r->fam->exec(r, bt->type, r->order + bt->start, bt->n);
+    cn__run_exec_batch(r, bt->type, r->order + bt->start, bt->n);
   }
   r->bk->vt->sync(r->bk);
   r->kernels = r->bk->kernels - k0;
   return cn__run_copy_back(r, err);
+}
+
+static const cn_cell *run_cell(const cn_run *r, int type) {
+  if (r->layout == CN_LAYOUT_FUSED) return NULL;
+  return r->m->cell[r->layout - 1][type];
+}
+
+void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n) {
+  const cn_cell *c = run_cell(r, type);
+  if (c != NULL)
+    cn__cell_exec(r, c, verts, n);
+  else
+    r->fam->exec(r, type, verts, n);
+}
+
+void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
+                         int64_t *scratch, int64_t *idx) {
+  *scratch = r->fam->scratch_floats(r->m, type, n, edges);
+  *idx = 4 * n + 2 * edges + 1;
+  const cn_cell *c = run_cell(r, type);
+  if (c == NULL) return;
+  int64_t s = cn__cell_scratch_floats(c, n), i = cn__cell_idx(c, n, edges);
+  if (s > *scratch) *scratch = s;
+  if (i > *idx) *idx = i;
+}
+
+void cn_run_set_layout(cn_run *r, cn_layout layout) {
+  if ((int)layout >= 0 && layout < CN_LAYOUT__COUNT) r->layout = layout;
+}
+
+static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",
+                                                           "pq"};
+
+const char *cn_layout_name(cn_layout l) {
+  return (int)l >= 0 && l < CN_LAYOUT__COUNT ? layout_names[l] : "?";
+}
+
+int cn_layout_parse(const char *name, cn_layout *out) {
+  for (int i = 0; i < CN_LAYOUT__COUNT; i++)
+    if (strcmp(name, layout_names[i]) == 0) {
+      *out = (cn_layout)i;
+      return 0;
+    }
+  return CN_E_BAD_CONFIG;
 }
 
 void cn__run_bind_weights(cn_run *r) {
@@ -278,5 +323,6 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->lower_bound = r->lower_bound;
   s->arena_bytes = (size_t)r->arena_floats * sizeof(float);
   s->gather_bytes = r->gather_bytes;
+  s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;
 }

@@ -53,11 +53,12 @@ static int launch(cn_run *r, int t, const int32_t *verts, int32_t n,
     r->state_off[verts[i]] =
         r->type_base[t] + next_row[t]++ * r->state_floats[t];
   }
-  if (ensure_scratch(r, r->fam->scratch_floats(r->m, t, n, edges)) != 0 ||
-      ensure_idx(r, 4 * (int64_t)n + 2 * edges + 1) != 0)
+  int64_t scratch, idx;
+  cn__run_batch_needs(r, t, n, edges, &scratch, &idx);
+  if (ensure_scratch(r, scratch) != 0 || ensure_idx(r, idx) != 0)
     return CN_E_NOMEM;
   r->idx_used = 0;
-  r->fam->exec(r, t, verts, n);
+  cn__run_exec_batch(r, t, verts, n);
   if (r->exec_rc != 0) return r->exec_rc;
   r->n_batches++;
   if (n > r->max_batch[t]) r->max_batch[t] = n;

@@ -22,6 +22,7 @@ typedef struct run_opts {
   const char *model, *input, *backend;
   unsigned flags;
   cn_policy_kind policy;
+  cn_layout layout;
   long long batch, threads, max_decode_len;
   const char *policy_cache;  /* --policy-cache (NULL: the default)       */
   cn_fsm_encoding encoding;  /* --encoding, for --policy fsm            */
@@ -32,7 +33,7 @@ typedef struct run_opts {
 
 typedef struct totals {
   long long instances, errors, batches, lower_bound, kernels, vertices;
-  size_t gather_bytes, arena_peak;
+  size_t gather_bytes, cell_bytes, arena_peak;
 } totals;
 
 static double now_s(void) {
@@ -62,6 +63,12 @@ static void run_usage(FILE *f) {
           "                        (default: see canopy policy --help)\n"
           "  --encoding E          base | max | sort: the FSM's state "
           "(default sort)\n"
+          "  --layout L            fused | naive | pq: hand-written cell "
+          "kernels, or the\n"
+          "                        cells compiled from the op IR with every "
+          "variable in its\n"
+          "                        own buffer (naive) or laid out by the "
+          "PQ-tree (default fused)\n"
           "  --batch N             instances per run (default 64)\n"
           "  --backend B           cpu | cuda (default cpu)\n"
           "  --threads N           OpenBLAS threads (default: OpenBLAS's own)\n"
@@ -121,6 +128,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 "canopy run: unknown --policy '%s' (none, depth, agenda, "
                 "sufficient, fsm)\n",
                 v);
+        return -1;
+      }
+    } else if ((m = cn__flag_value(argc, argv, &i, "--layout", &v)) != 0) {
+      if (m < 0 || cn_layout_parse(v, &o->layout) != 0) {
+        fprintf(stderr, "canopy run: --layout must be fused, naive or pq\n");
         return -1;
       }
     } else if ((m = cn__flag_value(argc, argv, &i, "--policy-cache", &v)) !=
@@ -186,6 +198,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   int rc = 0;
   cn_run *r = cn_run_new(m, bk);
   if (r == NULL) return -1;
+  cn_run_set_layout(r, o->layout);
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) continue;
     ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, (int)o->max_decode_len);
@@ -210,6 +223,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   tot->kernels += st.kernels;
   tot->vertices += st.vertices;
   tot->gather_bytes += st.gather_bytes;
+  tot->cell_bytes += st.cell_bytes;
   if (st.arena_bytes > tot->arena_peak) tot->arena_peak = st.arena_bytes;
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) {
@@ -344,12 +358,14 @@ int cn_cmd_run(int argc, char **argv) {
           "{\"instances\": %lld, \"errors\": %lld, \"batches\": %lld, "
           "\"lower_bound\": %lld, \"seconds\": %.6f, "
           "\"instances_per_s\": %.1f, \"policy\": \"%s\", \"batch\": %lld, "
-          "\"vertices\": %lld, \"kernels\": %lld, "
-          "\"gather_bytes_copied\": %zu, \"arena_bytes_peak\": %zu}\n",
+          "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
+          "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
+          "\"arena_bytes_peak\": %zu}\n",
           tot.instances, tot.errors, tot.batches, tot.lower_bound, secs,
           secs > 0 ? (double)tot.instances / secs : 0.0,
-          cn_policy_name(o.policy), o.batch, tot.vertices, tot.kernels,
-          tot.gather_bytes, tot.arena_peak);
+          cn_policy_name(o.policy), o.batch, cn_layout_name(o.layout),
+          tot.vertices, tot.kernels, tot.cell_bytes, tot.gather_bytes,
+          tot.arena_peak);
   status = tot.errors > 0 ? 2 : 0;
 out:
   free(buf);

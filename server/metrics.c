@@ -78,7 +78,7 @@ void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
                      double compute_s, long long batches,
                      long long lower_bound, long long vertices,
                      long long kernels, size_t gather_bytes,
-                     size_t arena_bytes) {
+                     size_t cell_bytes, size_t arena_bytes) {
   (void)queue_s_max;
   pthread_mutex_lock(&m->mu);
   m->runs++;
@@ -89,6 +89,7 @@ void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
   m->vertices += (uint64_t)vertices;
   m->kernels += (uint64_t)kernels;
   m->gather_bytes += gather_bytes;
+  m->cell_bytes += cell_bytes;
   m->arena_bytes_total += arena_bytes;
   m->arena_bytes_last = arena_bytes;
   if (arena_bytes > m->arena_bytes_peak) m->arena_bytes_peak = arena_bytes;
@@ -245,6 +246,9 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
           m->rejected_overloaded);
   counter(&b, "canopy_gather_copied_bytes_total",
           "bytes moved by child gathers and scatters", m->gather_bytes);
+  counter(&b, "canopy_cell_copied_bytes_total",
+          "bytes moved by copies inside vertex functions (layout naive; "
+          "zero with pq where the layout removes them)", m->cell_bytes);
   counter(&b, "canopy_arena_allocated_bytes_total",
           "bytes of arenas planned for runs", m->arena_bytes_total);
   gauge(&b, "canopy_arena_bytes", "arena bytes of the last run",

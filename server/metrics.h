@@ -30,7 +30,7 @@ typedef struct cn__metrics {
   uint64_t runs, batches, lower_bound, vertices, kernels;
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
   uint64_t rejected_overloaded;
-  uint64_t gather_bytes, arena_bytes_total;
+  uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
   double start_time;
@@ -50,7 +50,7 @@ void cn__metrics_request(cn__metrics *m, int model, int status,
 void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
                      double compute_s, long long batches,
                      long long lower_bound, long long vertices,
-                     long long kernels, size_t gather_bytes,
+                     long long kernels, size_t gather_bytes, size_t cell_bytes,
                      size_t arena_bytes);
 void cn__metrics_queue_wait(cn__metrics *m, double seconds);
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,

@@ -204,6 +204,7 @@ int cn_cmd_serve(int argc, char **argv) {
   cn__log_level = cn__log_parse_level(sc->log_level);
   s->mhd_thread = strcmp(sc->http_mode, "mhd-thread") == 0;
   cn_policy_parse(sc->policy, &s->policy);
+  cn_layout_parse(sc->layout, &s->layout);
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
   pthread_mutex_init(&s->dmu, NULL);

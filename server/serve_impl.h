@@ -126,6 +126,7 @@ struct cn__job {
 struct cn__server {
   cn_config cfg;
   cn_policy_kind policy;
+  cn_layout layout;
   cn__model_entry *models;
   int n_models;
   uv_loop_t loop;

@@ -62,6 +62,7 @@ static void run_job(worker_arg *w, cn__job *j) {
   cn__server *s = w->s;
   int **slots = calloc((size_t)j->n, sizeof(int *));
   cn_run *run = cn_run_new(j->me->model, w->bk);
+  if (run != NULL) cn_run_set_layout(run, s->layout);
   double t0 = cn__now();
   int live = 0, dropped = 0;
   cn_err err;
@@ -105,7 +106,7 @@ static void run_job(worker_arg *w, cn__job *j) {
                          : (long long)(0.8 * prev + 0.2 * ms * 1e3));
   cn__metrics_run(&s->metrics, j->st.instances, 0, ms / 1e3, j->st.batches,
                   j->st.lower_bound, j->st.vertices, j->st.kernels,
-                  j->st.gather_bytes, j->st.arena_bytes);
+                  j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
   for (int i = 0; i < j->n; i++) {
     cn__req *r = j->reqs[i];
     if (slots[i] == NULL) continue;

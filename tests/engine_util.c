@@ -53,6 +53,9 @@ json_t *tu_data_lines(const char *name, int max) {
   return a;
 }
 
+cn_layout tu_layout = CN_LAYOUT_FUSED;
+cn_run_stats tu_stats;
+
 json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
                   cn_policy_kind pol, int batch, unsigned flags,
                   long long *batches, long long *lower_bound) {
@@ -61,12 +64,14 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
   json_t *outs = json_array();
   if (batches) *batches = 0;
   if (lower_bound) *lower_bound = 0;
+  memset(&tu_stats, 0, sizeof(tu_stats));
   for (size_t s = 0; s < n; s += (size_t)batch) {
     size_t e = s + (size_t)batch < n ? s + (size_t)batch : n;
     cn_instance **in = calloc(e - s, sizeof(*in));
     int *slot = calloc(e - s, sizeof(int));
     json_t **errs = calloc(e - s, sizeof(json_t *));
     cn_run *r = cn_run_new(m, bk);
+    cn_run_set_layout(r, tu_layout);
     for (size_t i = s; i < e; i++) {
       if (cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
                             &in[i - s], &err) != 0) {
@@ -82,6 +87,10 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
     cn_run_get_stats(r, &st);
     if (batches) *batches += st.batches;
     if (lower_bound) *lower_bound += st.lower_bound;
+    tu_stats.kernels += st.kernels;
+    tu_stats.cell_bytes += st.cell_bytes;
+    tu_stats.gather_bytes += st.gather_bytes;
+    tu_stats.batches += st.batches;
     for (size_t i = s; i < e; i++)
       json_array_append_new(outs, errs[i - s] ? errs[i - s]
                                               : cn_run_output(r, slot[i - s]));

@@ -20,6 +20,10 @@ json_t *tu_data_lines(const char *name, int max);
 json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
                   cn_policy_kind pol, int batch, unsigned flags,
                   long long *batches, long long *lower_bound);
+/* The layout tu_run_on's runs use (default fused), and the statistics of
+ * its last call, summed over its runs. */
+extern cn_layout tu_layout;
+extern cn_run_stats tu_stats;
 /* The same on a fresh cpu backend context. */
 json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
                int batch, unsigned flags, long long *batches,

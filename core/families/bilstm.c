@@ -11,6 +11,7 @@
  */
 #include <stdio.h>
 
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, F_WIH, F_WHH, F_BIH, F_BHH, B_WIH, B_WHH, B_BIH, B_BHH, OUT_W,
@@ -144,6 +145,15 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
 }
 
+/* The cells as op IR (core/cell.h): nn.LSTMCell each way, and
+ * logits = out.W [hf; hb] + out.b. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 2, OUT_W, OUT_B);
+  if (type == T_FWD)
+    return cn__ir_lstm_cell(m, g, EMBED, F_WIH, F_WHH, F_BIH, F_BHH);
+  return cn__ir_lstm_cell(m, g, EMBED, B_WIH, B_WHH, B_BIH, B_BHH);
+}
+
 const cn_family cn__fam_bilstm = {
     .name = "bilstm-tagger",
     .input = CN_INPUT_SEQUENCE,
@@ -157,4 +167,5 @@ const cn_family cn__fam_bilstm = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .cell = cell,
 };

@@ -10,6 +10,7 @@
  *             F[E,H] = Hk·U_fᵀ; c = σ(i)⊙tanh(u) + Σk σ(F_k + b_f)⊙c_k.
  *   output:   logits = h·out.Wᵀ + out.b.
  */
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, CELL_W, CELL_U, CELL_B, OUT_W, OUT_B };
@@ -93,6 +94,29 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
+/* The leaf and output cells as op IR (core/cell.h). A leaf has no
+ * children (hs = 0): i = σ(Wi x + bi), o, u likewise; c = i⊙u;
+ * h = o⊙tanh(c). The internal cell (one forget gate per child, any
+ * arity) stays hand-written. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  int H = (int)m->dims.H, D = (int)m->dims.D;
+  if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
+  if (type != T_LEAF) return 1;
+  int x = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x");
+  int i = cn_ir_unary(g, CN_IR_SIGMOID,
+                      cn_ir_linear(g, &x, 1, CELL_W, 0, H, CELL_B, 0));
+  int o = cn_ir_unary(g, CN_IR_SIGMOID,
+                      cn_ir_linear(g, &x, 1, CELL_W, 2 * H, H, CELL_B, 2 * H));
+  int u = cn_ir_unary(g, CN_IR_TANH,
+                      cn_ir_linear(g, &x, 1, CELL_W, 3 * H, H, CELL_B, 3 * H));
+  int c = cn_ir_binary(g, CN_IR_MUL, i, u);
+  cn_ir_output(g, cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c)),
+               0);
+  cn_ir_output(g, c, H);
+  g->state_floats = 2 * H;
+  return 0;
+}
+
 const cn_family cn__fam_childsum = {
     .name = "childsum-treelstm",
     .input = CN_INPUT_TREE,
@@ -107,4 +131,5 @@ const cn_family cn__fam_childsum = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .cell = cell,
 };

@@ -60,6 +60,19 @@ json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
 void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
                         const float *E, const float *Wih, const float *Whh,
                         const float *bih, const float *bhh);
+/* ---- vertex functions as op IR (cells.c, core/cell.h) ---- */
+struct cn_ir;
+/* logits = out.W [h_1; ...; h_n_in] + out.b, h_k = first H floats of
+ * input edge k. */
+int cn__ir_output_layer(const cn_model *m, struct cn_ir *g, int n_in, int W,
+                        int B);
+/* nn.LSTMCell on x = E[vaux], previous [h | c] = input edge 0. */
+int cn__ir_lstm_cell(const cn_model *m, struct cn_ir *g, int E, int Wih,
+                     int Whh, int bih, int bhh);
+/* nn.GRUCell on IR nodes x and hp; output h at column 0. */
+int cn__ir_gru_cell(const cn_model *m, struct cn_ir *g, int x, int hp,
+                    int Wih, int Whh, int bih, int bhh);
+
 /* JSON helpers. */
 json_t *cn__json_floats(const float *x, int64_t n);
 int cn__argmax(const float *x, int n);

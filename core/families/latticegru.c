@@ -6,6 +6,7 @@
  *   Hp[n,H] = mean of the predecessors' h (zero without any);
  *   GI = X·W_ihᵀ + b_ih, GH = Hp·W_hhᵀ + b_hh; nn.GRUCell update.
  */
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, WIH, WHH, BIH, BHH, OUT_W, OUT_B };
@@ -111,6 +112,16 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+/* The cells as op IR (core/cell.h): hp = mean of the predecessors' h,
+ * h = GRUCell(embed[x], hp); output as the tree families. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
+  int H = (int)m->dims.H, D = (int)m->dims.D;
+  int x = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x");
+  int hp = cn_ir_src_(g, CN_SRC_INPUT_MEAN, -1, 0, 0, H, "hp");
+  return cn__ir_gru_cell(m, g, x, hp, WIH, WHH, BIH, BHH);
+}
+
 const cn_family cn__fam_latticegru = {
     .name = "latticegru",
     .input = CN_INPUT_DAG,
@@ -124,4 +135,5 @@ const cn_family cn__fam_latticegru = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .cell = cell,
 };

@@ -15,6 +15,7 @@
  */
 #include <stdlib.h>
 
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, WEMBED, CHAR_W, CHAR_B, WORD_W, WORD_B, LINK_W, LINK_B, OUT_W,
@@ -190,6 +191,38 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, (int)r->m->dims.H, hidden);
 }
 
+/* The word and link cells as op IR (core/cell.h), MODELS.md
+ * "latticelstm": cw = σ(f)⊙c_b + σ(i)⊙tanh(u) with (i, f, u) =
+ * word.W [xw; h_b] + word.b; l = σ(link.W [x; cw] + link.b). The char cell
+ * (a variable number of words, exp-normalised) stays hand-written. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  int H = (int)m->dims.H, D = (int)m->dims.D, Dw = (int)Dw_of(m);
+  if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
+  if (type == T_CHAR) return 1;
+  g->state_floats = H;
+  if (type == T_LINK) {
+    int x[2] = {cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x"),
+                cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "cw")};
+    int l = cn_ir_unary(g, CN_IR_SIGMOID,
+                        cn_ir_linear(g, x, 2, LINK_W, 0, H, LINK_B, 0));
+    cn_ir_output(g, l, 0);
+    return 0;
+  }
+  int x[2] = {cn_ir_src_(g, CN_SRC_EMBED, WEMBED, 0, 0, Dw, "xw"),
+              cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "h_b")};
+  int cb = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, H, H, "c_b");
+  int gi = cn_ir_linear(g, x, 2, WORD_W, 0, H, WORD_B, 0);
+  int gf = cn_ir_linear(g, x, 2, WORD_W, H, H, WORD_B, H);
+  int gu = cn_ir_linear(g, x, 2, WORD_W, 2 * H, H, WORD_B, 2 * H);
+  int cw = cn_ir_binary(
+      g, CN_IR_ADD,
+      cn_ir_binary(g, CN_IR_MUL, cn_ir_unary(g, CN_IR_SIGMOID, gf), cb),
+      cn_ir_binary(g, CN_IR_MUL, cn_ir_unary(g, CN_IR_SIGMOID, gi),
+                   cn_ir_unary(g, CN_IR_TANH, gu)));
+  cn_ir_output(g, cw, 0);
+  return 0;
+}
+
 const cn_family cn__fam_latticelstm = {
     .name = "latticelstm",
     .input = CN_INPUT_LATTICE,
@@ -203,4 +236,5 @@ const cn_family cn__fam_latticelstm = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .cell = cell,
 };

@@ -10,6 +10,7 @@
  *   output:   logits = p·out.Wᵀ + out.b.
  * The mat-mat products dominate: ED-Batch §6 notes MV-RNN is bound by them.
  */
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, LEAF_M, INT_W, INT_B, INT_WM, OUT_W, OUT_B };
@@ -68,6 +69,13 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
+/* The output cell as op IR (core/cell.h); the leaf (a matrix per word)
+ * and internal (matrix products per vertex) cells stay hand-written. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
+  return 1;
+}
+
 const cn_family cn__fam_mvrnn = {
     .name = "mvrnn",
     .input = CN_INPUT_TREE,
@@ -82,4 +90,5 @@ const cn_family cn__fam_mvrnn = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .cell = cell,
 };

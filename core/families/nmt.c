@@ -11,6 +11,7 @@
  */
 #include <stdlib.h>
 
+#include "../cell.h"
 #include "families.h"
 
 enum { SRC_E, TGT_E, E_WIH, E_WHH, E_BIH, E_BHH, D_WIH, D_WHH, D_BIH, D_BHH,
@@ -159,6 +160,16 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+/* The encoder and decoder cells as op IR (core/cell.h): nn.LSTMCell. The
+ * proj type decides what runs next (argmax, new vertices): hand-written. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  if (type == T_ENC)
+    return cn__ir_lstm_cell(m, g, SRC_E, E_WIH, E_WHH, E_BIH, E_BHH);
+  if (type == T_DEC)
+    return cn__ir_lstm_cell(m, g, TGT_E, D_WIH, D_WHH, D_BIH, D_BHH);
+  return 1;
+}
+
 const cn_family cn__fam_nmt = {
     .name = "lstm-nmt",
     .input = CN_INPUT_SEQUENCE,
@@ -173,4 +184,5 @@ const cn_family cn__fam_nmt = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .cell = cell,
 };

@@ -7,6 +7,7 @@
  *             h = σ(z)⊙(h1 + h2)/2 + (1 - σ(z))⊙tanh(N).
  *   output:   logits = h·out.Wᵀ + out.b.
  */
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, LEAF_W, LEAF_B, INT_UG, INT_BG, INT_UN, INT_BN, OUT_W, OUT_B };
@@ -71,6 +72,42 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
+/* The cells as op IR (core/cell.h), MODELS.md "treegru":
+ *   leaf: h = tanh(leaf.W x + leaf.b).
+ *   internal: (r1, r2, z) = σ(Ug [h1; h2] + bg);
+ *         n = tanh(Un [r1⊙h1; r2⊙h2] + bn); h = z⊙(h1 + h2)/2 + (1-z)⊙n. */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  int H = (int)m->dims.H, D = (int)m->dims.D;
+  if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
+  g->state_floats = H;
+  if (type == T_LEAF) {
+    int x = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x");
+    int h = cn_ir_unary(g, CN_IR_TANH,
+                        cn_ir_linear(g, &x, 1, LEAF_W, 0, H, LEAF_B, 0));
+    cn_ir_output(g, h, 0);
+    return 0;
+  }
+  int x[2] = {cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "h1"),
+              cn_ir_src_(g, CN_SRC_INPUT, -1, 1, 0, H, "h2")};
+  int gate[3];
+  for (int q = 0; q < 3; q++)
+    gate[q] = cn_ir_unary(g, CN_IR_SIGMOID,
+                          cn_ir_linear(g, x, 2, INT_UG, q * H, H, INT_BG,
+                                       q * H));
+  int rh[2] = {cn_ir_binary(g, CN_IR_MUL, gate[0], x[0]),
+               cn_ir_binary(g, CN_IR_MUL, gate[1], x[1])};
+  int n = cn_ir_unary(g, CN_IR_TANH,
+                      cn_ir_linear(g, rh, 2, INT_UN, 0, H, INT_BN, 0));
+  int z = gate[2];
+  int avg = cn_ir_const_op(g, CN_IR_SCALE, 0.5f,
+                           cn_ir_binary(g, CN_IR_ADD, x[0], x[1]));
+  int h = cn_ir_binary(
+      g, CN_IR_ADD, cn_ir_binary(g, CN_IR_MUL, z, avg),
+      cn_ir_binary(g, CN_IR_MUL, cn_ir_const_op(g, CN_IR_RSUB, 1.0f, z), n));
+  cn_ir_output(g, h, 0);
+  return 0;
+}
+
 const cn_family cn__fam_treegru = {
     .name = "treegru",
     .input = CN_INPUT_TREE,
@@ -85,4 +122,5 @@ const cn_family cn__fam_treegru = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .cell = cell,
 };

@@ -8,6 +8,7 @@
  *             reading c1, c2 where they live.
  *   output:   logits[n,C] = h·out.Wᵀ + out.b.
  */
+#include "../cell.h"
 #include "families.h"
 
 enum { EMBED, LEAF_W, LEAF_B, OUT_W, OUT_B, INT_U, INT_B, INT_B_U, INT_B_B };
@@ -93,6 +94,46 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
+/* The cells as op IR (core/cell.h), MODELS.md "treelstm":
+ *   leaf: g = leaf.W x + leaf.b, (i, o, u); c = σ(i)⊙tanh(u);
+ *         h = σ(o)⊙tanh(c).
+ *   internal: g = U [h1; h2] + b, (i, f1, f2, o, u);
+ *         c = σ(i)⊙tanh(u) + σ(f1)⊙c1 + σ(f2)⊙c2; h = σ(o)⊙tanh(c). */
+static int cell(const cn_model *m, int type, cn_ir *g) {
+  int H = (int)m->dims.H, D = (int)m->dims.D;
+  int last = m->fam->n_types - 1;
+  if (type == last) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
+  int gate[5], n_gates;
+  if (type == 0) {
+    int x = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x");
+    n_gates = 3;
+    for (int q = 0; q < 3; q++)
+      gate[q] = cn_ir_linear(g, &x, 1, LEAF_W, q * H, H, LEAF_B, q * H);
+  } else {
+    int U = type == 2 ? INT_B_U : INT_U, B = type == 2 ? INT_B_B : INT_B;
+    int x[2] = {cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "h1"),
+                cn_ir_src_(g, CN_SRC_INPUT, -1, 1, 0, H, "h2")};
+    n_gates = 5;
+    for (int q = 0; q < 5; q++)
+      gate[q] = cn_ir_linear(g, x, 2, U, q * H, H, B, q * H);
+  }
+  int i = cn_ir_unary(g, CN_IR_SIGMOID, gate[0]);
+  int o = cn_ir_unary(g, CN_IR_SIGMOID, gate[n_gates - 2]);
+  int u = cn_ir_unary(g, CN_IR_TANH, gate[n_gates - 1]);
+  int c = cn_ir_binary(g, CN_IR_MUL, i, u);
+  if (type != 0)
+    for (int k = 0; k < 2; k++) {
+      int ck = cn_ir_src_(g, CN_SRC_INPUT, -1, k, H, H, "c");
+      int f = cn_ir_unary(g, CN_IR_SIGMOID, gate[1 + k]);
+      c = cn_ir_binary(g, CN_IR_ADD, c, cn_ir_binary(g, CN_IR_MUL, f, ck));
+    }
+  int h = cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c));
+  cn_ir_output(g, h, 0);
+  cn_ir_output(g, c, H);
+  g->state_floats = 2 * H;
+  return 0;
+}
+
 const cn_family cn__fam_treelstm = {
     .name = "treelstm",
     .input = CN_INPUT_TREE,
@@ -107,6 +148,7 @@ const cn_family cn__fam_treelstm = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .cell = cell,
 };
 
 const cn_family cn__fam_treelstm_2type = {
@@ -123,4 +165,5 @@ const cn_family cn__fam_treelstm_2type = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .cell = cell,
 };

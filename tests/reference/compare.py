@@ -236,7 +236,7 @@ def compare_nmt(c, ref, got, cap):
                       % (_short(toks[:n]), _short(ref["output_tokens"][:n])))
 
 
-def run_canopy(args, input_path, policy, batch):
+def run_canopy(args, input_path, policy, batch, layout="fused"):
     cmd = [args.canopy, "run", "--model", args.model, "--input", input_path,
            "--outputs", args.outputs]
     if args.return_hidden:
@@ -244,6 +244,8 @@ def run_canopy(args, input_path, policy, batch):
     if args.max_decode_len is not None:
         cmd += ["--max-decode-len", str(args.max_decode_len)]
     cmd += ["--policy", policy, "--batch", str(batch)]
+    if layout != "fused":
+        cmd += ["--layout", layout]
     cmd += args.canopy_arg
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -272,6 +274,8 @@ def main(argv=None):
     ap.add_argument("--return-hidden", action="store_true")
     ap.add_argument("--max-decode-len", type=int, default=None)
     ap.add_argument("--policies", default="none,depth,agenda")
+    ap.add_argument("--layouts", default="fused",
+                    help="comma list of canopy run --layout values (fused, naive, pq)")
     ap.add_argument("--batch", default="1,7,64")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--tie-tol", type=float, default=1e-5,
@@ -303,9 +307,11 @@ def main(argv=None):
     batches = [int(b) for b in args.batch.split(",") if b]
     rows = []
     failed = False
-    for policy in policies:
+    combos = [(p, l) for l in args.layouts.split(",") if l for p in policies]
+    for policy, layout in combos:
         for batch in batches:
-            cmd, rc, out_lines, summary, err = run_canopy(args, input_path, policy, batch)
+            cmd, rc, out_lines, summary, err = run_canopy(args, input_path, policy, batch,
+                                                          layout)
             mism = 0
             ties = 0
             maxdiff = 0.0
@@ -350,7 +356,7 @@ def main(argv=None):
                     bl = "%s/%s" % (b, lb)
             ok = rc == 0 and mism == 0
             failed = failed or not ok
-            rows.append((policy, batch, len(refs), maxdiff, mism, ties, bl, "ok" if ok else "FAIL"))
+            rows.append((policy if layout == "fused" else policy + "/" + layout, batch, len(refs), maxdiff, mism, ties, bl, "ok" if ok else "FAIL"))
             if notes:
                 sys.stderr.write("[%s batch=%d] %s\n" % (policy, batch, " ".join(cmd)))
                 for n in notes:
@@ -361,7 +367,7 @@ def main(argv=None):
     print("model %s (%s), input %s, outputs=%s%s, tol %g"
           % (args.model, model.family, args.input, args.outputs,
              ", return_hidden" if args.return_hidden else "", args.tol))
-    fmt = "%-8s %6s %10s %13s %11s %6s %20s %7s"
+    fmt = "%-12s %6s %10s %13s %11s %6s %20s %7s"
     print(fmt % hdr)
     for r in rows:
         print(fmt % (r[0], r[1], r[2], "%.3e" % r[3], r[4], r[5], r[6], r[7]))

@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""cell_report.py - issue #5's ED-Batch Table-2-style report of the compiled
+vertex functions: per vertex type of every family with an IR cell, kernels
+and bytes copied per execution, latency at (batch 8, H 64) and (batch 64,
+H 256), naive against pq (and the hand-written fused kernels beside them),
+and compile time. Prints a markdown table (README "Compiled cells").
+
+usage: scripts/cell_report.py [--canopy build/canopy] [--iters 300]
+Models are made with `canopy model init` in a temporary directory; the
+figures come from `canopy model bench` (one process per model, all layouts
+in one run, so ratios are side by side).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+DATA = os.environ.get("CANOPY_DATA",
+                      os.path.join(os.path.dirname(__file__), "..", "..",
+                                   "shared", "data"))
+FAMILIES = [  # family, data file
+    ("treelstm", "trees-binary.jsonl"),
+    ("treelstm-2type", "trees-binary.jsonl"),
+    ("treegru", "trees-binary.jsonl"),
+    ("childsum-treelstm", "trees-nary.jsonl"),
+    ("bilstm-tagger", "sequences.jsonl"),
+    ("latticegru", "dags.jsonl"),
+]
+SHAPES = [(8, 64), (64, 256)]  # (batch, hidden)
+
+
+def bench(canopy, family, data, hidden, batch, iters, tmp):
+    d = os.path.join(tmp, "%s-%d" % (family, hidden))
+    if not os.path.isdir(d):
+        subprocess.run([canopy, "model", "init", family, d, "--hidden",
+                        str(hidden), "--embed", str(hidden), "--vocab-from",
+                        os.path.join(DATA, data)], check=True,
+                       stdout=subprocess.DEVNULL)
+    out = subprocess.run([canopy, "model", "bench", d, "--input",
+                          os.path.join(DATA, data), "--runsize", "256",
+                          "--batch", str(batch), "--iters", str(iters)],
+                         check=True, capture_output=True, text=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        r = json.loads(line)
+        rows[(r["type"], r["layout"])] = r
+    return rows
+
+
+def ratio(a, b):
+    return "%.1f×" % (a / b) if b > 0 else ("∞" if a > 0 else "1×")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--canopy", default="build/canopy")
+    ap.add_argument("--iters", type=int, default=300)
+    a = ap.parse_args()
+    print("| family / vertex type | kernels naive → pq (fused) | copy kernels "
+          "naive → pq | bytes copied in the cell naive → pq | µs b=8 H=64 "
+          "naive / pq / fused | µs b=64 H=256 naive / pq / fused | "
+          "compile ms (pq) |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for fam, data in FAMILIES:
+            res = [bench(a.canopy, fam, data, h, b, a.iters, tmp)
+                   for b, h in SHAPES]
+            types = []
+            for (t, lay) in res[0]:
+                if lay == "pq" and t not in types:
+                    types.append(t)
+            for t in types:
+                s = res[0]
+                nv, pq, fu = s[(t, "naive")], s[(t, "pq")], s[(t, "fused")]
+                lat = []
+                for r in res:
+                    if (t, "pq") not in r:
+                        lat.append("–")
+                        continue
+                    lat.append("%.1f / %.1f / %.1f (%s)" % (
+                        r[(t, "naive")]["us"], r[(t, "pq")]["us"],
+                        r[(t, "fused")]["us"],
+                        ratio(r[(t, "naive")]["us"], r[(t, "pq")]["us"])))
+                print("| %s / %s | %d → %d (%d) | %d → %d | %d → %d (%s) | "
+                      "%s | %s | %.2f |" % (
+                          fam, t, nv["kernels"], pq["kernels"],
+                          fu["kernels"], nv["copy_kernels"],
+                          pq["copy_kernels"], nv["cell_bytes"],
+                          pq["cell_bytes"],
+                          ratio(nv["cell_bytes"], pq["cell_bytes"]),
+                          lat[0], lat[1], pq["compile_ms"]))
+                sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
