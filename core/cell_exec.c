@@ -285,11 +285,26 @@ int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
   if (!r->executed || r->batches == NULL || r->fam->dynamic)
     return cn_err_set(err, CN_E_INTERNAL,
                       "bench needs an executed run of a static family");
+  /* The batch with the most inputs present (a chain's first step has no
+   * previous state, and a hand-written kernel may skip its product), then
+   * the largest. */
   const cn_run_batch *best = NULL;
-  for (int32_t b = 0; b < r->n_batches; b++)
-    if (r->batches[b].type == type &&
-        (best == NULL || r->batches[b].n > best->n))
-      best = &r->batches[b];
+  int best_in = -1;
+  for (int32_t b = 0; b < r->n_batches; b++) {
+    const cn_run_batch *bt = &r->batches[b];
+    if (bt->type != type) continue;
+    int min_in = 1 << 30;
+    for (int32_t i = 0; i < bt->n && i < n; i++) {
+      int k;
+      cn__run_inputs(r, r->order[bt->start + i], &k);
+      if (k < min_in) min_in = k;
+    }
+    int have = bt->n < n ? bt->n : n, best_have = 0;
+    if (best != NULL) best_have = best->n < n ? best->n : n;
+    if (best == NULL || min_in > best_in ||
+        (min_in == best_in && have > best_have))
+      best = bt, best_in = min_in;
+  }
   if (best == NULL) return 0; /* no vertex of the type */
   if (n > best->n) n = best->n;
   const int32_t *verts = r->order + best->start;
