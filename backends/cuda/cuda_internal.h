@@ -1,10 +1,11 @@
 /* cuda_internal.h - the CUDA backend's context and helpers, shared by its
- * three translation units (docs/cuda.md):
+ * four translation units (docs/cuda.md):
  *   cuda_mem.cu     open/close, the device pool, weights, index staging,
  *                   copies, errors, the vtable;
  *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, mvrnn_mat);
  *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise, row
- *                   copies and the fused elementwise programs (ew_program).
+ *                   copies;
+ *   cuda_ew.cu      the fused elementwise programs of compiled cells.
  * Only backends/cuda includes CUDA headers.
  */
 #ifndef CANOPY_CUDA_INTERNAL_H
@@ -196,7 +197,13 @@ void cu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 void cu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd, const float *src,
                   int lds, int n, int width);
+/* cuda_ew.cu */
 void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
                    const cn_ew_slot *slots, int n);
+
+/* σ as the CPU backend computes it (expf, no fast math). */
+__device__ __forceinline__ float sigm(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
 
 #endif
