@@ -110,6 +110,7 @@ typedef struct cn_cell_var {
   int32_t src;     /* INPLACE / gathered sources: index into cell.srcs     */
   int32_t t;       /* PARAM: tensor (its floats from col on)               */
   int32_t out_col; /* >= 0: the value is these state columns               */
+  float k;         /* CONST: its value                                      */
 } cn_cell_var;
 
 typedef struct cn_cell_src {
@@ -140,17 +141,11 @@ typedef struct cn_cell_step {
   int32_t i;      /* gemm index or ew program index                        */
 } cn_cell_step;
 
-/* An elementwise program before slots are bound: operands name vars. */
-typedef struct cn_cell_insn {
-  uint8_t op;
-  int32_t width;
-  int32_t d, a, b; /* vars (-1 none)                                      */
-  int32_t off_d, off_a, off_b; /* float offset inside the var (batched)   */
-} cn_cell_insn;
-
+/* A fused elementwise kernel, ready to launch: operand slot v is var v's
+ * view, slot n_vars the per-row scratch (TMP vars), constants inline. */
 typedef struct cn_cell_ew {
   int n_insn;
-  cn_cell_insn *insn;
+  cn_ew_insn *insn;
   int n_ops;       /* IR ops it fuses, before instruction batching         */
 } cn_cell_ew;
 
@@ -177,6 +172,13 @@ typedef struct cn_cell {
   double compile_ms;
 } cn_cell;
 
+/* The model's compiled cell of a type for a layout; NULL for the fused
+ * layout or a type with hand-written kernels only. */
+static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
+                                            int type) {
+  return l == CN_LAYOUT_FUSED ? NULL : m->cell[l - 1][type];
+}
+
 /* Compiles g for a layout. *out is malloc'd (cn__cell_free). */
 int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
                      cn_cell **out, cn_err *err);
@@ -188,7 +190,5 @@ int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges);
 /* Runs the cell on a batch (all inputs ready; rows of verts consecutive in
  * the type's state buffer). */
 void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n);
-/* A one-line description for `canopy model info` and the report. */
-void cn__cell_describe(const cn_cell *c, char *buf, size_t cap);
 
 #endif

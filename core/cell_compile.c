@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "cell.h"
-#include "pqtree.h"
+#include "cell_impl.h"
 
 #define MAX_TREES 12
 
@@ -409,20 +409,14 @@ static int ew_op_of(int kind) {
   }
 }
 
-/* Constant operands are vars too (CN_SP_CONST, k in col's place). */
+/* Constant operands are vars too (CN_SP_CONST). */
 static int const_var(cn_cell *c, float k) {
   int v = new_var(c, -1, CN_SP_CONST, 0);
-  memcpy(&c->vars[v].col, &k, sizeof(float));
+  c->vars[v].k = k;
   return v;
 }
 
-typedef struct ew_item {
-  int node, kernel, level, seq;
-  cn_cell_insn insn;
-} ew_item;
-
-/* Lowers every ew node to one instruction (an unmerged sum to a chain). */
-static int lower_ew(compiler *cp, ew_item *items, int *n_items) {
+static int lower_ew(compiler *cp, cell_item *items, int *n_items) {
   const cn_ir *g = cp->g;
   cn_cell *c = cp->c;
   int n = 0;
@@ -440,10 +434,10 @@ static int lower_ew(compiler *cp, ew_item *items, int *n_items) {
     if (cp->tree_of[v] >= 0) { /* unmerged sum: d = t1 + t2 (+ t3 ...) */
       for (int k = 1; k < no; k++) {
         if (n >= 4 * CN_IR_MAX) return CN_E_INTERNAL;
-        items[n] = (ew_item){
+        items[n] = (cell_item){
             v, kernel, lvl + k - 1, n,
             {CN_EW_ADD, w, d, k == 1 ? cp->var_of[ops[0]] : d,
-             cp->var_of[ops[k]], 0, 0, 0}};
+             cp->var_of[ops[k]]}};
         n++;
       }
       continue;
@@ -452,9 +446,8 @@ static int lower_ew(compiler *cp, ew_item *items, int *n_items) {
     int a = cp->var_of[nd->a], b = nd->b >= 0 ? cp->var_of[nd->b] : -1;
     if (nd->kind == CN_IR_SCALE) b = const_var(c, nd->k);
     if (nd->kind == CN_IR_RSUB) b = a, a = const_var(c, nd->k);
-    items[n] = (ew_item){v, kernel, lvl, n,
-                           {(uint8_t)ew_op_of(nd->kind), w, d, a, b, 0, 0,
-                            0}};
+    items[n] = (cell_item){v, kernel, lvl, n,
+                           {(uint8_t)ew_op_of(nd->kind), w, d, a, b}};
     n++;
   }
   *n_items = n;
@@ -462,7 +455,7 @@ static int lower_ew(compiler *cp, ew_item *items, int *n_items) {
 }
 
 static int item_cmp(const void *x, const void *y) {
-  const ew_item *a = x, *b = y;
+  const cell_item *a = x, *b = y;
   if (a->kernel != b->kernel) return a->kernel - b->kernel;
   if (a->level != b->level) return a->level - b->level;
   return a->seq - b->seq;
@@ -476,8 +469,8 @@ static bool batchable_var(const cn_cell *c, int v) {
                     c->vars[v].space == CN_SP_TMP);
 }
 
-static bool same_group(const cn_cell *c, const ew_item *x, const ew_item *y) {
-  const cn_cell_insn *p = &x->insn, *q = &y->insn;
+static bool same_group(const cn_cell *c, const cell_item *x, const cell_item *y) {
+  const var_insn *p = &x->insn, *q = &y->insn;
   if (x->kernel != y->kernel || x->level != y->level || p->op != q->op ||
       p->width != q->width)
     return false;
@@ -492,106 +485,6 @@ static bool same_group(const cn_cell *c, const ew_item *x, const ew_item *y) {
 }
 
 /* ---- layout --------------------------------------------------------------- */
-typedef struct group {
-  int n, item[16];
-} group;
-
-static int layout_vars(compiler *cp, group *groups, int n_groups,
-                       const ew_item *items, unsigned char *kept) {
-  cn_cell *c = cp->c;
-  int nv = c->n_vars;
-  if (cp->layout == CN_LAYOUT_NAIVE) {
-    int64_t buf = 0, tmp = 0;
-    for (int v = 0; v < nv; v++) {
-      cn_cell_var *x = &c->vars[v];
-      if (x->space == CN_SP_ROW) x->buf = buf, buf += x->width;
-      if (x->space == CN_SP_TMP) x->col = (int32_t)tmp, tmp += x->width;
-    }
-    c->row_floats = buf;
-    c->tmp_floats = tmp;
-    memset(kept, 0, (size_t)n_groups);
-    return 0;
-  }
-  /* The PQ batches: each product's inputs and outputs (one operand each:
-   * adjacency, any order: its weights follow), then the ew groups. */
-  cn_pq_batch b[64];
-  int vars[64 * 48];
-  int nb = 0, used = 0;
-  for (int j = 0; j < cp->n_gemm; j++) {
-    const cn_cell_gemm *gm = &c->gemm[j];
-    if (gm->n_in > 1) {
-      for (int k = 0; k < gm->n_in; k++) vars[used + k] = gm->in[k];
-      b[nb++] = (cn_pq_batch){1, gm->n_in, vars + used};
-      used += gm->n_in;
-    }
-    bool rows = gm->n_out > 1;
-    for (int k = 0; k < gm->n_out; k++)
-      rows &= c->vars[gm->out[k]].space == CN_SP_ROW;
-    if (rows) {
-      for (int k = 0; k < gm->n_out; k++) vars[used + k] = gm->out[k];
-      b[nb++] = (cn_pq_batch){1, gm->n_out, vars + used};
-      used += gm->n_out;
-    }
-  }
-  int first_group = nb;
-  for (int gi = 0; gi < n_groups && nb < 64; gi++) {
-    const group *gr = &groups[gi];
-    const cn_cell_insn *i0 = &items[gr->item[0]].insn;
-    int m = 1 + (i0->a >= 0) + (i0->b >= 0);
-    for (int k = 0; k < gr->n; k++) {
-      const cn_cell_insn *in = &items[gr->item[k]].insn;
-      int opv[3] = {in->d, in->a, in->b}, o = 0;
-      for (int q = 0; q < 3; q++)
-        if (opv[q] >= 0) vars[used + o++ * gr->n + k] = opv[q];
-    }
-    b[nb++] = (cn_pq_batch){m, gr->n, vars + used};
-    used += m * gr->n;
-  }
-  int order[CN_IR_MAX * 2];
-  unsigned char keep[64];
-  if (cn_pq_layout(nv, b, nb, order, keep) != 0) return CN_E_NOMEM;
-  for (int k = 0; k < nb; k++) c->batches_dropped += !keep[k];
-  for (int gi = 0; gi < n_groups; gi++)
-    kept[gi] = first_group + gi < nb ? keep[first_group + gi] : 0;
-  int64_t row = 0, tmp = 0;
-  for (int p = 0; p < nv; p++) {
-    cn_cell_var *x = &c->vars[order[p]];
-    if (x->space == CN_SP_ROW) x->col = (int32_t)row, row += x->width;
-    if (x->space == CN_SP_TMP) x->col = (int32_t)tmp, tmp += x->width;
-  }
-  c->row_floats = row;
-  c->tmp_floats = tmp;
-  return 0;
-}
-
-static int var_pos(const cn_cell *c, int v) {
-  const cn_cell_var *x = &c->vars[v];
-  return x->space == CN_SP_ROW && c->layout == CN_LAYOUT_NAIVE ? (int)x->buf
-                                                               : x->col;
-}
-
-/* Sorts a product's operand vars by their place in memory, so a
- * contiguous run reads as one matrix (the packing follows this order). */
-static void sort_by_pos(const cn_cell *c, int32_t *v, int n) {
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && var_pos(c, v[j]) < var_pos(c, v[j - 1]); j--) {
-      int32_t t = v[j];
-      v[j] = v[j - 1];
-      v[j - 1] = t;
-    }
-}
-
-/* Whether vars v[0..n) lie back to back in one space, in this order. */
-static bool contiguous(const cn_cell *c, const int32_t *v, int n) {
-  for (int i = 1; i < n; i++) {
-    const cn_cell_var *p = &c->vars[v[i - 1]], *q = &c->vars[v[i]];
-    if (p->space != q->space || p->space == CN_SP_INPLACE) return false;
-    if (p->space == CN_SP_ROW && c->layout == CN_LAYOUT_NAIVE) return false;
-    if (q->col != p->col + p->width) return false;
-  }
-  return true;
-}
-
 /* Packs a product's weights [N, K] and bias in its operand order. */
 static int pack_gemm(compiler *cp, int j) {
   cn_cell *c = cp->c;
@@ -643,34 +536,6 @@ static int pack_gemm(compiler *cp, int j) {
   return 0;
 }
 
-/* Kernels and floats copied per execution, by the executor's own rule. */
-static void count_costs(cn_cell *c) {
-  int kernels = 0, mem = 0;
-  int64_t copied = 0;
-  for (int s = 0; s < c->n_srcs; s++) kernels += c->srcs[s].var >= 0;
-  for (int j = 0; j < c->n_gemm; j++) {
-    const cn_cell_gemm *gm = &c->gemm[j];
-    kernels++;
-    if (gm->n_in > 1 && !contiguous(c, gm->in, gm->n_in))
-      mem += gm->n_in, copied += gm->K;
-    if (gm->n_out > 1 && !contiguous(c, gm->out, gm->n_out))
-      mem += gm->n_out, copied += gm->N;
-  }
-  kernels += c->n_ew;
-  for (int s = 0; s < c->n_steps; s++)
-    if (c->steps[s].kind == CN_STEP_STORE) kernels += c->n_outputs;
-  c->kernels = kernels + mem;
-  c->mem_kernels = mem;
-  c->cell_floats_copied = copied;
-  int64_t stage = 0;
-  for (int j = 0; j < c->n_gemm; j++) {
-    /* the executor stages inputs at 0 and outputs after K */
-    int64_t k = c->gemm[j].K, nn = c->gemm[j].n_out > 1 ? c->gemm[j].N : 0;
-    if (k + nn > stage) stage = k + nn;
-  }
-  c->copy_floats = stage;
-}
-
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -688,8 +553,8 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
                       m->fam->name, m->fam->type_names[type]);
   compiler *cp = calloc(1, sizeof(*cp));
   cn_cell *c = calloc(1, sizeof(*c));
-  ew_item *items = calloc(4 * CN_IR_MAX, sizeof(*items));
-  group *groups = calloc(CN_IR_MAX, sizeof(*groups));
+  cell_item *items = calloc(4 * CN_IR_MAX, sizeof(*items));
+  cell_group *groups = calloc(CN_IR_MAX, sizeof(*groups));
   int rc = CN_E_NOMEM;
   if (cp == NULL || c == NULL || items == NULL || groups == NULL) goto out;
   c->vars = calloc(3 * CN_IR_MAX, sizeof(cn_cell_var));
@@ -732,7 +597,7 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
   for (int i = 0; i < n_items; i++) in_group[i] = -1;
   for (int i = 0; i < n_items; i++) {
     if (in_group[i] >= 0 || n_groups >= CN_IR_MAX) continue;
-    group gr = {.n = 1, .item = {i}};
+    cell_group gr = {.n = 1, .item = {i}};
     for (int j = i + 1; j < n_items && gr.n < 16; j++)
       if (in_group[j] < 0 && same_group(c, &items[i], &items[j]))
         gr.item[gr.n++] = j;
@@ -741,7 +606,7 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
     groups[n_groups++] = gr;
   }
   unsigned char kept[CN_IR_MAX];
-  rc = layout_vars(cp, groups, n_groups, items, kept);
+  rc = cn__cell_layout(c, groups, n_groups, items, kept);
   if (rc != 0) goto out;
   for (int s = 0; s < c->n_srcs; s++) {
     cn_cell_src *src = &c->srcs[s];
@@ -751,69 +616,19 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
         if (c->gemm[j].in[k] == src->var) src->alias = false;
   }
   for (int j = 0; j < c->n_gemm; j++) {
-    sort_by_pos(c, c->gemm[j].in, c->gemm[j].n_in);
-    sort_by_pos(c, c->gemm[j].out, c->gemm[j].n_out);
+    cn__cell_sort_by_pos(c, c->gemm[j].in, c->gemm[j].n_in);
+    cn__cell_sort_by_pos(c, c->gemm[j].out, c->gemm[j].n_out);
     if ((rc = pack_gemm(cp, j)) != 0) goto out;
   }
-  /* Emit each kernel's instructions in item order; a kept group whose
-   * operands came out contiguous and aligned becomes one instruction. */
-  for (int e = 0; e < c->n_ew; e++) {
-    c->ew[e].insn = calloc((size_t)n_items + 1, sizeof(cn_cell_insn));
-    if (c->ew[e].insn == NULL) {
-      rc = CN_E_NOMEM;
-      goto out;
-    }
-  }
-  bool emitted[4 * CN_IR_MAX] = {false};
-  for (int i = 0; i < n_items; i++) {
-    if (emitted[i]) continue;
-    cn_cell_ew *ew = &c->ew[items[i].kernel];
-    int gi = in_group[i];
-    if (gi >= 0 && kept[gi]) {
-      group *gr = &groups[gi];
-      /* ops sorted by the place of their result */
-      int idx[16];
-      for (int k = 0; k < gr->n; k++) idx[k] = gr->item[k];
-      for (int a = 1; a < gr->n; a++)
-        for (int b = a; b > 0 && c->vars[items[idx[b]].insn.d].col <
-                                     c->vars[items[idx[b - 1]].insn.d].col;
-             b--) {
-          int t = idx[b];
-          idx[b] = idx[b - 1];
-          idx[b - 1] = t;
-        }
-      int32_t dv[16], av[16], bv[16];
-      for (int k = 0; k < gr->n; k++) {
-        dv[k] = items[idx[k]].insn.d;
-        av[k] = items[idx[k]].insn.a;
-        bv[k] = items[idx[k]].insn.b;
-      }
-      const cn_cell_insn *i0 = &items[idx[0]].insn;
-      bool ok = contiguous(c, dv, gr->n) &&
-                (i0->a < 0 || contiguous(c, av, gr->n)) &&
-                (i0->b < 0 || contiguous(c, bv, gr->n));
-      /* The batched instruction must come where its first member was:
-       * every member's operands are ready by then (same level). */
-      if (ok) {
-        cn_cell_insn in = *i0;
-        in.width = i0->width * gr->n;
-        ew->insn[ew->n_insn++] = in;
-        for (int k = 0; k < gr->n; k++) emitted[gr->item[k]] = true;
-        c->ew_batched++;
-        continue;
-      }
-    }
-    ew->insn[ew->n_insn++] = items[i].insn;
-    emitted[i] = true;
-  }
+  if ((rc = cn__cell_emit(c, items, n_items, groups, in_group, kept)) != 0)
+    goto out;
   /* Naive: outputs are written to their own buffers, then stored. */
   if (layout == CN_LAYOUT_NAIVE) {
-    bool any = false;
-    for (int v = 0; v < g->n; v++) any |= g->node[v].out_col >= 0;
     for (int v = 0; v < g->n; v++) c->n_outputs += g->node[v].out_col >= 0;
-    if (any && (rc = add_step(c, CN_STEP_STORE, 0)) != 0) goto out;
+    if (c->n_outputs > 0 && (rc = add_step(c, CN_STEP_STORE, 0)) != 0)
+      goto out;
   }
-  count_costs(c);
+  cn__cell_count_costs(c);
   c->compile_ms = now_ms() - t0;
   *out = c;
   c = NULL;
@@ -830,36 +645,4 @@ out:
   free(items);
   free(groups);
   return rc;
-}
-
-void cn__cell_free(cn_cell *c) {
-  if (c == NULL) return;
-  for (int j = 0; j < c->n_gemm; j++) {
-    free(c->gemm[j].W);
-    free(c->gemm[j].bias);
-  }
-  for (int e = 0; e < c->n_ew; e++) free(c->ew[e].insn);
-  free(c->vars);
-  free(c);
-}
-
-int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n) {
-  return n * (c->row_floats + c->copy_floats) + 16;
-}
-
-int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges) {
-  return (int64_t)c->n_srcs * (n + edges + 1) + 2 * n + 1;
-}
-
-void cn__cell_describe(const cn_cell *c, char *buf, size_t cap) {
-  int insn = 0, ops = 0;
-  for (int e = 0; e < c->n_ew; e++) insn += c->ew[e].n_insn, ops += c->ew[e].n_ops;
-  snprintf(buf, cap,
-           "%s: %d products, %d fused kernels (%d ops in %d instructions), "
-           "%d kernels/exec, %d copy kernels, %lld floats copied/vertex, "
-           "row %lld + tmp %lld floats, %d PQ batches dropped, %.2f ms",
-           c->layout == CN_LAYOUT_PQ ? "pq" : "naive", c->n_gemm, c->n_ew, ops,
-           insn, c->kernels, c->mem_kernels, (long long)c->cell_floats_copied,
-           (long long)c->row_floats, (long long)c->tmp_floats,
-           c->batches_dropped, c->compile_ms);
 }

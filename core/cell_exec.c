@@ -50,15 +50,6 @@ static bool one_matrix(const view *vw, const cn_cell *c, const int32_t *v,
   return true;
 }
 
-static bool evenly_spaced(const int64_t *off, int n, int width) {
-  if (n < 1 || off[0] < 0) return false;
-  int64_t stride = n > 1 ? off[1] - off[0] : width;
-  if (stride < width || stride > INT32_MAX) return false;
-  for (int i = 1; i < n; i++)
-    if (off[i] - off[i - 1] != stride) return false;
-  return true;
-}
-
 /* Per-vertex offsets of a source (state or embedding floats), staged in
  * the run's index room; pooled sources also fill *seg. */
 static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
@@ -167,12 +158,12 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
       continue;
     }
     view d = vw[src->var];
-    if (src->alias && c->layout == CN_LAYOUT_PQ && evenly_spaced(off, n,
-                                                                src->width)) {
+    int stride;
+    if (src->alias && c->layout == CN_LAYOUT_PQ &&
+        cn__rows_even(off, n, src->width, &stride)) {
       /* The rows are already a matrix (a previous batch's consecutive
        * outputs): read them where they are, no gather (cn__run_rows). */
-      vw[src->var] = (view){(float *)base + off[0],
-                            n > 1 ? off[1] - off[0] : src->width};
+      vw[src->var] = (view){(float *)base + off[0], stride};
       slots[src->var] = (cn_ew_slot){vw[src->var].base, vw[src->var].ld, NULL};
       continue;
     }
@@ -188,34 +179,14 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
       *bytes += (size_t)n * (size_t)src->width * sizeof(float);
     }
   }
-  int tmp_slot = c->n_vars;
-  slots[tmp_slot] = (cn_ew_slot){NULL, c->tmp_floats, NULL};
-  cn_ew_insn insn[4 * CN_IR_MAX];
+  slots[c->n_vars] = (cn_ew_slot){NULL, c->tmp_floats, NULL};
   for (int s = 0; s < c->n_steps; s++) {
     const cn_cell_step *st = &c->steps[s];
     if (st->kind == CN_STEP_GEMM) {
       run_gemm(r, c, &c->gemm[st->i], vw, stage, n);
     } else if (st->kind == CN_STEP_EW) {
       const cn_cell_ew *e = &c->ew[st->i];
-      for (int i = 0; i < e->n_insn; i++) {
-        const cn_cell_insn *ci = &e->insn[i];
-        int32_t v3[3] = {ci->d, ci->a, ci->b};
-        int32_t o3[3] = {ci->off_d, ci->off_a, ci->off_b};
-        cn_ew_arg args[3];
-        for (int k = 0; k < 3; k++) {
-          args[k] = (cn_ew_arg){-1, 0, 0.0f};
-          if (v3[k] < 0) continue;
-          const cn_cell_var *x = &c->vars[v3[k]];
-          if (x->space == CN_SP_CONST)
-            memcpy(&args[k].k, &x->col, sizeof(float));
-          else if (x->space == CN_SP_TMP)
-            args[k] = (cn_ew_arg){(int16_t)tmp_slot, x->col + o3[k], 0.0f};
-          else
-            args[k] = (cn_ew_arg){(int16_t)v3[k], o3[k], 0.0f};
-        }
-        insn[i] = (cn_ew_insn){ci->op, ci->width, args[0], args[1], args[2]};
-      }
-      cn_ew_prog p = {e->n_insn, insn, c->n_vars + 1, tmp_slot,
+      cn_ew_prog p = {e->n_insn, e->insn, c->n_vars + 1, c->n_vars,
                       (int)c->tmp_floats};
       CN_BK(bk, ew_program, &p, slots, n);
     } else if (st->kind == CN_STEP_STORE) {
@@ -330,8 +301,7 @@ int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
   r->scratch = scratch;
   r->idx_host = idx;
   r->idx_cap = ix;
-  const cn_cell *c = layout == CN_LAYOUT_FUSED ? NULL
-                                               : r->m->cell[layout - 1][type];
+  const cn_cell *c = cn__model_cell(r->m, layout, type);
   out->compiled = layout == CN_LAYOUT_FUSED || c != NULL;
   out->n = n;
   if (c != NULL) {

@@ -346,6 +346,9 @@ static inline float *cn__run_scratch(const cn_run *r) {
 /* An index array of n entries for the batch being launched; valid until the
  * batch returns. */
 int64_t *cn__run_idx(cn_run *r, int64_t n);
+/* Whether rows `width` wide at idx[0..n) are evenly spaced, none missing
+ * and none overlapping: then they are one matrix with row stride *stride. */
+bool cn__rows_even(const int64_t *idx, int n, int width, int *stride);
 /* Rows `width` floats wide at base + idx[r]: returns a pointer and row
  * stride that read them directly when they are evenly spaced, else gathers
  * them into dst (row stride ldd) and returns dst. Counts copied bytes. */

@@ -148,21 +148,21 @@ int64_t *cn__run_idx(cn_run *r, int64_t n) {
   return p;
 }
 
+bool cn__rows_even(const int64_t *idx, int n, int width, int *stride) {
+  if (n < 1 || idx[0] < 0) return false;
+  int64_t s = n > 1 ? idx[1] - idx[0] : width;
+  if (s < width || s > INT32_MAX) return false;
+  for (int i = 1; i < n; i++)
+    if (idx[i] - idx[i - 1] != s) return false;
+  *stride = (int)s;
+  return true;
+}
+
 const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
                           const int64_t *idx, int n, int width, int *ld) {
-  /* Evenly spaced rows, none missing, at least `width` apart: read them in
-   * place (the common case once a batch's inputs are a previous batch's
-   * consecutive outputs). */
-  if (n >= 1 && idx[0] >= 0) {
-    int64_t stride = n > 1 ? idx[1] - idx[0] : width;
-    bool even = stride >= width && stride <= INT32_MAX;
-    for (int i = 1; even && i < n; i++)
-      even = idx[i] - idx[i - 1] == stride;
-    if (even) {
-      *ld = (int)stride;
-      return base + idx[0];
-    }
-  }
+  /* Evenly spaced rows: read them in place (the common case once a
+   * batch's inputs are a previous batch's consecutive outputs). */
+  if (cn__rows_even(idx, n, width, ld)) return base + idx[0];
   CN_BK(r->bk, gather, dst, ldd, base, idx, n, width);
   r->gather_bytes += (size_t)n * (size_t)width * sizeof(float);
   *ld = ldd;
@@ -244,13 +244,9 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
   return cn__run_copy_back(r, err);
 }
 
-static const cn_cell *run_cell(const cn_run *r, int type) {
-  if (r->layout == CN_LAYOUT_FUSED) return NULL;
-  return r->m->cell[r->layout - 1][type];
-}
 
 void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n) {
-  const cn_cell *c = run_cell(r, type);
+  const cn_cell *c = cn__model_cell(r->m, r->layout, type);
   if (c != NULL)
     cn__cell_exec(r, c, verts, n);
   else
@@ -261,7 +257,7 @@ void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
                          int64_t *scratch, int64_t *idx) {
   *scratch = r->fam->scratch_floats(r->m, type, n, edges);
   *idx = 4 * n + 2 * edges + 1;
-  const cn_cell *c = run_cell(r, type);
+  const cn_cell *c = cn__model_cell(r->m, r->layout, type);
   if (c == NULL) return;
   int64_t s = cn__cell_scratch_floats(c, n), i = cn__cell_idx(c, n, edges);
   if (s > *scratch) *scratch = s;

@@ -392,6 +392,10 @@ CN_VEC static void ew_apply(int op, int w, float *d, const float *a,
   }
 }
 
+static inline bool ew_binary(int op) {
+  return op >= CN_EW_ADD && op <= CN_EW_DIV;
+}
+
 /* Row r of slot s: NULL for a missing input (off < 0). */
 static inline float *slot_row(const cn_ew_slot *s, int r) {
   if (s->off != NULL) return s->off[r] < 0 ? NULL : s->base + s->off[r];
@@ -409,7 +413,7 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     const cn_ew_insn *in = &p->insn[i];
     if (in->width > maxw) maxw = in->width;
     if (in->a.slot < 0) need += in->width;
-    if (in->b.slot < 0) need += in->width;
+    if (in->b.slot < 0 && ew_binary(in->op)) need += in->width;
   }
   if (need > c->n_ew) {
     float *w = realloc(c->ew, (size_t)need * sizeof(float));
@@ -424,7 +428,7 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
     const cn_ew_arg *ab[2] = {&in->a, &in->b};
-    for (int q = 0; q < 2; q++)
+    for (int q = 0; q < 1 + ew_binary(in->op); q++)
       if (ab[q]->slot < 0) {
         for (int j = 0; j < in->width; j++) kp[j] = ab[q]->k;
         kp += in->width;
@@ -436,7 +440,8 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
       const cn_ew_insn *in = &p->insn[i];
       const cn_ew_arg *args[3] = {&in->d, &in->a, &in->b};
       float *ptr[3];
-      for (int q = 0; q < 3; q++) {
+      ptr[2] = NULL;
+      for (int q = 0; q < 2 + ew_binary(in->op); q++) {
         const cn_ew_arg *x = args[q];
         if (x->slot < 0) {
           ptr[q] = q == 0 ? NULL : kp;
