@@ -57,7 +57,7 @@ static const cn_config_key keys[] = {
     STR_KEY("policy", "fsm", policy,
             "batching policy of every run; fsm: the model's learned policy "
             "from policy-cache (agenda until one is cached or learned online)",
-            "none|depth|agenda|sufficient|fsm"),
+            "none|depth|agenda|sufficient|lookahead|fsm"),
     STR_KEY("layout", "fused", layout,
             "vertex functions: the hand-written fused kernels, or the cells "
             "compiled from the op IR with the PQ-tree layout (pq) or one "
@@ -68,9 +68,11 @@ static const cn_config_key keys[] = {
             "`canopy policy train`; empty: $CANOPY_POLICY_CACHE, else "
             "$XDG_CACHE_HOME/canopy/policies, else ~/.cache/canopy/policies",
             NULL),
-    STR_KEY("encoding", "sort", encoding,
-            "policy fsm: state encoding of the learned policy (ED-Batch 2.3)",
-            "base|max|sort"),
+    STR_KEY("encoding", "bound", encoding,
+            "policy fsm: state encoding of the learned policy (ED-Batch 2.3; "
+            "bound: max plus the types that lower the bound on what is left "
+            "the most)",
+            "base|max|sort|bound"),
     INT_KEY("retrain-interval-s", 0, 86400, "60", SRV(retrain_interval_s),
             "policy fsm: retrain each model's policy from its recent run "
             "graphs this often, in a low-priority thread; 0: never",

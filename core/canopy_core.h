@@ -148,6 +148,8 @@ typedef enum {
   CN_POLICY_DEPTH,    /* TensorFlow Fold: same type, same topological depth  */
   CN_POLICY_AGENDA,   /* DyNet: ready type of least average depth first      */
   CN_POLICY_SUFFICIENT, /* ED-Batch §5.3: ready type maximising eq. 1's ratio */
+  CN_POLICY_LOOKAHEAD, /* the ready type that lowers the bound on what is
+                          left the most (static graphs; sched.c)           */
   CN_POLICY_FSM,      /* ED-Batch §2: a learned FSM (cn_run_exec_fsm); with
                          no policy object, the agenda choice                */
   CN_POLICY__COUNT
@@ -245,6 +247,8 @@ typedef enum {
   CN_FSM_ENC_BASE = 0, /* E_base: the set of types on the frontier          */
   CN_FSM_ENC_MAX,      /* E_max: E_base plus the most common type           */
   CN_FSM_ENC_SORT,     /* E_sort: the types sorted by frontier count        */
+  CN_FSM_ENC_BOUND,    /* E_max plus the types whose batch would lower the
+                          bound on what is left the most (static graphs)   */
   CN_FSM_ENC__COUNT
 } cn_fsm_encoding;
 
@@ -253,7 +257,7 @@ int cn_fsm_encoding_parse(const char *name, cn_fsm_encoding *out);
 
 /* Training hyper-parameters; cn_fsm_opts_default fills the defaults shown. */
 typedef struct cn_fsm_opts {
-  cn_fsm_encoding encoding; /* sort                                         */
+  cn_fsm_encoding encoding; /* bound                                        */
   int iterations;           /* 1000 episodes (one training graph each)      */
   int eval_every;           /* 50: greedy evaluation, best table kept       */
   int nstep;                /* 4: n-step bootstrapping                      */
@@ -290,6 +294,24 @@ cn_graph_set *cn_graph_set_snapshot(const cn_graph_set *s);
  * CN_POLICY_FSM), and the sum of their lower bounds; < 0 on error. */
 long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
                                const cn_fsm *fsm, long long *lower_bound);
+
+/* The fewest batches graph i of the set can run in: an exact search
+ * (IDA*, sched_opt.c) expanding at most `budget` states, for measuring how
+ * far policies are from the best possible, not for serving. exact = 1:
+ * lower == upper is the optimum; else lower is proven and upper is the
+ * best schedule known: the heuristics' and, with beam > 0, a beam search
+ * of that width. policy[p]: batches of depth, agenda, sufficient and
+ * lookahead (indexed by cn_policy_kind). */
+typedef struct cn_optimum {
+  long long lower_bound; /* Σ_t depth_t (MODELS.md)                       */
+  long long lower, upper;
+  int exact;
+  long long nodes;       /* states the search expanded                    */
+  long long beam;        /* the beam search's batches (0: not run)        */
+  long long policy[CN_POLICY__COUNT];
+} cn_optimum;
+int cn_graph_set_optimum(const cn_graph_set *s, int i, long long budget,
+                         int beam, cn_optimum *out);
 
 /* Learns a policy for m from the graphs (all of m's type count). Takes
  * about iterations × one schedule of a graph; never blocks on I/O. */

@@ -53,7 +53,12 @@ void cn__frontier_free(cn_frontier *f) {
   free(f->e_dst);
   free(f->sub);
   free(f->stack);
-  for (int t = 0; t < CN_MAX_TYPES; t++) free(f->q[t]);
+  free(f->tail);
+  free(f->seen_in);
+  for (int t = 0; t < CN_MAX_TYPES; t++) {
+    free(f->q[t]);
+    free(f->qc[t]);
+  }
   memset(f, 0, sizeof(*f));
 }
 
@@ -61,6 +66,26 @@ void cn__frontier_free(cn_frontier *f) {
 static inline bool above(const cn_frontier *f, int32_t p, int t) {
   return !f->done[p] &&
          (f->vtype[p] == t || f->sub[(size_t)p * f->n_types + t] > 0);
+}
+
+/* Look-ahead upkeep of a vertex that became ready (with tails). */
+static int note_ready(cn_frontier *f, int32_t v) {
+  int T = f->n_types, t = f->vtype[v];
+  if (v < f->tails_nv) {
+    const int32_t *tl = f->tail + (size_t)v * T;
+    for (int u = 0; u < T; u++)
+      if (tl[u] > f->mt[t][u]) f->mt[t][u] = tl[u];
+  } else if (f->mt[t][t] < 1) {
+    f->mt[t][t] = 1;
+  }
+  if (f->out_head[v] < 0) return 0; /* a sink readies nothing */
+  if (f->qc_n[t] == f->qc_cap[t]) {
+    int64_t c = f->qc_cap[t] ? f->qc_cap[t] * 2 : 64;
+    if (grow32(&f->qc[t], (size_t)c)) return -1;
+    f->qc_cap[t] = c;
+  }
+  f->qc[t][f->qc_n[t]++] = v;
+  return 0;
 }
 
 static int push_ready(cn_frontier *f, int32_t v) {
@@ -72,7 +97,7 @@ static int push_ready(cn_frontier *f, int32_t v) {
   }
   f->q[t][f->qtail[t]++] = v;
   f->n_ready[t]++;
-  return 0;
+  return f->tail != NULL ? note_ready(f, v) : 0;
 }
 
 /* Per-vertex state of v from its inputs, as if added now. */
@@ -117,6 +142,11 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
         grow32(&f->out_tail, c) || grow32(&f->stack, c) ||
         (f->track_sub && grow32(&f->sub, c * (size_t)T)))
       return CN_E_NOMEM;
+    if (f->seen_in != NULL) {
+      if (grow32(&f->seen_in, c + 1)) return CN_E_NOMEM;
+      memset(f->seen_in + f->cap_v + 1, 0,
+             (c - (size_t)f->cap_v) * sizeof(int32_t));
+    }
     f->cap_v = (int32_t)c;
   }
   if (f->ne + n_inputs > f->cap_e) {
@@ -168,6 +198,8 @@ int cn__frontier_reset(cn_frontier *f) {
   memset(f->n_sub, 0, sizeof(f->n_sub));
   memset(f->qhead, 0, sizeof(f->qhead));
   memset(f->qtail, 0, sizeof(f->qtail));
+  memset(f->qc_n, 0, sizeof(f->qc_n));
+  memset(f->mt, 0, sizeof(f->mt));
   f->n_done = 0;
   for (int32_t v = 0; v < f->nv; v++) f->done[v] = 0;
   for (int32_t v = 0; v < f->nv; v++)
@@ -212,17 +244,48 @@ static int next_sufficient(const cn_frontier *f) {
   return best;
 }
 
+/* The ready type whose batch lowers the bound on what is left the most;
+ * ties: the smaller batch (it leaves the larger ones to grow), then the
+ * agenda's order. Without tails: agenda. */
+static int next_lookahead(const cn_frontier *f) {
+  if (f->tail == NULL) return cn__frontier_agenda(f);
+  int64_t drop[CN_MAX_TYPES];
+  cn__frontier_drops(f, drop);
+  int best = -1;
+  double bavg = 0;
+  for (int t = 0; t < f->n_types; t++) {
+    if (f->n_ready[t] == 0) continue;
+    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
+    if (best < 0 || drop[t] > drop[best] ||
+        (drop[t] == drop[best] &&
+         (f->n_ready[t] < f->n_ready[best] ||
+          (f->n_ready[t] == f->n_ready[best] && avg < bavg)))) {
+      best = t;
+      bavg = avg;
+    }
+  }
+  return best;
+}
+
+bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm) {
+  if (policy == CN_POLICY_LOOKAHEAD) return true;
+  return policy == CN_POLICY_FSM && fsm != NULL && cn__fsm_needs_tails(fsm);
+}
+
 int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
                       const struct cn_fsm *fsm) {
   if (f->n_done == f->nv) return -1;
   switch (policy) {
     case CN_POLICY_SUFFICIENT:
       return f->track_sub ? next_sufficient(f) : cn__frontier_agenda(f);
+    case CN_POLICY_LOOKAHEAD: return next_lookahead(f);
     case CN_POLICY_FSM:
       if (fsm == NULL) return cn__frontier_agenda(f);
       /* A policy that lost to a heuristic on its sample runs that one. */
       if (cn__fsm_executes(fsm) == CN_POLICY_SUFFICIENT && f->track_sub)
         return next_sufficient(f);
+      if (cn__fsm_executes(fsm) == CN_POLICY_LOOKAHEAD)
+        return next_lookahead(f);
       if (cn__fsm_executes(fsm) != CN_POLICY_FSM)
         return cn__frontier_agenda(f);
       return cn__fsm_choose(fsm, f);
@@ -263,6 +326,8 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
   }
   f->n_done += n;
   f->n_ready[t] -= n;
+  memset(f->mt[t], 0, sizeof(f->mt[t]));
+  f->qc_n[t] = 0;
   if (f->track_sub) f->n_sub[t] -= n;
   for (int32_t i = 0; i < n; i++) {
     int32_t v = out[i];
@@ -273,4 +338,81 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
     if (f->track_sub) clear_sub(f, v, t);
   }
   return n;
+}
+
+/* ---- look-ahead: the bound on what is left ------------------------------ */
+int cn__frontier_tails(cn_frontier *f) {
+  int T = f->n_types;
+  free(f->tail);
+  free(f->seen_in);
+  f->tail = cn__xcalloc((size_t)f->cap_v * (size_t)T, sizeof(int32_t));
+  f->seen_in = cn__xcalloc((size_t)f->cap_v + 1, sizeof(int32_t));
+  if (f->tail == NULL || f->seen_in == NULL) return CN_E_NOMEM;
+  /* Consumers come after their inputs. */
+  for (int32_t v = f->nv - 1; v >= 0; v--) {
+    int32_t *tv = f->tail + (size_t)v * T;
+    for (int32_t e = f->out_head[v]; e >= 0; e = f->e_next[e]) {
+      const int32_t *tw = f->tail + (size_t)f->e_dst[e] * T;
+      for (int t = 0; t < T; t++)
+        if (tw[t] > tv[t]) tv[t] = tw[t];
+    }
+    tv[f->vtype[v]]++;
+  }
+  f->tails_nv = f->nv;
+  memset(f->qc_n, 0, sizeof(f->qc_n));
+  memset(f->mt, 0, sizeof(f->mt));
+  for (int t = 0; t < T; t++)
+    for (int64_t i = f->qhead[t]; i < f->qtail[t]; i++)
+      if (note_ready(f, f->q[t][i])) return CN_E_NOMEM;
+  return 0;
+}
+
+static inline void max_into(int32_t *best, const int32_t *tl, int T) {
+  for (int t = 0; t < T; t++)
+    if (tl[t] > best[t]) best[t] = tl[t];
+}
+
+int64_t cn__frontier_drops(const cn_frontier *f, int64_t *drop) {
+  int T = f->n_types;
+  memset(drop, 0, (size_t)T * sizeof(int64_t));
+  if (f->tail == NULL) return 0;
+  /* mt[a][u]: the most type-u vertices ahead of a ready type-a vertex.
+   * Every vertex left has a ready ancestor, so the bound on what is left is
+   * Σ_u max_a mt[a][u]. Committing t removes mt[t] and adds the tails of
+   * the consumers it makes ready. Vertices added after the tails count only
+   * themselves (and readying them is seen only through inputs that had
+   * consumers when they became ready). */
+  int64_t now = 0;
+  for (int u = 0; u < T; u++) {
+    int32_t b = 0;
+    for (int a = 0; a < T; a++)
+      if (f->mt[a][u] > b) b = f->mt[a][u];
+    now += b;
+  }
+  for (int t = 0; t < T; t++) {
+    if (f->n_ready[t] == 0) continue;
+    int32_t best[CN_MAX_TYPES] = {0};
+    for (int a = 0; a < T; a++)
+      if (a != t) max_into(best, f->mt[a], T);
+    /* The consumers whose every pending input is in the batch become
+     * ready. seen_in counts batch inputs per consumer; reset after. */
+    for (int pass = 0; pass < 2; pass++)
+      for (int64_t i = 0; i < f->qc_n[t]; i++)
+        for (int32_t e = f->out_head[f->qc[t][i]]; e >= 0; e = f->e_next[e]) {
+          int32_t w = f->e_dst[e];
+          if (pass == 1) {
+            f->seen_in[w] = 0;
+            continue;
+          }
+          if (++f->seen_in[w] != f->pending[w]) continue;
+          if (w < f->tails_nv)
+            max_into(best, f->tail + (size_t)w * T, T);
+          else if (best[f->vtype[w]] < 1)
+            best[f->vtype[w]] = 1;
+        }
+    int64_t after = 0;
+    for (int u = 0; u < T; u++) after += best[u];
+    drop[t] = now - after;
+  }
+  return now;
 }

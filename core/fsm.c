@@ -19,7 +19,7 @@
 #include "fsm_impl.h"
 
 static const char *const enc_names[CN_FSM_ENC__COUNT] = {"base", "max",
-                                                         "sort"};
+                                                         "sort", "bound"};
 
 const char *cn_fsm_encoding_name(cn_fsm_encoding e) {
   return e >= 0 && e < CN_FSM_ENC__COUNT ? enc_names[e] : "?";
@@ -36,7 +36,7 @@ int cn_fsm_encoding_parse(const char *name, cn_fsm_encoding *out) {
 
 void cn_fsm_opts_default(cn_fsm_opts *o) {
   memset(o, 0, sizeof(*o));
-  o->encoding = CN_FSM_ENC_SORT;
+  o->encoding = CN_FSM_ENC_BOUND;
   o->iterations = 1000;
   o->eval_every = 50;
   o->nstep = 4;
@@ -81,6 +81,35 @@ uint32_t cn__fsm_encode(cn_fsm_encoding enc, int n_types,
   uint32_t key = 0;
   for (int i = 0; i < n; i++) key |= (uint32_t)(ord[i] + 1) << (4 * i);
   return key;
+}
+
+/* E_bound (ours, beside §2.3's three): E_max's bits, plus in bits 12..19
+ * the ready types whose batch lowers the bound on what is left the most
+ * (cn__frontier_drops). The frontier's counts cannot tell which of two
+ * ready types is on the longest remaining path; this bit can. */
+uint32_t cn__fsm_encode_bound(int n_types, const int64_t *n_ready,
+                              const int64_t *drop) {
+  uint32_t key = cn__fsm_encode(CN_FSM_ENC_MAX, n_types, n_ready);
+  if (key == 0) return 0;
+  int64_t top = -1;
+  for (int t = 0; t < n_types; t++)
+    if (n_ready[t] > 0 && drop[t] > top) top = drop[t];
+  for (int t = 0; t < n_types; t++)
+    if (n_ready[t] > 0 && drop[t] == top) key |= 1u << (12 + t);
+  return key;
+}
+
+uint32_t cn__fsm_state(cn_fsm_encoding enc, const cn_frontier *f) {
+  if (enc != CN_FSM_ENC_BOUND)
+    return cn__fsm_encode(enc, f->n_types, f->n_ready);
+  int64_t drop[CN_MAX_TYPES];
+  cn__frontier_drops(f, drop);
+  return cn__fsm_encode_bound(f->n_types, f->n_ready, drop);
+}
+
+bool cn__fsm_needs_tails(const cn_fsm *p) {
+  return p->executes == CN_POLICY_LOOKAHEAD ||
+         (p->executes == CN_POLICY_FSM && p->enc == CN_FSM_ENC_BOUND);
 }
 
 /* ---- the Q table ------------------------------------------------------- */
@@ -194,7 +223,7 @@ long long cn_fsm_train_batches(const cn_fsm *p, long long *lower_bound) {
  * (ED-Batch §2.3, "During inference"); -1 when the table knows none. */
 static int greedy(const cn_qtab *tab, cn_fsm_encoding enc,
                   const cn_frontier *f) {
-  int64_t s = cn__qtab_find(tab, cn__fsm_encode(enc, f->n_types, f->n_ready));
+  int64_t s = cn__qtab_find(tab, cn__fsm_state(enc, f));
   if (s < 0) return -1;
   const double *q = tab->q + s * tab->n_types;
   int best = -1;
@@ -225,7 +254,7 @@ json_t *cn_fsm_describe(const cn_fsm *p) {
   const cn_fsm_stats *s = &p->st;
   return json_pack(
       "{s:s, s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i, s:b, s:f, s:{s:I, s:I, "
-      "s:I, s:I, s:I}, s:s}",
+      "s:I, s:I, s:I, s:I}, s:s}",
       "kind", "fsm", "family", p->family, "encoding",
       cn_fsm_encoding_name(p->enc), "executes", cn_policy_name(p->executes),
       "states", (int)p->tab.n, "trained_on_graphs", s->graphs,
@@ -234,6 +263,7 @@ json_t *cn_fsm_describe(const cn_fsm *p) {
       s->distilled, "train_seconds",
       s->seconds, "batches", "fsm", (json_int_t)s->fsm, "agenda",
       (json_int_t)s->agenda, "depth", (json_int_t)s->depth, "sufficient",
-      (json_int_t)s->sufficient, "lower_bound", (json_int_t)s->lower_bound,
+      (json_int_t)s->sufficient, "lookahead", (json_int_t)s->lookahead,
+      "lower_bound", (json_int_t)s->lower_bound,
       "key", key);
 }

@@ -121,14 +121,14 @@ static int episode(cn_qtab *t, cn_frontier *f, const cn_fsm_opts *o,
   int n = o->nstep, rc = cn__frontier_reset(f);
   long long k = 0; /* steps taken */
   while (rc == 0 && f->n_done < f->nv) {
-    uint32_t key = cn__fsm_encode(o->encoding, f->n_types, f->n_ready);
+    uint32_t key = cn__fsm_state(o->encoding, f);
     int a = explore(t, key, f, eps, g);
     double r = -1.0 + o->alpha * cn__frontier_ratio(f, a); /* eq. 1 */
     if (cn__frontier_commit(f, a, out) <= 0) return CN_E_INTERNAL;
     w[k % n] = (step){key, a, r};
     k++;
     if (k >= n && f->n_done < f->nv) {
-      uint32_t nk = cn__fsm_encode(o->encoding, f->n_types, f->n_ready);
+      uint32_t nk = cn__fsm_state(o->encoding, f);
       double G = nstep_return(w, n, (int)((k - n) % n), n, o->gamma,
                               vmax(t, nk, f));
       rc = update(t, &w[(k - n) % n], G, o->learning_rate);
@@ -172,7 +172,7 @@ static long long evaluate(const cn_fsm *p, cn_frontier *fs, int nf,
     if (cn__frontier_reset(f)) return CN_E_NOMEM;
     while (f->n_done < f->nv) {
       if (keys != NULL &&
-          keyset_add(keys, cn__fsm_encode(p->enc, f->n_types, f->n_ready)))
+          keyset_add(keys, cn__fsm_state(p->enc, f)))
         return CN_E_NOMEM;
       if (cn__frontier_commit(f, cn__fsm_choose(p, f), out) <= 0)
         return CN_E_INTERNAL;
@@ -185,7 +185,7 @@ static long long evaluate(const cn_fsm *p, cn_frontier *fs, int nf,
 /* The types on the frontier of a state key (fsm.c's encodings). */
 static uint32_t key_types(cn_fsm_encoding enc, uint32_t key) {
   if (enc == CN_FSM_ENC_BASE) return key;
-  if (enc == CN_FSM_ENC_MAX) return key & 0xff;
+  if (enc == CN_FSM_ENC_MAX || enc == CN_FSM_ENC_BOUND) return key & 0xff;
   uint32_t m = 0;
   for (; key != 0; key >>= 4) m |= 1u << ((key & 15) - 1);
   return m;
@@ -249,7 +249,7 @@ static int distill(cn_qtab *t, cn_fsm_encoding enc, cn_frontier *fs, int nf,
     if (cn__frontier_reset(f)) return CN_E_NOMEM;
     while (f->n_done < f->nv) {
       int a = cn__frontier_next(f, CN_POLICY_SUFFICIENT, NULL);
-      int64_t s = cn__qtab_get(t, cn__fsm_encode(enc, f->n_types, f->n_ready));
+      int64_t s = cn__qtab_get(t, cn__fsm_state(enc, f));
       if (s < 0) return CN_E_NOMEM;
       t->seen[s] |= (uint8_t)(1u << a);
       t->q[s * t->n_types + a] += 1.0; /* a vote */
@@ -299,7 +299,8 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
     int64_t lb;
     cn__graph_set_get(train, nf, &g, &lb);
     if ((rc = cn__frontier_init(&fs[nf], T, true)) != 0 ||
-        (rc = cn__frontier_add_dag(&fs[nf], &g)) != 0) {
+        (rc = cn__frontier_add_dag(&fs[nf], &g)) != 0 ||
+        (rc = cn__frontier_tails(&fs[nf])) != 0) {
       nf++;
       goto out;
     }
@@ -314,7 +315,11 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
   st->depth = cn_graph_set_batches(train, CN_POLICY_DEPTH, NULL, NULL);
   st->sufficient = cn_graph_set_batches(train, CN_POLICY_SUFFICIENT, NULL,
                                         NULL);
-  if (st->agenda < 0 || st->depth < 0 || st->sufficient < 0) goto fail_rc;
+  st->lookahead = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD, NULL,
+                                       NULL);
+  if (st->agenda < 0 || st->depth < 0 || st->sufficient < 0 ||
+      st->lookahead < 0)
+    goto fail_rc;
 
   /* The empty table is the agenda policy: the first best. */
   st->fsm = evaluate(p, fs, nf, scratch, NULL);
@@ -368,10 +373,11 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
   /* Never worse than the heuristics on the sample (issue 4 goal): execute
    * whichever launches fewest batches there (ties keep the FSM, then the
    * order sufficient, agenda, depth). */
-  long long fb[3] = {st->sufficient, st->agenda, st->depth}, win = st->fsm;
-  const cn_policy_kind fk[3] = {CN_POLICY_SUFFICIENT, CN_POLICY_AGENDA,
-                                CN_POLICY_DEPTH};
-  for (int i = 0; i < 3 && o.fallback; i++)
+  long long fb[4] = {st->lookahead, st->sufficient, st->agenda, st->depth},
+            win = st->fsm;
+  const cn_policy_kind fk[4] = {CN_POLICY_LOOKAHEAD, CN_POLICY_SUFFICIENT,
+                                CN_POLICY_AGENDA, CN_POLICY_DEPTH};
+  for (int i = 0; i < 4 && o.fallback; i++)
     if (fb[i] < win) {
       win = fb[i];
       p->executes = fk[i];

@@ -127,3 +127,41 @@ long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
   if (lower_bound != NULL) *lower_bound = lb;
   return total;
 }
+
+int cn_graph_set_optimum(const cn_graph_set *s, int i, long long budget,
+                         int beam, cn_optimum *out) {
+  memset(out, 0, sizeof(*out));
+  if (i < 0 || i >= s->n) return CN_E_INTERNAL;
+  cn_dag g;
+  int64_t lb;
+  cn__graph_set_get(s, i, &g, &lb);
+  out->lower_bound = lb;
+  for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_LOOKAHEAD; p++) {
+    int32_t nb;
+    int rc = cn__sched_dag(&g, (cn_policy_kind)p, NULL, NULL, NULL, &nb);
+    if (rc != 0) return rc;
+    out->policy[p] = nb;
+  }
+  int cn__dag_beam(const cn_dag *g, int width, int64_t *batches, uint8_t **schedule);
+  cn_dag_optimum o;
+  int rc = cn__dag_optimum(&g, budget, &o);
+  if (rc != 0) return rc;
+  free(o.schedule);
+  out->lower = o.lower;
+  out->exact = o.exact;
+  out->nodes = o.nodes;
+  if (o.exact) {
+    out->upper = o.upper;
+    return 0;
+  }
+  out->upper = out->policy[CN_POLICY_DEPTH];
+  for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_LOOKAHEAD; p++)
+    if (out->policy[p] < out->upper) out->upper = out->policy[p];
+  if (beam > 0) {
+    int64_t b;
+    if ((rc = cn__dag_beam(&g, beam, &b, NULL)) != 0) return rc;
+    out->beam = b;
+    if (b < out->upper) out->upper = b;
+  }
+  return 0;
+}

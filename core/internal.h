@@ -399,6 +399,25 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy,
                   const struct cn_fsm *fsm, int32_t *order,
                   cn_run_batch *batches, int32_t *n_batches);
 
+/* sched_opt.c: the fewest batches g can run in (ED-Batch §2.1's problem),
+ * by IDA* over done-sets with at most `budget` expanded states. exact = 1:
+ * lower == upper is the optimum and schedule (malloc'd, `upper` types; the
+ * caller frees it) reaches it. exact = 0: the budget ran out; lower is
+ * proven (≥ the bound), upper is 0 (unknown). Returns 0 or CN_E_NOMEM. */
+typedef struct cn_dag_optimum {
+  int64_t lower, upper;
+  int exact;
+  long long nodes;   /* states expanded */
+  uint8_t *schedule;
+} cn_dag_optimum;
+int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res);
+/* A schedule by beam search (width states kept per step, ranked by batches
+ * so far plus the bound on what is left): an upper bound on the optimum
+ * where the exact search runs out of budget. *schedule (may be NULL)
+ * gets the types, malloc'd. Returns 0 or CN_E_NOMEM. */
+int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
+                 uint8_t **schedule);
+
 /* ---- the frontier (frontier.c): ED-Batch Alg. 1, one step at a time -------
  * The ready vertices of a typed DAG that may still grow: a driver adds
  * vertices (inputs first), asks a policy for the next type, commits the
@@ -437,6 +456,15 @@ typedef struct cn_frontier {
   int32_t *q[CN_MAX_TYPES];      /* ready FIFO per type                    */
   int64_t qhead[CN_MAX_TYPES], qtail[CN_MAX_TYPES], qcap[CN_MAX_TYPES];
   int32_t *stack;
+  int32_t *tail;                 /* [v][t] (cn__frontier_tails): most type-t
+                                    vertices on a path from v to a sink    */
+  int32_t *seen_in;              /* scratch of drops(), zero between calls */
+  int32_t tails_nv;              /* vertices the tails were computed for   */
+  int32_t mt[CN_MAX_TYPES][CN_MAX_TYPES]; /* [a][t]: max tail_t over the
+                                    ready type-a vertices (only grows until
+                                    a commit of a clears it)               */
+  int32_t *qc[CN_MAX_TYPES];     /* ready vertices with consumers, per type */
+  int64_t qc_n[CN_MAX_TYPES], qc_cap[CN_MAX_TYPES];
 } cn_frontier;
 
 /* track_sub: keep n_sub[] (eq. 1's ratio; the sufficient policy and FSM
@@ -456,10 +484,22 @@ int cn__frontier_reset(cn_frontier *f);
  * frontier policies: they answer agenda here. */
 int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
                       const struct cn_fsm *fsm);
+/* Whether the policy (with fsm for CN_POLICY_FSM) reads drops(), so the
+ * driver should call cn__frontier_tails once the graph is added. */
+bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm);
 int cn__frontier_agenda(const cn_frontier *f);
 /* ED-Batch eq. 1's ratio for type t: |Frontier_t(G)| / |Frontier(G^t)|,
  * in (0, 1] when t is ready (track_sub), 0 when not. */
 double cn__frontier_ratio(const cn_frontier *f, int t);
+/* Look-ahead for static graphs: computes every vertex's tail (the most
+ * type-t vertices on a path from it to a sink) once all vertices are added.
+ * Vertices added later count only themselves. */
+int cn__frontier_tails(cn_frontier *f);
+/* drop[t], for each ready type t: how much committing t now lowers the
+ * lower bound Σ_t depth_t of what is left (MODELS.md), 0 for types not
+ * ready or without tails. Returns the bound now. O(ready × types + the
+ * edges out of the ready vertices). */
+int64_t cn__frontier_drops(const cn_frontier *f, int64_t *drop);
 /* Commits the batch of every ready type-t vertex (Alg. 1 lines 4-6):
  * writes them to out (FIFO order) and returns how many. */
 int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out);
@@ -474,5 +514,11 @@ int cn__fsm_choose(const struct cn_fsm *p, const cn_frontier *f);
 /* Which plan the policy executes (CN_POLICY_FSM, or the heuristic that
  * beat it on its training sample). */
 cn_policy_kind cn__fsm_executes(const struct cn_fsm *p);
+/* The state of f under enc (cn__fsm_encode, or E_bound from f's drops). */
+uint32_t cn__fsm_state(cn_fsm_encoding enc, const cn_frontier *f);
+uint32_t cn__fsm_encode_bound(int n_types, const int64_t *n_ready,
+                              const int64_t *drop);
+/* Whether what p executes reads cn__frontier_drops. */
+bool cn__fsm_needs_tails(const struct cn_fsm *p);
 
 #endif /* CANOPY_CORE_INTERNAL_H */

@@ -71,13 +71,13 @@ static json_t *to_json(const cn_fsm *p) {
   const cn_fsm_stats *s = &p->st;
   return json_pack(
       "{s:s, s:i, s:s, s:s, s:o, s:s, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, "
-      "s:i, s:I, s:i, s:i, s:i, s:f}}",
+      "s:I, s:i, s:I, s:i, s:i, s:i, s:f}}",
       "format", FORMAT, "version", VERSION, "key", key, "family", p->family,
       "types", types, "encoding", cn_fsm_encoding_name(p->enc), "executes",
       cn_policy_name(p->executes), "states", states, "stats", "fsm",
       (json_int_t)s->fsm, "agenda", (json_int_t)s->agenda, "depth",
       (json_int_t)s->depth, "sufficient", (json_int_t)s->sufficient,
-      "lower_bound", (json_int_t)s->lower_bound, "graphs", s->graphs,
+      "lookahead", (json_int_t)s->lookahead, "lower_bound", (json_int_t)s->lower_bound, "graphs", s->graphs,
       "vertices", (json_int_t)s->vertices, "iterations", s->iterations,
       "best_iteration", s->best_iteration, "distilled", s->distilled,
       "seconds", s->seconds);
@@ -96,8 +96,11 @@ static bool key_valid(cn_fsm_encoding enc, int T, uint32_t key) {
   uint32_t all = (1u << T) - 1;
   if (key == 0) return false;
   if (enc == CN_FSM_ENC_BASE) return (key & ~all) == 0;
-  if (enc == CN_FSM_ENC_MAX) {
-    uint32_t mask = key & 0xff, arg = key >> 8;
+  if (enc == CN_FSM_ENC_MAX || enc == CN_FSM_ENC_BOUND) {
+    /* E_bound: E_max's bits, then a non-empty subset of the ready types. */
+    uint32_t mask = key & 0xff, arg = key >> 8 & 0xf, top = key >> 12;
+    if (enc == CN_FSM_ENC_MAX ? top != 0 : top == 0 || (top & ~mask) != 0)
+      return false;
     return mask != 0 && (mask & ~all) == 0 && arg >= 1 && arg <= (uint32_t)T &&
            (mask >> (arg - 1) & 1);
   }
@@ -168,7 +171,8 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
   }
   if (cn_policy_parse(exe, &pk) != 0 ||
       (pk != CN_POLICY_FSM && pk != CN_POLICY_AGENDA &&
-       pk != CN_POLICY_DEPTH && pk != CN_POLICY_SUFFICIENT) ||
+       pk != CN_POLICY_DEPTH && pk != CN_POLICY_SUFFICIENT &&
+       pk != CN_POLICY_LOOKAHEAD) ||
       !json_is_array(states)) {
     BAD("bad \"executes\" or \"states\"");
     goto out;
@@ -214,10 +218,12 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
     }
   }
   cn_fsm_stats *st = &p->st;
-  json_int_t f = 0, ag = 0, de = 0, su = 0, lb = 0, vx = 0;
+  json_int_t f = 0, ag = 0, de = 0, su = 0, la = 0, lb = 0, vx = 0;
   if (json_unpack(stats,
-                  "{s:I, s:I, s:I, s:I, s:I, s:i, s:I, s:i, s:i, s:i, s:F}",
+                  "{s:I, s:I, s:I, s:I, s?I, s:I, s:i, s:I, s:i, s:i, s:i, "
+                  "s:F}",
                   "fsm", &f, "agenda", &ag, "depth", &de, "sufficient", &su,
+                  "lookahead", &la,
                   "lower_bound", &lb, "graphs", &st->graphs, "vertices", &vx,
                   "iterations", &st->iterations, "best_iteration",
                   &st->best_iteration, "distilled", &st->distilled,
@@ -226,6 +232,7 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
     goto out;
   }
   st->fsm = f, st->agenda = ag, st->depth = de, st->sufficient = su;
+  st->lookahead = la;
   st->lower_bound = lb, st->vertices = vx;
 out:
   if (rc != 0) {

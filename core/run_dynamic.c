@@ -107,6 +107,9 @@ int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err) {
     if (cn__frontier_init(&fr, f->n_types, sub) != 0) goto out;
     have_frontier = true;
     if (cn__frontier_add_dag(&fr, &g) != 0) goto out;
+    if (cn__policy_needs_tails(policy, r->sched_fsm) &&
+        cn__frontier_tails(&fr) != 0)
+      goto out;
     r->live = &fr;
     int t;
     while ((t = cn__frontier_next(&fr, policy, r->sched_fsm)) >= 0) {

@@ -15,6 +15,12 @@
  *            heuristic in line 3).
  *   sufficient - ED-Batch §5.3: Alg. 1 with the ready type maximising the
  *            ratio of eq. 1 (Lemma 1's sufficient condition) in line 3.
+ *   lookahead - Alg. 1 with, in line 3, the ready type whose batch lowers
+ *            the lower bound Σ_t depth_t of what is left the most (ties: the
+ *            smaller batch, then agenda). Needs the graph's future, so it
+ *            sees more than the frontier: each vertex's "tail", the most
+ *            type-t vertices on a path from it to a sink (frontier.c). It
+ *            is the one-step greedy form of the exact search (sched_opt.c).
  *   fsm    - ED-Batch §2: Alg. 1 with a learned FSM in line 3 (fsm.c).
  * agenda, sufficient and fsm only look at the frontier (frontier.c), so a
  * dynamic executor can drive them one step at a time.
@@ -124,6 +130,8 @@ static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
   int32_t *tmp = p->order ? NULL : malloc(((size_t)g->nv + 1) * 4);
   if (rc == 0 && p->order == NULL && tmp == NULL) rc = CN_E_NOMEM;
   if (rc == 0) rc = cn__frontier_add_dag(&f, g);
+  if (rc == 0 && cn__policy_needs_tails(policy, fsm))
+    rc = cn__frontier_tails(&f);
   int32_t placed = 0;
   while (rc == 0 && placed < g->nv) {
     int t = cn__frontier_next(&f, policy, fsm);
@@ -158,6 +166,7 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
     case CN_POLICY_DEPTH: rc = plan_depth(g, &p); break;
     case CN_POLICY_AGENDA:
     case CN_POLICY_SUFFICIENT:
+    case CN_POLICY_LOOKAHEAD:
     case CN_POLICY_FSM: rc = plan_frontier(g, policy, fsm, &p); break;
     default: rc = CN_E_INTERNAL; break;
   }
@@ -190,7 +199,7 @@ out:
 }
 
 static const char *const policy_names[CN_POLICY__COUNT] = {
-    "none", "depth", "agenda", "sufficient", "fsm"};
+    "none", "depth", "agenda", "sufficient", "lookahead", "fsm"};
 
 const char *cn_policy_name(cn_policy_kind p) {
   return p >= 0 && p < CN_POLICY__COUNT ? policy_names[p] : "?";

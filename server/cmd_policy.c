@@ -124,19 +124,29 @@ static void policy_usage(FILE *f) {
   fprintf(f,
     "usage: canopy policy train --model DIR --input FILE.jsonl [options]\n"
     "       canopy policy show --model DIR [--encoding E] [--policy-cache DIR]\n"
+    "       canopy policy optimum --model DIR --input FILE.jsonl [--outputs O]\n"
+    "                             [--batch N] [--train-runs N] [--budget N]\n"
+    "                             [--beam W]\n"
     "\n"
     "train learns the model's FSM batching policy (ED-Batch §2: tabular\n"
     "Q-learning, reward eq. 1) on the run graphs of FILE.jsonl and stores it\n"
     "in the policy cache read by `canopy run --policy fsm` and `canopy "
     "serve`;\nit prints the policy's description (JSON) on stdout. show "
-    "prints the cached one.\n"
+    "prints the cached one.\noptimum searches (IDA*) for the fewest batches "
+    "each run graph of FILE.jsonl can run in, and prints one JSON line a graph\n"
+    "(lower_bound; optimum_lower = optimum_upper when exact, else a proven\n"
+    "lower bound and the best schedule known; depth, agenda, sufficient,\n"
+    "lookahead, beam) and a total: how far any policy could still improve.\n"
     "\n"
     "  --outputs root|all     tree families: graphs with root or all outputs"
     " (default root)\n"
     "  --batch N              instances per training graph (default 64)\n"
     "  --train-runs N         at most N training graphs (default 16)\n"
-    "  --encoding E           base | max | sort: the state, ED-Batch §2.3 "
-    "(default sort)\n"
+    "  --encoding E           base | max | sort: the state, ED-Batch §2.3; "
+    "bound:\n"
+    "                         max plus the types whose batch lowers the "
+    "bound on\n"
+    "                         what is left the most (default bound)\n"
     "  --iterations N         training episodes (default 1000)\n"
     "  --eval-every K         greedy evaluation interval; the best table is "
     "kept,\n"
@@ -157,6 +167,12 @@ static void policy_usage(FILE *f) {
     "  --no-fallback          keep the FSM even where agenda or depth "
     "launches fewer\n"
     "                         batches on the training graphs\n"
+    "  --budget N             optimum: states to expand per graph before "
+    "settling\n"
+    "                         for proven bounds (default 20000000)\n"
+    "  --beam W               optimum: where the search does not finish, also "
+    "a\n"
+    "                         beam search of width W (default 128; 0: off)\n"
     "  --policy-cache DIR     (default $CANOPY_POLICY_CACHE, else\n"
     "                         $XDG_CACHE_HOME/canopy/policies, else\n"
     "                         ~/.cache/canopy/policies)\n");
@@ -179,7 +195,7 @@ static int parse_double(const char *flag, const char *s, double lo, double hi,
 typedef struct policy_args {
   const char *model, *input, *cache;
   unsigned flags;
-  long long batch, runs;
+  long long batch, runs, budget, beam;
   cn_fsm_opts o;
 } policy_args;
 
@@ -189,6 +205,8 @@ static int parse_args(int argc, char **argv, policy_args *a) {
   int m;
   a->batch = 64;
   a->runs = 16;
+  a->budget = 20000000;
+  a->beam = 128;
   cn_fsm_opts_default(&a->o);
   for (int i = 2; i < argc; i++) {
 #define FLAG(name) ((m = cn__flag_value(argc, argv, &i, name, &v)) != 0)
@@ -235,6 +253,8 @@ static int parse_args(int argc, char **argv, policy_args *a) {
     }
     INT("--batch", 1, 1 << 20, a->batch)
     INT("--train-runs", 1, 1 << 16, a->runs)
+    INT("--budget", 1, LLONG_MAX, a->budget)
+    INT("--beam", 0, 1 << 16, a->beam)
     INT("--iterations", 0, 100000000, a->o.iterations)
     INT("--eval-every", 1, 100000000, a->o.eval_every)
     INT("--nstep", 1, 1000, a->o.nstep)
@@ -253,13 +273,75 @@ static int parse_args(int argc, char **argv, policy_args *a) {
   return 0;
 }
 
+/* `canopy policy optimum`: per graph, the search's result beside the
+ * heuristics; a total line last. */
+static const char *const opt_fields[] = {
+    "lower_bound", "optimum_lower", "optimum_upper", "depth", "agenda",
+    "sufficient", "lookahead", "beam", "states"};
+enum { N_OPT_FIELDS = sizeof(opt_fields) / sizeof(opt_fields[0]) };
+
+static void opt_values(const cn_optimum *o, long long *v) {
+  long long x[N_OPT_FIELDS] = {
+      o->lower_bound, o->lower, o->upper, o->policy[CN_POLICY_DEPTH],
+      o->policy[CN_POLICY_AGENDA], o->policy[CN_POLICY_SUFFICIENT],
+      o->policy[CN_POLICY_LOOKAHEAD], o->beam, o->nodes};
+  memcpy(v, x, sizeof(x));
+}
+
+static void print_json(json_t *j) {
+  char *s = json_dumps(j, JSON_COMPACT);
+  if (s != NULL) puts(s);
+  fflush(stdout);
+  free(s);
+  json_decref(j);
+}
+
+static int policy_optimum(const cn_model *m, cn_backend_ctx *bk, FILE *in,
+                          const policy_args *a) {
+  cn_graph_set *gs = NULL;
+  long long skipped = 0, tot[N_OPT_FIELDS] = {0}, v[N_OPT_FIELDS];
+  if (cn__policy_graphs(m, bk, in, a->flags, (int)a->batch, (int)a->runs,
+                        NULL, &gs, &skipped)) {
+    fprintf(stderr, "canopy policy: could not build the run graphs\n");
+    return -1;
+  }
+  int exact = 1, rc = 0;
+  for (int i = 0; i < cn_graph_set_count(gs); i++) {
+    cn_optimum o;
+    if (cn_graph_set_optimum(gs, i, a->budget, (int)a->beam, &o) != 0) {
+      fprintf(stderr, "canopy policy: out of memory in the search\n");
+      rc = -1;
+      break;
+    }
+    json_t *j = json_pack("{sisb}", "graph", i, "exact", o.exact);
+    opt_values(&o, v);
+    for (int k = 0; k < N_OPT_FIELDS; k++) {
+      json_object_set_new(j, opt_fields[k], json_integer(v[k]));
+      tot[k] += v[k];
+    }
+    print_json(j);
+    exact &= o.exact;
+  }
+  if (rc == 0) {
+    json_t *j = json_pack("{sisIsb}", "graphs", cn_graph_set_count(gs),
+                          "skipped_lines", (json_int_t)skipped, "exact",
+                          exact);
+    for (int k = 0; k < N_OPT_FIELDS; k++)
+      json_object_set_new(j, opt_fields[k], json_integer(tot[k]));
+    print_json(j);
+  }
+  cn_graph_set_free(gs);
+  return rc;
+}
+
 int cn_cmd_policy(int argc, char **argv) {
   if (argc < 2 || strcmp(argv[1], "--help") == 0 ||
       strcmp(argv[1], "-h") == 0) {
     policy_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 1 : 0;
   }
-  bool train = strcmp(argv[1], "train") == 0;
+  bool optimum = strcmp(argv[1], "optimum") == 0;
+  bool train = optimum || strcmp(argv[1], "train") == 0;
   if (!train && strcmp(argv[1], "show") != 0) {
     fprintf(stderr, "canopy policy: unknown subcommand '%s'\n\n", argv[1]);
     policy_usage(stderr);
@@ -294,6 +376,10 @@ int cn_cmd_policy(int argc, char **argv) {
     }
     if (cn_backend_open("cpu", 0, &bk, &err) != 0) {
       fprintf(stderr, "canopy policy: %s\n", err.msg);
+      goto out;
+    }
+    if (optimum) {
+      status = policy_optimum(m, bk, in, &a) == 0 ? 0 : 1;
       goto out;
     }
     if (cn__policy_learn(m, bk, a.cache, "canopy policy", &a.o, in, a.flags,

@@ -54,15 +54,16 @@ static void run_usage(FILE *f) {
           "  --outputs root|all    tree families: the root only, or every "
           "node (default root)\n"
           "  --return-hidden       also return hidden vectors (\"h\")\n"
-          "  --policy P            none | depth | agenda | sufficient | fsm "
-          "(default agenda)\n"
+          "  --policy P            none | depth | agenda | sufficient | "
+          "lookahead | fsm\n"
+          "                        (default agenda)\n"
           "  --policy-cache DIR    where --policy fsm finds (or, with none "
           "cached,\n"
           "                        learns from the input and stores) the "
           "model's policy\n"
           "                        (default: see canopy policy --help)\n"
-          "  --encoding E          base | max | sort: the FSM's state "
-          "(default sort)\n"
+          "  --encoding E          base | max | sort | bound: the FSM's state "
+          "(default bound)\n"
           "  --layout L            fused | naive | pq: hand-written cell "
           "kernels, or the\n"
           "                        cells compiled from the op IR with every "
@@ -89,7 +90,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   o->backend = "cpu";
   o->policy = CN_POLICY_AGENDA;
   o->batch = 64;
-  o->encoding = CN_FSM_ENC_SORT;
+  o->encoding = CN_FSM_ENC_BOUND;
   cn_config_defaults(&o->cfg);
   cn_err err;
   cn_err_clear(&err);

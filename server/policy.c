@@ -45,7 +45,7 @@ static const char *cache_dir(cn__server *s) {
 }
 
 static cn_fsm_encoding encoding(cn__server *s) {
-  cn_fsm_encoding e = CN_FSM_ENC_SORT;
+  cn_fsm_encoding e = CN_FSM_ENC_BOUND;
   cn_fsm_encoding_parse(s->cfg.serve.encoding, &e);
   return e;
 }

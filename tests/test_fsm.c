@@ -222,7 +222,7 @@ static void fsm_dfs(fsm_search *s, int ns) {
     return;
   }
   if (ns + 1 >= s->best) return;
-  uint32_t key = cn__fsm_encode(s->enc, 3, s->f.n_ready);
+  uint32_t key = cn__fsm_state(s->enc, &s->f);
   for (int i = 0; i < s->nk; i++)
     if (s->keys[i] == key) {
       s->seq[ns] = s->acts[i];
@@ -246,6 +246,7 @@ static int best_fsm(const cn_run *r, cn_fsm_encoding enc) {
   cn_dag g = cn__run_dag(r);
   cn__frontier_init(&s->f, 3, false);
   cn__frontier_add_dag(&s->f, &g);
+  cn__frontier_tails(&s->f); /* E_bound reads the drops */
   s->enc = enc;
   s->best = 1 << 30;
   fsm_dfs(s, 0);
@@ -410,6 +411,17 @@ Test(fsm, cache_round_trip_corrupt_and_mismatched, .timeout = 60) {
   cr_expect_eq(cn_graph_set_batches(gs, CN_POLICY_FSM, p, NULL),
                cn_graph_set_batches(gs, CN_POLICY_FSM, q, NULL));
   cn_fsm_free(q);
+  q = NULL;
+  /* E_bound round-trips too, beside the E_sort file. */
+  cn_fsm *pb = train(m, gs, CN_FSM_ENC_BOUND, 0);
+  cr_assert_eq(cn_policy_cache_store(m, cache, pb, &err), 0, "%s", err.msg);
+  cr_assert_eq(cn_policy_cache_load(m, cache, CN_FSM_ENC_BOUND, &q, &err),
+               CN_CACHE_HIT, "%s", err.msg);
+  cr_expect_eq(cn_graph_set_batches(gs, CN_POLICY_FSM, pb, NULL),
+               cn_graph_set_batches(gs, CN_POLICY_FSM, q, NULL));
+  cr_expect_eq(cn_fsm_get_encoding(q), CN_FSM_ENC_BOUND);
+  cn_fsm_free(q);
+  cn_fsm_free(pb);
   q = NULL;
   /* Another encoding: the file is for other states. */
   cr_expect_eq(cn_policy_cache_load(m, cache, CN_FSM_ENC_BASE, &q, &err),

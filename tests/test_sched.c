@@ -54,6 +54,29 @@ static void check_valid(const cn_run *r) {
   free(done);
 }
 
+/* Batching every ready vertex of each listed type in turn runs all of r. */
+static void check_schedule_runs(const cn_run *r, const uint8_t *types, int n) {
+  char *done = calloc((size_t)r->nv + 1, 1);
+  char *now = calloc((size_t)r->nv + 1, 1);
+  int32_t left = r->nv;
+  for (int s = 0; s < n; s++) {
+    int32_t ran = 0;
+    for (int32_t v = 0; v < r->nv; v++) {
+      int k;
+      const int32_t *in = cn__run_inputs(r, v, &k);
+      bool ready = !done[v] && r->vtype[v] == types[s];
+      for (int j = 0; ready && j < k; j++) ready = done[in[j]];
+      now[v] = ready;
+      ran += ready;
+    }
+    cr_expect_gt(ran, 0, "step %d of the schedule runs nothing", s);
+    for (int32_t v = 0; v < r->nv; v++) done[v] |= now[v];
+    left -= ran;
+  }
+  cr_expect_eq(left, 0, "the schedule leaves %d vertices", left);
+  free(done);
+  free(now);
+}
 
 Test(sched, bound_binary_tree_all_outputs) {
   /* A complete binary tree of 4 leaves (type a), 3 internal (b), one
@@ -122,7 +145,20 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
         }
         cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
       }
-      if (opt < 0) opt = tu_brute_force_min(r);
+      if (opt < 0) {
+        opt = tu_brute_force_min(r);
+        /* The IDA* search (sched_opt.c) finds the same optimum, and its
+         * schedule runs the graph in that many maximal batches. */
+        cn_dag g = cn__run_dag(r);
+        cn_dag_optimum o;
+        cr_assert_eq(cn__dag_optimum(&g, 1000000, &o), 0);
+        cr_expect(o.exact, "trial %d: search ran out of budget", trial);
+        cr_expect_eq(o.lower, opt, "trial %d: search %lld, brute force %d",
+                     trial, (long long)o.lower, opt);
+        cr_expect_eq(o.upper, opt);
+        check_schedule_runs(r, o.schedule, (int)o.upper);
+        free(o.schedule);
+      }
       cn_err err;
       cn_err_clear(&err);
       cr_assert_eq(cn__sched_plan(r, (cn_policy_kind)p, &err), 0);
@@ -136,4 +172,125 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
       cn_run_free(r);
     }
   }
+}
+
+/* A random DAG of n vertices and 3 types, as random_dags_against_brute_force
+ * builds them. */
+static cn_run *random_graph(int n, unsigned seed) {
+  srand(seed);
+  cn_run *r = graph();
+  for (int v = 0; v < n; v++) {
+    int32_t in[3];
+    int k = v == 0 ? 0 : rand() % (v < 3 ? v + 1 : 4);
+    for (int j = 0; j < k; j++) {
+      int32_t u;
+      bool dup;
+      do {
+        u = rand() % v;
+        dup = false;
+        for (int q = 0; q < j; q++) dup |= in[q] == u;
+      } while (dup && k <= v);
+      in[j] = u;
+    }
+    cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
+  }
+  return r;
+}
+
+/* The bound Σ_t depth_t of the vertices of r not in done (edges among
+ * them only), from scratch. */
+static int64_t bound_left(const cn_run *r, const char *done) {
+  int32_t *map = malloc((size_t)r->nv * 4), *is = malloc(((size_t)r->nv + 1) * 4);
+  int32_t *ie = malloc(((size_t)r->ne + 1) * 4), n = 0, ne = 0;
+  uint8_t *vt = malloc((size_t)r->nv + 1);
+  is[0] = 0;
+  for (int32_t v = 0; v < r->nv; v++) {
+    map[v] = -1;
+    if (done[v]) continue;
+    map[v] = n;
+    vt[n] = r->vtype[v];
+    for (int32_t i = r->in_start[v]; i < r->in_start[v + 1]; i++)
+      if (!done[r->in_edges[i]]) ie[ne++] = map[r->in_edges[i]];
+    is[++n] = ne;
+  }
+  cn_dag g = {3, n, vt, is, ie};
+  int64_t b = cn__dag_lower_bound(&g);
+  free(map);
+  free(is);
+  free(ie);
+  free(vt);
+  return b;
+}
+
+/* The look-ahead (frontier.c) against its definition: along random
+ * schedules of random DAGs, the bound it keeps equals the bound of what is
+ * left recomputed from scratch, and drop[t] equals that bound minus the
+ * bound left after committing every ready type-t vertex. */
+Test(sched, lookahead_drops_against_recomputed_bound, .timeout = 60) {
+  for (int trial = 0; trial < 400; trial++) {
+    int n = 2 + trial % 40;
+    cn_run *r = random_graph(n, 777u + (unsigned)trial);
+    cn_dag g = cn__run_dag(r);
+    cn_frontier f;
+    cr_assert_eq(cn__frontier_init(&f, 3, false), 0);
+    cr_assert_eq(cn__frontier_add_dag(&f, &g), 0);
+    cr_assert_eq(cn__frontier_tails(&f), 0);
+    char *done = calloc((size_t)n, 1), *after = malloc((size_t)n);
+    int32_t *out = malloc((size_t)n * 4);
+    while (f.n_done < n) {
+      int64_t drop[CN_MAX_TYPES];
+      int64_t now = cn__frontier_drops(&f, drop);
+      cr_expect_eq(now, bound_left(r, done), "trial %d", trial);
+      for (int t = 0; t < 3; t++) {
+        if (f.n_ready[t] == 0) {
+          cr_expect_eq(drop[t], 0);
+          continue;
+        }
+        memcpy(after, done, (size_t)n);
+        for (int32_t v = 0; v < n; v++) {
+          bool ready = !done[v] && r->vtype[v] == t;
+          for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
+            ready = done[r->in_edges[i]];
+          if (ready) after[v] = 1;
+        }
+        cr_expect_eq(drop[t], now - bound_left(r, after),
+                     "trial %d type %d: drop %lld", trial, t,
+                     (long long)drop[t]);
+      }
+      int ts[3], k = 0;
+      for (int t = 0; t < 3; t++)
+        if (f.n_ready[t] > 0) ts[k++] = t;
+      int32_t m = cn__frontier_commit(&f, ts[rand() % k], out);
+      for (int32_t i = 0; i < m; i++) done[out[i]] = 1;
+    }
+    free(done);
+    free(after);
+    free(out);
+    cn__frontier_free(&f);
+    cn_run_free(r);
+  }
+}
+
+/* The beam search (sched_opt.c): its schedule runs the graph in the
+ * batches it reports, never fewer than the optimum; a wide beam finds the
+ * optimum on nearly every small graph. */
+Test(sched, beam_search_against_the_optimum, .timeout = 60) {
+  int wide_optimal = 0, trials = 200;
+  for (int trial = 0; trial < trials; trial++) {
+    cn_run *r = random_graph(2 + trial % 13, 4242u + (unsigned)trial);
+    cn_dag g = cn__run_dag(r);
+    int opt = tu_brute_force_min(r);
+    for (int w = 1; w <= 64; w *= 8) {
+      int64_t b;
+      uint8_t *sched;
+      cr_assert_eq(cn__dag_beam(&g, w, &b, &sched), 0);
+      cr_expect_geq(b, opt, "trial %d width %d", trial, w);
+      check_schedule_runs(r, sched, (int)b);
+      if (w == 64) wide_optimal += b == opt;
+      free(sched);
+    }
+    cn_run_free(r);
+  }
+  cr_expect_geq(wide_optimal, trials * 9 / 10, "width 64 optimal on %d of %d",
+                wide_optimal, trials);
 }
