@@ -61,18 +61,29 @@ static uint64_t splitmix(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-static int32_t heuristic(const opt_search *s) {
+/* best[t] = max(best[t], tail_t(v)) over the n vertices of vs, skipping
+ * those of type skip (-1: none). */
+static void max_tails(const opt_search *s, const int32_t *vs, int32_t n,
+                      int skip, int32_t *best) {
   int T = s->T;
-  int32_t best[CN_MAX_TYPES] = {0};
-  for (int a = 0; a < T; a++)
-    for (int32_t i = 0; i < s->len[a]; i++) {
-      const int32_t *tl = s->tail + (size_t)s->ready[a][i] * T;
-      for (int t = 0; t < T; t++)
-        if (tl[t] > best[t]) best[t] = tl[t];
-    }
+  for (int32_t i = 0; i < n; i++) {
+    if (s->g->vtype[vs[i]] == skip) continue;
+    const int32_t *tl = s->tail + (size_t)vs[i] * T;
+    for (int t = 0; t < T; t++)
+      if (tl[t] > best[t]) best[t] = tl[t];
+  }
+}
+
+static int32_t sum_of(const int32_t *best, int T) {
   int32_t h = 0;
   for (int t = 0; t < T; t++) h += best[t];
   return h;
+}
+
+static int32_t heuristic(const opt_search *s) {
+  int32_t best[CN_MAX_TYPES] = {0};
+  for (int a = 0; a < s->T; a++) max_tails(s, s->ready[a], s->len[a], -1, best);
+  return sum_of(best, s->T);
 }
 
 /* Runs every ready type-t vertex; returns the batch's size. The batch goes
@@ -328,23 +339,14 @@ static int cand_cmp(const void *a, const void *b) {
   return x->k2 < y->k2 ? -1 : x->k2 > y->k2;
 }
 
+/* The bound after running skip_type from a beam state: its ready vertices
+ * but those, and the ones the batch makes ready. */
 static int32_t ready_bound(const opt_search *s, const int32_t *ready, int32_t n,
                            int skip_type, const int32_t *more, int32_t nmore) {
-  int T = s->T;
   int32_t best[CN_MAX_TYPES] = {0};
-  for (int pass = 0; pass < 2; pass++) {
-    const int32_t *r = pass ? more : ready;
-    int32_t k = pass ? nmore : n;
-    for (int32_t i = 0; i < k; i++) {
-      if (!pass && s->g->vtype[r[i]] == skip_type) continue;
-      const int32_t *tl = s->tail + (size_t)r[i] * T;
-      for (int t = 0; t < T; t++)
-        if (tl[t] > best[t]) best[t] = tl[t];
-    }
-  }
-  int32_t h = 0;
-  for (int t = 0; t < T; t++) h += best[t];
-  return h;
+  max_tails(s, ready, n, skip_type, best);
+  max_tails(s, more, nmore, -1, best);
+  return sum_of(best, s->T);
 }
 
 /* Runs type t from b: decrements b->pending (the caller restores or keeps

@@ -119,6 +119,28 @@ Test(sched, bound_counts_types_across_other_types) {
   cn_run_free(r);
 }
 
+/* A random DAG of n vertices, up to 3 inputs each, and 3 types. */
+static cn_run *random_graph(int n, unsigned seed) {
+  srand(seed);
+  cn_run *r = graph();
+  for (int v = 0; v < n; v++) {
+    int32_t in[3];
+    int k = v == 0 ? 0 : rand() % (v < 3 ? v + 1 : 4);
+    for (int j = 0; j < k; j++) {
+      int32_t u;
+      bool dup;
+      do {
+        u = rand() % v;
+        dup = false;
+        for (int q = 0; q < j; q++) dup |= in[q] == u;
+      } while (dup && k <= v);
+      in[j] = u;
+    }
+    cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
+  }
+  return r;
+}
+
 /* Random DAGs of up to 14 vertices and 3 types: every policy yields a
  * valid schedule; bound <= optimum <= each policy; none runs one vertex a
  * batch. */
@@ -128,23 +150,7 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
     int n = 2 + rand() % 13;
     int opt = -1;
     for (int p = 0; p < CN_POLICY__COUNT; p++) {
-      srand(1000 + trial);
-      cn_run *r = graph();
-      for (int v = 0; v < n; v++) {
-        int32_t in[3];
-        int k = v == 0 ? 0 : rand() % (v < 3 ? v + 1 : 4);
-        for (int j = 0; j < k; j++) {
-          int32_t u;
-          bool dup;
-          do {
-            u = rand() % v;
-            dup = false;
-            for (int q = 0; q < j; q++) dup |= in[q] == u;
-          } while (dup && k <= v);
-          in[j] = u;
-        }
-        cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
-      }
+      cn_run *r = random_graph(n, 1000u + (unsigned)trial);
       if (opt < 0) {
         opt = tu_brute_force_min(r);
         /* The IDA* search (sched_opt.c) finds the same optimum, and its
@@ -172,29 +178,6 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
       cn_run_free(r);
     }
   }
-}
-
-/* A random DAG of n vertices and 3 types, as random_dags_against_brute_force
- * builds them. */
-static cn_run *random_graph(int n, unsigned seed) {
-  srand(seed);
-  cn_run *r = graph();
-  for (int v = 0; v < n; v++) {
-    int32_t in[3];
-    int k = v == 0 ? 0 : rand() % (v < 3 ? v + 1 : 4);
-    for (int j = 0; j < k; j++) {
-      int32_t u;
-      bool dup;
-      do {
-        u = rand() % v;
-        dup = false;
-        for (int q = 0; q < j; q++) dup |= in[q] == u;
-      } while (dup && k <= v);
-      in[j] = u;
-    }
-    cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
-  }
-  return r;
 }
 
 /* The bound Σ_t depth_t of the vertices of r not in done (edges among
