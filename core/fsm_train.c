@@ -300,7 +300,10 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
     cn__graph_set_get(train, nf, &g, &lb);
     if ((rc = cn__frontier_init(&fs[nf], T, true)) != 0 ||
         (rc = cn__frontier_add_dag(&fs[nf], &g)) != 0 ||
-        (rc = cn__frontier_tails(&fs[nf])) != 0) {
+        /* Only E_bound reads the drops; the other encodings skip the
+         * look-ahead upkeep on every commit of every episode. */
+        (o.encoding == CN_FSM_ENC_BOUND &&
+         (rc = cn__frontier_tails(&fs[nf])) != 0)) {
       nf++;
       goto out;
     }
