@@ -142,7 +142,6 @@ int cn_graph_set_optimum(const cn_graph_set *s, int i, long long budget,
     if (rc != 0) return rc;
     out->policy[p] = nb;
   }
-  int cn__dag_beam(const cn_dag *g, int width, int64_t *batches, uint8_t **schedule);
   cn_dag_optimum o;
   int rc = cn__dag_optimum(&g, budget, &o);
   if (rc != 0) return rc;

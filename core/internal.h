@@ -411,10 +411,16 @@ typedef struct cn_dag_optimum {
   uint8_t *schedule;
 } cn_dag_optimum;
 int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res);
-/* A schedule by beam search (width states kept per step, ranked by batches
- * so far plus the bound on what is left): an upper bound on the optimum
- * where the exact search runs out of budget. *schedule (may be NULL)
- * gets the types, malloc'd. Returns 0 or CN_E_NOMEM. */
+/* tail[v × n_types + t]: the most type-t vertices on a path from v to a
+ * sink (v included); malloc'd, NULL when out of memory. */
+int32_t *cn__dag_tails(const cn_dag *g);
+
+/* sched_plan.c: a schedule by beam search over the product of the graph's
+ * instance automata (width states kept per step, ranked by batches so far
+ * plus the bound on what is left): an upper bound on the optimum where the
+ * exact search runs out of budget, and the plan of CN_POLICY_PLAN.
+ * *schedule (may be NULL) gets the types, malloc'd. Returns 0 or
+ * CN_E_NOMEM. */
 int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
                  uint8_t **schedule);
 

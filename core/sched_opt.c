@@ -199,6 +199,46 @@ static int dfs(opt_search *s, int32_t g, int32_t L, int32_t placed) {
   return NOT_FOUND;
 }
 
+/* tail[v×T + t]: the most type-t vertices on a path from v to a sink,
+ * consumers after v (inputs come first). */
+static void fill_tails(const cn_dag *g, const int32_t *out_start,
+                       const int32_t *out_edges, int32_t *tail) {
+  int T = g->n_types;
+  for (int32_t v = g->nv - 1; v >= 0; v--) {
+    int32_t *tv = tail + (size_t)v * T;
+    for (int32_t e = out_start[v]; e < out_start[v + 1]; e++) {
+      const int32_t *tu = tail + (size_t)out_edges[e] * T;
+      for (int t = 0; t < T; t++)
+        if (tu[t] > tv[t]) tv[t] = tu[t];
+    }
+    tv[g->vtype[v]]++;
+  }
+}
+
+int32_t *cn__dag_tails(const cn_dag *g) {
+  int32_t nv = g->nv;
+  size_t ne = (size_t)g->in_start[nv];
+  int32_t *start = cn__xcalloc((size_t)nv + 2, sizeof(int32_t));
+  int32_t *edges = cn__xcalloc(ne + 1, sizeof(int32_t));
+  int32_t *tail = cn__xcalloc((size_t)nv * (size_t)g->n_types + 1,
+                              sizeof(int32_t));
+  if (start == NULL || edges == NULL || tail == NULL) {
+    free(start);
+    free(edges);
+    free(tail);
+    return NULL;
+  }
+  for (size_t e = 0; e < ne; e++) start[g->in_edges[e] + 2]++;
+  for (int32_t v = 0; v < nv; v++) start[v + 2] += start[v + 1];
+  for (int32_t v = 0; v < nv; v++) /* start[u + 1]: u's fill cursor */
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      edges[start[g->in_edges[e] + 1]++] = v;
+  fill_tails(g, start, edges, tail);
+  free(start);
+  free(edges);
+  return tail;
+}
+
 static void opt_free(opt_search *s) {
   free(s->out_start);
   free(s->out_edges);
@@ -261,16 +301,7 @@ static int opt_init(opt_search *s, const cn_dag *g, size_t tt_cap) {
     s->z1[v] = splitmix(&seed);
     s->z2[v] = splitmix(&seed);
   }
-  /* tail_t(v), consumers after v (inputs come first). */
-  for (int32_t v = nv - 1; v >= 0; v--) {
-    int32_t *tv = s->tail + (size_t)v * T;
-    for (int32_t e = s->out_start[v]; e < s->out_start[v + 1]; e++) {
-      const int32_t *tu = s->tail + (size_t)s->out_edges[e] * T;
-      for (int t = 0; t < T; t++)
-        if (tu[t] > tv[t]) tv[t] = tu[t];
-    }
-    tv[g->vtype[v]]++;
-  }
+  fill_tails(g, s->out_start, s->out_edges, s->tail);
   return 0;
 }
 
@@ -306,194 +337,6 @@ int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res) {
     L = s.next_threshold;
   }
   res->nodes = s.nodes;
-  opt_free(&s);
-  return rc;
-}
-
-/* ---- beam search: an upper bound where IDA* cannot finish -------------
- * Breadth-first over schedules, keeping the `width` states of least
- * f = g + h (ties: fewer vertices done), each a copy of the pending counts
- * and the ready list. width 1 is the greedy policy "the batch that lowers
- * the bound on what is left the most". */
-typedef struct bstate {
-  int32_t g, placed, h, nready;
-  uint64_t k1, k2;
-  int32_t left[CN_MAX_TYPES];
-  int32_t *pending, *ready; /* nv each */
-  uint8_t *path;            /* g types */
-} bstate;
-
-typedef struct bcand {
-  int32_t parent, t, f, placed;
-  uint64_t k1, k2;
-} bcand;
-
-static int cand_cmp(const void *a, const void *b) {
-  const bcand *x = a, *y = b;
-  if (x->f != y->f) return x->f < y->f ? -1 : 1;
-  /* Ties: fewer vertices done, as the greedy lookahead policy's "smaller
-   * batch first" (measured: 1,148 against 1,157 batches on held-out
-   * latticelstm runs at width 128). */
-  if (x->placed != y->placed) return x->placed < y->placed ? -1 : 1;
-  if (x->k1 != y->k1) return x->k1 < y->k1 ? -1 : 1;
-  return x->k2 < y->k2 ? -1 : x->k2 > y->k2;
-}
-
-/* The bound after running skip_type from a beam state: its ready vertices
- * but those, and the ones the batch makes ready. */
-static int32_t ready_bound(const opt_search *s, const int32_t *ready, int32_t n,
-                           int skip_type, const int32_t *more, int32_t nmore) {
-  int32_t best[CN_MAX_TYPES] = {0};
-  max_tails(s, ready, n, skip_type, best);
-  max_tails(s, more, nmore, -1, best);
-  return sum_of(best, s->T);
-}
-
-/* Runs type t from b: decrements b->pending (the caller restores or keeps
- * them) and lists the vertices it makes ready in fresh[]. */
-static int32_t beam_step(const opt_search *s, bstate *b, int t, int32_t *fresh,
-                         uint64_t *k1, uint64_t *k2, int32_t *ran) {
-  int32_t nf = 0, n = 0;
-  for (int32_t i = 0; i < b->nready; i++) {
-    int32_t v = b->ready[i];
-    if (s->g->vtype[v] != t) continue;
-    n++;
-    *k1 ^= s->z1[v];
-    *k2 ^= s->z2[v];
-    for (int32_t e = s->out_start[v]; e < s->out_start[v + 1]; e++) {
-      int32_t u = s->out_edges[e];
-      if (--b->pending[u] == 0) fresh[nf++] = u;
-    }
-  }
-  *ran = n;
-  return nf;
-}
-
-static void beam_unstep(const opt_search *s, bstate *b, int t) {
-  for (int32_t i = 0; i < b->nready; i++) {
-    int32_t v = b->ready[i];
-    if (s->g->vtype[v] != t) continue;
-    for (int32_t e = s->out_start[v]; e < s->out_start[v + 1]; e++)
-      b->pending[s->out_edges[e]]++;
-  }
-}
-
-int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
-                 uint8_t **schedule) {
-  *batches = 0;
-  if (schedule != NULL) *schedule = NULL;
-  if (g->nv == 0) return 0;
-  if (width < 1) width = 1;
-  opt_search s;
-  int rc = opt_init(&s, g, 0);
-  if (rc != 0) return rc;
-  int T = s.T;
-  int32_t nv = s.nv;
-  size_t W = (size_t)width;
-  bstate *cur = cn__xcalloc(W, sizeof(bstate));
-  bstate *nxt = cn__xcalloc(W, sizeof(bstate));
-  bcand *cand = cn__xcalloc(W * (size_t)T, sizeof(bcand));
-  int32_t *fresh = cn__xcalloc((size_t)nv + 1, sizeof(int32_t));
-  rc = CN_E_NOMEM;
-  if (cur == NULL || nxt == NULL || cand == NULL || fresh == NULL) goto out;
-  for (size_t i = 0; i < W; i++) {
-    bstate *a[2] = {&cur[i], &nxt[i]};
-    for (int k = 0; k < 2; k++) {
-      a[k]->pending = cn__xcalloc((size_t)nv, sizeof(int32_t));
-      a[k]->ready = cn__xcalloc((size_t)nv, sizeof(int32_t));
-      a[k]->path = cn__xcalloc((size_t)nv + 1, 1);
-      if (!a[k]->pending || !a[k]->ready || !a[k]->path) goto out;
-    }
-  }
-  /* The root: opt_init's state. */
-  memcpy(cur[0].pending, s.pending, (size_t)nv * sizeof(int32_t));
-  for (int t = 0; t < T; t++) {
-    memcpy(cur[0].ready + cur[0].nready, s.ready[t],
-           (size_t)s.len[t] * sizeof(int32_t));
-    cur[0].nready += s.len[t];
-    cur[0].left[t] = s.left[t];
-  }
-  size_t ncur = 1;
-  for (;;) {
-    for (size_t i = 0; i < ncur; i++)
-      if (cur[i].placed == nv) {
-        *batches = cur[i].g;
-        if (schedule != NULL) {
-          *schedule = cur[i].path;
-          cur[i].path = NULL;
-        }
-        rc = 0;
-        goto out;
-      }
-    size_t nc = 0;
-    for (size_t i = 0; i < ncur; i++) {
-      bstate *b = &cur[i];
-      int32_t cnt[CN_MAX_TYPES] = {0};
-      for (int32_t k = 0; k < b->nready; k++) cnt[g->vtype[b->ready[k]]]++;
-      int forced = -1;
-      for (int t = 0; t < T && forced < 0; t++)
-        if (cnt[t] > 0 && cnt[t] == b->left[t]) forced = t;
-      for (int t = 0; t < T; t++) {
-        if (cnt[t] == 0 || (forced >= 0 && t != forced)) continue;
-        uint64_t k1 = b->k1, k2 = b->k2;
-        int32_t ran, nf = beam_step(&s, b, t, fresh, &k1, &k2, &ran);
-        int32_t h = ready_bound(&s, b->ready, b->nready, t, fresh, nf);
-        beam_unstep(&s, b, t);
-        cand[nc++] = (bcand){(int32_t)i, t, b->g + 1 + h, b->placed + ran,
-                             k1, k2};
-      }
-    }
-    qsort(cand, nc, sizeof(bcand), cand_cmp);
-    size_t nn = 0;
-    for (size_t c = 0; c < nc && nn < W; c++) {
-      if (nn > 0 && cand[c].k1 == nxt[nn - 1].k1 &&
-          cand[c].k2 == nxt[nn - 1].k2)
-        continue; /* the same done-set reached twice (sorted together) */
-      bstate *p = &cur[cand[c].parent], *q = &nxt[nn++];
-      int t = cand[c].t;
-      q->k1 = p->k1;
-      q->k2 = p->k2;
-      int32_t ran, nf = beam_step(&s, p, t, fresh, &q->k1, &q->k2, &ran);
-      memcpy(q->pending, p->pending, (size_t)nv * sizeof(int32_t));
-      beam_unstep(&s, p, t);
-      q->nready = 0;
-      for (int32_t k = 0; k < p->nready; k++)
-        if (g->vtype[p->ready[k]] != t) q->ready[q->nready++] = p->ready[k];
-      memcpy(q->ready + q->nready, fresh, (size_t)nf * sizeof(int32_t));
-      q->nready += nf;
-      memcpy(q->left, p->left, sizeof(q->left));
-      q->left[t] -= ran;
-      q->g = p->g + 1;
-      q->placed = p->placed + ran;
-      memcpy(q->path, p->path, (size_t)p->g);
-      q->path[p->g] = (uint8_t)t;
-    }
-    bstate *sw = cur;
-    cur = nxt;
-    nxt = sw;
-    ncur = nn;
-    if (ncur == 0) {
-      rc = CN_E_INTERNAL; /* cannot happen in a DAG */
-      goto out;
-    }
-  }
-out:
-  for (size_t i = 0; i < W; i++) {
-    if (cur != NULL) {
-      free(cur[i].pending);
-      free(cur[i].ready);
-      free(cur[i].path);
-    }
-    if (nxt != NULL) {
-      free(nxt[i].pending);
-      free(nxt[i].ready);
-      free(nxt[i].path);
-    }
-  }
-  free(cur);
-  free(nxt);
-  free(cand);
-  free(fresh);
   opt_free(&s);
   return rc;
 }

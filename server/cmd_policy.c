@@ -172,7 +172,7 @@ static void policy_usage(FILE *f) {
     "                         for proven bounds (default 20000000)\n"
     "  --beam W               optimum: where the search does not finish, also "
     "a\n"
-    "                         beam search of width W (default 128; 0: off)\n"
+    "                         beam search of width W (default 1024; 0: off)\n"
     "  --policy-cache DIR     (default $CANOPY_POLICY_CACHE, else\n"
     "                         $XDG_CACHE_HOME/canopy/policies, else\n"
     "                         ~/.cache/canopy/policies)\n");
@@ -206,7 +206,7 @@ static int parse_args(int argc, char **argv, policy_args *a) {
   a->batch = 64;
   a->runs = 16;
   a->budget = 20000000;
-  a->beam = 128;
+  a->beam = 1024;
   cn_fsm_opts_default(&a->o);
   for (int i = 2; i < argc; i++) {
 #define FLAG(name) ((m = cn__flag_value(argc, argv, &i, name, &v)) != 0)

@@ -120,9 +120,9 @@ Test(sched, bound_counts_types_across_other_types) {
 }
 
 /* A random DAG of n vertices, up to 3 inputs each, and 3 types. */
-static cn_run *random_graph(int n, unsigned seed) {
-  srand(seed);
-  cn_run *r = graph();
+/* n random vertices appended to r, inputs among the n only. */
+static void random_part(cn_run *r, int n) {
+  int32_t base = r->nv;
   for (int v = 0; v < n; v++) {
     int32_t in[3];
     int k = v == 0 ? 0 : rand() % (v < 3 ? v + 1 : 4);
@@ -132,12 +132,27 @@ static cn_run *random_graph(int n, unsigned seed) {
       do {
         u = rand() % v;
         dup = false;
-        for (int q = 0; q < j; q++) dup |= in[q] == u;
+        for (int q = 0; q < j; q++) dup |= in[q] == base + u;
       } while (dup && k <= v);
-      in[j] = u;
+      in[j] = base + u;
     }
     cn__run_add_vertex(r, rand() % 3, 0, 0, 0, in, k);
   }
+}
+
+static cn_run *random_graph(int n, unsigned seed) {
+  srand(seed);
+  cn_run *r = graph();
+  random_part(r, n);
+  return r;
+}
+
+/* A run of `parts` disjoint random instances, n vertices in all. */
+static cn_run *random_run(int parts, int n, unsigned seed) {
+  srand(seed);
+  cn_run *r = graph();
+  for (int i = 0; i < parts; i++)
+    random_part(r, n / parts + (i < n % parts));
   return r;
 }
 
@@ -254,13 +269,15 @@ Test(sched, lookahead_drops_against_recomputed_bound, .timeout = 60) {
   }
 }
 
-/* The beam search (sched_opt.c): its schedule runs the graph in the
+/* The beam search (sched_plan.c): its schedule runs the graph in the
  * batches it reports, never fewer than the optimum; a wide beam finds the
- * optimum on nearly every small graph. */
-Test(sched, beam_search_against_the_optimum, .timeout = 60) {
+ * optimum on nearly every small graph. Runs of several disjoint instances
+ * exercise the per-instance automata: a state is a vector of them. */
+static void beam_against_the_optimum(int parts, unsigned seed0) {
   int wide_optimal = 0, trials = 200;
   for (int trial = 0; trial < trials; trial++) {
-    cn_run *r = random_graph(2 + trial % 13, 4242u + (unsigned)trial);
+    int n = parts == 1 ? 2 + trial % 13 : parts + trial % (15 - parts);
+    cn_run *r = random_run(parts, n, seed0 + (unsigned)trial);
     cn_dag g = cn__run_dag(r);
     int opt = tu_brute_force_min(r);
     for (int w = 1; w <= 64; w *= 8) {
@@ -276,4 +293,13 @@ Test(sched, beam_search_against_the_optimum, .timeout = 60) {
   }
   cr_expect_geq(wide_optimal, trials * 9 / 10, "width 64 optimal on %d of %d",
                 wide_optimal, trials);
+}
+
+Test(sched, beam_search_against_the_optimum, .timeout = 60) {
+  beam_against_the_optimum(1, 4242u);
+}
+
+Test(sched, beam_search_over_several_instances, .timeout = 60) {
+  for (int parts = 2; parts <= 4; parts++)
+    beam_against_the_optimum(parts, 7000u + 1000u * (unsigned)parts);
 }
