@@ -14,6 +14,15 @@
 #define CN_MAX_TYPES 8
 #define CN_MAX_TENSORS 24
 
+/* splitmix64 (Steele et al. 2014): a tiny, well-mixed stream, for weight
+ * init and Zobrist keys. */
+static inline uint64_t cn__splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 /* Checked allocation helpers: NULL on overflow or failure. */
 void *cn__xcalloc(size_t n, size_t size);
 void *cn__xrealloc(void *p, size_t n, size_t size);

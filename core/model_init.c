@@ -19,17 +19,9 @@
 
 #define MAX_SIZE (1 << 16)
 
-/* splitmix64 (Steele et al. 2014): tiny, and good enough for init. */
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* U(a, b) in float, from the top 24 bits. */
 static float uniform(uint64_t *s, float a, float b) {
-  return a + (b - a) * (float)(splitmix64(s) >> 40) * (1.0f / 16777216.0f);
+  return a + (b - a) * (float)(cn__splitmix64(s) >> 40) * (1.0f / 16777216.0f);
 }
 
 /* Each tensor's stream depends on the seed and its own name only, so
@@ -40,7 +32,7 @@ static void fill(const cn_tensor_spec *sp, const cn_dims *d, uint64_t seed,
   for (const char *p = sp->name; *p; p++)
     h = (h ^ (unsigned char)*p) * 1099511628211ull;
   uint64_t s = seed;
-  s = splitmix64(&s) ^ h;
+  s = cn__splitmix64(&s) ^ h;
   int64_t last = sp->shape[sp->ndim > 0 ? sp->ndim - 1 : 0];
   float b = 0.5f;
   switch (sp->init) {

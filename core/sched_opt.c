@@ -54,13 +54,6 @@ typedef struct opt_search {
   int32_t path_cap;
 } opt_search;
 
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* best[t] = max(best[t], tail_t(v)) over the n vertices of vs, skipping
  * those of type skip (-1: none). */
 static void max_tails(const opt_search *s, const int32_t *vs, int32_t n,
@@ -298,8 +291,8 @@ static int opt_init(opt_search *s, const cn_dag *g, size_t tt_cap) {
     s->pending[v] = g->in_start[v + 1] - g->in_start[v];
     s->left[t]++;
     if (s->pending[v] == 0) s->ready[t][s->len[t]++] = v;
-    s->z1[v] = splitmix(&seed);
-    s->z2[v] = splitmix(&seed);
+    s->z1[v] = cn__splitmix64(&seed);
+    s->z2[v] = cn__splitmix64(&seed);
   }
   fill_tails(g, s->out_start, s->out_edges, s->tail);
   return 0;

@@ -250,12 +250,7 @@ static int planner_init(planner *p, const cn_dag *g) {
   p->scratch = cn__xcalloc((size_t)maxn / 64 + 1, sizeof(uint64_t));
   if (p->scratch == NULL) return CN_E_NOMEM;
   uint64_t seed = 0x706c616e6e6572ull;
-  for (int32_t v = 0; v < nv; v++) {
-    uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    p->z[v] = z ^ (z >> 31);
-  }
+  for (int32_t v = 0; v < nv; v++) p->z[v] = cn__splitmix64(&seed);
   for (int32_t k = 0; k < p->ninst; k++) {
     inst *c = &p->in[k];
     c->words = c->n / 64 + 1;
