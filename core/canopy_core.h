@@ -150,6 +150,8 @@ typedef enum {
   CN_POLICY_SUFFICIENT, /* ED-Batch §5.3: ready type maximising eq. 1's ratio */
   CN_POLICY_LOOKAHEAD, /* the ready type that lowers the bound on what is
                           left the most (static graphs; sched.c)           */
+  CN_POLICY_LOOKAHEAD2, /* lookahead two batches deep, ties to the
+                           instances furthest behind (frontier.c)          */
   CN_POLICY_FSM,      /* ED-Batch §2: a learned FSM (cn_run_exec_fsm); with
                          no policy object, the agenda choice                */
   CN_POLICY__COUNT
@@ -300,8 +302,8 @@ long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
  * far policies are from the best possible, not for serving. exact = 1:
  * lower == upper is the optimum; else lower is proven and upper is the
  * best schedule known: the heuristics' and, with beam > 0, a beam search
- * of that width. policy[p]: batches of depth, agenda, sufficient and
- * lookahead (indexed by cn_policy_kind). */
+ * of that width. policy[p]: batches of depth, agenda, sufficient,
+ * lookahead and lookahead2 (indexed by cn_policy_kind). */
 typedef struct cn_optimum {
   long long lower_bound; /* Σ_t depth_t (MODELS.md)                       */
   long long lower, upper;

@@ -480,6 +480,19 @@ typedef struct cn_frontier {
                                     a commit of a clears it)               */
   int32_t *qc[CN_MAX_TYPES];     /* ready vertices with consumers, per type */
   int64_t qc_n[CN_MAX_TYPES], qc_cap[CN_MAX_TYPES];
+  int32_t *comp;                 /* [v] (cn__frontier_tails): v's instance,
+                                    a weakly connected component; a vertex
+                                    added later joins its first input's  */
+  int32_t n_comp;
+  /* Scratch of the lookahead2 policy (frontier.c), with the instances. */
+  int32_t *cm, *cm1;             /* [c][a][t]: max tail_t over instance c's
+                                    ready type-a vertices, now / after a
+                                    first batch                           */
+  int32_t *cb;                   /* [c][t]                                 */
+  int32_t *clist;                /* instances with ready vertices          */
+  uint8_t *cmark;
+  int32_t *seen2;                /* like seen_in, for a second batch       */
+  int32_t *n1;                   /* vertices a first batch makes ready     */
 } cn_frontier;
 
 /* track_sub: keep n_sub[] (eq. 1's ratio; the sufficient policy and FSM

@@ -21,6 +21,11 @@
  *            sees more than the frontier: each vertex's "tail", the most
  *            type-t vertices on a path from it to a sink (frontier.c). It
  *            is the one-step greedy form of the exact search (sched_opt.c).
+ *   lookahead2 - lookahead two batches deep (the best second type after
+ *            each first), ties to the instances furthest behind by their own
+ *            bounds (Σ_c B_c³): the greedy form of the beam search
+ *            (sched_plan.c). For a type worth nothing until its consumers
+ *            follow (a lattice's word, then link). Reads tails too.
  *   fsm    - ED-Batch §2: Alg. 1 with a learned FSM in line 3 (fsm.c).
  * agenda, sufficient and fsm only look at the frontier (frontier.c), so a
  * dynamic executor can drive them one step at a time.
@@ -167,6 +172,7 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
     case CN_POLICY_AGENDA:
     case CN_POLICY_SUFFICIENT:
     case CN_POLICY_LOOKAHEAD:
+    case CN_POLICY_LOOKAHEAD2:
     case CN_POLICY_FSM: rc = plan_frontier(g, policy, fsm, &p); break;
     default: rc = CN_E_INTERNAL; break;
   }
@@ -199,7 +205,7 @@ out:
 }
 
 static const char *const policy_names[CN_POLICY__COUNT] = {
-    "none", "depth", "agenda", "sufficient", "lookahead", "fsm"};
+    "none", "depth", "agenda", "sufficient", "lookahead", "lookahead2", "fsm"};
 
 const char *cn_policy_name(cn_policy_kind p) {
   return p >= 0 && p < CN_POLICY__COUNT ? policy_names[p] : "?";

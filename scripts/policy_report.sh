@@ -31,7 +31,7 @@ families="treelstm:trees-binary treelstm-2type:trees-binary
 treegru:trees-binary childsum-treelstm:trees-nary mvrnn:trees-binary
 bilstm-tagger:sequences lstm-nmt:sequences latticelstm:lattices
 latticegru:dags"
-policies="none depth agenda sufficient lookahead"
+policies="none depth agenda sufficient lookahead lookahead2"
 encodings="base max sort bound"
 
 for fd in $families; do
@@ -79,9 +79,9 @@ work, out, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
 fams = ["treelstm", "treelstm-2type", "treegru", "childsum-treelstm",
         "mvrnn", "bilstm-tagger", "lstm-nmt", "latticelstm", "latticegru"]
 encs = ["base", "max", "sort", "bound"]
-cols = ["none", "depth", "agenda", "sufficient", "lookahead"] + \
+cols = ["none", "depth", "agenda", "sufficient", "lookahead", "lookahead2"] + \
        ["fsm-" + e for e in encs] + ["pure-sort", "pure-bound"]
-head = ["none", "depth", "agenda", "sufficient", "lookahead"] + \
+head = ["none", "depth", "agenda", "sufficient", "lookahead", "lookahead2"] + \
        ["fsm-" + e for e in encs] + ["fsm-sort, no fallback",
                                      "fsm-bound, no fallback"]
 def runs(f, c):

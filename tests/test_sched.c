@@ -303,3 +303,144 @@ Test(sched, beam_search_over_several_instances, .timeout = 60) {
   for (int parts = 2; parts <= 4; parts++)
     beam_against_the_optimum(parts, 7000u + 1000u * (unsigned)parts);
 }
+
+/* ---- the lookahead2 policy (frontier.c) against its definition -------- */
+/* Commits every ready type-t vertex of done in place (one batch). */
+static void commit_type(const cn_run *r, char *done, int t) {
+  char *now = calloc((size_t)r->nv + 1, 1);
+  for (int32_t v = 0; v < r->nv; v++) {
+    bool ready = !done[v] && r->vtype[v] == t;
+    for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
+      ready = done[r->in_edges[i]];
+    now[v] = ready;
+  }
+  for (int32_t v = 0; v < r->nv; v++) done[v] |= now[v];
+  free(now);
+}
+
+static bool any_ready(const cn_run *r, const char *done, int t) {
+  for (int32_t v = 0; v < r->nv; v++) {
+    bool ready = !done[v] && r->vtype[v] == t;
+    for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
+      ready = done[r->in_edges[i]];
+    if (ready) return true;
+  }
+  return false;
+}
+
+/* Instances by flood fill over edges both ways (quadratic, small graphs). */
+static int instances(const cn_run *r, int32_t *label) {
+  int n = 0;
+  for (int32_t v = 0; v < r->nv; v++) label[v] = -1;
+  for (int32_t s = 0; s < r->nv; s++) {
+    if (label[s] >= 0) continue;
+    label[s] = n;
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (int32_t v = 0; v < r->nv; v++)
+        for (int32_t i = r->in_start[v]; i < r->in_start[v + 1]; i++) {
+          int32_t u = r->in_edges[i];
+          if ((label[u] == n) != (label[v] == n)) {
+            label[u] = label[v] = n;
+            grew = true;
+          }
+        }
+    }
+    n++;
+  }
+  return n;
+}
+
+/* lookahead2's score of a state, from scratch: the bound of what is left
+ * in the run, and the sum of the cubes of each instance's own bound. */
+static void la2_score_of(const cn_run *r, const char *done,
+                         const int32_t *label, int n_inst, int64_t *bound,
+                         double *soft) {
+  char *mask = malloc((size_t)r->nv + 1);
+  *bound = bound_left(r, done);
+  *soft = 0;
+  for (int c = 0; c < n_inst; c++) {
+    for (int32_t v = 0; v < r->nv; v++) mask[v] = done[v] || label[v] != c;
+    int64_t b = bound_left(r, mask);
+    *soft += (double)b * (double)b * (double)b;
+  }
+  free(mask);
+}
+
+static bool score_less(int64_t w1, double s1, int64_t w2, double s2) {
+  return w1 < w2 || (w1 == w2 && s1 < s2 - 0.5);
+}
+
+/* Along random schedules of random runs of 1-5 instances: the frontier's
+ * instances are the weakly connected components, and the type lookahead2
+ * picks has the least (score two batches on, score one batch on), each
+ * recomputed from scratch for every first and second type. */
+Test(sched, lookahead2_against_recomputed_scores, .timeout = 120) {
+  for (int trial = 0; trial < 240; trial++) {
+    int parts = 1 + trial % 5, n = parts + trial % 30;
+    cn_run *r = random_run(parts, n, 31000u + (unsigned)trial);
+    cn_dag g = cn__run_dag(r);
+    cn_frontier f;
+    cr_assert_eq(cn__frontier_init(&f, 3, false), 0);
+    cr_assert_eq(cn__frontier_add_dag(&f, &g), 0);
+    cr_assert_eq(cn__frontier_tails(&f), 0);
+    int32_t *label = malloc((size_t)n * 4), *out = malloc((size_t)n * 4);
+    int n_inst = instances(r, label);
+    cr_expect_eq(f.n_comp, n_inst, "trial %d", trial);
+    for (int32_t u = 0; u < n; u++)
+      for (int32_t v = 0; v < n; v++)
+        cr_expect_eq(f.comp[u] == f.comp[v], label[u] == label[v],
+                     "trial %d: vertices %d and %d", trial, u, v);
+    char *done = calloc((size_t)n, 1), *a1 = malloc((size_t)n),
+         *a2 = malloc((size_t)n);
+    while (f.n_done < n) {
+      int64_t bw2 = 0, bw1 = 0, got_w2 = -1, got_w1 = -1;
+      double bs2 = 0, bs1 = 0, got_s2 = 0, got_s1 = 0;
+      bool first = true;
+      int pick = cn__frontier_next(&f, CN_POLICY_LOOKAHEAD2, NULL);
+      for (int t1 = 0; t1 < 3; t1++) {
+        if (f.n_ready[t1] == 0) continue;
+        memcpy(a1, done, (size_t)n);
+        commit_type(r, a1, t1);
+        int64_t w1, w2 = -1;
+        double s1, s2 = 0;
+        la2_score_of(r, a1, label, n_inst, &w1, &s1);
+        for (int t2 = 0; t2 < 3; t2++) {
+          if (!any_ready(r, a1, t2)) continue;
+          memcpy(a2, a1, (size_t)n);
+          commit_type(r, a2, t2);
+          int64_t w;
+          double s;
+          la2_score_of(r, a2, label, n_inst, &w, &s);
+          if (w2 < 0 || score_less(w, s, w2, s2)) w2 = w, s2 = s;
+        }
+        if (w2 < 0) w2 = w1, s2 = s1; /* nothing after t1 */
+        if (t1 == pick) got_w2 = w2, got_s2 = s2, got_w1 = w1, got_s1 = s1;
+        if (first || score_less(w2, s2, bw2, bs2) ||
+            (!score_less(bw2, bs2, w2, s2) && score_less(w1, s1, bw1, bs1))) {
+          bw2 = w2, bs2 = s2, bw1 = w1, bs1 = s1;
+          first = false;
+        }
+      }
+      cr_assert_geq(pick, 0);
+      cr_expect(got_w2 == bw2 && got_s2 == bs2 && got_w1 == bw1 &&
+                    got_s1 == bs1,
+                "trial %d: picked %d scoring (%lld, %.0f | %lld, %.0f), best "
+                "(%lld, %.0f | %lld, %.0f)",
+                trial, pick, (long long)got_w2, got_s2, (long long)got_w1,
+                got_s1, (long long)bw2, bs2, (long long)bw1, bs1);
+      int ts[3], k = 0;
+      for (int t = 0; t < 3; t++)
+        if (f.n_ready[t] > 0) ts[k++] = t;
+      int32_t m = cn__frontier_commit(&f, ts[rand() % k], out);
+      for (int32_t i = 0; i < m; i++) done[out[i]] = 1;
+    }
+    free(done);
+    free(a1);
+    free(a2);
+    free(out);
+    free(label);
+    cn__frontier_free(&f);
+    cn_run_free(r);
+  }
+}
