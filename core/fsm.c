@@ -109,6 +109,7 @@ uint32_t cn__fsm_state(cn_fsm_encoding enc, const cn_frontier *f) {
 
 bool cn__fsm_needs_tails(const cn_fsm *p) {
   return p->executes == CN_POLICY_LOOKAHEAD ||
+         p->executes == CN_POLICY_LOOKAHEAD2 ||
          (p->executes == CN_POLICY_FSM && p->enc == CN_FSM_ENC_BOUND);
 }
 
@@ -254,7 +255,7 @@ json_t *cn_fsm_describe(const cn_fsm *p) {
   const cn_fsm_stats *s = &p->st;
   return json_pack(
       "{s:s, s:s, s:s, s:s, s:i, s:i, s:I, s:i, s:i, s:b, s:f, s:{s:I, s:I, "
-      "s:I, s:I, s:I, s:I}, s:s}",
+      "s:I, s:I, s:I, s:I, s:I}, s:s}",
       "kind", "fsm", "family", p->family, "encoding",
       cn_fsm_encoding_name(p->enc), "executes", cn_policy_name(p->executes),
       "states", (int)p->tab.n, "trained_on_graphs", s->graphs,
@@ -264,6 +265,6 @@ json_t *cn_fsm_describe(const cn_fsm *p) {
       s->seconds, "batches", "fsm", (json_int_t)s->fsm, "agenda",
       (json_int_t)s->agenda, "depth", (json_int_t)s->depth, "sufficient",
       (json_int_t)s->sufficient, "lookahead", (json_int_t)s->lookahead,
-      "lower_bound", (json_int_t)s->lower_bound,
+      "lookahead2", (json_int_t)s->lookahead2, "lower_bound", (json_int_t)s->lower_bound,
       "key", key);
 }

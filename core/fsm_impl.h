@@ -27,7 +27,8 @@ int64_t cn__qtab_get(cn_qtab *t, uint32_t key);
 
 /* Counts on the training sample, kept with the policy for describe(). */
 typedef struct cn_fsm_stats {
-  long long fsm, agenda, depth, sufficient, lookahead, lower_bound;
+  long long fsm, agenda, depth, sufficient, lookahead, lookahead2,
+      lower_bound;
   int graphs;
   long long vertices;
   int iterations;        /* episodes run                                 */

@@ -320,8 +320,10 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
                                         NULL);
   st->lookahead = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD, NULL,
                                        NULL);
+  st->lookahead2 = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD2, NULL,
+                                        NULL);
   if (st->agenda < 0 || st->depth < 0 || st->sufficient < 0 ||
-      st->lookahead < 0)
+      st->lookahead < 0 || st->lookahead2 < 0)
     goto fail_rc;
 
   /* The empty table is the agenda policy: the first best. */
@@ -375,12 +377,14 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
     goto out;
   /* Never worse than the heuristics on the sample (issue 4 goal): execute
    * whichever launches fewest batches there (ties keep the FSM, then the
-   * order sufficient, agenda, depth). */
-  long long fb[4] = {st->lookahead, st->sufficient, st->agenda, st->depth},
+   * order lookahead2, lookahead, sufficient, agenda, depth). */
+  long long fb[5] = {st->lookahead2, st->lookahead, st->sufficient,
+                     st->agenda, st->depth},
             win = st->fsm;
-  const cn_policy_kind fk[4] = {CN_POLICY_LOOKAHEAD, CN_POLICY_SUFFICIENT,
-                                CN_POLICY_AGENDA, CN_POLICY_DEPTH};
-  for (int i = 0; i < 4 && o.fallback; i++)
+  const cn_policy_kind fk[5] = {CN_POLICY_LOOKAHEAD2, CN_POLICY_LOOKAHEAD,
+                                CN_POLICY_SUFFICIENT, CN_POLICY_AGENDA,
+                                CN_POLICY_DEPTH};
+  for (int i = 0; i < 5 && o.fallback; i++)
     if (fb[i] < win) {
       win = fb[i];
       p->executes = fk[i];

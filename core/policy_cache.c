@@ -71,13 +71,15 @@ static json_t *to_json(const cn_fsm *p) {
   const cn_fsm_stats *s = &p->st;
   return json_pack(
       "{s:s, s:i, s:s, s:s, s:o, s:s, s:s, s:o, s:{s:I, s:I, s:I, s:I, s:I, "
-      "s:I, s:i, s:I, s:i, s:i, s:i, s:f}}",
+      "s:I, s:I, s:i, s:I, s:i, s:i, s:i, s:f}}",
       "format", FORMAT, "version", VERSION, "key", key, "family", p->family,
       "types", types, "encoding", cn_fsm_encoding_name(p->enc), "executes",
       cn_policy_name(p->executes), "states", states, "stats", "fsm",
       (json_int_t)s->fsm, "agenda", (json_int_t)s->agenda, "depth",
       (json_int_t)s->depth, "sufficient", (json_int_t)s->sufficient,
-      "lookahead", (json_int_t)s->lookahead, "lower_bound", (json_int_t)s->lower_bound, "graphs", s->graphs,
+      "lookahead", (json_int_t)s->lookahead, "lookahead2",
+      (json_int_t)s->lookahead2, "lower_bound", (json_int_t)s->lower_bound,
+      "graphs", s->graphs,
       "vertices", (json_int_t)s->vertices, "iterations", s->iterations,
       "best_iteration", s->best_iteration, "distilled", s->distilled,
       "seconds", s->seconds);
@@ -172,7 +174,7 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
   if (cn_policy_parse(exe, &pk) != 0 ||
       (pk != CN_POLICY_FSM && pk != CN_POLICY_AGENDA &&
        pk != CN_POLICY_DEPTH && pk != CN_POLICY_SUFFICIENT &&
-       pk != CN_POLICY_LOOKAHEAD) ||
+       pk != CN_POLICY_LOOKAHEAD && pk != CN_POLICY_LOOKAHEAD2) ||
       !json_is_array(states)) {
     BAD("bad \"executes\" or \"states\"");
     goto out;
@@ -218,12 +220,12 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
     }
   }
   cn_fsm_stats *st = &p->st;
-  json_int_t f = 0, ag = 0, de = 0, su = 0, la = 0, lb = 0, vx = 0;
+  json_int_t f = 0, ag = 0, de = 0, su = 0, la = 0, la2 = 0, lb = 0, vx = 0;
   if (json_unpack(stats,
-                  "{s:I, s:I, s:I, s:I, s?I, s:I, s:i, s:I, s:i, s:i, s:i, "
-                  "s:F}",
+                  "{s:I, s:I, s:I, s:I, s?I, s?I, s:I, s:i, s:I, s:i, s:i, "
+                  "s:i, s:F}",
                   "fsm", &f, "agenda", &ag, "depth", &de, "sufficient", &su,
-                  "lookahead", &la,
+                  "lookahead", &la, "lookahead2", &la2,
                   "lower_bound", &lb, "graphs", &st->graphs, "vertices", &vx,
                   "iterations", &st->iterations, "best_iteration",
                   &st->best_iteration, "distilled", &st->distilled,
@@ -233,6 +235,7 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
   }
   st->fsm = f, st->agenda = ag, st->depth = de, st->sufficient = su;
   st->lookahead = la;
+  st->lookahead2 = la2;
   st->lower_bound = lb, st->vertices = vx;
 out:
   if (rc != 0) {
