@@ -44,15 +44,18 @@ for fd in $families; do
   head -n 200 "$file" >"$dir/train.jsonl"
   tail -n +201 "$file" >"$dir/test.jsonl"
   echo "== $fam" >&2
+  # One cache directory per policy: a cache holds one policy per model, so
+  # a second encoding trained into the same directory would replace the
+  # first, and `run` would then learn from the held-out lines instead.
   for e in $encodings; do
     "$canopy" policy train --model "$dir/m" --input "$dir/train.jsonl" \
-      --outputs all --encoding $e --policy-cache "$dir/cache" \
+      --outputs all --encoding $e --policy-cache "$dir/cache-$e" \
       >"$dir/train-$e.json" 2>/dev/null
   done
   for e in sort bound; do
     "$canopy" policy train --model "$dir/m" --input "$dir/train.jsonl" \
-      --outputs all --encoding $e --no-fallback --policy-cache "$dir/pure" \
-      >"$dir/train-pure-$e.json" 2>/dev/null
+      --outputs all --encoding $e --no-fallback \
+      --policy-cache "$dir/pure-$e" >"$dir/train-pure-$e.json" 2>/dev/null
   done
   "$canopy" policy optimum --model "$dir/m" --input "$dir/test.jsonl" \
     --outputs all --budget "$budget" >"$dir/optimum.json" 2>/dev/null
@@ -61,15 +64,22 @@ for fd in $families; do
     shift
     for i in $(seq "$repeat"); do
       "$canopy" run --model "$dir/m" --input "$dir/test.jsonl" --outputs all \
-        --batch 64 "$@" 2>&1 >/dev/null | tail -n 1 >>"$dir/run-$name.json"
+        --batch 64 "$@" 2>"$dir/stderr" >/dev/null
+      # A policy learned here would have seen the held-out lines.
+      if grep -q "learn" "$dir/stderr"; then
+        echo "$fam $name: run learned a policy from the held-out input:" >&2
+        cat "$dir/stderr" >&2
+        exit 1
+      fi
+      tail -n 1 "$dir/stderr" >>"$dir/run-$name.json"
     done
   }
   for p in $policies; do run "$p" --policy "$p"; done
   for e in $encodings; do
-    run "fsm-$e" --policy fsm --encoding $e --policy-cache "$dir/cache"
+    run "fsm-$e" --policy fsm --encoding $e --policy-cache "$dir/cache-$e"
   done
   for e in sort bound; do
-    run "pure-$e" --policy fsm --encoding $e --policy-cache "$dir/pure"
+    run "pure-$e" --policy fsm --encoding $e --policy-cache "$dir/pure-$e"
   done
 done
 
