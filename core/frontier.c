@@ -29,6 +29,20 @@ static int grow32(int32_t **p, size_t n) {
   return 0;
 }
 
+/* The instances and lookahead2's scratch (find_instances). */
+static void free_instances(cn_frontier *f) {
+  free(f->comp);
+  free(f->cm);
+  free(f->cm1);
+  free(f->cb);
+  free(f->clist);
+  free(f->cmark);
+  free(f->seen2);
+  free(f->n1);
+  f->comp = f->cm = f->cm1 = f->cb = f->clist = f->seen2 = f->n1 = NULL;
+  f->cmark = NULL;
+}
+
 int cn__frontier_init(cn_frontier *f, int n_types, bool track_sub) {
   memset(f, 0, sizeof(*f));
   if (n_types < 1 || n_types > CN_MAX_TYPES) return CN_E_INTERNAL;
@@ -55,14 +69,7 @@ void cn__frontier_free(cn_frontier *f) {
   free(f->stack);
   free(f->tail);
   free(f->seen_in);
-  free(f->comp);
-  free(f->cm);
-  free(f->cm1);
-  free(f->cb);
-  free(f->clist);
-  free(f->cmark);
-  free(f->seen2);
-  free(f->n1);
+  free_instances(f);
   for (int t = 0; t < CN_MAX_TYPES; t++) {
     free(f->q[t]);
     free(f->qc[t]);
@@ -373,16 +380,7 @@ static int32_t uf_root(int32_t *up, int32_t v) {
  * policy's per-instance scratch. */
 static int find_instances(cn_frontier *f) {
   int T = f->n_types;
-  free(f->comp);
-  free(f->cm);
-  free(f->cm1);
-  free(f->cb);
-  free(f->clist);
-  free(f->cmark);
-  free(f->seen2);
-  free(f->n1);
-  f->cm = f->cm1 = f->cb = f->clist = f->seen2 = f->n1 = NULL;
-  f->cmark = NULL;
+  free_instances(f);
   f->comp = malloc(((size_t)f->cap_v + 1) * sizeof(int32_t));
   if (f->comp == NULL) return -1;
   int32_t *up = f->comp;

@@ -220,6 +220,16 @@ static int64_t bound_left(const cn_run *r, const char *done) {
   return b;
 }
 
+/* Commits a random ready type of f, marking its batch in done. */
+static void commit_random(cn_frontier *f, char *done, int32_t *out) {
+  int ts[CN_MAX_TYPES], k = 0;
+  for (int t = 0; t < f->n_types; t++)
+    if (f->n_ready[t] > 0) ts[k++] = t;
+  cr_assert_gt(k, 0);
+  int32_t m = cn__frontier_commit(f, ts[rand() % k], out);
+  for (int32_t i = 0; i < m; i++) done[out[i]] = 1;
+}
+
 /* The look-ahead (frontier.c) against its definition: along random
  * schedules of random DAGs, the bound it keeps equals the bound of what is
  * left recomputed from scratch, and drop[t] equals that bound minus the
@@ -255,11 +265,7 @@ Test(sched, lookahead_drops_against_recomputed_bound, .timeout = 60) {
                      "trial %d type %d: drop %lld", trial, t,
                      (long long)drop[t]);
       }
-      int ts[3], k = 0;
-      for (int t = 0; t < 3; t++)
-        if (f.n_ready[t] > 0) ts[k++] = t;
-      int32_t m = cn__frontier_commit(&f, ts[rand() % k], out);
-      for (int32_t i = 0; i < m; i++) done[out[i]] = 1;
+      commit_random(&f, done, out);
     }
     free(done);
     free(after);
@@ -429,11 +435,7 @@ Test(sched, lookahead2_against_recomputed_scores, .timeout = 120) {
                 "(%lld, %.0f | %lld, %.0f)",
                 trial, pick, (long long)got_w2, got_s2, (long long)got_w1,
                 got_s1, (long long)bw2, bs2, (long long)bw1, bs1);
-      int ts[3], k = 0;
-      for (int t = 0; t < 3; t++)
-        if (f.n_ready[t] > 0) ts[k++] = t;
-      int32_t m = cn__frontier_commit(&f, ts[rand() % k], out);
-      for (int32_t i = 0; i < m; i++) done[out[i]] = 1;
+      commit_random(&f, done, out);
     }
     free(done);
     free(a1);
