@@ -83,16 +83,23 @@ static inline bool above(const cn_frontier *f, int32_t p, int t) {
          (f->vtype[p] == t || f->sub[(size_t)p * f->n_types + t] > 0);
 }
 
+static inline void max_into(int32_t *best, const int32_t *tl, int T) {
+  for (int t = 0; t < T; t++)
+    if (tl[t] > best[t]) best[t] = tl[t];
+}
+
+/* Folds w's tail (or, added after the tails, w itself) into row. */
+static inline void fold_tail(const cn_frontier *f, int32_t *row, int32_t w) {
+  if (w < f->tails_nv)
+    max_into(row, f->tail + (size_t)w * f->n_types, f->n_types);
+  else if (row[f->vtype[w]] < 1)
+    row[f->vtype[w]] = 1;
+}
+
 /* Look-ahead upkeep of a vertex that became ready (with tails). */
 static int note_ready(cn_frontier *f, int32_t v) {
-  int T = f->n_types, t = f->vtype[v];
-  if (v < f->tails_nv) {
-    const int32_t *tl = f->tail + (size_t)v * T;
-    for (int u = 0; u < T; u++)
-      if (tl[u] > f->mt[t][u]) f->mt[t][u] = tl[u];
-  } else if (f->mt[t][t] < 1) {
-    f->mt[t][t] = 1;
-  }
+  int t = f->vtype[v];
+  fold_tail(f, f->mt[t], v);
   if (f->out_head[v] < 0) return 0; /* a sink readies nothing */
   if (f->qc_n[t] == f->qc_cap[t]) {
     int64_t c = f->qc_cap[t] ? f->qc_cap[t] * 2 : 64;
@@ -102,8 +109,6 @@ static int note_ready(cn_frontier *f, int32_t v) {
   f->qc[t][f->qc_n[t]++] = v;
   return 0;
 }
-
-static int next_lookahead2(const cn_frontier *f);
 
 static int push_ready(cn_frontier *f, int32_t v) {
   int t = f->vtype[v];
@@ -292,6 +297,8 @@ static int next_lookahead(const cn_frontier *f) {
   return best;
 }
 
+static int next_lookahead2(const cn_frontier *f); /* below, with its helpers */
+
 bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm) {
   if (policy == CN_POLICY_LOOKAHEAD || policy == CN_POLICY_LOOKAHEAD2)
     return true;
@@ -441,9 +448,23 @@ int cn__frontier_tails(cn_frontier *f) {
   return 0;
 }
 
-static inline void max_into(int32_t *best, const int32_t *tl, int T) {
-  for (int t = 0; t < T; t++)
-    if (tl[t] > best[t]) best[t] = tl[t];
+/* The consumers a batch of every ready type-t vertex makes ready (every
+ * pending input in the batch), written to out; seen_in keeps the batch's
+ * inputs per consumer until uncount_batch(f, t). */
+static int32_t count_batch(const cn_frontier *f, int t, int32_t *out) {
+  int32_t n = 0;
+  for (int64_t i = 0; i < f->qc_n[t]; i++)
+    for (int32_t e = f->out_head[f->qc[t][i]]; e >= 0; e = f->e_next[e]) {
+      int32_t w = f->e_dst[e];
+      if (++f->seen_in[w] == f->pending[w]) out[n++] = w;
+    }
+  return n;
+}
+
+static void uncount_batch(const cn_frontier *f, int t) {
+  for (int64_t i = 0; i < f->qc_n[t]; i++)
+    for (int32_t e = f->out_head[f->qc[t][i]]; e >= 0; e = f->e_next[e])
+      f->seen_in[f->e_dst[e]] = 0;
 }
 
 int64_t cn__frontier_drops(const cn_frontier *f, int64_t *drop) {
@@ -468,29 +489,15 @@ int64_t cn__frontier_drops(const cn_frontier *f, int64_t *drop) {
     int32_t best[CN_MAX_TYPES] = {0};
     for (int a = 0; a < T; a++)
       if (a != t) max_into(best, f->mt[a], T);
-    /* The consumers whose every pending input is in the batch become
-     * ready. seen_in counts batch inputs per consumer; reset after. */
-    for (int pass = 0; pass < 2; pass++)
-      for (int64_t i = 0; i < f->qc_n[t]; i++)
-        for (int32_t e = f->out_head[f->qc[t][i]]; e >= 0; e = f->e_next[e]) {
-          int32_t w = f->e_dst[e];
-          if (pass == 1) {
-            f->seen_in[w] = 0;
-            continue;
-          }
-          if (++f->seen_in[w] != f->pending[w]) continue;
-          if (w < f->tails_nv)
-            max_into(best, f->tail + (size_t)w * T, T);
-          else if (best[f->vtype[w]] < 1)
-            best[f->vtype[w]] = 1;
-        }
+    int32_t n = count_batch(f, t, f->n1);
+    for (int32_t i = 0; i < n; i++) fold_tail(f, best, f->n1[i]);
+    uncount_batch(f, t);
     int64_t after = 0;
     for (int u = 0; u < T; u++) after += best[u];
     drop[t] = now - after;
   }
   return now;
 }
-
 
 /* ---- lookahead2: two batches ahead, instance by instance ----------------
  * The lookahead policy's one-batch greedy fails on a type whose batch is
@@ -520,14 +527,6 @@ typedef struct la2_score {
 
 static bool la2_less(la2_score a, la2_score b) {
   return a.bound < b.bound || (a.bound == b.bound && a.soft < b.soft - 0.5);
-}
-
-/* Folds w's tail (or, added after the tails, w itself) into row. */
-static inline void la2_add(const cn_frontier *f, int32_t *row, int32_t w) {
-  if (w < f->tails_nv)
-    max_into(row, f->tail + (size_t)w * f->n_types, f->n_types);
-  else if (row[f->vtype[w]] < 1)
-    row[f->vtype[w]] = 1;
 }
 
 /* cb[c] = max over types a != skip of cm1[c][a], for the listed instances. */
@@ -561,7 +560,7 @@ static la2_score la2_eval(const cn_frontier *f, int32_t nc) {
 /* The second batch (type t2 after t1, whose batch made n1[0..nn) ready):
  * the consumers it makes ready go into cb. pass 1 undoes the counts. */
 static void la2_second(const cn_frontier *f, int t1, int t2, int32_t nn,
-                        int pass) {
+                       int pass) {
   int T = f->n_types;
   for (int src = 0; src < 2; src++) {
     int64_t n = src == 0 ? (t2 != t1 ? f->qc_n[t2] : 0) : nn;
@@ -573,7 +572,7 @@ static void la2_second(const cn_frontier *f, int t1, int t2, int32_t nn,
         if (pass == 1)
           f->seen2[w] = 0;
         else if (f->seen_in[w] + ++f->seen2[w] == f->pending[w])
-          la2_add(f, f->cb + (size_t)f->comp[w] * T, w);
+          fold_tail(f, f->cb + (size_t)f->comp[w] * T, w);
       }
     }
   }
@@ -586,16 +585,13 @@ static int next_lookahead2(const cn_frontier *f) {
   int32_t nc = 0;
   for (int a = 0; a < T; a++)
     for (int64_t i = f->qhead[a]; i < f->qtail[a]; i++) {
-      int32_t c = f->comp[f->q[a][i]];
-      if (f->cmark[c]) continue;
-      f->cmark[c] = 1;
-      f->clist[nc++] = c;
-      memset(f->cm + (size_t)c * TT, 0, TT * sizeof(int32_t));
-    }
-  for (int a = 0; a < T; a++)
-    for (int64_t i = f->qhead[a]; i < f->qtail[a]; i++) {
-      int32_t v = f->q[a][i];
-      la2_add(f, f->cm + (size_t)f->comp[v] * TT + (size_t)a * T, v);
+      int32_t v = f->q[a][i], c = f->comp[v];
+      if (!f->cmark[c]) {
+        f->cmark[c] = 1;
+        f->clist[nc++] = c;
+        memset(f->cm + (size_t)c * TT, 0, TT * sizeof(int32_t));
+      }
+      fold_tail(f, f->cm + (size_t)c * TT + (size_t)a * T, v);
     }
   int best = -1;
   la2_score b1 = {0, 0.0}, b2 = {0, 0.0};
@@ -604,15 +600,8 @@ static int next_lookahead2(const cn_frontier *f) {
     if (f->n_ready[t1] == 0) continue;
     /* After the first batch: its type's rows go, what it readies comes. */
     int64_t n1_of[CN_MAX_TYPES] = {0};
-    int32_t nn = 0;
-    for (int64_t i = 0; i < f->qc_n[t1]; i++)
-      for (int32_t e = f->out_head[f->qc[t1][i]]; e >= 0; e = f->e_next[e]) {
-        int32_t w = f->e_dst[e];
-        if (++f->seen_in[w] == f->pending[w]) {
-          f->n1[nn++] = w;
-          n1_of[f->vtype[w]]++;
-        }
-      }
+    int32_t nn = count_batch(f, t1, f->n1);
+    for (int32_t i = 0; i < nn; i++) n1_of[f->vtype[f->n1[i]]]++;
     for (int32_t k = 0; k < nc; k++) {
       size_t o = (size_t)f->clist[k] * TT;
       memcpy(f->cm1 + o, f->cm + o, TT * sizeof(int32_t));
@@ -620,8 +609,8 @@ static int next_lookahead2(const cn_frontier *f) {
     }
     for (int32_t i = 0; i < nn; i++) {
       int32_t w = f->n1[i];
-      la2_add(f, f->cm1 + (size_t)f->comp[w] * TT + (size_t)f->vtype[w] * T,
-               w);
+      size_t row = (size_t)f->comp[w] * TT + (size_t)f->vtype[w] * T;
+      fold_tail(f, f->cm1 + row, w);
     }
     la2_rows(f, nc, -1);
     la2_score s1 = la2_eval(f, nc), s2 = s1;
@@ -635,9 +624,7 @@ static int next_lookahead2(const cn_frontier *f) {
       if (!second || la2_less(s, s2)) s2 = s;
       second = true;
     }
-    for (int64_t i = 0; i < f->qc_n[t1]; i++)
-      for (int32_t e = f->out_head[f->qc[t1][i]]; e >= 0; e = f->e_next[e])
-        f->seen_in[f->e_dst[e]] = 0;
+    uncount_batch(f, t1);
     double avg = f->depth_sum[t1] / (double)f->n_of_type[t1];
     bool better;
     if (best < 0 || la2_less(s2, b2))
