@@ -220,6 +220,29 @@ static int64_t bound_left(const cn_run *r, const char *done) {
   return b;
 }
 
+/* Commits every ready type-t vertex of done in place (one batch). */
+static void commit_type(const cn_run *r, char *done, int t) {
+  char *now = calloc((size_t)r->nv + 1, 1);
+  for (int32_t v = 0; v < r->nv; v++) {
+    bool ready = !done[v] && r->vtype[v] == t;
+    for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
+      ready = done[r->in_edges[i]];
+    now[v] = ready;
+  }
+  for (int32_t v = 0; v < r->nv; v++) done[v] |= now[v];
+  free(now);
+}
+
+static bool any_ready(const cn_run *r, const char *done, int t) {
+  for (int32_t v = 0; v < r->nv; v++) {
+    bool ready = !done[v] && r->vtype[v] == t;
+    for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
+      ready = done[r->in_edges[i]];
+    if (ready) return true;
+  }
+  return false;
+}
+
 /* Commits a random ready type of f, marking its batch in done. */
 static void commit_random(cn_frontier *f, char *done, int32_t *out) {
   int ts[CN_MAX_TYPES], k = 0;
@@ -255,12 +278,7 @@ Test(sched, lookahead_drops_against_recomputed_bound, .timeout = 60) {
           continue;
         }
         memcpy(after, done, (size_t)n);
-        for (int32_t v = 0; v < n; v++) {
-          bool ready = !done[v] && r->vtype[v] == t;
-          for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
-            ready = done[r->in_edges[i]];
-          if (ready) after[v] = 1;
-        }
+        commit_type(r, after, t);
         cr_expect_eq(drop[t], now - bound_left(r, after),
                      "trial %d type %d: drop %lld", trial, t,
                      (long long)drop[t]);
@@ -311,29 +329,6 @@ Test(sched, beam_search_over_several_instances, .timeout = 60) {
 }
 
 /* ---- the lookahead2 policy (frontier.c) against its definition -------- */
-/* Commits every ready type-t vertex of done in place (one batch). */
-static void commit_type(const cn_run *r, char *done, int t) {
-  char *now = calloc((size_t)r->nv + 1, 1);
-  for (int32_t v = 0; v < r->nv; v++) {
-    bool ready = !done[v] && r->vtype[v] == t;
-    for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
-      ready = done[r->in_edges[i]];
-    now[v] = ready;
-  }
-  for (int32_t v = 0; v < r->nv; v++) done[v] |= now[v];
-  free(now);
-}
-
-static bool any_ready(const cn_run *r, const char *done, int t) {
-  for (int32_t v = 0; v < r->nv; v++) {
-    bool ready = !done[v] && r->vtype[v] == t;
-    for (int32_t i = r->in_start[v]; ready && i < r->in_start[v + 1]; i++)
-      ready = done[r->in_edges[i]];
-    if (ready) return true;
-  }
-  return false;
-}
-
 /* Instances by flood fill over edges both ways (quadratic, small graphs). */
 static int instances(const cn_run *r, int32_t *label) {
   int n = 0;
