@@ -48,6 +48,9 @@ typedef struct inst {
   int32_t *dep;   /* cap × T */
   int32_t *ready; /* cap × T: ready vertices of each type */
   int32_t *left;  /* cap × T: undone vertices of each type */
+  int32_t *roff, *rlen; /* cap: the state's ready vertices, at rpool[roff] */
+  int32_t *rpool;       /* global ids */
+  int64_t rpool_n, rpool_cap;
   int32_t *slot;  /* open-addressing table of state ids, -1 empty */
   uint32_t slot_mask;
 } inst;
@@ -60,8 +63,11 @@ typedef struct planner {
   int32_t *comp, *local; /* vertex → instance, index within it */
   int32_t *members;      /* vertices grouped by instance */
   int32_t *tail;         /* nv × T */
+  int32_t *out_start, *out_edges; /* consumers of each vertex */
   uint64_t *z;           /* Zobrist key per vertex */
   uint64_t *scratch;     /* one done-set */
+  int32_t *rbuf;         /* one ready list */
+  int32_t *mark, stamp;  /* [v]: == stamp when v is in rbuf */
 } planner;
 
 static inline bool is_done(const uint64_t *d, int32_t i) {
@@ -91,10 +97,12 @@ static int grow(inst *c, int T) {
   if (done != NULL) c->done = done;
   uint64_t *key = realloc(c->key, (size_t)cap * sizeof(uint64_t));
   if (key != NULL) c->key = key;
-  int32_t **a[4] = {&c->next, &c->dep, &c->ready, &c->left};
+  int32_t **a[6] = {&c->next, &c->dep, &c->ready, &c->left, &c->roff,
+                    &c->rlen};
   bool ok = done != NULL && key != NULL;
-  for (int k = 0; k < 4 && ok; k++) {
-    int32_t *m = realloc(*a[k], (size_t)cap * T * sizeof(int32_t));
+  for (int k = 0; k < 6 && ok; k++) {
+    int32_t *m = realloc(*a[k], (size_t)cap * (k < 4 ? T : 1) *
+                                    sizeof(int32_t));
     if (m == NULL) ok = false;
     else *a[k] = m;
   }
@@ -118,9 +126,11 @@ static int grow(inst *c, int T) {
   return 0;
 }
 
-/* The state of instance c with done-set d (key its Zobrist key): found, or
+/* The state of instance c with done-set d (key its Zobrist key), whose
+ * ready vertices are rd[0..nr) and undone vertices per type lf: found, or
  * added with its dep/ready/left. Returns its id or CN_E_NOMEM. */
-static int32_t intern(planner *p, inst *c, const uint64_t *d, uint64_t key) {
+static int32_t intern(planner *p, inst *c, const uint64_t *d, uint64_t key,
+                      const int32_t *rd, int32_t nr, const int32_t *lf) {
   int T = p->T;
   int32_t s = slot_find(c, d, key);
   if (s >= 0) return s;
@@ -128,22 +138,30 @@ static int32_t intern(planner *p, inst *c, const uint64_t *d, uint64_t key) {
     if (grow(c, T) != 0) return CN_E_NOMEM;
     s = slot_find(c, d, key);
   }
+  if (c->rpool_n + nr > c->rpool_cap) {
+    int64_t cap = c->rpool_cap ? 2 * c->rpool_cap : 256;
+    while (cap < c->rpool_n + nr) cap *= 2;
+    int32_t *pool = realloc(c->rpool, (size_t)cap * sizeof(int32_t));
+    if (pool == NULL) return CN_E_NOMEM;
+    c->rpool = pool;
+    c->rpool_cap = cap;
+  }
   uint32_t h = (uint32_t)(-1 - s);
   s = c->ns++;
   c->slot[h] = s;
   c->key[s] = key;
   memcpy(c->done + (size_t)s * c->words, d, (size_t)c->words * 8);
-  int32_t *dep = c->dep + (size_t)s * T, *rd = c->ready + (size_t)s * T;
-  int32_t *lf = c->left + (size_t)s * T, *nx = c->next + (size_t)s * T;
-  for (int t = 0; t < T; t++) dep[t] = rd[t] = lf[t] = 0, nx[t] = -1;
-  for (int32_t i = 0; i < c->n; i++) {
-    if (is_done(d, i)) continue;
-    int32_t v = c->verts[i];
-    int t = p->g->vtype[v];
-    lf[t]++;
-    if (!inputs_done(p, d, v)) continue;
-    rd[t]++;
-    const int32_t *tl = p->tail + (size_t)v * T;
+  c->roff[s] = (int32_t)c->rpool_n;
+  c->rlen[s] = nr;
+  memcpy(c->rpool + c->rpool_n, rd, (size_t)nr * sizeof(int32_t));
+  c->rpool_n += nr;
+  int32_t *dep = c->dep + (size_t)s * T, *rn = c->ready + (size_t)s * T;
+  int32_t *nx = c->next + (size_t)s * T;
+  memcpy(c->left + (size_t)s * T, lf, (size_t)T * sizeof(int32_t));
+  for (int t = 0; t < T; t++) dep[t] = rn[t] = 0, nx[t] = -1;
+  for (int32_t i = 0; i < nr; i++) {
+    rn[p->g->vtype[rd[i]]]++;
+    const int32_t *tl = p->tail + (size_t)rd[i] * T;
     for (int u = 0; u < T; u++)
       if (tl[u] > dep[u]) dep[u] = tl[u];
   }
@@ -151,27 +169,52 @@ static int32_t intern(planner *p, inst *c, const uint64_t *d, uint64_t key) {
 }
 
 /* Successor of state s of instance c under type t (-2: nothing of type t
- * ready), or CN_E_NOMEM. */
+ * ready), or CN_E_NOMEM. The batch is s's ready type-t vertices; the
+ * successor's ready vertices are s's others and the consumers the batch
+ * completes, so a new state costs its ready list and the batch's edges, not
+ * a scan of the instance. */
 static int32_t step(planner *p, inst *c, int32_t s, int t) {
-  int32_t nx = c->next[(size_t)s * p->T + t];
+  int T = p->T;
+  int32_t nx = c->next[(size_t)s * T + t];
   if (nx != -1) return nx;
-  if (c->ready[(size_t)s * p->T + t] == 0) {
+  if (c->ready[(size_t)s * T + t] == 0) {
     nx = -2;
   } else {
-    const uint64_t *d = c->done + (size_t)s * c->words;
     uint64_t *d2 = p->scratch, key = c->key[s];
-    memcpy(d2, d, (size_t)c->words * 8);
-    for (int32_t i = 0; i < c->n; i++) {
-      int32_t v = c->verts[i];
-      if (p->g->vtype[v] != t || is_done(d, i) || !inputs_done(p, d, v))
+    memcpy(d2, c->done + (size_t)s * c->words, (size_t)c->words * 8);
+    int32_t lf[CN_MAX_TYPES], nr = 0;
+    memcpy(lf, c->left + (size_t)s * T, (size_t)T * sizeof(int32_t));
+    const int32_t *rd = c->rpool + c->roff[s];
+    int32_t n = c->rlen[s];
+    for (int32_t i = 0; i < n; i++) {
+      int32_t v = rd[i];
+      if (p->g->vtype[v] != t) {
+        p->rbuf[nr++] = v;
         continue;
-      d2[i >> 6] |= (uint64_t)1 << (i & 63);
+      }
+      int32_t l = p->local[v];
+      d2[l >> 6] |= (uint64_t)1 << (l & 63);
       key ^= p->z[v];
+      lf[t]--;
     }
-    nx = intern(p, c, d2, key);
+    if (++p->stamp == INT32_MAX) { /* never in practice; keeps marks sound */
+      memset(p->mark, 0, (size_t)p->g->nv * sizeof(int32_t));
+      p->stamp = 1;
+    }
+    for (int32_t i = 0; i < n; i++) {
+      int32_t v = rd[i];
+      if (p->g->vtype[v] != t) continue;
+      for (int32_t e = p->out_start[v]; e < p->out_start[v + 1]; e++) {
+        int32_t w = p->out_edges[e];
+        if (p->mark[w] == p->stamp || !inputs_done(p, d2, w)) continue;
+        p->mark[w] = p->stamp;
+        p->rbuf[nr++] = w;
+      }
+    }
+    nx = intern(p, c, d2, key, p->rbuf, nr, lf);
     if (nx < 0) return nx;
   }
-  c->next[(size_t)s * p->T + t] = nx;
+  c->next[(size_t)s * T + t] = nx;
   return nx;
 }
 
@@ -184,6 +227,9 @@ static void planner_free(planner *p) {
     free(c->dep);
     free(c->ready);
     free(c->left);
+    free(c->roff);
+    free(c->rlen);
+    free(c->rpool);
     free(c->slot);
   }
   free(p->in);
@@ -193,6 +239,10 @@ static void planner_free(planner *p) {
   free(p->tail);
   free(p->z);
   free(p->scratch);
+  free(p->out_start);
+  free(p->out_edges);
+  free(p->rbuf);
+  free(p->mark);
 }
 
 static int32_t find(int32_t *up, int32_t v) {
@@ -248,7 +298,18 @@ static int planner_init(planner *p, const cn_dag *g) {
   }
   free(start);
   p->scratch = cn__xcalloc((size_t)maxn / 64 + 1, sizeof(uint64_t));
-  if (p->scratch == NULL) return CN_E_NOMEM;
+  p->rbuf = malloc(((size_t)maxn + 1) * sizeof(int32_t));
+  p->mark = cn__xcalloc((size_t)nv + 1, sizeof(int32_t));
+  size_t ne = (size_t)g->in_start[nv];
+  p->out_start = cn__xcalloc((size_t)nv + 2, sizeof(int32_t));
+  p->out_edges = malloc((ne + 1) * sizeof(int32_t));
+  if (!p->scratch || !p->rbuf || !p->mark || !p->out_start || !p->out_edges)
+    return CN_E_NOMEM;
+  for (size_t e = 0; e < ne; e++) p->out_start[g->in_edges[e] + 2]++;
+  for (int32_t v = 0; v < nv; v++) p->out_start[v + 2] += p->out_start[v + 1];
+  for (int32_t v = 0; v < nv; v++) /* out_start[u + 1]: u's fill cursor */
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      p->out_edges[p->out_start[g->in_edges[e] + 1]++] = v;
   uint64_t seed = 0x706c616e6e6572ull;
   for (int32_t v = 0; v < nv; v++) p->z[v] = cn__splitmix64(&seed);
   for (int32_t k = 0; k < p->ninst; k++) {
@@ -258,15 +319,23 @@ static int planner_init(planner *p, const cn_dag *g) {
     c->slot = malloc(8 * sizeof(int32_t));
     if (c->slot == NULL) return CN_E_NOMEM;
     for (int h = 0; h < 8; h++) c->slot[h] = -1;
+    /* State 0: nothing done; the ready vertices are those without inputs. */
+    int32_t nr = 0, lf[CN_MAX_TYPES] = {0};
+    for (int32_t i = 0; i < c->n; i++) {
+      int32_t v = c->verts[i];
+      lf[g->vtype[v]]++;
+      if (g->in_start[v] == g->in_start[v + 1]) p->rbuf[nr++] = v;
+    }
     memset(p->scratch, 0, (size_t)c->words * 8);
-    if (intern(p, c, p->scratch, 0) != 0) return CN_E_NOMEM;
+    if (intern(p, c, p->scratch, 0, p->rbuf, nr, lf) != 0) return CN_E_NOMEM;
   }
   return 0;
 }
 
-/* A candidate child: parent beam slot, type, rank. */
+/* A candidate child: parent beam slot, type, rank; its instances' states
+ * are at kids[at × instances]. */
 typedef struct pcand {
-  int32_t parent, t;
+  int32_t parent, t, at;
   int32_t f;
   int64_t spread;
   uint64_t key;
@@ -322,7 +391,7 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
   int rc = planner_init(&p, g);
   int T = p.T;
   size_t W = (size_t)width, C = (size_t)p.ninst;
-  int32_t *cur = NULL, *nxt = NULL, *kid = NULL;
+  int32_t *cur = NULL, *nxt = NULL, *kids = NULL;
   uint64_t *ckey = NULL, *nkey = NULL;
   pcand *cand = NULL;
   /* Per step, each kept state's parent slot and type, for the path. */
@@ -333,11 +402,11 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
   rc = CN_E_NOMEM;
   cur = malloc(W * C * sizeof(int32_t));
   nxt = malloc(W * C * sizeof(int32_t));
-  kid = malloc(C * sizeof(int32_t));
+  kids = malloc(W * (size_t)T * C * sizeof(int32_t));
   ckey = malloc(W * sizeof(uint64_t));
   nkey = malloc(W * sizeof(uint64_t));
   cand = malloc(W * (size_t)T * sizeof(pcand));
-  if (!cur || !nxt || !kid || !ckey || !nkey || !cand) goto out;
+  if (!cur || !nxt || !kids || !ckey || !nkey || !cand) goto out;
   memset(cur, 0, C * sizeof(int32_t)); /* every instance in state 0 */
   ckey[0] = 0;
   size_t ncur = 1;
@@ -360,10 +429,12 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
         if (rd[t] > 0 && rd[t] == lf[t]) forced = t;
       for (int t = 0; t < T; t++) {
         if (rd[t] == 0 || (forced >= 0 && t != forced)) continue;
-        int r = child(&p, cs, t, steps, kid, ckey[i], &cand[nc]);
+        int r = child(&p, cs, t, steps, kids + nc * C, ckey[i], &cand[nc]);
         if (r < 0) goto out;
         if (r == 0) continue;
-        cand[nc++].parent = (int32_t)i;
+        cand[nc].parent = (int32_t)i;
+        cand[nc].at = (int32_t)nc;
+        nc++;
       }
     }
     if (nc == 0) { /* cannot happen in a DAG: something is always ready */
@@ -382,11 +453,8 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
     size_t nn = 0;
     for (size_t c = 0; c < nc && nn < W; c++) {
       if (nn > 0 && cand[c].key == nkey[nn - 1]) continue; /* reached twice */
-      /* Re-derive the child's states (memoised look-ups). */
-      pcand tmp;
-      int r = child(&p, cur + (size_t)cand[c].parent * C, cand[c].t, steps,
-                    nxt + nn * C, ckey[cand[c].parent], &tmp);
-      if (r < 0) goto out;
+      memcpy(nxt + nn * C, kids + (size_t)cand[c].at * C,
+             C * sizeof(int32_t));
       nkey[nn] = cand[c].key;
       par[(size_t)steps * W + nn] = cand[c].parent;
       typ[(size_t)steps * W + nn] = (uint8_t)cand[c].t;
@@ -416,7 +484,7 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
 out:
   free(cur);
   free(nxt);
-  free(kid);
+  free(kids);
   free(ckey);
   free(nkey);
   free(cand);
