@@ -57,7 +57,7 @@ static const cn_config_key keys[] = {
     STR_KEY("policy", "fsm", policy,
             "batching policy of every run; fsm: the model's learned policy "
             "from policy-cache (agenda until one is cached or learned online)",
-            "none|depth|agenda|sufficient|lookahead|lookahead2|fsm"),
+            "none|depth|agenda|sufficient|lookahead|lookahead2|plan|fsm"),
     STR_KEY("layout", "fused", layout,
             "vertex functions: the hand-written fused kernels, or the cells "
             "compiled from the op IR with the PQ-tree layout (pq) or one "

@@ -152,6 +152,9 @@ typedef enum {
                           left the most (static graphs; sched.c)           */
   CN_POLICY_LOOKAHEAD2, /* lookahead two batches deep, ties to the
                            instances furthest behind (frontier.c)          */
+  CN_POLICY_PLAN,     /* a beam search over the whole run graph before it
+                         runs, never more batches than lookahead2
+                         (sched_plan.c); a graph that grows: lookahead2    */
   CN_POLICY_FSM,      /* ED-Batch §2: a learned FSM (cn_run_exec_fsm); with
                          no policy object, the agenda choice                */
   CN_POLICY__COUNT
@@ -303,7 +306,7 @@ long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
  * lower == upper is the optimum; else lower is proven and upper is the
  * best schedule known: the heuristics' and, with beam > 0, a beam search
  * of that width. policy[p]: batches of depth, agenda, sufficient,
- * lookahead and lookahead2 (indexed by cn_policy_kind). */
+ * lookahead, lookahead2 and plan (indexed by cn_policy_kind). */
 typedef struct cn_optimum {
   long long lower_bound; /* Σ_t depth_t (MODELS.md)                       */
   long long lower, upper;

@@ -300,7 +300,8 @@ static int next_lookahead(const cn_frontier *f) {
 static int next_lookahead2(const cn_frontier *f); /* below, with its helpers */
 
 bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm) {
-  if (policy == CN_POLICY_LOOKAHEAD || policy == CN_POLICY_LOOKAHEAD2)
+  if (policy == CN_POLICY_LOOKAHEAD || policy == CN_POLICY_LOOKAHEAD2 ||
+      policy == CN_POLICY_PLAN)
     return true;
   return policy == CN_POLICY_FSM && fsm != NULL && cn__fsm_needs_tails(fsm);
 }
@@ -312,7 +313,9 @@ int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
     case CN_POLICY_SUFFICIENT:
       return f->track_sub ? next_sufficient(f) : cn__frontier_agenda(f);
     case CN_POLICY_LOOKAHEAD: return next_lookahead(f);
-    case CN_POLICY_LOOKAHEAD2: return next_lookahead2(f);
+    case CN_POLICY_LOOKAHEAD2:
+    case CN_POLICY_PLAN: /* a graph that grows cannot be planned ahead */
+      return next_lookahead2(f);
     case CN_POLICY_FSM:
       if (fsm == NULL) return cn__frontier_agenda(f);
       /* A policy that lost to a heuristic on its sample runs that one. */

@@ -136,7 +136,7 @@ int cn_graph_set_optimum(const cn_graph_set *s, int i, long long budget,
   int64_t lb;
   cn__graph_set_get(s, i, &g, &lb);
   out->lower_bound = lb;
-  for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_LOOKAHEAD2; p++) {
+  for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_PLAN; p++) {
     int32_t nb;
     int rc = cn__sched_dag(&g, (cn_policy_kind)p, NULL, NULL, NULL, &nb);
     if (rc != 0) return rc;
@@ -154,7 +154,7 @@ int cn_graph_set_optimum(const cn_graph_set *s, int i, long long budget,
     return 0;
   }
   out->upper = out->policy[CN_POLICY_DEPTH];
-  for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_LOOKAHEAD2; p++)
+  for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_PLAN; p++)
     if (out->policy[p] < out->upper) out->upper = out->policy[p];
   if (beam > 0) {
     int64_t b;

@@ -427,11 +427,14 @@ int32_t *cn__dag_tails(const cn_dag *g);
 /* sched_plan.c: a schedule by beam search over the product of the graph's
  * instance automata (width states kept per step, ranked by batches so far
  * plus the bound on what is left): an upper bound on the optimum where the
- * exact search runs out of budget, and the plan of CN_POLICY_PLAN.
+ * exact search runs out of budget, and the schedule of CN_POLICY_PLAN.
  * *schedule (may be NULL) gets the types, malloc'd. Returns 0 or
  * CN_E_NOMEM. */
 int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
                  uint8_t **schedule);
+/* The beam width of CN_POLICY_PLAN (README, "Batching policies": batches
+ * and planning time against the width). */
+#define CN_PLAN_WIDTH 16
 
 /* ---- the frontier (frontier.c): ED-Batch Alg. 1, one step at a time -------
  * The ready vertices of a typed DAG that may still grow: a driver adds

@@ -26,6 +26,11 @@
  *            bounds (Σ_c B_c³): the greedy form of the beam search
  *            (sched_plan.c). For a type worth nothing until its consumers
  *            follow (a lattice's word, then link). Reads tails too.
+ *   plan   - not a frontier policy: before the run, a beam search over the
+ *            whole run graph (sched_plan.c, width CN_PLAN_WIDTH), kept
+ *            where it beats lookahead2's schedule. It pays only where a
+ *            batch costs more than the search (README); lstm-nmt's growing
+ *            graph gets lookahead2.
  *   fsm    - ED-Batch §2: Alg. 1 with a learned FSM in line 3 (fsm.c).
  * agenda, sufficient and fsm only look at the frontier (frontier.c), so a
  * dynamic executor can drive them one step at a time.
@@ -127,19 +132,21 @@ out:
   return rc;
 }
 
-/* ED-Batch Alg. 1 over the frontier with a frontier policy. */
+/* ED-Batch Alg. 1 over the frontier with a frontier policy; with seq, the
+ * types come from seq instead (a schedule planned ahead, every step of which
+ * runs something). */
 static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
-                         const cn_fsm *fsm, plan *p) {
+                         const cn_fsm *fsm, const uint8_t *seq, plan *p) {
   cn_frontier f;
   int rc = cn__frontier_init(&f, g->n_types, policy == CN_POLICY_SUFFICIENT);
   int32_t *tmp = p->order ? NULL : malloc(((size_t)g->nv + 1) * 4);
   if (rc == 0 && p->order == NULL && tmp == NULL) rc = CN_E_NOMEM;
   if (rc == 0) rc = cn__frontier_add_dag(&f, g);
-  if (rc == 0 && cn__policy_needs_tails(policy, fsm))
+  if (rc == 0 && seq == NULL && cn__policy_needs_tails(policy, fsm))
     rc = cn__frontier_tails(&f);
   int32_t placed = 0;
   while (rc == 0 && placed < g->nv) {
-    int t = cn__frontier_next(&f, policy, fsm);
+    int t = seq != NULL ? seq[p->n] : cn__frontier_next(&f, policy, fsm);
     if (t < 0) { /* cannot happen in a DAG */
       rc = CN_E_INTERNAL;
       break;
@@ -154,6 +161,24 @@ static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
   }
   free(tmp);
   cn__frontier_free(&f);
+  return rc;
+}
+
+/* plan: lookahead2's schedule, then the beam search's (sched_plan.c) where
+ * it launches fewer batches; so never more batches than lookahead2, and
+ * the beam is skipped where lookahead2 already meets the lower bound. */
+static int plan_beam(const cn_dag *g, plan *p) {
+  int rc = plan_frontier(g, CN_POLICY_LOOKAHEAD2, NULL, NULL, p);
+  if (rc != 0 || p->n <= cn__dag_lower_bound(g)) return rc;
+  int64_t nb;
+  uint8_t *seq = NULL;
+  rc = cn__dag_beam(g, CN_PLAN_WIDTH, &nb, &seq);
+  if (rc == 0 && nb < p->n) {
+    p->n = 0;
+    rc = plan_frontier(g, CN_POLICY_PLAN, NULL, seq, p);
+    if (rc == 0 && p->n != nb) rc = CN_E_INTERNAL;
+  }
+  free(seq);
   return rc;
 }
 
@@ -173,7 +198,8 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
     case CN_POLICY_SUFFICIENT:
     case CN_POLICY_LOOKAHEAD:
     case CN_POLICY_LOOKAHEAD2:
-    case CN_POLICY_FSM: rc = plan_frontier(g, policy, fsm, &p); break;
+    case CN_POLICY_FSM: rc = plan_frontier(g, policy, fsm, NULL, &p); break;
+    case CN_POLICY_PLAN: rc = plan_beam(g, &p); break;
     default: rc = CN_E_INTERNAL; break;
   }
   *n_batches = p.n;
@@ -205,7 +231,8 @@ out:
 }
 
 static const char *const policy_names[CN_POLICY__COUNT] = {
-    "none", "depth", "agenda", "sufficient", "lookahead", "lookahead2", "fsm"};
+    "none",      "depth",      "agenda", "sufficient",
+    "lookahead", "lookahead2", "plan",   "fsm"};
 
 const char *cn_policy_name(cn_policy_kind p) {
   return p >= 0 && p < CN_POLICY__COUNT ? policy_names[p] : "?";

@@ -30,7 +30,8 @@
  *
  * This is the anytime search Cavs and ED-Batch do not do (they batch online
  * from the frontier); it needs the whole run graph up front, so it plans
- * static runs only (lstm-nmt's decoder grows its graph while it runs). */
+ * static runs only (lstm-nmt's decoder grows its graph while it runs).
+ * CN_POLICY_PLAN (sched.c) runs it on every run graph. */
 #include <stdlib.h>
 #include <string.h>
 

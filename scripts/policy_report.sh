@@ -31,7 +31,7 @@ families="treelstm:trees-binary treelstm-2type:trees-binary
 treegru:trees-binary childsum-treelstm:trees-nary mvrnn:trees-binary
 bilstm-tagger:sequences lstm-nmt:sequences latticelstm:lattices
 latticegru:dags"
-policies="none depth agenda sufficient lookahead lookahead2"
+policies="none depth agenda sufficient lookahead lookahead2 plan"
 encodings="base max sort bound"
 
 for fd in $families; do
@@ -89,9 +89,11 @@ work, out, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
 fams = ["treelstm", "treelstm-2type", "treegru", "childsum-treelstm",
         "mvrnn", "bilstm-tagger", "lstm-nmt", "latticelstm", "latticegru"]
 encs = ["base", "max", "sort", "bound"]
-cols = ["none", "depth", "agenda", "sufficient", "lookahead", "lookahead2"] + \
+cols = ["none", "depth", "agenda", "sufficient", "lookahead", "lookahead2",
+        "plan"] + \
        ["fsm-" + e for e in encs] + ["pure-sort", "pure-bound"]
-head = ["none", "depth", "agenda", "sufficient", "lookahead", "lookahead2"] + \
+head = ["none", "depth", "agenda", "sufficient", "lookahead", "lookahead2",
+        "plan"] + \
        ["fsm-" + e for e in encs] + ["fsm-sort, no fallback",
                                      "fsm-bound, no fallback"]
 def runs(f, c):
@@ -114,7 +116,9 @@ L = ["# Batching policies: batches against the lower bound", "",
      "launched / lower bound Σ_t depth_t (MODELS.md), summed over the runs. "
      "`fsm-E` is what `canopy run --policy fsm --encoding E` executes: the "
      "learned FSM, or, marked †, the heuristic (named) that launched fewer "
-     "batches on the training graphs. `optimum` is `canopy policy optimum` "
+     "batches on the training graphs. `plan` plans each run by beam search "
+     "before it runs (width 16; never more than lookahead2). `optimum` is "
+     "`canopy policy optimum` "
      "on the same graphs: the fewest batches any schedule can launch, exact, "
      "or, where the search stopped after %d states a graph, a proven lower "
      "end and the best schedule found." % budget, "",

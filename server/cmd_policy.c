@@ -136,7 +136,7 @@ static void policy_usage(FILE *f) {
     "each run graph of FILE.jsonl can run in, and prints one JSON line a graph\n"
     "(lower_bound; optimum_lower = optimum_upper when exact, else a proven\n"
     "lower bound and the best schedule known; depth, agenda, sufficient,\n"
-    "lookahead, lookahead2, beam) and a total: how far any policy could still\nimprove.\n"
+    "lookahead, lookahead2, plan, beam) and a total: how far any policy could still\nimprove.\n"
     "\n"
     "  --outputs root|all     tree families: graphs with root or all outputs"
     " (default root)\n"
@@ -277,15 +277,15 @@ static int parse_args(int argc, char **argv, policy_args *a) {
  * heuristics; a total line last. */
 static const char *const opt_fields[] = {
     "lower_bound", "optimum_lower", "optimum_upper", "depth", "agenda",
-    "sufficient", "lookahead", "lookahead2", "beam", "states"};
+    "sufficient", "lookahead", "lookahead2", "plan", "beam", "states"};
 enum { N_OPT_FIELDS = sizeof(opt_fields) / sizeof(opt_fields[0]) };
 
 static void opt_values(const cn_optimum *o, long long *v) {
   long long x[N_OPT_FIELDS] = {
       o->lower_bound, o->lower, o->upper, o->policy[CN_POLICY_DEPTH],
       o->policy[CN_POLICY_AGENDA], o->policy[CN_POLICY_SUFFICIENT],
-      o->policy[CN_POLICY_LOOKAHEAD], o->policy[CN_POLICY_LOOKAHEAD2], o->beam,
-      o->nodes};
+      o->policy[CN_POLICY_LOOKAHEAD], o->policy[CN_POLICY_LOOKAHEAD2],
+      o->policy[CN_POLICY_PLAN], o->beam, o->nodes};
   memcpy(v, x, sizeof(x));
 }
 

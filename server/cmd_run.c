@@ -56,7 +56,7 @@ static void run_usage(FILE *f) {
           "  --return-hidden       also return hidden vectors (\"h\")\n"
           "  --policy P            none | depth | agenda | sufficient | "
           "lookahead |\n"
-          "                        lookahead2 | fsm\n"
+          "                        lookahead2 | plan | fsm\n"
           "                        (default agenda)\n"
           "  --policy-cache DIR    where --policy fsm finds (or, with none "
           "cached,\n"

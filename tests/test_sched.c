@@ -158,12 +158,12 @@ static cn_run *random_run(int parts, int n, unsigned seed) {
 
 /* Random DAGs of up to 14 vertices and 3 types: every policy yields a
  * valid schedule; bound <= optimum <= each policy; none runs one vertex a
- * batch. */
+ * batch; plan never launches more than lookahead2. */
 Test(sched, random_dags_against_brute_force, .timeout = 60) {
   srand(12345);
   for (int trial = 0; trial < 300; trial++) {
     int n = 2 + rand() % 13;
-    int opt = -1;
+    int opt = -1, la2 = -1;
     for (int p = 0; p < CN_POLICY__COUNT; p++) {
       cn_run *r = random_graph(n, 1000u + (unsigned)trial);
       if (opt < 0) {
@@ -190,6 +190,10 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
                     trial, cn_policy_name((cn_policy_kind)p), r->n_batches,
                     opt);
       if (p == CN_POLICY_NONE) cr_expect_eq(r->n_batches, n);
+      if (p == CN_POLICY_LOOKAHEAD2) la2 = r->n_batches;
+      if (p == CN_POLICY_PLAN)
+        cr_expect_leq(r->n_batches, la2, "trial %d: plan %d > lookahead2 %d",
+                      trial, r->n_batches, la2);
       cn_run_free(r);
     }
   }
@@ -293,6 +297,26 @@ Test(sched, lookahead_drops_against_recomputed_bound, .timeout = 60) {
   }
 }
 
+/* The plan policy on r: a valid schedule, between the optimum and
+ * lookahead2's. Returns lookahead2's batches minus plan's. */
+static int plan_against_lookahead2(unsigned seed, int parts, int n, int opt) {
+  int nb[2];
+  for (int k = 0; k < 2; k++) {
+    cn_run *r = random_run(parts, n, seed);
+    cn_err err;
+    cn_err_clear(&err);
+    cr_assert_eq(cn__sched_plan(r, k ? CN_POLICY_PLAN : CN_POLICY_LOOKAHEAD2,
+                                &err), 0);
+    check_valid(r);
+    nb[k] = r->n_batches;
+    cn_run_free(r);
+  }
+  cr_expect_geq(nb[1], opt, "seed %u: plan %d < optimum %d", seed, nb[1], opt);
+  cr_expect_leq(nb[1], nb[0], "seed %u: plan %d > lookahead2 %d", seed, nb[1],
+                nb[0]);
+  return nb[0] - nb[1];
+}
+
 /* The beam search (sched_plan.c): its schedule runs the graph in the
  * batches it reports, never fewer than the optimum; a wide beam finds the
  * optimum on nearly every small graph. Runs of several disjoint instances
@@ -314,6 +338,7 @@ static void beam_against_the_optimum(int parts, unsigned seed0) {
       free(sched);
     }
     cn_run_free(r);
+    plan_against_lookahead2(seed0 + (unsigned)trial, parts, n, opt);
   }
   cr_expect_geq(wide_optimal, trials * 9 / 10, "width 64 optimal on %d of %d",
                 wide_optimal, trials);
@@ -326,6 +351,27 @@ Test(sched, beam_search_against_the_optimum, .timeout = 60) {
 Test(sched, beam_search_over_several_instances, .timeout = 60) {
   for (int parts = 2; parts <= 4; parts++)
     beam_against_the_optimum(parts, 7000u + 1000u * (unsigned)parts);
+}
+
+/* On runs too large for lookahead2 to be optimal (4-8 instances of up to
+ * 40 vertices), plan replays the beam's schedule where it is shorter: it
+ * must win on some runs, and never go below the exact search's proven
+ * lower end. */
+Test(sched, plan_beats_lookahead2_on_larger_runs, .timeout = 60) {
+  int won = 0, trials = 100;
+  for (int trial = 0; trial < trials; trial++) {
+    int parts = 4 + trial % 5, n = parts * (20 + trial % 21);
+    cn_run *r = random_run(parts, n, 90000u + (unsigned)trial);
+    cn_dag g = cn__run_dag(r);
+    cn_dag_optimum o;
+    cr_assert_eq(cn__dag_optimum(&g, 20000, &o), 0);
+    free(o.schedule);
+    cn_run_free(r);
+    won += plan_against_lookahead2(90000u + (unsigned)trial, parts, n,
+                                   (int)o.lower) > 0;
+  }
+  cr_expect_gt(won, trials / 10, "plan beat lookahead2 on %d of %d runs", won,
+               trials);
 }
 
 /* ---- the lookahead2 policy (frontier.c) against its definition -------- */
