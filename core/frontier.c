@@ -33,6 +33,13 @@ static int grow32(int32_t **p, size_t n) {
 static void free_instances(cn_frontier *f) {
   free(f->comp);
   free(f->cm);
+  for (int t = 0; t < CN_MAX_TYPES; t++) {
+    free(f->cin[t]);
+    f->cin[t] = NULL;
+    f->cin_n[t] = 0;
+  }
+  free(f->cin_on);
+  f->cin_on = NULL;
   free(f->cm1);
   free(f->cb);
   free(f->clist);
@@ -96,10 +103,21 @@ static inline void fold_tail(const cn_frontier *f, int32_t *row, int32_t w) {
     row[f->vtype[w]] = 1;
 }
 
+static void clear_instances(cn_frontier *f, int t);
+
 /* Look-ahead upkeep of a vertex that became ready (with tails). */
 static int note_ready(cn_frontier *f, int32_t v) {
   int t = f->vtype[v];
   fold_tail(f, f->mt[t], v);
+  if (f->cm != NULL) { /* the same per instance, for lookahead2 */
+    int T = f->n_types;
+    int32_t c = f->comp[v];
+    fold_tail(f, f->cm + ((size_t)c * T + t) * T, v);
+    if (!f->cin_on[(size_t)c * T + t]) {
+      f->cin_on[(size_t)c * T + t] = 1;
+      f->cin[t][f->cin_n[t]++] = c;
+    }
+  }
   if (f->out_head[v] < 0) return 0; /* a sink readies nothing */
   if (f->qc_n[t] == f->qc_cap[t]) {
     int64_t c = f->qc_cap[t] ? f->qc_cap[t] * 2 : 64;
@@ -230,6 +248,7 @@ int cn__frontier_reset(cn_frontier *f) {
   memset(f->qtail, 0, sizeof(f->qtail));
   memset(f->qc_n, 0, sizeof(f->qc_n));
   memset(f->mt, 0, sizeof(f->mt));
+  for (int t = 0; f->cm != NULL && t < f->n_types; t++) clear_instances(f, t);
   f->n_done = 0;
   for (int32_t v = 0; v < f->nv; v++) f->done[v] = 0;
   for (int32_t v = 0; v < f->nv; v++)
@@ -332,6 +351,17 @@ int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
   }
 }
 
+/* Every ready type-t vertex was committed: no instance has one now. */
+static void clear_instances(cn_frontier *f, int t) {
+  int T = f->n_types;
+  for (int32_t k = 0; k < f->cin_n[t]; k++) {
+    int32_t c = f->cin[t][k];
+    f->cin_on[(size_t)c * T + t] = 0;
+    memset(f->cm + ((size_t)c * T + t) * T, 0, (size_t)T * sizeof(int32_t));
+  }
+  f->cin_n[t] = 0;
+}
+
 /* A type-t vertex v was committed: the flag "type t left at or above" goes
  * false for v, then for every consumer whose count drops to zero. */
 static void clear_sub(cn_frontier *f, int32_t v, int t) {
@@ -366,6 +396,7 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
   f->n_done += n;
   f->n_ready[t] -= n;
   memset(f->mt[t], 0, sizeof(f->mt[t]));
+  clear_instances(f, t);
   f->qc_n[t] = 0;
   if (f->track_sub) f->n_sub[t] -= n;
   for (int32_t i = 0; i < n; i++) {
@@ -411,15 +442,18 @@ static int find_instances(cn_frontier *f) {
   for (int32_t v = 0; v < f->nv; v++) up[v] = -up[v] - 1;
   f->n_comp = n;
   size_t c = n > 0 ? (size_t)n : 1;
-  f->cm = malloc(c * (size_t)T * (size_t)T * sizeof(int32_t));
+  f->cm = calloc(c * (size_t)T * (size_t)T, sizeof(int32_t));
+  f->cin_on = calloc(c * (size_t)T, 1);
+  for (int t = 0; t < T; t++)
+    if ((f->cin[t] = malloc(c * sizeof(int32_t))) == NULL) return -1;
   f->cm1 = malloc(c * (size_t)T * (size_t)T * sizeof(int32_t));
   f->cb = malloc(c * (size_t)T * sizeof(int32_t));
   f->clist = malloc(c * sizeof(int32_t));
   f->cmark = calloc(c, 1);
   f->seen2 = calloc((size_t)f->cap_v + 1, sizeof(int32_t));
   f->n1 = malloc(((size_t)f->cap_v + 1) * sizeof(int32_t));
-  return f->cm && f->cm1 && f->cb && f->clist && f->cmark && f->seen2 &&
-                 f->n1
+  return f->cm && f->cin_on && f->cm1 && f->cb && f->clist && f->cmark &&
+                 f->seen2 && f->n1
              ? 0
              : -1;
 }
@@ -585,16 +619,16 @@ static int next_lookahead2(const cn_frontier *f) {
   if (f->comp == NULL) return next_lookahead(f);
   int T = f->n_types;
   size_t TT = (size_t)T * (size_t)T;
+  /* The instances with ready vertices; their rows are kept up to date
+   * as vertices become ready and batches run (note_ready, commit). */
   int32_t nc = 0;
   for (int a = 0; a < T; a++)
-    for (int64_t i = f->qhead[a]; i < f->qtail[a]; i++) {
-      int32_t v = f->q[a][i], c = f->comp[v];
+    for (int32_t k = 0; k < f->cin_n[a]; k++) {
+      int32_t c = f->cin[a][k];
       if (!f->cmark[c]) {
         f->cmark[c] = 1;
         f->clist[nc++] = c;
-        memset(f->cm + (size_t)c * TT, 0, TT * sizeof(int32_t));
       }
-      fold_tail(f, f->cm + (size_t)c * TT + (size_t)a * T, v);
     }
   int best = -1;
   la2_score b1 = {0, 0.0}, b2 = {0, 0.0};

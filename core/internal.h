@@ -487,10 +487,13 @@ typedef struct cn_frontier {
                                     a weakly connected component; a vertex
                                     added later joins its first input's  */
   int32_t n_comp;
-  /* Scratch of the lookahead2 policy (frontier.c), with the instances. */
-  int32_t *cm, *cm1;             /* [c][a][t]: max tail_t over instance c's
-                                    ready type-a vertices, now / after a
-                                    first batch                           */
+  /* The lookahead2 policy's (frontier.c), with the instances. */
+  int32_t *cm;                   /* [c][a][t]: max tail_t over instance c's
+                                    ready type-a vertices (kept like mt)  */
+  int32_t *cin[CN_MAX_TYPES];    /* instances with ready type-a vertices   */
+  int32_t cin_n[CN_MAX_TYPES];
+  uint8_t *cin_on;               /* [c][a]: c is in cin[a]                 */
+  int32_t *cm1;                  /* [c][a][t]: cm after a first batch      */
   int32_t *cb;                   /* [c][t]                                 */
   int32_t *clist;                /* instances with ready vertices          */
   uint8_t *cmark;
