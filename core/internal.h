@@ -420,9 +420,16 @@ typedef struct cn_dag_optimum {
   uint8_t *schedule;
 } cn_dag_optimum;
 int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res);
+/* The consumers of every vertex: v's at out_edges[out_start[v] ..
+ * out_start[v + 1]), ascending. Both malloc'd (the caller frees them, also
+ * on error); returns 0 or CN_E_NOMEM. */
+int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
+                      int32_t **out_edges);
 /* tail[v × n_types + t]: the most type-t vertices on a path from v to a
- * sink (v included); malloc'd, NULL when out of memory. */
-int32_t *cn__dag_tails(const cn_dag *g);
+ * sink (v included), from g's consumers; malloc'd, NULL when out of
+ * memory. */
+int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
+                       const int32_t *out_edges);
 
 /* sched_plan.c: a schedule by beam search over the product of the graph's
  * instance automata (width states kept per step, ranked by batches so far

@@ -208,27 +208,28 @@ static void fill_tails(const cn_dag *g, const int32_t *out_start,
   }
 }
 
-int32_t *cn__dag_tails(const cn_dag *g) {
+int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
+                      int32_t **out_edges) {
   int32_t nv = g->nv;
   size_t ne = (size_t)g->in_start[nv];
   int32_t *start = cn__xcalloc((size_t)nv + 2, sizeof(int32_t));
   int32_t *edges = cn__xcalloc(ne + 1, sizeof(int32_t));
-  int32_t *tail = cn__xcalloc((size_t)nv * (size_t)g->n_types + 1,
-                              sizeof(int32_t));
-  if (start == NULL || edges == NULL || tail == NULL) {
-    free(start);
-    free(edges);
-    free(tail);
-    return NULL;
-  }
+  *out_start = start;
+  *out_edges = edges;
+  if (start == NULL || edges == NULL) return CN_E_NOMEM;
   for (size_t e = 0; e < ne; e++) start[g->in_edges[e] + 2]++;
   for (int32_t v = 0; v < nv; v++) start[v + 2] += start[v + 1];
   for (int32_t v = 0; v < nv; v++) /* start[u + 1]: u's fill cursor */
     for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
       edges[start[g->in_edges[e] + 1]++] = v;
-  fill_tails(g, start, edges, tail);
-  free(start);
-  free(edges);
+  return 0;
+}
+
+int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
+                       const int32_t *out_edges) {
+  int32_t *tail = cn__xcalloc((size_t)g->nv * (size_t)g->n_types + 1,
+                              sizeof(int32_t));
+  if (tail != NULL) fill_tails(g, out_start, out_edges, tail);
   return tail;
 }
 
@@ -253,9 +254,7 @@ static int opt_init(opt_search *s, const cn_dag *g, size_t tt_cap) {
   s->g = g;
   s->T = T;
   s->nv = nv;
-  size_t ne = (size_t)g->in_start[nv];
-  s->out_start = cn__xcalloc((size_t)nv + 1, sizeof(int32_t));
-  s->out_edges = cn__xcalloc(ne + 1, sizeof(int32_t));
+  int rc = cn__dag_consumers(g, &s->out_start, &s->out_edges);
   s->tail = cn__xcalloc((size_t)nv * (size_t)T, sizeof(int32_t));
   s->pending = cn__xcalloc((size_t)nv + 1, sizeof(int32_t));
   s->trail = cn__xcalloc(2 * (size_t)nv + 1, sizeof(int32_t));
@@ -264,7 +263,7 @@ static int opt_init(opt_search *s, const cn_dag *g, size_t tt_cap) {
   s->tt = tt_cap ? cn__xcalloc(tt_cap, sizeof(tt_entry)) : NULL;
   s->path_cap = nv;
   s->path = cn__xcalloc((size_t)nv + 1, 1);
-  bool ok = s->out_start && s->out_edges && s->tail && s->pending &&
+  bool ok = rc == 0 && s->tail && s->pending &&
             s->trail && s->z1 && s->z2 && (s->tt || !tt_cap) && s->path;
   for (int t = 0; ok && t < T; t++) {
     s->ready[t] = cn__xcalloc((size_t)nv + 1, sizeof(int32_t));
@@ -275,16 +274,7 @@ static int opt_init(opt_search *s, const cn_dag *g, size_t tt_cap) {
     return CN_E_NOMEM;
   }
   s->tt_mask = tt_cap ? tt_cap - 1 : 0;
-  /* Consumers, pending counts, initial ready set, Zobrist keys. */
-  for (int32_t v = 0; v < nv; v++)
-    for (int32_t i = g->in_start[v]; i < g->in_start[v + 1]; i++)
-      s->out_start[g->in_edges[i] + 1]++;
-  for (int32_t v = 0; v < nv; v++) s->out_start[v + 1] += s->out_start[v];
-  int32_t *fill = s->pending; /* borrowed as a cursor, reset below */
-  for (int32_t v = 0; v < nv; v++) fill[v] = s->out_start[v];
-  for (int32_t v = 0; v < nv; v++)
-    for (int32_t i = g->in_start[v]; i < g->in_start[v + 1]; i++)
-      s->out_edges[fill[g->in_edges[i]]++] = v;
+  /* Pending counts, initial ready set, Zobrist keys. */
   uint64_t seed = 0x63616e6f7079ull;
   for (int32_t v = 0; v < nv; v++) {
     int t = g->vtype[v];

@@ -260,7 +260,9 @@ static int planner_init(planner *p, const cn_dag *g) {
   p->local = malloc((size_t)nv * sizeof(int32_t));
   p->members = malloc((size_t)nv * sizeof(int32_t));
   p->z = malloc((size_t)nv * sizeof(uint64_t));
-  p->tail = cn__dag_tails(g);
+  if (cn__dag_consumers(g, &p->out_start, &p->out_edges) != 0)
+    return CN_E_NOMEM;
+  p->tail = cn__dag_tails(g, p->out_start, p->out_edges);
   if (!p->comp || !p->local || !p->members || !p->z || !p->tail)
     return CN_E_NOMEM;
   /* Instances: union-find over the edges. */
@@ -301,16 +303,7 @@ static int planner_init(planner *p, const cn_dag *g) {
   p->scratch = cn__xcalloc((size_t)maxn / 64 + 1, sizeof(uint64_t));
   p->rbuf = malloc(((size_t)maxn + 1) * sizeof(int32_t));
   p->mark = cn__xcalloc((size_t)nv + 1, sizeof(int32_t));
-  size_t ne = (size_t)g->in_start[nv];
-  p->out_start = cn__xcalloc((size_t)nv + 2, sizeof(int32_t));
-  p->out_edges = malloc((ne + 1) * sizeof(int32_t));
-  if (!p->scratch || !p->rbuf || !p->mark || !p->out_start || !p->out_edges)
-    return CN_E_NOMEM;
-  for (size_t e = 0; e < ne; e++) p->out_start[g->in_edges[e] + 2]++;
-  for (int32_t v = 0; v < nv; v++) p->out_start[v + 2] += p->out_start[v + 1];
-  for (int32_t v = 0; v < nv; v++) /* out_start[u + 1]: u's fill cursor */
-    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
-      p->out_edges[p->out_start[g->in_edges[e] + 1]++] = v;
+  if (!p->scratch || !p->rbuf || !p->mark) return CN_E_NOMEM;
   uint64_t seed = 0x706c616e6e6572ull;
   for (int32_t v = 0; v < nv; v++) p->z[v] = cn__splitmix64(&seed);
   for (int32_t k = 0; k < p->ninst; k++) {
