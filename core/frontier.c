@@ -42,6 +42,11 @@ static void free_instances(cn_frontier *f) {
   f->cin_on = NULL;
   free(f->cm1);
   free(f->cb);
+  free(f->cx);
+  free(f->cs);
+  free(f->ca);
+  f->cx = f->cs = NULL;
+  f->ca = NULL;
   free(f->clist);
   free(f->cmark);
   free(f->seen2);
@@ -448,11 +453,15 @@ static int find_instances(cn_frontier *f) {
     if ((f->cin[t] = malloc(c * sizeof(int32_t))) == NULL) return -1;
   f->cm1 = malloc(c * (size_t)T * (size_t)T * sizeof(int32_t));
   f->cb = malloc(c * (size_t)T * sizeof(int32_t));
+  f->cx = malloc(c * (size_t)T * sizeof(int32_t));
+  f->cs = malloc(c * (size_t)T * sizeof(int32_t));
+  f->ca = malloc(c * (size_t)T);
   f->clist = malloc(c * sizeof(int32_t));
   f->cmark = calloc(c, 1);
   f->seen2 = calloc((size_t)f->cap_v + 1, sizeof(int32_t));
   f->n1 = malloc(((size_t)f->cap_v + 1) * sizeof(int32_t));
-  return f->cm && f->cin_on && f->cm1 && f->cb && f->clist && f->cmark &&
+  return f->cm && f->cin_on && f->cm1 && f->cb && f->cx && f->cs && f->ca &&
+                 f->clist && f->cmark &&
                  f->seen2 && f->n1
              ? 0
              : -1;
@@ -465,6 +474,7 @@ int cn__frontier_tails(cn_frontier *f) {
   f->tail = cn__xcalloc((size_t)f->cap_v * (size_t)T, sizeof(int32_t));
   f->seen_in = cn__xcalloc((size_t)f->cap_v + 1, sizeof(int32_t));
   if (f->tail == NULL || f->seen_in == NULL) return CN_E_NOMEM;
+  memset(f->feeds, 0, sizeof(f->feeds));
   /* Consumers come after their inputs. */
   for (int32_t v = f->nv - 1; v >= 0; v--) {
     int32_t *tv = f->tail + (size_t)v * T;
@@ -474,6 +484,7 @@ int cn__frontier_tails(cn_frontier *f) {
         if (tw[t] > tv[t]) tv[t] = tw[t];
     }
     tv[f->vtype[v]]++;
+    if (f->out_head[v] >= 0) f->feeds[f->vtype[v]] = 1;
   }
   f->tails_nv = f->nv;
   if (find_instances(f)) return CN_E_NOMEM;
@@ -566,15 +577,43 @@ static bool la2_less(la2_score a, la2_score b) {
   return a.bound < b.bound || (a.bound == b.bound && a.soft < b.soft - 0.5);
 }
 
-/* cb[c] = max over types a != skip of cm1[c][a], for the listed instances. */
-static void la2_rows(const cn_frontier *f, int32_t nc, int skip) {
+/* Per listed instance c and type u: the largest and second largest of
+ * cm1[c][a][u] over a, and the a of the largest, so that la2_rows can
+ * leave out any one a in O(T) per instance, not O(T²). */
+static void la2_top(const cn_frontier *f, int32_t nc) {
   int T = f->n_types;
   size_t TT = (size_t)T * (size_t)T;
   for (int32_t k = 0; k < nc; k++) {
-    int32_t c = f->clist[k], *b = f->cb + (size_t)c * T;
-    memset(b, 0, (size_t)T * sizeof(int32_t));
-    for (int a = 0; a < T; a++)
-      if (a != skip) max_into(b, f->cm1 + (size_t)c * TT + (size_t)a * T, T);
+    int32_t c = f->clist[k];
+    int32_t *x = f->cx + (size_t)c * T, *s = f->cs + (size_t)c * T;
+    uint8_t *am = f->ca + (size_t)c * T;
+    memset(x, 0, (size_t)T * sizeof(int32_t));
+    memset(s, 0, (size_t)T * sizeof(int32_t));
+    memset(am, 0, (size_t)T);
+    for (int a = 0; a < T; a++) {
+      const int32_t *m = f->cm1 + (size_t)c * TT + (size_t)a * T;
+      for (int u = 0; u < T; u++) {
+        if (m[u] > x[u]) {
+          s[u] = x[u];
+          x[u] = m[u];
+          am[u] = (uint8_t)a;
+        } else if (m[u] > s[u]) {
+          s[u] = m[u];
+        }
+      }
+    }
+  }
+}
+
+/* cb[c] = max over types a != skip of cm1[c][a], for the listed instances
+ * (from la2_top's maxima). */
+static void la2_rows(const cn_frontier *f, int32_t nc, int skip) {
+  int T = f->n_types;
+  for (int32_t k = 0; k < nc; k++) {
+    size_t o = (size_t)f->clist[k] * T;
+    int32_t *b = f->cb + o;
+    for (int u = 0; u < T; u++)
+      b[u] = f->ca[o + u] == skip ? f->cs[o + u] : f->cx[o + u];
   }
 }
 
@@ -630,11 +669,19 @@ static int next_lookahead2(const cn_frontier *f) {
         f->clist[nc++] = c;
       }
     }
+  /* In a graph that is complete, a type that feeds nothing (outputs) is
+   * left for last: its batches ready nothing, so running it while another
+   * type can run only costs a batch, and at the end one batch takes all of
+   * it. Neither a first nor a second batch of it is scored while another
+   * type is ready. */
+  bool others = false;
+  if (f->complete)
+    for (int a = 0; a < T; a++) others |= f->n_ready[a] > 0 && f->feeds[a];
   int best = -1;
   la2_score b1 = {0, 0.0}, b2 = {0, 0.0};
   double bavg = 0;
   for (int t1 = 0; t1 < T; t1++) {
-    if (f->n_ready[t1] == 0) continue;
+    if (f->n_ready[t1] == 0 || (others && !f->feeds[t1])) continue;
     /* After the first batch: its type's rows go, what it readies comes. */
     int64_t n1_of[CN_MAX_TYPES] = {0};
     int32_t nn = count_batch(f, t1, f->n1);
@@ -649,11 +696,18 @@ static int next_lookahead2(const cn_frontier *f) {
       size_t row = (size_t)f->comp[w] * TT + (size_t)f->vtype[w] * T;
       fold_tail(f, f->cm1 + row, w);
     }
+    la2_top(f, nc);
     la2_rows(f, nc, -1);
     la2_score s1 = la2_eval(f, nc), s2 = s1;
     bool second = false;
+    bool others2 = false;
+    if (f->complete)
+      for (int a = 0; a < T; a++)
+        others2 |= (a != t1 ? f->n_ready[a] : 0) + n1_of[a] > 0 && f->feeds[a];
     for (int t2 = 0; t2 < T; t2++) {
-      if ((t2 != t1 ? f->n_ready[t2] : 0) + n1_of[t2] == 0) continue;
+      if ((t2 != t1 ? f->n_ready[t2] : 0) + n1_of[t2] == 0 ||
+          (others2 && !f->feeds[t2]))
+        continue;
       la2_rows(f, nc, t2);
       la2_second(f, t1, t2, nn, 0);
       la2_second(f, t1, t2, nn, 1);

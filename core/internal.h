@@ -485,6 +485,10 @@ typedef struct cn_frontier {
                                     vertices on a path from v to a sink    */
   int32_t *seen_in;              /* scratch of drops(), zero between calls */
   int32_t tails_nv;              /* vertices the tails were computed for   */
+  uint8_t feeds[CN_MAX_TYPES];   /* (tails) some type-t vertex has consumers */
+  bool complete;                 /* set by the caller: no vertex will be
+                                    added, so a type that feeds nothing can
+                                    wait (lookahead2)                     */
   int32_t mt[CN_MAX_TYPES][CN_MAX_TYPES]; /* [a][t]: max tail_t over the
                                     ready type-a vertices (only grows until
                                     a commit of a clears it)               */
@@ -502,6 +506,8 @@ typedef struct cn_frontier {
   uint8_t *cin_on;               /* [c][a]: c is in cin[a]                 */
   int32_t *cm1;                  /* [c][a][t]: cm after a first batch      */
   int32_t *cb;                   /* [c][t]                                 */
+  int32_t *cx, *cs;              /* [c][t]: max and second over a of cm1   */
+  uint8_t *ca;                   /* [c][t]: the a of the max               */
   int32_t *clist;                /* instances with ready vertices          */
   uint8_t *cmark;
   int32_t *seen2;                /* like seen_in, for a second batch       */

@@ -418,19 +418,59 @@ static bool score_less(int64_t w1, double s1, int64_t w2, double s2) {
   return w1 < w2 || (w1 == w2 && s1 < s2 - 0.5);
 }
 
+/* Type t "feeds" when some type-t vertex of r has a consumer. */
+static bool feeds(const cn_run *r, int t) {
+  for (int32_t v = 0; v < r->nv; v++)
+    for (int32_t i = r->in_start[v]; i < r->in_start[v + 1]; i++)
+      if (r->vtype[r->in_edges[i]] == t) return true;
+  return false;
+}
+
+/* Random runs whose types 0 and 1 form random instances, each vertex with
+ * one type-2 consumer of its own that feeds nothing (outputs=all). */
+static cn_run *random_run_with_outputs(int parts, int n, unsigned seed) {
+  srand(seed);
+  cn_run *r = graph();
+  for (int i = 0; i < parts; i++) {
+    int32_t base = r->nv, m = n / parts + (i < n % parts);
+    for (int32_t v = 0; v < m; v++) {
+      int32_t in[2];
+      int k = v == 0 ? 0 : rand() % (v < 2 ? v + 1 : 3);
+      for (int j = 0; j < k; j++) {
+        in[j] = base + 2 * (rand() % v); /* the non-output vertices */
+        if (j == 1 && in[1] == in[0]) k = 1;
+      }
+      int32_t u = cn__run_add_vertex(r, rand() % 2, 0, 0, 0, in, k);
+      cn__run_add_vertex(r, 2, 0, 0, 0, &u, 1);
+    }
+  }
+  return r;
+}
+
 /* Along random schedules of random runs of 1-5 instances: the frontier's
  * instances are the weakly connected components, and the type lookahead2
  * picks has the least (score two batches on, score one batch on), each
- * recomputed from scratch for every first and second type. */
-Test(sched, lookahead2_against_recomputed_scores, .timeout = 120) {
+ * recomputed from scratch for every first and second type. With outputs,
+ * the graph is declared complete: a type that feeds nothing is neither a
+ * first nor a second batch while a type that feeds something is ready. */
+static void lookahead2_trials(bool outputs) {
   for (int trial = 0; trial < 240; trial++) {
     int parts = 1 + trial % 5, n = parts + trial % 30;
-    cn_run *r = random_run(parts, n, 31000u + (unsigned)trial);
+    cn_run *r = outputs
+                    ? random_run_with_outputs(parts, n / 2 + parts, 32000u + (unsigned)trial)
+                    : random_run(parts, n, 31000u + (unsigned)trial);
+    n = r->nv;
     cn_dag g = cn__run_dag(r);
     cn_frontier f;
     cr_assert_eq(cn__frontier_init(&f, 3, false), 0);
     cr_assert_eq(cn__frontier_add_dag(&f, &g), 0);
+    f.complete = outputs;
     cr_assert_eq(cn__frontier_tails(&f), 0);
+    bool fd[3];
+    for (int t = 0; t < 3; t++) {
+      fd[t] = feeds(r, t);
+      cr_expect_eq(f.feeds[t] != 0, fd[t], "trial %d type %d", trial, t);
+    }
     int32_t *label = malloc((size_t)n * 4), *out = malloc((size_t)n * 4);
     int n_inst = instances(r, label);
     cr_expect_eq(f.n_comp, n_inst, "trial %d", trial);
@@ -443,17 +483,25 @@ Test(sched, lookahead2_against_recomputed_scores, .timeout = 120) {
     while (f.n_done < n) {
       int64_t bw2 = 0, bw1 = 0, got_w2 = -1, got_w1 = -1;
       double bs2 = 0, bs1 = 0, got_s2 = 0, got_s1 = 0;
-      bool first = true;
+      bool first = true, others = false;
+      for (int t = 0; t < 3; t++)
+        others |= outputs && fd[t] && any_ready(r, done, t);
       int pick = cn__frontier_next(&f, CN_POLICY_LOOKAHEAD2, NULL);
+      if (others)
+        cr_expect(fd[pick], "trial %d: picked %d, which feeds nothing",
+                  trial, pick);
       for (int t1 = 0; t1 < 3; t1++) {
-        if (f.n_ready[t1] == 0) continue;
+        if (f.n_ready[t1] == 0 || (others && !fd[t1])) continue;
         memcpy(a1, done, (size_t)n);
         commit_type(r, a1, t1);
         int64_t w1, w2 = -1;
         double s1, s2 = 0;
         la2_score_of(r, a1, label, n_inst, &w1, &s1);
+        bool others2 = false;
+        for (int t2 = 0; t2 < 3; t2++)
+          others2 |= outputs && fd[t2] && any_ready(r, a1, t2);
         for (int t2 = 0; t2 < 3; t2++) {
-          if (!any_ready(r, a1, t2)) continue;
+          if (!any_ready(r, a1, t2) || (others2 && !fd[t2])) continue;
           memcpy(a2, a1, (size_t)n);
           commit_type(r, a2, t2);
           int64_t w;
@@ -486,4 +534,44 @@ Test(sched, lookahead2_against_recomputed_scores, .timeout = 120) {
     cn__frontier_free(&f);
     cn_run_free(r);
   }
+}
+
+Test(sched, lookahead2_against_recomputed_scores, .timeout = 120) {
+  lookahead2_trials(false);
+}
+
+Test(sched, lookahead2_leaves_outputs_for_last, .timeout = 120) {
+  lookahead2_trials(true);
+}
+
+/* In a complete graph, lookahead2's own schedule runs each type that feeds
+ * nothing in one batch, and launches no more batches than without that
+ * rule on these runs' totals. */
+Test(sched, lookahead2_one_output_batch, .timeout = 60) {
+  int64_t with = 0, without = 0;
+  for (int trial = 0; trial < 100; trial++) {
+    cn_run *r = random_run_with_outputs(1 + trial % 6, 8 + trial % 40,
+                                        33000u + (unsigned)trial);
+    cn_dag g = cn__run_dag(r);
+    for (int complete = 0; complete < 2; complete++) {
+      cn_frontier f;
+      cr_assert_eq(cn__frontier_init(&f, 3, false), 0);
+      cr_assert_eq(cn__frontier_add_dag(&f, &g), 0);
+      f.complete = complete;
+      cr_assert_eq(cn__frontier_tails(&f), 0);
+      int32_t *out = malloc((size_t)r->nv * 4);
+      int out_batches = 0, batches = 0, t;
+      while ((t = cn__frontier_next(&f, CN_POLICY_LOOKAHEAD2, NULL)) >= 0) {
+        cr_assert_gt(cn__frontier_commit(&f, t, out), 0);
+        out_batches += t == 2;
+        batches++;
+      }
+      if (complete) cr_expect_eq(out_batches, 1, "trial %d", trial);
+      *(complete ? &with : &without) += batches;
+      free(out);
+      cn__frontier_free(&f);
+    }
+    cn_run_free(r);
+  }
+  cr_expect_leq(with, without);
 }
