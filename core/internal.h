@@ -425,6 +425,12 @@ int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res);
  * on error); returns 0 or CN_E_NOMEM. */
 int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
                       int32_t **out_edges);
+/* Bit t set: some type-t vertex of g has a consumer. A type that feeds
+ * nothing (outputs) never needs a batch before the last: its batches ready
+ * nothing, so moving them all to the end and merging them there keeps
+ * every other batch as it was. The searches branch on it only when no
+ * feeding type is ready, which keeps an optimal schedule in reach. */
+uint32_t cn__dag_feeding_types(const cn_dag *g);
 /* tail[v × n_types + t]: the most type-t vertices on a path from v to a
  * sink (v included), from g's consumers; malloc'd, NULL when out of
  * memory. */

@@ -26,7 +26,9 @@
  * 256: 1,131 batches, against 1,140 for Σ_c D_c and 1,135 for Σ_c D_c²),
  * then by the hash. States
  * reached twice (same done-set) are kept once. Forced moves as in IDA*: when
- * every type-t vertex left is ready, t is the only child.
+ * every type-t vertex left is ready, t is the only child; and a type that
+ * feeds nothing waits while one that does is ready (a quarter fewer
+ * children on lattices and trees with outputs=all).
  *
  * This is the anytime search Cavs and ED-Batch do not do (they batch online
  * from the frontier); it needs the whole run graph up front, so it plans
@@ -65,6 +67,7 @@ typedef struct planner {
   int32_t *members;      /* vertices grouped by instance */
   int32_t *tail;         /* nv × T */
   int32_t *out_start, *out_edges; /* consumers of each vertex */
+  uint32_t feeds;                 /* cn__dag_feeding_types */
   uint64_t *z;           /* Zobrist key per vertex */
   uint64_t *scratch;     /* one done-set */
   int32_t *rbuf;         /* one ready list */
@@ -263,6 +266,7 @@ static int planner_init(planner *p, const cn_dag *g) {
   if (cn__dag_consumers(g, &p->out_start, &p->out_edges) != 0)
     return CN_E_NOMEM;
   p->tail = cn__dag_tails(g, p->out_start, p->out_edges);
+  p->feeds = cn__dag_feeding_types(g);
   if (!p->comp || !p->local || !p->members || !p->z || !p->tail)
     return CN_E_NOMEM;
   /* Instances: union-find over the edges. */
@@ -419,10 +423,17 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
         }
       }
       int forced = -1;
-      for (int t = 0; t < T && forced < 0; t++)
-        if (rd[t] > 0 && rd[t] == lf[t]) forced = t;
+      uint32_t live = 0; /* ready types */
       for (int t = 0; t < T; t++) {
-        if (rd[t] == 0 || (forced >= 0 && t != forced)) continue;
+        if (rd[t] > 0) live |= 1u << t;
+        if (forced < 0 && rd[t] > 0 && rd[t] == lf[t]) forced = t;
+      }
+      /* Types that feed nothing wait (cn__dag_feeding_types). */
+      uint32_t allowed = forced >= 0          ? 1u << forced
+                         : live & p.feeds ? live & p.feeds
+                                          : live;
+      for (int t = 0; t < T; t++) {
+        if (!(allowed >> t & 1)) continue;
         int r = child(&p, cs, t, steps, kids + nc * C, ckey[i], &cand[nc]);
         if (r < 0) goto out;
         if (r == 0) continue;
