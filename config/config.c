@@ -73,6 +73,10 @@ static const cn_config_key keys[] = {
             "bound: max plus the types that lower the bound on what is left "
             "the most)",
             "base|max|sort|bound"),
+    INT_KEY("plan-width", 1, 65536, "16", SRV(plan_width),
+            "policy plan: beam width of the search over each run graph "
+            "before it runs; wider finds fewer batches and costs more CPU",
+            "serve"),
     INT_KEY("retrain-interval-s", 0, 86400, "60", SRV(retrain_interval_s),
             "policy fsm: retrain each model's policy from its recent run "
             "graphs this often, in a low-priority thread; 0: never",

@@ -20,7 +20,8 @@ typedef struct cn_serve_config {
   char policy[16];          /* none|depth|agenda|sufficient|fsm          */
   char layout[8];           /* fused|naive|pq (core/cell.h)              */
   char policy_cache[1024];  /* "": cn_policy_cache_default_dir            */
-  char encoding[16];        /* fsm state encoding: base|max|sort          */
+  char encoding[16];        /* fsm state encoding: base|max|sort|bound    */
+  int plan_width;           /* policy plan: beam width                    */
   int retrain_interval_s;   /* online retraining period, 0 = off          */
   int reservoir_graphs;     /* run graphs kept per model for retraining   */
   int retrain_min_graphs;   /* fewer graphs than this: no retraining      */

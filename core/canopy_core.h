@@ -221,6 +221,11 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk);
 /* Chooses the layout the run's vertex functions execute with (default
  * CN_LAYOUT_FUSED); before cn_run_exec. */
 void cn_run_set_layout(cn_run *r, cn_layout layout);
+/* The beam width of CN_POLICY_PLAN's search before each run (default
+ * CN_PLAN_WIDTH_DEFAULT; values below 1 count as 1): wider finds shorter
+ * schedules for more CPU time. Before cn_run_exec. */
+#define CN_PLAN_WIDTH_DEFAULT 16
+void cn_run_set_plan_width(cn_run *r, int width);
 /* After cn_run_exec: re-executes n vertices of one of the run's batches of
  * `type` iters times with `layout` and measures them (the ED-Batch Table 2
  * style report; the run's outputs are unchanged). out->n is 0 when the run

@@ -119,7 +119,8 @@ long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
     int64_t b;
     int32_t nb;
     cn__graph_set_get(s, i, &g, &b);
-    int rc = cn__sched_dag(&g, policy, fsm, NULL, NULL, &nb);
+    int rc = cn__sched_dag(&g, policy, fsm, CN_PLAN_WIDTH_DEFAULT, NULL, NULL,
+                           &nb);
     if (rc != 0) return rc;
     total += nb;
     lb += b;
@@ -138,7 +139,8 @@ int cn_graph_set_optimum(const cn_graph_set *s, int i, long long budget,
   out->lower_bound = lb;
   for (int p = CN_POLICY_DEPTH; p <= CN_POLICY_PLAN; p++) {
     int32_t nb;
-    int rc = cn__sched_dag(&g, (cn_policy_kind)p, NULL, NULL, NULL, &nb);
+    int rc = cn__sched_dag(&g, (cn_policy_kind)p, NULL,
+                           CN_PLAN_WIDTH_DEFAULT, NULL, NULL, &nb);
     if (rc != 0) return rc;
     out->policy[p] = nb;
   }

@@ -326,6 +326,7 @@ struct cn_run {
   bool own_scratch;
   int exec_rc;                   /* set by an exec() that could not finish */
   cn_layout layout;
+  int plan_width;                /* CN_POLICY_PLAN's beam width           */
   /* statistics */
   size_t cell_bytes;
   size_t gather_bytes;
@@ -403,9 +404,10 @@ static inline cn_dag cn__run_dag(const cn_run *r) {
 int64_t cn__dag_lower_bound(const cn_dag *g);
 /* Schedules g with a policy. order (g->nv entries) and batches (g->nv) may
  * be NULL to count only; *n_batches gets the count. fsm: CN_POLICY_FSM's
- * learned policy (NULL: agenda). Returns 0 or CN_E_NOMEM/CN_E_INTERNAL. */
+ * learned policy (NULL: agenda); plan_width: CN_POLICY_PLAN's beam width.
+ * Returns 0 or CN_E_NOMEM/CN_E_INTERNAL. */
 int cn__sched_dag(const cn_dag *g, cn_policy_kind policy,
-                  const struct cn_fsm *fsm, int32_t *order,
+                  const struct cn_fsm *fsm, int plan_width, int32_t *order,
                   cn_run_batch *batches, int32_t *n_batches);
 
 /* sched_opt.c: the fewest batches g can run in (ED-Batch §2.1's problem),
@@ -445,9 +447,6 @@ int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
  * CN_E_NOMEM. */
 int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
                  uint8_t **schedule);
-/* The beam width of CN_POLICY_PLAN (README, "Batching policies": batches
- * and planning time against the width). */
-#define CN_PLAN_WIDTH 16
 
 /* ---- the frontier (frontier.c): ED-Batch Alg. 1, one step at a time -------
  * The ready vertices of a typed DAG that may still grow: a driver adds

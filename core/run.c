@@ -43,6 +43,7 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   r->m = m;
   r->fam = m->fam;
   r->bk = bk;
+  r->plan_width = CN_PLAN_WIDTH_DEFAULT;
   r->in_start = malloc(sizeof(int32_t));
   if (r->in_start == NULL) {
     free(r);
@@ -266,6 +267,10 @@ void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
 
 void cn_run_set_layout(cn_run *r, cn_layout layout) {
   if ((int)layout >= 0 && layout < CN_LAYOUT__COUNT) r->layout = layout;
+}
+
+void cn_run_set_plan_width(cn_run *r, int width) {
+  r->plan_width = width < 1 ? 1 : width;
 }
 
 static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",

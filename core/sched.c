@@ -27,7 +27,7 @@
  *            (sched_plan.c). For a type worth nothing until its consumers
  *            follow (a lattice's word, then link). Reads tails too.
  *   plan   - not a frontier policy: before the run, a beam search over the
- *            whole run graph (sched_plan.c, width CN_PLAN_WIDTH), kept
+ *            whole run graph (sched_plan.c, cn_run_set_plan_width), kept
  *            where it beats lookahead2's schedule. It pays only where a
  *            batch costs more than the search (README); lstm-nmt's growing
  *            graph gets lookahead2.
@@ -168,12 +168,12 @@ static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
 /* plan: lookahead2's schedule, then the beam search's (sched_plan.c) where
  * it launches fewer batches; so never more batches than lookahead2, and
  * the beam is skipped where lookahead2 already meets the lower bound. */
-static int plan_beam(const cn_dag *g, plan *p) {
+static int plan_beam(const cn_dag *g, int width, plan *p) {
   int rc = plan_frontier(g, CN_POLICY_LOOKAHEAD2, NULL, NULL, p);
   if (rc != 0 || p->n <= cn__dag_lower_bound(g)) return rc;
   int64_t nb;
   uint8_t *seq = NULL;
-  rc = cn__dag_beam(g, CN_PLAN_WIDTH, &nb, &seq);
+  rc = cn__dag_beam(g, width, &nb, &seq);
   if (rc == 0 && nb < p->n) {
     p->n = 0;
     rc = plan_frontier(g, CN_POLICY_PLAN, NULL, seq, p);
@@ -184,7 +184,8 @@ static int plan_beam(const cn_dag *g, plan *p) {
 }
 
 int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
-                  int32_t *order, cn_run_batch *batches, int32_t *n_batches) {
+                  int plan_width, int32_t *order, cn_run_batch *batches,
+                  int32_t *n_batches) {
   plan p = {order, batches, 0};
   int rc;
   /* A learned policy that lost to a heuristic on its training sample
@@ -200,7 +201,7 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
     case CN_POLICY_LOOKAHEAD:
     case CN_POLICY_LOOKAHEAD2:
     case CN_POLICY_FSM: rc = plan_frontier(g, policy, fsm, NULL, &p); break;
-    case CN_POLICY_PLAN: rc = plan_beam(g, &p); break;
+    case CN_POLICY_PLAN: rc = plan_beam(g, plan_width, &p); break;
     default: rc = CN_E_INTERNAL; break;
   }
   *n_batches = p.n;
@@ -215,8 +216,8 @@ int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err) {
   if (r->order == NULL || r->batches == NULL) goto out;
   r->n_batches = 0;
   memset(r->max_batch, 0, sizeof(r->max_batch));
-  rc = cn__sched_dag(&g, policy, r->sched_fsm, r->order, r->batches,
-                     &r->n_batches);
+  rc = cn__sched_dag(&g, policy, r->sched_fsm, r->plan_width, r->order,
+                     r->batches, &r->n_batches);
   if (rc != 0) goto out;
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];

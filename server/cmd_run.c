@@ -65,6 +65,8 @@ static void run_usage(FILE *f) {
           "                        (default: see canopy policy --help)\n"
           "  --encoding E          base | max | sort | bound: the FSM's state "
           "(default bound)\n"
+          "  --plan-width N        --policy plan: the beam search's width "
+          "(default 16)\n"
           "  --layout L            fused | naive | pq: hand-written cell "
           "kernels, or the\n"
           "                        cells compiled from the op IR with every "
@@ -128,7 +130,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       if (cn_policy_parse(v, &o->policy) != 0) {
         fprintf(stderr,
                 "canopy run: unknown --policy '%s' (none, depth, agenda, "
-                "sufficient, fsm)\n",
+                "sufficient, lookahead, lookahead2, plan, fsm)\n",
                 v);
         return -1;
       }
@@ -201,6 +203,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   cn_run *r = cn_run_new(m, bk);
   if (r == NULL) return -1;
   cn_run_set_layout(r, o->layout);
+  cn_run_set_plan_width(r, o->cfg.serve.plan_width);
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) continue;
     ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, (int)o->max_decode_len);

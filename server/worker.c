@@ -62,7 +62,10 @@ static void run_job(worker_arg *w, cn__job *j) {
   cn__server *s = w->s;
   int **slots = calloc((size_t)j->n, sizeof(int *));
   cn_run *run = cn_run_new(j->me->model, w->bk);
-  if (run != NULL) cn_run_set_layout(run, s->layout);
+  if (run != NULL) {
+    cn_run_set_layout(run, s->layout);
+    cn_run_set_plan_width(run, s->cfg.serve.plan_width);
+  }
   double t0 = cn__now();
   int live = 0, dropped = 0;
   cn_err err;

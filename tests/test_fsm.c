@@ -68,7 +68,8 @@ Test(fsm, encodings_and_ratio_on_fig1) {
   cn__frontier_free(&f);
   /* Whole schedules: the bound L, I, I, I, O, R = 6 for the FSM. */
   int32_t nb;
-  cr_assert_eq(cn__sched_dag(&g, CN_POLICY_AGENDA, NULL, NULL, NULL, &nb), 0);
+  cr_assert_eq(cn__sched_dag(&g, CN_POLICY_AGENDA, NULL,
+                             CN_PLAN_WIDTH_DEFAULT, NULL, NULL, &nb), 0);
   cr_expect_gt(nb, 6);
   cn_graph_set *gs = cn_graph_set_new(4, 4);
   cr_assert_eq(cn_graph_set_add_run(gs, r), 0);
@@ -317,7 +318,8 @@ Test(fsm, learning_finds_the_optimum_on_small_dags, .timeout = 60) {
       }
       int32_t *order = malloc((size_t)n * 4), nb;
       cn_run_batch *b = malloc((size_t)n * sizeof(*b));
-      cr_assert_eq(cn__sched_dag(&g, CN_POLICY_FSM, p, order, b, &nb), 0);
+      cr_assert_eq(cn__sched_dag(&g, CN_POLICY_FSM, p,
+                                 CN_PLAN_WIDTH_DEFAULT, order, b, &nb), 0);
       cr_expect_eq(nb, got);
       check_valid(&g, order, b, nb);
       free(order);

@@ -575,3 +575,39 @@ Test(sched, lookahead2_one_output_batch, .timeout = 60) {
   }
   cr_expect_leq(with, without);
 }
+
+/* cn_run_set_plan_width reaches the search: the plan policy launches
+ * min(lookahead2, the beam at the run's width) batches, at widths 1 and
+ * 64, and the width makes a difference on some of these runs. */
+Test(sched, plan_width_is_the_runs, .timeout = 60) {
+  int differ = 0;
+  for (int trial = 0; trial < 40; trial++) {
+    int parts = 4 + trial % 5, n = parts * (20 + trial % 21);
+    int got[2];
+    for (int k = 0; k < 2; k++) {
+      int w = k ? 64 : 1;
+      cn_run *r = random_run(parts, n, 91000u + (unsigned)trial);
+      cn_dag g = cn__run_dag(r);
+      int64_t beam;
+      cr_assert_eq(cn__dag_beam(&g, w, &beam, NULL), 0);
+      cn_err err;
+      cn_err_clear(&err);
+      cr_assert_eq(cn__sched_plan(r, CN_POLICY_LOOKAHEAD2, &err), 0);
+      int la2 = r->n_batches;
+      free(r->order);
+      free(r->batches);
+      r->order = NULL;
+      r->batches = NULL;
+      cn_run_set_plan_width(r, w);
+      cr_assert_eq(cn__sched_plan(r, CN_POLICY_PLAN, &err), 0);
+      check_valid(r);
+      cr_expect_eq(r->n_batches, beam < la2 ? beam : la2,
+                   "trial %d width %d: plan %d, beam %lld, lookahead2 %d",
+                   trial, w, r->n_batches, (long long)beam, la2);
+      got[k] = r->n_batches;
+      cn_run_free(r);
+    }
+    differ += got[0] != got[1];
+  }
+  cr_expect_gt(differ, 0);
+}
