@@ -23,6 +23,7 @@ data=${CANOPY_DATA:-$(cd .. && pwd)/shared/data}
 out=${OUT:-docs/policies.md}
 repeat=${REPEAT:-3}
 budget=${BUDGET:-5000000}
+plan_width=${PLAN_WIDTH:-16}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 [ -x "$canopy" ] || { echo "no $canopy: build first" >&2; exit 1; }
@@ -74,7 +75,7 @@ for fd in $families; do
       tail -n 1 "$dir/stderr" >>"$dir/run-$name.json"
     done
   }
-  for p in $policies; do run "$p" --policy "$p"; done
+  for p in $policies; do run "$p" --policy "$p" --plan-width "$plan_width"; done
   for e in $encodings; do
     run "fsm-$e" --policy fsm --encoding $e --policy-cache "$dir/cache-$e"
   done
@@ -83,9 +84,10 @@ for fd in $families; do
   done
 done
 
-/usr/bin/python3 - "$work" "$out" "$budget" <<'PY'
+/usr/bin/python3 - "$work" "$out" "$budget" "$plan_width" <<'PY'
 import json, os, sys
 work, out, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan_width = int(sys.argv[4])
 fams = ["treelstm", "treelstm-2type", "treegru", "childsum-treelstm",
         "mvrnn", "bilstm-tagger", "lstm-nmt", "latticelstm", "latticegru"]
 encs = ["base", "max", "sort", "bound"]
@@ -117,11 +119,11 @@ L = ["# Batching policies: batches against the lower bound", "",
      "`fsm-E` is what `canopy run --policy fsm --encoding E` executes: the "
      "learned FSM, or, marked †, the heuristic (named) that launched fewer "
      "batches on the training graphs. `plan` plans each run by beam search "
-     "before it runs (width 16; never more than lookahead2). `optimum` is "
-     "`canopy policy optimum` "
+     "before it runs (`--plan-width %d`; never more than lookahead2). "
+     "`optimum` is `canopy policy optimum` "
      "on the same graphs: the fewest batches any schedule can launch, exact, "
      "or, where the search stopped after %d states a graph, a proven lower "
-     "end and the best schedule found." % budget, "",
+     "end and the best schedule found." % (plan_width, budget), "",
      "| family | lower bound | optimum | " + " | ".join(head) + " |",
      "|---|---:|---:|" + "---:|" * len(head)]
 for f in fams:
