@@ -503,7 +503,7 @@ typedef struct cn_frontier {
                                     a weakly connected component; a vertex
                                     added later joins its first input's  */
   int32_t n_comp;
-  /* The lookahead2 policy's (frontier.c), with the instances. */
+  /* The lookahead2 policy's (frontier_la2.c), with the instances. */
   int32_t *cm;                   /* [c][a][t]: max tail_t over instance c's
                                     ready type-a vertices (kept like mt)  */
   int32_t *cin[CN_MAX_TYPES];    /* instances with ready type-a vertices   */
