@@ -433,6 +433,14 @@ int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
  * every other batch as it was. The searches branch on it only when no
  * feeding type is ready, which keeps an optimal schedule in reach. */
 uint32_t cn__dag_feeding_types(const cn_dag *g);
+/* The types a search branches on, from the ready types (bits of live):
+ * the forced one if any (-1: none), else the ready types that feed
+ * something, else every ready type. */
+static inline uint32_t cn__dag_branch_types(uint32_t live, int forced,
+                                            uint32_t feeds) {
+  if (forced >= 0) return 1u << forced;
+  return live & feeds ? live & feeds : live;
+}
 /* tail[v × n_types + t]: the most type-t vertices on a path from v to a
  * sink (v included), from g's consumers; malloc'd, NULL when out of
  * memory. */

@@ -167,10 +167,7 @@ static int dfs(opt_search *s, int32_t g, int32_t L, int32_t placed) {
     if (s->len[t] > 0) live |= 1u << t;
     if (forced < 0 && s->len[t] > 0 && s->len[t] == s->left[t]) forced = t;
   }
-  /* Types that feed nothing wait while a feeding type is ready. */
-  uint32_t allowed = forced >= 0          ? 1u << forced
-                     : live & s->feeds ? live & s->feeds
-                                      : live;
+  uint32_t allowed = cn__dag_branch_types(live, forced, s->feeds);
   for (int t = 0; t < T; t++) {
     if (!(allowed >> t & 1)) continue;
     commit(s, t);

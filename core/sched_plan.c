@@ -428,10 +428,7 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
         if (rd[t] > 0) live |= 1u << t;
         if (forced < 0 && rd[t] > 0 && rd[t] == lf[t]) forced = t;
       }
-      /* Types that feed nothing wait (cn__dag_feeding_types). */
-      uint32_t allowed = forced >= 0          ? 1u << forced
-                         : live & p.feeds ? live & p.feeds
-                                          : live;
+      uint32_t allowed = cn__dag_branch_types(live, forced, p.feeds);
       for (int t = 0; t < T; t++) {
         if (!(allowed >> t & 1)) continue;
         int r = child(&p, cs, t, steps, kids + nc * C, ckey[i], &cand[nc]);
