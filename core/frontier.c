@@ -459,7 +459,7 @@ int cn__frontier_tails(cn_frontier *f) {
   f->tail = cn__xcalloc((size_t)f->cap_v * (size_t)T, sizeof(int32_t));
   f->seen_in = cn__xcalloc((size_t)f->cap_v + 1, sizeof(int32_t));
   if (f->tail == NULL || f->seen_in == NULL) return CN_E_NOMEM;
-  memset(f->feeds, 0, sizeof(f->feeds));
+  f->feeds = 0;
   /* Consumers come after their inputs. */
   for (int32_t v = f->nv - 1; v >= 0; v--) {
     int32_t *tv = f->tail + (size_t)v * T;
@@ -469,7 +469,7 @@ int cn__frontier_tails(cn_frontier *f) {
         if (tw[t] > tv[t]) tv[t] = tw[t];
     }
     tv[f->vtype[v]]++;
-    if (f->out_head[v] >= 0) f->feeds[f->vtype[v]] = 1;
+    if (f->out_head[v] >= 0) f->feeds |= 1u << f->vtype[v];
   }
   f->tails_nv = f->nv;
   if (find_instances(f)) return CN_E_NOMEM;

@@ -131,15 +131,16 @@ int cn__frontier_next_lookahead2(const cn_frontier *f) {
    * left for last: its batches ready nothing, so running it while another
    * type can run only costs a batch, and at the end one batch takes all of
    * it. Neither a first nor a second batch of it is scored while another
-   * type is ready. */
-  bool others = false;
-  if (f->complete)
-    for (int a = 0; a < T; a++) others |= f->n_ready[a] > 0 && f->feeds[a];
+   * type is ready: the searches' rule (cn__dag_branch_types). */
+  uint32_t feeds = f->complete ? f->feeds : ~0u, live = 0;
+  for (int a = 0; a < T; a++)
+    if (f->n_ready[a] > 0) live |= 1u << a;
+  uint32_t first = cn__dag_branch_types(live, -1, feeds);
   int best = -1;
   la2_score b1 = {0, 0.0}, b2 = {0, 0.0};
   double bavg = 0;
   for (int t1 = 0; t1 < T; t1++) {
-    if (f->n_ready[t1] == 0 || (others && !f->feeds[t1])) continue;
+    if (!(first >> t1 & 1)) continue;
     /* After the first batch: its type's rows go, what it readies comes. */
     int64_t n1_of[CN_MAX_TYPES] = {0};
     int32_t nn = cn__frontier_count_batch(f, t1, f->n1);
@@ -158,14 +159,12 @@ int cn__frontier_next_lookahead2(const cn_frontier *f) {
     la2_rows(f, nc, -1);
     la2_score s1 = la2_eval(f, nc), s2 = s1;
     bool second = false;
-    bool others2 = false;
-    if (f->complete)
-      for (int a = 0; a < T; a++)
-        others2 |= (a != t1 ? f->n_ready[a] : 0) + n1_of[a] > 0 && f->feeds[a];
+    uint32_t live2 = 0;
+    for (int a = 0; a < T; a++)
+      if ((a != t1 ? f->n_ready[a] : 0) + n1_of[a] > 0) live2 |= 1u << a;
+    uint32_t then = cn__dag_branch_types(live2, -1, feeds);
     for (int t2 = 0; t2 < T; t2++) {
-      if ((t2 != t1 ? f->n_ready[t2] : 0) + n1_of[t2] == 0 ||
-          (others2 && !f->feeds[t2]))
-        continue;
+      if (!(then >> t2 & 1)) continue;
       la2_rows(f, nc, t2);
       la2_second(f, t1, t2, nn, 0);
       la2_second(f, t1, t2, nn, 1);

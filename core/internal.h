@@ -498,7 +498,8 @@ typedef struct cn_frontier {
                                     vertices on a path from v to a sink    */
   int32_t *seen_in;              /* scratch of drops(), zero between calls */
   int32_t tails_nv;              /* vertices the tails were computed for   */
-  uint8_t feeds[CN_MAX_TYPES];   /* (tails) some type-t vertex has consumers */
+  uint32_t feeds;                /* (tails) bit t: a type-t vertex has
+                                    consumers (cn__dag_feeding_types)     */
   bool complete;                 /* set by the caller: no vertex will be
                                     added, so a type that feeds nothing can
                                     wait (lookahead2)                     */

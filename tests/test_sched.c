@@ -469,7 +469,8 @@ static void lookahead2_trials(bool outputs) {
     bool fd[3];
     for (int t = 0; t < 3; t++) {
       fd[t] = feeds(r, t);
-      cr_expect_eq(f.feeds[t] != 0, fd[t], "trial %d type %d", trial, t);
+      cr_expect_eq((f.feeds >> t & 1) != 0, fd[t], "trial %d type %d", trial,
+                   t);
     }
     int32_t *label = malloc((size_t)n * 4), *out = malloc((size_t)n * 4);
     int n_inst = instances(r, label);
