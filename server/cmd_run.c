@@ -26,6 +26,7 @@ typedef struct run_opts {
   long long batch, threads, max_decode_len;
   const char *policy_cache;  /* --policy-cache (NULL: the default)       */
   cn_fsm_encoding encoding;  /* --encoding, for --policy fsm            */
+  bool no_learn;             /* --no-learn: a cache miss is an error     */
   cn_fsm *fsm;               /* --policy fsm: cached or learned here    */
   char *slurped;             /* stdin, kept to learn from and then run  */
   cn_config cfg;
@@ -63,6 +64,11 @@ static void run_usage(FILE *f) {
           "                        learns from the input and stores) the "
           "model's policy\n"
           "                        (default: see canopy policy --help)\n"
+          "  --no-learn            --policy fsm: fail when no valid policy is "
+          "cached\n"
+          "                        instead of learning one from the input "
+          "(for\n"
+          "                        measurements on held-out data)\n"
           "  --encoding E          base | max | sort | bound: the FSM's state "
           "(default bound)\n"
           "  --plan-width N        --policy plan: the beam search's width "
@@ -108,6 +114,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       exit(0);
     } else if (strcmp(a, "--return-hidden") == 0) {
       o->flags |= CN_OUT_HIDDEN;
+    } else if (strcmp(a, "--no-learn") == 0) {
+      o->no_learn = true;
     } else if ((m = cn__flag_value(argc, argv, &i, "--model", &v)) != 0) {
       if (m < 0) return -1;
       o->model = v;
@@ -145,7 +153,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       o->policy_cache = v;
     } else if ((m = cn__flag_value(argc, argv, &i, "--encoding", &v)) != 0) {
       if (m < 0 || cn_fsm_encoding_parse(v, &o->encoding) != 0) {
-        fprintf(stderr, "canopy run: --encoding must be base, max or sort\n");
+        fprintf(stderr,
+                "canopy run: --encoding must be base, max, sort or bound\n");
         return -1;
       }
     } else if ((m = cn__flag_value(argc, argv, &i, "--batch", &v)) != 0) {
@@ -256,6 +265,16 @@ static int load_policy(run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   if (cn__policy_cached(m, o->policy_cache, "canopy run", o->encoding,
                         &o->fsm) == 0)
     return 0;
+  if (o->no_learn) {
+    fprintf(stderr, "canopy run: no cached %s policy for this model, and "
+            "--no-learn: train one first (canopy policy train --model %s "
+            "--input FILE --encoding %s%s%s)\n",
+            cn_fsm_encoding_name(o->encoding), o->model,
+            cn_fsm_encoding_name(o->encoding),
+            o->policy_cache ? " --policy-cache " : "",
+            o->policy_cache ? o->policy_cache : "");
+    return -1;
+  }
   fprintf(stderr, "canopy run: no cached %s policy for this model: learning "
           "one from the input\n", cn_fsm_encoding_name(o->encoding));
   FILE *t = NULL;

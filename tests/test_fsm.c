@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine_util.h"
 #include "internal.h"
@@ -491,8 +492,20 @@ Test(fsm, cli_run_learns_caches_and_retrains, .timeout = 120) {
            data, bin, dir, cache, extra, errp);                              \
   cr_assert_eq(sh(cmd), 0, "%s", cmd)
   size_t n;
-  RUN("");
+  /* --no-learn: a cache miss stops the run, which learns nothing. */
+  snprintf(cmd, sizeof(cmd),
+           "head -n 128 %s/trees-binary.jsonl | %s run --model %s/m "
+           "--input - --outputs all --policy fsm --policy-cache %s "
+           "--no-learn >/dev/null 2>%s",
+           data, bin, dir, cache, errp);
+  cr_expect_eq(sh(cmd), 1, "%s", cmd);
   char *e = read_file(errp, &n);
+  cr_expect(strstr(e, "--no-learn") && strstr(e, "learning") == NULL, "%s",
+            e);
+  free(e);
+  cr_expect_neq(access(path, F_OK), 0, "--no-learn wrote %s", path);
+  RUN("");
+  e = read_file(errp, &n);
   cr_expect(strstr(e, "learning one from the input") && strstr(e, "cached"),
             "%s", e);
   long long nb = -1, lb = -2;
@@ -502,7 +515,7 @@ Test(fsm, cli_run_learns_caches_and_retrains, .timeout = 120) {
          &nb, &lb);
   cr_expect_eq(nb, lb, "%s", e); /* treelstm: the learned FSM is optimal */
   free(e);
-  RUN("");
+  RUN("--no-learn"); /* cached now: runs it */
   e = read_file(errp, &n);
   cr_expect(strstr(e, "learning") == NULL, "%s", e);
   free(e);
