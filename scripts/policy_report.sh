@@ -13,8 +13,9 @@
 # same held-out graphs: exact, or a proven range where the search runs out
 # of BUDGET states a graph. instances/s: best of REPEAT runs (CPU). The
 # "ceiling" table trains each encoding's FSM on the held-out lines
-# themselves (no fallback) and runs it there: no FSM of that encoding
-# learned from other data should do better than this.
+# themselves (no fallback) and runs it there: an estimate (Q-learning and
+# polish stop at a local optimum) of the best any table over that encoding
+# can do on those graphs, whatever it learns from.
 #
 # usage: scripts/policy_report.sh [BUILD_DIR]   (writes $OUT, default
 #        docs/policies.md; REPEAT=3, BUDGET=5000000)

@@ -246,7 +246,8 @@ static int parse_args(int argc, char **argv, policy_args *a) {
     }
     if (FLAG("--encoding")) {
       if (m < 0 || cn_fsm_encoding_parse(v, &a->o.encoding) != 0) {
-        fprintf(stderr, "canopy policy: --encoding: base, max, sort or bound\n");
+        fprintf(stderr,
+                "canopy policy: --encoding: base, max, sort or bound\n");
         return -1;
       }
       continue;
