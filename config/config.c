@@ -98,6 +98,11 @@ static const cn_config_key keys[] = {
             "serve"),
     INT_KEY("max-instances", 1, 1 << 20, "256", SRV(max_instances),
             "a run closes when it holds this many instances", "serve"),
+    INT_KEY("split-min-instances", 0, 1 << 20, "8",
+            SRV(split_min_instances),
+            "a run that closes while workers are idle is split among them, "
+            "in parts of at least this many instances; 0: never split",
+            "serve"),
     INT_KEY("max-vertices", 1, 1 << 28, "262144", SRV(max_vertices),
             "a run closes before this many vertices; a bigger request is 413",
             "serve"),

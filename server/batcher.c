@@ -6,7 +6,8 @@
  * instances, or just before a request would take it past max-vertices,
  * whichever comes first (the time / size bound of just-in-time batching:
  * DyNet's autobatching groups only what is there when it must compute).
- * A closed window is a run: it goes to the job queue for a worker.
+ * A closed window is a run: it goes to the job queue for a worker, split
+ * into one run per idle worker when workers sit idle (window_close).
  *
  * Admission bounds memory: the instances waiting in windows or in the
  * queue never exceed queue-depth; a request that would pass it is
@@ -34,12 +35,82 @@ int cn__retry_after_s(cn__server *s) {
   return secs < 1 ? 1 : secs > 60 ? 60 : secs;
 }
 
+/* Workers that would sit idle if one more run were queued now. */
+static int idle_workers(cn__server *s) {
+  pthread_mutex_lock(&s->qmu);
+  int idle = s->n_threads - s->busy_workers - s->queued_jobs;
+  pthread_mutex_unlock(&s->qmu);
+  return idle;
+}
+
+/* Moves j's requests from index `from` on into a new run (NULL: no
+ * memory, j unchanged). */
+static cn__job *job_split_tail(cn__job *j, int from) {
+  cn__job *t = calloc(1, sizeof(*t));
+  int n = j->n - from;
+  cn__req **reqs = t ? malloc((size_t)n * sizeof(*reqs)) : NULL;
+  if (reqs == NULL) {
+    free(t);
+    return NULL;
+  }
+  t->me = j->me;
+  t->t_open = j->t_open;
+  t->reqs = reqs;
+  t->n = t->cap = n;
+  for (int i = 0; i < n; i++) { /* the run's references move with them */
+    cn__req *r = j->reqs[from + i];
+    reqs[i] = r;
+    t->instances += r->n_inst;
+    t->vertices += r->vertices;
+  }
+  j->n = from;
+  j->instances -= t->instances;
+  j->vertices -= t->vertices;
+  return t;
+}
+
+/* A closed window is a run, or, when workers sit idle, up to one run per
+ * idle worker of at least split-min-instances instances each, split at
+ * request boundaries with the instances spread evenly. On CPU a worker
+ * has one core: one run of 54 treelstm trees (H 128) computes in 4.9 ms
+ * while the other core waits, two of 27 side by side in 3.4 ms. With
+ * every worker busy the run goes whole: waiting for a worker, large runs
+ * are what batching is for. */
 static void window_close(cn__model_entry *me) {
   cn__job *j = me->window;
   if (j == NULL) return;
   me->window = NULL;
   uv_timer_stop(&me->timer);
-  cn__workers_push(me->srv, j);
+  cn__server *s = me->srv;
+  int min = s->cfg.serve.split_min_instances;
+  int k = min > 0 ? j->instances / min : 1;
+  if (k > j->n) k = j->n;
+  if (k > 1) {
+    int idle = idle_workers(s);
+    if (k > idle) k = idle;
+  }
+  if (k > CN__MAX_SPLIT) k = CN__MAX_SPLIT;
+  /* Part p ends at the first request where the running count reaches
+   * (p + 1) / k of the instances, leaving a request for each later part;
+   * the parts are cut off the back, last first. */
+  int cut[CN__MAX_SPLIT], nc = 0, acc = 0;
+  for (int i = 0, p = 0; k > 1 && i < j->n && p < k - 1; i++) {
+    acc += j->reqs[i]->n_inst;
+    if ((long long)acc * k >= (long long)(p + 1) * j->instances ||
+        j->n - (i + 1) == k - 1 - p) {
+      cut[nc++] = i + 1;
+      p++;
+    }
+  }
+  cn__job *parts[CN__MAX_SPLIT];
+  int np = 0;
+  for (int c = nc - 1; c >= 0; c--) {
+    cn__job *t = job_split_tail(j, cut[c]);
+    if (t == NULL) break; /* no memory: what is left goes as one run */
+    parts[np++] = t;
+  }
+  cn__workers_push(s, j);
+  while (np > 0) cn__workers_push(s, parts[--np]);
 }
 
 static void on_window_timer(uv_timer_t *t) { window_close(t->data); }

@@ -109,6 +109,9 @@ typedef struct cn__req {
   const char *reason;       /* timeout / disconnect / ... for the log    */
 } cn__req;
 
+/* The most runs one closing window is split into (batcher.c). */
+#define CN__MAX_SPLIT 64
+
 /* A run being gathered (window) or queued for / computed by a worker. */
 struct cn__job {
   cn__model_entry *me;
@@ -148,6 +151,7 @@ struct cn__server {
   pthread_cond_t qcv;
   cn__job *qhead, *qtail;
   int queued_jobs;
+  int busy_workers;          /* workers computing a run                 */
   bool stopping;
   /* done queue: workers -> loop */
   pthread_mutex_t dmu;

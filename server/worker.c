@@ -149,9 +149,13 @@ static void *worker_main(void *arg) {
     s->qhead = j->next;
     if (s->qhead == NULL) s->qtail = NULL;
     s->queued_jobs--;
+    s->busy_workers++;
     pthread_mutex_unlock(&s->qmu);
     atomic_fetch_sub(&s->waiting_instances, j->instances);
     run_job(w, j);
+    pthread_mutex_lock(&s->qmu);
+    s->busy_workers--;
+    pthread_mutex_unlock(&s->qmu);
     pthread_mutex_lock(&s->dmu);
     j->next = s->dhead;
     s->dhead = j;

@@ -206,6 +206,66 @@ Test(serve, disconnect_drops_instances, .fini = teardown, .timeout = 30) {
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* Four one-instance requests in one 300 ms window: with two idle workers
+ * and split-min-instances 2 the window runs as two runs of two; with
+ * split-min-instances 0 (or one worker) as one run. The answers are the
+ * same either way. */
+static json_t *window_of_four(const char *split, const char *workers,
+                              double *runs) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "300000", "--workers", workers,
+                         "--split-min-instances", split, NULL};
+  th_start(&d, flags);
+  static const char *const trees[] = {"(2 a)", "(3 (2 b) (1 c))",
+                                      "(4 (2 d) (3 (1 e) (0 f)))", "(1 g)"};
+  int fds[4];
+  for (int i = 0; i < 4; i++) {
+    char body[256];
+    snprintf(body, sizeof(body), "{\"instances\":[{\"tree\":\"%s\"}]}",
+             trees[i]);
+    fds[i] = th_connect(d.port);
+    th_send(fds[i], "POST", "/v1/models/treelstm/infer", body, NULL);
+  }
+  json_t *outs = json_array();
+  for (int i = 0; i < 4; i++) {
+    th_resp r;
+    cr_assert_eq(th_read(fds[i], &r), 0);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_array_append(outs, json_object_get(j, "outputs"));
+    json_decref(j);
+    th_resp_free(&r);
+    close(fds[i]);
+  }
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  *runs = th_metric(r.body, "canopy_runs_total");
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+  th_cleanup(&d);
+  return outs;
+}
+
+Test(serve, window_split_among_idle_workers, .fini = teardown,
+     .timeout = 30) {
+  double split_runs, whole_runs, one_worker_runs;
+  json_t *split = window_of_four("2", "2", &split_runs);
+  json_t *whole = window_of_four("0", "2", &whole_runs);
+  json_t *one = window_of_four("2", "1", &one_worker_runs);
+  cr_expect_eq(split_runs, 2);
+  cr_expect_eq(whole_runs, 1);
+  cr_expect_eq(one_worker_runs, 1);
+  for (int i = 0; i < 4; i++) {
+    th_expect_json_near(json_array_get(split, i), json_array_get(whole, i),
+                        "split against whole");
+    th_expect_json_near(json_array_get(one, i), json_array_get(whole, i),
+                        "one worker against whole");
+  }
+  json_decref(split);
+  json_decref(whole);
+  json_decref(one);
+}
+
 /* SIGTERM with requests waiting in a 1 s window: readyz turns 503 on an
  * open connection, new connections are refused, every accepted request is
  * answered 200, and the process exits 0. */
