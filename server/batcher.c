@@ -35,6 +35,9 @@ int cn__retry_after_s(cn__server *s) {
   return secs < 1 ? 1 : secs > 60 ? 60 : secs;
 }
 
+/* The most runs one closing window is split into. */
+#define MAX_SPLIT 64
+
 /* Workers that would sit idle if one more run were queued now. */
 static int idle_workers(cn__server *s) {
   pthread_mutex_lock(&s->qmu);
@@ -89,11 +92,11 @@ static void window_close(cn__model_entry *me) {
     int idle = idle_workers(s);
     if (k > idle) k = idle;
   }
-  if (k > CN__MAX_SPLIT) k = CN__MAX_SPLIT;
+  if (k > MAX_SPLIT) k = MAX_SPLIT;
   /* Part p ends at the first request where the running count reaches
    * (p + 1) / k of the instances, leaving a request for each later part;
-   * the parts are cut off the back, last first. */
-  int cut[CN__MAX_SPLIT], nc = 0, acc = 0;
+   * the parts are cut off the back, last first, and queued as cut. */
+  int cut[MAX_SPLIT], nc = 0, acc = 0;
   for (int i = 0, p = 0; k > 1 && i < j->n && p < k - 1; i++) {
     acc += j->reqs[i]->n_inst;
     if ((long long)acc * k >= (long long)(p + 1) * j->instances ||
@@ -102,15 +105,12 @@ static void window_close(cn__model_entry *me) {
       p++;
     }
   }
-  cn__job *parts[CN__MAX_SPLIT];
-  int np = 0;
   for (int c = nc - 1; c >= 0; c--) {
     cn__job *t = job_split_tail(j, cut[c]);
     if (t == NULL) break; /* no memory: what is left goes as one run */
-    parts[np++] = t;
+    cn__workers_push(s, t);
   }
   cn__workers_push(s, j);
-  while (np > 0) cn__workers_push(s, parts[--np]);
 }
 
 static void on_window_timer(uv_timer_t *t) { window_close(t->data); }

@@ -109,9 +109,6 @@ typedef struct cn__req {
   const char *reason;       /* timeout / disconnect / ... for the log    */
 } cn__req;
 
-/* The most runs one closing window is split into (batcher.c). */
-#define CN__MAX_SPLIT 64
-
 /* A run being gathered (window) or queued for / computed by a worker. */
 struct cn__job {
   cn__model_entry *me;
