@@ -1,0 +1,100 @@
+"""Writes a complete Canopy model directory (docs/models.md).
+
+    write_model_dir(out_dir, family, tensors, hidden=H, embed=D, classes=C,
+                    vocab=[...], labels=[...], **options)
+
+``tensors`` maps Canopy tensor names (docs/models.md) to tensors (torch,
+numpy or (shape, floats)). Vocabularies are lists of tokens, id = index;
+id 0 must be ``<unk>`` (and a target vocabulary's ids 1, 2 ``<s>``,
+``</s>``). Family options go into model.json as given: ``lowercase``,
+``type_b_labels``, ``crf``, ``max_decode_len``, ``version``; the
+vocabularies ``word_vocab`` and ``tgt_vocab`` and the ``lexicon`` (a list
+of words) are written as files next to model.json.
+
+Nothing is written half: the directory is assembled under a temporary
+name beside ``out_dir`` and renamed into place at the end (an existing
+``out_dir`` is replaced only then).
+"""
+import json
+import os
+import shutil
+import tempfile
+
+from .safetensors import save_file
+
+__all__ = ["write_model_dir", "FAMILIES"]
+
+FAMILIES = ("treelstm", "treelstm-2type", "treegru", "childsum-treelstm",
+            "mvrnn", "bilstm-tagger", "lstm-nmt", "latticelstm", "latticegru")
+
+# Vocabulary-like options: model.json key -> file name written.
+_FILES = {"vocab": "vocab.txt", "word_vocab": "words.txt",
+          "tgt_vocab": "tgt_vocab.txt", "lexicon": "lexicon.txt"}
+
+
+def _check_vocab(key, toks):
+    toks = [str(t) for t in toks]
+    if not toks or toks[0] != "<unk>":
+        raise ValueError(f"{key}: id 0 must be '<unk>' (got "
+                         f"{toks[0] if toks else 'an empty list'!r})")
+    if key == "tgt_vocab" and toks[1:3] != ["<s>", "</s>"]:
+        raise ValueError("tgt_vocab: ids 1 and 2 must be '<s>' and '</s>'")
+    for i, t in enumerate(toks):
+        if not t or any(c.isspace() for c in t):
+            raise ValueError(f"{key}: token {i} ({t!r}) is empty or holds "
+                             "whitespace; one token a line cannot hold it")
+    return toks
+
+
+def write_model_dir(out_dir, family, tensors, *, hidden, embed, vocab,
+                    classes=None, labels=None, **options):
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of "
+                         + ", ".join(FAMILIES))
+    meta = {"family": family, "hidden": int(hidden), "embed": int(embed)}
+    if classes is not None:
+        meta["classes"] = int(classes)
+    files = {"vocab": _check_vocab("vocab", vocab)}
+    for key in ("word_vocab", "tgt_vocab"):
+        if options.get(key) is not None:
+            files[key] = _check_vocab(key, options.pop(key))
+        else:
+            options.pop(key, None)
+    lexicon = options.pop("lexicon", None)
+    if labels is not None:
+        labels = [str(x) for x in labels]
+        if classes is not None and len(labels) != int(classes):
+            raise ValueError(f"{len(labels)} labels for {classes} classes")
+        meta["labels"] = labels
+    for k, v in options.items():
+        if v is not None:
+            meta[k] = v
+    out_dir = os.path.abspath(str(out_dir))
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="." + os.path.basename(out_dir) + ".",
+                           dir=parent)
+    try:
+        for key, toks in files.items():
+            meta[key] = _FILES[key]
+            with open(os.path.join(tmp, _FILES[key]), "w",
+                      encoding="utf-8") as f:
+                f.write("\n".join(toks) + "\n")
+        if lexicon is not None:
+            meta["lexicon"] = _FILES["lexicon"]
+            with open(os.path.join(tmp, _FILES["lexicon"]), "w",
+                      encoding="utf-8") as f:
+                f.write("\n".join(str(w) for w in lexicon) + "\n")
+        save_file(tensors, os.path.join(tmp, "weights.safetensors"),
+                  metadata={"format": "pt", "family": family})
+        with open(os.path.join(tmp, "model.json"), "w",
+                  encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        if os.path.isdir(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
