@@ -32,10 +32,13 @@ static void serve_usage(FILE *f) {
           "usage: canopy serve [--models-dir DIR] [--port P] [options]\n"
           "\n"
           "Serves every subdirectory of DIR that holds a model.json under "
-          "its directory\nname, over HTTP/1.1 (docs: API.md). Every option "
-          "is also a config-file key\n(--config FILE) and an environment "
-          "variable CANOPY_KEY; flags win over the\nenvironment, which wins "
-          "over the file.\n\n"
+          "its directory\nname, over HTTP/1.1. Every option is also a config-file "
+          "key (--config FILE)\nand an environment variable CANOPY_KEY; flags "
+          "win over the environment, which\nwins over the file.\n\n"
+          "  The HTTP API:            docs/api.md\n"
+          "  Model directories:       docs/models.md (families, tensor names, "
+          "model.json)\n"
+          "  Keys, drain, metrics:    docs/daemon.md\n\n"
           "  --print-config                print a config file of every key "
           "at its default\n\ndaemon:\n");
   cn_config_usage_group(f, "serve");
