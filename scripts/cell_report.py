@@ -3,7 +3,7 @@
 vertex functions: per vertex type of every family with an IR cell, kernels
 and bytes copied per execution, latency at (batch 8, H 64) and (batch 64,
 H 256), naive against pq (and the hand-written fused kernels beside them),
-and compile time. Prints a markdown table (README "Compiled cells").
+and compile time. Prints a markdown table (docs/cells.md).
 
 usage: scripts/cell_report.py [--canopy build/canopy] [--iters 300]
 Models are made with `canopy model init` in a temporary directory; the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# policy_report.sh - regenerates docs/policies.md: batches / lower bound for
+# policy_report.sh - regenerates docs/policies-report.md: batches / lower bound for
 # every family x batching policy (issue 4), training time and iterations
 # per family, and instances/s per policy.
 #
@@ -18,13 +18,13 @@
 # can do on those graphs, whatever it learns from.
 #
 # usage: scripts/policy_report.sh [BUILD_DIR]   (writes $OUT, default
-#        docs/policies.md; REPEAT=3, BUDGET=5000000)
+#        docs/policies-report.md; REPEAT=3, BUDGET=5000000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 canopy=$PWD/$build/canopy
 data=${CANOPY_DATA:-$(cd .. && pwd)/shared/data}
-out=${OUT:-docs/policies.md}
+out=${OUT:-docs/policies-report.md}
 repeat=${REPEAT:-3}
 budget=${BUDGET:-5000000}
 plan_width=${PLAN_WIDTH:-16}
