@@ -22,6 +22,8 @@
   {name, CN_CFG_INT, lo, hi, dflt, off, 0, help, NULL, group}
 #define STR_KEY(name, dflt, field, help, choices) \
   {name, CN_CFG_STRING, 0, 0, dflt, SRVS(field), help, choices, "serve"}
+#define BOOL_KEY(name, dflt, off, help) \
+  {name, CN_CFG_BOOL, 0, 0, dflt, off, 0, help, "true|false", "serve"}
 
 static const cn_config_key keys[] = {
     /* ---- input limits: core enforces them, every command accepts them */
@@ -48,6 +50,9 @@ static const cn_config_key keys[] = {
     STR_KEY("host", "127.0.0.1", host, "address to listen on", NULL),
     INT_KEY("port", 0, 65535, "8080", SRV(port), "TCP port to listen on",
             "serve"),
+    BOOL_KEY("reuse-port", "false", SRV(reuse_port),
+             "share the port with other processes that set it too "
+             "(SO_REUSEPORT); false: a port in use is a start-up error"),
     STR_KEY("models-dir", "models", models_dir,
             "every subdirectory holding a model.json is served under its "
             "name",

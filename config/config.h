@@ -14,6 +14,7 @@
 typedef struct cn_serve_config {
   char host[256];          /* listen address (IPv4 or IPv6 literal)       */
   int port;
+  bool reuse_port;         /* SO_REUSEPORT: share the port on purpose     */
   char models_dir[1024];
   char config[1024];       /* the config file this came from, if any      */
   char backend[16];

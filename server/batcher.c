@@ -165,6 +165,18 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
                    "draining");
     return;
   }
+  /* A request bigger than the whole queue can never be admitted: 413, so
+   * that a client does not retry a 429 forever. */
+  if (r->n_inst > sc->queue_depth) {
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "%d instances can never fit a queue of %d (queue-depth); send "
+             "fewer a request",
+             r->n_inst, sc->queue_depth);
+    cn__req_answer(r, 413, cn__error_body(CN_E_TOO_LARGE, msg, -1),
+                   "too_large");
+    return;
+  }
   int waiting = atomic_load(&s->waiting_instances);
   if (waiting + r->n_inst > sc->queue_depth) {
     char msg[160];

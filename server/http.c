@@ -102,6 +102,12 @@ static enum MHD_Result send_body(cn__req *r, int status, char *body,
     snprintf(ra, sizeof(ra), "%d", cn__retry_after_s(r->srv));
     MHD_add_response_header(resp, "Retry-After", ra);
   }
+  /* Draining: this answer is the connection's last. Without the header a
+   * keep-alive client sends its next request into a socket that closes
+   * at exit, and that request is lost; with it the client reconnects
+   * (to another replica, behind a load balancer). */
+  if (atomic_load(&r->srv->draining))
+    MHD_add_response_header(resp, "Connection", "close");
   if (status == 405)
     MHD_add_response_header(resp, "Allow",
                             strstr(r->path, "/infer") ? "POST"
@@ -214,6 +220,7 @@ static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
   set_id(s, r,
          MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
+  atomic_store(&s->last_request_us, (long long)(cn__now() * 1e6));
   return r;
 }
 
@@ -324,8 +331,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   cn__req_unref(r);
 }
 
+/* Open connections, for the drain: it waits for clients still talking. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode toe) {
+  cn__server *s = cls;
+  atomic_fetch_add(&s->open_conns,
+                   toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
 void cn__http_set_callbacks(cn__server *s, cn__http_cbs *cbs) {
   (void)s;
+  cbs->on_connection = on_connection;
   cbs->on_request = on_request;
   cbs->on_completed = on_completed;
 }

@@ -161,6 +161,8 @@ out:
   return rc;
 }
 
+enum { DRAIN_QUIET_MS = 250 };
+
 static void drain_check(uv_timer_t *t) {
   cn__server *s = t->data;
   double waited_ms = (cn__now() - s->drain_started) * 1e3;
@@ -170,11 +172,21 @@ static void drain_check(uv_timer_t *t) {
     cn__batcher_fail_waiting(s, CN_E_DRAINING,
                              "the server shut down before the answer");
   }
-  /* answered requests get a moment to be written out */
-  bool done = atomic_load(&s->in_flight) == 0 ||
+  /* Done when nothing is in flight and no client is still talking: a
+   * keep-alive client that read an answer sent before the drain began
+   * sends its next request a moment later, and that request gets 503
+   * draining with Connection: close instead of a closed socket. Clients
+   * that hold idle connections open (a proxy's pool) are not waited for
+   * beyond DRAIN_QUIET_MS without a request. Past the grace, stop anyway
+   * (answered requests get a moment to be written out). */
+  double quiet_ms =
+      cn__now() * 1e3 - (double)atomic_load(&s->last_request_us) / 1e3;
+  bool idle = atomic_load(&s->open_conns) == 0 || quiet_ms >= DRAIN_QUIET_MS;
+  bool done = (atomic_load(&s->in_flight) == 0 && idle) ||
               waited_ms > s->cfg.serve.drain_grace_ms + 1000;
   if (!done) return;
-  CN_LOG(CN_LOG_INFO, "msg=drained ms=%.1f", waited_ms);
+  CN_LOG(CN_LOG_INFO, "msg=drained ms=%.1f open_connections=%d", waited_ms,
+         atomic_load(&s->open_conns));
   uv_stop(&s->loop);
 }
 
@@ -187,6 +199,15 @@ static void on_signal(uv_signal_t *h, int signum) {
   cn__http_quiesce(s);
   cn__retrainer_signal_stop(s);
   uv_timer_start(&s->drain_timer, drain_check, 0, 10);
+}
+
+/* SIGHUP: a service manager's `reload`, or the terminal closing. Its
+ * default action would kill the daemon with no drain and no log line.
+ * Models are loaded at start-up only, so there is nothing to reload yet:
+ * it is logged and ignored, and the daemon goes on serving. */
+static void on_sighup(uv_signal_t *h, int signum) {
+  CN_LOG(CN_LOG_WARN, "msg=sighup action=ignored reason=\"models load at "
+         "start-up only; restart the daemon to change them\"");
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {
@@ -244,9 +265,11 @@ int cn_cmd_serve(int argc, char **argv) {
   s->drain_timer.data = s;
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sigint);
-  s->sigterm.data = s->sigint.data = s;
+  uv_signal_init(&s->loop, &s->sighup);
+  s->sigterm.data = s->sigint.data = s->sighup.data = s;
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
+  uv_signal_start(&s->sighup, on_sighup, SIGHUP);
   signal(SIGPIPE, SIG_IGN);
   if (cn__http_start(s, &err) != 0) {
     fprintf(stderr, "canopy serve: %s\n", err.msg);

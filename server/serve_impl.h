@@ -135,10 +135,12 @@ struct cn__server {
   uv_poll_t mhd_poll;
   uv_timer_t mhd_timer;
   uv_async_t done_async, inbox_async;
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
   /* shared */
   atomic_int draining;
+  atomic_int open_conns;         /* client connections MHD holds         */
+  atomic_llong last_request_us;  /* cn__now() of the newest request, µs  */
   atomic_int waiting_instances; /* in windows or queued, not yet running */
   atomic_int in_flight;         /* requests submitted and not answered   */
   atomic_uint_fast64_t next_id;
@@ -175,6 +177,7 @@ double cn__now(void);
 typedef struct cn__http_cbs {
   MHD_AccessHandlerCallback on_request;
   MHD_RequestCompletedCallback on_completed;
+  MHD_NotifyConnectionCallback on_connection;
 } cn__http_cbs;
 void cn__http_set_callbacks(cn__server *s, cn__http_cbs *cbs);
 void cn__req_unref(cn__req *r);

@@ -1,0 +1,271 @@
+/* test_serve_ops.c - the daemon against careless operators and the drain
+ * against keep-alive clients, end to end on free ports: a second daemon on
+ * a port in use, SIGHUP, answers while draining, no request lost at
+ * SIGTERM, and a request that can never fit the queue. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "serve_harness.h"
+
+static th_daemon d;
+static const char *const tree_only[] = {"treelstm", NULL};
+static const char *ONE =
+    "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) (2 fine)))\"}]}";
+static const char *INFER = "/v1/models/treelstm/infer";
+
+static void teardown(void) { th_cleanup(&d); }
+
+/* Starts `canopy serve` on a given port with d's models, stderr to log;
+ * returns its pid without waiting for it. */
+static pid_t spawn(int port, const char *log, const char *const *flags) {
+  char p[16], models[300];
+  snprintf(p, sizeof(p), "%d", port);
+  snprintf(models, sizeof(models), "%s/models", d.dir);
+  const char *argv[32] = {th_bin(), "serve", "--port", p, "--models-dir",
+                          models};
+  int n = 6;
+  for (int i = 0; flags && flags[i] && n < 30; i++) argv[n++] = flags[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    FILE *f = freopen(log, "w", stderr);
+    (void)f;
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Exit status of pid within ms, or -1 if it is still running then. */
+static int wait_exit(pid_t pid, int ms) {
+  for (int i = 0; i < ms / 10; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid)
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    usleep(10000);
+  }
+  return -1;
+}
+
+static bool log_has(const char *log, const char *what) {
+  for (int i = 0; i < 100; i++) {
+    char *t = th_read_file(log);
+    bool hit = t != NULL && strstr(t, what) != NULL;
+    free(t);
+    if (hit) return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+/* Two daemons on one port: the second must fail, saying why, unless both
+ * ask for port sharing. (SO_REUSEPORT used to be set unconditionally, and
+ * the second daemon silently took half the traffic.) */
+Test(serve_ops, port_in_use_is_an_error, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  char log[320];
+  snprintf(log, sizeof(log), "%s/second.log", d.dir);
+  pid_t second = spawn(d.port, log, NULL);
+  int st = wait_exit(second, 10000);
+  if (st < 0) kill(second, SIGKILL), waitpid(second, NULL, 0);
+  cr_expect_eq(st, 1, "the second daemon must exit 1, got %d", st);
+  char *t = th_read_file(log);
+  cr_expect(t != NULL && strstr(t, "Address already in use") != NULL &&
+                strstr(t, "reuse-port") != NULL,
+            "no clear message: %s", t ? t : "(no log)");
+  free(t);
+  /* the first one is unaffected */
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+Test(serve_ops, reuse_port_shares_on_purpose, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *share[] = {"--reuse-port", "true", NULL};
+  th_start(&d, share);
+  char log[320];
+  snprintf(log, sizeof(log), "%s/second.log", d.dir);
+  pid_t second = spawn(d.port, log, share);
+  cr_expect(log_has(log, "msg=ready"), "the second daemon did not start");
+  cr_expect_eq(wait_exit(second, 200), -1, "the second daemon exited");
+  kill(second, SIGTERM);
+  cr_expect_eq(wait_exit(second, 10000), 0);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* SIGHUP (a service manager's reload, a closed terminal) used to kill the
+ * daemon with no drain and no log line. */
+Test(serve_ops, sighup_is_logged_and_ignored, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  kill(d.pid, SIGHUP);
+  cr_expect(log_has(d.log, "msg=sighup action=ignored"));
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0,
+               "the daemon died on SIGHUP");
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0, "exit status after SIGHUP then SIGTERM");
+}
+
+/* While draining, every answer is the connection's last: a request in a
+ * window gets its 200 with Connection: close, a new request on an open
+ * keep-alive connection gets 503 draining with Connection: close, and the
+ * daemon closes the connection after it. */
+Test(serve_ops, draining_answers_close_the_connection, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "500000", NULL};
+  th_start(&d, flags);
+  int k = th_connect(d.port);
+  th_resp r;
+  char v[64];
+  th_send(k, "GET", "/readyz", NULL, NULL);
+  cr_assert_eq(th_read(k, &r), 0);
+  cr_expect_eq(r.status, 200);
+  cr_expect(th_header(&r, "Connection", v, sizeof(v)) == NULL ||
+                strcasecmp(v, "close") != 0,
+            "keep-alive before the drain");
+  th_resp_free(&r);
+  int w = th_connect(d.port);
+  th_send(w, "POST", INFER, ONE, NULL); /* waits in the 0.5 s window */
+  usleep(100000);
+  kill(d.pid, SIGTERM);
+  usleep(100000);
+  th_send(k, "POST", INFER, ONE, NULL);
+  cr_assert_eq(th_read(k, &r), 0, "a request on an open connection got "
+               "no answer while draining");
+  cr_expect_eq(r.status, 503, "%s", r.body);
+  cr_expect(strstr(r.body, "\"draining\"") != NULL, "%s", r.body);
+  cr_expect(th_header(&r, "Connection", v, sizeof(v)) != NULL &&
+                strcasecmp(v, "close") == 0,
+            "503 draining without Connection: close");
+  th_resp_free(&r);
+  char c;
+  cr_expect_eq(read(k, &c, 1), 0, "the connection stays open after it");
+  cr_assert_eq(th_read(w, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  cr_expect(th_header(&r, "Connection", v, sizeof(v)) != NULL &&
+                strcasecmp(v, "close") == 0,
+            "the last answer before exit keeps the connection alive");
+  th_resp_free(&r);
+  close(k);
+  close(w);
+  int st;
+  waitpid(d.pid, &st, 0);
+  d.pid = 0;
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* Closed-loop keep-alive clients across a SIGTERM: every request a client
+ * sent gets an HTTP answer (200, or 503 draining with Connection: close,
+ * after which the client stops, as HTTP/1.1 clients do). A request that
+ * meets a closed socket instead is lost. Before the fix, 503 draining
+ * kept the connection alive and one request per connection was lost. */
+enum { KA_CLIENTS = 32 };
+typedef struct ka_client {
+  int port;
+  atomic_int *stop;
+  int ok, draining, lost, other;
+} ka_client;
+
+static void *ka_loop(void *arg) {
+  ka_client *c = arg;
+  int fd = th_connect(c->port);
+  if (fd < 0) {
+    c->other++;
+    return NULL;
+  }
+  while (!atomic_load(c->stop)) {
+    th_resp r;
+    th_send(fd, "POST", INFER, ONE, NULL);
+    if (th_read(fd, &r) != 0) {
+      c->lost++;
+      break;
+    }
+    char v[64];
+    bool closing = th_header(&r, "Connection", v, sizeof(v)) != NULL &&
+                   strcasecmp(v, "close") == 0;
+    if (r.status == 200) c->ok++;
+    else if (r.status == 503) c->draining++;
+    else c->other++;
+    th_resp_free(&r);
+    if (closing) break;
+  }
+  close(fd);
+  return NULL;
+}
+
+Test(serve_ops, sigterm_loses_no_keepalive_request, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "1000", NULL};
+  th_start(&d, flags);
+  atomic_int stop = 0;
+  ka_client c[KA_CLIENTS];
+  pthread_t t[KA_CLIENTS];
+  signal(SIGPIPE, SIG_IGN);
+  for (int i = 0; i < KA_CLIENTS; i++) {
+    c[i] = (ka_client){.port = d.port, .stop = &stop};
+    pthread_create(&t[i], NULL, ka_loop, &c[i]);
+  }
+  usleep(400000);
+  kill(d.pid, SIGTERM);
+  int st = wait_exit(d.pid, 20000);
+  d.pid = st < 0 ? d.pid : 0;
+  atomic_store(&stop, 1);
+  int ok = 0, dr = 0, lost = 0, other = 0;
+  for (int i = 0; i < KA_CLIENTS; i++) {
+    pthread_join(t[i], NULL);
+    ok += c[i].ok, dr += c[i].draining, lost += c[i].lost;
+    other += c[i].other;
+  }
+  cr_expect_eq(st, 0, "exit status %d", st);
+  cr_expect(ok > KA_CLIENTS, "too little traffic to test: %d answers", ok);
+  cr_expect_eq(lost, 0, "%d of %d connections lost a request (%d answered "
+               "200, %d 503)", lost, KA_CLIENTS, ok, dr);
+  cr_expect_eq(other, 0);
+}
+
+/* More instances than the whole queue can ever hold: 413 (do not retry),
+ * not 429 (retry later), which a client would retry forever. */
+Test(serve_ops, request_bigger_than_queue_is_413, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--queue-depth", "2", NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER,
+                       "{\"instances\":[{\"tree\":\"(2 a)\"},{\"tree\":"
+                       "\"(2 b)\"},{\"tree\":\"(2 c)\"}]}",
+                       NULL, &r),
+               0);
+  cr_expect_eq(r.status, 413, "%s", r.body);
+  cr_expect(strstr(r.body, "\"too_large\"") != NULL, "%s", r.body);
+  cr_expect(strstr(r.body, "queue-depth") != NULL, "%s", r.body);
+  th_resp_free(&r);
+  cr_assert_eq(th_http(d.port, "POST", INFER,
+                       "{\"instances\":[{\"tree\":\"(2 a)\"},{\"tree\":"
+                       "\"(2 b)\"}]}",
+                       NULL, &r),
+               0);
+  cr_expect_eq(r.status, 200, "a request that fits: %s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
