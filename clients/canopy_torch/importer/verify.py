@@ -154,7 +154,8 @@ class Report(object):
                 s, t = self.agree[n]
                 out.append(f"  {n:<44} {s}/{t} agree"
                            + ("" if s == t else "   MISMATCH"))
-        return out + ["  note: " + n for n in self.notes[:5]]
+        notes = list(dict.fromkeys(self.notes))     # once each, in order
+        return out + ["  note: " + n for n in notes[:5]]
 
 
 def margin(logits):
