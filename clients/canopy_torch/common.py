@@ -67,6 +67,15 @@ class CanopyModule(nn.Module):
                 and len(self.labels) != self.classes:
             raise ValueError(f"{len(self.labels)} labels for {self.classes} classes")
 
+    def _zeros(self, *shape):
+        """Zeros on the module's device and dtype."""
+        return next(self.parameters()).new_zeros(shape)
+
+    def _ids(self, ids):
+        """ids (list or LongTensor) as a LongTensor on the module's device."""
+        return torch.as_tensor(ids, dtype=torch.long,
+                               device=next(self.parameters()).device)
+
     def model_options(self):
         """Family options for model.json (vocab files other than ``vocab``
         included as token lists)."""

@@ -72,17 +72,17 @@ class BiLSTMTagger(CanopyModule):
 
     def emissions(self, ids):
         """(logits [n,C], h [n,2H])."""
-        x = self.embed[ids]
+        x = self.embed[self._ids(ids)]
         n, H = x.shape[0], self.hidden
         hf, hb = [None] * n, [None] * n
         for p, order, out in ((self.fwd, range(n), hf),
                               (self.bwd, range(n - 1, -1, -1), hb)):
-            h = c = torch.zeros(H)
+            h = c = self._zeros(H)
             for t in order:
                 h, c = lstm_cell(p, x[t], h, c)
                 out[t] = h
         if n == 0:
-            hs = torch.zeros(0, 2 * H)
+            hs = self._zeros(0, 2 * H)
         else:
             hs = torch.cat([torch.stack(hf), torch.stack(hb)], -1)
         return hs @ self.out.W.t() + self.out.b, hs
@@ -126,7 +126,7 @@ class BiLSTMTagger(CanopyModule):
         e = ids_or_logits
         if e.dtype == torch.long:
             e = self.emissions(e)[0]
-        y = torch.as_tensor(tags, dtype=torch.long)
+        y = self._ids(tags)
         s = e.gather(1, y.unsqueeze(1)).sum()
         if self.has_crf and len(y):
             s = s + self.crf.start[y[0]] + self.crf.end[y[-1]] \
@@ -136,7 +136,7 @@ class BiLSTMTagger(CanopyModule):
     def nll(self, ids, tags):
         """Negative log-likelihood of ``tags`` (a scalar Tensor to minimise)."""
         e = self.emissions(ids)[0]
-        y = torch.as_tensor(tags, dtype=torch.long)
+        y = self._ids(tags)
         if len(y) != len(e):
             raise ValueError(f"{len(y)} tags for {len(e)} tokens")
         if not self.has_crf:
@@ -201,8 +201,8 @@ class LSTMNMT(CanopyModule):
         return opts
 
     def encode(self, src_ids):
-        h = c = torch.zeros(self.hidden)
-        for x in self.src_embed[src_ids]:
+        h = c = self._zeros(self.hidden)
+        for x in self.src_embed[self._ids(src_ids)]:
             h, c = lstm_cell(self.enc, x, h, c)
         return h, c
 
@@ -223,12 +223,12 @@ class LSTMNMT(CanopyModule):
             if y == EOS:
                 break
             ids.append(y)
-        lg = torch.stack(logits) if logits else torch.zeros(0, len(self.tgt_vocab))
+        lg = torch.stack(logits) if logits else self._zeros(0, len(self.tgt_vocab))
         return {"output_ids": ids, "logits": lg, "h": h}
 
     def teacher_forced(self, src_ids, tgt_ids):
         h, c = self.encode(src_ids)
-        ins = torch.cat([torch.tensor([BOS]), torch.as_tensor(tgt_ids, dtype=torch.long)])
+        ins = self._ids([BOS] + [int(t) for t in tgt_ids])
         hs = []
         for x in self.tgt_embed[ins]:
             h, c = lstm_cell(self.dec, x, h, c)
@@ -292,7 +292,7 @@ class LatticeLSTM(CanopyModule):
 
     def forward(self, char_ids, words):
         n, H = len(char_ids), self.hidden
-        xs = self.embed[char_ids]
+        xs = self.embed[self._ids(char_ids)]
         ending = [[] for _ in range(n)]
         for b, e, w in words:
             if not (0 <= b and e <= n and e - b >= 2):
@@ -300,14 +300,14 @@ class LatticeLSTM(CanopyModule):
                                  f"for {n} characters")
             ending[e - 1].append((b, int(w)))
         hs, cs = [], []
-        h = c = torch.zeros(H)
+        h = c = self._zeros(H)
         for j in range(n):
             i, f, o, u = split(torch.cat([xs[j], h]) @ self.char.W.t() + self.char.b, 4)
             if not ending[j]:
                 c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(u)
             else:
                 bs = [b for b, _ in ending[j]]
-                xw = self.word_embed[torch.tensor([w for _, w in ending[j]])]
+                xw = self.word_embed[self._ids([w for _, w in ending[j]])]
                 hb = torch.stack([hs[b] for b in bs])
                 cb = torch.stack([cs[b] for b in bs])
                 wi, wf, wu = split(torch.cat([xw, hb], -1) @ self.word.W.t() + self.word.b, 3)
@@ -319,7 +319,7 @@ class LatticeLSTM(CanopyModule):
             h = torch.sigmoid(o) * torch.tanh(c)
             hs.append(h)
             cs.append(c)
-        hs = torch.stack(hs) if hs else torch.zeros(0, H)
+        hs = torch.stack(hs) if hs else self._zeros(0, H)
         logits = hs @ self.out.W.t() + self.out.b
         return {"logits": logits, "h": hs, "tags": [int(t) for t in logits.argmax(-1)]}
 
@@ -361,7 +361,7 @@ class LatticeGRU(CanopyModule):
     def forward(self, ids, prevs):
         if len(ids) == 0 or len(prevs) != len(ids):
             raise ValueError("bad_lattice: need one prev list per node, at least one node")
-        xs = self.embed[ids]
+        xs = self.embed[self._ids(ids)]
         hs = []
         for j, prev in enumerate(prevs):
             if any(not 0 <= q < j for q in prev):
@@ -369,7 +369,7 @@ class LatticeGRU(CanopyModule):
             if prev:
                 hp = torch.stack([hs[q] for q in prev]).sum(0) / len(prev)
             else:
-                hp = torch.zeros(self.hidden)
+                hp = self._zeros(self.hidden)
             hs.append(gru_cell(self.gru, xs[j], hp))
         logits = hs[-1] @ self.out.W.t() + self.out.b
         return {"logits": logits, "h": hs[-1], "label": int(logits.argmax())}

@@ -57,8 +57,7 @@ class _TreeModule(CanopyModule):
             if not nodes[k].is_leaf():
                 levels.setdefault(height[k], []).append(k)
         st = [None] * n
-        ids = torch.tensor([self.vocab.id(nodes[k].word) for k in leaves],
-                           dtype=torch.long)
+        ids = self._ids([self.vocab.id(nodes[k].word) for k in leaves])
         for k, s in zip(leaves, _rows(self._leaves(ids))):
             st[k] = s
         for hgt in sorted(levels):
@@ -118,7 +117,7 @@ class TreeLSTM(_TreeModule):
         return torch.sigmoid(o) * torch.tanh(c), c
 
     def _cell(self, p, tree, group, st):
-        z = torch.zeros(self.hidden)
+        z = self._zeros(self.hidden)
         h1, c1 = self._kid(tree, group, st, 0, (z, z))
         h2, c2 = self._kid(tree, group, st, 1, (z, z))
         i, f1, f2, o, u = split(torch.cat([h1, h2], -1) @ p.U.t() + p.b, 5)
@@ -198,7 +197,7 @@ class TreeGRU(_TreeModule):
         return (torch.tanh(self.embed[ids] @ self.leaf.W.t() + self.leaf.b),)
 
     def _cell(self, p, tree, group, st):
-        z0 = torch.zeros(self.hidden)
+        z0 = self._zeros(self.hidden)
         (h1,) = self._kid(tree, group, st, 0, (z0,))
         (h2,) = self._kid(tree, group, st, 1, (z0,))
         r1, r2, z = split(torch.sigmoid(torch.cat([h1, h2], -1) @ p.Ug.t() + p.bg), 3)
@@ -242,17 +241,17 @@ class ChildSumTreeLSTM(_TreeModule):
                 par.append(j)
                 hk.append(st[c][0])
                 ck.append(st[c][1])
-        par = torch.tensor(par, dtype=torch.long)
+        par = self._ids(par)
         hk, ck = torch.stack(hk), torch.stack(ck)
         H = self.hidden
-        hs = torch.zeros(len(group), H).index_add(0, par, hk)
+        hs = self._zeros(len(group), H).index_add(0, par, hk)
         Ui, Uf, Uo, Uu = split(p.U.t(), 4)
         bi, bf, bo, bu = split(p.b, 4)
         f = torch.sigmoid(hk @ Uf + bf)
         i = torch.sigmoid(hs @ Ui + bi)
         o = torch.sigmoid(hs @ Uo + bo)
         u = torch.tanh(hs @ Uu + bu)
-        c = i * u + torch.zeros(len(group), H).index_add(0, par, f * ck)
+        c = i * u + self._zeros(len(group), H).index_add(0, par, f * ck)
         return o * torch.tanh(c), c
 
 
@@ -288,7 +287,7 @@ class MVRNN(_TreeModule):
     def _cell(self, p, tree, group, st):
         H = self.hidden
         a, A = self._kid(tree, group, st, 0, None)
-        b, B = self._kid(tree, group, st, 1, (torch.zeros(H), torch.eye(H)))
+        b, B = self._kid(tree, group, st, 1, (self._zeros(H), torch.eye(H, out=self._zeros(H, H))))
         Ba = (B @ a.unsqueeze(-1)).squeeze(-1)
         Ab = (A @ b.unsqueeze(-1)).squeeze(-1)
         pv = torch.tanh(torch.cat([Ba, Ab], -1) @ p.W.t() + p.b)

@@ -471,6 +471,52 @@ class TestSaveLoad(unittest.TestCase):
                 ct.from_state_dict("latticegru", sd)
 
 
+class TestTraining(unittest.TestCase):
+    """One optimiser step per family: every parameter gets a gradient and
+    the loss goes down."""
+
+    def inputs(self, m):
+        fam = m.family
+        if fam in ("treelstm", "treelstm-2type", "treegru", "childsum-treelstm", "mvrnn"):
+            tree = "(S (NP (W a) (N b)) (VP (V C) (PU a)))" if fam != "childsum-treelstm" \
+                else "(S (NP a b C) (VP (V b)))"
+            return ct.instance_to_input(fam, {"tree": tree}, m)
+        if fam == "latticelstm":
+            return ct.instance_to_input(fam, {"text": "abab"}, m)
+        if fam == "latticegru":
+            return ct.instance_to_input(fam, {"nodes": [
+                {"token": "a", "prev": []}, {"token": "b", "prev": []},
+                {"token": "C", "prev": [0, 1]}]}, m)
+        return ct.instance_to_input(fam, {"text": "a b C a"}, m)
+
+    def loss(self, m, x):
+        if m.family == "bilstm-tagger":
+            return m.nll(x[0], [0, 1, 1, 0])
+        if m.family == "lstm-nmt":
+            y = torch.tensor([3, 3, 2])
+            return torch.nn.functional.cross_entropy(m.teacher_forced(x[0], y[:-1]), y)
+        lg = m(*x)["logits"]
+        lg = lg if lg.dim() == 2 else lg.unsqueeze(0)
+        return torch.nn.functional.cross_entropy(lg, torch.ones(len(lg), dtype=torch.long))
+
+    def test_one_step(self):
+        for family in ct.MODULES:
+            with self.subTest(family=family):
+                torch.manual_seed(0)
+                m = small(family)
+                if family == "treelstm-2type":
+                    m._type_b.append("VP")
+                x = self.inputs(m)
+                opt = torch.optim.SGD(m.parameters(), lr=0.1)
+                loss = self.loss(m, x)
+                loss.backward()
+                for name, p in m.named_parameters():
+                    self.assertIsNotNone(p.grad, name)
+                    self.assertGreater(float(p.grad.abs().sum()), 0, name)
+                opt.step()
+                self.assertLess(float(self.loss(m, x)), float(loss))
+
+
 def tearDownModule():
     if MAXDIFF:
         sys.stderr.write("\nmax |module - canopy| per family: " + ", ".join(
