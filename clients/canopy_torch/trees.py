@@ -141,13 +141,9 @@ class TreeLSTM2Type(TreeLSTM):
 
     def __init__(self, vocab, *, hidden=150, embed=300, classes=5,
                  type_b_labels=(), lowercase=False, labels=None):
-        self._type_b = [str(x) for x in (type_b_labels or ())]
         super().__init__(vocab, hidden=hidden, embed=embed, classes=classes,
                          lowercase=lowercase, labels=labels)
-
-    @property
-    def type_b_labels(self):
-        return list(self._type_b)
+        self.type_b_labels = [str(x) for x in (type_b_labels or ())]
 
     def _make_internal(self):
         H = self.hidden
@@ -157,7 +153,7 @@ class TreeLSTM2Type(TreeLSTM):
     def node_type(self, node):
         if node.type is not None:
             return node.type
-        return "b" if node.label is not None and node.label in self._type_b else "a"
+        return "b" if node.label is not None and node.label in self.type_b_labels else "a"
 
     def _internal(self, tree, group, st):
         out = {}
@@ -168,7 +164,7 @@ class TreeLSTM2Type(TreeLSTM):
         return [out[k] for k in group]
 
     def model_options(self):
-        return dict(super().model_options(), type_b_labels=self.type_b_labels)
+        return dict(super().model_options(), type_b_labels=list(self.type_b_labels))
 
 
 class TreeGRU(_TreeModule):
@@ -263,7 +259,7 @@ class MVRNN(_TreeModule):
     ``internal.b [H]``, ``internal.WM [H,2H]``, ``out.W [C,H]``, ``out.b [C]``.
     p = tanh(W [B a; A b] + b), P = WM [A; B]; a unary node has b = 0, B = I.
     ``h`` is the root's p.
-    """ + _TRAIN.format(cls="MVRNN").replace("embed=300", "matrices=None")
+    """ + _TRAIN.format(cls="MVRNN").replace("hidden=150, embed=300", "hidden=50")
 
     family = "mvrnn"
 

@@ -505,7 +505,7 @@ class TestTraining(unittest.TestCase):
                 torch.manual_seed(0)
                 m = small(family)
                 if family == "treelstm-2type":
-                    m._type_b.append("VP")
+                    m.type_b_labels.append("VP")
                 x = self.inputs(m)
                 opt = torch.optim.SGD(m.parameters(), lr=0.1)
                 loss = self.loss(m, x)
