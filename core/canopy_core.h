@@ -24,6 +24,7 @@ extern "C" {
  * One table: enum value, wire code (API.md), HTTP status (the one place it
  * is decided), and a default message. libuv UV_ERRNO_MAP style. */
 #define CN_ERRNO_MAP(XX)                                                      \
+  XX(BAD_REQUEST, "bad_request", 400, "the HTTP request is malformed")       \
   XX(BAD_JSON, "bad_json", 400, "the body is not valid JSON")                 \
   XX(BAD_INSTANCE, "bad_instance", 400, "the instance is not valid")          \
   XX(BAD_TREE, "bad_tree", 400, "the tree is not valid")                      \
