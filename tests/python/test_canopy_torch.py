@@ -101,6 +101,25 @@ class EngineCase(unittest.TestCase):
         MAXDIFF[family] = max(MAXDIFF.get(family, 0.0), d)
         self.assertLessEqual(d, TOL, f"{family} {what}: max |diff| {d:.3g}")
 
+    def compare_any(self, m, mo, co, what):
+        fam = m.family
+        if fam in ("lstm-nmt",):
+            self.assertEqual(mo["output_ids"], co["output_ids"], what + " ids")
+            self.close(fam, mo["h"], co["h"], what + " h")
+            return
+        if fam == "latticegru":
+            self.assertEqual(mo["label"], co["label"], what + " label")
+        elif fam in ("bilstm-tagger", "latticelstm"):
+            self.assertEqual(mo["tags"], co["tags"], what + " tags")
+        else:
+            self.assertEqual(len(co["nodes"]), len(mo["logits"]), what + " nodes")
+            for k, nd in enumerate(co["nodes"]):
+                self.close(fam, mo["logits"][k], nd["logits"], f"{what} node {k}")
+            self.close(fam, mo["h"], co["h"], what + " h")
+            return
+        self.close(fam, mo["logits"], co["logits"], what + " logits")
+        self.close(fam, mo["h"], co["h"], what + " h")
+
     def check_family(self, m, instances, compare, batches=(None, 16), extra=(),
                      require=()):
         with tempfile.TemporaryDirectory() as tmp:
@@ -515,6 +534,33 @@ class TestTraining(unittest.TestCase):
                     self.assertGreater(float(p.grad.abs().sum()), 0, name)
                 opt.step()
                 self.assertLess(float(self.loss(m, x)), float(loss))
+
+
+class TestEngineMadeModels(EngineCase):
+    """``load`` reads directories the engine wrote itself (`canopy model
+    init`), and the module then computes what the engine computes."""
+
+    DATA_OF = {"childsum-treelstm": "trees-nary.jsonl", "bilstm-tagger": "sequences.jsonl",
+               "lstm-nmt": "sequences.jsonl", "latticelstm": "lattices.jsonl",
+               "latticegru": "dags.jsonl"}
+
+    def test_load_engine_init(self):
+        for family in ct.MODULES:
+            with self.subTest(family=family), tempfile.TemporaryDirectory() as tmp:
+                data = os.path.join(DATA, self.DATA_OF.get(family, "trees-binary.jsonl"))
+                d = os.path.join(tmp, "m")
+                p = subprocess.run([BIN, "model", "init", family, d, "--hidden", "6",
+                                    "--embed", "6", "--classes", "3", "--vocab-from", data],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                m = ct.load(d)
+                self.assertEqual((m.family, m.hidden), (family, 6))
+                insts = lines(os.path.basename(data), 8)
+                outs = canopy_run(d, insts)
+                with torch.no_grad():
+                    for i, (inst, co) in enumerate(zip(insts, outs)):
+                        mo = m(*ct.instance_to_input(family, inst, m))
+                        self.compare_any(m, mo, co, f"engine-made {family} instance {i}")
 
 
 def tearDownModule():
