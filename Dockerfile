@@ -3,7 +3,7 @@
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
-      libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev \
+      libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -14,7 +14,7 @@ RUN meson setup /build -Dtests=false -Dcuda=disabled --prefix /opt/canopy \
 FROM debian:12-slim
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends libjansson4 libopenblas0-pthread libuv1 \
-      libmicrohttpd12 \
+      libmicrohttpd12 libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --home /opt/canopy canopy
 COPY --from=build /opt/canopy /opt/canopy

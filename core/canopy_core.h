@@ -110,8 +110,12 @@ const char *cn_model_family(const cn_model *m);
 cn_input_kind cn_model_input(const cn_model *m);
 int cn_model_n_types(const cn_model *m);
 const char *cn_model_type_name(const cn_model *m, int type);
-/* Family, sizes, labels, input kind, vertex types (new reference). */
+/* Family, sizes, labels, input kind, vertex types, weights_sha256 (new
+ * reference). */
 json_t *cn_model_describe(const cn_model *m);
+/* SHA-256 (hex) of the weights file as it was read at load time; the model
+ * keeps its own copy of the weights, whatever happens to the file. */
+const char *cn_model_weights_sha256(const cn_model *m);
 
 /* Writes a fresh model directory: model.json, weights.safetensors with
  * deterministic random weights (scaled so activations do not saturate) and

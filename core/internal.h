@@ -92,20 +92,23 @@ int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
                    int n_specials, int max, const char ***out, int *n_out);
 
 /* ---- safetensors (safetensors.c) ---------------------------------------
- * Read-only mmap of a .safetensors file; every tensor's header entry is
- * checked (dtype, shape product × dtype size == byte span, offsets inside
- * the data section, no overlap) before any is used. */
+ * A .safetensors file read whole into memory of its own (never a mapping of
+ * the file: what happens to the file afterwards cannot change or break a
+ * loaded model), with its SHA-256; every tensor's header entry is checked
+ * (dtype, shape product × dtype size == byte span, offsets inside the data
+ * section, no overlap) before any is used. */
 typedef struct cn_tensor {
   char name[96];
   int ndim;
   int64_t shape[4];
   int64_t numel;
-  const float *data; /* into the mapping; F32 only */
+  const float *data; /* into the file's bytes; F32 only */
 } cn_tensor;
 
 typedef struct cn_safetensors {
-  void *map;
-  size_t map_len;
+  void *bytes;       /* the whole file, 64-byte aligned, owned */
+  size_t n_bytes;
+  char sha256[65];   /* of the file, lowercase hex */
   int n;
   cn_tensor *tensors;
 } cn_safetensors;

@@ -4,6 +4,7 @@
  * vocabulary and every tensor the family lists is checked here, and any
  * failure frees everything and says which file, key or tensor to fix. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,13 @@ static int bind_tensors(cn_model *m, const char *file, cn_err *err) {
                         why[0] ? " (" : "", why, why[0] ? ")" : "");
     }
     if (is_m) m->dims.K = t->shape[0];
+    /* NaN or Inf weights give plausible-looking answers: refuse them. */
+    for (int64_t j = 0; j < t->numel; j++)
+      if (!isfinite(t->data[j]))
+        return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' holds %s "
+                          "at element %lld (row-major); weights must be "
+                          "finite", file, s->name,
+                          isnan(t->data[j]) ? "NaN" : "Inf", (long long)j);
     m->w[i] = t;
   }
   m->n_tensors = n;
@@ -407,5 +415,8 @@ json_t *cn_model_describe(const cn_model *m) {
                         str_array(m->type_b_labels, m->n_type_b_labels));
   json_t *lex = json_object_get(m->json, "lexicon");
   if (lex != NULL) json_object_set(o, "lexicon", lex);
+  json_object_set_new(o, "weights_sha256", json_string(m->st.sha256));
   return o;
 }
+
+const char *cn_model_weights_sha256(const cn_model *m) { return m->st.sha256; }

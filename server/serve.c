@@ -152,9 +152,11 @@ static int load_models(cn__server *s, cn_err *err) {
     s->n_models++;
     cn__policy_init(s, me); /* a cache read at most: never trains */
     me->describe = cn__model_describe_full(s, me);
-    CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s",
+    CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s "
+           "weights_sha256=%s",
            me->name, cn_model_family(me->model),
-           cn_input_kind_name(cn_model_input(me->model)));
+           cn_input_kind_name(cn_model_input(me->model)),
+           cn_model_weights_sha256(me->model));
   }
 out:
   for (int i = 0; i < n; i++) free(names[i]);

@@ -302,7 +302,7 @@ static void patch(const char *mdir, const char *name, const float *vals) {
   snprintf(path, sizeof(path), "%s/weights.safetensors", mdir);
   const cn_tensor *t = cn_safetensors_find(&M->st, name);
   cr_assert_not_null(t);
-  long off = (long)((const char *)t->data - (const char *)M->st.map);
+  long off = (long)((const char *)t->data - (const char *)M->st.bytes);
   FILE *f = fopen(path, "r+b");
   cr_assert_not_null(f);
   cr_assert_eq(fseek(f, off, SEEK_SET), 0);

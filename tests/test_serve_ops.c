@@ -364,3 +364,57 @@ Test(serve_ops, conflicting_content_lengths_are_400, .fini = teardown,
   close(fd);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* The output object of one request's answer, as text (for equality). */
+static char *infer_outputs(int port) {
+  th_resp r;
+  cr_assert_eq(th_http(port, "POST", INFER, ONE, NULL, &r), 0,
+               "the daemon did not answer");
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  char *s = json_dumps(json_object_get(j, "outputs"), JSON_COMPACT);
+  json_decref(j);
+  th_resp_free(&r);
+  return s;
+}
+
+/* Copying other weights over a served model's file changed its answers,
+ * and truncating the file killed the daemon with SIGBUS (the weights were
+ * a shared mapping of the file). The model now owns its weights; the
+ * file's SHA-256 at load time is reported in GET /v1/models/{m}. */
+Test(serve_ops, weights_file_changed_under_the_daemon, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  char w[512], cmd[2048], want[80] = {0};
+  snprintf(w, sizeof(w), "%s/models/treelstm/weights.safetensors", d.dir);
+  snprintf(cmd, sizeof(cmd), "sha256sum %s", w);
+  FILE *p = popen(cmd, "r");
+  cr_assert(p != NULL && fscanf(p, "%64s", want) == 1);
+  pclose(p);
+  th_start(&d, NULL);
+  char *before = infer_outputs(d.port);
+  snprintf(cmd, sizeof(cmd),
+           "%s model init treelstm %s/other --seed 99 --vocab-from "
+           "%s/trees-binary.jsonl >/dev/null 2>&1 && cp %s/other/"
+           "weights.safetensors %s",
+           th_bin(), d.dir, th_data(), d.dir, w);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  char *after = infer_outputs(d.port);
+  cr_expect_str_eq(after, before, "other weights over the file changed "
+                   "the answers");
+  free(after);
+  cr_assert_eq(truncate(w, 100), 0);
+  after = infer_outputs(d.port);
+  cr_expect_str_eq(after, before, "a truncated file changed the answers");
+  free(after);
+  free(before);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/v1/models/treelstm", NULL, NULL, &r),
+               0);
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "weights_sha256")),
+                   want);
+  json_decref(j);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
