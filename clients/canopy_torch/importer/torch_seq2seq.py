@@ -61,14 +61,14 @@ def convert(sd, args, vocab):
                 ndim=2)
     if Hd != H:
         raise ImportFailure(
-            f"{NAME}: the encoder's hidden size (encoder.lstm.weight_hh_l0: "
-            f"H={H}) differs from the decoder's (decoder.lstm.weight_hh_l0: "
-            f"H={Hd}); lstm-nmt passes the encoder's final (h, c) to the "
+            f"{NAME}: the encoder's hidden size ('encoder.lstm.weight_hh_l0': "
+            f"H={H}) differs from the decoder's ('decoder.lstm.weight_hh_l0'"
+            f": H={Hd}); lstm-nmt passes the encoder's final (h, c) to the "
             "decoder, so they must match")
     if Dt != D:
         raise ImportFailure(
-            f"{NAME}: the source embedding size (encoder.embedding.weight: "
-            f"D={D}) differs from the target's (decoder.embedding.weight: "
+            f"{NAME}: the source embedding size ('encoder.embedding.weight': "
+            f"D={D}) differs from the target's ('decoder.embedding.weight': "
             f"D={Dt}); Canopy's lstm-nmt has one embedding size D")
     kc = KeyCheck(sd, NAME)
     kc.expect("encoder.embedding.weight", Dim("Vs", Vs), Dim("D", D))
