@@ -256,8 +256,8 @@ class TestDGLChildSum(ImportTest, TreeMixin):
     def test_matches_source(self):
         m = self.model()
         out = self.path("out")
-        rc, err = self.importer("dgl-childsum", self.save(m), out, "--check",
-                                self.check)
+        rc, err = self.importer("dgl-childsum", self.save(m, wrap="net"),
+                                out, "--check", self.check, "--key", "net")
         self.assertEqual(rc, 0, err)
         self.compare_trees(m, out, "dgl-childsum")
 
@@ -392,6 +392,27 @@ class TestTorchTagger(ImportTest):
         self.assertEqual(rc, 0, err)
         self.assertIn("bilstm.*_l0_reverse -> bwd.*", err)
         self.compare(m, self.canopy_run(out), "torch-tagger")
+
+    def test_lowercase(self):
+        low = list(dict.fromkeys(t.lower() for t in self.vocab))
+        vfile = self.write_lines("vocab_lower.txt", low)
+        look = {t: i for i, t in enumerate(low)}
+        m = S.randomize(S.BiLSTMTagger(len(low), 8, 6, 5), 8)
+        out = self.path("out")
+        rc, err = self.importer("torch-tagger", self.save(m), out, "--check",
+                                self.check, "--lowercase", vocab=vfile)
+        self.assertEqual(rc, 0, err)
+        with open(os.path.join(out, "model.json")) as f:
+            self.assertTrue(json.load(f)["lowercase"])
+        m = m.double()
+        outs = self.canopy_run(out)
+        d = 0.0
+        for inst, got in zip(self.insts, outs):
+            hs, feats = m.features(inst["tokens"],
+                                   lambda t: look.get(t.lower(), 0))
+            d = max(d, max_diff(feats, got["logits"]), max_diff(hs, got["h"]))
+        RESULTS["torch-tagger --lowercase"] = f"logits/h {d:.2g}"
+        self.assertLess(d, TOL)
 
     def test_renamed_key(self):
         sd = self.model().state_dict()

@@ -362,10 +362,14 @@ def tree_of(inst):
 
 def tokens_of(inst):
     if isinstance(inst, dict) and isinstance(inst.get("tokens"), list):
-        return [str(t) for t in inst["tokens"]]
-    if isinstance(inst, dict) and isinstance(inst.get("text"), str):
-        return inst["text"].split()
-    raise ValueError('a sequence instance needs "tokens" or "text"')
+        toks = [str(t) for t in inst["tokens"]]
+    elif isinstance(inst, dict) and isinstance(inst.get("text"), str):
+        toks = inst["text"].split()
+    else:
+        raise ValueError('a sequence instance needs "tokens" or "text"')
+    if not toks:
+        raise ValueError("the input is empty: send at least one token")
+    return toks
 
 
 _LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}

@@ -334,9 +334,9 @@ def verify_trees(conv, canopy, model_dir, insts, tolerance, node_states,
     for k, inst in enumerate(insts):
         try:
             t = tree_of(inst)
+            hs = node_states(t)
         except ValueError as e:
             raise ImportFailure(f"check instance {k + 1}: {e}")
-        hs = node_states(t)
         pre = t.preorder()
         refs.append({"logits": [output(hs[id(n)]) for n in pre],
                      "leaf": [n.is_leaf() for n in pre],
