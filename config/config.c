@@ -99,8 +99,13 @@ static const cn_config_key keys[] = {
     INT_KEY("blas-threads", 0, 256, "0", SRV(blas_threads),
             "OpenBLAS threads; 0: max(1, cores / workers)", "serve"),
     INT_KEY("max-delay-us", 0, 60000000, "2000", SRV(max_delay_us),
-            "a run closes this long after its first request arrived",
+            "the most a request waits for company: a run closes this long "
+            "after its first request arrived",
             "serve"),
+    BOOL_KEY("work-conserving", "true", SRV(work_conserving),
+             "a request that finds a worker idle starts its run at once, and "
+             "a worker that finishes takes every request waiting; false: "
+             "every run waits out max-delay-us unless it fills"),
     INT_KEY("max-instances", 1, 1 << 20, "256", SRV(max_instances),
             "a run closes when it holds this many instances", "serve"),
     INT_KEY("split-min-instances", 0, 1 << 20, "8",

@@ -265,6 +265,8 @@ int cn_cmd_serve(int argc, char **argv) {
   s->done_async.data = s->inbox_async.data = s;
   uv_timer_init(&s->loop, &s->drain_timer);
   s->drain_timer.data = s;
+  uv_check_init(&s->loop, &s->idle_check);
+  s->idle_check.data = s;
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sighup);

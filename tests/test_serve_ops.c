@@ -131,7 +131,8 @@ Test(serve_ops, sighup_is_logged_and_ignored, .fini = teardown,
 Test(serve_ops, draining_answers_close_the_connection, .fini = teardown,
      .timeout = 30) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "500000", NULL};
+  const char *flags[] = {"--max-delay-us", "500000", "--work-conserving",
+                         "false", NULL};
   th_start(&d, flags);
   int k = th_connect(d.port);
   th_resp r;
@@ -416,5 +417,88 @@ Test(serve_ops, weights_file_changed_under_the_daemon, .fini = teardown,
                    want);
   json_decref(j);
   th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+static double metric_of(int port, const char *sample) {
+  th_resp r;
+  cr_assert_eq(th_http(port, "GET", "/metrics", NULL, NULL, &r), 0);
+  double v = th_metric(r.body, sample);
+  th_resp_free(&r);
+  return v;
+}
+
+/* Work-conserving batching (docs/daemon.md): a lone request finds a worker
+ * idle and its run starts at once, without waiting out the window (here
+ * 10 s, so waiting it out would show in the counters, not in a clock). */
+Test(serve_ops, idle_daemon_starts_a_run_at_once, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "10000000", NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "idle_worker\"}"), 1);
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "max_delay\"}"), 0);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* While the only worker computes a long run, three requests gather in the
+ * window; the moment the worker is free it takes all three as one run,
+ * still without waiting out the (10 s) window. */
+Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "10000000", "--workers", "1",
+                         "--max-instances", "100000", NULL};
+  th_start(&d, flags);
+  /* ~1,000 real trees in one request keep the worker busy for a while */
+  char path[512];
+  snprintf(path, sizeof(path), "%s/trees-binary.jsonl", th_data());
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  size_t cap = 1 << 22, len = 0;
+  char *big = malloc(cap), line[8192];
+  len += (size_t)snprintf(big, cap, "{\"instances\":[");
+  for (int k = 0; k < 1000; k++) {
+    if (fgets(line, sizeof(line), f) == NULL) {
+      rewind(f);
+      cr_assert_not_null(fgets(line, sizeof(line), f));
+    }
+    line[strcspn(line, "\n")] = '\0';
+    len += (size_t)snprintf(big + len, cap - len, "%s%s", k ? "," : "", line);
+  }
+  snprintf(big + len, cap - len, "]}");
+  fclose(f);
+  int b = th_connect(d.port);
+  th_send(b, "POST", INFER, big, NULL);
+  free(big);
+  usleep(20000);
+  int c[3];
+  for (int i = 0; i < 3; i++) {
+    c[i] = th_connect(d.port);
+    th_send(c[i], "POST", INFER, ONE, NULL);
+  }
+  th_resp r;
+  cr_assert_eq(th_read(b, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(th_read(c[i], &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    th_resp_free(&r);
+    close(c[i]);
+  }
+  close(b);
+  cr_expect_eq(metric_of(d.port, "canopy_runs_total"), 2,
+               "the three small requests should share one run");
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "worker_freed\"}"), 1);
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "max_delay\"}"), 0);
   cr_expect_eq(th_stop(&d), 0);
 }
