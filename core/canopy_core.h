@@ -129,6 +129,8 @@ typedef struct cn_model_init_opts {
   int max_vocab;               /* 0: default */
   const char *lexicon;         /* latticelstm: word list copied into the
                                   model (spans for requests without words) */
+  int crf;                     /* bilstm-tagger: add the CRF layer (random
+                                  crf.* tensors, "crf": true) */
 } cn_model_init_opts;
 
 int cn_model_init(const cn_model_init_opts *o, cn_err *err);

@@ -138,13 +138,17 @@ struct cn_cell;
 typedef struct cn_dims {
   int64_t H, D, C, V;     /* hidden, embed, classes, vocab                  */
   int64_t Vw, Dw, Vt, K;  /* word vocab/embed, target vocab, mvrnn matrices */
+  bool crf;               /* model.json "crf": the family's CRF tensors too
+                             (bilstm-tagger, MODELS.md)                    */
 } cn_dims;
 
 enum {
   CN_INIT_LINEAR = 0, /* U(-1/√fan_in, 1/√fan_in), fan_in = last dim        */
   CN_INIT_BIAS,       /* U(-1/√H, 1/√H)                                     */
   CN_INIT_EMBED,      /* N(0, 1) scaled to unit-ish rows: U(-1, 1)·√3/√D…   */
-  CN_INIT_MATRICES    /* identity + small noise, per [K, H, H] slice        */
+  CN_INIT_MATRICES,   /* identity + small noise, per [K, H, H] slice        */
+  CN_INIT_SCORES      /* U(-0.1, 0.1): CRF scores, as pytorch-crf's
+                         CRF.reset_parameters                              */
 };
 
 typedef struct cn_tensor_spec {
@@ -160,6 +164,7 @@ struct cn_family {
   int n_types;
   const char *type_names[CN_MAX_TYPES];
   bool has_classes; /* has an output layer with C classes */
+  bool crf;         /* accepts model.json "crf" (MODELS.md bilstm-tagger)  */
   int max_arity;    /* trees: most children per node (0: lim->max_children) */
   /* The tensors of the family at these sizes, in binding order; returns
    * their number (≤ CN_MAX_TENSORS). */
@@ -180,6 +185,11 @@ struct cn_family {
                             int64_t n_inputs);
   /* Executes one batch: n vertices of one type, all inputs ready. */
   void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
+  /* After every batch ran and the states are host-readable
+   * (cn__run_state_host): one pass over the whole run on the host, e.g.
+   * bilstm-tagger's CRF decoding of every instance together. Fills
+   * r->out_tag / r->out_score; returns 0 or an error. NULL: none. */
+  int (*finish)(cn_run *r, cn_err *err);
   /* Writes the per-instance output object (API.md). */
   json_t *(*output)(const cn_run *r, int slot);
   /* The vertex function of a type as op IR (core/cell.h), for the naive
@@ -330,6 +340,10 @@ struct cn_run {
   int exec_rc;                   /* set by an exec() that could not finish */
   cn_layout layout;
   int plan_width;                /* CN_POLICY_PLAN's beam width           */
+  /* results of the family's finish() pass (NULL when it has none) */
+  int32_t *out_tag;              /* per vertex: the decoded tag of an
+                                    output vertex (others unused)        */
+  float *out_score;              /* per slot: the decoded path's score    */
   /* statistics */
   size_t cell_bytes;
   size_t gather_bytes;

@@ -319,6 +319,20 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     goto out;
   }
   m->lowercase = json_is_true(lc);
+  /* "crf" adds the family's CRF tensors (MODELS.md bilstm-tagger); the key
+   * means nothing to other families, so there it is a mistake to report. */
+  json_t *crf = json_object_get(m->json, "crf");
+  if (crf != NULL && !json_is_boolean(crf)) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' must be true or "
+                    "false", file);
+    goto out;
+  }
+  if (crf != NULL && !m->fam->crf) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' is for family "
+                    "bilstm-tagger only, not %s", file, m->fam->name);
+    goto out;
+  }
+  m->dims.crf = json_is_true(crf);
   if (!m->fam->has_classes && json_object_get(m->json, "labels") != NULL) {
     rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'labels' is given but "
                     "family %s has no classes", file, m->fam->name);
@@ -397,6 +411,7 @@ json_t *cn_model_describe(const cn_model *m) {
   if (m->labels != NULL)
     json_object_set_new(o, "labels", str_array(m->labels, m->n_labels));
   json_object_set_new(o, "lowercase", json_boolean(m->lowercase));
+  if (m->fam->crf) json_object_set_new(o, "crf", json_boolean(m->dims.crf));
   json_t *vt = json_array();
   for (int i = 0; i < m->fam->n_types; i++)
     json_array_append_new(vt, json_string(m->fam->type_names[i]));
