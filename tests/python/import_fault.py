@@ -15,7 +15,6 @@ import importlib.machinery
 import os
 import sys
 
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXE = os.path.join(HERE, "..", "..", "clients", "canopy-import")

@@ -615,6 +615,19 @@ class TestCanopyFormat(ImportTest):
         RESULTS["canopy (treelstm)"] = f"logits/h vs numpy reference {dl:.2g}"
         self.assertLess(dl, TOL)
 
+    def test_tagger_inferred_no_check(self):
+        import canopy_torch as ct
+        self.model()        # skips when canopy_torch is not there
+        m = ct.BiLSTMTagger(self.vocab, hidden=4, embed=8, classes=3)
+        out = self.path("out")
+        rc, err = self.importer("canopy", self.save(m), out, "--no-check")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("family bilstm-tagger (inferred from key 'fwd.W_ih')",
+                      err)
+        self.assertIn("not verified: --no-check", err)
+        with open(os.path.join(out, "model.json")) as f:
+            self.assertEqual(json.load(f)["family"], "bilstm-tagger")
+
     def test_unknown_key(self):
         sd = self.model().state_dict()
         sd["internal.V"] = sd["internal.U"]

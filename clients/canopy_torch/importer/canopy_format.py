@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from .common import Dim, ImportFailure, KeyCheck, check_rows, f32, \
+from .common import ImportFailure, KeyCheck, check_rows, f32, \
     read_labels, read_lines, read_vocab, sample_sentences, sample_trees
 from . import verify as V
 
