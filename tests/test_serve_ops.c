@@ -502,3 +502,33 @@ Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
                                  "max_delay\"}"), 0);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* A daemon computing on the CPU maps no CUDA library, even in a build with
+ * the CUDA backend (loaded as a module only when backend cuda is asked
+ * for): CUDA's libraries cost ~0.1 s of start-up and ~200 MB of RSS. */
+Test(serve_ops, cpu_daemon_maps_no_cuda_library, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/maps", (int)d.pid);
+  FILE *f = fopen(path, "r"); /* /proc: no size to seek to; stream it */
+  cr_assert_not_null(f);
+  size_t cap = 1 << 16, len = 0, k;
+  char *maps = malloc(cap);
+  while ((k = fread(maps + len, 1, cap - len - 1, f)) > 0)
+    if ((len += k) + 1 >= cap) maps = realloc(maps, cap *= 2);
+  maps[len] = '\0';
+  fclose(f);
+  cr_assert(strstr(maps, "libjansson") != NULL, "maps not read: %zu bytes",
+            len);
+  cr_expect(strstr(maps, "libcublas") == NULL, "libcublas is mapped");
+  cr_expect(strstr(maps, "libcudart") == NULL, "libcudart is mapped");
+  cr_expect(strstr(maps, "canopy-cuda") == NULL, "the module is loaded");
+  free(maps);
+  cr_expect_eq(th_stop(&d), 0);
+}
