@@ -532,3 +532,33 @@ Test(serve_ops, cpu_daemon_maps_no_cuda_library, .fini = teardown,
   free(maps);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* Ambiguous bodies are refused, not half read: duplicate keys (the last
+ * one used to win silently) are bad_json; an instance with two forms
+ * ("tree" and "tokens") is bad_instance naming them. */
+Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  static const struct {
+    const char *body, *code, *says;
+  } cases[] = {
+      {"{\"tree\": \"(2 a)\", \"tree\": \"(3 b)\"}", "bad_json", "duplicate"},
+      {"{\"instances\": [{\"tree\": \"(2 a)\"}], \"outputs\": \"all\", "
+       "\"outputs\": \"root\"}", "bad_json", "duplicate"},
+      {"{\"tree\": \"(2 a)\", \"tokens\": [\"a\"]}", "bad_instance",
+       "has \\\"tokens\\\""},
+      {"{\"instances\": [{\"tree\": \"(2 a)\", \"nodes\": []}]}",
+       "bad_instance", "has \\\"nodes\\\""},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    th_resp r;
+    cr_assert_eq(th_http(d.port, "POST", INFER, cases[i].body, NULL, &r), 0);
+    cr_expect_eq(r.status, 400, "case %zu: %s", i, r.body);
+    char want[64];
+    snprintf(want, sizeof(want), "\"%s\"", cases[i].code);
+    cr_expect(strstr(r.body, want) != NULL && strstr(r.body, cases[i].says),
+              "case %zu: %s", i, r.body);
+    th_resp_free(&r);
+  }
+  cr_expect_eq(th_stop(&d), 0);
+}
