@@ -221,6 +221,7 @@ static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
   set_id(s, r,
          MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
+  atomic_fetch_add(&s->requests_seen, 1);
   atomic_store(&s->last_request_us, (long long)(cn__now() * 1e6));
   return r;
 }

@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -203,6 +204,24 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_timer_start(&s->drain_timer, drain_check, 0, 10);
 }
 
+/* Once a second: when the load has passed (nothing in flight, queued or
+ * computing) and requests were served since the last look, the free
+ * memory of every malloc arena goes back to the system. Without it RSS
+ * stayed at its peak after a burst (15 -> 173 -> 157 MB, 3 s after). It
+ * runs on the loop, after the answers (written by the workers, freed here
+ * once sent) are gone, and only when idle, so it costs no request. */
+static void on_trim_timer(uv_timer_t *t) {
+  cn__server *s = t->data;
+  long long served = atomic_load(&s->requests_seen);
+  if (served == s->trimmed_at || atomic_load(&s->in_flight) != 0) return;
+  pthread_mutex_lock(&s->qmu);
+  bool idle = s->qhead == NULL && s->busy_workers == 0;
+  pthread_mutex_unlock(&s->qmu);
+  if (!idle) return;
+  malloc_trim(0);
+  s->trimmed_at = served;
+}
+
 /* SIGHUP: a service manager's `reload`, or the terminal closing. Its
  * default action would kill the daemon with no drain and no log line.
  * Models are loaded at start-up only, so there is nothing to reload yet:
@@ -267,6 +286,10 @@ int cn_cmd_serve(int argc, char **argv) {
   s->drain_timer.data = s;
   uv_check_init(&s->loop, &s->idle_check);
   s->idle_check.data = s;
+  uv_timer_init(&s->loop, &s->trim_timer);
+  s->trim_timer.data = s;
+  uv_timer_start(&s->trim_timer, on_trim_timer, 1000, 1000);
+  uv_unref((uv_handle_t *)&s->trim_timer);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sighup);
