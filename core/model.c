@@ -193,7 +193,8 @@ static int bind_tensors(cn_model *m, const char *file, cn_err *err) {
     explain(why, sizeof(why), &m->dims, s);
     if (t == NULL)
       return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' is missing "
-                        "(family %s needs it with shape %s)", file, s->name,
+                        "(family %s needs it with shape %s; docs/models.md "
+                        "lists each family's tensors)", file, s->name,
                         m->fam->name, want);
     bool ok = t->ndim == s->ndim;
     for (int k = 0; ok && k < s->ndim; k++) {
@@ -204,8 +205,9 @@ static int bind_tensors(cn_model *m, const char *file, cn_err *err) {
     if (!ok) {
       fmt_shape(got, sizeof(got), t->shape, t->ndim);
       return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' has shape %s, "
-                        "expected %s%s%s%s", file, s->name, got, want,
-                        why[0] ? " (" : "", why, why[0] ? ")" : "");
+                        "expected %s%s%s%s; see docs/models.md", file,
+                        s->name, got, want, why[0] ? " (" : "", why,
+                        why[0] ? ")" : "");
     }
     if (is_m) m->dims.K = t->shape[0];
     /* NaN or Inf weights give plausible-looking answers: refuse them. */
@@ -291,7 +293,8 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   char known[256];
   cn__family_names(known, sizeof(known));
   if ((m->fam = cn__family_find(fam)) == NULL) {
-    cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families: %s", file,
+    cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families (see "
+               "docs/models.md): %s", file,
                fam ? "names unknown family '" : "is missing or not a string",
                fam ? fam : "", fam ? "'" : "", known);
     goto out;
