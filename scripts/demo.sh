@@ -12,7 +12,7 @@ scripts/models.sh build
 port=${CANOPY_PORT:-8080}
 cat >&2 <<MSG
 canopy: serving $(ls models | tr '\n' ' ')on http://127.0.0.1:$port
-  try:  curl -s -d '{"tree": "(3 (2 It) (4 (2 is) (2 fine)))"}' http://127.0.0.1:$port/v1/models/treelstm/infer
+  try:  curl -s -d '{"text": "The cat sat on the mat ."}' http://127.0.0.1:$port/v1/models/tagger/infer
         CANOPY_URL=http://127.0.0.1:$port clients/curl-examples.sh
         /usr/bin/python3 clients/loadgen.py --url http://127.0.0.1:$port --model treelstm --input scripts/demo-data/trees-binary.jsonl --concurrency 16 --duration 10
 MSG

@@ -31,3 +31,12 @@ if "$canopy" model --help | grep -q lstm-nmt && \
   rm -rf /tmp/canopy-nmt-probe
   mk lstm-nmt lstm-nmt sequences.jsonl --hidden 128 --embed 128
 fi
+# The two demo models trained on real English (scripts/train_demo.py,
+# committed under scripts/demo-models/): served as `tagger` and `phrases`.
+for d in scripts/demo-models/*/; do
+  n=$(basename "$d")
+  if [ ! -f "models/$n/model.json" ] || [ -n "${FORCE:-}" ]; then
+    rm -rf "models/$n"
+    cp -r "$d" "models/$n"
+  fi
+done
