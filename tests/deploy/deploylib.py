@@ -89,8 +89,11 @@ class Procs:
         f = open(os.path.join(self.dir, log), "ab")
         e = dict(os.environ)
         e.update(env or {})
+        # A session of its own: close() can end what it started too (a
+        # script's children), by process group, never by name.
         p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=e, **kw)
+                             stdin=subprocess.DEVNULL, env=e,
+                             start_new_session=True, **kw)
         p.log = os.path.join(self.dir, log)
         self.procs.append(p)
         return p
@@ -101,12 +104,14 @@ class Procs:
 
     def close(self):
         for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         if self.keep:
             print(f"kept {self.dir}")
         else:
