@@ -15,6 +15,7 @@ usage: test_nginx.py NGINX_CONF   (CANOPY_BIN, CANOPY_DATA from meson)
 import http.client
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -43,7 +44,9 @@ def nginx_config(src, d, listen, a, b):
     with open(src) as f:
         text = f.read()
     text = fill(text, {
-        "user www-data;\n": "",
+        # Workers run as the test's user (root included: the temp dir is
+        # not readable by www-data); ignored with a warning when not root.
+        "user www-data;": f"user {pwd.getpwuid(os.geteuid()).pw_name};",
         "pid /run/nginx.pid;": f"pid {d}/nginx.pid;",
         "/var/log/nginx/": f"{d}/",
         "/var/lib/nginx/": f"{d}/",
@@ -142,6 +145,16 @@ def body(procs):
     ng = procs.start([nginx, "-p", d, "-c", conf, "-g", "daemon off;"],
                      "nginx.log")
     wait_ready(ng, pn, procs)
+
+    # Body limits: 1.5 MB (over client_body_buffer_size, so nginx spools it
+    # to client_body_temp_path) passes; 9 MiB (over max-body-bytes) is
+    # refused by nginx before a replica sees it.
+    big = trees[0][:-1] + " " * 1500000 + "}"
+    st, _, b = request(pn, "POST", "/v1/models/treelstm/infer", body=big)
+    check(st == 200, f"1.5 MB body through nginx: {st} {b[:200]}")
+    st, _, b = request(pn, "POST", "/v1/models/treelstm/infer",
+                       body=b"{" + b" " * (9 << 20) + b"}")
+    check(st == 413, f"9 MiB body through nginx: {st} {b[:200]}")
 
     stop = threading.Event()
     clients = [Client(i, pn, trees, expected, stop) for i in range(CLIENTS)]
