@@ -20,6 +20,8 @@ void cn_backend_cpu_threads(int n);
 
 /* internal */
 int cn__backend_cpu_open(cn_backend_ctx **out, cn_err *err);
-int cn__backend_cuda_open(int device, cn_backend_ctx **out, cn_err *err);
+/* The cuda module's probe for the tests (device allocations so far); -1
+ * when the module is not loaded. */
+long long cn__backend_cuda_device_allocs(const cn_backend_ctx *bk);
 
 #endif

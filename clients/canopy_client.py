@@ -7,14 +7,21 @@ As a library:
     c.models()                                   # GET /v1/models
     c.infer("treelstm", [{"tree": "(3 (2 It) (4 (2 is) (2 fine)))"}])
 
-As a CLI: sends a JSONL file of INSTANCE objects (API.md) in batches and
-prints one output object a line, in input order (like `canopy run`):
+As a CLI: sends a JSONL file of INSTANCE objects (docs/api.md) in batches
+and prints exactly one output line per input line, in input order (like
+`canopy run`): the output object, or {"error": ...} for a line that failed.
+A batch the daemon refuses because of one bad instance is resent one line
+at a time, so the good lines still get their outputs. 429 and 503 are
+retried after Retry-After (--retries times). Exit status: 0 all lines
+answered, 2 some lines failed, 3 the daemon could not be reached.
     canopy_client.py --model treelstm --input data.jsonl [--batch 32]
 """
 import argparse
 import http.client
 import json
+import socket
 import sys
+import time
 import urllib.parse
 
 
@@ -23,20 +30,39 @@ class CanopyError(Exception):
 
     def __init__(self, status, error, request_id):
         self.status, self.error, self.request_id = status, error, request_id
+        self.retry_after = 0.0
         super().__init__("%d %s: %s (request %s)" % (
             status, error.get("code"), error.get("message"), request_id))
 
 
-class Client:
-    """One keep-alive HTTP/1.1 connection to the daemon."""
+class Unreachable(Exception):
+    """The daemon could not be reached (refused, reset, timed out)."""
 
-    def __init__(self, url="http://127.0.0.1:8080", timeout=60.0):
+
+class Client:
+    """One keep-alive HTTP/1.1 connection to the daemon. 429 and 503
+    answers are retried after their Retry-After (at most `retries` times,
+    each wait capped at `max_wait_s`) before they are raised."""
+
+    def __init__(self, url="http://127.0.0.1:8080", timeout=60.0, retries=5,
+                 max_wait_s=30.0):
         u = urllib.parse.urlparse(url)
+        self.url = url
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.timeout = timeout
+        self.retries, self.max_wait_s = retries, max_wait_s
         self.conn = None
 
     def _request(self, method, path, body=None, request_id=None):
+        for attempt in range(self.retries + 1):
+            try:
+                return self._request_once(method, path, body, request_id)
+            except CanopyError as e:
+                if e.status not in (429, 503) or attempt == self.retries:
+                    raise
+                time.sleep(min(max(e.retry_after, 0.05), self.max_wait_s))
+
+    def _request_once(self, method, path, body=None, request_id=None):
         headers = {}
         data = None
         if body is not None:
@@ -54,17 +80,27 @@ class Client:
                 raw = resp.read()
                 break
             except (http.client.RemoteDisconnected, ConnectionResetError,
-                    BrokenPipeError):
+                    BrokenPipeError) as e:
                 self.close()
                 if attempt:
-                    raise
+                    raise Unreachable("%s: %s" % (self.url, e)) from None
+            except (ConnectionRefusedError, socket.timeout, OSError) as e:
+                self.close()
+                raise Unreachable("%s: %s" % (self.url, e)) from None
+        if resp.getheader("Connection", "").lower() == "close":
+            self.close()  # draining: the next request needs a new one
         rid = resp.getheader("X-Request-Id")
         ctype = resp.getheader("Content-Type", "")
         payload = json.loads(raw) if ctype.startswith("application/json") \
             else raw.decode()
         if resp.status >= 400:
             err = payload.get("error", {}) if isinstance(payload, dict) else {}
-            raise CanopyError(resp.status, err, rid)
+            e = CanopyError(resp.status, err, rid)
+            try:
+                e.retry_after = float(resp.getheader("Retry-After", "1"))
+            except ValueError:
+                e.retry_after = 1.0
+            raise e
         return payload
 
     def close(self):
@@ -99,6 +135,86 @@ class Client:
         return self._request("POST", path, body, request_id)
 
 
+def _error_line(code, message, **where):
+    err = {"code": code, "message": message}
+    err.update(where)
+    return {"error": err}
+
+
+def run_file(c, a, lines, out=sys.stdout, log=sys.stderr):
+    """Sends the parsed lines in batches; writes one output line per input
+    line. lines: list of (line number, instance or None, parse error).
+    Returns (exit status, stats)."""
+    status, stats = 0, {"requests": 0, "batches": 0, "lower_bound": 0,
+                        "lines": len(lines), "errors": 0}
+    results = {}
+
+    def fail(no, err, why):
+        results[no] = err
+        stats["errors"] += 1
+        print("canopy_client: line %d: %s" % (no, why), file=log)
+
+    def send(chunk):
+        ans = c.infer(a.model, [inst for _, inst, _ in chunk], a.outputs,
+                      a.return_hidden, a.timeout_ms)
+        stats["requests"] += 1
+        stats["batches"] += ans["stats"]["batches"]
+        stats["lower_bound"] += ans["stats"]["lower_bound"]
+        for (no, _, _), o in zip(chunk, ans["outputs"]):
+            results[no] = o
+
+    good = []
+    for no, inst, perr in lines:
+        if inst is None:
+            fail(no, _error_line("bad_json", perr, line=no), perr)
+        else:
+            good.append((no, inst, None))
+    unreachable = None
+    for i in range(0, len(good), a.batch):
+        chunk = good[i:i + a.batch]
+        if unreachable is None:
+            try:
+                send(chunk)
+                continue
+            except Unreachable as e:
+                unreachable = str(e)
+            except CanopyError as e:
+                if len(chunk) == 1 or e.status not in (400, 413):
+                    for no, _, _ in chunk:
+                        err = dict(e.error)
+                        err.pop("instance", None)
+                        fail(no, {"error": err}, e)
+                    continue
+                # one bad instance fails its whole request: resend the
+                # batch a line at a time so the others get their outputs
+                for one in chunk:
+                    try:
+                        send([one])
+                    except CanopyError as e1:
+                        err = dict(e1.error)
+                        err.pop("instance", None)
+                        fail(one[0], {"error": err}, e1)
+                    except Unreachable as e1:
+                        unreachable = str(e1)
+                        break
+                if unreachable is None:
+                    continue
+        for no, _, _ in chunk:
+            if no not in results:
+                results[no] = _error_line("unavailable", "the daemon could "
+                                          "not be reached: " + unreachable)
+                stats["errors"] += 1
+    for no, _, _ in lines:
+        print(json.dumps(results[no], separators=(",", ":")), file=out)
+    if unreachable is not None:
+        print("canopy_client: cannot reach the daemon at %s (%s); is "
+              "`canopy serve` running?" % (a.url, unreachable), file=log)
+        status = 3
+    elif stats["errors"]:
+        status = 2
+    return status, stats
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -108,30 +224,34 @@ def main():
     ap.add_argument("--outputs", choices=["root", "all"], default="root")
     ap.add_argument("--return-hidden", action="store_true")
     ap.add_argument("--timeout-ms", type=int)
+    ap.add_argument("--retries", type=int, default=5,
+                    help="retries of a 429/503 answer after its Retry-After")
     a = ap.parse_args()
-    f = sys.stdin if a.input == "-" else open(a.input)
-    lines = [json.loads(l) for l in f if l.strip()]
-    c = Client(a.url)
-    status, stats = 0, {"requests": 0, "batches": 0, "lower_bound": 0}
-    for i in range(0, len(lines), a.batch):
-        chunk = lines[i:i + a.batch]
-        try:
-            ans = c.infer(a.model, chunk, a.outputs, a.return_hidden,
-                          a.timeout_ms)
-        except CanopyError as e:
-            print(json.dumps({"error": e.error}))
-            print("canopy_client: lines %d-%d: %s" % (
-                i + 1, i + len(chunk), e), file=sys.stderr)
-            status = 2
-            continue
-        for out in ans["outputs"]:
-            print(json.dumps(out, separators=(",", ":")))
-        stats["requests"] += 1
-        stats["batches"] += ans["stats"]["batches"]
-        stats["lower_bound"] += ans["stats"]["lower_bound"]
+    if a.batch < 1:
+        ap.error("--batch must be at least 1")
+    try:
+        f = sys.stdin if a.input == "-" else open(a.input, encoding="utf-8")
+    except OSError as e:
+        print("canopy_client: %s" % e, file=sys.stderr)
+        return 2
+    lines = []
+    with f:
+        for no, text in enumerate(f, 1):
+            if not text.strip():  # as `canopy run`: an error line
+                lines.append((no, None, "line %d is empty" % no))
+                continue
+            try:
+                lines.append((no, json.loads(text), None))
+            except ValueError as e:
+                lines.append((no, None, "not valid JSON: %s" % e))
+    c = Client(a.url, retries=a.retries)
+    status, stats = run_file(c, a, lines)
     print(json.dumps(stats), file=sys.stderr)
     return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -99,8 +99,13 @@ static const cn_config_key keys[] = {
     INT_KEY("blas-threads", 0, 256, "0", SRV(blas_threads),
             "OpenBLAS threads; 0: max(1, cores / workers)", "serve"),
     INT_KEY("max-delay-us", 0, 60000000, "2000", SRV(max_delay_us),
-            "a run closes this long after its first request arrived",
+            "the most a request waits for company: a run closes this long "
+            "after its first request arrived",
             "serve"),
+    BOOL_KEY("work-conserving", "true", SRV(work_conserving),
+             "a request that finds a worker idle starts its run at once, and "
+             "a worker that finishes takes every request waiting; false: "
+             "every run waits out max-delay-us unless it fills"),
     INT_KEY("max-instances", 1, 1 << 20, "256", SRV(max_instances),
             "a run closes when it holds this many instances", "serve"),
     INT_KEY("split-min-instances", 0, 1 << 20, "8",
@@ -227,7 +232,64 @@ int cn_config_set(cn_config *c, const char *name, const char *value,
   return set_key(c, k, value, "option", err);
 }
 
+/* Levenshtein distance of a and b, capped: at most 3 is reported. */
+static int edit_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na > 64 || nb > 64) return 3;
+  int row[65];
+  for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= na; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= nb; j++) {
+      int up = row[j];
+      int sub = diag + (a[i - 1] != b[j - 1]);
+      int del = row[j] + 1, ins = row[j - 1] + 1;
+      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      diag = up;
+    }
+  }
+  return row[nb] > 3 ? 3 : row[nb];
+}
+
+/* A CANOPY_ variable that is no key but one or two edits from one
+ * (CANOPY_WORKER) is a typo, and stops start-up as a config-file typo
+ * does. Others (CANOPY_DATA, CANOPY_BIN: the tests', CANOPY_URL: the
+ * clients') are not settings and are left alone: the CANOPY_ namespace of
+ * the environment is shared, a config file is not. */
+static int env_typos(cn_err *err) {
+  extern char **environ;
+  for (char **e = environ; e != NULL && *e != NULL; e++) {
+    if (strncmp(*e, "CANOPY_", 7) != 0) continue;
+    char name[96];
+    size_t n = 0;
+    for (const char *s = *e + 7; *s && *s != '=' && n + 1 < sizeof(name); s++)
+      name[n++] = *s == '_' ? '-' : (char)tolower((unsigned char)*s);
+    name[n] = '\0';
+    if (cn_config_find(name) != NULL) continue;
+    int best = 3;
+    const char *near = NULL;
+    for (size_t i = 0; i < N_KEYS; i++) {
+      int d = edit_distance(name, keys[i].name);
+      if (d < best) best = d, near = keys[i].name;
+    }
+    if (near == NULL || best > (n >= 6 ? 2 : 1)) continue;
+    char var[96] = "CANOPY_";
+    size_t j = strlen(var);
+    for (const char *s = near; *s && j + 1 < sizeof(var); s++)
+      var[j++] = *s == '-' ? '_' : (char)toupper((unsigned char)*s);
+    var[j] = '\0';
+    int len = (int)strcspn(*e, "=");
+    return cn_err_set(err, CN_E_BAD_CONFIG, "environment %.*s: no such "
+                      "configuration key; did you mean %s (key %s)?", len, *e,
+                      var, near);
+  }
+  return 0;
+}
+
 int cn_config_from_env(cn_config *c, cn_err *err) {
+  int rc = env_typos(err);
+  if (rc != 0) return rc;
   for (size_t i = 0; i < N_KEYS; i++) {
     char var[96] = "CANOPY_";
     size_t j = strlen(var);
@@ -236,8 +298,7 @@ int cn_config_from_env(cn_config *c, cn_err *err) {
     var[j] = '\0';
     const char *v = getenv(var);
     if (v == NULL) continue;
-    int rc = set_key(c, &keys[i], v, var, err);
-    if (rc != 0) return rc;
+    if ((rc = set_key(c, &keys[i], v, var, err)) != 0) return rc;
   }
   return 0;
 }

@@ -24,6 +24,7 @@ extern "C" {
  * One table: enum value, wire code (API.md), HTTP status (the one place it
  * is decided), and a default message. libuv UV_ERRNO_MAP style. */
 #define CN_ERRNO_MAP(XX)                                                      \
+  XX(BAD_REQUEST, "bad_request", 400, "the HTTP request is malformed")       \
   XX(BAD_JSON, "bad_json", 400, "the body is not valid JSON")                 \
   XX(BAD_INSTANCE, "bad_instance", 400, "the instance is not valid")          \
   XX(BAD_TREE, "bad_tree", 400, "the tree is not valid")                      \
@@ -109,8 +110,12 @@ const char *cn_model_family(const cn_model *m);
 cn_input_kind cn_model_input(const cn_model *m);
 int cn_model_n_types(const cn_model *m);
 const char *cn_model_type_name(const cn_model *m, int type);
-/* Family, sizes, labels, input kind, vertex types (new reference). */
+/* Family, sizes, labels, input kind, vertex types, weights_sha256 (new
+ * reference). */
 json_t *cn_model_describe(const cn_model *m);
+/* SHA-256 (hex) of the weights file as it was read at load time; the model
+ * keeps its own copy of the weights, whatever happens to the file. */
+const char *cn_model_weights_sha256(const cn_model *m);
 
 /* Writes a fresh model directory: model.json, weights.safetensors with
  * deterministic random weights (scaled so activations do not saturate) and
@@ -124,6 +129,8 @@ typedef struct cn_model_init_opts {
   int max_vocab;               /* 0: default */
   const char *lexicon;         /* latticelstm: word list copied into the
                                   model (spans for requests without words) */
+  int crf;                     /* bilstm-tagger: add the CRF layer (random
+                                  crf.* tensors, "crf": true) */
 } cn_model_init_opts;
 
 int cn_model_init(const cn_model_init_opts *o, cn_err *err);

@@ -78,6 +78,43 @@ static int parse_tree(const cn_model *m, const json_t *inst,
   return tree_finish(m, lim, json_is_object(t), in, err);
 }
 
+/* The keys that say what an instance is (docs/api.md "Instances"). An
+ * instance that carries another kind's form, or two forms of its own
+ * ("tokens" and "text"), is ambiguous: which one would be computed is a
+ * guess, so it is refused rather than half read. Other keys are ignored. */
+static int check_forms(const cn_model *m, const json_t *inst, cn_err *err) {
+  static const struct {
+    const char *key;
+    unsigned kinds; /* bit per cn_input_kind */
+  } forms[] = {
+      {"tree", 1u << CN_INPUT_TREE},
+      {"tokens", 1u << CN_INPUT_SEQUENCE},
+      {"chars", 1u << CN_INPUT_LATTICE},
+      {"words", 1u << CN_INPUT_LATTICE},
+      {"nodes", 1u << CN_INPUT_DAG},
+      {"text", 1u << CN_INPUT_SEQUENCE | 1u << CN_INPUT_LATTICE},
+  };
+  static const char *takes[] = {
+      [CN_INPUT_TREE] = "\"tree\"",
+      [CN_INPUT_SEQUENCE] = "\"tokens\" or \"text\"",
+      [CN_INPUT_LATTICE] = "\"chars\" or \"text\", and \"words\"",
+      [CN_INPUT_DAG] = "\"nodes\""};
+  const char *own = NULL;
+  for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+    if (json_object_get(inst, forms[i].key) == NULL) continue;
+    if (!(forms[i].kinds & (1u << m->fam->input)))
+      return cn_err_set(err, CN_E_BAD_INSTANCE, "instance has \"%s\", but "
+                        "model %s takes %s", forms[i].key, m->fam->name,
+                        takes[m->fam->input]);
+    if (strcmp(forms[i].key, "words") == 0) continue; /* beside either */
+    if (own != NULL)
+      return cn_err_set(err, CN_E_BAD_INSTANCE, "instance has both \"%s\" "
+                        "and \"%s\": give one", own, forms[i].key);
+    own = forms[i].key;
+  }
+  return 0;
+}
+
 int cn_instance_parse(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, int index, cn_instance **out,
                       cn_err *err) {
@@ -100,6 +137,7 @@ int cn_instance_parse(const cn_model *m, const json_t *inst,
     rc = cn_err_set(err, CN_E_BAD_INSTANCE, "an instance must be an object");
     goto out;
   }
+  if ((rc = check_forms(m, inst, err)) != 0) goto out;
   switch (in->kind) {
     case CN_INPUT_TREE: rc = parse_tree(m, inst, lim, in, err); break;
     case CN_INPUT_SEQUENCE: rc = cn__parse_sequence(m, inst, lim, in, err); break;

@@ -92,20 +92,23 @@ int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
                    int n_specials, int max, const char ***out, int *n_out);
 
 /* ---- safetensors (safetensors.c) ---------------------------------------
- * Read-only mmap of a .safetensors file; every tensor's header entry is
- * checked (dtype, shape product × dtype size == byte span, offsets inside
- * the data section, no overlap) before any is used. */
+ * A .safetensors file read whole into memory of its own (never a mapping of
+ * the file: what happens to the file afterwards cannot change or break a
+ * loaded model), with its SHA-256; every tensor's header entry is checked
+ * (dtype, shape product × dtype size == byte span, offsets inside the data
+ * section, no overlap) before any is used. */
 typedef struct cn_tensor {
   char name[96];
   int ndim;
   int64_t shape[4];
   int64_t numel;
-  const float *data; /* into the mapping; F32 only */
+  const float *data; /* into the file's bytes; F32 only */
 } cn_tensor;
 
 typedef struct cn_safetensors {
-  void *map;
-  size_t map_len;
+  void *bytes;       /* the whole file, 64-byte aligned, owned */
+  size_t n_bytes;
+  char sha256[65];   /* of the file, lowercase hex */
   int n;
   cn_tensor *tensors;
 } cn_safetensors;
@@ -135,13 +138,17 @@ struct cn_cell;
 typedef struct cn_dims {
   int64_t H, D, C, V;     /* hidden, embed, classes, vocab                  */
   int64_t Vw, Dw, Vt, K;  /* word vocab/embed, target vocab, mvrnn matrices */
+  bool crf;               /* model.json "crf": the family's CRF tensors too
+                             (bilstm-tagger, MODELS.md)                    */
 } cn_dims;
 
 enum {
   CN_INIT_LINEAR = 0, /* U(-1/√fan_in, 1/√fan_in), fan_in = last dim        */
   CN_INIT_BIAS,       /* U(-1/√H, 1/√H)                                     */
   CN_INIT_EMBED,      /* N(0, 1) scaled to unit-ish rows: U(-1, 1)·√3/√D…   */
-  CN_INIT_MATRICES    /* identity + small noise, per [K, H, H] slice        */
+  CN_INIT_MATRICES,   /* identity + small noise, per [K, H, H] slice        */
+  CN_INIT_SCORES      /* U(-0.1, 0.1): CRF scores, as pytorch-crf's
+                         CRF.reset_parameters                              */
 };
 
 typedef struct cn_tensor_spec {
@@ -157,6 +164,7 @@ struct cn_family {
   int n_types;
   const char *type_names[CN_MAX_TYPES];
   bool has_classes; /* has an output layer with C classes */
+  bool crf;         /* accepts model.json "crf" (MODELS.md bilstm-tagger)  */
   int max_arity;    /* trees: most children per node (0: lim->max_children) */
   /* The tensors of the family at these sizes, in binding order; returns
    * their number (≤ CN_MAX_TENSORS). */
@@ -177,6 +185,11 @@ struct cn_family {
                             int64_t n_inputs);
   /* Executes one batch: n vertices of one type, all inputs ready. */
   void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
+  /* After every batch ran and the states are host-readable
+   * (cn__run_state_host): one pass over the whole run on the host, e.g.
+   * bilstm-tagger's CRF decoding of every instance together. Fills
+   * r->out_tag / r->out_score; returns 0 or an error. NULL: none. */
+  int (*finish)(cn_run *r, cn_err *err);
   /* Writes the per-instance output object (API.md). */
   json_t *(*output)(const cn_run *r, int slot);
   /* The vertex function of a type as op IR (core/cell.h), for the naive
@@ -327,6 +340,10 @@ struct cn_run {
   int exec_rc;                   /* set by an exec() that could not finish */
   cn_layout layout;
   int plan_width;                /* CN_POLICY_PLAN's beam width           */
+  /* results of the family's finish() pass (NULL when it has none) */
+  int32_t *out_tag;              /* per vertex: the decoded tag of an
+                                    output vertex (others unused)        */
+  float *out_score;              /* per slot: the decoded path's score    */
   /* statistics */
   size_t cell_bytes;
   size_t gather_bytes;

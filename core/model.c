@@ -4,6 +4,7 @@
  * vocabulary and every tensor the family lists is checked here, and any
  * failure frees everything and says which file, key or tensor to fix. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,13 @@ static int bind_tensors(cn_model *m, const char *file, cn_err *err) {
                         why[0] ? " (" : "", why, why[0] ? ")" : "");
     }
     if (is_m) m->dims.K = t->shape[0];
+    /* NaN or Inf weights give plausible-looking answers: refuse them. */
+    for (int64_t j = 0; j < t->numel; j++)
+      if (!isfinite(t->data[j]))
+        return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' holds %s "
+                          "at element %lld (row-major); weights must be "
+                          "finite", file, s->name,
+                          isnan(t->data[j]) ? "NaN" : "Inf", (long long)j);
     m->w[i] = t;
   }
   m->n_tensors = n;
@@ -311,6 +319,20 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     goto out;
   }
   m->lowercase = json_is_true(lc);
+  /* "crf" adds the family's CRF tensors (MODELS.md bilstm-tagger); the key
+   * means nothing to other families, so there it is a mistake to report. */
+  json_t *crf = json_object_get(m->json, "crf");
+  if (crf != NULL && !json_is_boolean(crf)) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' must be true or "
+                    "false", file);
+    goto out;
+  }
+  if (crf != NULL && !m->fam->crf) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' is for family "
+                    "bilstm-tagger only, not %s", file, m->fam->name);
+    goto out;
+  }
+  m->dims.crf = json_is_true(crf);
   if (!m->fam->has_classes && json_object_get(m->json, "labels") != NULL) {
     rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'labels' is given but "
                     "family %s has no classes", file, m->fam->name);
@@ -389,6 +411,7 @@ json_t *cn_model_describe(const cn_model *m) {
   if (m->labels != NULL)
     json_object_set_new(o, "labels", str_array(m->labels, m->n_labels));
   json_object_set_new(o, "lowercase", json_boolean(m->lowercase));
+  if (m->fam->crf) json_object_set_new(o, "crf", json_boolean(m->dims.crf));
   json_t *vt = json_array();
   for (int i = 0; i < m->fam->n_types; i++)
     json_array_append_new(vt, json_string(m->fam->type_names[i]));
@@ -407,5 +430,8 @@ json_t *cn_model_describe(const cn_model *m) {
                         str_array(m->type_b_labels, m->n_type_b_labels));
   json_t *lex = json_object_get(m->json, "lexicon");
   if (lex != NULL) json_object_set(o, "lexicon", lex);
+  json_object_set_new(o, "weights_sha256", json_string(m->st.sha256));
   return o;
 }
+
+const char *cn_model_weights_sha256(const cn_model *m) { return m->st.sha256; }

@@ -39,6 +39,7 @@ static void fill(const cn_tensor_spec *sp, const cn_dims *d, uint64_t seed,
   case CN_INIT_LINEAR: b = 1.0f / sqrtf((float)(last > 0 ? last : 1)); break;
   case CN_INIT_BIAS: b = 1.0f / sqrtf((float)d->H); break;
   case CN_INIT_MATRICES: b = 0.05f; break;
+  case CN_INIT_SCORES: b = 0.1f; break;
   default: break; /* CN_INIT_EMBED: U(-1, 1)·0.5 */
   }
   for (int64_t i = 0; i < numel; i++) x[i] = uniform(&s, -b, b);
@@ -396,7 +397,8 @@ static json_t *labels_json(int c) {
 /* model.json: sizes, file names, labels and family options. The seed is
  * recorded for the reader (a seed above 2^63 shows as negative). */
 static json_t *model_json(const cn_family *fam, int h, int d, int c,
-                          const int nv[3], uint64_t seed, bool lexicon) {
+                          const int nv[3], uint64_t seed, bool lexicon,
+                          bool crf) {
   json_t *j = json_object();
   json_object_set_new(j, "family", json_string(fam->name));
   json_object_set_new(j, "hidden", json_integer(h));
@@ -411,6 +413,7 @@ static json_t *model_json(const cn_family *fam, int h, int d, int c,
   if (lexicon) json_object_set_new(j, "lexicon", json_string("lexicon.txt"));
   if (fam->has_classes) json_object_set_new(j, "labels", labels_json(c));
   json_object_set_new(j, "lowercase", json_false());
+  if (crf) json_object_set_new(j, "crf", json_true());
   if (strcmp(fam->name, "treelstm-2type") == 0)
     json_object_set_new(j, "type_b_labels", json_pack("[ss]", "NP", "PP"));
   json_object_set_new(j, "seed", json_integer((json_int_t)seed));
@@ -467,6 +470,11 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
                     "families (latticelstm), not %s", fam->name);
     goto out;
   }
+  if (o->crf && !fam->crf) {
+    rc = cn_err_set(err, CN_E_BAD_CONFIG, "--crf is for bilstm-tagger, not "
+                    "%s", fam->name);
+    goto out;
+  }
   if (o->lexicon != NULL && (rc = lexicon_words(o->lexicon, &word, err)))
     goto out;
   if (o->vocab_from != NULL) {
@@ -502,7 +510,7 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
     goto out;
   }
   cn_dims dims = {.H = h, .D = d, .C = c, .Dw = d,
-                  .V = nv[0], .Vw = nv[1], .Vt = nv[2]};
+                  .V = nv[0], .Vw = nv[1], .Vt = nv[2], .crf = o->crf != 0};
   dims.K = dims.V < 256 ? dims.V : 256; /* mvrnn leaf.M */
   static const char *const file[] = {"vocab.txt", "words.txt",
                                      "tgt_vocab.txt"};
@@ -520,7 +528,7 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
       ((rc = path_in(path, sizeof(path), o->dir, "lexicon.txt", err)) ||
        (rc = copy_lexicon(o->lexicon, path, err))))
     goto out;
-  j = model_json(fam, h, d, c, nv, o->seed, o->lexicon != NULL);
+  j = model_json(fam, h, d, c, nv, o->seed, o->lexicon != NULL, o->crf != 0);
   text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (text == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "model.json: out of memory");

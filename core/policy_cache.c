@@ -45,7 +45,7 @@ uint64_t cn__fsm_model_key(const cn_model *m, cn_fsm_encoding enc) {
   h = mix_str(h, m->fam->name);
   for (int t = 0; t < m->fam->n_types; t++)
     h = mix_str(h, m->fam->type_names[t]);
-  if (m->st.map != NULL) h = mix(h, m->st.map, m->st.map_len);
+  if (m->st.bytes != NULL) h = mix(h, m->st.bytes, m->st.n_bytes);
   return mix_str(h, cn_fsm_encoding_name(enc));
 }
 

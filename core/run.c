@@ -70,6 +70,8 @@ void cn_run_free(cn_run *r) {
   free(r->batches);
   free(r->idx_host);
   free(r->host);
+  free(r->out_tag);
+  free(r->out_score);
   free(r);
 }
 
@@ -223,12 +225,7 @@ static int plan_arena(cn_run *r, cn_err *err) {
   return 0;
 }
 
-int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
-  if (r->executed)
-    return cn_err_set(err, CN_E_INTERNAL, "a run executes only once");
-  r->executed = true;
-  if (r->nv == 0) return 0;
-  if (r->fam->dynamic) return cn__run_exec_dynamic(r, policy, err);
+static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
   int rc = cn__sched_plan(r, policy, err);
   if (rc != 0) return rc;
   rc = plan_arena(r, err);
@@ -243,6 +240,20 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
   r->bk->vt->sync(r->bk);
   r->kernels = r->bk->kernels - k0;
   return cn__run_copy_back(r, err);
+}
+
+/* Every batch, then the family's run-level host pass (finish), which sees
+ * all the run's states at once: a CRF decodes all its instances together
+ * there instead of one at a time. */
+int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
+  if (r->executed)
+    return cn_err_set(err, CN_E_INTERNAL, "a run executes only once");
+  r->executed = true;
+  if (r->nv == 0) return 0;
+  int rc = r->fam->dynamic ? cn__run_exec_dynamic(r, policy, err)
+                           : exec_planned(r, policy, err);
+  if (rc == 0 && r->fam->finish != NULL) rc = r->fam->finish(r, err);
+  return rc;
 }
 
 

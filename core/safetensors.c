@@ -3,23 +3,27 @@
  * Layout (huggingface/safetensors): an 8-byte little-endian header length N,
  * N bytes of JSON {"name": {"dtype", "shape", "data_offsets": [b, e]}, ...}
  * with an optional "__metadata__" entry, then the data section; offsets are
- * relative to its start. The reader maps the file read-only and checks every
- * header entry before handing out a pointer, so a model is either entirely
- * valid or not loaded. Only F32 is accepted, and the host must be little
- * endian (the data is used in place). */
+ * relative to its start. The reader reads the whole file into memory of its
+ * own and checks every header entry before handing out a pointer, so a model
+ * is either entirely valid or not loaded. It does not map the file: with a
+ * mapping, copying other weights over the file changed a running daemon's
+ * answers and truncating it killed the daemon with SIGBUS. It records the
+ * file's SHA-256 (OpenSSL libcrypto), which names the weights a model
+ * serves. Only F32 is accepted, and the host must be little endian (the
+ * data is used in place). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "safetensors.c maps little-endian float data in place"
+#error "safetensors.c uses little-endian float data in place"
 #endif
 
 #define MAX_HEADER (100u * 1024 * 1024)
@@ -127,13 +131,36 @@ out:
 
 void cn_safetensors_close(cn_safetensors *st) {
   if (st == NULL) return;
-  if (st->map != NULL) munmap(st->map, st->map_len);
+  free(st->bytes);
   free(st->tensors);
   memset(st, 0, sizeof(*st));
 }
 
-/* Maps path and checks its whole header (see the file comment). On failure
- * st is left empty (safe to close) and err names the file and tensor. */
+/* Reads n bytes of fd into buf; a short file is an error (it shrank while
+ * being read). */
+static int read_whole(int fd, char *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = read(fd, buf + got, n - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return k == 0 ? EIO : errno;
+    got += (size_t)k;
+  }
+  return 0;
+}
+
+static void sha256_hex(const void *p, size_t n, char out[65]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  out[0] = '\0';
+  if (EVP_Digest(p, n, md, &len, EVP_sha256(), NULL) != 1 || len != 32)
+    return;
+  for (unsigned i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+/* Reads path into memory and checks its whole header (see the file
+ * comment). On failure st is left empty (safe to close) and err names the
+ * file and tensor. */
 int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
   int rc = CN_E_BAD_MODEL;
   int fd = -1;
@@ -153,15 +180,22 @@ int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
                (long long)sb.st_size);
     goto out;
   }
-  st->map_len = (size_t)sb.st_size;
-  st->map = mmap(NULL, st->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (st->map == MAP_FAILED) {
-    st->map = NULL;
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot map: %s", path,
-                    strerror(errno));
+  st->n_bytes = (size_t)sb.st_size;
+  if (posix_memalign(&st->bytes, 64, st->n_bytes) != 0) {
+    st->bytes = NULL;
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for %zu bytes", path,
+                    st->n_bytes);
     goto out;
   }
-  const unsigned char *m = st->map;
+  int rerr = read_whole(fd, st->bytes, st->n_bytes);
+  if (rerr != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot read %zu bytes: %s", path,
+                    st->n_bytes, rerr == EIO ? "the file shrank while being "
+                    "read" : strerror(rerr));
+    goto out;
+  }
+  sha256_hex(st->bytes, st->n_bytes, st->sha256);
+  const unsigned char *m = st->bytes;
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | m[i];
   if (hlen > (uint64_t)sb.st_size - 8 || hlen > MAX_HEADER) {

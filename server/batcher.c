@@ -6,6 +6,17 @@
  * instances, or just before a request would take it past max-vertices,
  * whichever comes first (the time / size bound of just-in-time batching:
  * DyNet's autobatching groups only what is there when it must compute).
+ *
+ * Work-conserving (the default): waiting for company only pays while every
+ * worker is busy, so a request that finds a worker idle has its window
+ * closed at the end of the loop turn it arrived in (a uv_check: the
+ * requests that arrived in the same poll join it, at no added delay), and
+ * a worker that finishes a run takes every window that gathered while it
+ * computed (cn__batcher_on_done). Under load runs are
+ * therefore as large as the load makes them, with no timer involved;
+ * max-delay-us is only the most a request waits when every worker stays
+ * busy. Each close is counted by reason (canopy_window_closes_total).
+ *
  * A closed window is a run: it goes to the job queue for a worker, split
  * into one run per idle worker when workers sit idle (window_close).
  *
@@ -79,12 +90,13 @@ static cn__job *job_split_tail(cn__job *j, int from) {
  * while the other core waits, two of 27 side by side in 3.4 ms. With
  * every worker busy the run goes whole: waiting for a worker, large runs
  * are what batching is for. */
-static void window_close(cn__model_entry *me) {
+static void window_close(cn__model_entry *me, cn__close_reason why) {
   cn__job *j = me->window;
   if (j == NULL) return;
   me->window = NULL;
   uv_timer_stop(&me->timer);
   cn__server *s = me->srv;
+  cn__metrics_window_close(&s->metrics, why);
   int min = s->cfg.serve.split_min_instances;
   int k = min > 0 ? j->instances / min : 1;
   if (k > j->n) k = j->n;
@@ -113,7 +125,27 @@ static void window_close(cn__model_entry *me) {
   cn__workers_push(s, j);
 }
 
-static void on_window_timer(uv_timer_t *t) { window_close(t->data); }
+/* End of a loop turn in which requests arrived: windows go to the workers
+ * that are idle, the models in turn (round robin). */
+static void close_for_idle(cn__server *s, cn__close_reason why) {
+  if (!s->cfg.serve.work_conserving || s->n_models == 0) return;
+  for (int k = 0; k < s->n_models && idle_workers(s) > 0; k++) {
+    cn__model_entry *me = &s->models[(s->next_feed + k) % s->n_models];
+    if (me->window != NULL) {
+      window_close(me, why);
+      s->next_feed = (me->index + 1) % s->n_models;
+    }
+  }
+}
+
+static void on_idle_check(uv_check_t *c) {
+  uv_check_stop(c);
+  close_for_idle(c->data, CN__CLOSE_IDLE_WORKER);
+}
+
+static void on_window_timer(uv_timer_t *t) {
+  window_close(t->data, CN__CLOSE_MAX_DELAY);
+}
 
 static int job_append(cn__job *j, cn__req *r) {
   if (j->n == j->cap) {
@@ -191,7 +223,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
   }
   if (me->window != NULL &&
       (me->window->vertices + r->vertices > (size_t)sc->max_vertices))
-    window_close(me);
+    window_close(me, CN__CLOSE_SIZE);
   if (me->window == NULL) {
     cn__job *j = calloc(1, sizeof(*j));
     if (j == NULL) {
@@ -226,8 +258,12 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
   }
   if (me->window->instances >= sc->max_instances ||
       me->window->vertices >= (size_t)sc->max_vertices)
-    window_close(me);
+    window_close(me, CN__CLOSE_SIZE);
+  else if (sc->work_conserving && !uv_is_active((uv_handle_t *)&s->idle_check))
+    uv_check_start(&s->idle_check, on_idle_check);
 }
+
+
 
 /* Gives up on a waiting request (timeout, disconnect): if its run has not
  * closed yet its instances leave the window now; if the run is queued the
@@ -292,6 +328,8 @@ void cn__batcher_on_done(uv_async_t *a) {
     cn__job_free(j);
     j = next;
   }
+  /* work-conserving: the freed workers take what gathered meanwhile */
+  close_for_idle(s, CN__CLOSE_WORKER_FREED);
 }
 
 /* mhd-thread mode: requests parsed on MHD's thread arrive here. */
@@ -310,7 +348,8 @@ void cn__batcher_on_inbox(uv_async_t *a) {
 }
 
 void cn__batcher_flush_all(cn__server *s) {
-  for (int i = 0; i < s->n_models; i++) window_close(&s->models[i]);
+  for (int i = 0; i < s->n_models; i++)
+    window_close(&s->models[i], CN__CLOSE_FLUSH);
 }
 
 /* Grace period over: whatever still waits is answered now. */

@@ -15,6 +15,7 @@ static void model_usage(FILE *f) {
           "                         [--vocab-from FILE.jsonl] [--seed S] "
           "[--max-vocab N]\n"
           "                         [--lexicon WORDS.txt]   (latticelstm)\n"
+          "                         [--crf]                 (bilstm-tagger)\n"
           "       canopy model info DIR\n"
           "       canopy model bench DIR --input FILE.jsonl [--runsize R] "
           "[--batch N] [--iters K]\n"
@@ -22,7 +23,8 @@ static void model_usage(FILE *f) {
           "init writes DIR/model.json, DIR/weights.safetensors and the "
           "vocabularies, with\nweights drawn from a seeded generator (the "
           "same seed gives the same model) and\na vocabulary of the tokens "
-          "in FILE.jsonl, most frequent first.\n"
+          "in FILE.jsonl, most frequent first. --crf adds a CRF layer "
+          "(crf.start,\ncrf.end, crf.trans; tags become the Viterbi path).\n"
           "families: treelstm treelstm-2type treegru childsum-treelstm "
           "mvrnn bilstm-tagger\n"
           "          lstm-nmt latticelstm latticegru\n"
@@ -58,6 +60,8 @@ static int cmd_init(int argc, char **argv) {
     } else if ((m = cn__flag_value(argc, argv, &i, "--max-vocab", &v)) != 0) {
       if (m < 0 || cn__parse_int("--max-vocab", v, 1, 1 << 24, &x)) return 1;
       o.max_vocab = (int)x;
+    } else if (strcmp(argv[i], "--crf") == 0) {
+      o.crf = 1;
     } else if ((m = cn__flag_value(argc, argv, &i, "--lexicon", &v)) != 0) {
       if (m < 0) return 1;
       o.lexicon = v;

@@ -356,7 +356,7 @@ int cn_cmd_run(int argc, char **argv) {
       cn_err_clear(&l->err);
       l->lineno = lineno;
       json_error_t je;
-      json_t *j = json_loadb(buf, (size_t)len, 0, &je);
+      json_t *j = json_loadb(buf, (size_t)len, JSON_REJECT_DUPLICATES, &je);
       if (j == NULL) {
         cn_err_set(&l->err, CN_E_BAD_JSON, "line %lld is not JSON: %s",
                    lineno, je.text);

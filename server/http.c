@@ -17,6 +17,7 @@
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "routes.h"
@@ -220,6 +221,7 @@ static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
   set_id(s, r,
          MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
+  atomic_fetch_add(&s->requests_seen, 1);
   atomic_store(&s->last_request_us, (long long)(cn__now() * 1e6));
   return r;
 }
@@ -249,6 +251,22 @@ static enum MHD_Result answer_route(cn__req *r, const char *method) {
   return answer_now(r, status, body, ctype);
 }
 
+/* Counts the Content-Length headers and whether any two differ. */
+typedef struct cl_scan {
+  int n;
+  bool differ;
+  const char *first;
+} cl_scan;
+
+static enum MHD_Result scan_cl(void *cls, enum MHD_ValueKind kind,
+                               const char *key, const char *value) {
+  cl_scan *c = cls;
+  if (strcasecmp(key, "Content-Length") != 0) return MHD_YES;
+  if (c->n++ == 0) c->first = value;
+  else if (strcmp(c->first, value ? value : "") != 0) c->differ = true;
+  return MHD_YES;
+}
+
 /* MHD's access handler: called once with the headers, once per body chunk,
  * once at the end of the body, and once more after a resume. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
@@ -265,6 +283,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     cn__route rt = cn__route_find(s, url, &me);
     r->me = me;
     r->route = rt;
+    /* Two different Content-Length headers: which one frames the body is
+     * a guess, and behind a proxy that guesses the other way it is
+     * request smuggling (RFC 9112 §6.3). Refused; answering on this first
+     * call also closes the connection. */
+    cl_scan cls_ = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_cl, &cls_);
+    if (cls_.differ)
+      return answer_err(r, CN_E_BAD_REQUEST,
+                        "conflicting Content-Length headers");
     /* MHD calls again at the end of the (empty or not) body; answering
      * then keeps the connection alive (an answer queued on this first
      * call would close it). A body declared too large is refused now. */

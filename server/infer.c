@@ -14,7 +14,8 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
   const cn_serve_config *sc = &s->cfg.serve;
   int rc = 0;
   json_error_t je;
-  json_t *j = json_loadb(r->body ? r->body : "", r->body_len, 0, &je);
+  json_t *j = json_loadb(r->body ? r->body : "", r->body_len,
+                        JSON_REJECT_DUPLICATES, &je);
   if (j == NULL) {
     rc = cn_err_set(e, CN_E_BAD_JSON, "the body is not valid JSON: %s",
                     je.text);
@@ -72,9 +73,10 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
   }
   if ((v = json_object_get(j, "timeout_ms")) != NULL) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-        json_integer_value(v) > 86400000) {
+        json_integer_value(v) > 3600000) {
       rc = cn_err_set(e, CN_E_BAD_JSON,
-                      "\"timeout_ms\" must be an integer in [1, 86400000]");
+                      "\"timeout_ms\" must be an integer in [1, 3600000] (ms; "
+                      "the daemon's timeout-ms key has the same limit)");
       goto out;
     }
     r->timeout_ms = json_integer_value(v);

@@ -96,6 +96,12 @@ void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_window_close(cn__metrics *m, cn__close_reason why) {
+  pthread_mutex_lock(&m->mu);
+  m->window_closes[why]++;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_queue_wait(cn__metrics *m, double seconds) {
   pthread_mutex_lock(&m->mu);
   hist_add(&m->queue_s, seconds);
@@ -224,6 +230,13 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   hist(&b, "canopy_batch_size_instances", "instances per executed run",
        &m->batch_instances);
   counter(&b, "canopy_runs_total", "runs executed", m->runs);
+  static const char *why[CN__N_CLOSE] = {"idle_worker", "worker_freed",
+                                         "max_delay", "size", "flush"};
+  head(&b, "canopy_window_closes_total", "counter",
+       "aggregation windows closed into runs, by reason (docs/daemon.md)");
+  for (int i = 0; i < CN__N_CLOSE; i++)
+    sb_printf(&b, "canopy_window_closes_total{reason=\"%s\"} %llu\n", why[i],
+              (unsigned long long)m->window_closes[i]);
   counter(&b, "canopy_batches_total",
           "batched vertex launches of all runs", m->batches);
   counter(&b, "canopy_lower_bound_batches_total",

@@ -33,6 +33,7 @@ typedef struct cn__metrics {
   uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
+  uint64_t window_closes[5];  /* by cn__close_reason                      */
   double start_time;
 } cn__metrics;
 
@@ -60,6 +61,16 @@ void cn__metrics_overloaded(cn__metrics *m);
 enum { CN__RETRAIN_SWAPPED = 0, CN__RETRAIN_KEPT, CN__RETRAIN_FAILED,
        CN__N_RETRAIN };
 void cn__metrics_retrain(cn__metrics *m, int model, int result);
+/* Why an aggregation window closed into a run (batcher.c). */
+typedef enum {
+  CN__CLOSE_IDLE_WORKER = 0, /* a request found a worker idle: start now  */
+  CN__CLOSE_WORKER_FREED,    /* a worker finished: it takes what waits    */
+  CN__CLOSE_MAX_DELAY,       /* max-delay-us passed                       */
+  CN__CLOSE_SIZE,            /* max-instances / max-vertices reached      */
+  CN__CLOSE_FLUSH,           /* drain                                     */
+  CN__N_CLOSE
+} cn__close_reason;
+void cn__metrics_window_close(cn__metrics *m, cn__close_reason why);
 /* The whole exposition; caller frees. */
 char *cn__metrics_render(cn__metrics *m, const cn__gauges *g);
 

@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -153,9 +154,11 @@ static int load_models(cn__server *s, cn_err *err) {
     s->n_models++;
     cn__policy_init(s, me); /* a cache read at most: never trains */
     me->describe = cn__model_describe_full(s, me);
-    CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s",
+    CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s "
+           "weights_sha256=%s",
            me->name, cn_model_family(me->model),
-           cn_input_kind_name(cn_model_input(me->model)));
+           cn_input_kind_name(cn_model_input(me->model)),
+           cn_model_weights_sha256(me->model));
   }
 out:
   for (int i = 0; i < n; i++) free(names[i]);
@@ -201,6 +204,24 @@ static void on_signal(uv_signal_t *h, int signum) {
   cn__http_quiesce(s);
   cn__retrainer_signal_stop(s);
   uv_timer_start(&s->drain_timer, drain_check, 0, 10);
+}
+
+/* Once a second: when the load has passed (nothing in flight, queued or
+ * computing) and requests were served since the last look, the free
+ * memory of every malloc arena goes back to the system. Without it RSS
+ * stayed at its peak after a burst (15 -> 173 -> 157 MB, 3 s after). It
+ * runs on the loop, after the answers (written by the workers, freed here
+ * once sent) are gone, and only when idle, so it costs no request. */
+static void on_trim_timer(uv_timer_t *t) {
+  cn__server *s = t->data;
+  long long served = atomic_load(&s->requests_seen);
+  if (served == s->trimmed_at || atomic_load(&s->in_flight) != 0) return;
+  pthread_mutex_lock(&s->qmu);
+  bool idle = s->qhead == NULL && s->busy_workers == 0;
+  pthread_mutex_unlock(&s->qmu);
+  if (!idle) return;
+  malloc_trim(0);
+  s->trimmed_at = served;
 }
 
 /* SIGHUP: a service manager's `reload`, or the terminal closing. Its
@@ -265,6 +286,12 @@ int cn_cmd_serve(int argc, char **argv) {
   s->done_async.data = s->inbox_async.data = s;
   uv_timer_init(&s->loop, &s->drain_timer);
   s->drain_timer.data = s;
+  uv_check_init(&s->loop, &s->idle_check);
+  s->idle_check.data = s;
+  uv_timer_init(&s->loop, &s->trim_timer);
+  s->trim_timer.data = s;
+  uv_timer_start(&s->trim_timer, on_trim_timer, 1000, 1000);
+  uv_unref((uv_handle_t *)&s->trim_timer);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sighup);

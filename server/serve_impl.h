@@ -151,6 +151,12 @@ struct cn__server {
   cn__job *qhead, *qtail;
   int queued_jobs;
   int busy_workers;          /* workers computing a run                 */
+  int next_feed;             /* loop: model a freed worker serves first */
+  uv_timer_t trim_timer;     /* loop: malloc_trim once the load passed  */
+  long long trimmed_at;      /* loop: requests_seen at the last trim    */
+  atomic_llong requests_seen;  /* requests received, ever               */
+  uv_check_t idle_check;     /* loop: start runs for idle workers after
+                                the requests of this loop turn are in  */
   bool stopping;
   /* done queue: workers -> loop */
   pthread_mutex_t dmu;

@@ -81,3 +81,31 @@ Test(config, precedence_and_errors) {
   cr_expect(strstr(err.msg, "no-such-key") != NULL, "%s", err.msg);
   remove(path);
 }
+
+/* An environment typo (CANOPY_WORKER) stops start-up naming the key, as a
+ * config-file typo does; CANOPY_ variables that are nothing like a key
+ * (the tests' CANOPY_DATA and CANOPY_BIN) are not Canopy's settings. */
+Test(config, environment_typos_are_errors) {
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  setenv("CANOPY_WORKER", "3", 1);
+  cr_expect_eq(cn_config_from_env(&c, &err), CN_E_BAD_CONFIG);
+  cr_expect(strstr(err.msg, "CANOPY_WORKER") != NULL &&
+                strstr(err.msg, "CANOPY_WORKERS") != NULL,
+            "%s", err.msg);
+  unsetenv("CANOPY_WORKER");
+  setenv("CANOPY_MAX_DELAY_MS", "3", 1); /* a unit typo, 1 edit */
+  cr_expect_eq(cn_config_from_env(&c, &err), CN_E_BAD_CONFIG);
+  cr_expect(strstr(err.msg, "max-delay-us") != NULL, "%s", err.msg);
+  unsetenv("CANOPY_MAX_DELAY_MS");
+  setenv("CANOPY_DATA", "/tmp", 1);
+  setenv("CANOPY_BIN", "/bin/true", 1);
+  setenv("CANOPY_URL", "http://x", 1);
+  setenv("CANOPY_CUDA_MODULE", "/x.so", 1);
+  setenv("CANOPY_WORKERS", "3", 1);
+  cr_expect_eq(cn_config_from_env(&c, &err), 0, "%s", err.msg);
+  cr_expect_eq(c.serve.workers, 3);
+  unsetenv("CANOPY_WORKERS");
+}

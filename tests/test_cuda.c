@@ -10,10 +10,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backends.h"
 #include "engine_util.h"
-
-/* backends/cuda/cuda_mem.cu */
-long long cn__backend_cuda_device_allocs(const cn_backend_ctx *bk);
 
 static cn_backend_ctx *open_or_skip(const char *name) {
   cn_backend_ctx *bk = NULL;

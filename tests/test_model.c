@@ -521,3 +521,81 @@ Test(model, optional_keys) {
   json_decref(d);
   cn_model_free(m);
 }
+
+/* Rewrites weights.safetensors with element `at` of tensor `name` set to
+ * v (every other tensor unchanged). */
+static void poison(const char *name, int64_t at, float v) {
+  cn_safetensors st;
+  cn_err e;
+  const char *p = in_dir("weights.safetensors");
+  cr_assert_eq(cn_safetensors_open(p, &st, &e), 0, "%s", e.msg);
+  cn_tensor_out t[CN_MAX_TENSORS];
+  float *copy = NULL;
+  for (int i = 0; i < st.n; i++) {
+    const cn_tensor *s = &st.tensors[i];
+    t[i] = (cn_tensor_out){s->name, s->ndim, {0}, s->data};
+    memcpy(t[i].shape, s->shape, sizeof(s->shape));
+    if (strcmp(s->name, name) == 0) {
+      cr_assert(at < s->numel);
+      copy = malloc((size_t)s->numel * sizeof(float));
+      memcpy(copy, s->data, (size_t)s->numel * sizeof(float));
+      copy[at] = v;
+      t[i].data = copy;
+    }
+  }
+  cr_assert_not_null(copy, "no tensor %s", name);
+  cr_assert_eq(cn_safetensors_write(p, t, st.n, &e), 0, "%s", e.msg);
+  cn_safetensors_close(&st);
+  free(copy);
+}
+
+/* NaN or Inf weights used to load and give plausible answers. */
+Test(model, nan_and_inf_weights_are_refused_naming_the_tensor) {
+  init_model("treelstm", NULL, 8);
+  poison("internal.U", 17, NAN);
+  expect_load_fail(CN_E_BAD_MODEL, "tensor 'internal.U' holds NaN at "
+                   "element 17", "weights.safetensors");
+  init_model("bilstm-tagger", NULL, 8);
+  poison("out.b", 0, -INFINITY);
+  expect_load_fail(CN_E_BAD_MODEL, "tensor 'out.b' holds Inf at element 0",
+                   NULL);
+  /* a tensor the family does not use may hold anything */
+  init_model("treelstm", NULL, 8);
+  rewrite_weights(NULL, NULL, "unused.extra", 2, 2);
+  poison("unused.extra", 3, NAN);
+  cn_model *m;
+  cn_err e;
+  cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s", e.msg);
+  cn_model_free(m);
+}
+
+/* A loaded model owns its weights: what happens to the file afterwards
+ * (overwritten, truncated: with a shared mapping, SIGBUS) changes nothing.
+ * Its SHA-256 is that of the file as loaded. */
+Test(model, loaded_weights_are_immune_to_the_file) {
+  init_model("treelstm", NULL, 8);
+  cn_model *m;
+  cn_err e;
+  cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s", e.msg);
+  const cn_tensor *t = cn_safetensors_find(&m->st, "leaf.W");
+  float before[8];
+  memcpy(before, t->data, sizeof(before));
+  char sha[65];
+  snprintf(sha, sizeof(sha), "%s", cn_model_weights_sha256(m));
+  cr_assert_eq(strlen(sha), 64);
+  char cmd[512], want[80] = {0};
+  snprintf(cmd, sizeof(cmd), "sha256sum %s", in_dir("weights.safetensors"));
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p);
+  cr_assert_eq(fscanf(p, "%64s", want), 1);
+  pclose(p);
+  cr_expect_str_eq(sha, want);
+  poison("leaf.W", 0, 42.0f);          /* other weights over the file */
+  cr_assert_eq(truncate(in_dir("weights.safetensors"), 16), 0);
+  cr_expect_eq(memcmp(before, t->data, sizeof(before)), 0);
+  json_t *d = cn_model_describe(m);
+  cr_expect_str_eq(json_string_value(json_object_get(d, "weights_sha256")),
+                   want);
+  json_decref(d);
+  cn_model_free(m);
+}

@@ -56,6 +56,11 @@ Test(seq, sequence_errors, .fini = unload) {
   expect_err("{\"tokens\": [\"a\", 3]}", CN_E_BAD_INSTANCE, 1, NULL);
   expect_err("{\"tokens\": [\"a\", \"\"]}", CN_E_BAD_INSTANCE, 1, NULL);
   expect_err("{\"tree\": \"(A a)\"}", CN_E_BAD_INSTANCE, -2, "\"tokens\"");
+  /* two forms at once: which one would be computed is a guess */
+  expect_err("{\"tokens\": [\"a\"], \"text\": \"b\"}", CN_E_BAD_INSTANCE, -2,
+             "both \"tokens\" and \"text\"");
+  expect_err("{\"tokens\": [\"a\"], \"nodes\": []}", CN_E_BAD_INSTANCE, -2,
+             "instance has \"nodes\"");
   expect_err("{\"tokens\": [\"abcdefghijklmnop\"]}", CN_E_TOO_LARGE, 0,
              "over the limit");
   char big[600] = "{\"text\": \"";
@@ -81,6 +86,10 @@ Test(seq, text_splits_on_unicode_whitespace, .fini = unload) {
 Test(seq, lattice_errors, .fini = unload) {
   load("latticelstm", "lattices.jsonl", 8);
   expect_err("{\"chars\": []}", CN_E_BAD_LATTICE, -2, "empty");
+  expect_err("{\"chars\": [\"a\"], \"text\": \"a\"}", CN_E_BAD_INSTANCE, -2,
+             "both \"chars\" and \"text\"");
+  expect_err("{\"text\": \"cat\", \"tree\": \"(A a)\"}", CN_E_BAD_INSTANCE, -2,
+             "instance has \"tree\"");
   expect_err("{\"text\": \"\"}", CN_E_BAD_LATTICE, -2, "empty");
   expect_err("{\"text\": \"cat\", \"words\": [{\"start\": 1, \"end\": 4}]}",
              CN_E_BAD_LATTICE, 0, "outside");
@@ -302,7 +311,7 @@ static void patch(const char *mdir, const char *name, const float *vals) {
   snprintf(path, sizeof(path), "%s/weights.safetensors", mdir);
   const cn_tensor *t = cn_safetensors_find(&M->st, name);
   cr_assert_not_null(t);
-  long off = (long)((const char *)t->data - (const char *)M->st.map);
+  long off = (long)((const char *)t->data - (const char *)M->st.bytes);
   FILE *f = fopen(path, "r+b");
   cr_assert_not_null(f);
   cr_assert_eq(fseek(f, off, SEEK_SET), 0);

@@ -149,7 +149,8 @@ Test(serve, limits_413, .fini = teardown, .timeout = 30) {
 Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
   const char *flags[] = {"--workers", "1", "--queue-depth", "2",
-                         "--max-delay-us", "3000000", NULL};
+                         "--max-delay-us", "3000000",
+                         "--work-conserving", "false", NULL};
   th_start(&d, flags);
   const char *infer = "/v1/models/treelstm/infer";
   int a = th_connect(d.port);
@@ -183,7 +184,8 @@ Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 30) {
 
 Test(serve, disconnect_drops_instances, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "1500000", NULL};
+  const char *flags[] = {"--max-delay-us", "1500000", "--work-conserving",
+                         "false", NULL};
   th_start(&d, flags);
   int a = th_connect(d.port);
   th_send(a, "POST", "/v1/models/treelstm/infer",
@@ -214,7 +216,8 @@ static json_t *window_of_four(const char *split, const char *workers,
                               double *runs) {
   th_models(&d, tree_only);
   const char *flags[] = {"--max-delay-us", "300000", "--workers", workers,
-                         "--split-min-instances", split, NULL};
+                         "--split-min-instances", split,
+                         "--work-conserving", "false", NULL};
   th_start(&d, flags);
   static const char *const trees[] = {"(2 a)", "(3 (2 b) (1 c))",
                                       "(4 (2 d) (3 (1 e) (0 f)))", "(1 g)"};
@@ -271,7 +274,8 @@ Test(serve, window_split_among_idle_workers, .fini = teardown,
  * answered 200, and the process exits 0. */
 Test(serve, sigterm_drains, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "1000000", NULL};
+  const char *flags[] = {"--max-delay-us", "1000000", "--work-conserving",
+                         "false", NULL};
   th_start(&d, flags);
   int k = th_connect(d.port);
   th_resp r;

@@ -131,7 +131,8 @@ Test(serve_ops, sighup_is_logged_and_ignored, .fini = teardown,
 Test(serve_ops, draining_answers_close_the_connection, .fini = teardown,
      .timeout = 30) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "500000", NULL};
+  const char *flags[] = {"--max-delay-us", "500000", "--work-conserving",
+                         "false", NULL};
   th_start(&d, flags);
   int k = th_connect(d.port);
   th_resp r;
@@ -267,5 +268,297 @@ Test(serve_ops, request_bigger_than_queue_is_413, .fini = teardown,
                0);
   cr_expect_eq(r.status, 200, "a request that fits: %s", r.body);
   th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* canopy_in_flight_requests, less the /metrics request asking. */
+static double in_flight(int port) {
+  th_resp r;
+  if (th_http(port, "GET", "/metrics", NULL, NULL, &r) != 0) return -1;
+  double v = th_metric(r.body, "canopy_in_flight_requests") - 1;
+  th_resp_free(&r);
+  return v;
+}
+
+/* A client that closes in the middle of its request (body cut short,
+ * chunked, over the body limit, a second request on a keep-alive
+ * connection, waiting for 100-continue) must free its connection at once:
+ * within 1 s in_flight is back to zero, and SIGTERM's drain is not held
+ * for the grace period. (Reported as leaking for the 30 s idle timeout;
+ * not reproduced on main when this test was written: it guards it.) */
+Test(serve_ops, midbody_abort_frees_the_connection, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-body-bytes", "1000", "--drain-grace-ms",
+                         "20000", NULL};
+  th_start(&d, flags);
+  static const char *cut[] = {
+      "POST /v1/models/treelstm/infer HTTP/1.1\r\nHost: x\r\n"
+      "Content-Length: 500\r\n\r\n{\"tree\": \"(2 a",
+      "POST /v1/models/treelstm/infer HTTP/1.1\r\nHost: x\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n10\r\n{\"tree\": \"(2 a",
+      "POST /v1/models/treelstm/infer HTTP/1.1\r\nHost: x\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n300\r\nxxxxxxxxxxxxxxxxxxxx",
+      "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nPOST /v1/models/treelstm/"
+      "infer HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"tr",
+      "POST /v1/models/treelstm/infer HTTP/1.1\r\nHost: x\r\n"
+      "Content-Length: 500\r\nExpect: 100-continue\r\n\r\n",
+  };
+  for (size_t i = 0; i < sizeof(cut) / sizeof(cut[0]); i++) {
+    int fd = th_connect(d.port);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, cut[i], strlen(cut[i])), (ssize_t)strlen(cut[i]));
+    usleep(100000);
+    close(fd);
+    double left = -1;
+    for (int k = 0; k < 20 && (left = in_flight(d.port)) != 0; k++)
+      usleep(50000);
+    cr_expect_eq(left, 0, "case %zu: %g requests still in flight 1 s after "
+                 "the client closed", i, left);
+  }
+  /* one more, left open across SIGTERM: the drain must not wait for it
+   * beyond the quiet period */
+  int fd = th_connect(d.port);
+  cr_assert_eq(write(fd, cut[0], strlen(cut[0])), (ssize_t)strlen(cut[0]));
+  usleep(100000);
+  close(fd);
+  usleep(100000);
+  kill(d.pid, SIGTERM);
+  int st = wait_exit(d.pid, 3000);
+  if (st >= 0) d.pid = 0;
+  cr_expect_eq(st, 0, "the drain was held by a closed client (exit %d)", st);
+}
+
+/* Two different Content-Length headers: 400 bad_request, JSON, with a
+ * request id, and the connection closed (they used to be accepted, the
+ * first one framing the body: request smuggling behind a proxy that reads
+ * the other one). Equal duplicates frame the body the same way: served. */
+Test(serve_ops, conflicting_content_lengths_are_400, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  static const char *body = "{\"tree\": \"(2 a)\"}";
+  char req[512];
+  th_resp r;
+  char v[80];
+  snprintf(req, sizeof(req),
+           "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n"
+           "Content-Length: 5\r\n\r\n%s", INFER, body);
+  int fd = th_connect(d.port);
+  cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+  cr_assert_eq(th_read(fd, &r), 0);
+  cr_expect_eq(r.status, 400, "%s", r.body);
+  cr_expect(strstr(r.body, "\"bad_request\"") != NULL, "%s", r.body);
+  cr_expect(th_header(&r, "X-Request-Id", v, sizeof(v)) != NULL);
+  th_resp_free(&r);
+  char c;
+  cr_expect_eq(read(fd, &c, 1), 0, "the connection stays open");
+  close(fd);
+  snprintf(req, sizeof(req),
+           "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n"
+           "Content-Length: 17\r\n\r\n%s", INFER, body);
+  fd = th_connect(d.port);
+  cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+  cr_assert_eq(th_read(fd, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  th_resp_free(&r);
+  close(fd);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* The output object of one request's answer, as text (for equality). */
+static char *infer_outputs(int port) {
+  th_resp r;
+  cr_assert_eq(th_http(port, "POST", INFER, ONE, NULL, &r), 0,
+               "the daemon did not answer");
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  char *s = json_dumps(json_object_get(j, "outputs"), JSON_COMPACT);
+  json_decref(j);
+  th_resp_free(&r);
+  return s;
+}
+
+/* Copying other weights over a served model's file changed its answers,
+ * and truncating the file killed the daemon with SIGBUS (the weights were
+ * a shared mapping of the file). The model now owns its weights; the
+ * file's SHA-256 at load time is reported in GET /v1/models/{m}. */
+Test(serve_ops, weights_file_changed_under_the_daemon, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  char w[512], cmd[2048], want[80] = {0};
+  snprintf(w, sizeof(w), "%s/models/treelstm/weights.safetensors", d.dir);
+  snprintf(cmd, sizeof(cmd), "sha256sum %s", w);
+  FILE *p = popen(cmd, "r");
+  cr_assert(p != NULL && fscanf(p, "%64s", want) == 1);
+  pclose(p);
+  th_start(&d, NULL);
+  char *before = infer_outputs(d.port);
+  snprintf(cmd, sizeof(cmd),
+           "%s model init treelstm %s/other --seed 99 --vocab-from "
+           "%s/trees-binary.jsonl >/dev/null 2>&1 && cp %s/other/"
+           "weights.safetensors %s",
+           th_bin(), d.dir, th_data(), d.dir, w);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  char *after = infer_outputs(d.port);
+  cr_expect_str_eq(after, before, "other weights over the file changed "
+                   "the answers");
+  free(after);
+  cr_assert_eq(truncate(w, 100), 0);
+  after = infer_outputs(d.port);
+  cr_expect_str_eq(after, before, "a truncated file changed the answers");
+  free(after);
+  free(before);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/v1/models/treelstm", NULL, NULL, &r),
+               0);
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "weights_sha256")),
+                   want);
+  json_decref(j);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+static double metric_of(int port, const char *sample) {
+  th_resp r;
+  cr_assert_eq(th_http(port, "GET", "/metrics", NULL, NULL, &r), 0);
+  double v = th_metric(r.body, sample);
+  th_resp_free(&r);
+  return v;
+}
+
+/* Work-conserving batching (docs/daemon.md): a lone request finds a worker
+ * idle and its run starts at once, without waiting out the window (here
+ * 10 s, so waiting it out would show in the counters, not in a clock). */
+Test(serve_ops, idle_daemon_starts_a_run_at_once, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "10000000", NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "idle_worker\"}"), 1);
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "max_delay\"}"), 0);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* While the only worker computes a long run, three requests gather in the
+ * window; the moment the worker is free it takes all three as one run,
+ * still without waiting out the (10 s) window. */
+Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-delay-us", "10000000", "--workers", "1",
+                         "--max-instances", "100000", NULL};
+  th_start(&d, flags);
+  /* ~1,000 real trees in one request keep the worker busy for a while */
+  char path[512];
+  snprintf(path, sizeof(path), "%s/trees-binary.jsonl", th_data());
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  size_t cap = 1 << 22, len = 0;
+  char *big = malloc(cap), line[8192];
+  len += (size_t)snprintf(big, cap, "{\"instances\":[");
+  for (int k = 0; k < 1000; k++) {
+    if (fgets(line, sizeof(line), f) == NULL) {
+      rewind(f);
+      cr_assert_not_null(fgets(line, sizeof(line), f));
+    }
+    line[strcspn(line, "\n")] = '\0';
+    len += (size_t)snprintf(big + len, cap - len, "%s%s", k ? "," : "", line);
+  }
+  snprintf(big + len, cap - len, "]}");
+  fclose(f);
+  int b = th_connect(d.port);
+  th_send(b, "POST", INFER, big, NULL);
+  free(big);
+  usleep(20000);
+  int c[3];
+  for (int i = 0; i < 3; i++) {
+    c[i] = th_connect(d.port);
+    th_send(c[i], "POST", INFER, ONE, NULL);
+  }
+  th_resp r;
+  cr_assert_eq(th_read(b, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(th_read(c[i], &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    th_resp_free(&r);
+    close(c[i]);
+  }
+  close(b);
+  cr_expect_eq(metric_of(d.port, "canopy_runs_total"), 2,
+               "the three small requests should share one run");
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "worker_freed\"}"), 1);
+  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+                                 "max_delay\"}"), 0);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* A daemon computing on the CPU maps no CUDA library, even in a build with
+ * the CUDA backend (loaded as a module only when backend cuda is asked
+ * for): CUDA's libraries cost ~0.1 s of start-up and ~200 MB of RSS. */
+Test(serve_ops, cpu_daemon_maps_no_cuda_library, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/maps", (int)d.pid);
+  FILE *f = fopen(path, "r"); /* /proc: no size to seek to; stream it */
+  cr_assert_not_null(f);
+  size_t cap = 1 << 16, len = 0, k;
+  char *maps = malloc(cap);
+  while ((k = fread(maps + len, 1, cap - len - 1, f)) > 0)
+    if ((len += k) + 1 >= cap) maps = realloc(maps, cap *= 2);
+  maps[len] = '\0';
+  fclose(f);
+  cr_assert(strstr(maps, "libjansson") != NULL, "maps not read: %zu bytes",
+            len);
+  cr_expect(strstr(maps, "libcublas") == NULL, "libcublas is mapped");
+  cr_expect(strstr(maps, "libcudart") == NULL, "libcudart is mapped");
+  cr_expect(strstr(maps, "canopy-cuda") == NULL, "the module is loaded");
+  free(maps);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Ambiguous bodies are refused, not half read: duplicate keys (the last
+ * one used to win silently) are bad_json; an instance with two forms
+ * ("tree" and "tokens") is bad_instance naming them. */
+Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  static const struct {
+    const char *body, *code, *says;
+  } cases[] = {
+      {"{\"tree\": \"(2 a)\", \"tree\": \"(3 b)\"}", "bad_json", "duplicate"},
+      {"{\"instances\": [{\"tree\": \"(2 a)\"}], \"outputs\": \"all\", "
+       "\"outputs\": \"root\"}", "bad_json", "duplicate"},
+      {"{\"tree\": \"(2 a)\", \"tokens\": [\"a\"]}", "bad_instance",
+       "has \\\"tokens\\\""},
+      {"{\"instances\": [{\"tree\": \"(2 a)\", \"nodes\": []}]}",
+       "bad_instance", "has \\\"nodes\\\""},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    th_resp r;
+    cr_assert_eq(th_http(d.port, "POST", INFER, cases[i].body, NULL, &r), 0);
+    cr_expect_eq(r.status, 400, "case %zu: %s", i, r.body);
+    char want[64];
+    snprintf(want, sizeof(want), "\"%s\"", cases[i].code);
+    cr_expect(strstr(r.body, want) != NULL && strstr(r.body, cases[i].says),
+              "case %zu: %s", i, r.body);
+    th_resp_free(&r);
+  }
   cr_expect_eq(th_stop(&d), 0);
 }

@@ -1,5 +1,5 @@
-/* bilstm.c - BiLSTM sequence tagger (Huang et al. 2015, no CRF), MODELS.md
- * "bilstm-tagger".
+/* bilstm.c - BiLSTM sequence tagger (Huang et al. 2015), MODELS.md
+ * "bilstm-tagger", with the optional CRF layer of its §2.4 (crf.c).
  *
  * Per token t: fwd_t reads fwd_(t-1), bwd_t reads bwd_(t+1), output_t reads
  * both. State of fwd/bwd vertices: [h | c], 2H floats. Per batch of n:
@@ -7,7 +7,9 @@
  *            b_hh added in the fused pass.
  *   output:  logits[n,C] = [hf; hb]·out.Wᵀ + out.b.
  * Batches of fwd vertices advance many sentences one step together, each
- * at its own position.
+ * at its own position. With model.json "crf": true the tags are the
+ * Viterbi path over the logits, decoded for the whole run at once in
+ * finish() on the host (the output states are host-readable then).
  */
 #include <stdio.h>
 
@@ -15,7 +17,7 @@
 #include "families.h"
 
 enum { EMBED, F_WIH, F_WHH, F_BIH, F_BHH, B_WIH, B_WHH, B_BIH, B_BHH, OUT_W,
-       OUT_B };
+       OUT_B, CRF_START, CRF_END, CRF_TRANS };
 enum { T_FWD, T_BWD, T_OUTPUT };
 
 static int spec(const cn_dims *d, cn_tensor_spec *t) {
@@ -36,7 +38,11 @@ static int spec(const cn_dims *d, cn_tensor_spec *t) {
   }
   t[OUT_W] = (cn_tensor_spec){"out.W", 2, {C, 2 * H}, CN_INIT_LINEAR};
   t[OUT_B] = (cn_tensor_spec){"out.b", 1, {C}, CN_INIT_BIAS};
-  return 11;
+  if (!d->crf) return 11;
+  t[CRF_START] = (cn_tensor_spec){"crf.start", 1, {C}, CN_INIT_SCORES};
+  t[CRF_END] = (cn_tensor_spec){"crf.end", 1, {C}, CN_INIT_SCORES};
+  t[CRF_TRANS] = (cn_tensor_spec){"crf.trans", 2, {C, C}, CN_INIT_SCORES};
+  return 14;
 }
 
 static int64_t count(const cn_instance *in, unsigned flags, int max_decode) {
@@ -141,6 +147,11 @@ static void hidden(const cn_run *r, int slot, int t, float *buf) {
   for (int j = 0; j < H; j++) buf[j] = hf[j], buf[H + j] = hb[j];
 }
 
+static int finish(cn_run *r, cn_err *err) {
+  if (!r->m->dims.crf) return 0;
+  return cn__crf_decode_run(r, CRF_START, CRF_END, CRF_TRANS, err);
+}
+
 static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
 }
@@ -160,12 +171,14 @@ const cn_family cn__fam_bilstm = {
     .n_types = 3,
     .type_names = {"fwd", "bwd", "output"},
     .has_classes = true,
+    .crf = true,
     .tensors = spec,
     .build = build,
     .count = count,
     .state_floats = state_floats,
     .scratch_floats = scratch_floats,
     .exec = exec,
+    .finish = finish,
     .output = output,
     .cell = cell,
 };

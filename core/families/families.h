@@ -49,7 +49,10 @@ void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
                      const float *W, const float *b);
 /* Taggers' per-token object: "logits" and "tags" per position (output
  * vertices out_v0 .. + n_out), "tag_names" when the model has labels, and
- * "h" per position from hidden(r, slot, i, buf) when CN_OUT_HIDDEN. */
+ * "h" per position from hidden(r, slot, i, buf) when CN_OUT_HIDDEN. The
+ * tags are the run's decoded ones (r->out_tag, with "path_score" from
+ * r->out_score) when the family's finish() pass made them, else each
+ * token's argmax. */
 json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
                           void (*hidden)(const cn_run *r, int slot, int i,
                                          float *buf));
@@ -60,6 +63,24 @@ json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
 void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
                         const float *E, const float *Wih, const float *Whh,
                         const float *bih, const float *bhh);
+/* ---- linear-chain CRF decoding (crf.c) ---- */
+/* Viterbi over n instances at once (MODELS.md bilstm-tagger "crf"):
+ * instance i has len[i] ≥ 0 tokens whose emissions (C floats each) are
+ * rows[first_i + t], first_i = Σ_{k<i} len[k]. trans is [C, C] row-major,
+ * trans[a·C + b] the score of tag b following tag a; start, end [C].
+ * Writes the best path to tags[first_i ..] (ties: lowest previous tag at
+ * each backpointer, lowest final tag) and its score, re-summed in double
+ * and rounded to float, to scores[i] (0 for an empty instance). Returns 0
+ * or CN_E_NOMEM. */
+int cn__crf_viterbi(int C, const float *trans, const float *start,
+                    const float *end, int32_t n, const int32_t *len,
+                    const float *const *rows, int32_t *tags, float *scores);
+/* A finish() pass: decodes every slot of the run together from its
+ * output vertices' host rows, with the model's tensors start, end, trans
+ * (indices into m->w); fills r->out_tag and r->out_score. */
+int cn__crf_decode_run(cn_run *r, int start, int end, int trans,
+                       cn_err *err);
+
 /* ---- vertex functions as op IR (cells.c, core/cell.h) ---- */
 struct cn_ir;
 /* logits = out.W [h_1; ...; h_n_in] + out.b, h_k = first H floats of

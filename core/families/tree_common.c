@@ -151,7 +151,8 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
   json_t *names = m->labels != NULL ? json_array() : NULL;
   for (int32_t i = 0; i < s->n_out; i++) {
     const float *z = cn__run_state_host(r, s->out_v0 + i);
-    int t = cn__argmax(z, C);
+    int t = r->out_tag != NULL ? r->out_tag[s->out_v0 + i]
+                               : cn__argmax(z, C);
     json_array_append_new(logits, cn__json_floats(z, C));
     json_array_append_new(tags, json_integer(t));
     if (names != NULL)
@@ -161,6 +162,8 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
   json_object_set_new(o, "logits", logits);
   json_object_set_new(o, "tags", tags);
   if (names != NULL) json_object_set_new(o, "tag_names", names);
+  if (r->out_score != NULL)
+    json_object_set_new(o, "path_score", json_real(r->out_score[slot]));
   if (s->flags & CN_OUT_HIDDEN) {
     json_t *hs = json_array();
     float *buf = malloc((size_t)h_floats * sizeof(float));

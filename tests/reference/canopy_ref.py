@@ -13,7 +13,7 @@ CLI:
 
   canopy_ref.py --make-model DIR --family F [--hidden H] [--embed D]
                 [--classes C] [--seed S] [--vocab-from FILE.jsonl]
-                [--lexicon FILE] [--labels] [--lowercase] ...
+                [--lexicon FILE] [--labels] [--lowercase] [--crf] ...
       writes a random tiny model directory (for tests and comparisons).
 
 Only the Python standard library and numpy are used.
@@ -463,7 +463,52 @@ def expected_shapes(family, cfg, t):
     if family not in ("lstm-nmt",):
         s["out.W"] = (C, (2 * H) if family == "bilstm-tagger" else H)
         s["out.b"] = (C,)
+    if cfg.get("crf") is True:
+        s["crf.start"] = (C,)
+        s["crf.end"] = (C,)
+        s["crf.trans"] = (C, C)
     return s
+
+
+# ---------------------------------------------------------------------------
+# linear-chain CRF (MODELS.md bilstm-tagger "crf")
+# ---------------------------------------------------------------------------
+
+def crf_path_score(p, emissions, tags):
+    """start[y1] + sum_t e_t[y_t] + sum_t trans[y_{t-1}, y_t] + end[yn],
+    summed in float64, returned as the nearest float32."""
+    s = float(p["crf.start"][tags[0]]) + float(p["crf.end"][tags[-1]])
+    for t, y in enumerate(tags):
+        s += float(emissions[t][y])
+        if t > 0:
+            s += float(p["crf.trans"][tags[t - 1], y])
+    return F32(s)
+
+
+def crf_viterbi(p, emissions):
+    """Best tag path for one sentence (list of float32 logit vectors), one
+    position at a time in float32.  Ties: the lowest previous tag at each
+    backpointer, the lowest final tag (np.argmax returns the first maximum).
+    Returns (tags, path_score)."""
+    start, end, trans = p["crf.start"], p["crf.end"], p["crf.trans"]
+    C = start.shape[0]
+    score = (start + emissions[0]).astype(F32)
+    back = []
+    for e in emissions[1:]:
+        prev = np.empty(C, dtype=np.int64)
+        new = np.empty(C, dtype=F32)
+        for j in range(C):
+            cand = (score + trans[:, j]).astype(F32)   # from every tag k into j
+            prev[j] = int(np.argmax(cand))
+            new[j] = F32(cand[prev[j]] + e[j])
+        back.append(prev)
+        score = new
+    last = int(np.argmax((score + end).astype(F32)))
+    tags = [last]
+    for prev in reversed(back):
+        tags.append(int(prev[tags[-1]]))
+    tags.reverse()
+    return tags, crf_path_score(p, emissions, tags)
 
 
 class Model(object):
@@ -487,6 +532,9 @@ class Model(object):
         if self.labels is not None and self.C is not None and len(self.labels) != self.C:
             raise LoadError("model.json has %d labels for %d classes" % (len(self.labels), self.C))
         self.lowercase = bool(cfg.get("lowercase", False))
+        if "crf" in cfg and (not isinstance(cfg["crf"], bool) or self.family != "bilstm-tagger"):
+            raise LoadError("model.json key 'crf' must be true or false, and only for bilstm-tagger")
+        self.crf = cfg.get("crf") is True
         self.vocab = Vocab.load(os.path.join(model_dir, cfg["vocab"]))
         self.tgt_vocab = None
         self.word_vocab = None
@@ -720,6 +768,8 @@ class Model(object):
             lg = self.output(ht)
             res["logits"].append(lg)
             res["tags"].append(argmax(lg))
+        if self.crf:
+            res["tags"], res["path_score"] = crf_viterbi(p, res["logits"])
         if self.labels is not None:
             res["tag_names"] = [self.labels[k] for k in res["tags"]]
         if return_hidden:
@@ -1003,8 +1053,8 @@ def read_lines(path):
 # random model directories (for self-tests and comparisons)
 # ---------------------------------------------------------------------------
 
-def _tensor_shapes_for(family, H, D, C, V, Vt=None, Vw=None, Dw=None, K=None):
-    cfg = {"hidden": H, "embed": D, "classes": C}
+def _tensor_shapes_for(family, H, D, C, V, Vt=None, Vw=None, Dw=None, K=None, crf=False):
+    cfg = {"hidden": H, "embed": D, "classes": C, "crf": crf}
     fake = {"embed": np.zeros((V, D), F32)}
     if family == "mvrnn":
         fake["leaf.M"] = np.zeros((K if K is not None else V, H, H), F32)
@@ -1024,7 +1074,7 @@ def write_vocab(path, tokens):
 def write_model(model_dir, family, H=4, D=None, C=3, vocab=None, seed=0, scale=0.5,
                 labels=None, lowercase=False, tgt_vocab=None, word_vocab=None, Dw=None,
                 lexicon=None, K=None, type_b_labels=None, max_decode_len=None,
-                eos_bias=0.0, tensors=None):
+                eos_bias=0.0, tensors=None, crf=False):
     """Write a random tiny model directory for `family`.
 
     vocab / tgt_vocab / word_vocab: token lists *without* the reserved
@@ -1033,6 +1083,7 @@ def write_model(model_dir, family, H=4, D=None, C=3, vocab=None, seed=0, scale=0
     of words (written to lexicon.txt) or None.  K: rows of mvrnn leaf.M
     (default V).  eos_bias: added to lstm-nmt proj.b[2] (</s>) so that
     decodes end at varied lengths.  tensors: dict overriding any generated tensor.
+    crf: bilstm-tagger with the CRF layer ("crf": true, crf.* tensors).
     Returns the dict of tensors written.
     """
     if family not in FAMILIES:
@@ -1056,6 +1107,8 @@ def write_model(model_dir, family, H=4, D=None, C=3, vocab=None, seed=0, scale=0
             cfg["labels"] = list(labels)
     if lowercase:
         cfg["lowercase"] = True
+    if crf:
+        cfg["crf"] = True
     if family == "lstm-nmt":
         tv = list(tgt_vocab) if tgt_vocab is not None else ["t%d" % i for i in range(1, 10)]
         ttoks = ["<unk>", "<s>", "</s>"] + [t for t in tv if t not in ("<unk>", "<s>", "</s>")]
@@ -1076,7 +1129,7 @@ def write_model(model_dir, family, H=4, D=None, C=3, vocab=None, seed=0, scale=0
             cfg["lexicon"] = "lexicon.txt"
     if family == "treelstm-2type":
         cfg["type_b_labels"] = list(type_b_labels) if type_b_labels is not None else []
-    shapes = _tensor_shapes_for(family, H, D, C, V, Vt=Vt, Vw=Vw, Dw=Dw, K=K)
+    shapes = _tensor_shapes_for(family, H, D, C, V, Vt=Vt, Vw=Vw, Dw=Dw, K=K, crf=crf)
     rng = np.random.RandomState(seed)
     out = {}
     for name in sorted(shapes):
@@ -1160,6 +1213,7 @@ def main(argv=None):
     g.add_argument("--lexicon", metavar="FILE", help="latticelstm: lexicon word list to copy in")
     g.add_argument("--labels", action="store_true", help="write label names")
     g.add_argument("--lowercase", action="store_true")
+    g.add_argument("--crf", action="store_true", help="bilstm-tagger: add the CRF layer")
     g.add_argument("--type-b-labels", default="", help="treelstm-2type: comma-separated labels")
     g.add_argument("--model-max-decode-len", type=int, default=None)
     g.add_argument("--eos-bias", type=float, default=0.0,
@@ -1182,7 +1236,8 @@ def main(argv=None):
                     lowercase=a.lowercase, tgt_vocab=vocab if a.family == "lstm-nmt" else None,
                     word_vocab=wvocab, lexicon=lex,
                     type_b_labels=[x for x in a.type_b_labels.split(",") if x],
-                    max_decode_len=a.model_max_decode_len, eos_bias=a.eos_bias)
+                    max_decode_len=a.model_max_decode_len, eos_bias=a.eos_bias,
+                    crf=a.crf)
         return 0
 
     if not a.model or not a.input:

@@ -19,6 +19,10 @@ about arithmetic, not about luck:
   * a label/tag that differs from the reference's is accepted (counted as a
     "tie") when the reference logit of canopy's choice is within --tie-tol of
     the reference maximum (a genuine near tie; --tie-tol 0 makes it strict);
+  * a CRF tagger's (model.json "crf") tag path that differs from the
+    reference's is accepted when the reference's score of canopy's path is
+    within --tie-tol of the reference's best path score; "path_score" is a
+    number compared to --tol;
   * lstm-nmt output ids are compared only up to the first decoder step whose
     reference top-2 logit margin is <= 1e-3 (that step and later ones may
     legitimately differ); "h" is then not compared.  Without such a step the
@@ -186,12 +190,36 @@ def compare_instance(model, ref, got, tol, tie_tol, cap):
             if "tag_names" in ref and (not isinstance(names, list) or len(names) != len(ref["tags"])):
                 c.bad("tag_names", "expected %d names, got %s" % (len(ref["tags"]), _short(names)))
                 names = None
-            for t, (rt, gt) in enumerate(zip(ref["tags"], got["tags"])):
-                if c.label("tags[%d]" % t, rt, gt, ref["logits"][t]) and names is not None:
+            if getattr(model, "crf", False):
+                compare_crf_path(c, model, ref, got)
+            else:
+                for t, (rt, gt) in enumerate(zip(ref["tags"], got["tags"])):
+                    if c.label("tags[%d]" % t, rt, gt, ref["logits"][t]) and names is not None:
+                        c.label_name("tag_names[%d]" % t, gt, names[t])
+            if getattr(model, "crf", False) and names is not None:
+                for t, gt in enumerate(got["tags"]):
                     c.label_name("tag_names[%d]" % t, gt, names[t])
     if "h" in ref and "h" in got:
         c.numbers("h", ref["h"], got["h"])
     return c
+
+
+def compare_crf_path(c, model, ref, got):
+    """Tags of a CRF tagger: the whole path is one decision."""
+    c.numbers("path_score", ref["path_score"], got.get("path_score"))
+    tags = got["tags"]
+    C = len(ref["logits"][0])
+    if not all(isinstance(y, int) and not isinstance(y, bool) and 0 <= y < C for y in tags):
+        c.bad("tags", "not tag ids below %d: %s" % (C, _short(tags)))
+        return
+    if tags == ref["tags"]:
+        return
+    s = float(canopy_ref.crf_path_score(model.p, ref["logits"], tags))
+    if s >= ref["path_score"] - c.tie_tol:
+        c.ties += 1
+    else:
+        c.bad("tags", "%s, reference %s (reference scores canopy's path %r, its own %r)"
+              % (_short(tags), _short(ref["tags"]), s, ref["path_score"]))
 
 
 def compare_nmt(c, ref, got, cap):

@@ -63,6 +63,19 @@ for spec in bilstm-tagger:sequences.jsonl latticelstm:lattices.jsonl \
         --batch 1,64 --tol 1e-4 || fail=1
   done
 done
+# bilstm-tagger with the CRF layer ("crf": true): Viterbi tags and
+# path_score against the reference's own Viterbi, runs of 1 and of 64.
+"$canopy" model init bilstm-tagger "$work/c-bilstm-crf" --hidden 24 --embed 24 \
+    --vocab-from "$data/sequences.jsonl" --seed 3 --crf 2>/dev/null
+"$py" "$here/canopy_ref.py" --make-model "$work/r-bilstm-crf" --family bilstm-tagger \
+    --hidden 10 --embed 10 --classes 4 --seed 5 --labels --lowercase --crf \
+    --vocab-from "$data/sequences.jsonl" >/dev/null
+for m in c r; do
+  echo "== bilstm-tagger crf ($m model) on sequences.jsonl"
+  "$py" "$here/compare.py" --canopy "$canopy" --layouts fused,naive,pq --model "$work/$m-bilstm-crf" \
+      --input "$data/sequences.jsonl" --return-hidden --policies none,depth,agenda \
+      --batch 1,64 --tol 1e-4 || fail=1
+done
 # lstm-nmt: greedy decoding; the reference-written model leans towards
 # </s> (--eos-bias) so output lengths vary inside every run.
 "$canopy" model init lstm-nmt "$work/c-nmt" --hidden 16 --embed 16 \
@@ -93,6 +106,7 @@ echo "== every family over HTTP"
     r-treelstm-2type="$work/tb.jsonl:all:hidden" \
     r-treegru="$work/tb.jsonl:all" r-childsum-treelstm="$work/tn.jsonl:all:hidden" \
     r-mvrnn="$work/tb.jsonl:all:hidden" r-bilstm-tagger="$work/sq.jsonl:hidden" \
+    r-bilstm-crf="$work/sq.jsonl:hidden" \
     r-latticelstm="$work/la.jsonl:hidden" c-latticelstm="$work/lt.jsonl" \
     r-latticegru="$work/dg.jsonl:hidden" r-nmt="$work/sq.jsonl:hidden:decode=12" \
     || fail=1

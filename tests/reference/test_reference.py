@@ -358,6 +358,54 @@ class SequenceFamiliesTest(TmpDirCase):
             self.assertEqual(res["tag_names"][k], "ABCD"[res["tags"][k]])
         self.assertEqual(m.run({"tokens": []})["tags"], [])
 
+    def test_bilstm_crf_against_brute_force(self):
+        """The reference's Viterbi against every tag path, scored in float64."""
+        import itertools
+        rs = np.random.RandomState(21)
+        for case in range(30):
+            C = 2 + case % 4
+            m, t = self.model("bilstm-tagger", H=3, D=2, C=C, vocab=["a", "b", "c"], seed=30 + case,
+                              tag=case, crf=True, scale=2.0)
+            self.assertTrue(m.crf)
+            toks = [str(x) for x in rs.choice(["a", "b", "c", "zz"], size=1 + case % 6)]
+            res = m.run({"tokens": toks})
+            e = np.asarray(res["logits"], dtype=np.float64)
+
+            def score(y):
+                return (t["crf.start"][y[0]] + t["crf.end"][y[-1]] + sum(e[k][y[k]] for k in range(len(y)))
+                        + sum(t["crf.trans"][y[k - 1], y[k]] for k in range(1, len(y))))
+            best = max(itertools.product(range(C), repeat=len(toks)), key=score)
+            self.assertEqual(res["tags"], list(best), "case %d" % case)
+            self.close([res["path_score"]], [score(best)], tol=1e-4)
+        # trans[i, j] is tag j after tag i: only 1 -> 0 pays, so the path is 1, 0
+        m, t = self.model("bilstm-tagger", H=3, D=2, C=2, vocab=["a"], seed=3, tag="dir", crf=True,
+                          tensors={"out.W": np.zeros((2, 6)), "out.b": np.zeros(2),
+                                   "crf.start": np.zeros(2), "crf.end": np.zeros(2),
+                                   "crf.trans": np.array([[0.0, 0.0], [5.0, 0.0]])})
+        res = m.run({"tokens": ["a", "a"]})
+        self.assertEqual((res["tags"], float(res["path_score"])), ([1, 0], 5.0))
+        # all paths tie: the lowest final tag, then the lowest previous tags
+        res = m.run({"tokens": ["a"]})
+        self.assertEqual(res["tags"], [0])
+
+    def test_crf_key_checked(self):
+        d = os.path.join(self.tmp, "crf-tree")
+        R.write_model(d, "treelstm", H=2, D=2, C=2, seed=1)
+        with open(os.path.join(d, "model.json")) as f:
+            cfg = json.load(f)
+        cfg["crf"] = True
+        with open(os.path.join(d, "model.json"), "w") as f:
+            json.dump(cfg, f)
+        self.assertRaises(R.LoadError, R.Model, d)
+        d = os.path.join(self.tmp, "crf-missing")
+        R.write_model(d, "bilstm-tagger", H=2, D=2, C=2, seed=1)
+        with open(os.path.join(d, "model.json")) as f:
+            cfg = json.load(f)
+        cfg["crf"] = True
+        with open(os.path.join(d, "model.json"), "w") as f:
+            json.dump(cfg, f)
+        self.assertRaises(R.LoadError, R.Model, d)
+
     def test_nmt(self):
         m, t = self.model("lstm-nmt", H=3, D=2, vocab=["x", "y"], tgt_vocab=["p", "q", "r"],
                           seed=9, scale=1.0, max_decode_len=7)

@@ -15,9 +15,12 @@ import tempfile
 from .common import (EXIT_MISMATCH, EXIT_USAGE, ImportFailure,
                      load_checkpoint, read_jsonl, read_vocab)
 from . import verify as _verify
-from . import dgl_treelstm, dgl_childsum, treelstm_pytorch
+from . import dgl_treelstm, dgl_childsum, treelstm_pytorch, torch_tagger, \
+    torch_seq2seq, canopy_format
 
-FORMATS = {m.NAME: m for m in (dgl_treelstm, dgl_childsum, treelstm_pytorch)}
+FORMATS = {m.NAME: m for m in (dgl_treelstm, dgl_childsum, treelstm_pytorch,
+                               torch_tagger, torch_seq2seq,
+                               canopy_format)}
 
 
 class Conversion(object):

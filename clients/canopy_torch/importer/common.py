@@ -3,6 +3,7 @@ vocabularies, gate-block surgery, inputs (trees, sequences) and samples.
 
 Only the standard library and torch.
 """
+import difflib
 import json
 import os
 import random
@@ -155,12 +156,18 @@ class KeyCheck(object):
 
 
 def need(sd, key, fmt, what):
-    """A tensor the format reads its sizes from: missing is an error."""
+    """A tensor the format reads its sizes from: missing is an error that
+    names the checkpoint's keys closest to it (a renamed key)."""
     if key not in sd:
-        near = [k for k in sd if k.split(".")[-1] == key.split(".")[-1]]
+        base = key.rsplit(".", 1)[0] + "."
+        near = [k for k in sorted(sd) if k.startswith(base)]
+        near += [k for k in difflib.get_close_matches(key, list(sd), n=3,
+                                                      cutoff=0.6)
+                 if k not in near]
         raise ImportFailure(
             f"{fmt}: missing key {key!r} ({what})"
-            + (f"; keys with the same last part: {', '.join(sorted(near))}"
+            + ("; the checkpoint has instead: " + ", ".join(
+                f"{k!r} (shape {shape_str(sd[k].shape)})" for k in near)
                if near else "")
             + f"\n(canopy-import --help lists the keys {fmt} expects)")
     return sd[key]
@@ -355,10 +362,14 @@ def tree_of(inst):
 
 def tokens_of(inst):
     if isinstance(inst, dict) and isinstance(inst.get("tokens"), list):
-        return [str(t) for t in inst["tokens"]]
-    if isinstance(inst, dict) and isinstance(inst.get("text"), str):
-        return inst["text"].split()
-    raise ValueError('a sequence instance needs "tokens" or "text"')
+        toks = [str(t) for t in inst["tokens"]]
+    elif isinstance(inst, dict) and isinstance(inst.get("text"), str):
+        toks = inst["text"].split()
+    else:
+        raise ValueError('a sequence instance needs "tokens" or "text"')
+    if not toks:
+        raise ValueError("the input is empty: send at least one token")
+    return toks
 
 
 _LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}

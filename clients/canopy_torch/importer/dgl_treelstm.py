@@ -112,6 +112,11 @@ class DGLNaryTreeLSTM(object):
             h, c = self.apply_node(self.W_iou(x), torch.zeros(1, H,
                                                               dtype=x.dtype))
         else:
+            if len(t.children) > 2:
+                raise ValueError(f"a node has {len(t.children)} children; "
+                                 "the N-ary (binary) Tree-LSTM takes at most "
+                                 "2 (dgl-childsum / childsum-treelstm take "
+                                 "any number)")
             kids = [self.node(k, lookup, out) for k in t.children]
             while len(kids) < 2:         # unary node: a zero second child
                 z = torch.zeros(1, H, dtype=torch.float64)

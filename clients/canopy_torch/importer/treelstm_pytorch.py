@@ -64,6 +64,17 @@ def convert(sd, args, vocab):
         kc.expect(args.head + ".bias", Dim("C", C))
     else:
         C = 1
+    probs = kc.problems()
+    if probs:
+        heads = sorted(k[:-len(".weight")] for k in sd if k.endswith(".weight")
+                       and k[:-len(".weight")] + ".bias" in sd
+                       and sd[k].dim() == 2 and sd[k].shape[1] == H
+                       and not k.startswith((P, "similarity.")))
+        if heads and not args.head:
+            probs.append(f"(an output layer [C, H={H}]? take it with --head "
+                         + " or --head ".join(heads) + ")")
+        raise ImportFailure(f"{NAME}: the checkpoint does not fit the format:"
+                            "\n  " + "\n  ".join(probs))
     kc.check()
     check_rows(sd, "emb.weight", vocab, "--vocab")
     labels = read_labels(args.labels, C) if args.labels else None
@@ -174,11 +185,16 @@ def verify(conv, args, canopy, model_dir, insts):
         m.forward(t, inputs, out)
         return {k: v[1][0] for k, v in out.items()}
 
+    names = dict(NAMES)
     if conv.head:
         W, b = sd[conv.head + ".weight"], sd[conv.head + ".bias"]
     else:
+        # without a head the logits are zero: only the root's h tells
+        names["internal"] = names["leaf"] = (
+            "cell.W / cell.U / cell.b <- ioux, iouh, fx, fh (without --head "
+            "only the root's h is compared)")
         W, b = torch.zeros(1, conv.H, dtype=torch.float64), \
             torch.zeros(1, dtype=torch.float64)
     with torch.no_grad():
         return V.verify_trees(conv, canopy, model_dir, insts, args.tolerance,
-                              states, lambda h: W @ h + b, NAMES)
+                              states, lambda h: W @ h + b, names)

@@ -154,7 +154,8 @@ class Report(object):
                 s, t = self.agree[n]
                 out.append(f"  {n:<44} {s}/{t} agree"
                            + ("" if s == t else "   MISMATCH"))
-        return out + ["  note: " + n for n in self.notes[:5]]
+        notes = list(dict.fromkeys(self.notes))     # once each, in order
+        return out + ["  note: " + n for n in notes[:5]]
 
 
 def margin(logits):
@@ -333,9 +334,9 @@ def verify_trees(conv, canopy, model_dir, insts, tolerance, node_states,
     for k, inst in enumerate(insts):
         try:
             t = tree_of(inst)
+            hs = node_states(t)
         except ValueError as e:
             raise ImportFailure(f"check instance {k + 1}: {e}")
-        hs = node_states(t)
         pre = t.preorder()
         refs.append({"logits": [output(hs[id(n)]) for n in pre],
                      "leaf": [n.is_leaf() for n in pre],
