@@ -204,7 +204,7 @@ def build_stage(procs, src):
     t_build = time.monotonic() - t0
 
     # What the runtime stage copies and names must be there.
-    check(f"COPY --from=build /opt/canopy /opt/canopy" in runtime,
+    check("COPY --from=build /opt/canopy /opt/canopy" in runtime,
           "runtime stage copies /opt/canopy")
     names = re.findall(r'"(canopy-[a-z]+)"', runtime)
     check("canopy-entrypoint" in names and "canopy-healthcheck" in names,

@@ -21,7 +21,7 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from deploylib import (HOST, Fail, Skip, check, fill, free_port,  # noqa
+from deploylib import (HOST, Skip, check, fill, free_port,  # noqa
                        init_model, main, request, start_canopy, wait_ready)
 
 

@@ -29,7 +29,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from deploylib import (Fail, Skip, canopy_bin, check, free_port,  # noqa
+from deploylib import (Skip, canopy_bin, check, free_port,  # noqa
                        init_model, main, request)
 
 
