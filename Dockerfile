@@ -1,5 +1,10 @@
 # Canopy: build in a full Debian 12 stage, run in a slim one.
-#   docker build -t canopy . && docker run --rm canopy
+#   docker build -t canopy . && docker run --rm -p 8080:8080 canopy
+#   docker run --rm -p 8080:8080 -v $PWD/models:/models:ro canopy
+# Serves what is mounted at /models, else the demo models built here
+# (config/deploy/image/entrypoint.sh). docs/deploy.md: the image in
+# Kubernetes (config/deploy/k8s/). tests/deploy/test_image.py runs the
+# build stage's commands against a scratch prefix (no Docker there).
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
@@ -9,17 +14,34 @@ WORKDIR /src
 COPY . .
 RUN meson setup /build -Dtests=false -Dcuda=disabled --prefix /opt/canopy \
     && ninja -C /build && ninja -C /build install \
-    && scripts/models.sh /build && cp -r models /opt/canopy/models
+    && scripts/models.sh /build && cp -r models /opt/canopy/models \
+    && install -m 755 config/deploy/image/entrypoint.sh /opt/canopy/bin/canopy-entrypoint \
+    && install -m 755 config/deploy/image/healthcheck.sh /opt/canopy/bin/canopy-healthcheck
 
 FROM debian:12-slim
+# A fixed numeric uid, so Kubernetes' runAsNonRoot can check it; the
+# policy cache (learned batching policies, written by the daemon) is the
+# one directory it may write.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends libjansson4 libopenblas0-pthread libuv1 \
       libmicrohttpd12 libssl3 \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --home /opt/canopy canopy
+    && groupadd --system --gid 10001 canopy \
+    && useradd --system --uid 10001 --gid 10001 --home /opt/canopy canopy \
+    && mkdir -p /var/cache/canopy/policies /models \
+    && chown -R 10001:10001 /var/cache/canopy
 COPY --from=build /opt/canopy /opt/canopy
-USER canopy
+USER 10001:10001
 WORKDIR /opt/canopy
-ENV PATH=/opt/canopy/bin:$PATH
+ENV PATH=/opt/canopy/bin:$PATH \
+    CANOPY_POLICY_CACHE=/var/cache/canopy/policies
 EXPOSE 8080
-CMD ["canopy", "serve", "--models-dir", "models", "--host", "0.0.0.0", "--port", "8080"]
+# Ready = models loaded and not draining. bash's /dev/tcp, no curl in the
+# image (config/deploy/image/healthcheck.sh says why).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["canopy-healthcheck"]
+# SIGTERM (docker stop) drains; give it more than drain-grace-ms:
+# docker stop -t 15, or stop_grace_period in compose.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["canopy-entrypoint"]
+CMD ["--host", "0.0.0.0", "--port", "8080"]

@@ -5,7 +5,10 @@ set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config
       libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev libssl-dev
       libcriterion-dev python3 python3-numpy curl
-      prometheus
+      prometheus     # promtool; the deploy tests' Prometheus server
+      nginx-light    # tests/deploy/test_nginx.py
+      systemd        # systemd-analyze, tests/deploy/test_systemd.py
+      python3-yaml   # tests/deploy/test_k8s.py
       python3-torch)  # canopy_torch and canopy-import, and their tests
 pkgs+=("$@")
 missing=()

@@ -19,6 +19,7 @@
 
 #include "backends.h"
 #include "cli.h"
+#include "notify.h"
 #include "routes.h"
 #include "serve_impl.h"
 
@@ -199,6 +200,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   CN_LOG(CN_LOG_INFO, "msg=draining signal=%d in_flight=%d grace_ms=%d",
          signum, atomic_load(&s->in_flight), s->cfg.serve.drain_grace_ms);
   s->drain_started = cn__now();
+  cn__notify("STOPPING=1\nSTATUS=draining");
   cn__http_quiesce(s);
   cn__retrainer_signal_stop(s);
   uv_timer_start(&s->drain_timer, drain_check, 0, 10);
@@ -308,6 +310,7 @@ int cn_cmd_serve(int argc, char **argv) {
          s->n_models, sc->workers, blas < 1 ? 1 : blas,
          cn_policy_name(s->policy), sc->max_delay_us, sc->max_instances,
          sc->queue_depth, (cn__now() - t_start) * 1e3);
+  cn__notify("READY=1\nSTATUS=serving"); /* systemd Type=notify */
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = 0;
 stop:
