@@ -136,6 +136,21 @@ static const cn_config_key keys[] = {
     INT_KEY("idle-timeout-s", 1, 86400, "30", SRV(idle_timeout_s),
             "an idle keep-alive connection is closed after this long",
             "serve"),
+    STR_KEY("model-control", "none", model_control,
+            "what may change the served models: none (start-up only; SIGHUP "
+            "is logged and ignored), explicit (the repository routes and "
+            "SIGHUP rescan models-dir), poll (as explicit, and a rescan "
+            "every poll-interval-s)",
+            "none|explicit|poll"),
+    INT_KEY("poll-interval-s", 1, 86400, "10", SRV(poll_interval_s),
+            "model-control poll: rescan models-dir this often", "serve"),
+    STR_KEY("repository-token", "", repository_token,
+            "if set, POST /v2/repository/... needs the header "
+            "'Authorization: Bearer TOKEN'",
+            NULL),
+    BOOL_KEY("strict-startup", "true", SRV(strict_startup),
+             "a model that fails to load stops start-up; false: it is "
+             "UNAVAILABLE in the repository index and the others serve"),
     STR_KEY("log-level", "info", log_level,
             "error | warn | info (one line a request) | debug",
             "error|warn|info|debug"),

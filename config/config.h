@@ -42,6 +42,10 @@ typedef struct cn_serve_config {
   int drain_grace_ms;
   int max_connections;
   int idle_timeout_s;      /* keep-alive connections idle this long close */
+  char model_control[16];  /* none | explicit | poll                      */
+  int poll_interval_s;     /* model-control poll: rescan this often       */
+  char repository_token[256]; /* bearer token of the mutating routes      */
+  bool strict_startup;     /* one model failing to load stops start-up    */
 } cn_serve_config;
 
 typedef struct cn_config {

@@ -33,6 +33,9 @@ extern "C" {
   XX(NO_SUCH_MODEL, "no_such_model", 404, "no such model")                    \
   XX(NO_SUCH_ROUTE, "no_such_route", 404, "no such route")                    \
   XX(METHOD_NOT_ALLOWED, "method_not_allowed", 405, "method not allowed")     \
+  XX(UNAUTHORIZED, "unauthorized", 401, "a bearer token is required")         \
+  XX(FORBIDDEN, "forbidden", 403, "not allowed by the configuration")          \
+  XX(UNAVAILABLE, "unavailable", 503, "the model is not available")           \
   XX(TOO_LARGE, "too_large", 413, "the request is over a configured limit")   \
   XX(OVERLOADED, "overloaded", 429, "the server is overloaded, retry later")  \
   XX(DRAINING, "draining", 503, "the server is shutting down")                \
@@ -116,6 +119,8 @@ json_t *cn_model_describe(const cn_model *m);
 /* SHA-256 (hex) of the weights file as it was read at load time; the model
  * keeps its own copy of the weights, whatever happens to the file. */
 const char *cn_model_weights_sha256(const cn_model *m);
+/* model.json's optional "version" string, or NULL. */
+const char *cn_model_named_version(const cn_model *m);
 
 /* Writes a fresh model directory: model.json, weights.safetensors with
  * deterministic random weights (scaled so activations do not saturate) and

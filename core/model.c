@@ -438,3 +438,8 @@ json_t *cn_model_describe(const cn_model *m) {
 }
 
 const char *cn_model_weights_sha256(const cn_model *m) { return m->st.sha256; }
+
+const char *cn_model_named_version(const cn_model *m) {
+  const char *v = json_string_value(json_object_get(m->json, "version"));
+  return v != NULL && v[0] != '\0' ? v : NULL;
+}

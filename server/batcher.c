@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "routes.h"
 #include "serve_impl.h"
 
 void cn__handle_unref_cb(uv_handle_t *h) { cn__req_unref(h->data); }
@@ -68,6 +69,8 @@ static cn__job *job_split_tail(cn__job *j, int from) {
     return NULL;
   }
   t->me = j->me;
+  t->slot = j->slot;
+  atomic_fetch_add(&t->me->refs, 1); /* each run holds its version */
   t->t_open = j->t_open;
   t->reqs = reqs;
   t->n = t->cap = n;
@@ -90,7 +93,7 @@ static cn__job *job_split_tail(cn__job *j, int from) {
  * while the other core waits, two of 27 side by side in 3.4 ms. With
  * every worker busy the run goes whole: waiting for a worker, large runs
  * are what batching is for. */
-static void window_close(cn__model_entry *me, cn__close_reason why) {
+static void window_close(cn__model_slot *me, cn__close_reason why) {
   cn__job *j = me->window;
   if (j == NULL) return;
   me->window = NULL;
@@ -128,12 +131,13 @@ static void window_close(cn__model_entry *me, cn__close_reason why) {
 /* End of a loop turn in which requests arrived: windows go to the workers
  * that are idle, the models in turn (round robin). */
 static void close_for_idle(cn__server *s, cn__close_reason why) {
-  if (!s->cfg.serve.work_conserving || s->n_models == 0) return;
-  for (int k = 0; k < s->n_models && idle_workers(s) > 0; k++) {
-    cn__model_entry *me = &s->models[(s->next_feed + k) % s->n_models];
+  int n = atomic_load(&s->n_models);
+  if (!s->cfg.serve.work_conserving || n == 0) return;
+  for (int k = 0; k < n && idle_workers(s) > 0; k++) {
+    cn__model_slot *me = &s->models[(s->next_feed + k) % n];
     if (me->window != NULL) {
       window_close(me, why);
-      s->next_feed = (me->index + 1) % s->n_models;
+      s->next_feed = (me->index + 1) % n;
     }
   }
 }
@@ -184,7 +188,7 @@ static void on_conn_event(uv_poll_t *p, int status, int events) {
 }
 
 void cn__batcher_submit(cn__server *s, cn__req *r) {
-  cn__model_entry *me = r->me;
+  cn__model_slot *me = r->slot;
   const cn_serve_config *sc = &s->cfg.serve;
   r->state = CN__REQ_WAITING;
   r->wnext = s->waiting;
@@ -224,6 +228,10 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
   if (me->window != NULL &&
       (me->window->vertices + r->vertices > (size_t)sc->max_vertices))
     window_close(me, CN__CLOSE_SIZE);
+  /* a window holds one version: a request for a newer one (the model was
+   * reloaded meanwhile) closes the old window, which runs on its own */
+  if (me->window != NULL && me->window->me != r->me)
+    window_close(me, CN__CLOSE_FLUSH);
   if (me->window == NULL) {
     cn__job *j = calloc(1, sizeof(*j));
     if (j == NULL) {
@@ -231,7 +239,9 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
                      "nomem");
       return;
     }
-    j->me = me;
+    j->me = r->me;
+    j->slot = me;
+    atomic_fetch_add(&j->me->refs, 1); /* the run holds its version */
     j->t_open = cn__now();
     me->window = j;
     uv_timer_start(&me->timer, on_window_timer,
@@ -271,7 +281,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
 void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
   cn__server *s = r->srv;
   if (r->state != CN__REQ_WAITING) return;
-  cn__model_entry *me = r->me;
+  cn__model_slot *me = r->slot;
   cn__job *j = me->window;
   bool dropped = false;
   for (int i = 0; j != NULL && i < j->n; i++) {
@@ -342,14 +352,15 @@ void cn__batcher_on_inbox(uv_async_t *a) {
   while (r != NULL) {
     cn__req *next = r->inbox_next;
     r->inbox_next = NULL;
-    cn__batcher_submit(s, r);
+    if (r->route == CN__RT_REPO_LOAD) cn__repo_load_async(s, r->model_name, r);
+    else cn__batcher_submit(s, r);
     r = next;
   }
 }
 
 void cn__batcher_flush_all(cn__server *s) {
-  for (int i = 0; i < s->n_models; i++)
-    window_close(&s->models[i], CN__CLOSE_FLUSH);
+  int n = atomic_load(&s->n_models);
+  for (int i = 0; i < n; i++) window_close(&s->models[i], CN__CLOSE_FLUSH);
 }
 
 /* Grace period over: whatever still waits is answered now. */

@@ -38,6 +38,7 @@ char *cn__error_body(int code, const char *msg, int instance) {
 
 static void req_free(cn__req *r) {
   for (int i = 0; i < r->n_inst; i++) cn_instance_free(r->inst[i]);
+  cn__model_release(r->me);
   free(r->inst);
   free(r->body);
   free(r->result);
@@ -68,16 +69,19 @@ static void set_id(cn__server *s, cn__req *r, const char *given) {
 static void account(cn__req *r, int status, const char *reason) {
   cn__server *s = r->srv;
   double secs = cn__now() - r->t_arrive;
-  int model = r->me ? r->me->index : -1;
+  int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
   if (status != 499)
     cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);
   CN_LOG(status >= 500 && status != 503 && status != 504 ? CN_LOG_ERROR
                                                          : CN_LOG_INFO,
-         "msg=request id=%s method=%s path=\"%s\" model=%s status=%d "
-         "instances=%d queue_ms=%.3f compute_ms=%.3f total_ms=%.3f%s%s",
-         r->id, r->method, r->path, r->me ? r->me->name : "-", status,
-         r->n_inst, r->queue_ms, r->compute_ms, secs * 1e3,
-         reason ? " reason=" : "", reason ? reason : "");
+         "msg=request id=%s method=%s path=\"%s\" model=%s version=%s "
+         "status=%d instances=%d queue_ms=%.3f compute_ms=%.3f "
+         "total_ms=%.3f%s%s",
+         r->id, r->method, r->path,
+         r->me ? r->me->name : r->slot ? r->slot->name : "-",
+         r->me ? r->me->version : "-", status, r->n_inst, r->queue_ms,
+         r->compute_ms, secs * 1e3, reason ? " reason=" : "",
+         reason ? reason : "");
 }
 
 /* Queues body (taking it over) on the connection, with the headers every
@@ -226,21 +230,126 @@ static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
   return r;
 }
 
-/* Every route but a valid POST .../infer is answered in one go. */
+/* Why a named model cannot be used: 404 naming its state. */
+static enum MHD_Result answer_no_model(cn__req *r) {
+  char msg[600];
+  cn__model_slot *sl = r->slot;
+  if (sl == NULL) {
+    snprintf(msg, sizeof(msg), "no such model '%s' (GET /v1/models lists "
+             "them)", r->model_name);
+  } else {
+    pthread_mutex_lock(&sl->vmu);
+    snprintf(msg, sizeof(msg), "model '%.128s' is not loaded (%s%s%.400s)",
+             sl->name, sl->state == CN__MODEL_UNLOADED ? "unloaded"
+             : sl->state == CN__MODEL_LOADING         ? "loading"
+                                                      : "unavailable",
+             sl->reason[0] && sl->state != CN__MODEL_UNLOADED ? ": " : "",
+             sl->state != CN__MODEL_UNLOADED ? sl->reason : "");
+    pthread_mutex_unlock(&sl->vmu);
+  }
+  return answer_err(r, CN_E_NO_SUCH_MODEL, msg);
+}
+
+/* The mutating repository routes: allowed by model-control, and with the
+ * bearer token when one is configured. */
+static bool repo_allowed(cn__req *r, enum MHD_Result *ret) {
+  const cn_serve_config *sc = &r->srv->cfg.serve;
+  if (strcmp(sc->model_control, "none") == 0) {
+    *ret = answer_err(r, CN_E_FORBIDDEN, "model-control is none: models "
+                      "change only at start-up (set model-control explicit "
+                      "or poll)");
+    return false;
+  }
+  if (sc->repository_token[0] != '\0') {
+    const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                "Authorization");
+    size_t tl = strlen(sc->repository_token);
+    bool ok = h != NULL && strncmp(h, "Bearer ", 7) == 0 &&
+              strlen(h + 7) == tl;
+    /* compare every byte, whatever the first difference */
+    unsigned char diff = 0;
+    for (size_t i = 0; ok && i < tl; i++)
+      diff |= (unsigned char)(h[7 + i] ^ sc->repository_token[i]);
+    if (!ok || diff != 0) {
+      *ret = answer_err(r, CN_E_UNAUTHORIZED, "this route needs "
+                        "'Authorization: Bearer TOKEN' (repository-token)");
+      return false;
+    }
+  }
+  return true;
+}
+
+static char *ready_body(cn__model_entry *me) {
+  json_t *o = json_object();
+  json_object_set_new(o, "name", json_string(me->name));
+  json_object_set_new(o, "version", json_string(me->version));
+  json_object_set_new(o, "ready", json_true());
+  char *b = json_dumps(o, DUMP_FLAGS);
+  json_decref(o);
+  return b;
+}
+
+/* Every route but a valid POST .../infer or .../load is answered in one
+ * go. */
 static enum MHD_Result answer_route(cn__req *r, const char *method) {
   cn__server *s = r->srv;
   cn__route rt = r->route;
   cn__model_entry *me = r->me;
+  enum MHD_Result ret;
   bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
   bool post = strcmp(method, "POST") == 0;
+  bool wants_post = rt == CN__RT_INFER || rt == CN__RT_REPO_INDEX ||
+                    rt == CN__RT_REPO_LOAD || rt == CN__RT_REPO_UNLOAD;
   if (rt == CN__RT_NONE)
     return answer_err(r, CN_E_NO_SUCH_ROUTE, "no such route");
-  if ((rt == CN__RT_INFER && !post) || (rt != CN__RT_INFER && !get))
+  if ((wants_post && !post) || (!wants_post && !get))
     return answer_err(r, CN_E_METHOD_NOT_ALLOWED,
-                      rt == CN__RT_INFER ? "use POST" : "use GET");
+                      wants_post ? "use POST" : "use GET");
   if ((rt == CN__RT_MODEL || rt == CN__RT_INFER) && me == NULL)
-    return answer_err(r, CN_E_NO_SUCH_MODEL,
-                      "no such model (GET /v1/models lists them)");
+    return answer_no_model(r);
+  if (rt == CN__RT_MODEL_READY) {
+    cn__model_entry *cur = cn__model_retain(r->slot);
+    if (cur == NULL) {
+      if (r->slot == NULL) return answer_no_model(r);
+      char msg[200];
+      snprintf(msg, sizeof(msg), "model '%s' is not ready",
+               r->slot->name);
+      return answer_err(r, CN_E_UNAVAILABLE, msg);
+    }
+    char *b = ready_body(cur);
+    cn__model_release(cur);
+    return answer_now(r, 200, b, NULL);
+  }
+  if (rt == CN__RT_REPO_UNLOAD) {  /* the index only reads: no guard */
+    if (!repo_allowed(r, &ret)) return ret;
+    {
+      cn__model_entry *cur = cn__model_retain(r->slot);
+      if (cur == NULL) return answer_no_model(r);
+      cn__model_release(cur);
+      cn__repo_unload(s, r->slot);
+      char *b = strdup("{\"state\":\"UNLOADED\"}");
+      return answer_now(r, 200, b, NULL);
+    }
+  }
+  if (rt == CN__RT_REPO_LOAD) {
+    if (!repo_allowed(r, &ret)) return ret;
+    if (atomic_load(&s->draining))
+      return answer_err(r, CN_E_DRAINING, "the server is shutting down");
+    /* loaded on a loader thread; the answer comes when it is done */
+    r->state = CN__REQ_WAITING;
+    MHD_suspend_connection(r->conn);
+    if (!s->mhd_thread) {
+      cn__repo_load_async(s, r->model_name, r);
+      return MHD_YES;
+    }
+    pthread_mutex_lock(&s->imu);
+    if (s->itail) s->itail->inbox_next = r;
+    else s->ihead = r;
+    s->itail = r;
+    pthread_mutex_unlock(&s->imu);
+    uv_async_send(&s->inbox_async);
+    return MHD_YES;
+  }
   int status;
   char *body = NULL;
   const char *ctype;
@@ -279,10 +388,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
     r = req_new(s, c, url, method);
     if (r == NULL) return MHD_NO;
     *con_cls = r;
-    cn__model_entry *me;
-    cn__route rt = cn__route_find(s, url, &me);
-    r->me = me;
+    cn__model_slot *sl;
+    const char *name;
+    size_t len;
+    cn__route rt = cn__route_find(s, url, &sl, &name, &len);
+    r->slot = sl;
     r->route = rt;
+    if (name != NULL)
+      snprintf(r->model_name, sizeof(r->model_name), "%.*s",
+               (int)(len < sizeof(r->model_name) ? len
+                                                 : sizeof(r->model_name) - 1),
+               name);
+    /* the version this request will use, held until it is freed: a
+     * reload meanwhile does not change it */
+    if (rt == CN__RT_INFER || rt == CN__RT_MODEL) r->me = cn__model_retain(sl);
+    cn__model_entry *me = r->me;
     /* Two different Content-Length headers: which one frames the body is
      * a guess, and behind a proxy that guesses the other way it is
      * request smuggling (RFC 9112 §6.3). Refused; answering on this first

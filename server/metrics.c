@@ -35,15 +35,15 @@ static void hist_add(cn__hist *h, double v) {
   h->count++;
 }
 
-int cn__metrics_init(cn__metrics *m, int n_models, const char **names) {
+int cn__metrics_init(cn__metrics *m, int cap, const char **names) {
   memset(m, 0, sizeof(*m));
   pthread_mutex_init(&m->mu, NULL);
-  m->n_models = n_models;
+  m->cap = cap;
+  m->n_models = 0;
   m->model_names = names;
-  m->requests = calloc((size_t)(n_models + 1) * CN__N_STATUS,
-                       sizeof(uint64_t));
-  m->instances = calloc((size_t)n_models + 1, sizeof(uint64_t));
-  m->retrains = calloc((size_t)(n_models > 0 ? n_models : 1) * CN__N_RETRAIN,
+  m->requests = calloc((size_t)(cap + 1) * CN__N_STATUS, sizeof(uint64_t));
+  m->instances = calloc((size_t)cap + 1, sizeof(uint64_t));
+  m->retrains = calloc((size_t)(cap > 0 ? cap : 1) * CN__N_RETRAIN,
                        sizeof(uint64_t));
   if (m->requests == NULL || m->instances == NULL || m->retrains == NULL)
     return -1;
@@ -66,8 +66,8 @@ void cn__metrics_request(cn__metrics *m, int model, int status,
   int slot = CN__N_STATUS - 1;
   for (int i = 0; i < CN__N_STATUS - 1; i++)
     if (statuses[i] == status) slot = i;
-  if (model < 0 || model >= m->n_models) model = m->n_models;
   pthread_mutex_lock(&m->mu);
+  if (model < 0 || model >= m->n_models) model = m->cap;
   m->requests[model * CN__N_STATUS + slot]++;
   if (status == 200) m->instances[model] += (uint64_t)instances;
   hist_add(&m->request_s, seconds);
@@ -93,6 +93,12 @@ void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
   m->arena_bytes_total += arena_bytes;
   m->arena_bytes_last = arena_bytes;
   if (arena_bytes > m->arena_bytes_peak) m->arena_bytes_peak = arena_bytes;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_set_models(cn__metrics *m, int n) {
+  pthread_mutex_lock(&m->mu);
+  if (n <= m->cap) m->n_models = n;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -190,8 +196,7 @@ static const char *const retrain_results[CN__N_RETRAIN] = {"swapped", "kept",
                                                          "failed"};
 
 void cn__metrics_retrain(cn__metrics *m, int model, int result) {
-  if (model < 0 || model >= m->n_models || result < 0 ||
-      result >= CN__N_RETRAIN)
+  if (model < 0 || model >= m->cap || result < 0 || result >= CN__N_RETRAIN)
     return;
   pthread_mutex_lock(&m->mu);
   m->retrains[model * CN__N_RETRAIN + result]++;
@@ -204,8 +209,9 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   pthread_mutex_lock(&m->mu);
   head(&b, "canopy_requests_total", "counter",
        "HTTP requests answered, by model and status");
-  for (int mi = 0; mi <= m->n_models; mi++)
+  for (int k = 0; k <= m->n_models; k++)
     for (int si = 0; si < CN__N_STATUS; si++) {
+      int mi = k < m->n_models ? k : m->cap; /* the last: no model */
       uint64_t v = m->requests[mi * CN__N_STATUS + si];
       if (v == 0 && !(si == 0 && mi < m->n_models)) continue;
       char st[8];

@@ -22,10 +22,11 @@ typedef struct cn__hist {
 
 typedef struct cn__metrics {
   pthread_mutex_t mu;
-  int n_models;
-  const char **model_names;   /* borrowed; slot n_models is "" (no model) */
-  uint64_t *requests;         /* [(n_models + 1) * CN__N_STATUS]          */
-  uint64_t *instances;        /* [n_models + 1] instances answered 200    */
+  int cap;                    /* model slots; slot cap is "" (no model)   */
+  int n_models;               /* slots in use (they only grow)            */
+  const char **model_names;   /* borrowed, [cap]                          */
+  uint64_t *requests;         /* [(cap + 1) * CN__N_STATUS]               */
+  uint64_t *instances;        /* [cap + 1] instances answered 200         */
   cn__hist request_s, queue_s, compute_s, batch_instances;
   uint64_t runs, batches, lower_bound, vertices, kernels;
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
@@ -43,7 +44,9 @@ typedef struct cn__gauges {
       draining;
 } cn__gauges;
 
-int cn__metrics_init(cn__metrics *m, int n_models, const char **names);
+int cn__metrics_init(cn__metrics *m, int cap, const char **names);
+/* Model slots 0..n-1 are in use (names filled in first). */
+void cn__metrics_set_models(cn__metrics *m, int n);
 void cn__metrics_free(cn__metrics *m);
 /* model: index or -1 (no model) */
 void cn__metrics_request(cn__metrics *m, int model, int status,

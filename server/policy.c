@@ -309,12 +309,17 @@ static void *retrainer_main(void *arg) {
       w = pthread_cond_timedwait(&s->rtcv, &s->rtmu, &dl);
     if (s->rt_stop) break;
     pthread_mutex_unlock(&s->rtmu);
-    for (int i = 0; i < s->n_models; i++) {
+    int n = atomic_load(&s->n_models);
+    for (int i = 0; i < n; i++) {
       pthread_mutex_lock(&s->rtmu);
       bool stop = s->rt_stop;
       pthread_mutex_unlock(&s->rtmu);
       if (stop) break;
-      if (s->models[i].pol.reservoir != NULL) retrain_one(s, &s->models[i]);
+      /* the version serving now, held while it trains (a reload may
+       * replace it meanwhile: the old one's policy is then simply lost) */
+      cn__model_entry *me = cn__model_retain(&s->models[i]);
+      if (me != NULL && me->pol.reservoir != NULL) retrain_one(s, me);
+      cn__model_release(me);
     }
     pthread_mutex_lock(&s->rtmu);
   }

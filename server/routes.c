@@ -8,18 +8,24 @@
 #include "routes.h"
 #include "serve_impl.h"
 
-/* /v1/models/{name}[/infer]: name is one path segment. */
-static cn__model_entry *find_model(cn__server *s, const char *name,
-                                   size_t len) {
-  for (int i = 0; i < s->n_models; i++)
-    if (strlen(s->models[i].name) == len &&
-        strncmp(s->models[i].name, name, len) == 0)
-      return &s->models[i];
-  return NULL;
+/* A path with a model name: prefix, one segment, then suffix exactly. */
+static bool named(const char *path, const char *pre, const char *suffix,
+                  const char **name, size_t *len) {
+  size_t np = strlen(pre), ns = strlen(suffix);
+  if (strncmp(path, pre, np) != 0) return false;
+  const char *n = path + np;
+  const char *slash = strchr(n, '/');
+  size_t l = slash ? (size_t)(slash - n) : strlen(n);
+  if (l == 0 || strcmp(n + l, suffix) != 0 || (ns == 0 && slash != NULL))
+    return false;
+  *name = n;
+  *len = l;
+  return true;
 }
 
 cn__route cn__route_find(cn__server *s, const char *path,
-                         cn__model_entry **me) {
+                         cn__model_slot **sl, const char **mname,
+                         size_t *mlen) {
   static const struct {
     const char *path;
     cn__route rt;
@@ -29,24 +35,32 @@ cn__route cn__route_find(cn__server *s, const char *path,
                {"/v2/health/ready", CN__RT_READY},
                {"/metrics", CN__RT_METRICS},
                {"/v1/models", CN__RT_MODELS},
-               {"/v1/models/", CN__RT_MODELS}};
-  *me = NULL;
+               {"/v1/models/", CN__RT_MODELS},
+               {"/v2/repository/index", CN__RT_REPO_INDEX}};
+  static const struct {
+    const char *pre, *suffix;
+    cn__route rt;
+  } withname[] = {{"/v1/models/", "", CN__RT_MODEL},
+                  {"/v1/models/", "/infer", CN__RT_INFER},
+                  {"/v2/models/", "/ready", CN__RT_MODEL_READY},
+                  {"/v2/repository/models/", "/load", CN__RT_REPO_LOAD},
+                  {"/v2/repository/models/", "/unload", CN__RT_REPO_UNLOAD}};
+  *sl = NULL;
+  *mname = NULL;
+  *mlen = 0;
   for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
     if (strcmp(path, fixed[i].path) == 0) return fixed[i].rt;
-  const char *pre = "/v1/models/";
-  if (strncmp(path, pre, strlen(pre)) != 0) return CN__RT_NONE;
-  const char *name = path + strlen(pre);
-  const char *slash = strchr(name, '/');
-  size_t len = slash ? (size_t)(slash - name) : strlen(name);
-  cn__route rt;
-  if (slash == NULL)
-    rt = CN__RT_MODEL;
-  else if (strcmp(slash, "/infer") == 0)
-    rt = CN__RT_INFER;
-  else
-    return CN__RT_NONE;
-  *me = find_model(s, name, len);
-  return rt;
+  for (size_t i = 0; i < sizeof(withname) / sizeof(withname[0]); i++) {
+    const char *name;
+    size_t len;
+    if (!named(path, withname[i].pre, withname[i].suffix, &name, &len))
+      continue;
+    *sl = cn__repo_find(s, name, len);
+    *mname = name;
+    *mlen = len;
+    return withname[i].rt;
+  }
+  return CN__RT_NONE;
 }
 
 static char *dump(json_t *j) {
@@ -57,8 +71,10 @@ static char *dump(json_t *j) {
 
 static char *models_list(cn__server *s) {
   json_t *arr = json_array();
-  for (int i = 0; i < s->n_models; i++) {
-    cn__model_entry *me = &s->models[i];
+  int n = atomic_load(&s->n_models);
+  for (int i = 0; i < n; i++) {
+    cn__model_entry *me = cn__model_retain(&s->models[i]);
+    if (me == NULL) continue; /* not loaded: the repository index has it */
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(me->name));
     json_object_set_new(o, "family",
@@ -66,8 +82,10 @@ static char *models_list(cn__server *s) {
     json_object_set_new(
         o, "input",
         json_string(cn_input_kind_name(cn_model_input(me->model))));
+    json_object_set_new(o, "version", json_string(me->version));
     json_object_set_new(o, "ready", json_true());
     json_array_append_new(arr, o);
+    cn__model_release(me);
   }
   json_t *root = json_object();
   json_object_set_new(root, "models", arr);
@@ -80,6 +98,7 @@ static char *models_list(cn__server *s) {
 json_t *cn__model_describe_full(cn__server *s, cn__model_entry *me) {
   json_t *o = cn_model_describe(me->model);
   json_object_set_new(o, "name", json_string(me->name));
+  json_object_set_new(o, "version", json_string(me->version));
   json_object_set_new(o, "ready", json_true());
   return o;
 }
@@ -115,12 +134,24 @@ int cn__route_get(cn__server *s, cn__route rt, cn__model_entry *me,
       break;
     case CN__RT_METRICS: {
       cn__gauges g = gauges(s);
-      *body = cn__metrics_render(&s->metrics, &g);
+      char *a = cn__metrics_render(&s->metrics, &g);
+      char *m = cn__repo_metrics(s);
+      size_t la = a ? strlen(a) : 0, lm = m ? strlen(m) : 0;
+      *body = a && m ? malloc(la + lm + 1) : NULL;
+      if (*body != NULL) {
+        memcpy(*body, a, la);
+        memcpy(*body + la, m, lm + 1);
+      }
+      free(a);
+      free(m);
       *ctype = "text/plain; version=0.0.4; charset=utf-8";
       break;
     }
     case CN__RT_MODELS:
       *body = models_list(s);
+      break;
+    case CN__RT_REPO_INDEX:
+      *body = dump(cn__repo_index(s));
       break;
     case CN__RT_MODEL: {
       json_t *o = json_deep_copy(me->describe);

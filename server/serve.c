@@ -103,68 +103,6 @@ bad:
   return -1;
 }
 
-static int cmp_names(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Every subdirectory of dir holding a model.json, in name order. */
-static int load_models(cn__server *s, cn_err *err) {
-  const char *dir = s->cfg.serve.models_dir;
-  char *names[1024];
-  int n = 0, rc = 0;
-  DIR *d = opendir(dir);
-  if (d == NULL)
-    return cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: cannot open '%s'",
-                      dir);
-  struct dirent *de;
-  while ((de = readdir(d)) != NULL && n < 1024) {
-    char p[2048];
-    struct stat st;
-    if (de->d_name[0] == '.' || strlen(de->d_name) >= 128) continue;
-    snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
-    if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
-      names[n++] = strdup(de->d_name);
-  }
-  closedir(d);
-  qsort(names, (size_t)n, sizeof(char *), cmp_names);
-  if (n == 0) {
-    rc = cn_err_set(err, CN_E_BAD_CONFIG,
-                    "models-dir: no subdirectory of '%s' holds a model.json",
-                    dir);
-    goto out;
-  }
-  s->models = calloc((size_t)n, sizeof(cn__model_entry));
-  if (s->models == NULL) {
-    rc = cn_err_set(err, CN_E_NOMEM, "no memory");
-    goto out;
-  }
-  for (int i = 0; i < n; i++) {
-    cn__model_entry *me = &s->models[i];
-    char p[2048];
-    snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
-    snprintf(me->name, sizeof(me->name), "%s", names[i]);
-    me->index = i;
-    me->srv = s;
-    rc = cn_model_load(p, &me->model, err);
-    if (rc != 0) {
-      CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s dir=\"%s\" "
-             "error=\"%s\"", names[i], p, err->msg);
-      goto out;
-    }
-    s->n_models++;
-    cn__policy_init(s, me); /* a cache read at most: never trains */
-    me->describe = cn__model_describe_full(s, me);
-    CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s family=%s input=%s "
-           "weights_sha256=%s",
-           me->name, cn_model_family(me->model),
-           cn_input_kind_name(cn_model_input(me->model)),
-           cn_model_weights_sha256(me->model));
-  }
-out:
-  for (int i = 0; i < n; i++) free(names[i]);
-  return rc;
-}
-
 enum { DRAIN_QUIET_MS = 250 };
 
 static void drain_check(uv_timer_t *t) {
@@ -224,13 +162,25 @@ static void on_trim_timer(uv_timer_t *t) {
   s->trimmed_at = served;
 }
 
-/* SIGHUP: a service manager's `reload`, or the terminal closing. Its
- * default action would kill the daemon with no drain and no log line.
- * Models are loaded at start-up only, so there is nothing to reload yet:
- * it is logged and ignored, and the daemon goes on serving. */
+/* SIGHUP: a service manager's `reload`, or the terminal closing (its
+ * default action would kill the daemon with no drain and no log line).
+ * With model-control explicit or poll it rescans models-dir: new
+ * directories load, changed ones reload, removed ones unload; with none
+ * it is logged and ignored. */
 static void on_sighup(uv_signal_t *h, int signum) {
-  CN_LOG(CN_LOG_WARN, "msg=sighup action=ignored reason=\"models load at "
-         "start-up only; restart the daemon to change them\"");
+  cn__server *s = h->data;
+  if (atomic_load(&s->draining)) return;
+  if (strcmp(s->cfg.serve.model_control, "none") == 0) {
+    CN_LOG(CN_LOG_WARN, "msg=sighup action=ignored reason=\"model-control "
+           "none: models load at start-up only\"");
+    return;
+  }
+  cn__repo_rescan(s, "sighup");
+}
+
+static void on_poll_timer(uv_timer_t *t) {
+  cn__server *s = t->data;
+  if (!atomic_load(&s->draining)) cn__repo_rescan(s, "poll");
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {
@@ -257,14 +207,16 @@ int cn_cmd_serve(int argc, char **argv) {
   pthread_mutex_init(&s->dmu, NULL);
   pthread_mutex_init(&s->imu, NULL);
   uv_loop_init(&s->loop);
-  if (load_models(s, &err) != 0) {
-    fprintf(stderr, "canopy serve: %s\n", err.msg);
+  pthread_mutex_init(&s->lmu, NULL);
+  const char **names = calloc(CN__MAX_MODELS + 1, sizeof(char *));
+  s->models = calloc(CN__MAX_MODELS, sizeof(cn__model_slot));
+  if (names == NULL || s->models == NULL ||
+      cn__metrics_init(&s->metrics, CN__MAX_MODELS, names)) {
+    free(names);
     goto out;
   }
-  const char **names = calloc((size_t)s->n_models, sizeof(char *));
-  for (int i = 0; names && i < s->n_models; i++) names[i] = s->models[i].name;
-  if (names == NULL || cn__metrics_init(&s->metrics, s->n_models, names)) {
-    free(names);
+  if (cn__repo_load_all(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto out;
   }
   s->metrics.start_time = (double)time(NULL);
@@ -277,10 +229,14 @@ int cn_cmd_serve(int argc, char **argv) {
     goto stop;
   }
   cn__retrainer_start(s); /* failure to start only loses retraining */
-  for (int i = 0; i < s->n_models; i++) {
-    uv_timer_init(&s->loop, &s->models[i].timer);
-    s->models[i].timer.data = &s->models[i];
-  }
+  uv_async_init(&s->loop, &s->load_async, cn__repo_on_loaded);
+  s->load_async.data = s;
+  uv_timer_init(&s->loop, &s->poll_timer);
+  s->poll_timer.data = s;
+  if (strcmp(sc->model_control, "poll") == 0)
+    uv_timer_start(&s->poll_timer, on_poll_timer,
+                   (uint64_t)sc->poll_interval_s * 1000,
+                   (uint64_t)sc->poll_interval_s * 1000);
   uv_async_init(&s->loop, &s->done_async, cn__batcher_on_done);
   uv_async_init(&s->loop, &s->inbox_async, cn__batcher_on_inbox);
   s->done_async.data = s->inbox_async.data = s;
@@ -307,7 +263,7 @@ int cn_cmd_serve(int argc, char **argv) {
   CN_LOG(CN_LOG_INFO, "msg=ready models=%d workers=%d blas_threads=%d "
          "policy=%s max_delay_us=%d max_instances=%d queue_depth=%d "
          "startup_ms=%.1f",
-         s->n_models, sc->workers, blas < 1 ? 1 : blas,
+         atomic_load(&s->n_models), sc->workers, blas < 1 ? 1 : blas,
          cn_policy_name(s->policy), sc->max_delay_us, sc->max_instances,
          sc->queue_depth, (cn__now() - t_start) * 1e3);
   cn__notify("READY=1\nSTATUS=serving"); /* systemd Type=notify */
@@ -326,11 +282,7 @@ stop:
   cn__metrics_free(&s->metrics);
 out:
   uv_loop_close(&s->loop);
-  for (int i = 0; i < s->n_models; i++) {
-    json_decref(s->models[i].describe);
-    cn__policy_destroy(&s->models[i]);
-    cn_model_free(s->models[i].model);
-  }
+  if (s->models != NULL) cn__repo_free_all(s);
   free(s->models);
   return status;
 }

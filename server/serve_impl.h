@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/stat.h>
 
 #include <microhttpd.h>
 #include <uv.h>
@@ -30,6 +31,10 @@
 
 typedef struct cn__job cn__job;
 typedef struct cn__server cn__server;
+typedef struct cn__model_slot cn__model_slot;
+
+/* The most model names one daemon serves over its life (metrics slots). */
+#define CN__MAX_MODELS 256
 
 /* A model's learned batching policy (policy fsm; policy.c). Workers take
  * a reference to `fsm` under `mu` (a few instructions) and add their run's
@@ -52,19 +57,42 @@ typedef struct cn__policy {
   long long trained_at;      /* `added` when the last round snapshotted   */
 } cn__policy;
 
-/* One served model. Fields above `window` are immutable once serving
- * (`pol` guards itself). */
+/* One loaded version of a model (repo.c): immutable once loaded (`pol`
+ * guards itself) and reference counted. Its slot holds one reference
+ * while it is the version new requests get; every request and run that
+ * uses it holds one, so a request finishes on the version it started
+ * with, and an old version is freed when its last run ends. */
 typedef struct cn__model_entry {
   char name[128];
+  char version[72];    /* model.json "version", else sha256[:12] */
   cn_model *model;
-  int index;           /* metrics label slot */
+  int index;           /* metrics label slot (the slot's) */
   json_t *describe;    /* GET /v1/models/{name} body, less "policy" */
   cn__policy pol;
-  /* loop thread only: the open aggregation window */
-  cn__job *window;
-  uv_timer_t timer;
+  atomic_int refs;
+  cn__model_slot *slot;
+  struct stat sig[2];  /* model.json, weights file: what a rescan compares */
   cn__server *srv;
 } cn__model_entry;
+
+/* What the repository knows of one model name (repo.c). */
+enum { CN__MODEL_LOADING = 0, CN__MODEL_READY, CN__MODEL_UNAVAILABLE,
+       CN__MODEL_UNLOADED };
+
+struct cn__model_slot {
+  char name[128];
+  int index;                 /* in s->models and the metrics labels    */
+  cn__server *srv;
+  pthread_mutex_t vmu;       /* cur, state, reason, counters           */
+  cn__model_entry *cur;      /* the version new requests get; NULL: none */
+  int state;
+  char reason[512];          /* why UNAVAILABLE, or the last failed load */
+  long long loads_ok, loads_failed;
+  /* loop thread only */
+  bool loading;              /* a load of this name is under way       */
+  cn__job *window;           /* the open aggregation window            */
+  uv_timer_t timer;
+};
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
 
@@ -77,7 +105,9 @@ typedef struct cn__req {
   char id[72];
   char method[8];
   char path[160];
-  cn__model_entry *me;
+  cn__model_slot *slot;     /* the name the path named (NULL: none)     */
+  char model_name[128];     /* that name as written in the path         */
+  cn__model_entry *me;      /* its version, held (infer and model GET)  */
   int route;                /* cn__route */
   struct MHD_Connection *conn;
   int fd;
@@ -111,7 +141,8 @@ typedef struct cn__req {
 
 /* A run being gathered (window) or queued for / computed by a worker. */
 struct cn__job {
-  cn__model_entry *me;
+  cn__model_entry *me;       /* the version, held by the job            */
+  cn__model_slot *slot;
   cn__req **reqs;
   int n, cap;
   int instances;
@@ -127,8 +158,12 @@ struct cn__server {
   cn_config cfg;
   cn_policy_kind policy;
   cn_layout layout;
-  cn__model_entry *models;
-  int n_models;
+  cn__model_slot *models;    /* CN__MAX_MODELS; names never move       */
+  atomic_int n_models;       /* slots in use                           */
+  pthread_mutex_t lmu;       /* loaded: finished loads -> loop          */
+  struct cn__load *loaded;
+  uv_async_t load_async;
+  uv_timer_t poll_timer;     /* model-control poll                     */
   uv_loop_t loop;
   struct MHD_Daemon *mhd;
   bool mhd_thread;           /* http-mode mhd-thread */
@@ -227,6 +262,26 @@ void cn__policy_observe(cn__server *s, cn__model_entry *me,
 int cn__retrainer_start(cn__server *s);
 void cn__retrainer_signal_stop(cn__server *s); /* any thread, idempotent */
 void cn__retrainer_join(cn__server *s);
+
+/* repo.c: the model repository: versions, loads, rescans, the index */
+cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
+/* A reference to the version new requests get (NULL: none loaded). */
+cn__model_entry *cn__model_retain(cn__model_slot *sl);
+void cn__model_release(cn__model_entry *me);
+/* Start-up: every model directory, loaded in name order. */
+int cn__repo_load_all(cn__server *s, cn_err *err);
+void cn__repo_free_all(cn__server *s);
+/* Loop: load (or reload) a model directory on a loader thread; r, if not
+ * NULL, is a suspended POST .../load answered when it is done. */
+void cn__repo_load_async(cn__server *s, const char *name, cn__req *r);
+void cn__repo_unload(cn__server *s, cn__model_slot *sl);
+/* Loop: new directories load, changed ones reload, removed ones unload. */
+void cn__repo_rescan(cn__server *s, const char *why);
+void cn__repo_on_loaded(uv_async_t *a);
+json_t *cn__repo_index(cn__server *s);
+/* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
+char *cn__repo_metrics(cn__server *s);
+bool cn__repo_all_ready(cn__server *s);
 
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);

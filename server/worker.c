@@ -24,6 +24,7 @@ typedef struct worker_arg {
 
 void cn__job_free(cn__job *j) {
   for (int i = 0; i < j->n; i++) cn__req_unref(j->reqs[i]);
+  cn__model_release(j->me);
   free(j->reqs);
   free(j);
 }
@@ -45,6 +46,7 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots) {
   for (int i = 0; i < r->n_inst; i++)
     json_array_append_new(outs, cn_run_output(run, slots[i]));
   json_object_set_new(o, "model", json_string(j->me->name));
+  json_object_set_new(o, "model_version", json_string(j->me->version));
   json_object_set_new(o, "outputs", outs);
   json_t *st = json_object();
   json_object_set_new(st, "queue_ms", json_real(r->queue_ms));

@@ -1,0 +1,508 @@
+/* repo.c - the model repository: which versions serve, loading, reloading
+ * and unloading without a restart (docs/api.md "Model repository").
+ *
+ * A slot per model name (CN__MAX_MODELS, never moved: metrics label them)
+ * holds the version new requests get. A version (cn__model_entry) is
+ * loaded whole, with every start-up check, on a loader thread beside the
+ * one serving; only then does the loop make it current. Requests and runs
+ * hold references to the version they started with, so a swap loses
+ * nothing: the old version is freed when its last run ends. A load that
+ * fails leaves the old version serving and records why (index, log,
+ * canopy_model_loads_total).
+ *
+ * Threads: slots are created on the loop thread (or at start-up, before
+ * it runs); `cur`, `state` and `reason` are read under the slot's mutex
+ * from any thread (MHD's, in mhd-thread mode; workers; the retrainer).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "routes.h"
+#include "serve_impl.h"
+
+/* A finished load, handed from a loader thread to the loop. */
+struct cn__load {
+  struct cn__load *next;
+  cn__server *srv;
+  cn__model_slot *slot;
+  cn__model_entry *ver; /* NULL: failed, err says why */
+  cn_err err;
+  cn__req *r;           /* a suspended POST .../load (a reference), or NULL */
+};
+
+static const char *state_name(int st) {
+  switch (st) {
+    case CN__MODEL_LOADING: return "LOADING";
+    case CN__MODEL_READY: return "READY";
+    case CN__MODEL_UNAVAILABLE: return "UNAVAILABLE";
+    default: return "UNLOADED";
+  }
+}
+
+/* The files a rescan watches: model.json and the weights. An atomic
+ * rename of a new directory, or a rewrite of either file, changes them. */
+static void signature(const char *dir, struct stat sig[2]) {
+  char p[2200];
+  memset(sig, 0, 2 * sizeof(struct stat));
+  snprintf(p, sizeof(p), "%s/model.json", dir);
+  if (stat(p, &sig[0]) != 0) memset(&sig[0], 0, sizeof(sig[0]));
+  snprintf(p, sizeof(p), "%s/weights.safetensors", dir);
+  if (stat(p, &sig[1]) != 0) memset(&sig[1], 0, sizeof(sig[1]));
+}
+
+static bool same_signature(const struct stat a[2], const struct stat b[2]) {
+  for (int i = 0; i < 2; i++)
+    if (a[i].st_dev != b[i].st_dev || a[i].st_ino != b[i].st_ino ||
+        a[i].st_size != b[i].st_size ||
+        a[i].st_mtim.tv_sec != b[i].st_mtim.tv_sec ||
+        a[i].st_mtim.tv_nsec != b[i].st_mtim.tv_nsec)
+      return false;
+  return true;
+}
+
+cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len) {
+  int n = atomic_load(&s->n_models);
+  for (int i = 0; i < n; i++)
+    if (strlen(s->models[i].name) == len &&
+        strncmp(s->models[i].name, name, len) == 0)
+      return &s->models[i];
+  return NULL;
+}
+
+/* The slot of name, made if new (loop thread or start-up). NULL: full. */
+static cn__model_slot *slot_get(cn__server *s, const char *name) {
+  cn__model_slot *sl = cn__repo_find(s, name, strlen(name));
+  if (sl != NULL) return sl;
+  int n = atomic_load(&s->n_models);
+  if (n >= CN__MAX_MODELS) return NULL;
+  sl = &s->models[n];
+  memset(sl, 0, sizeof(*sl));
+  snprintf(sl->name, sizeof(sl->name), "%s", name);
+  sl->index = n;
+  sl->srv = s;
+  sl->state = CN__MODEL_LOADING;
+  pthread_mutex_init(&sl->vmu, NULL);
+  uv_timer_init(&s->loop, &sl->timer);
+  sl->timer.data = sl;
+  s->metrics.model_names[n] = sl->name;
+  atomic_store(&s->n_models, n + 1);
+  cn__metrics_set_models(&s->metrics, n + 1);
+  return sl;
+}
+
+cn__model_entry *cn__model_retain(cn__model_slot *sl) {
+  if (sl == NULL) return NULL;
+  pthread_mutex_lock(&sl->vmu);
+  cn__model_entry *me = sl->cur;
+  if (me != NULL) atomic_fetch_add(&me->refs, 1);
+  pthread_mutex_unlock(&sl->vmu);
+  return me;
+}
+
+void cn__model_release(cn__model_entry *me) {
+  if (me == NULL || atomic_fetch_sub(&me->refs, 1) != 1) return;
+  CN_LOG(CN_LOG_INFO, "msg=model-version-freed model=%s version=%s",
+         me->name, me->version);
+  json_decref(me->describe);
+  cn__policy_destroy(me);
+  cn_model_free(me->model);
+  free(me);
+}
+
+/* Loads one version of slot sl's directory, with every start-up check.
+ * Any thread: touches nothing shared but the policy cache (files). */
+static int version_load(cn__server *s, cn__model_slot *sl,
+                        cn__model_entry **out, cn_err *err) {
+  char dir[2048];
+  snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
+  cn__model_entry *me = calloc(1, sizeof(*me));
+  if (me == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
+  signature(dir, me->sig);
+  int rc = cn_model_load(dir, &me->model, err);
+  if (rc != 0) {
+    free(me);
+    return rc;
+  }
+  snprintf(me->name, sizeof(me->name), "%s", sl->name);
+  const char *v = cn_model_named_version(me->model);
+  snprintf(me->version, sizeof(me->version), "%.12s",
+           v ? v : cn_model_weights_sha256(me->model));
+  if (v != NULL) snprintf(me->version, sizeof(me->version), "%s", v);
+  me->index = sl->index;
+  me->slot = sl;
+  me->srv = s;
+  atomic_init(&me->refs, 1);
+  cn__policy_init(s, me); /* a cache read at most: never trains */
+  me->describe = cn__model_describe_full(s, me);
+  *out = me;
+  return 0;
+}
+
+/* Makes me the version new requests get; the old one is released (its
+ * runs finish on it). */
+static void install(cn__model_slot *sl, cn__model_entry *me) {
+  pthread_mutex_lock(&sl->vmu);
+  cn__model_entry *old = sl->cur;
+  sl->cur = me;
+  sl->state = CN__MODEL_READY;
+  sl->reason[0] = '\0';
+  sl->loads_ok++;
+  pthread_mutex_unlock(&sl->vmu);
+  CN_LOG(CN_LOG_INFO, "msg=model-loaded model=%s version=%s family=%s "
+         "input=%s weights_sha256=%s replaced=%s",
+         me->name, me->version, cn_model_family(me->model),
+         cn_input_kind_name(cn_model_input(me->model)),
+         cn_model_weights_sha256(me->model), old ? old->version : "-");
+  cn__model_release(old);
+}
+
+static void load_failed(cn__model_slot *sl, const cn_err *err) {
+  pthread_mutex_lock(&sl->vmu);
+  sl->loads_failed++;
+  if (sl->cur != NULL) {
+    snprintf(sl->reason, sizeof(sl->reason), "the last load failed, "
+             "version %.72s serves: %.300s", sl->cur->version, err->msg);
+  } else {
+    sl->state = CN__MODEL_UNAVAILABLE;
+    snprintf(sl->reason, sizeof(sl->reason), "%s", err->msg);
+  }
+  const char *serving = sl->cur ? sl->cur->version : "-";
+  pthread_mutex_unlock(&sl->vmu);
+  CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s serving=%s "
+         "error=\"%s\"", sl->name, serving, err->msg);
+}
+
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The subdirectories of models-dir that hold a model.json, sorted. */
+static int list_dirs(cn__server *s, char ***out) {
+  const char *dir = s->cfg.serve.models_dir;
+  *out = NULL;
+  DIR *d = opendir(dir);
+  if (d == NULL) return -1;
+  char **names = calloc(CN__MAX_MODELS * 4, sizeof(char *));
+  int n = 0;
+  struct dirent *de;
+  while (names != NULL && (de = readdir(d)) != NULL &&
+         n < CN__MAX_MODELS * 4) {
+    char p[2200];
+    struct stat st;
+    if (de->d_name[0] == '.' || strlen(de->d_name) >= 128) continue;
+    snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
+    if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+      names[n++] = strdup(de->d_name);
+  }
+  closedir(d);
+  if (names == NULL) return -1;
+  qsort(names, (size_t)n, sizeof(char *), cmp_names);
+  *out = names;
+  return n;
+}
+
+static void free_names(char **names, int n) {
+  for (int i = 0; i < n; i++) free(names[i]);
+  free(names);
+}
+
+int cn__repo_load_all(cn__server *s, cn_err *err) {
+  const cn_serve_config *sc = &s->cfg.serve;
+  char **names;
+  int n = list_dirs(s, &names), rc = 0, loaded = 0;
+  if (n < 0)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: cannot open '%s'",
+                      sc->models_dir);
+  if (n == 0 && strcmp(sc->model_control, "none") == 0) {
+    rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: no subdirectory of "
+                    "'%s' holds a model.json", sc->models_dir);
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    cn__model_slot *sl = slot_get(s, names[i]);
+    if (sl == NULL) {
+      rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: more than %d "
+                      "models", CN__MAX_MODELS);
+      goto out;
+    }
+    cn__model_entry *me;
+    cn_err e;
+    cn_err_clear(&e);
+    if (version_load(s, sl, &me, &e) == 0) {
+      install(sl, me);
+      loaded++;
+      continue;
+    }
+    load_failed(sl, &e);
+    if (sc->strict_startup) {
+      *err = e;
+      snprintf(err->msg, sizeof(err->msg), "model %.40s: %.270s", sl->name,
+               e.msg);
+      rc = e.code;
+      goto out;
+    }
+  }
+  if (n > 0 && loaded == 0)
+    CN_LOG(CN_LOG_WARN, "msg=no-model-loaded models=%d", n);
+out:
+  free_names(names, n);
+  return rc;
+}
+
+void cn__repo_free_all(cn__server *s) {
+  int n = atomic_load(&s->n_models);
+  for (int i = 0; i < n; i++) {
+    cn__model_slot *sl = &s->models[i];
+    cn__model_release(sl->cur);
+    sl->cur = NULL;
+    pthread_mutex_destroy(&sl->vmu);
+  }
+}
+
+static void *loader_main(void *arg) {
+  struct cn__load *L = arg;
+  cn__server *s = L->srv;
+  cn_err_clear(&L->err);
+  if (version_load(s, L->slot, &L->ver, &L->err) != 0) L->ver = NULL;
+  pthread_mutex_lock(&s->lmu);
+  L->next = s->loaded;
+  s->loaded = L;
+  pthread_mutex_unlock(&s->lmu);
+  uv_async_send(&s->load_async);
+  return NULL;
+}
+
+/* Answers a suspended POST .../load (if it still waits). */
+static void answer_load(cn__model_slot *sl, cn__req *r, cn__model_entry *v,
+                        const cn_err *err) {
+  if (r == NULL) return;
+  if (r->state == CN__REQ_WAITING) {
+    if (v != NULL) {
+      json_t *o = json_object();
+      json_object_set_new(o, "name", json_string(sl->name));
+      json_object_set_new(o, "version", json_string(v->version));
+      json_object_set_new(o, "state", json_string("READY"));
+      char *b = json_dumps(o, JSON_COMPACT);
+      json_decref(o);
+      cn__req_answer(r, 200, b, NULL);
+    } else {
+      cn__req_answer(r, cn_err_http_status(err->code),
+                     cn__error_body(err->code, err->msg, -1), "load-failed");
+    }
+  }
+  cn__req_unref(r);
+}
+
+void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
+  cn__model_slot *sl = slot_get(s, name);
+  cn_err e;
+  cn_err_clear(&e);
+  if (r != NULL) { /* a waiting request, answered by answer_load */
+    atomic_fetch_add(&r->refs, 1);
+    r->state = CN__REQ_WAITING;
+    r->wnext = s->waiting;
+    r->wprev = NULL;
+    if (s->waiting) s->waiting->wprev = r;
+    s->waiting = r;
+  }
+  if (sl == NULL) {
+    cn_err_set(&e, CN_E_TOO_LARGE, "more than %d models", CN__MAX_MODELS);
+    answer_load(NULL, r, NULL, &e);
+    return;
+  }
+  struct cn__load *L = calloc(1, sizeof(*L));
+  pthread_t t;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  if (L != NULL) {
+    L->srv = s;
+    L->slot = sl;
+    L->r = r;
+  }
+  if (L == NULL || pthread_create(&t, &at, loader_main, L) != 0) {
+    free(L);
+    cn_err_set(&e, CN_E_NOMEM, "cannot start a loader thread");
+    answer_load(sl, r, NULL, &e);
+  } else {
+    sl->loading = true;
+    CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s", sl->name);
+  }
+  pthread_attr_destroy(&at);
+}
+
+void cn__repo_on_loaded(uv_async_t *a) {
+  cn__server *s = a->data;
+  pthread_mutex_lock(&s->lmu);
+  struct cn__load *L = s->loaded;
+  s->loaded = NULL;
+  pthread_mutex_unlock(&s->lmu);
+  while (L != NULL) {
+    struct cn__load *next = L->next;
+    cn__model_slot *sl = L->slot;
+    sl->loading = false;
+    if (atomic_load(&s->draining)) {
+      cn__model_release(L->ver); /* too late to serve it */
+      L->ver = NULL;
+      cn_err_set(&L->err, CN_E_DRAINING, "the server is shutting down");
+    }
+    if (L->ver != NULL) {
+      atomic_fetch_add(&L->ver->refs, 1); /* for the answer below */
+      install(sl, L->ver);
+    } else if (L->err.code != CN_E_DRAINING) {
+      load_failed(sl, &L->err);
+    }
+    answer_load(sl, L->r, L->ver, &L->err);
+    cn__model_release(L->ver);
+    free(L);
+    L = next;
+  }
+}
+
+void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
+  pthread_mutex_lock(&sl->vmu);
+  cn__model_entry *old = sl->cur;
+  sl->cur = NULL;
+  sl->state = CN__MODEL_UNLOADED;
+  snprintf(sl->reason, sizeof(sl->reason), "unloaded");
+  pthread_mutex_unlock(&sl->vmu);
+  CN_LOG(CN_LOG_INFO, "msg=model-unloaded model=%s version=%s", sl->name,
+         old ? old->version : "-");
+  cn__model_release(old); /* its requests finish on it */
+}
+
+/* The signature this slot was last loaded from (or tried). */
+static bool slot_changed(cn__server *s, cn__model_slot *sl) {
+  char dir[2048];
+  struct stat now[2];
+  snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
+  signature(dir, now);
+  pthread_mutex_lock(&sl->vmu);
+  bool changed = sl->cur == NULL ? sl->state == CN__MODEL_UNAVAILABLE
+                                 : !same_signature(now, sl->cur->sig);
+  pthread_mutex_unlock(&sl->vmu);
+  return changed;
+}
+
+void cn__repo_rescan(cn__server *s, const char *why) {
+  char **names;
+  int n = list_dirs(s, &names);
+  if (n < 0) {
+    CN_LOG(CN_LOG_ERROR, "msg=rescan-failed why=%s models_dir=\"%s\"", why,
+           s->cfg.serve.models_dir);
+    return;
+  }
+  int loads = 0, unloads = 0;
+  for (int i = 0; i < n; i++) {
+    cn__model_slot *sl = cn__repo_find(s, names[i], strlen(names[i]));
+    bool unloaded = false;
+    if (sl != NULL) {
+      pthread_mutex_lock(&sl->vmu);
+      unloaded = sl->state == CN__MODEL_UNLOADED;
+      pthread_mutex_unlock(&sl->vmu);
+    }
+    /* new, reappeared after removal, changed, or failed and changed */
+    if (sl == NULL || (!sl->loading && (unloaded || slot_changed(s, sl)))) {
+      cn__repo_load_async(s, names[i], NULL);
+      loads++;
+    }
+  }
+  int m = atomic_load(&s->n_models);
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    bool present = false;
+    for (int k = 0; k < n && !present; k++)
+      present = strcmp(names[k], sl->name) == 0;
+    if (present || sl->loading) continue;
+    pthread_mutex_lock(&sl->vmu);
+    bool has = sl->cur != NULL;
+    pthread_mutex_unlock(&sl->vmu);
+    if (has) {
+      cn__repo_unload(s, sl);
+      unloads++;
+    }
+  }
+  if (loads + unloads > 0 || strcmp(why, "poll") != 0)
+    CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
+           "unloads=%d", why, n, loads, unloads);
+  free_names(names, n);
+}
+
+json_t *cn__repo_index(cn__server *s) {
+  json_t *arr = json_array();
+  int m = atomic_load(&s->n_models);
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(sl->name));
+    pthread_mutex_lock(&sl->vmu);
+    if (sl->cur != NULL)
+      json_object_set_new(o, "version", json_string(sl->cur->version));
+    json_object_set_new(o, "state", json_string(state_name(sl->state)));
+    if (sl->reason[0] != '\0')
+      json_object_set_new(o, "reason", json_string(sl->reason));
+    pthread_mutex_unlock(&sl->vmu);
+    json_array_append_new(arr, o);
+  }
+  /* directories the daemon has not loaded (model-control none, or not yet
+   * rescanned) */
+  char **names;
+  int n = list_dirs(s, &names);
+  for (int i = 0; i < n; i++) {
+    if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(names[i]));
+    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
+    json_object_set_new(o, "reason", json_string("not loaded: new since the "
+                                                 "last scan of models-dir"));
+    json_array_append_new(arr, o);
+  }
+  if (n >= 0) free_names(names, n);
+  return arr;
+}
+
+char *cn__repo_metrics(cn__server *s) {
+  size_t cap = 4096, len = 0;
+  char *b = malloc(cap);
+  if (b == NULL) return NULL;
+  int m = atomic_load(&s->n_models);
+#define APPEND(...)                                                          \
+  do {                                                                       \
+    int k_ = snprintf(b + len, cap - len, __VA_ARGS__);                     \
+    while (k_ >= 0 && (size_t)k_ >= cap - len) {                             \
+      char *nb = realloc(b, cap *= 2);                                       \
+      if (nb == NULL) { free(b); return NULL; }                              \
+      b = nb;                                                                \
+      k_ = snprintf(b + len, cap - len, __VA_ARGS__);                        \
+    }                                                                        \
+    len += (size_t)k_;                                                       \
+  } while (0)
+  APPEND("# HELP canopy_model_ready 1 for the version a model serves\n"
+         "# TYPE canopy_model_ready gauge\n");
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    pthread_mutex_lock(&sl->vmu);
+    if (sl->cur != NULL)
+      APPEND("canopy_model_ready{model=\"%s\",version=\"%s\"} 1\n", sl->name,
+             sl->cur->version);
+    else
+      APPEND("canopy_model_ready{model=\"%s\",version=\"\"} 0\n", sl->name);
+    pthread_mutex_unlock(&sl->vmu);
+  }
+  APPEND("# HELP canopy_model_loads_total model loads (start-up, reloads) "
+         "by result\n# TYPE canopy_model_loads_total counter\n");
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    pthread_mutex_lock(&sl->vmu);
+    long long ok = sl->loads_ok, bad = sl->loads_failed;
+    pthread_mutex_unlock(&sl->vmu);
+    APPEND("canopy_model_loads_total{model=\"%s\",result=\"ok\"} %lld\n"
+           "canopy_model_loads_total{model=\"%s\",result=\"failed\"} %lld\n",
+           sl->name, ok, sl->name, bad);
+  }
+#undef APPEND
+  return b;
+}

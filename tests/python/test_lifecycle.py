@@ -1,0 +1,375 @@
+"""Model lifecycle end to end (docs/api.md "Model repository"): a real
+`canopy serve` on a free port, its weights swapped under concurrent load,
+broken versions refused while the old one serves, directories appearing
+and disappearing, and the guards on the mutating routes.
+
+Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_lifecycle.py
+(env CANOPY_BIN, CANOPY_DATA as for the other tests).
+"""
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
+DATA = os.environ.get("CANOPY_DATA",
+                      os.path.join(os.path.dirname(ROOT), "shared", "data"))
+TOKEN = "t0ken"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def init_model(path, seed):
+    subprocess.run([BIN, "model", "init", "treelstm", path, "--hidden", "8",
+                    "--embed", "8", "--classes", "3", "--seed", str(seed),
+                    "--vocab-from", os.path.join(DATA, "trees-binary.jsonl")],
+                   check=True, capture_output=True)
+
+
+def weights_version(path):
+    import hashlib
+    with open(os.path.join(path, "weights.safetensors"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
+
+
+def swap_link(link, target):
+    """Points link at target atomically (a new symlink renamed over it)."""
+    tmp = link + ".new"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+class Daemon:
+    def __init__(self, models, *flags):
+        self.port = free_port()
+        self.log_path = os.path.join(os.path.dirname(models),
+                                     "serve-%d.log" % self.port)
+        self.log = open(self.log_path, "w")
+        env = dict(os.environ, CANOPY_POLICY_CACHE=os.path.join(
+            os.path.dirname(models), "policies"))
+        self.p = subprocess.Popen(
+            [BIN, "serve", "--models-dir", models, "--port", str(self.port),
+             "--max-delay-us", "1000"] + list(flags),
+            stderr=self.log, env=env)
+        for _ in range(500):
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop()
+        with open(self.log_path) as f:
+            raise RuntimeError("canopy serve did not start: " + f.read())
+
+    def request(self, method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            data = r.read()
+            return r.status, json.loads(data) if data[:1] in b"{[" else data
+        finally:
+            c.close()
+
+    def get(self, path):
+        return self.request("GET", path)
+
+    def post(self, path, token=TOKEN, body=b""):
+        h = {"Authorization": "Bearer " + token} if token else {}
+        return self.request("POST", path, body, h)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            self.p.wait(timeout=30)
+        self.log.close()
+        return self.p.returncode
+
+
+class Lifecycle(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="canopy-lifecycle-")
+        self.models = os.path.join(self.tmp, "models")
+        os.makedirs(self.models)
+        self.versions = []
+        for k in range(3):
+            d = os.path.join(self.tmp, "v%d" % k)
+            init_model(d, seed=k + 1)
+            self.versions.append(d)
+        with open(os.path.join(DATA, "trees-binary.jsonl")) as f:
+            self.lines = [next(f).strip() for _ in range(24)]
+        self.daemons = []
+
+    def tearDown(self):
+        codes = []
+        for d in self.daemons:
+            code = d.stop()
+            if code != 0:
+                with open(d.log_path) as f:
+                    codes.append((code, f.read()[-2000:]))
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        # a clean drain, and under ASan no leak or error report at exit
+        self.assertEqual(codes, [])
+
+    def start(self, *flags):
+        d = Daemon(self.models, *flags)
+        self.daemons.append(d)
+        return d
+
+    def offline(self, model_dir):
+        p = subprocess.run([BIN, "run", "--model", model_dir, "--input", "-"],
+                           input="\n".join(self.lines) + "\n",
+                           capture_output=True, text=True, check=True)
+        return [json.loads(l) for l in p.stdout.splitlines()]
+
+    def test_swap_under_load_loses_nothing(self):
+        link = os.path.join(self.models, "t")
+        swap_link(link, self.versions[0])
+        ref = {weights_version(v): self.offline(v) for v in self.versions}
+        d = self.start("--model-control", "explicit", "--repository-token",
+                       TOKEN)
+        stop = threading.Event()
+        results, errors = [], []
+
+        def client(seed):
+            rnd = random.Random(seed)
+            c = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+            while not stop.is_set():
+                i = rnd.randrange(len(self.lines))
+                try:
+                    c.request("POST", "/v1/models/t/infer",
+                              body=self.lines[i])
+                    r = c.getresponse()
+                    body = json.loads(r.read())
+                except (OSError, http.client.HTTPException) as e:
+                    errors.append(repr(e))
+                    c.close()
+                    c = http.client.HTTPConnection("127.0.0.1", d.port,
+                                                   timeout=30)
+                    continue
+                results.append((r.status, i, body))
+            c.close()
+
+        threads = [threading.Thread(target=client, args=(k,))
+                   for k in range(8)]
+        for t in threads:
+            t.start()
+        seen_versions = set()
+        try:
+            for swap in range(20):
+                target = self.versions[(swap + 1) % 3]
+                want = weights_version(target)
+                swap_link(link, target)
+                if swap % 2 == 0:
+                    d.p.send_signal(signal.SIGHUP)
+                else:
+                    st, body = d.post("/v2/repository/models/t/load")
+                    self.assertEqual(st, 200, body)
+                    self.assertEqual(body["version"], want)
+                for _ in range(500):
+                    st, body = d.get("/v2/models/t/ready")
+                    if st == 200 and body["version"] == want:
+                        break
+                    time.sleep(0.01)
+                self.assertEqual(body.get("version"), want,
+                                 "swap %d not served" % swap)
+                seen_versions.add(want)
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        self.assertEqual(errors, [], "connection errors during swaps")
+        self.assertGreater(len(results), 200, "too little traffic")
+        bad = [(st, b) for st, _, b in results if st != 200]
+        self.assertEqual(bad[:3], [], "%d failed requests" % len(bad))
+        per_version = {}
+        for _, i, body in results:
+            v = body["model_version"]
+            self.assertIn(v, ref, "unknown version %s" % v)
+            per_version[v] = per_version.get(v, 0) + 1
+            out, want = body["outputs"][0], ref[v][i]
+            self.assertEqual(out["label"], want["label"])
+            for a, b in zip(out["logits"], want["logits"]):
+                self.assertAlmostEqual(a, b, delta=1e-5)
+        self.assertEqual(len(per_version), 3,
+                         "every version answered: %s" % per_version)
+        st, body = d.get("/metrics")
+        self.assertIn(b'canopy_model_loads_total{model="t",result="ok"} 21',
+                      body)
+
+    def test_broken_version_keeps_the_old_one(self):
+        link = os.path.join(self.models, "t")
+        swap_link(link, self.versions[0])
+        good = weights_version(self.versions[0])
+        d = self.start("--model-control", "explicit", "--repository-token",
+                       TOKEN)
+        broken = []
+        # cut short
+        b1 = os.path.join(self.tmp, "cut")
+        shutil.copytree(self.versions[1], b1)
+        w = os.path.join(b1, "weights.safetensors")
+        os.truncate(w, os.path.getsize(w) // 2)
+        broken.append((b1, "weights.safetensors"))
+        # a NaN in a tensor the family uses
+        b2 = os.path.join(self.tmp, "nan")
+        shutil.copytree(self.versions[1], b2)
+        w = os.path.join(b2, "weights.safetensors")
+        with open(w, "r+b") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            hdr = json.loads(f.read(n))
+            b, _ = hdr["leaf.W"]["data_offsets"]
+            f.seek(8 + n + b + 4)
+            f.write(struct.pack("<f", float("nan")))
+        broken.append((b2, "NaN"))
+        # the wrong shape: a model of another hidden size, same name
+        b3 = os.path.join(self.tmp, "shape")
+        shutil.copytree(self.versions[1], b3)
+        other = os.path.join(self.tmp, "h16")
+        subprocess.run([BIN, "model", "init", "treelstm", other, "--hidden",
+                        "16", "--embed", "8", "--classes", "3",
+                        "--vocab-from",
+                        os.path.join(DATA, "trees-binary.jsonl")],
+                       check=True, capture_output=True)
+        shutil.copy(os.path.join(other, "weights.safetensors"),
+                    os.path.join(b3, "weights.safetensors"))
+        broken.append((b3, "shape"))
+        for target, says in broken:
+            swap_link(link, target)
+            st, body = d.post("/v2/repository/models/t/load")
+            self.assertNotEqual(st, 200, "%s loaded" % says)
+            self.assertIn(says, body["error"]["message"])
+            st, body = d.get("/v2/models/t/ready")
+            self.assertEqual((st, body["version"]), (200, good))
+            st, body = d.request("POST", "/v1/models/t/infer",
+                                 self.lines[0])
+            self.assertEqual((st, body["model_version"]), (200, good))
+            st, index = d.post("/v2/repository/index")
+            entry = [e for e in index if e["name"] == "t"][0]
+            self.assertEqual(entry["state"], "READY")
+            self.assertIn("the last load failed", entry["reason"])
+            self.assertIn(says, entry["reason"])
+        st, body = d.get("/metrics")
+        self.assertIn(
+            b'canopy_model_loads_total{model="t",result="failed"} 3', body)
+
+    def test_directories_appear_and_disappear(self):
+        os.symlink(self.versions[0], os.path.join(self.models, "a"))
+        d = self.start("--model-control", "explicit")
+        self.assertEqual(d.request("POST", "/v1/models/b/infer",
+                                   self.lines[0])[0], 404)
+        st, index = d.post("/v2/repository/index", token=None)
+        self.assertEqual([e["name"] for e in index], ["a"])
+        os.symlink(self.versions[1], os.path.join(self.models, "b"))
+        d.p.send_signal(signal.SIGHUP)
+        for _ in range(300):
+            if d.get("/v2/models/b/ready")[0] == 200:
+                break
+            time.sleep(0.01)
+        st, body = d.request("POST", "/v1/models/b/infer", self.lines[0])
+        self.assertEqual(st, 200, body)
+        self.assertEqual(body["model_version"],
+                         weights_version(self.versions[1]))
+        # b removed while clients use it: accepted requests are answered,
+        # later ones are 404, nothing else
+        stop = threading.Event()
+        statuses = []
+
+        def client():
+            while not stop.is_set():
+                try:
+                    statuses.append(d.request("POST", "/v1/models/b/infer",
+                                              self.lines[1])[0])
+                except OSError as e:
+                    statuses.append(repr(e))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        os.remove(os.path.join(self.models, "b"))
+        d.p.send_signal(signal.SIGHUP)
+        time.sleep(0.4)
+        stop.set()
+        for t in threads:
+            t.join()
+        self.assertTrue(set(statuses) <= {200, 404}, set(statuses))
+        self.assertIn(200, statuses)
+        self.assertEqual(statuses[-1], 404)
+        first404 = statuses.index(404)
+        self.assertEqual(d.request("POST", "/v1/models/b/infer",
+                                   self.lines[0])[0], 404)
+        st, index = d.post("/v2/repository/index", token=None)
+        self.assertEqual({e["name"]: e["state"] for e in index},
+                         {"a": "READY", "b": "UNLOADED"})
+        self.assertGreater(first404, 0)
+
+    def test_guards_on_the_mutating_routes(self):
+        os.symlink(self.versions[0], os.path.join(self.models, "a"))
+        d = self.start("--model-control", "explicit", "--repository-token",
+                       TOKEN)
+        for path in ("/v2/repository/models/a/load",
+                     "/v2/repository/models/a/unload"):
+            self.assertEqual(d.post(path, token=None)[0], 401, path)
+            self.assertEqual(d.post(path, token="wrong")[0], 401, path)
+            self.assertEqual(d.post(path, token=TOKEN + "x")[0], 401, path)
+        self.assertEqual(d.get("/v2/repository/index")[0], 405)
+        self.assertEqual(d.post("/v2/repository/index", token=None)[0], 200,
+                         "the index only reads: no token needed")
+        # model-control none: the routes refuse, SIGHUP is ignored
+        none = Daemon(self.models)
+        self.daemons.append(none)
+        self.assertEqual(none.post("/v2/repository/models/a/load",
+                                   token=None)[0], 403)
+        os.symlink(self.versions[1], os.path.join(self.models, "c"))
+        none.p.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        self.assertEqual(none.get("/v2/models/c/ready")[0], 404)
+        with open(none.log_path) as f:
+            self.assertIn("msg=sighup action=ignored", f.read())
+
+    def test_strict_startup(self):
+        os.symlink(self.versions[0], os.path.join(self.models, "a"))
+        bad = os.path.join(self.models, "b")
+        shutil.copytree(self.versions[1], bad)
+        os.truncate(os.path.join(bad, "weights.safetensors"), 100)
+        with self.assertRaises(RuntimeError):
+            self.start()  # strict-startup true: exits 1
+        d = self.start("--strict-startup", "false")
+        self.assertEqual(d.get("/readyz")[0], 200)
+        self.assertEqual(d.get("/v2/models/a/ready")[0], 200)
+        st, body = d.get("/v2/models/b/ready")
+        self.assertEqual(st, 503, body)
+        st, index = d.request("POST", "/v2/repository/index")
+        self.assertEqual(st, 200)
+        entry = [e for e in index if e["name"] == "b"][0]
+        self.assertEqual(entry["state"], "UNAVAILABLE")
+        self.assertIn("weights.safetensors", entry["reason"])
+        names = {m["name"] for m in d.get("/v1/models")[1]["models"]}
+        self.assertEqual(names, {"a"})
+
+
+if __name__ == "__main__":
+    unittest.main()
