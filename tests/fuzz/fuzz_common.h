@@ -1,0 +1,59 @@
+/* fuzz_common.h - what the libFuzzer targets share: a CHECK that aborts
+ * (libFuzzer reports it as a crash) and a private temp directory made once
+ * per process. Public headers only, so the targets follow the API, not
+ * core/'s layout. */
+#ifndef CANOPY_FUZZ_COMMON_H
+#define CANOPY_FUZZ_COMMON_H
+
+#include <ftw.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__,   \
+              #cond);                                                      \
+      abort();                                                             \
+    }                                                                      \
+  } while (0)
+
+static char fuzz_dir_[256];
+
+static inline int fuzz_rm_(const char *p, const struct stat *sb, int flag,
+                           struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(p);
+}
+
+static inline void fuzz_cleanup_(void) {
+  if (fuzz_dir_[0] != '\0') nftw(fuzz_dir_, fuzz_rm_, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A fresh directory under $TMPDIR, made on first use, removed at exit. */
+static inline const char *fuzz_tmpdir(void) {
+  if (fuzz_dir_[0] == '\0') {
+    const char *t = getenv("TMPDIR");
+    snprintf(fuzz_dir_, sizeof(fuzz_dir_), "%s/canopy-fuzz-XXXXXX",
+             t && *t ? t : "/tmp");
+    CHECK(mkdtemp(fuzz_dir_) != NULL);
+    atexit(fuzz_cleanup_);
+  }
+  return fuzz_dir_;
+}
+
+/* Writes bytes to path (replacing it). */
+static inline void fuzz_write(const char *path, const uint8_t *data,
+                              size_t size) {
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  CHECK(size == 0 || fwrite(data, 1, size, f) == size);
+  CHECK(fclose(f) == 0);
+}
+
+#endif
