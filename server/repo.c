@@ -16,10 +16,12 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "notify.h"
 #include "routes.h"
 #include "serve_impl.h"
 
@@ -329,6 +331,7 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
     answer_load(sl, r, NULL, &e);
   } else {
     sl->loading = true;
+    s->loads_pending++;
     CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s", sl->name);
   }
   pthread_attr_destroy(&at);
@@ -359,6 +362,11 @@ void cn__repo_on_loaded(uv_async_t *a) {
     cn__model_release(L->ver);
     free(L);
     L = next;
+    s->loads_pending--;
+  }
+  if (s->reload_notify && s->loads_pending == 0) {
+    s->reload_notify = false;
+    cn__notify("READY=1\nSTATUS=serving");
   }
 }
 
@@ -388,6 +396,17 @@ static bool slot_changed(cn__server *s, cn__model_slot *sl) {
 }
 
 void cn__repo_rescan(cn__server *s, const char *why) {
+  /* a service manager's reload (SIGHUP): RELOADING=1 now, READY=1 once
+   * the loads it started are back (sd_notify(3)) */
+  bool reload = strcmp(why, "sighup") == 0;
+  if (reload) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    char msg[96];
+    snprintf(msg, sizeof(msg), "RELOADING=1\nMONOTONIC_USEC=%lld",
+             (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000);
+    cn__notify(msg);
+  }
   char **names;
   int n = list_dirs(s, &names);
   if (n < 0) {
@@ -429,6 +448,13 @@ void cn__repo_rescan(cn__server *s, const char *why) {
     CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
            "unloads=%d", why, n, loads, unloads);
   free_names(names, n);
+  if (reload) {
+    s->reload_notify = true;
+    if (s->loads_pending == 0) {
+      s->reload_notify = false;
+      cn__notify("READY=1\nSTATUS=serving");
+    }
+  }
 }
 
 json_t *cn__repo_index(cn__server *s) {

@@ -164,6 +164,8 @@ struct cn__server {
   struct cn__load *loaded;
   uv_async_t load_async;
   uv_timer_t poll_timer;     /* model-control poll                     */
+  int loads_pending;         /* loop: loader threads not yet back      */
+  bool reload_notify;        /* loop: READY=1 owed once they are back  */
   uv_loop_t loop;
   struct MHD_Daemon *mhd;
   bool mhd_thread;           /* http-mode mhd-thread */

@@ -138,7 +138,8 @@ def notify_run(procs, sock_path, tag):
     port = free_port()
     t0 = time.monotonic()
     p = procs.start([canopy_bin(), "serve", "--port", str(port),
-                     "--models-dir", os.path.join(procs.dir, "models")],
+                     "--models-dir", os.path.join(procs.dir, "models"),
+                     "--model-control", "explicit"],
                     f"serve-{tag}.log", env={
                         "NOTIFY_SOCKET": sock_path,
                         "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "pc")})
@@ -154,6 +155,15 @@ def notify_run(procs, sock_path, tag):
         check(st == 200, f"{tag}: /readyz {st} right after READY=1")
         extra, _ = recv_notify(s, 0.3)
         check(extra is None, f"{tag}: unexpected message {extra!r}")
+        # systemctl reload: SIGHUP rescans models-dir (model-control
+        # explicit): RELOADING=1, then READY=1 when the rescan is done
+        p.send_signal(signal.SIGHUP)
+        msg, _ = recv_notify(s, 10)
+        check(msg is not None and "RELOADING=1" in msg.split("\n"),
+              f"{tag}: after SIGHUP: {msg!r}\n{procs.log(p)}")
+        msg, _ = recv_notify(s, 10)
+        check(msg is not None and "READY=1" in msg.split("\n"),
+              f"{tag}: after the rescan: {msg!r}\n{procs.log(p)}")
         p.send_signal(signal.SIGTERM)
         msg, pid = recv_notify(s, 10)
         check(msg is not None and "STOPPING=1" in msg.split("\n"),
