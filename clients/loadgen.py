@@ -31,6 +31,10 @@ def metrics(host, port):
         if line and not line.startswith("#"):
             name, _, v = line.rpartition(" ")
             out[name] = float(v)
+            # a family's total over its labels too (histograms are per model)
+            bare = name.split("{", 1)[0]
+            if bare != name and "le=" not in name:
+                out[bare] = out.get(bare, 0.0) + float(v)
     return out
 
 

@@ -47,10 +47,22 @@ int cn__metrics_init(cn__metrics *m, int cap, const char **names) {
                        sizeof(uint64_t));
   if (m->requests == NULL || m->instances == NULL || m->retrains == NULL)
     return -1;
-  hist_init(&m->request_s, lat_le, 15);
-  hist_init(&m->queue_s, lat_le, 15);
-  hist_init(&m->compute_s, lat_le, 15);
-  hist_init(&m->batch_instances, size_le, 12);
+  m->request_s = calloc((size_t)cap + 1, sizeof(cn__hist));
+  m->queue_s = calloc((size_t)cap + 1, sizeof(cn__hist));
+  m->compute_s = calloc((size_t)cap + 1, sizeof(cn__hist));
+  m->batch_instances = calloc((size_t)cap + 1, sizeof(cn__hist));
+  m->model_batches = calloc((size_t)cap + 1, sizeof(uint64_t));
+  m->model_lower_bound = calloc((size_t)cap + 1, sizeof(uint64_t));
+  if (m->model_batches == NULL || m->model_lower_bound == NULL) return -1;
+  if (m->request_s == NULL || m->queue_s == NULL || m->compute_s == NULL ||
+      m->batch_instances == NULL)
+    return -1;
+  for (int i = 0; i <= cap; i++) {
+    hist_init(&m->request_s[i], lat_le, 15);
+    hist_init(&m->queue_s[i], lat_le, 15);
+    hist_init(&m->compute_s[i], lat_le, 15);
+    hist_init(&m->batch_instances[i], size_le, 12);
+  }
   return 0;
 }
 
@@ -58,6 +70,12 @@ void cn__metrics_free(cn__metrics *m) {
   free(m->requests);
   free(m->instances);
   free(m->retrains);
+  free(m->request_s);
+  free(m->queue_s);
+  free(m->compute_s);
+  free(m->batch_instances);
+  free(m->model_batches);
+  free(m->model_lower_bound);
   pthread_mutex_destroy(&m->mu);
 }
 
@@ -70,11 +88,17 @@ void cn__metrics_request(cn__metrics *m, int model, int status,
   if (model < 0 || model >= m->n_models) model = m->cap;
   m->requests[model * CN__N_STATUS + slot]++;
   if (status == 200) m->instances[model] += (uint64_t)instances;
-  hist_add(&m->request_s, seconds);
+  hist_add(&m->request_s[model], seconds);
   pthread_mutex_unlock(&m->mu);
 }
 
-void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
+/* A model index as a slot (the last slot: no model). Under m->mu. */
+static int slot_of(const cn__metrics *m, int model) {
+  return model >= 0 && model < m->n_models ? model : m->cap;
+}
+
+void cn__metrics_run(cn__metrics *m, int model, int instances,
+                     double queue_s_max,
                      double compute_s, long long batches,
                      long long lower_bound, long long vertices,
                      long long kernels, size_t gather_bytes,
@@ -82,8 +106,11 @@ void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
   (void)queue_s_max;
   pthread_mutex_lock(&m->mu);
   m->runs++;
-  hist_add(&m->batch_instances, instances);
-  hist_add(&m->compute_s, compute_s);
+  model = slot_of(m, model);
+  m->model_batches[model] += (uint64_t)batches;
+  m->model_lower_bound[model] += (uint64_t)lower_bound;
+  hist_add(&m->batch_instances[model], instances);
+  hist_add(&m->compute_s[model], compute_s);
   m->batches += (uint64_t)batches;
   m->lower_bound += (uint64_t)lower_bound;
   m->vertices += (uint64_t)vertices;
@@ -108,9 +135,9 @@ void cn__metrics_window_close(cn__metrics *m, cn__close_reason why) {
   pthread_mutex_unlock(&m->mu);
 }
 
-void cn__metrics_queue_wait(cn__metrics *m, double seconds) {
+void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds) {
   pthread_mutex_lock(&m->mu);
-  hist_add(&m->queue_s, seconds);
+  hist_add(&m->queue_s[slot_of(m, model)], seconds);
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -176,20 +203,28 @@ static void gauge(sbuf *b, const char *name, const char *help, double v) {
   sb_printf(b, "%s %.17g\n", name, v);
 }
 
+/* One histogram family with a model label: a series per model slot in
+ * use, and one for model="" (requests naming no model) when it has any. */
 static void hist(sbuf *b, const char *name, const char *help,
-                 const cn__hist *h) {
+                 const cn__metrics *m, const cn__hist *hs) {
   head(b, name, "histogram", help);
-  uint64_t cum = 0;
-  for (int i = 0; i < h->n; i++) {
-    cum += h->counts[i];
-    sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->le[i],
+  for (int k = 0; k <= m->n_models; k++) {
+    int mi = k < m->n_models ? k : m->cap;
+    const cn__hist *h = &hs[mi];
+    const char *model = k < m->n_models ? m->model_names[k] : "";
+    if (k == m->n_models && h->count == 0) continue;
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n; i++) {
+      cum += h->counts[i];
+      sb_printf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", name, model,
+                h->le[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n];
+    sb_printf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model,
               (unsigned long long)cum);
+    sb_printf(b, "%s_sum{model=\"%s\"} %.17g\n%s_count{model=\"%s\"} %llu\n",
+              name, model, h->sum, name, model, (unsigned long long)h->count);
   }
-  cum += h->counts[h->n];
-  sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name,
-            (unsigned long long)cum);
-  sb_printf(b, "%s_sum %.17g\n%s_count %llu\n", name, h->sum, name,
-            (unsigned long long)h->count);
 }
 
 static const char *const retrain_results[CN__N_RETRAIN] = {"swapped", "kept",
@@ -227,14 +262,14 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
     sb_printf(&b, "canopy_instances_total{model=\"%s\"} %llu\n",
               m->model_names[mi], (unsigned long long)m->instances[mi]);
   hist(&b, "canopy_request_duration_seconds",
-       "time from a request's arrival to its answer", &m->request_s);
+       "time from a request's arrival to its answer", m, m->request_s);
   hist(&b, "canopy_queue_duration_seconds",
        "time a request waited (window and queue) before its run started",
-       &m->queue_s);
+       m, m->queue_s);
   hist(&b, "canopy_compute_duration_seconds",
-       "time a worker spent executing one run", &m->compute_s);
+       "time a worker spent executing one run", m, m->compute_s);
   hist(&b, "canopy_batch_size_instances", "instances per executed run",
-       &m->batch_instances);
+       m, m->batch_instances);
   counter(&b, "canopy_runs_total", "runs executed", m->runs);
   static const char *why[CN__N_CLOSE] = {"idle_worker", "worker_freed",
                                          "max_delay", "size", "flush"};
@@ -248,6 +283,17 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   counter(&b, "canopy_lower_bound_batches_total",
           "sum over runs of the lower bound on batches (MODELS.md)",
           m->lower_bound);
+  head(&b, "canopy_model_batches_total", "counter",
+       "batched vertex launches, by model");
+  for (int mi = 0; mi < m->n_models; mi++)
+    sb_printf(&b, "canopy_model_batches_total{model=\"%s\"} %llu\n",
+              m->model_names[mi], (unsigned long long)m->model_batches[mi]);
+  head(&b, "canopy_model_lower_bound_batches_total", "counter",
+       "the lower bound on batches of the runs, by model (docs/models.md)");
+  for (int mi = 0; mi < m->n_models; mi++)
+    sb_printf(&b, "canopy_model_lower_bound_batches_total{model=\"%s\"} "
+              "%llu\n", m->model_names[mi],
+              (unsigned long long)m->model_lower_bound[mi]);
   counter(&b, "canopy_vertices_total", "vertices executed", m->vertices);
   counter(&b, "canopy_backend_kernels_total", "backend calls", m->kernels);
   counter(&b, "canopy_instances_dropped_total",

@@ -27,7 +27,9 @@ typedef struct cn__metrics {
   const char **model_names;   /* borrowed, [cap]                          */
   uint64_t *requests;         /* [(cap + 1) * CN__N_STATUS]               */
   uint64_t *instances;        /* [cap + 1] instances answered 200         */
-  cn__hist request_s, queue_s, compute_s, batch_instances;
+  /* per model slot [cap + 1] (the last: requests naming no model) */
+  cn__hist *request_s, *queue_s, *compute_s, *batch_instances;
+  uint64_t *model_batches, *model_lower_bound; /* [cap + 1]              */
   uint64_t runs, batches, lower_bound, vertices, kernels;
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
   uint64_t rejected_overloaded;
@@ -51,12 +53,13 @@ void cn__metrics_free(cn__metrics *m);
 /* model: index or -1 (no model) */
 void cn__metrics_request(cn__metrics *m, int model, int status,
                          int instances, double seconds);
-void cn__metrics_run(cn__metrics *m, int instances, double queue_s_max,
+void cn__metrics_run(cn__metrics *m, int model, int instances,
+                     double queue_s_max,
                      double compute_s, long long batches,
                      long long lower_bound, long long vertices,
                      long long kernels, size_t gather_bytes, size_t cell_bytes,
                      size_t arena_bytes);
-void cn__metrics_queue_wait(cn__metrics *m, double seconds);
+void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout);
 void cn__metrics_overloaded(cn__metrics *m);

@@ -83,7 +83,7 @@ static void run_job(worker_arg *w, cn__job *j) {
       continue;
     }
     r->queue_ms = (t0 - r->t_arrive) * 1e3;
-    cn__metrics_queue_wait(&s->metrics, t0 - r->t_arrive);
+    cn__metrics_queue_wait(&s->metrics, j->me->index, t0 - r->t_arrive);
     slots[i] = malloc((size_t)r->n_inst * sizeof(int));
     if (slots[i] == NULL) {
       cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
@@ -109,7 +109,8 @@ static void run_job(worker_arg *w, cn__job *j) {
   atomic_store(&s->ewma_compute_us,
                prev == 0 ? (long long)(ms * 1e3)
                          : (long long)(0.8 * prev + 0.2 * ms * 1e3));
-  cn__metrics_run(&s->metrics, j->st.instances, 0, ms / 1e3, j->st.batches,
+  cn__metrics_run(&s->metrics, j->me->index, j->st.instances, 0, ms / 1e3,
+                  j->st.batches,
                   j->st.lower_bound, j->st.vertices, j->st.kernels,
                   j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
   for (int i = 0; i < j->n; i++) {

@@ -333,14 +333,18 @@ Test(serve, promtool_check_metrics, .fini = teardown, .timeout = 30) {
       "canopy_in_flight_requests",
       "canopy_policy_retrains_total{model=\"treelstm\",result=\"kept\"}",
       "canopy_gather_copied_bytes_total", "canopy_arena_bytes",
-      "canopy_batch_size_instances_count", "canopy_queue_depth_instances",
-      "canopy_request_duration_seconds_count"};
+      "canopy_batch_size_instances_count{model=\"treelstm\"}",
+      "canopy_queue_depth_instances",
+      "canopy_request_duration_seconds_count{model=\"treelstm\"}",
+      "canopy_queue_duration_seconds_count{model=\"treelstm\"}",
+      "canopy_compute_duration_seconds_count{model=\"treelstm\"}"};
   for (size_t i = 0; i < sizeof(must) / sizeof(must[0]); i++)
     cr_expect(th_metric(r.body, must[i]) >= 0, "missing %s", must[i]);
   cr_expect(th_metric(r.body, "canopy_batches_total") > 0);
   cr_expect(th_metric(r.body, "canopy_policy_retrains_total{model="
                               "\"treelstm\",result=\"swapped\"}") == 0);
-  cr_expect(th_metric(r.body, "canopy_batch_size_instances_count") == 1);
+  cr_expect(th_metric(r.body, "canopy_batch_size_instances_count{model="
+                              "\"treelstm\"}") == 1);
   cr_expect(th_metric(r.body, "canopy_gather_copied_bytes_total") >= 0);
   th_resp_free(&r);
   snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > %s.out 2>&1",
