@@ -179,7 +179,13 @@ static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
   return l == CN_LAYOUT_FUSED ? NULL : m->cell[l - 1][type];
 }
 
-/* Compiles g for a layout. *out is malloc'd (cn__cell_free). */
+/* Compiles g for a layout, packing the products' weights from w (the
+ * model's tensors, indexed as the IR's t); family and type_name name the
+ * cell in errors. *out is malloc'd (cn__cell_free). */
+int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
+                             int type, const char *type_name, const cn_ir *g,
+                             int layout, cn_cell **out, cn_err *err);
+/* model.c: cn__cell_compile_weights with model m's tensors and names. */
 int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
                      cn_cell **out, cn_err *err);
 void cn__cell_free(cn_cell *c);

@@ -32,7 +32,7 @@ typedef struct sumtree {
 } sumtree;
 
 typedef struct compiler {
-  const cn_model *m;
+  const cn_tensor *const *w; /* the model's tensors, by index */
   const cn_ir *g;
   int layout;
   int uses[CN_IR_MAX];
@@ -489,7 +489,6 @@ static bool same_group(const cn_cell *c, const cell_item *x, const cell_item *y)
 static int pack_gemm(compiler *cp, int j) {
   cn_cell *c = cp->c;
   cn_cell_gemm *gm = &c->gemm[j];
-  const cn_model *m = cp->m;
   int64_t colof[CN_IR_MAX] = {0};
   int64_t K = 0, N = 0;
   for (int k = 0; k < gm->n_in; k++) {
@@ -508,7 +507,7 @@ static int pack_gemm(compiler *cp, int j) {
     int w = c->vars[gm->out[q]].width;
     for (int k = 0; k < tm->n_mm; k++) {
       const cn_ir_node *mm = &cp->g->node[tm->mm[k]];
-      const cn_tensor *T = m->w[mm->t];
+      const cn_tensor *T = cp->w[mm->t];
       int64_t cols = T->ndim == 2 ? T->shape[1] : 1;
       int kw = cp->g->node[mm->a].width;
       for (int i = 0; i < w; i++)
@@ -529,7 +528,7 @@ static int pack_gemm(compiler *cp, int j) {
     for (int k = 0; k < tm->n_par; k++) {
       const cn_ir_node *p = &cp->g->node[tm->par[k]];
       for (int i = 0; i < w; i++)
-        gm->bias[row + i] += m->w[p->t]->data[p->r0 + i];
+        gm->bias[row + i] += cp->w[p->t]->data[p->r0 + i];
     }
     row += w;
   }
@@ -542,15 +541,16 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
-                     cn_cell **out, cn_err *err) {
+int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
+                             int type, const char *type_name, const cn_ir *g,
+                             int layout, cn_cell **out, cn_err *err) {
   double t0 = now_ms();
   *out = NULL;
   if (g->overflow || g->n == 0)
     return cn_err_set(err, CN_E_INTERNAL,
                       "%s: the %s cell's IR is malformed (too many nodes or "
                       "mismatched widths)",
-                      m->fam->name, m->fam->type_names[type]);
+                      family, type_name);
   compiler *cp = calloc(1, sizeof(*cp));
   cn_cell *c = calloc(1, sizeof(*c));
   cell_item *items = calloc(4 * CN_IR_MAX, sizeof(*items));
@@ -562,7 +562,7 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
   c->layout = layout;
   c->type = type;
   c->state_floats = g->state_floats;
-  cp->m = m;
+  cp->w = w;
   cp->g = g;
   cp->layout = layout;
   cp->c = c;
@@ -636,10 +636,10 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
 out:
   if (rc != 0 && rc != CN_E_NOMEM)
     cn_err_set(err, rc, "%s: the %s cell could not be compiled",
-               m->fam->name, m->fam->type_names[type]);
+               family, type_name);
   else if (rc == CN_E_NOMEM)
     cn_err_set(err, rc, "no memory to compile the %s cell",
-               m->fam->type_names[type]);
+               type_name);
   cn__cell_free(c);
   free(cp);
   free(items);

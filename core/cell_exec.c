@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "cell.h"
-#include "families/families.h"
+#include "internal.h"
 
 typedef struct view {
   float *base;

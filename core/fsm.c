@@ -235,19 +235,13 @@ static int greedy(const cn_qtab *tab, cn_fsm_encoding enc,
   return best;
 }
 
+int cn__fsm_n_types(const cn_fsm *p) { return p->n_types; }
+
 int cn__fsm_choose(const cn_fsm *p, const cn_frontier *f) {
   int a = greedy(&p->tab, p->enc, f);
   return a >= 0 ? a : cn__frontier_agenda(f);
 }
 
-int cn_run_exec_fsm(cn_run *r, const cn_fsm *p, cn_err *err) {
-  if (p != NULL && p->n_types != r->fam->n_types)
-    return cn_err_set(err, CN_E_INTERNAL,
-                      "the policy has %d vertex types, model %s has %d",
-                      p->n_types, r->fam->name, r->fam->n_types);
-  r->sched_fsm = p;
-  return cn_run_exec(r, CN_POLICY_FSM, err);
-}
 
 json_t *cn_fsm_describe(const cn_fsm *p) {
   char key[20];

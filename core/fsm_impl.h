@@ -57,7 +57,6 @@ uint64_t cn__fsm_key(const cn_fsm *p);
 uint64_t cn__fsm_model_key(const cn_model *m, cn_fsm_encoding enc);
 
 /* graph_set.c: graph i of the set as a DAG view, and its lower bound. */
-int cn__graph_set_n_types(const cn_graph_set *s);
 void cn__graph_set_get(const cn_graph_set *s, int i, cn_dag *g, int64_t *lb);
 
 #endif

@@ -67,24 +67,22 @@ void cn__graph_set_get(const cn_graph_set *s, int i, cn_dag *g, int64_t *lb) {
   if (lb != NULL) *lb = c->lower_bound;
 }
 
-int cn_graph_set_add_run(cn_graph_set *s, const cn_run *r) {
-  if (r->fam->n_types != s->n_types) return CN_E_INTERNAL;
-  if (r->nv == 0) return 0;
-  size_t nv = (size_t)r->nv, ne = (size_t)r->ne;
+int cn__graph_set_add_dag(cn_graph_set *s, const cn_dag *g, int32_t n_edges) {
+  if (g->nv == 0) return 0;
+  size_t nv = (size_t)g->nv, ne = (size_t)n_edges;
   size_t bytes = sizeof(cn_cgraph) + (nv + 1 + ne) * sizeof(int32_t) + nv;
   cn_cgraph *c = malloc(bytes);
   if (c == NULL) return CN_E_NOMEM;
   atomic_init(&c->refs, 1);
-  c->nv = r->nv;
-  c->ne = r->ne;
+  c->nv = g->nv;
+  c->ne = n_edges;
   c->in_start = (int32_t *)(c + 1);
   c->in_edges = c->in_start + nv + 1;
   c->vtype = (uint8_t *)(c->in_edges + ne);
-  memcpy(c->in_start, r->in_start, (nv + 1) * sizeof(int32_t));
-  if (ne > 0) memcpy(c->in_edges, r->in_edges, ne * sizeof(int32_t));
-  memcpy(c->vtype, r->vtype, nv);
-  cn_dag g = cn__run_dag(r);
-  c->lower_bound = cn__dag_lower_bound(&g);
+  memcpy(c->in_start, g->in_start, (nv + 1) * sizeof(int32_t));
+  if (ne > 0) memcpy(c->in_edges, g->in_edges, ne * sizeof(int32_t));
+  memcpy(c->vtype, g->vtype, nv);
+  c->lower_bound = cn__dag_lower_bound(g);
   if (c->lower_bound < 0) {
     free(c);
     return CN_E_NOMEM;

@@ -383,6 +383,13 @@ const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
                           const int64_t *idx, int n, int width, int *ld);
 /* Host-readable view of a vertex's state after execution. */
 const float *cn__run_state_host(const cn_run *r, int32_t v);
+/* off[i] = state offset of input `which` of verts[i], or -1 if it has no
+ * such input (a unary node's second child). Staged in the run's indices. */
+int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
+/* off[i] = state offset of verts[i] plus add. */
+int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
+/* off[i] = vaux[verts[i]] · stride (an embedding row). */
+int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 
 /* Executes one batch with the run's layout: the compiled cell when the
  * model has one for the type, else the family's exec(). */
@@ -398,14 +405,15 @@ int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
 void cn__run_bind_weights(cn_run *r);
 int cn__run_copy_back(cn_run *r, cn_err *err);
 
-/* ---- scheduling (sched.c) ------------------------------------------------
+/* ---- scheduling a run (run_sched.c) ---------------------------------------
  * Fills r->order and r->batches for the policy, and r->lower_bound. With
  * CN_POLICY_FSM the policy object is r->sched_fsm (NULL: agenda). */
 int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err);
 /* Σ_t depth_t over the run (MODELS.md lower bound). */
 int64_t cn__sched_lower_bound(const cn_run *r);
 
-/* A typed DAG as the scheduler sees it (borrowed arrays): vertices in a
+/* ---- scheduling (sched.c) ------------------------------------------------
+ * A typed DAG as the scheduler sees it (borrowed arrays): vertices in a
  * topological order, inputs of v at in_edges[in_start[v] .. in_start[v+1]). */
 typedef struct cn_dag {
   int n_types;
@@ -598,5 +606,11 @@ uint32_t cn__fsm_encode_bound(int n_types, const int64_t *n_ready,
                               const int64_t *drop);
 /* Whether what p executes reads cn__frontier_drops. */
 bool cn__fsm_needs_tails(const struct cn_fsm *p);
+/* The number of vertex types p was trained for. */
+int cn__fsm_n_types(const struct cn_fsm *p);
+/* graph_set.c: the set's vertex types. */
+int cn__graph_set_n_types(const cn_graph_set *s);
+/* graph_set.c: adds a copy of g (n_edges input edges) to the set. */
+int cn__graph_set_add_dag(cn_graph_set *s, const cn_dag *g, int32_t n_edges);
 
 #endif /* CANOPY_CORE_INTERNAL_H */

@@ -243,6 +243,13 @@ void cn_model_free(cn_model *m) {
   free(m);
 }
 
+int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
+                     cn_cell **out, cn_err *err) {
+  return cn__cell_compile_weights(m->w, m->fam->name, type,
+                                  m->fam->type_names[type], g, layout, out,
+                                  err);
+}
+
 /* Compiles every type the family describes in the IR, for both compiled
  * layouts, once (issue #5: compile at load, not per run). */
 static int compile_cells(cn_model *m, cn_err *err) {

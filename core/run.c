@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "families/families.h"
 #include "cell.h"
 #include "internal.h"
 
@@ -149,6 +148,28 @@ int64_t *cn__run_idx(cn_run *r, int64_t n) {
   int64_t *p = r->idx_host + r->idx_used;
   r->idx_used += n;
   return p;
+}
+
+int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    off[i] = which < k ? r->state_off[in[which]] : -1;
+  }
+  return off;
+}
+
+int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) off[i] = r->state_off[verts[i]] + add;
+  return off;
+}
+
+int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) off[i] = (int64_t)r->vaux[verts[i]] * stride;
+  return off;
 }
 
 bool cn__rows_even(const int64_t *idx, int n, int width, int *stride) {

@@ -65,11 +65,6 @@ int64_t cn__dag_lower_bound(const cn_dag *g) {
   return lb;
 }
 
-int64_t cn__sched_lower_bound(const cn_run *r) {
-  cn_dag g = cn__run_dag(r);
-  return cn__dag_lower_bound(&g);
-}
-
 /* The plan being written: order and batches may be NULL (count only). */
 typedef struct plan {
   int32_t *order;
@@ -205,30 +200,6 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
     default: rc = CN_E_INTERNAL; break;
   }
   *n_batches = p.n;
-  return rc;
-}
-
-int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err) {
-  int rc = CN_E_NOMEM;
-  cn_dag g = cn__run_dag(r);
-  r->order = malloc(((size_t)r->nv + 1) * sizeof(int32_t));
-  r->batches = malloc(((size_t)r->nv + 1) * sizeof(cn_run_batch));
-  if (r->order == NULL || r->batches == NULL) goto out;
-  r->n_batches = 0;
-  memset(r->max_batch, 0, sizeof(r->max_batch));
-  rc = cn__sched_dag(&g, policy, r->sched_fsm, r->plan_width, r->order,
-                     r->batches, &r->n_batches);
-  if (rc != 0) goto out;
-  for (int32_t b = 0; b < r->n_batches; b++) {
-    const cn_run_batch *bt = &r->batches[b];
-    if (bt->n > r->max_batch[bt->type]) r->max_batch[bt->type] = bt->n;
-  }
-  r->lower_bound = cn__dag_lower_bound(&g);
-  if (r->lower_bound < 0) rc = CN_E_NOMEM;
-out:
-  if (rc != 0)
-    cn_err_set(err, rc, "could not plan the run's batches (%s)",
-               cn_err_default_msg(rc));
   return rc;
 }
 

@@ -36,13 +36,6 @@ int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode);
 /* The per-instance object: logits/label/label_name of the root, "nodes"
  * for outputs=all, "h" (the first h_floats of the root's state). */
 json_t *cn__tree_output(const cn_run *r, int slot, int h_floats);
-/* off[i] = state offset of input `which` of verts[i], or -1 if it has no
- * such input (a unary node's second child). Staged in the run's indices. */
-int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
-/* off[i] = state offset of verts[i] plus add. */
-int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
-/* off[i] = vaux[verts[i]] · stride (an embedding row). */
-int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 /* Standard output vertex: logits = out.W h + out.b, h = first H floats of
  * the input's state. */
 void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
