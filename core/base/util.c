@@ -2,7 +2,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base/base.h"
 
 void *cn__xcalloc(size_t n, size_t size) {
   if (n == 0 || size == 0) return calloc(1, 1);

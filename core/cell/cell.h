@@ -15,18 +15,22 @@
  *      (Cavs' fusion), and same-kind ops at one level are batched into one
  *      wider instruction when the layout lets them;
  *   3. memory: CN_LAYOUT_PQ places every variable by the PQ-tree layout
- *      (ED-Batch §3.2, Alg. 2-7, core/pqtree.c) so each product reads and
+ *      (ED-Batch §3.2, Alg. 2-7, core/cell/pqtree.c) so each product reads and
  *      writes contiguous columns of one row per vertex and outputs land in
  *      the state row; CN_LAYOUT_NAIVE gives every variable its own buffer,
  *      so products gather their operands and scatter their results;
  *   4. the products' weights are packed once, in the order the layout chose.
- * The executor runs a cell on a batch of n vertices through the backend
- * interface only (gathers, gemm, copy_rows, ew_program).
+ * The executor (core/run/cell_exec.c) runs a cell on a batch of n
+ * vertices through the backend interface only (gathers, gemm, copy_rows,
+ * ew_program). cell/ itself knows no run and no model: it compiles an IR
+ * against an array of tensors.
  */
 #ifndef CANOPY_CELL_H
 #define CANOPY_CELL_H
 
-#include "internal.h"
+#include "backend.h"
+#include "base/base.h"
+#include "input/input.h"
 
 #define CN_IR_MAX 128
 
@@ -172,29 +176,16 @@ typedef struct cn_cell {
   double compile_ms;
 } cn_cell;
 
-/* The model's compiled cell of a type for a layout; NULL for the fused
- * layout or a type with hand-written kernels only. */
-static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
-                                            int type) {
-  return l == CN_LAYOUT_FUSED ? NULL : m->cell[l - 1][type];
-}
-
 /* Compiles g for a layout, packing the products' weights from w (the
  * model's tensors, indexed as the IR's t); family and type_name name the
  * cell in errors. *out is malloc'd (cn__cell_free). */
 int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
                              int type, const char *type_name, const cn_ir *g,
                              int layout, cn_cell **out, cn_err *err);
-/* model.c: cn__cell_compile_weights with model m's tensors and names. */
-int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
-                     cn_cell **out, cn_err *err);
 void cn__cell_free(cn_cell *c);
 /* Scratch floats and index entries one batch of n vertices with `edges`
  * input edges needs. */
 int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n);
 int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges);
-/* Runs the cell on a batch (all inputs ready; rows of verts consecutive in
- * the type's state buffer). */
-void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n);
 
 #endif

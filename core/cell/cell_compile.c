@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cell.h"
-#include "cell_impl.h"
+#include "cell/cell.h"
+#include "cell/cell_impl.h"
 
 #define MAX_TREES 12
 

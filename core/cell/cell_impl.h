@@ -3,7 +3,7 @@
 #ifndef CANOPY_CELL_IMPL_H
 #define CANOPY_CELL_IMPL_H
 
-#include "cell.h"
+#include "cell/cell.h"
 
 /* An instruction whose operands are still vars (-1: none). */
 typedef struct var_insn {

@@ -3,7 +3,7 @@
  * rejects it with CN_E_INTERNAL. */
 #include <string.h>
 
-#include "cell.h"
+#include "cell/cell.h"
 
 static int push(cn_ir *g, cn_ir_node nd) {
   if (g->n >= CN_IR_MAX) {

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cell_impl.h"
-#include "pqtree.h"
+#include "cell/cell_impl.h"
+#include "cell/pqtree.h"
 
 /* The launch form of an instruction: var v is slot v, TMP vars live in
  * the scratch slot (numbered n_vars) at their column, constants inline.

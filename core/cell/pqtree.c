@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "pqtree.h"
+#include "base/base.h"
+#include "cell/pqtree.h"
 
 #define FIELDS 10
 

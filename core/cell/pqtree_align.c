@@ -30,8 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
-#include "pqtree.h"
+#include "base/base.h"
+#include "cell/pqtree.h"
 
 /* A node of T_o: a tree node, or at T_o's root a run lo..hi of a Q-node's
  * children (an operand covering part of a Q-node). */

@@ -13,8 +13,8 @@
  */
 #include <stdio.h>
 
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, F_WIH, F_WHH, F_BIH, F_BHH, B_WIH, B_WHH, B_BIH, B_BHH, OUT_W,
        OUT_B, CRF_START, CRF_END, CRF_TRANS };

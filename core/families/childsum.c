@@ -10,8 +10,8 @@
  *             F[E,H] = Hk·U_fᵀ; c = σ(i)⊙tanh(u) + Σk σ(F_k + b_f)⊙c_k.
  *   output:   logits = h·out.Wᵀ + out.b.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, CELL_W, CELL_U, CELL_B, OUT_W, OUT_B };
 enum { T_LEAF, T_INTERNAL, T_OUTPUT };

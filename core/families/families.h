@@ -2,7 +2,7 @@
 #ifndef CANOPY_FAMILIES_H
 #define CANOPY_FAMILIES_H
 
-#include "../internal.h"
+#include "run/run.h"
 
 extern const cn_family cn__fam_treelstm;
 extern const cn_family cn__fam_treelstm_2type;
@@ -13,9 +13,6 @@ extern const cn_family cn__fam_bilstm;
 extern const cn_family cn__fam_latticelstm;
 extern const cn_family cn__fam_latticegru;
 extern const cn_family cn__fam_nmt;
-
-int cn__family_count(void);
-const cn_family *cn__family_at(int i);
 
 /* ---- tree families (tree_common.c) ---- */
 typedef struct cn_tree_types {

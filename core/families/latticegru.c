@@ -6,8 +6,8 @@
  *   Hp[n,H] = mean of the predecessors' h (zero without any);
  *   GI = X·W_ihᵀ + b_ih, GH = Hp·W_hhᵀ + b_hh; nn.GRUCell update.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, WIH, WHH, BIH, BHH, OUT_W, OUT_B };
 enum { T_NODE, T_OUTPUT };

@@ -15,8 +15,8 @@
  */
 #include <stdlib.h>
 
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, WEMBED, CHAR_W, CHAR_B, WORD_W, WORD_B, LINK_W, LINK_B, OUT_W,
        OUT_B };

@@ -10,8 +10,8 @@
  *   output:   logits = p·out.Wᵀ + out.b.
  * The mat-mat products dominate: ED-Batch §6 notes MV-RNN is bound by them.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, LEAF_M, INT_W, INT_B, INT_WM, OUT_W, OUT_B };
 enum { T_LEAF, T_INTERNAL, T_OUTPUT };

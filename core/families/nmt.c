@@ -11,8 +11,8 @@
  */
 #include <stdlib.h>
 
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { SRC_E, TGT_E, E_WIH, E_WHH, E_BIH, E_BHH, D_WIH, D_WHH, D_BIH, D_BHH,
        PROJ_W, PROJ_B };

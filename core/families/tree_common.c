@@ -3,7 +3,7 @@
  * per-instance JSON object of API.md. */
 #include <stdlib.h>
 
-#include "families.h"
+#include "families/families.h"
 
 int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   const cn_instance *inst = r->slots[slot].inst;

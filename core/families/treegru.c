@@ -7,8 +7,8 @@
  *             h = σ(z)⊙(h1 + h2)/2 + (1 - σ(z))⊙tanh(N).
  *   output:   logits = h·out.Wᵀ + out.b.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, LEAF_W, LEAF_B, INT_UG, INT_BG, INT_UN, INT_BN, OUT_W, OUT_B };
 enum { T_LEAF, T_INTERNAL, T_OUTPUT };

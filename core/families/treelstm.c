@@ -8,8 +8,8 @@
  *             reading c1, c2 where they live.
  *   output:   logits[n,C] = h·out.Wᵀ + out.b.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, LEAF_W, LEAF_B, OUT_W, OUT_B, INT_U, INT_B, INT_B_U, INT_B_B };
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "input/input.h"
 
 typedef struct trie_node {
   int32_t first_child, next;

@@ -3,7 +3,7 @@
 #ifndef CANOPY_TREE_IMPL_H
 #define CANOPY_TREE_IMPL_H
 
-#include "internal.h"
+#include "input/input.h"
 
 /* The effective limits of one parse: NULL and non-positive fields resolved
  * to numbers so the hot loops compare against plain ints. */

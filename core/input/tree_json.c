@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tree_impl.h"
+#include "input/tree_impl.h"
 
 /* ---- JSON form --------------------------------------------------------- */
 

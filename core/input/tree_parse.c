@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tree_impl.h"
+#include "input/tree_impl.h"
 
 /* ---- shared helpers ---------------------------------------------------- */
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "input/input.h"
 
 struct cn_vocab {
   int n;            /* tokens; id k is the k-th */

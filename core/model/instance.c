@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "model/model.h"
 
 static bool label_in(const cn_model *m, const cn_tree_node *nd) {
   if (nd->label == NULL) return false;

@@ -9,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "families/families.h"
-#include "cell.h"
-#include "internal.h"
+#include "model/model.h"
 
 #define MAX_SIZE (1 << 16)  /* H, D: keeps every shape product in range */
 

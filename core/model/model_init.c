@@ -14,8 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "families/families.h"
-#include "internal.h"
+#include "model/model.h"
 
 #define MAX_SIZE (1 << 16)
 

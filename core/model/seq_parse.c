@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "model/model.h"
 
 /* A borrowed string: a JSON string's bytes, or a slice of "text". */
 typedef struct piece {

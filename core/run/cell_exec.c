@@ -16,8 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cell.h"
-#include "internal.h"
+#include "run/run.h"
 
 typedef struct view {
   float *base;

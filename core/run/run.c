@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cell.h"
-#include "internal.h"
+#include "run/run.h"
 
 static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
   if (need <= *cap) return 0;

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "run/run.h"
 
 int64_t cn__sched_lower_bound(const cn_run *r) {
   cn_dag g = cn__run_dag(r);

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontier_impl.h"
+#include "sched/frontier_impl.h"
 
 static int grow32(int32_t **p, size_t n) {
   int32_t *q = cn__xrealloc(*p, n, sizeof(int32_t));

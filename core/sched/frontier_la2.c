@@ -3,7 +3,7 @@
  * one-batch policies. */
 #include <string.h>
 
-#include "frontier_impl.h"
+#include "sched/frontier_impl.h"
 
 /* Two batches ahead, instance by instance.
  * The lookahead policy's one-batch greedy fails on a type whose batch is

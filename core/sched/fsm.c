@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "fsm_impl.h"
+#include "sched/fsm_impl.h"
 
 static const char *const enc_names[CN_FSM_ENC__COUNT] = {"base", "max",
                                                          "sort", "bound"};

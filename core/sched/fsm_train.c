@@ -23,7 +23,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "fsm_impl.h"
+#include "model/model.h"
+#include "sched/fsm_impl.h"
 
 typedef struct rng {
   uint64_t s;

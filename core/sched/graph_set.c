@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm_impl.h"
+#include "sched/fsm_impl.h"
 
 typedef struct cn_cgraph {
   atomic_int refs;

@@ -17,7 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "fsm_impl.h"
+#include "model/model.h"
+#include "sched/fsm_impl.h"
 
 #define FORMAT "canopy-fsm"
 #define VERSION 1

@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fsm_impl.h"
+#include "sched/fsm_impl.h"
 
 int64_t cn__dag_lower_bound(const cn_dag *g) {
   int T = g->n_types;

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "sched/sched.h"
 
 typedef struct tt_entry {
   uint64_t k1, k2;

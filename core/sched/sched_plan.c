@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "sched/sched.h"
 
 /* One instance's automaton. States are numbered in creation order; state 0
  * is "nothing done". */
