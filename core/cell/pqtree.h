@@ -10,7 +10,7 @@
  *
  * Sizes here are small (a static subgraph has < 200 variables), so the
  * code favours plain, checkable steps over Booth & Lueker's linear-time
- * bookkeeping. core/pqtree.c holds the tree, core/pqtree_align.c the
+ * bookkeeping. core/cell/pqtree.c holds the tree, core/cell/pqtree_align.c the
  * layout. */
 #ifndef CANOPY_PQTREE_H
 #define CANOPY_PQTREE_H

@@ -1,5 +1,5 @@
 /* cells.c - the vertex functions shared by several families, as op IR
- * (core/cell.h): the output layer, nn.LSTMCell and nn.GRUCell, written
+ * (core/cell/cell.h): the output layer, nn.LSTMCell and nn.GRUCell, written
  * from MODELS.md's equations. */
 #include "cell/cell.h"
 #include "families/families.h"

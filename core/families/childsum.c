@@ -94,7 +94,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The leaf and output cells as op IR (core/cell.h). A leaf has no
+/* The leaf and output cells as op IR (core/cell/cell.h). A leaf has no
  * children (hs = 0): i = σ(Wi x + bi), o, u likewise; c = i⊙u;
  * h = o⊙tanh(c). The internal cell (one forget gate per child, any
  * arity) stays hand-written. */

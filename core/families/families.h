@@ -71,7 +71,7 @@ int cn__crf_viterbi(int C, const float *trans, const float *start,
 int cn__crf_decode_run(cn_run *r, int start, int end, int trans,
                        cn_err *err);
 
-/* ---- vertex functions as op IR (cells.c, core/cell.h) ---- */
+/* ---- vertex functions as op IR (cells.c, core/cell/cell.h) ---- */
 struct cn_ir;
 /* logits = out.W [h_1; ...; h_n_in] + out.b, h_k = first H floats of
  * input edge k. */

@@ -112,7 +112,7 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
-/* The cells as op IR (core/cell.h): hp = mean of the predecessors' h,
+/* The cells as op IR (core/cell/cell.h): hp = mean of the predecessors' h,
  * h = GRUCell(embed[x], hp); output as the tree families. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);

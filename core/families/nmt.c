@@ -160,7 +160,7 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
-/* The encoder and decoder cells as op IR (core/cell.h): nn.LSTMCell. The
+/* The encoder and decoder cells as op IR (core/cell/cell.h): nn.LSTMCell. The
  * proj type decides what runs next (argmax, new vertices): hand-written. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_ENC)

@@ -12,7 +12,7 @@
 /* ---- families (core/families/) ------------------------------------------- */
 typedef struct cn_run cn_run;
 typedef struct cn_family cn_family;
-struct cn_ir;  /* core/cell.h */
+struct cn_ir;  /* core/cell/cell.h */
 struct cn_cell;
 
 /* Sizes a family's tensor shapes are written in. */
@@ -73,7 +73,7 @@ struct cn_family {
   int (*finish)(cn_run *r, cn_err *err);
   /* Writes the per-instance output object (API.md). */
   json_t *(*output)(const cn_run *r, int slot);
-  /* The vertex function of a type as op IR (core/cell.h), for the naive
+  /* The vertex function of a type as op IR (core/cell/cell.h), for the naive
    * and pq layouts; returns 0, or 1 when the type has only its
    * hand-written exec(). NULL: no type is described. */
   int (*cell)(const cn_model *m, int type, struct cn_ir *g);
@@ -112,7 +112,7 @@ struct cn_model {
   cn_safetensors st;
   int n_tensors;
   const cn_tensor *w[CN_MAX_TENSORS]; /* in the family's spec order */
-  /* compiled vertex functions (core/cell.h): [layout - 1][type], NULL
+  /* compiled vertex functions (core/cell/cell.h): [layout - 1][type], NULL
    * where the family has no IR for the type */
   struct cn_cell *cell[2][CN_MAX_TYPES];
 };
