@@ -12,10 +12,17 @@ only. Before the tree it checks itself on a small made-up tree with an
 upward include and a cycle, so a check that has stopped seeing anything
 fails too.
 
+With --archives, it checks the built objects too: every symbol an object
+of one core/ folder's archive (libcanopy_<folder>.a) takes from another
+folder's must come from a folder below, per `nm`; LINK_EXCEPTIONS names
+the only references allowed upward.
+
 usage: check_layout.py [SOURCE_ROOT]
+       check_layout.py --archives LIBCANOPY_BASE.a ... LIBCANOPY_FAMILIES.a
 """
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -49,6 +56,12 @@ EXTRA = {
     # may include it: no part lists core/internal here).
     "core/internal": set(LAYERS),
 }
+
+# References from a lower folder's objects to a higher folder's symbols that
+# are allowed, by (folder, symbol prefix): model/registry.c lists the family
+# descriptors (data, defined in core/families/) by extern declaration; it
+# never includes families/ and calls no family code itself.
+LINK_EXCEPTIONS = {("core/model", "cn__fam_")}
 
 # Where meson looks for a quoted include after the file's own folder
 # (meson.build `inc`, server/ and tests/ add backends/ and config/).
@@ -175,7 +188,72 @@ def self_test():
     return True
 
 
+def nm_symbols(archive):
+    """{object: (defined, undefined)} symbol sets of an archive, per nm -P."""
+    out = subprocess.run(["nm", "-A", "-P", archive], capture_output=True,
+                         text=True, check=True).stdout
+    objs = {}
+    for line in out.splitlines():
+        where, sep, rest = line.rpartition("]: ")
+        if not sep:
+            continue
+        obj = os.path.basename(where.rpartition("[")[2])
+        f = rest.split()
+        if len(f) < 2:
+            continue
+        d, u = objs.setdefault(obj, (set(), set()))
+        if f[1] in "TDBRVWGS":
+            d.add(f[0])
+        elif f[1] == "U":
+            u.add(f[0])
+    return objs
+
+
+def check_archives(archives):
+    """Problems of the built core/ folders' archives (libcanopy_X.a)."""
+    problems, defined, undefined = [], {}, []
+    for a in archives:
+        m = re.match(r"lib(?:canopy_)?(\w+)\.a$", os.path.basename(a))
+        part = "core/" + m.group(1) if m else None
+        if part not in LAYERS:
+            problems.append(f"{a}: not the archive of a core/ folder")
+            continue
+        for obj, (d, u) in nm_symbols(a).items():
+            for sym in d:
+                defined[sym] = (part, obj)
+            undefined.append((part, obj, u))
+    seen = {p for p, _, _ in undefined}
+    for part in LAYERS[1:]:
+        if part not in seen:
+            problems.append(f"no archive of {part} given: not checked")
+    if not defined:
+        problems.append("no symbol defined in the archives: nothing checked")
+    for part, obj, u in undefined:
+        for sym in sorted(u):
+            if sym not in defined:
+                continue
+            dpart, dobj = defined[sym]
+            if allowed(part, dpart) or any(
+                    part == p and sym.startswith(x)
+                    for p, x in LINK_EXCEPTIONS):
+                continue
+            problems.append(f"{part}/{obj}: uses {sym} of {dpart}/{dobj}: "
+                            f"{part} may not call into {dpart}")
+    return problems
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--archives":
+        problems = check_archives(sys.argv[2:])
+        for p in problems:
+            print(p)
+        if problems:
+            print(f"{len(problems)} layering problem(s) in the objects")
+            return 1
+        print(f"objects ok: {len(sys.argv) - 2} archives, no reference "
+              "upward but " + ", ".join(f"{p} -> {x}*"
+                                        for p, x in sorted(LINK_EXCEPTIONS)))
+        return 0
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), ".."))
     if not self_test():
