@@ -19,7 +19,7 @@ typedef struct cn_serve_config {
   char config[1024];       /* the config file this came from, if any      */
   char backend[16];
   char policy[16];          /* none|depth|agenda|sufficient|fsm          */
-  char layout[8];           /* fused|naive|pq (core/cell.h)              */
+  char layout[8];           /* fused|naive|pq (core/cell/cell.h)              */
   char policy_cache[1024];  /* "": cn_policy_cache_default_dir            */
   char encoding[16];        /* fsm state encoding: base|max|sort|bound    */
   int plan_width;           /* policy plan: beam width                    */

@@ -177,7 +177,7 @@ int cn_policy_parse(const char *name, cn_policy_kind *out);
 
 /* How a vertex function's memory is laid out (issue #5, ED-Batch §3).
  * fused: the hand-written fused kernels (backend.h); naive and pq: the cell
- * compiled from the family's op IR (core/cell.h), pq with the PQ-tree
+ * compiled from the family's op IR (core/cell/cell.h), pq with the PQ-tree
  * layout, naive with every variable in its own buffer (gathers and
  * scatters around each batched product). Types a family does not describe
  * in the IR run their hand-written kernels under every layout. */

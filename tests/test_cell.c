@@ -8,7 +8,7 @@
 #include <criterion/parameterized.h>
 #include <string.h>
 
-#include "cell.h"
+#include "cell/cell.h"
 #include "engine_util.h"
 #include "internal.h"
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pqtree.h"
+#include "cell/pqtree.h"
 
 #define MAXN 7
 #define MAXPERM 5040

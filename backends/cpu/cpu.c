@@ -367,7 +367,7 @@ CN_VEC static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
   }
 }
 
-/* ---- compiled vertex functions (core/cell_exec.c) ---- */
+/* ---- compiled vertex functions (core/run/cell_exec.c) ---- */
 static void cpu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
                           const float *src, int lds, int n, int width) {
   for (int r = 0; r < n; r++)

@@ -1,5 +1,5 @@
 /* cuda_ew.cu - ew_program: the fused elementwise kernel of a compiled
- * vertex function (core/cell.h), one launch per program.
+ * vertex function (core/cell/cell.h), one launch per program.
  */
 #include <stdio.h>
 #include <string.h>

@@ -13,8 +13,8 @@
  */
 #include <stdio.h>
 
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, F_WIH, F_WHH, F_BIH, F_BHH, B_WIH, B_WHH, B_BIH, B_BHH, OUT_W,
        OUT_B, CRF_START, CRF_END, CRF_TRANS };
@@ -156,7 +156,7 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
 }
 
-/* The cells as op IR (core/cell.h): nn.LSTMCell each way, and
+/* The cells as op IR (core/cell/cell.h): nn.LSTMCell each way, and
  * logits = out.W [hf; hb] + out.b. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 2, OUT_W, OUT_B);

@@ -1,8 +1,8 @@
 /* cells.c - the vertex functions shared by several families, as op IR
- * (core/cell.h): the output layer, nn.LSTMCell and nn.GRUCell, written
+ * (core/cell/cell.h): the output layer, nn.LSTMCell and nn.GRUCell, written
  * from MODELS.md's equations. */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 int cn__ir_output_layer(const cn_model *m, cn_ir *g, int n_in, int W, int B) {
   int H = (int)m->dims.H, x[2];

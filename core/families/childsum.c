@@ -10,8 +10,8 @@
  *             F[E,H] = Hk·U_fᵀ; c = σ(i)⊙tanh(u) + Σk σ(F_k + b_f)⊙c_k.
  *   output:   logits = h·out.Wᵀ + out.b.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, CELL_W, CELL_U, CELL_B, OUT_W, OUT_B };
 enum { T_LEAF, T_INTERNAL, T_OUTPUT };
@@ -94,7 +94,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The leaf and output cells as op IR (core/cell.h). A leaf has no
+/* The leaf and output cells as op IR (core/cell/cell.h). A leaf has no
  * children (hs = 0): i = σ(Wi x + bi), o, u likewise; c = i⊙u;
  * h = o⊙tanh(c). The internal cell (one forget gate per child, any
  * arity) stays hand-written. */

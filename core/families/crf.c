@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "families.h"
+#include "families/families.h"
 
 /* Path score in double, then float (MODELS.md: path_score). */
 static float path_score(int C, const float *trans, const float *start,

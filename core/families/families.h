@@ -2,7 +2,7 @@
 #ifndef CANOPY_FAMILIES_H
 #define CANOPY_FAMILIES_H
 
-#include "../internal.h"
+#include "run/run.h"
 
 extern const cn_family cn__fam_treelstm;
 extern const cn_family cn__fam_treelstm_2type;
@@ -13,9 +13,6 @@ extern const cn_family cn__fam_bilstm;
 extern const cn_family cn__fam_latticelstm;
 extern const cn_family cn__fam_latticegru;
 extern const cn_family cn__fam_nmt;
-
-int cn__family_count(void);
-const cn_family *cn__family_at(int i);
 
 /* ---- tree families (tree_common.c) ---- */
 typedef struct cn_tree_types {
@@ -36,13 +33,6 @@ int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode);
 /* The per-instance object: logits/label/label_name of the root, "nodes"
  * for outputs=all, "h" (the first h_floats of the root's state). */
 json_t *cn__tree_output(const cn_run *r, int slot, int h_floats);
-/* off[i] = state offset of input `which` of verts[i], or -1 if it has no
- * such input (a unary node's second child). Staged in the run's indices. */
-int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
-/* off[i] = state offset of verts[i] plus add. */
-int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
-/* off[i] = vaux[verts[i]] · stride (an embedding row). */
-int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 /* Standard output vertex: logits = out.W h + out.b, h = first H floats of
  * the input's state. */
 void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
@@ -81,7 +71,7 @@ int cn__crf_viterbi(int C, const float *trans, const float *start,
 int cn__crf_decode_run(cn_run *r, int start, int end, int trans,
                        cn_err *err);
 
-/* ---- vertex functions as op IR (cells.c, core/cell.h) ---- */
+/* ---- vertex functions as op IR (cells.c, core/cell/cell.h) ---- */
 struct cn_ir;
 /* logits = out.W [h_1; ...; h_n_in] + out.b, h_k = first H floats of
  * input edge k. */

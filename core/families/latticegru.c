@@ -6,8 +6,8 @@
  *   Hp[n,H] = mean of the predecessors' h (zero without any);
  *   GI = X·W_ihᵀ + b_ih, GH = Hp·W_hhᵀ + b_hh; nn.GRUCell update.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, WIH, WHH, BIH, BHH, OUT_W, OUT_B };
 enum { T_NODE, T_OUTPUT };
@@ -112,7 +112,7 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
-/* The cells as op IR (core/cell.h): hp = mean of the predecessors' h,
+/* The cells as op IR (core/cell/cell.h): hp = mean of the predecessors' h,
  * h = GRUCell(embed[x], hp); output as the tree families. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);

@@ -15,8 +15,8 @@
  */
 #include <stdlib.h>
 
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, WEMBED, CHAR_W, CHAR_B, WORD_W, WORD_B, LINK_W, LINK_B, OUT_W,
        OUT_B };
@@ -191,7 +191,7 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, (int)r->m->dims.H, hidden);
 }
 
-/* The word and link cells as op IR (core/cell.h), MODELS.md
+/* The word and link cells as op IR (core/cell/cell.h), MODELS.md
  * "latticelstm": cw = σ(f)⊙c_b + σ(i)⊙tanh(u) with (i, f, u) =
  * word.W [xw; h_b] + word.b; l = σ(link.W [x; cw] + link.b). The char cell
  * (a variable number of words, exp-normalised) stays hand-written. */

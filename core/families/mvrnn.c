@@ -10,8 +10,8 @@
  *   output:   logits = p·out.Wᵀ + out.b.
  * The mat-mat products dominate: ED-Batch §6 notes MV-RNN is bound by them.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, LEAF_M, INT_W, INT_B, INT_WM, OUT_W, OUT_B };
 enum { T_LEAF, T_INTERNAL, T_OUTPUT };
@@ -69,7 +69,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The output cell as op IR (core/cell.h); the leaf (a matrix per word)
+/* The output cell as op IR (core/cell/cell.h); the leaf (a matrix per word)
  * and internal (matrix products per vertex) cells stay hand-written. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);

@@ -11,8 +11,8 @@
  */
 #include <stdlib.h>
 
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { SRC_E, TGT_E, E_WIH, E_WHH, E_BIH, E_BHH, D_WIH, D_WHH, D_BIH, D_BHH,
        PROJ_W, PROJ_B };
@@ -160,7 +160,7 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
-/* The encoder and decoder cells as op IR (core/cell.h): nn.LSTMCell. The
+/* The encoder and decoder cells as op IR (core/cell/cell.h): nn.LSTMCell. The
  * proj type decides what runs next (argmax, new vertices): hand-written. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_ENC)

@@ -3,7 +3,7 @@
  * per-instance JSON object of API.md. */
 #include <stdlib.h>
 
-#include "families.h"
+#include "families/families.h"
 
 int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   const cn_instance *inst = r->slots[slot].inst;
@@ -60,28 +60,6 @@ json_t *cn__tree_output_h(const cn_run *r, int slot) {
 
 int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode) {
   return (int64_t)in->n + ((flags & CN_OUT_ALL) ? in->n : 1);
-}
-
-int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which) {
-  int64_t *off = cn__run_idx(r, n);
-  for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    off[i] = which < k ? r->state_off[in[which]] : -1;
-  }
-  return off;
-}
-
-int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add) {
-  int64_t *off = cn__run_idx(r, n);
-  for (int i = 0; i < n; i++) off[i] = r->state_off[verts[i]] + add;
-  return off;
-}
-
-int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride) {
-  int64_t *off = cn__run_idx(r, n);
-  for (int i = 0; i < n; i++) off[i] = (int64_t)r->vaux[verts[i]] * stride;
-  return off;
 }
 
 void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,

@@ -7,8 +7,8 @@
  *             h = σ(z)⊙(h1 + h2)/2 + (1 - σ(z))⊙tanh(N).
  *   output:   logits = h·out.Wᵀ + out.b.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, LEAF_W, LEAF_B, INT_UG, INT_BG, INT_UN, INT_BN, OUT_W, OUT_B };
 enum { T_LEAF, T_INTERNAL, T_OUTPUT };
@@ -72,7 +72,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The cells as op IR (core/cell.h), MODELS.md "treegru":
+/* The cells as op IR (core/cell/cell.h), MODELS.md "treegru":
  *   leaf: h = tanh(leaf.W x + leaf.b).
  *   internal: (r1, r2, z) = σ(Ug [h1; h2] + bg);
  *         n = tanh(Un [r1⊙h1; r2⊙h2] + bn); h = z⊙(h1 + h2)/2 + (1-z)⊙n. */

@@ -8,8 +8,8 @@
  *             reading c1, c2 where they live.
  *   output:   logits[n,C] = h·out.Wᵀ + out.b.
  */
-#include "../cell.h"
-#include "families.h"
+#include "cell/cell.h"
+#include "families/families.h"
 
 enum { EMBED, LEAF_W, LEAF_B, OUT_W, OUT_B, INT_U, INT_B, INT_B_U, INT_B_B };
 
@@ -94,7 +94,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The cells as op IR (core/cell.h), MODELS.md "treelstm":
+/* The cells as op IR (core/cell/cell.h), MODELS.md "treelstm":
  *   leaf: g = leaf.W x + leaf.b, (i, o, u); c = σ(i)⊙tanh(u);
  *         h = σ(o)⊙tanh(c).
  *   internal: g = U [h1; h2] + b, (i, f1, f2, o, u);

@@ -1,0 +1,30 @@
+/* base.h - what every part of core/ uses (base/): sizes, the checked
+ * allocators, a small random stream; errors are cn_err (canopy_core.h,
+ * base/err.c). Includes nothing of core/ but the public header. */
+#ifndef CANOPY_BASE_H
+#define CANOPY_BASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "canopy_core.h"
+
+#define CN_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define CN_MAX_TYPES 8
+#define CN_MAX_TENSORS 24
+
+/* splitmix64 (Steele et al. 2014): a tiny, well-mixed stream, for weight
+ * init and Zobrist keys. */
+static inline uint64_t cn__splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Checked allocation helpers: NULL on overflow or failure. */
+void *cn__xcalloc(size_t n, size_t size);
+void *cn__xrealloc(void *p, size_t n, size_t size);
+
+#endif /* CANOPY_BASE_H */

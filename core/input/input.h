@@ -1,0 +1,126 @@
+/* input.h - the file and text formats core/ reads and writes (input/),
+ * none of which knows what a model is: bracketed and JSON trees,
+ * vocabularies, lexicons, safetensors. Depends on base/ only. */
+#ifndef CANOPY_INPUT_H
+#define CANOPY_INPUT_H
+
+#include <jansson.h>
+
+#include "base/base.h"
+
+/* ---- parsed trees (tree_parse.c) ---------------------------------------
+ * Nodes are numbered in pre-order (the order their opening bracket
+ * appears). Node i's children are children[first_child .. +n_children], in
+ * order. Strings (word, label) point into the tree's own pool and are NOT
+ * NUL-terminated; use the lengths. A leaf has a word and no children; an
+ * internal node has children and no word. The tree owns all its memory. */
+typedef struct cn_tree_node {
+  int32_t parent;      /* -1 for the root */
+  int32_t first_child; /* index into cn_tree.children */
+  int32_t n_children;
+  int32_t depth;       /* root = 1 */
+  const char *word;    /* leaves only, else NULL */
+  int32_t word_len;
+  const char *label;   /* may be NULL (no label) */
+  int32_t label_len;
+  int8_t type;         /* JSON "type": 'a', 'b', or 0 when absent */
+  int64_t offset;      /* byte offset of the node in a bracketed string, or -1 */
+} cn_tree_node;
+
+typedef struct cn_tree {
+  int32_t n_nodes;
+  cn_tree_node *nodes;
+  int32_t *children;   /* n_nodes - 1 entries */
+  char *pool;          /* backing store for words and labels */
+  int32_t height;      /* max node depth */
+} cn_tree;
+
+/* Parse a bracketed (Penn / SST) tree string of len bytes (API.md "Details
+ * that are part of the contract"). Iterative: no recursion, so deep input
+ * cannot overflow the stack. Limits: max_nodes, max_depth, max_token_len.
+ * On error returns CN_E_BAD_TREE (or CN_E_TOO_LARGE for a limit) with
+ * err->offset = byte offset of the problem and err->node when known. */
+int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
+                            cn_tree *out, cn_err *err);
+/* Parse a JSON NODE tree ({"word"} or {"label", "type", "children"}).
+ * Iterative. Errors name the node by pre-order index (err->node). */
+int cn_tree_parse_json(const json_t *root, const cn_limits *lim, cn_tree *out,
+                       cn_err *err);
+void cn_tree_free(cn_tree *t);
+
+/* ---- vocabularies (vocab.c) --------------------------------------------
+ * One token a line; line k is id k; id 0 is <unk>. Open-addressing hash. */
+typedef struct cn_vocab cn_vocab;
+int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err);
+/* Builds a vocabulary from an array of tokens (copied). */
+int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out);
+void cn_vocab_free(cn_vocab *v);
+int cn_vocab_size(const cn_vocab *v);
+/* Id of token s[0..len), 0 (<unk>) if absent. lowercase: ASCII A-Z folded
+ * before look-up (the stored tokens are used as they are). */
+int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
+                    bool lowercase);
+const char *cn_vocab_token(const cn_vocab *v, int id); /* NULL if out of range */
+/* Writes one token a line. */
+int cn_vocab_write(const char *path, const char *const *tokens, int n,
+                   cn_err *err);
+/* Ranks a bag of tokens (repeats counted; the array is sorted in place) by
+ * descending count, then bytewise. *out (malloc'd, *n_out entries) lists
+ * the specials first, then at most max - n_specials distinct tokens; it
+ * points into specials and tokens, copying nothing. Specials, empty tokens
+ * and tokens holding a line break are left out of the ranking. */
+int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
+                   int n_specials, int max, const char ***out, int *n_out);
+
+/* ---- lexicon (lexicon.c) --------------------------------------------------
+ * A byte trie of the lexicon's words, built once per model at load. */
+typedef struct cn_lexicon cn_lexicon;
+int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err);
+int cn_lexicon_from_list(const char *const *words, int n, cn_lexicon **out);
+void cn_lexicon_free(cn_lexicon *lx);
+/* Every span [b, e), e - b >= 2, whose joined characters (chars[i] of
+ * len[i] bytes; ASCII-lowercased when lowercase) are a lexicon word, in
+ * (start, end) order. Calls emit(ctx, b, e) per span; stops early and
+ * returns its non-zero result. Work is O(n · longest word). */
+int cn_lexicon_match(const cn_lexicon *lx, const char *const *chars,
+                     const int32_t *len, int32_t n, bool lowercase,
+                     int (*emit)(void *ctx, int32_t b, int32_t e), void *ctx);
+
+/* ---- safetensors (safetensors.c) ---------------------------------------
+ * A .safetensors file read whole into memory of its own (never a mapping of
+ * the file: what happens to the file afterwards cannot change or break a
+ * loaded model), with its SHA-256; every tensor's header entry is checked
+ * (dtype, shape product × dtype size == byte span, offsets inside the data
+ * section, no overlap) before any is used. */
+typedef struct cn_tensor {
+  char name[96];
+  int ndim;
+  int64_t shape[4];
+  int64_t numel;
+  const float *data; /* into the file's bytes; F32 only */
+} cn_tensor;
+
+typedef struct cn_safetensors {
+  void *bytes;       /* the whole file, 64-byte aligned, owned */
+  size_t n_bytes;
+  char sha256[65];   /* of the file, lowercase hex */
+  int n;
+  cn_tensor *tensors;
+} cn_safetensors;
+
+int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err);
+const cn_tensor *cn_safetensors_find(const cn_safetensors *st,
+                                     const char *name);
+void cn_safetensors_close(cn_safetensors *st);
+
+/* Tensor to write: name, shape, data (numel floats). */
+typedef struct cn_tensor_out {
+  const char *name;
+  int ndim;
+  int64_t shape[4];
+  const float *data;
+} cn_tensor_out;
+int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
+                         cn_err *err);
+
+#endif /* CANOPY_INPUT_H */

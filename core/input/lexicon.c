@@ -1,0 +1,148 @@
+/* lexicon.c - finding the lexicon's words in a character lattice.
+ *
+ * A request for a lattice model may send raw characters and no word spans
+ * (API.md); the spans are then every [b, e), e - b >= 2, whose joined
+ * characters are a lexicon word. The lexicon becomes a byte trie once, at
+ * model load; matching walks the trie from each start position and stops
+ * as soon as no word continues, so the work is O(n · longest word) —
+ * linear in the input for a fixed lexicon.
+ *
+ * Trie layout: nodes in one array; a node's children are a sibling list
+ * sorted by byte (first_child, next). Lexicons are small (tens of
+ * thousands of words), so a sibling scan beats a hash here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "input/input.h"
+
+typedef struct trie_node {
+  int32_t first_child, next;
+  uint8_t byte;
+  uint8_t word; /* a word ends here */
+} trie_node;
+
+struct cn_lexicon {
+  trie_node *nodes;
+  int32_t n, cap;
+};
+
+static int32_t new_node(cn_lexicon *lx, uint8_t byte) {
+  if (lx->n == lx->cap) {
+    int32_t c = lx->cap ? lx->cap * 2 : 1024;
+    trie_node *p = cn__xrealloc(lx->nodes, (size_t)c, sizeof(*p));
+    if (p == NULL) return -1;
+    lx->nodes = p;
+    lx->cap = c;
+  }
+  trie_node *t = &lx->nodes[lx->n];
+  t->first_child = t->next = -1;
+  t->byte = byte;
+  t->word = 0;
+  return lx->n++;
+}
+
+static int32_t child(const cn_lexicon *lx, int32_t at, uint8_t b) {
+  for (int32_t c = lx->nodes[at].first_child; c >= 0; c = lx->nodes[c].next)
+    if (lx->nodes[c].byte == b) return c;
+  return -1;
+}
+
+static int insert(cn_lexicon *lx, const char *w, size_t len) {
+  int32_t at = 0;
+  for (size_t i = 0; i < len; i++) {
+    uint8_t b = (uint8_t)w[i];
+    int32_t c = child(lx, at, b);
+    if (c < 0) {
+      c = new_node(lx, b);
+      if (c < 0) return CN_E_NOMEM;
+      lx->nodes[c].next = lx->nodes[at].first_child;
+      lx->nodes[at].first_child = c;
+    }
+    at = c;
+  }
+  lx->nodes[at].word = 1;
+  return 0;
+}
+
+static cn_lexicon *lexicon_new(void) {
+  cn_lexicon *lx = calloc(1, sizeof(*lx));
+  if (lx == NULL || new_node(lx, 0) < 0) {
+    cn_lexicon_free(lx);
+    return NULL;
+  }
+  return lx;
+}
+
+int cn_lexicon_from_list(const char *const *words, int n, cn_lexicon **out) {
+  cn_lexicon *lx = lexicon_new();
+  if (lx == NULL) return CN_E_NOMEM;
+  for (int i = 0; i < n; i++)
+    if (insert(lx, words[i], strlen(words[i])) != 0) {
+      cn_lexicon_free(lx);
+      return CN_E_NOMEM;
+    }
+  *out = lx;
+  return 0;
+}
+
+int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err) {
+  int rc = 0;
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  FILE *f = fopen(path, "r");
+  cn_lexicon *lx = NULL;
+  if (f == NULL)
+    return cn_err_set(err, CN_E_IO, "%s: cannot open the lexicon: %m", path);
+  lx = lexicon_new();
+  if (lx == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);
+    goto out;
+  }
+  while ((len = getline(&line, &cap, f)) >= 0) {
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+      line[--len] = '\0';
+    if (len == 0) continue;
+    if (insert(lx, line, (size_t)len) != 0) {
+      rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);
+      goto out;
+    }
+  }
+out:
+  free(line);
+  fclose(f);
+  if (rc != 0) {
+    cn_lexicon_free(lx);
+    return rc;
+  }
+  *out = lx;
+  return 0;
+}
+
+void cn_lexicon_free(cn_lexicon *lx) {
+  if (lx == NULL) return;
+  free(lx->nodes);
+  free(lx);
+}
+
+int cn_lexicon_match(const cn_lexicon *lx, const char *const *chars,
+                     const int32_t *len, int32_t n, bool lowercase,
+                     int (*emit)(void *ctx, int32_t b, int32_t e), void *ctx) {
+  for (int32_t b = 0; b < n; b++) {
+    int32_t at = 0;
+    for (int32_t e = b; e < n && at >= 0; e++) {
+      for (int32_t k = 0; k < len[e] && at >= 0; k++) {
+        uint8_t c = (uint8_t)chars[e][k];
+        if (lowercase && c >= 'A' && c <= 'Z') c = (uint8_t)(c - 'A' + 'a');
+        at = child(lx, at, c);
+      }
+      if (at >= 0 && e + 1 - b >= 2 && lx->nodes[at].word) {
+        int rc = emit(ctx, b, e + 1);
+        if (rc != 0) return rc;
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,363 @@
+/* safetensors.c - read and write the weights file of a model directory.
+ *
+ * Layout (huggingface/safetensors): an 8-byte little-endian header length N,
+ * N bytes of JSON {"name": {"dtype", "shape", "data_offsets": [b, e]}, ...}
+ * with an optional "__metadata__" entry, then the data section; offsets are
+ * relative to its start. The reader reads the whole file into memory of its
+ * own and checks every header entry before handing out a pointer, so a model
+ * is either entirely valid or not loaded. It does not map the file: with a
+ * mapping, copying other weights over the file changed a running daemon's
+ * answers and truncating it killed the daemon with SIGBUS. It records the
+ * file's SHA-256 (OpenSSL libcrypto), which names the weights a model
+ * serves. Only F32 is accepted, and the host must be little endian (the
+ * data is used in place). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "input/input.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c uses little-endian float data in place"
+#endif
+
+#define MAX_HEADER (100u * 1024 * 1024)
+
+typedef struct span {
+  int64_t begin, end;
+  int idx;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Checks one header entry and fills t. data is the start of the data
+ * section, data_at its offset in the file, data_len its length. */
+static int parse_entry(const char *path, const char *name, json_t *e,
+                       const char *data, int64_t data_at, int64_t data_len,
+                       cn_tensor *t, span *sp, cn_err *err) {
+  int rc = CN_E_BAD_MODEL;
+  if (strlen(name) >= sizeof(t->name)) {
+    cn_err_set(err, rc, "%s: tensor name '%.40s...' is longer than %zu bytes",
+               path, name, sizeof(t->name) - 1);
+    goto out;
+  }
+  if (!json_is_object(e)) {
+    cn_err_set(err, rc, "%s: tensor '%s': header entry is not an object",
+               path, name);
+    goto out;
+  }
+  const char *dtype = json_string_value(json_object_get(e, "dtype"));
+  if (dtype == NULL) {
+    cn_err_set(err, rc, "%s: tensor '%s': no \"dtype\" string", path, name);
+    goto out;
+  }
+  if (strcmp(dtype, "F32") != 0) {
+    cn_err_set(err, rc, "%s: tensor '%s' has dtype %s; only F32 is "
+               "supported (convert the weights to float32)", path, name,
+               dtype);
+    goto out;
+  }
+  json_t *shape = json_object_get(e, "shape");
+  if (!json_is_array(shape) || json_array_size(shape) > 4) {
+    cn_err_set(err, rc, "%s: tensor '%s': \"shape\" must be an array of at "
+               "most 4 integers", path, name);
+    goto out;
+  }
+  snprintf(t->name, sizeof(t->name), "%s", name);
+  t->ndim = (int)json_array_size(shape);
+  t->numel = 1;
+  for (int d = 0; d < t->ndim; d++) {
+    json_t *v = json_array_get(shape, (size_t)d);
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+      cn_err_set(err, rc, "%s: tensor '%s': shape[%d] is not a "
+                 "non-negative integer", path, name, d);
+      goto out;
+    }
+    int64_t s = json_integer_value(v);
+    t->shape[d] = s;
+    if (s > 0 && t->numel > INT64_MAX / 4 / s) {
+      cn_err_set(err, rc, "%s: tensor '%s': shape is too large", path, name);
+      goto out;
+    }
+    t->numel *= s;
+  }
+  json_t *offs = json_object_get(e, "data_offsets");
+  json_t *b = json_array_get(offs, 0), *en = json_array_get(offs, 1);
+  if (!json_is_array(offs) || json_array_size(offs) != 2 ||
+      !json_is_integer(b) || !json_is_integer(en) ||
+      json_integer_value(b) < 0 || json_integer_value(en) < 0) {
+    cn_err_set(err, rc, "%s: tensor '%s': \"data_offsets\" must be [begin, "
+               "end] with non-negative integers", path, name);
+    goto out;
+  }
+  int64_t begin = json_integer_value(b), end = json_integer_value(en);
+  if (begin > end || end > data_len) {
+    cn_err_set(err, rc, "%s: tensor '%s': data_offsets [%lld, %lld] are not "
+               "inside the data section of %lld bytes (file cut short?)",
+               path, name, (long long)begin, (long long)end,
+               (long long)data_len);
+    goto out;
+  }
+  if (end - begin != t->numel * 4) {
+    cn_err_set(err, rc, "%s: tensor '%s': data_offsets span %lld bytes but "
+               "its shape holds %lld F32 values (%lld bytes)", path, name,
+               (long long)(end - begin), (long long)t->numel,
+               (long long)t->numel * 4);
+    goto out;
+  }
+  const char *p = data + begin;
+  if (t->numel > 0 && ((uintptr_t)p & 3u) != 0) {
+    cn_err_set(err, rc, "%s: tensor '%s' starts at file byte %lld, which is "
+               "not 4-byte aligned; rewrite the file with its header padded "
+               "to a multiple of 8 bytes", path, name,
+               (long long)(data_at + begin));
+    goto out;
+  }
+  t->data = (const float *)p;
+  sp->begin = begin;
+  sp->end = end;
+  rc = 0;
+out:
+  return rc;
+}
+
+void cn_safetensors_close(cn_safetensors *st) {
+  if (st == NULL) return;
+  free(st->bytes);
+  free(st->tensors);
+  memset(st, 0, sizeof(*st));
+}
+
+/* Reads n bytes of fd into buf; a short file is an error (it shrank while
+ * being read). */
+static int read_whole(int fd, char *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = read(fd, buf + got, n - got);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return k == 0 ? EIO : errno;
+    got += (size_t)k;
+  }
+  return 0;
+}
+
+static void sha256_hex(const void *p, size_t n, char out[65]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  out[0] = '\0';
+  if (EVP_Digest(p, n, md, &len, EVP_sha256(), NULL) != 1 || len != 32)
+    return;
+  for (unsigned i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+/* Reads path into memory and checks its whole header (see the file
+ * comment). On failure st is left empty (safe to close) and err names the
+ * file and tensor. */
+int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
+  int rc = CN_E_BAD_MODEL;
+  int fd = -1;
+  json_t *hdr = NULL;
+  span *spans = NULL;
+  memset(st, 0, sizeof(*st));
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot open: %s", path,
+                    strerror(errno));
+    goto out;
+  }
+  if (!S_ISREG(sb.st_mode) || sb.st_size < 8) {
+    cn_err_set(err, rc, "%s: %lld bytes is too short for a safetensors file "
+               "(8-byte header length, header, data)", path,
+               (long long)sb.st_size);
+    goto out;
+  }
+  st->n_bytes = (size_t)sb.st_size;
+  if (posix_memalign(&st->bytes, 64, st->n_bytes) != 0) {
+    st->bytes = NULL;
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for %zu bytes", path,
+                    st->n_bytes);
+    goto out;
+  }
+  int rerr = read_whole(fd, st->bytes, st->n_bytes);
+  if (rerr != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot read %zu bytes: %s", path,
+                    st->n_bytes, rerr == EIO ? "the file shrank while being "
+                    "read" : strerror(rerr));
+    goto out;
+  }
+  sha256_hex(st->bytes, st->n_bytes, st->sha256);
+  const unsigned char *m = st->bytes;
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | m[i];
+  if (hlen > (uint64_t)sb.st_size - 8 || hlen > MAX_HEADER) {
+    cn_err_set(err, rc, "%s: header length %llu does not fit in the file "
+               "(%lld bytes) or exceeds %u bytes", path,
+               (unsigned long long)hlen, (long long)sb.st_size, MAX_HEADER);
+    goto out;
+  }
+  json_error_t je;
+  hdr = json_loadb((const char *)m + 8, (size_t)hlen, JSON_REJECT_DUPLICATES,
+                   &je);
+  if (hdr == NULL || !json_is_object(hdr)) {
+    cn_err_set(err, rc, "%s: the header is not a JSON object: %s", path,
+               hdr == NULL ? je.text : "wrong JSON type");
+    goto out;
+  }
+  size_t n = json_object_size(hdr);
+  st->tensors = cn__xcalloc(n, sizeof(*st->tensors));
+  spans = cn__xcalloc(n, sizeof(*spans));
+  if (st->tensors == NULL || spans == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
+    goto out;
+  }
+  const char *data = (const char *)m + 8 + hlen;
+  int64_t data_len = (int64_t)((uint64_t)sb.st_size - 8 - hlen);
+  const char *name;
+  json_t *e;
+  int k = 0;
+  json_object_foreach(hdr, name, e) {
+    if (strcmp(name, "__metadata__") == 0) continue;
+    if (parse_entry(path, name, e, data, (int64_t)(8 + hlen), data_len,
+                    &st->tensors[k], &spans[k], err) != 0)
+      goto out;
+    spans[k].idx = k;
+    k++;
+  }
+  /* Overlap: sort the byte spans; empty tensors occupy nothing. */
+  qsort(spans, (size_t)k, sizeof(*spans), span_cmp);
+  int64_t last_end = 0;
+  int last = -1;
+  for (int i = 0; i < k; i++) {
+    if (spans[i].begin == spans[i].end) continue;
+    if (last >= 0 && spans[i].begin < last_end) {
+      cn_err_set(err, rc, "%s: tensors '%s' and '%s' overlap in the data "
+                 "section", path, st->tensors[last].name,
+                 st->tensors[spans[i].idx].name);
+      goto out;
+    }
+    last_end = spans[i].end;
+    last = spans[i].idx;
+  }
+  st->n = k;
+  rc = 0;
+out:
+  if (rc != 0) cn_safetensors_close(st);
+  if (fd >= 0) close(fd);
+  json_decref(hdr);
+  free(spans);
+  return rc;
+}
+
+const cn_tensor *cn_safetensors_find(const cn_safetensors *st,
+                                     const char *name) {
+  for (int i = 0; st != NULL && i < st->n; i++)
+    if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
+  return NULL;
+}
+
+static int write_all(FILE *f, const void *p, size_t n) {
+  return n == 0 || fwrite(p, 1, n, f) == n ? 0 : -1;
+}
+
+/* Writes tensors in the order given, their data back to back. The header is
+ * padded with spaces so the data section starts at a multiple of 8, which
+ * keeps every F32 tensor aligned when mapped. path.tmp is renamed over
+ * path only once complete and synced. */
+int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
+                         cn_err *err) {
+  int rc = CN_E_INTERNAL;
+  json_t *hdr = json_object();
+  char *text = NULL, *tmp = NULL;
+  FILE *f = NULL;
+  int64_t off = 0;
+  for (int i = 0; i < n && hdr != NULL; i++) {
+    int64_t numel = 1;
+    if (json_object_get(hdr, t[i].name) != NULL) {
+      cn_err_set(err, rc, "%s: tensor '%s' is listed twice", path, t[i].name);
+      goto out;
+    }
+    json_t *shape = json_array(), *e = json_object(), *offs = json_array();
+    if (shape == NULL || e == NULL || offs == NULL ||
+        json_object_set_new(hdr, t[i].name, e) != 0) {
+      json_decref(shape);
+      json_decref(offs);
+      rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
+      goto out;
+    }
+    json_object_set_new(e, "dtype", json_string("F32"));
+    json_object_set_new(e, "shape", shape);
+    json_object_set_new(e, "data_offsets", offs);
+    if (t[i].ndim < 0 || t[i].ndim > 4) {
+      cn_err_set(err, rc, "%s: tensor '%s' has %d dimensions (at most 4)",
+                 path, t[i].name, t[i].ndim);
+      goto out;
+    }
+    for (int d = 0; d < t[i].ndim; d++) {
+      if (t[i].shape[d] < 0) {
+        cn_err_set(err, rc, "%s: tensor '%s' has a negative dimension", path,
+                   t[i].name);
+        goto out;
+      }
+      json_array_append_new(shape, json_integer(t[i].shape[d]));
+      numel *= t[i].shape[d];
+    }
+    json_array_append_new(offs, json_integer(off));
+    json_array_append_new(offs, json_integer(off + numel * 4));
+    off += numel * 4;
+  }
+  if (hdr != NULL) text = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  size_t pl = strlen(path);
+  tmp = malloc(pl + 5);
+  if (text == NULL || tmp == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
+    goto out;
+  }
+  memcpy(tmp, path, pl);
+  memcpy(tmp + pl, ".tmp", 5);
+  size_t hlen = strlen(text), pad = (8 - (8 + hlen) % 8) % 8;
+  unsigned char lenb[8];
+  for (int i = 0; i < 8; i++)
+    lenb[i] = (unsigned char)((hlen + pad) >> (8 * i));
+  f = fopen(tmp, "wb");
+  if (f == NULL) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
+                    strerror(errno));
+    goto out;
+  }
+  int bad = write_all(f, lenb, 8) || write_all(f, text, hlen);
+  for (size_t i = 0; i < pad && !bad; i++) bad = fputc(' ', f) == EOF;
+  for (int i = 0; i < n && !bad; i++) {
+    int64_t numel = 1;
+    for (int d = 0; d < t[i].ndim; d++) numel *= t[i].shape[d];
+    bad = write_all(f, t[i].data, (size_t)numel * 4);
+  }
+  if (bad || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
+                    strerror(errno));
+    goto out;
+  }
+  int cr = fclose(f);
+  f = NULL;
+  if (cr != 0 || rename(tmp, path) != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot write: %s", path,
+                    strerror(errno));
+    goto out;
+  }
+  rc = 0;
+out:
+  if (f != NULL) fclose(f);
+  if (rc != 0 && tmp != NULL) unlink(tmp);
+  json_decref(hdr);
+  free(text);
+  free(tmp);
+  return rc;
+}

@@ -1,0 +1,467 @@
+/* tree_parse.c - bracketed (Penn / SST) and JSON trees into cn_tree.
+ *
+ * Both parsers are iterative: the only stack is an array on the heap that
+ * grows with the nesting depth (and never past lim->max_depth), so a
+ * 100000-deep adversarial tree costs memory, not the C stack.
+ *
+ * Bracketed grammar (API.md "Details that are part of the contract"), as
+ * implemented here:
+ *   - whitespace is ASCII space, \t, \n, \r; any is allowed before and after
+ *     the one top-level tree; anything else outside it is bad_tree;
+ *   - an atom is a maximal run of bytes that are neither whitespace nor '('
+ *     nor ')'; bytes >= 0x80 (UTF-8) are atom bytes; other control bytes
+ *     (0x00-0x1f, 0x7f) are rejected;
+ *   - (X w)        two atoms: a leaf labelled X with word w;
+ *   - (X c ...)    an atom followed by a bracket, or by >= 2 more items: an
+ *                  internal node labelled X whose children are the items
+ *                  after it; so (X a b) is X over two unlabelled leaves a, b
+ *                  and (X (Y a) b c) is X over leaf Y:a and leaves b, c;
+ *   - ((..) ...)   first item a bracket: an internal node with no label;
+ *   - a bare word in a child position is an unlabelled leaf;
+ *   - (w) and () are bad_tree.
+ * Nodes are numbered in pre-order: a bracket gets its number when its '('
+ * is read, a bare word where it appears. Words and labels point into a copy
+ * of the input owned by the tree (one allocation).
+ *
+ * JSON form: {"word": "w"} is a leaf, {"children": [NODE, ...]} (non-empty)
+ * an internal node; "label" (any node) and "type" ("a" or "b") are optional;
+ * a member that is JSON null counts as absent; "word" and "label" must be
+ * non-empty strings; a node with both "word" and "children" is an error;
+ * unknown keys are ignored. Errors name the node (pre-order index) and its
+ * path, e.g. "node 4 (at /children/1/children/1)". offset is -1.
+ *
+ * Limits (both forms): max_nodes counts every node, bare-word leaves
+ * included; max_depth bounds node depth (root = 1, so a lone leaf has depth
+ * 1); max_token_len bounds the bytes of every word and label. A limit <= 0
+ * means "no limit"; lim == NULL means cn_limits_default(). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "input/tree_impl.h"
+
+/* ---- shared helpers ---------------------------------------------------- */
+
+
+void cn__tree_limits_resolve(const cn_limits *lim, cn__tree_limits *out) {
+  cn_limits def;
+  if (lim == NULL) {
+    cn_limits_default(&def);
+    lim = &def;
+  }
+  /* Node indices are int32; keep one spare so n + 1 never overflows. */
+  out->max_nodes = lim->max_nodes > 0 ? lim->max_nodes : INT32_MAX - 1;
+  out->max_depth = lim->max_depth > 0 ? lim->max_depth : INT32_MAX - 1;
+  out->max_token_len = lim->max_token_len > 0 ? lim->max_token_len
+                                              : INT32_MAX - 1;
+}
+
+/* Fills err (which may be NULL) with code, where and a message, and
+ * returns code. Unlike cn_err_set it also records offset and node, the
+ * two things a person needs to find the problem in their input. */
+int cn__tree_fail(cn_err *err, int code, long long offset, int node,
+                     const char *fmt, ...) {
+  if (err == NULL) return code;
+  va_list ap;
+  err->code = code;
+  err->offset = offset;
+  err->node = node;
+  va_start(ap, fmt);
+  vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* Appends one node (parent, depth, offset; everything else empty) and
+ * returns its index in *idx. The node array grows by doubling, so a tree
+ * costs O(log n) allocations, not one per node. where is the byte offset
+ * (bracketed) or -1 (JSON) used in the max_nodes message. */
+int cn__tree_add_node(cn_tree *t, int32_t *cap, const cn__tree_limits *lim,
+                         int32_t parent, int32_t depth, int64_t where,
+                         int32_t *idx, cn_err *err) {
+  int rc = 0;
+  if (t->n_nodes >= lim->max_nodes) {
+    if (where >= 0)
+      rc = cn__tree_fail(err, CN_E_TOO_LARGE, where, t->n_nodes,
+                     "the tree has more than %d nodes (limit max_nodes); "
+                     "node %d starts at byte %lld",
+                     (int)lim->max_nodes, (int)t->n_nodes, (long long)where);
+    else
+      rc = cn__tree_fail(err, CN_E_TOO_LARGE, -1, t->n_nodes,
+                     "the tree has more than %d nodes (limit max_nodes); "
+                     "node %d is one too many",
+                     (int)lim->max_nodes, (int)t->n_nodes);
+    goto out;
+  }
+  if (t->n_nodes == *cap) {
+    int32_t ncap = *cap < 32 ? 32 : (*cap > INT32_MAX / 2 ? INT32_MAX : *cap * 2);
+    cn_tree_node *nn = cn__xrealloc(t->nodes, (size_t)ncap, sizeof(*nn));
+    if (nn == NULL) {
+      rc = cn__tree_fail(err, CN_E_NOMEM, where, -1,
+                     "out of memory growing a tree to %d nodes", (int)ncap);
+      goto out;
+    }
+    t->nodes = nn;
+    *cap = ncap;
+  }
+  cn_tree_node *n = &t->nodes[t->n_nodes];
+  memset(n, 0, sizeof(*n));
+  n->parent = parent;
+  n->depth = depth;
+  n->offset = where;
+  if (depth > t->height) t->height = depth;
+  *idx = t->n_nodes++;
+out:
+  return rc;
+}
+
+/* Builds the children CSR (first_child / n_children / children) from the
+ * parent links. Pre-order numbering finishes a node's children only after
+ * their subtrees, so this is done once at the end: count, prefix-sum, then
+ * place nodes in index order, which is each parent's children order. O(n). */
+int cn__tree_link_children(cn_tree *t, cn_err *err) {
+  int rc = 0;
+  int32_t n = t->n_nodes;
+  t->children = cn__xcalloc(n > 1 ? (size_t)(n - 1) : 1, sizeof(int32_t));
+  if (t->children == NULL) {
+    rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
+                   "out of memory linking a tree of %d nodes", (int)n);
+    goto out;
+  }
+  for (int32_t i = 0; i < n; i++) t->nodes[i].n_children = 0;
+  for (int32_t i = 1; i < n; i++) t->nodes[t->nodes[i].parent].n_children++;
+  int32_t at = 0;
+  for (int32_t i = 0; i < n; i++) {
+    t->nodes[i].first_child = at;
+    at += t->nodes[i].n_children;
+    t->nodes[i].n_children = 0;
+  }
+  for (int32_t i = 1; i < n; i++) {
+    cn_tree_node *p = &t->nodes[t->nodes[i].parent];
+    t->children[p->first_child + p->n_children++] = i;
+  }
+out:
+  return rc;
+}
+
+void cn_tree_free(cn_tree *t) {
+  if (t == NULL) return;
+  free(t->nodes);
+  free(t->children);
+  free(t->pool);
+  memset(t, 0, sizeof(*t));
+}
+
+/* ---- bracketed form ---------------------------------------------------- */
+
+static int br_is_ws(unsigned char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static int br_is_ctrl(unsigned char c) {
+  return (c < 0x20 && !br_is_ws(c)) || c == 0x7f;
+}
+
+static int br_is_atom(unsigned char c) {
+  return !br_is_ws(c) && c != '(' && c != ')' && !br_is_ctrl(c);
+}
+
+/* How many of the n bytes at s to print so that at most max bytes are
+ * shown and a UTF-8 sequence is never cut (messages end up in JSON, which
+ * must be valid UTF-8). */
+static size_t br_cut_utf8(const char *s, size_t n, size_t max) {
+  if (n <= max) return n;
+  while (max > 0 && ((unsigned char)s[max] & 0xc0) == 0x80) max--;
+  return max;
+}
+
+/* Writes a byte for a message: 'x' when printable ASCII, else its hex. */
+static const char *br_show_byte(unsigned char ch, char buf[8]) {
+  if (ch > 0x20 && ch < 0x7f)
+    snprintf(buf, 8, "'%c'", ch);
+  else
+    snprintf(buf, 8, "0x%02x", ch);
+  return buf;
+}
+
+/* What an open bracket has seen so far. Its first one or two atoms stay
+ * pending until the next item says whether they are a label, a word or
+ * bare leaves. */
+enum {
+  BR_EMPTY = 0, /* "("                                            */
+  BR_ATOM1,     /* "(X"        X is a label or (w) is an error    */
+  BR_ATOM2,     /* "(X w"      leaf X:w, or X over leaves w, ...  */
+  BR_OPEN       /* an internal node: label settled, has a child   */
+};
+
+typedef struct br_frame {
+  int32_t node;
+  int32_t state;
+  size_t a1, a2;       /* offsets of the pending atoms */
+  int32_t a1_len, a2_len;
+} br_frame;
+
+typedef struct br_ctx {
+  const char *s;
+  size_t len;
+  cn__tree_limits lim;
+  cn_tree *t;
+  int32_t cap;
+  br_frame *stack;
+  int32_t sp, stack_cap;
+  cn_err *err;
+} br_ctx;
+
+/* Adds an unlabelled leaf for the bare word at s[off..off+wlen) under the
+ * bracket at stack depth sp (so the leaf's depth is sp + 1). */
+static int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
+  int rc = 0;
+  int32_t idx;
+  int32_t depth = c->sp + 1;
+  if (depth > c->lim.max_depth) {
+    rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)off, c->t->n_nodes,
+                   "the tree is deeper than %d levels (limit max_depth): "
+                   "the word at byte %zu is at depth %d",
+                   (int)c->lim.max_depth, off, (int)depth);
+    goto out;
+  }
+  rc = cn__tree_add_node(c->t, &c->cap, &c->lim, c->stack[c->sp - 1].node, depth,
+                     (int64_t)off, &idx, c->err);
+  if (rc) goto out;
+  c->t->nodes[idx].word = c->t->pool + off;
+  c->t->nodes[idx].word_len = wlen;
+out:
+  return rc;
+}
+
+/* The top bracket gets one more item that is not a ')' (a bracket or an
+ * atom after its pending ones): its pending atoms now resolve. The first is
+ * the label, a pending second one becomes a bare leaf, and the node is an
+ * internal node from here on. */
+static int br_settle(br_ctx *c) {
+  int rc = 0;
+  br_frame *f = &c->stack[c->sp - 1];
+  cn_tree_node *n = &c->t->nodes[f->node];
+  if (f->state == BR_ATOM1 || f->state == BR_ATOM2) {
+    n->label = c->t->pool + f->a1;
+    n->label_len = f->a1_len;
+  }
+  if (f->state == BR_ATOM2) {
+    size_t a2 = f->a2;
+    int32_t a2_len = f->a2_len;
+    f->state = BR_OPEN;
+    rc = br_bare_leaf(c, a2, a2_len);
+    if (rc) goto out;
+  }
+  c->stack[c->sp - 1].state = BR_OPEN;
+out:
+  return rc;
+}
+
+/* '(' at byte i: a new node, numbered now (pre-order), one level deeper. */
+static int br_open(br_ctx *c, size_t i) {
+  int rc = 0;
+  int32_t idx;
+  if (c->sp > 0) {
+    rc = br_settle(c);
+    if (rc) goto out;
+  }
+  int32_t depth = c->sp + 1;
+  if (depth > c->lim.max_depth) {
+    rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)i, c->t->n_nodes,
+                   "the tree is deeper than %d levels (limit max_depth): "
+                   "the bracket at byte %zu is at depth %d",
+                   (int)c->lim.max_depth, i, (int)depth);
+    goto out;
+  }
+  rc = cn__tree_add_node(c->t, &c->cap, &c->lim,
+                     c->sp > 0 ? c->stack[c->sp - 1].node : -1, depth,
+                     (int64_t)i, &idx, c->err);
+  if (rc) goto out;
+  if (c->sp == c->stack_cap) {
+    int32_t ncap = c->stack_cap < 64 ? 64 : c->stack_cap * 2;
+    br_frame *ns = cn__xrealloc(c->stack, (size_t)ncap, sizeof(*ns));
+    if (ns == NULL) {
+      rc = cn__tree_fail(c->err, CN_E_NOMEM, (long long)i, -1,
+                     "out of memory at nesting depth %d", (int)depth);
+      goto out;
+    }
+    c->stack = ns;
+    c->stack_cap = ncap;
+  }
+  br_frame *f = &c->stack[c->sp++];
+  memset(f, 0, sizeof(*f));
+  f->node = idx;
+  f->state = BR_EMPTY;
+out:
+  return rc;
+}
+
+/* ')' at byte i closes the top bracket: decides what a bracket of one or
+ * two atoms was, and rejects () and (w). */
+static int br_close(br_ctx *c) {
+  int rc = 0;
+  br_frame *f = &c->stack[c->sp - 1];
+  cn_tree_node *n = &c->t->nodes[f->node];
+  switch (f->state) {
+  case BR_EMPTY:
+    rc = cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+                   "empty brackets '()' at byte %lld (node %d): a node is "
+                   "(LABEL word) or (LABEL child ...)",
+                   (long long)n->offset, (int)f->node);
+    goto out;
+  case BR_ATOM1:
+    rc = cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+                   "brackets at byte %lld (node %d) hold only the word "
+                   "'%.*s': a leaf is (LABEL word), and a bare word needs "
+                   "no brackets",
+                   (long long)n->offset, (int)f->node,
+                   (int)br_cut_utf8(c->s + f->a1, f->a1_len, 40),
+                   c->s + f->a1);
+    goto out;
+  case BR_ATOM2:
+    n->label = c->t->pool + f->a1;
+    n->label_len = f->a1_len;
+    n->word = c->t->pool + f->a2;
+    n->word_len = f->a2_len;
+    break;
+  default:
+    break;
+  }
+  c->sp--;
+out:
+  return rc;
+}
+
+/* An atom s[start..start+alen) inside the top bracket. */
+static int br_atom(br_ctx *c, size_t start, int32_t alen) {
+  int rc = 0;
+  br_frame *f = &c->stack[c->sp - 1];
+  switch (f->state) {
+  case BR_EMPTY:
+    f->a1 = start;
+    f->a1_len = alen;
+    f->state = BR_ATOM1;
+    break;
+  case BR_ATOM1:
+    f->a2 = start;
+    f->a2_len = alen;
+    f->state = BR_ATOM2;
+    break;
+  default: /* BR_ATOM2 or BR_OPEN */
+    rc = br_settle(c);
+    if (rc) goto out;
+    rc = br_bare_leaf(c, start, alen);
+    if (rc) goto out;
+    break;
+  }
+out:
+  return rc;
+}
+
+/* Why: requests carry trees as Penn / SST strings; this turns one into the
+ * pre-order cn_tree every tree family builds its vertices from, or says
+ * exactly which byte is wrong. Promises: on success *out owns all its
+ * memory; on failure *out is zeroed and err->offset names the byte. */
+int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
+                            cn_tree *out, cn_err *err) {
+  int rc = 0;
+  br_ctx c;
+  memset(&c, 0, sizeof(c));
+  memset(out, 0, sizeof(*out));
+  c.s = s;
+  c.len = len;
+  c.t = out;
+  c.err = err;
+  cn__tree_limits_resolve(lim, &c.lim);
+  if (s == NULL && len > 0) {
+    rc = cn__tree_fail(err, CN_E_INTERNAL, -1, -1, "no tree string given");
+    goto out;
+  }
+
+  size_t i = 0;
+  while (i < len && br_is_ws((unsigned char)s[i])) i++;
+  if (i == len) {
+    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                   "the tree is empty: expected '(' at byte %zu", i);
+    goto out;
+  }
+  if (s[i] != '(') {
+    char shown[8];
+    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                   "a tree must start with '(': found %s at byte %zu",
+                   br_show_byte((unsigned char)s[i], shown), i);
+    goto out;
+  }
+  out->pool = malloc(len);
+  if (out->pool == NULL) {
+    rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
+                   "out of memory copying a tree of %zu bytes", len);
+    goto out;
+  }
+  memcpy(out->pool, s, len);
+
+  int done = 0; /* the top-level tree has closed */
+  while (i < len) {
+    unsigned char ch = (unsigned char)s[i];
+    if (br_is_ws(ch)) {
+      i++;
+      continue;
+    }
+    if (br_is_ctrl(ch)) {
+      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                     "control byte 0x%02x at byte %zu is not allowed in a "
+                     "tree", ch, i);
+      goto out;
+    }
+    if (done) {
+      if (ch == ')')
+        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                       "unbalanced ')' at byte %zu: the tree already closed",
+                       i);
+      else
+        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                       "text after the tree at byte %zu: a tree string holds "
+                       "exactly one top-level (...)", i);
+      goto out;
+    }
+    if (ch == '(') {
+      rc = br_open(&c, i);
+      if (rc) goto out;
+      i++;
+    } else if (ch == ')') {
+      rc = br_close(&c);
+      if (rc) goto out;
+      if (c.sp == 0) done = 1;
+      i++;
+    } else {
+      size_t start = i;
+      while (i < len && br_is_atom((unsigned char)s[i])) i++;
+      if (i - start > (size_t)c.lim.max_token_len) {
+        rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
+                       "the word or label at byte %zu is %zu bytes long, "
+                       "over the limit of %d (max_token_len)",
+                       start, i - start, (int)c.lim.max_token_len);
+        goto out;
+      }
+      rc = br_atom(&c, start, (int32_t)(i - start));
+      if (rc) goto out;
+    }
+  }
+  if (c.sp > 0) {
+    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, c.stack[c.sp - 1].node,
+                   "expected ')' at end of input (byte %zu): %d bracket%s "
+                   "still open, the innermost opened at byte %lld",
+                   len, (int)c.sp, c.sp == 1 ? "" : "s",
+                   (long long)out->nodes[c.stack[c.sp - 1].node].offset);
+    goto out;
+  }
+  rc = cn__tree_link_children(out, err);
+
+out:
+  free(c.stack);
+  if (rc) cn_tree_free(out);
+  return rc;
+}
+

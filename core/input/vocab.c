@@ -1,0 +1,322 @@
+/* vocab.c - token vocabularies: one token a line, line k is id k.
+ *
+ * Look-up is on the request path (every word of every instance), so it is an
+ * open-addressing hash table over ids that hashes and compares the caller's
+ * bytes in place, folding ASCII case on the fly when the model asks for it:
+ * no allocation, no copy. Tokens live in one pool, NUL-terminated. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "input/input.h"
+
+struct cn_vocab {
+  int n;            /* tokens; id k is the k-th */
+  char *pool;       /* all tokens, each NUL-terminated */
+  size_t *off;      /* n offsets into pool */
+  uint32_t *len;    /* n lengths */
+  int32_t *slots;   /* cap entries: an id, or -1 when empty */
+  uint32_t mask;    /* cap - 1, cap a power of two ≥ 2n */
+};
+
+static inline unsigned char fold(unsigned char c, bool lower) {
+  return lower && c >= 'A' && c <= 'Z' ? (unsigned char)(c + 32) : c;
+}
+
+/* FNV-1a over the (optionally folded) bytes. */
+static uint32_t hash(const char *s, size_t len, bool lower) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < len; i++) {
+    h ^= fold((unsigned char)s[i], lower);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+static bool same(const cn_vocab *v, int id, const char *s, size_t len,
+                 bool lower) {
+  if (v->len[id] != len) return false;
+  const unsigned char *t = (const unsigned char *)v->pool + v->off[id];
+  for (size_t i = 0; i < len; i++)
+    if (fold((unsigned char)s[i], lower) != t[i]) return false;
+  return true;
+}
+
+/* Finds the slot holding s, or the empty slot where it would go. */
+static uint32_t probe(const cn_vocab *v, const char *s, size_t len,
+                      bool lower) {
+  uint32_t i = hash(s, len, lower) & v->mask;
+  while (v->slots[i] >= 0 && !same(v, v->slots[i], s, len, lower))
+    i = (i + 1) & v->mask;
+  return i;
+}
+
+/* Builds the table from tokens already in v->pool / off / len. A repeated
+ * token keeps its first id; later ids still exist (cn_vocab_token answers
+ * for them) but are never returned by look-up. */
+static int index_tokens(cn_vocab *v) {
+  uint32_t cap = 16;
+  while (cap < 2u * (uint32_t)v->n) cap *= 2;
+  v->slots = malloc((size_t)cap * sizeof(*v->slots));
+  if (v->slots == NULL) return CN_E_NOMEM;
+  memset(v->slots, 0xff, (size_t)cap * sizeof(*v->slots));
+  v->mask = cap - 1;
+  for (int id = 0; id < v->n; id++) {
+    uint32_t i = probe(v, v->pool + v->off[id], v->len[id], false);
+    if (v->slots[i] < 0) v->slots[i] = id;
+  }
+  return 0;
+}
+
+void cn_vocab_free(cn_vocab *v) {
+  if (v == NULL) return;
+  free(v->pool);
+  free(v->off);
+  free(v->len);
+  free(v->slots);
+  free(v);
+}
+
+/* Takes ownership of pool (n NUL-terminated tokens back to back). */
+static int vocab_from_pool(char *pool, size_t pool_len, int n,
+                           cn_vocab **out) {
+  int rc = CN_E_NOMEM;
+  cn_vocab *v = calloc(1, sizeof(*v));
+  if (v == NULL) {
+    free(pool);
+    goto out;
+  }
+  v->pool = pool;
+  v->n = n;
+  v->off = cn__xcalloc((size_t)n, sizeof(*v->off));
+  v->len = cn__xcalloc((size_t)n, sizeof(*v->len));
+  if (v->off == NULL || v->len == NULL) goto out;
+  size_t p = 0;
+  for (int id = 0; id < n && p < pool_len; id++) {
+    size_t l = strlen(pool + p);
+    v->off[id] = p;
+    v->len[id] = (uint32_t)l;
+    p += l + 1;
+  }
+  rc = index_tokens(v);
+out:
+  if (rc != 0) {
+    cn_vocab_free(v);
+    v = NULL;
+  }
+  *out = v;
+  return rc;
+}
+
+int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out) {
+  *out = NULL;
+  if (n < 0 || (n > 0 && tokens == NULL)) return CN_E_INTERNAL;
+  size_t total = 1;
+  for (int i = 0; i < n; i++) {
+    if (tokens[i] == NULL) return CN_E_INTERNAL;
+    total += strlen(tokens[i]) + 1;
+  }
+  char *pool = malloc(total);
+  if (pool == NULL) return CN_E_NOMEM;
+  size_t p = 0;
+  for (int i = 0; i < n; i++) {
+    size_t l = strlen(tokens[i]);
+    memcpy(pool + p, tokens[i], l + 1);
+    p += l + 1;
+  }
+  return vocab_from_pool(pool, p, n, out);
+}
+
+/* Reads a vocabulary file. The format is strict because a silent shift of
+ * one line would shift every id after it: an empty line (other than the
+ * final newline) or a NUL byte is an error naming the line. */
+int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err) {
+  int rc = 0;
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot open vocabulary: %s", path,
+                    strerror(errno));
+    goto out;
+  }
+  for (;;) {
+    if (cap - len < 65536) {
+      size_t ncap = cap ? cap * 2 : 65536;
+      char *nb = realloc(buf, ncap + 1);
+      if (nb == NULL) {
+        rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
+        goto out;
+      }
+      buf = nb;
+      cap = ncap;
+    }
+    size_t got = fread(buf + len, 1, cap - len, f);
+    len += got;
+    if (got == 0) break;
+  }
+  if (ferror(f)) {
+    rc = cn_err_set(err, CN_E_IO, "%s: read error", path);
+    goto out;
+  }
+  if (len == 0) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL,
+                    "%s: the vocabulary is empty (line 1 must be <unk>)",
+                    path);
+    goto out;
+  }
+  /* Turn the buffer into the pool in place: each '\n' (and a '\r' before
+   * it) becomes the NUL ending that line's token. */
+  if (buf[len - 1] != '\n') buf[len++] = '\n'; /* cap has room for one */
+  size_t w = 0, start = 0;
+  int n = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (buf[i] == '\0') {
+      rc = cn_err_set(err, CN_E_BAD_MODEL,
+                      "%s: line %d contains a NUL byte", path, n + 1);
+      goto out;
+    }
+    if (buf[i] != '\n') continue;
+    size_t end = i;
+    if (end > start && buf[end - 1] == '\r') end--;
+    if (end == start) {
+      rc = cn_err_set(err, CN_E_BAD_MODEL,
+                      "%s: line %d is empty (every line is one token; "
+                      "line k is id k)", path, n + 1);
+      goto out;
+    }
+    if (n == INT32_MAX / 4) {
+      rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: too many lines", path);
+      goto out;
+    }
+    memmove(buf + w, buf + start, end - start);
+    w += end - start;
+    buf[w++] = '\0';
+    n++;
+    start = i + 1;
+  }
+  rc = vocab_from_pool(buf, w, n, out);
+  buf = NULL;
+  if (rc != 0) cn_err_set(err, rc, "%s: out of memory", path);
+out:
+  if (f != NULL) fclose(f);
+  free(buf);
+  return rc;
+}
+
+int cn_vocab_size(const cn_vocab *v) { return v ? v->n : 0; }
+
+int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
+                    bool lowercase) {
+  if (v == NULL || v->n == 0) return 0;
+  int32_t id = v->slots[probe(v, s, len, lowercase)];
+  return id < 0 ? 0 : id;
+}
+
+const char *cn_vocab_token(const cn_vocab *v, int id) {
+  if (v == NULL || id < 0 || id >= v->n) return NULL;
+  return v->pool + v->off[id];
+}
+
+/* Writes path.tmp and renames it over path, so a reader never sees half a
+ * vocabulary. A token that cannot round-trip through the line format
+ * (empty, or holding a newline) is refused, naming its id. */
+int cn_vocab_write(const char *path, const char *const *tokens, int n,
+                   cn_err *err) {
+  int rc = 0;
+  char *tmp = NULL;
+  FILE *f = NULL;
+  for (int i = 0; i < n; i++) {
+    const char *t = tokens[i];
+    if (t == NULL || t[0] == '\0' || strpbrk(t, "\r\n") != NULL) {
+      rc = cn_err_set(err, CN_E_INTERNAL,
+                      "%s: token %d is empty or holds a line break", path, i);
+      goto out;
+    }
+  }
+  size_t pl = strlen(path);
+  tmp = malloc(pl + 5);
+  if (tmp == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
+    goto out;
+  }
+  memcpy(tmp, path, pl);
+  memcpy(tmp + pl, ".tmp", 5);
+  f = fopen(tmp, "wb");
+  if (f == NULL) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
+                    strerror(errno));
+    goto out;
+  }
+  for (int i = 0; i < n; i++)
+    if (fputs(tokens[i], f) == EOF || fputc('\n', f) == EOF) break;
+  if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
+                    strerror(errno));
+    goto out;
+  }
+  int cr = fclose(f);
+  f = NULL;
+  if (cr != 0 || rename(tmp, path) != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot write: %s", path,
+                    strerror(errno));
+    goto out;
+  }
+out:
+  if (f != NULL) fclose(f);
+  if (rc != 0 && tmp != NULL) unlink(tmp);
+  free(tmp);
+  return rc;
+}
+
+typedef struct ranked {
+  const char *s;
+  size_t count;
+} ranked;
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmp_rank(const void *a, const void *b) {
+  const ranked *x = a, *y = b;
+  if (x->count != y->count) return x->count > y->count ? -1 : 1;
+  return strcmp(x->s, y->s);
+}
+
+/* Sorting the bag groups repeats, so counting needs no hash table; sorting
+ * the groups by (count desc, bytes) makes ids reproducible across runs. */
+int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
+                   int n_specials, int max, const char ***out, int *n_out) {
+  int rc = CN_E_NOMEM;
+  ranked *r = cn__xcalloc(n, sizeof(*r));
+  size_t nr = 0;
+  *out = NULL;
+  *n_out = 0;
+  if (r == NULL) goto out;
+  qsort(tokens, n, sizeof(*tokens), cmp_str);
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && strcmp(tokens[j], tokens[i]) == 0) j++;
+    bool skip = tokens[i][0] == '\0' || strpbrk(tokens[i], "\r\n") != NULL;
+    for (int k = 0; k < n_specials && !skip; k++)
+      skip = strcmp(tokens[i], specials[k]) == 0;
+    if (!skip) r[nr++] = (ranked){tokens[i], j - i};
+    i = j;
+  }
+  qsort(r, nr, sizeof(*r), cmp_rank);
+  int keep = max > n_specials ? max - n_specials : 0;
+  if ((size_t)keep > nr) keep = (int)nr;
+  *out = cn__xcalloc((size_t)(n_specials + keep), sizeof(**out));
+  if (*out == NULL) goto out;
+  for (int k = 0; k < n_specials; k++) (*out)[k] = specials[k];
+  for (int k = 0; k < keep; k++) (*out)[n_specials + k] = r[k].s;
+  *n_out = n_specials + keep;
+  rc = 0;
+out:
+  free(r);
+  return rc;
+}

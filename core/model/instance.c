@@ -1,0 +1,173 @@
+/* instance.c - one API.md INSTANCE object, parsed and validated for a
+ * model: a tree with vocabulary ids and per-node cell kinds. Everything a
+ * run needs later is checked here, so a bad instance is refused before it
+ * can join (and harm) a run. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+static bool label_in(const cn_model *m, const cn_tree_node *nd) {
+  if (nd->label == NULL) return false;
+  for (int i = 0; i < m->n_type_b_labels; i++)
+    if (strlen(m->type_b_labels[i]) == (size_t)nd->label_len &&
+        memcmp(m->type_b_labels[i], nd->label, (size_t)nd->label_len) == 0)
+      return true;
+  return false;
+}
+
+/* Word ids and cell kinds of a parsed tree; arity checked for the family. */
+static int tree_finish(const cn_model *m, const cn_limits *lim,
+                       bool from_json, cn_instance *in, cn_err *err) {
+  const cn_tree *t = &in->tree;
+  int arity = m->fam->max_arity;
+  in->n = t->n_nodes;
+  in->ids = malloc((size_t)t->n_nodes * sizeof(int32_t));
+  in->node_type = malloc((size_t)t->n_nodes);
+  if (in->ids == NULL || in->node_type == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
+  for (int32_t i = 0; i < t->n_nodes; i++) {
+    const cn_tree_node *nd = &t->nodes[i];
+    if (nd->n_children > 0) {
+      if (arity > 0 && nd->n_children > arity) {
+        err->node = i;
+        err->offset = nd->offset;
+        return cn_err_set(err, CN_E_TOO_MANY_CHILDREN,
+                          "node %d has %d children; family %s takes at most "
+                          "%d (use childsum-treelstm for any arity)",
+                          i, nd->n_children, m->fam->name, arity);
+      }
+      if (arity == 0 && nd->n_children > lim->max_children) {
+        err->node = i;
+        err->offset = nd->offset;
+        return cn_err_set(err, CN_E_TOO_LARGE,
+                          "node %d has %d children, over the limit of %d",
+                          i, nd->n_children, lim->max_children);
+      }
+      in->ids[i] = 0;
+      /* MODELS.md treelstm-2type: a bracket label listed in type_b_labels,
+       * or in JSON input the node's "type". */
+      bool b = from_json ? nd->type == 'b' : label_in(m, nd);
+      in->node_type[i] = b ? 'b' : 'a';
+    } else {
+      in->ids[i] = cn_vocab_lookup(m->vocab, nd->word, (size_t)nd->word_len,
+                                   m->lowercase);
+      in->node_type[i] = 0;
+    }
+  }
+  return 0;
+}
+
+static int parse_tree(const cn_model *m, const json_t *inst,
+                      const cn_limits *lim, cn_instance *in, cn_err *err) {
+  const json_t *t = json_object_get(inst, "tree");
+  if (t == NULL)
+    return cn_err_set(err, CN_E_BAD_INSTANCE,
+                      "instance has no \"tree\" (model %s takes trees)",
+                      m->fam->name);
+  int rc;
+  if (json_is_string(t))
+    rc = cn_tree_parse_bracketed(json_string_value(t), json_string_length(t),
+                                 lim, &in->tree, err);
+  else if (json_is_object(t))
+    rc = cn_tree_parse_json(t, lim, &in->tree, err);
+  else
+    return cn_err_set(err, CN_E_BAD_INSTANCE,
+                      "\"tree\" must be a bracketed string or a node object");
+  if (rc != 0) return rc;
+  return tree_finish(m, lim, json_is_object(t), in, err);
+}
+
+/* The keys that say what an instance is (docs/api.md "Instances"). An
+ * instance that carries another kind's form, or two forms of its own
+ * ("tokens" and "text"), is ambiguous: which one would be computed is a
+ * guess, so it is refused rather than half read. Other keys are ignored. */
+static int check_forms(const cn_model *m, const json_t *inst, cn_err *err) {
+  static const struct {
+    const char *key;
+    unsigned kinds; /* bit per cn_input_kind */
+  } forms[] = {
+      {"tree", 1u << CN_INPUT_TREE},
+      {"tokens", 1u << CN_INPUT_SEQUENCE},
+      {"chars", 1u << CN_INPUT_LATTICE},
+      {"words", 1u << CN_INPUT_LATTICE},
+      {"nodes", 1u << CN_INPUT_DAG},
+      {"text", 1u << CN_INPUT_SEQUENCE | 1u << CN_INPUT_LATTICE},
+  };
+  static const char *takes[] = {
+      [CN_INPUT_TREE] = "\"tree\"",
+      [CN_INPUT_SEQUENCE] = "\"tokens\" or \"text\"",
+      [CN_INPUT_LATTICE] = "\"chars\" or \"text\", and \"words\"",
+      [CN_INPUT_DAG] = "\"nodes\""};
+  const char *own = NULL;
+  for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+    if (json_object_get(inst, forms[i].key) == NULL) continue;
+    if (!(forms[i].kinds & (1u << m->fam->input)))
+      return cn_err_set(err, CN_E_BAD_INSTANCE, "instance has \"%s\", but "
+                        "model %s takes %s", forms[i].key, m->fam->name,
+                        takes[m->fam->input]);
+    if (strcmp(forms[i].key, "words") == 0) continue; /* beside either */
+    if (own != NULL)
+      return cn_err_set(err, CN_E_BAD_INSTANCE, "instance has both \"%s\" "
+                        "and \"%s\": give one", own, forms[i].key);
+    own = forms[i].key;
+  }
+  return 0;
+}
+
+int cn_instance_parse(const cn_model *m, const json_t *inst,
+                      const cn_limits *lim, int index, cn_instance **out,
+                      cn_err *err) {
+  int rc;
+  cn_limits dflt;
+  if (lim == NULL) {
+    cn_limits_default(&dflt);
+    lim = &dflt;
+  }
+  cn_err_clear(err);
+  *out = NULL;
+  cn_instance *in = calloc(1, sizeof(*in));
+  if (in == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
+    goto out;
+  }
+  in->m = m;
+  in->kind = m->fam->input;
+  if (!json_is_object(inst)) {
+    rc = cn_err_set(err, CN_E_BAD_INSTANCE, "an instance must be an object");
+    goto out;
+  }
+  if ((rc = check_forms(m, inst, err)) != 0) goto out;
+  switch (in->kind) {
+    case CN_INPUT_TREE: rc = parse_tree(m, inst, lim, in, err); break;
+    case CN_INPUT_SEQUENCE: rc = cn__parse_sequence(m, inst, lim, in, err); break;
+    case CN_INPUT_LATTICE: rc = cn__parse_lattice(m, inst, lim, in, err); break;
+    case CN_INPUT_DAG: rc = cn__parse_dag(m, inst, lim, in, err); break;
+    default: rc = cn_err_set(err, CN_E_INTERNAL, "unknown input kind");
+  }
+out:
+  if (rc != 0) {
+    if (err != NULL) err->instance = index;
+    cn_instance_free(in);
+    return rc;
+  }
+  *out = in;
+  return 0;
+}
+
+void cn_instance_free(cn_instance *in) {
+  if (in == NULL) return;
+  cn_tree_free(&in->tree);
+  free(in->ids);
+  free(in->node_type);
+  free(in->span_start);
+  free(in->span_end);
+  free(in->span_word);
+  free(in->prev_start);
+  free(in->prev);
+  free(in);
+}
+
+size_t cn_instance_vertices(const cn_instance *in, int outputs_all) {
+  return (size_t)in->m->fam->count(in, outputs_all ? CN_OUT_ALL : 0, 0);
+}

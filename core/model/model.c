@@ -1,0 +1,450 @@
+/* model.c - load a model directory into one immutable cn_model.
+ *
+ * A model is served whole or not at all (DESIGN.md): model.json, every
+ * vocabulary and every tensor the family lists is checked here, and any
+ * failure frees everything and says which file, key or tensor to fix. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#define MAX_SIZE (1 << 16)  /* H, D: keeps every shape product in range */
+
+const char *cn_input_kind_name(cn_input_kind k) {
+  switch (k) {
+  case CN_INPUT_TREE: return "tree";
+  case CN_INPUT_SEQUENCE: return "sequence";
+  case CN_INPUT_LATTICE: return "lattice";
+  case CN_INPUT_DAG: return "dag";
+  }
+  return "unknown";
+}
+
+/* dir + "/" + name (name as is when absolute); NULL when out of memory. */
+static char *join(const char *dir, const char *name) {
+  if (name[0] == '/') return strdup(name);
+  size_t dl = strlen(dir);
+  while (dl > 1 && dir[dl - 1] == '/') dl--;
+  size_t nl = strlen(name);
+  char *p = malloc(dl + nl + 2);
+  if (p == NULL) return NULL;
+  memcpy(p, dir, dl);
+  p[dl] = '/';
+  memcpy(p + dl + 1, name, nl + 1);
+  return p;
+}
+
+void cn__family_names(char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < cn__family_count() && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "",
+                          cn__family_at(i)->name);
+}
+
+/* Reads integer key k of model.json into *out: absent gives def (or an
+ * error when def < 0, meaning required); present must lie in [1, max]. */
+static int get_int(const json_t *j, const char *file, const char *k, int def,
+                   int max, int *out, cn_err *err) {
+  json_t *v = json_object_get(j, k);
+  if (v == NULL && def >= 0) {
+    *out = def;
+    return 0;
+  }
+  if (v == NULL)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s' is missing (an "
+                      "integer ≥ 1)", file, k);
+  if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+      json_integer_value(v) > max)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s' must be an integer "
+                      "from 1 to %d", file, k, max);
+  *out = (int)json_integer_value(v);
+  return 0;
+}
+
+/* Optional string key; *out NULL when absent. */
+static int get_str(const json_t *j, const char *file, const char *k,
+                   const char **out, cn_err *err) {
+  json_t *v = json_object_get(j, k);
+  *out = json_string_value(v);
+  if (v != NULL && (*out == NULL || (*out)[0] == '\0'))
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s' must be a "
+                      "non-empty string", file, k);
+  return 0;
+}
+
+/* Optional array of strings, copied; want ≥ 0 demands that many. */
+static int get_strs(const json_t *j, const char *file, const char *k,
+                    int want, char ***out, int *n_out, cn_err *err) {
+  json_t *v = json_object_get(j, k);
+  if (v == NULL) return 0;
+  if (!json_is_array(v))
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s' must be an array "
+                      "of strings", file, k);
+  int n = (int)json_array_size(v);
+  if (want >= 0 && n != want)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s' has %d names but "
+                      "'classes' is %d", file, k, n, want);
+  *out = cn__xcalloc((size_t)n, sizeof(char *));
+  if (*out == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
+  *n_out = n;
+  for (int i = 0; i < n; i++) {
+    const char *s = json_string_value(json_array_get(v, (size_t)i));
+    if (s == NULL)
+      return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s': item %d is not a "
+                        "string", file, k, i);
+    if (((*out)[i] = strdup(s)) == NULL)
+      return cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
+  }
+  return 0;
+}
+
+/* Asked by giving Vw and Vt values no other size expression can produce:
+ * the family's own spec is the one place that knows. */
+void cn__family_needs(const cn_family *fam, bool *word, bool *tgt) {
+  cn_tensor_spec s[CN_MAX_TENSORS];
+  cn_dims d = {.H = 7, .D = 11, .C = 13, .V = 17, .Vw = 1000003, .Dw = 19,
+               .Vt = 1000033, .K = 23};
+  int n = fam->tensors(&d, s);
+  *word = *tgt = false;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < s[i].ndim && k < 3; k++) {
+      *word = *word || s[i].shape[k] == d.Vw;
+      *tgt = *tgt || s[i].shape[k] == d.Vt;
+    }
+}
+
+static int vocab_key(cn_model *m, const char *file, const char *k,
+                     bool required, cn_vocab **out, int64_t *size,
+                     cn_err *err) {
+  const char *name;
+  int rc = get_str(m->json, file, k, &name, err);
+  if (rc != 0) return rc;
+  if (name == NULL)
+    return required ? cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s' is "
+                                 "missing (family %s needs a vocabulary file "
+                                 "there)", file, k, m->fam->name)
+                    : 0;
+  char *path = join(m->dir, name);
+  if (path == NULL) return cn_err_set(err, CN_E_NOMEM, "out of memory");
+  rc = cn_vocab_load(path, out, err);
+  free(path);
+  if (rc == 0) *size = cn_vocab_size(*out);
+  return rc;
+}
+
+/* "[96, 32]" */
+static void fmt_shape(char *b, size_t cap, const int64_t *s, int nd) {
+  size_t n = (size_t)snprintf(b, cap, "[");
+  for (int i = 0; i < nd && n < cap; i++)
+    n += (size_t)snprintf(b + n, cap - n, i ? ", %lld" : "%lld",
+                          (long long)s[i]);
+  if (n < cap) snprintf(b + n, cap - n, "]");
+}
+
+/* "3H=96, D=32": which model.json sizes an expected shape comes from, so
+ * a person sees which key or tensor disagrees. */
+static void explain(char *b, size_t cap, const cn_dims *d,
+                    const cn_tensor_spec *s) {
+  const struct { const char *name; int64_t v; } c[] = {
+      {"H", d->H},   {"D", d->D},          {"C", d->C},
+      {"V", d->V},   {"Vw", d->Vw},        {"Dw", d->Dw},
+      {"Vt", d->Vt}, {"K", d->K},          {"2H", 2 * d->H},
+      {"3H", 3 * d->H}, {"4H", 4 * d->H},  {"5H", 5 * d->H},
+      {"D+H", d->D + d->H}, {"Dw+H", d->Dw + d->H}};
+  size_t n = 0;
+  b[0] = '\0';
+  for (int k = 0; k < s->ndim && k < 3; k++) {
+    if (s->shape[k] < 1) continue;
+    int hits = 0;
+    for (size_t i = 0; i < CN_ARRAY_SIZE(c) && n < cap; i++) {
+      /* Dw defaults to D: name it only where a word vocabulary exists. */
+      bool dw = c[i].name[0] == 'D' && c[i].name[1] == 'w';
+      if (c[i].v != s->shape[k] || (dw && d->Vw == 0)) continue;
+      n += (size_t)snprintf(b + n, cap - n, "%s%s", hits ? "=" : n ? ", " : "",
+                            c[i].name);
+      hits++;
+    }
+    if (hits && n < cap)
+      n += (size_t)snprintf(b + n, cap - n, "=%lld", (long long)s->shape[k]);
+  }
+}
+
+/* Finds and checks every tensor the family lists, in its order. */
+static int bind_tensors(cn_model *m, const char *file, cn_err *err) {
+  cn_tensor_spec spec[CN_MAX_TENSORS];
+  int n = m->fam->tensors(&m->dims, spec);
+  if (n < 0 || n > CN_MAX_TENSORS)
+    return cn_err_set(err, CN_E_INTERNAL, "family %s lists %d tensors",
+                      m->fam->name, n);
+  for (int i = 0; i < n; i++) {
+    const cn_tensor_spec *s = &spec[i];
+    /* leaf.M [K, H, H] (mvrnn): K is whatever the file holds, read here. */
+    bool is_m = strcmp(s->name, "leaf.M") == 0;
+    const cn_tensor *t = cn_safetensors_find(&m->st, s->name);
+    char want[64], got[64], why[160];
+    fmt_shape(want, sizeof(want), s->shape, s->ndim);
+    explain(why, sizeof(why), &m->dims, s);
+    if (t == NULL)
+      return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' is missing "
+                        "(family %s needs it with shape %s; docs/models.md "
+                        "lists each family's tensors)", file, s->name,
+                        m->fam->name, want);
+    bool ok = t->ndim == s->ndim;
+    for (int k = 0; ok && k < s->ndim; k++) {
+      int64_t e = s->shape[k];
+      if (is_m && k == 0 && m->dims.K == 0) e = -1;
+      ok = e < 0 ? t->shape[k] >= 1 : t->shape[k] == e;
+    }
+    if (!ok) {
+      fmt_shape(got, sizeof(got), t->shape, t->ndim);
+      return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' has shape %s, "
+                        "expected %s%s%s%s; see docs/models.md", file,
+                        s->name, got, want, why[0] ? " (" : "", why,
+                        why[0] ? ")" : "");
+    }
+    if (is_m) m->dims.K = t->shape[0];
+    /* NaN or Inf weights give plausible-looking answers: refuse them. */
+    for (int64_t j = 0; j < t->numel; j++)
+      if (!isfinite(t->data[j]))
+        return cn_err_set(err, CN_E_BAD_MODEL, "%s: tensor '%s' holds %s "
+                          "at element %lld (row-major); weights must be "
+                          "finite", file, s->name,
+                          isnan(t->data[j]) ? "NaN" : "Inf", (long long)j);
+    m->w[i] = t;
+  }
+  m->n_tensors = n;
+  return 0;
+}
+
+void cn_model_free(cn_model *m) {
+  if (m == NULL) return;
+  free(m->dir);
+  json_decref(m->json);
+  cn_vocab_free(m->vocab);
+  cn_vocab_free(m->word_vocab);
+  cn_vocab_free(m->tgt_vocab);
+  for (int i = 0; m->labels && i < m->n_labels; i++) free(m->labels[i]);
+  free(m->labels);
+  for (int i = 0; m->type_b_labels && i < m->n_type_b_labels; i++)
+    free(m->type_b_labels[i]);
+  free(m->type_b_labels);
+  free(m->lexicon_path);
+  cn_lexicon_free(m->lexicon);
+  cn_safetensors_close(&m->st);
+  for (int l = 0; l < 2; l++)
+    for (int t = 0; t < CN_MAX_TYPES; t++) cn__cell_free(m->cell[l][t]);
+  free(m);
+}
+
+int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
+                     cn_cell **out, cn_err *err) {
+  return cn__cell_compile_weights(m->w, m->fam->name, type,
+                                  m->fam->type_names[type], g, layout, out,
+                                  err);
+}
+
+/* Compiles every type the family describes in the IR, for both compiled
+ * layouts, once (issue #5: compile at load, not per run). */
+static int compile_cells(cn_model *m, cn_err *err) {
+  if (m->fam->cell == NULL) return 0;
+  cn_ir *g = malloc(sizeof(*g));
+  if (g == NULL) return cn_err_set(err, CN_E_NOMEM, "out of memory");
+  int rc = 0;
+  for (int t = 0; t < m->fam->n_types && rc == 0; t++) {
+    memset(g, 0, sizeof(*g));
+    if (m->fam->cell(m, t, g) != 0) continue;
+    for (int l = 0; l < 2 && rc == 0; l++)
+      rc = cn__cell_compile(m, t, g, CN_LAYOUT_NAIVE + l, &m->cell[l][t], err);
+  }
+  free(g);
+  return rc;
+}
+
+/* The order of checks follows the order a person would fix things in:
+ * model.json keys, then vocabularies, then the weights. */
+int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
+  int rc = CN_E_NOMEM;
+  char *file = NULL, *wfile = NULL;
+  FILE *f = NULL;
+  cn_model *m = calloc(1, sizeof(*m));
+  *out = NULL;
+  if (m == NULL || (m->dir = strdup(dir)) == NULL ||
+      (file = join(dir, "model.json")) == NULL ||
+      (wfile = join(dir, "weights.safetensors")) == NULL) {
+    cn_err_set(err, rc, "%s: out of memory", dir);
+    goto out;
+  }
+  if ((f = fopen(file, "rb")) == NULL) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot open: %s", file,
+                    strerror(errno));
+    goto out;
+  }
+  json_error_t je;
+  m->json = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+  rc = CN_E_BAD_MODEL;
+  if (m->json == NULL || !json_is_object(m->json)) {
+    if (m->json == NULL)
+      cn_err_set(err, rc, "%s: line %d: %s", file, je.line, je.text);
+    else
+      cn_err_set(err, rc, "%s: is not a JSON object", file);
+    goto out;
+  }
+  const char *fam = json_string_value(json_object_get(m->json, "family"));
+  char known[256];
+  cn__family_names(known, sizeof(known));
+  if ((m->fam = cn__family_find(fam)) == NULL) {
+    cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families (see "
+               "docs/models.md): %s", file,
+               fam ? "names unknown family '" : "is missing or not a string",
+               fam ? fam : "", fam ? "'" : "", known);
+    goto out;
+  }
+  int h = 0, d = 0, c = 0, mdl = 0;
+  if ((rc = get_int(m->json, file, "hidden", -1, MAX_SIZE, &h, err)) ||
+      (rc = get_int(m->json, file, "embed", -1, MAX_SIZE, &d, err)) ||
+      (rc = get_int(m->json, file, "classes", m->fam->has_classes ? -1 : 0,
+                    1 << 20, &c, err)) ||
+      (rc = get_int(m->json, file, "max_decode_len", 50, 1 << 20, &mdl, err)))
+    goto out;
+  /* MODELS.md mvrnn: a = embed[w] is the node vector, so D must equal H.
+   * No other family constrains D, hence a named special case. */
+  if (strcmp(m->fam->name, "mvrnn") == 0 && d != h) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: family mvrnn needs 'embed' == "
+                    "'hidden' (embed=%d, hidden=%d)", file, d, h);
+    goto out;
+  }
+  m->dims = (cn_dims){.H = h, .D = d, .C = c, .Dw = d};
+  m->max_decode_len = mdl;
+  json_t *lc = json_object_get(m->json, "lowercase");
+  if (lc != NULL && !json_is_boolean(lc)) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'lowercase' must be true "
+                    "or false", file);
+    goto out;
+  }
+  m->lowercase = json_is_true(lc);
+  /* "crf" adds the family's CRF tensors (MODELS.md bilstm-tagger); the key
+   * means nothing to other families, so there it is a mistake to report. */
+  json_t *crf = json_object_get(m->json, "crf");
+  if (crf != NULL && !json_is_boolean(crf)) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' must be true or "
+                    "false", file);
+    goto out;
+  }
+  if (crf != NULL && !m->fam->crf) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' is for family "
+                    "bilstm-tagger only, not %s", file, m->fam->name);
+    goto out;
+  }
+  m->dims.crf = json_is_true(crf);
+  if (!m->fam->has_classes && json_object_get(m->json, "labels") != NULL) {
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'labels' is given but "
+                    "family %s has no classes", file, m->fam->name);
+    goto out;
+  }
+  const char *lex;
+  if ((rc = get_strs(m->json, file, "labels", c, &m->labels, &m->n_labels,
+                     err)) ||
+      (rc = get_strs(m->json, file, "type_b_labels", -1, &m->type_b_labels,
+                     &m->n_type_b_labels, err)) ||
+      (rc = get_str(m->json, file, "lexicon", &lex, err)))
+    goto out;
+  if (lex != NULL && (m->lexicon_path = join(dir, lex)) == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
+    goto out;
+  }
+  /* The lexicon becomes a trie once, here (lexicon.c). */
+  if (m->lexicon_path != NULL &&
+      (rc = cn_lexicon_load(m->lexicon_path, &m->lexicon, err)) != 0)
+    goto out;
+  bool need_word, need_tgt;
+  cn__family_needs(m->fam, &need_word, &need_tgt);
+  if ((rc = vocab_key(m, file, "vocab", true, &m->vocab, &m->dims.V, err)) ||
+      (rc = vocab_key(m, file, "word_vocab", need_word, &m->word_vocab,
+                      &m->dims.Vw, err)) ||
+      (rc = vocab_key(m, file, "tgt_vocab", need_tgt, &m->tgt_vocab,
+                      &m->dims.Vt, err)))
+    goto out;
+  if ((rc = cn_safetensors_open(wfile, &m->st, err)) != 0)
+    goto out;
+  /* Dw (latticelstm word_embed [Vw, Dw]) has no model.json key: it is
+   * whatever the file holds, D when the tensor is absent. */
+  const cn_tensor *we = cn_safetensors_find(&m->st, "word_embed");
+  if (we != NULL && we->ndim == 2 && we->shape[1] >= 1 &&
+      we->shape[1] <= MAX_SIZE)
+    m->dims.Dw = we->shape[1];
+  if ((rc = bind_tensors(m, wfile, err)) != 0) goto out;
+  if ((rc = compile_cells(m, err)) != 0) goto out;
+  rc = 0;
+out:
+  if (f != NULL) fclose(f);
+  free(file);
+  free(wfile);
+  if (rc != 0) cn_model_free(m);
+  else *out = m;
+  return rc;
+}
+
+const char *cn_model_family(const cn_model *m) { return m->fam->name; }
+cn_input_kind cn_model_input(const cn_model *m) { return m->fam->input; }
+int cn_model_n_types(const cn_model *m) { return m->fam->n_types; }
+
+const char *cn_model_type_name(const cn_model *m, int type) {
+  if (type < 0 || type >= m->fam->n_types) return NULL;
+  return m->fam->type_names[type];
+}
+
+static json_t *str_array(char *const *s, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_string(s[i]));
+  return a;
+}
+
+/* GET /v1/models/{model} body, less what the server adds (policy). */
+json_t *cn_model_describe(const cn_model *m) {
+  json_t *o = json_object();
+  const cn_dims *d = &m->dims;
+  json_object_set_new(o, "family", json_string(m->fam->name));
+  json_object_set_new(o, "input",
+                      json_string(cn_input_kind_name(m->fam->input)));
+  json_object_set_new(o, "hidden", json_integer(d->H));
+  json_object_set_new(o, "embed", json_integer(d->D));
+  if (m->fam->has_classes)
+    json_object_set_new(o, "classes", json_integer(d->C));
+  json_object_set_new(o, "vocab_size", json_integer(d->V));
+  if (m->labels != NULL)
+    json_object_set_new(o, "labels", str_array(m->labels, m->n_labels));
+  json_object_set_new(o, "lowercase", json_boolean(m->lowercase));
+  if (m->fam->crf) json_object_set_new(o, "crf", json_boolean(m->dims.crf));
+  json_t *vt = json_array();
+  for (int i = 0; i < m->fam->n_types; i++)
+    json_array_append_new(vt, json_string(m->fam->type_names[i]));
+  json_object_set_new(o, "vertex_types", vt);
+  if (m->word_vocab != NULL) {
+    json_object_set_new(o, "word_vocab_size", json_integer(d->Vw));
+    json_object_set_new(o, "word_embed", json_integer(d->Dw));
+  }
+  if (m->tgt_vocab != NULL) {
+    json_object_set_new(o, "tgt_vocab_size", json_integer(d->Vt));
+    json_object_set_new(o, "max_decode_len", json_integer(m->max_decode_len));
+  }
+  if (d->K > 0) json_object_set_new(o, "matrices", json_integer(d->K));
+  if (m->type_b_labels != NULL)
+    json_object_set_new(o, "type_b_labels",
+                        str_array(m->type_b_labels, m->n_type_b_labels));
+  json_t *lex = json_object_get(m->json, "lexicon");
+  if (lex != NULL) json_object_set(o, "lexicon", lex);
+  json_object_set_new(o, "weights_sha256", json_string(m->st.sha256));
+  return o;
+}
+
+const char *cn_model_weights_sha256(const cn_model *m) { return m->st.sha256; }
+
+const char *cn_model_named_version(const cn_model *m) {
+  const char *v = json_string_value(json_object_get(m->json, "version"));
+  return v != NULL && v[0] != '\0' ? v : NULL;
+}

@@ -1,0 +1,157 @@
+/* model.h - a loaded model and its instances (model/): the family
+ * interface (cn_family: what a family gives a run), the bound weights and
+ * vocabularies, the compiled cells, the registry of families, and the
+ * parsed INSTANCE forms. Depends on base/, input/ and cell/. */
+#ifndef CANOPY_MODEL_H
+#define CANOPY_MODEL_H
+
+#include "base/base.h"
+#include "cell/cell.h"
+#include "input/input.h"
+
+/* ---- families (core/families/) ------------------------------------------- */
+typedef struct cn_run cn_run;
+typedef struct cn_family cn_family;
+struct cn_ir;  /* core/cell/cell.h */
+struct cn_cell;
+
+/* Sizes a family's tensor shapes are written in. */
+typedef struct cn_dims {
+  int64_t H, D, C, V;     /* hidden, embed, classes, vocab                  */
+  int64_t Vw, Dw, Vt, K;  /* word vocab/embed, target vocab, mvrnn matrices */
+  bool crf;               /* model.json "crf": the family's CRF tensors too
+                             (bilstm-tagger, MODELS.md)                    */
+} cn_dims;
+
+enum {
+  CN_INIT_LINEAR = 0, /* U(-1/√fan_in, 1/√fan_in), fan_in = last dim        */
+  CN_INIT_BIAS,       /* U(-1/√H, 1/√H)                                     */
+  CN_INIT_EMBED,      /* N(0, 1) scaled to unit-ish rows: U(-1, 1)·√3/√D…   */
+  CN_INIT_MATRICES,   /* identity + small noise, per [K, H, H] slice        */
+  CN_INIT_SCORES      /* U(-0.1, 0.1): CRF scores, as pytorch-crf's
+                         CRF.reset_parameters                              */
+};
+
+typedef struct cn_tensor_spec {
+  const char *name;
+  int ndim;
+  int64_t shape[3]; /* -1: any size ≥ 1 (checked as such) */
+  int init;
+} cn_tensor_spec;
+
+struct cn_family {
+  const char *name;
+  cn_input_kind input;
+  int n_types;
+  const char *type_names[CN_MAX_TYPES];
+  bool has_classes; /* has an output layer with C classes */
+  bool crf;         /* accepts model.json "crf" (MODELS.md bilstm-tagger)  */
+  int max_arity;    /* trees: most children per node (0: lim->max_children) */
+  /* The tensors of the family at these sizes, in binding order; returns
+   * their number (≤ CN_MAX_TENSORS). */
+  int (*tensors)(const cn_dims *d, cn_tensor_spec *out);
+  /* The graph grows while it runs (lstm-nmt decoding): exec() adds the
+   * vertices of later steps; build() reserves their count in r->reserve. */
+  bool dynamic;
+  /* Adds the instance's vertices to the run; returns 0 or an error. */
+  int (*build)(cn_run *r, int slot);
+  /* Vertices build() will add for this instance (upper bound for families
+   * whose graph is decided at run time; max_decode_len 0: default). */
+  int64_t (*count)(const cn_instance *in, unsigned flags, int max_decode_len);
+  /* Floats of per-vertex state (the vertex's row in its type buffer), and
+   * of scratch one batch of n vertices with n_inputs input edges in all
+   * needs. */
+  int64_t (*state_floats)(const cn_model *m, int type);
+  int64_t (*scratch_floats)(const cn_model *m, int type, int64_t n,
+                            int64_t n_inputs);
+  /* Executes one batch: n vertices of one type, all inputs ready. */
+  void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
+  /* After every batch ran and the states are host-readable
+   * (cn__run_state_host): one pass over the whole run on the host, e.g.
+   * bilstm-tagger's CRF decoding of every instance together. Fills
+   * r->out_tag / r->out_score; returns 0 or an error. NULL: none. */
+  int (*finish)(cn_run *r, cn_err *err);
+  /* Writes the per-instance output object (API.md). */
+  json_t *(*output)(const cn_run *r, int slot);
+  /* The vertex function of a type as op IR (core/cell/cell.h), for the naive
+   * and pq layouts; returns 0, or 1 when the type has only its
+   * hand-written exec(). NULL: no type is described. */
+  int (*cell)(const cn_model *m, int type, struct cn_ir *g);
+};
+
+/* registry.c: the family of a model.json "family" name (NULL: none), and
+ * the registered families by index. */
+const cn_family *cn__family_find(const char *name);
+int cn__family_count(void);
+const cn_family *cn__family_at(int i);
+/* model.c: "treelstm, treegru, ..." (every registered family) into buf. */
+void cn__family_names(char *buf, size_t cap);
+/* model.c: whether the family sizes a tensor by Vw (word_vocab) or by Vt
+ * (tgt_vocab), i.e. which extra vocabularies its model.json must name. */
+void cn__family_needs(const cn_family *fam, bool *word, bool *tgt);
+
+/* ---- models (model.c) ---------------------------------------------------*/
+
+struct cn_model {
+  char *dir;
+  const cn_family *fam;
+  json_t *json;           /* model.json, kept for describe() */
+  cn_dims dims;
+  cn_vocab *vocab;        /* input tokens / characters */
+  cn_vocab *word_vocab;   /* latticelstm */
+  cn_vocab *tgt_vocab;    /* lstm-nmt */
+  char **labels;          /* C names or NULL */
+  int n_labels;
+  bool lowercase;
+  char **type_b_labels;   /* treelstm-2type */
+  int n_type_b_labels;
+  int max_decode_len;     /* lstm-nmt */
+  cn_lexicon *lexicon;    /* latticelstm: loaded from lexicon_path      */
+  char *lexicon_path;     /* latticelstm: model.json "lexicon", joined to dir;
+                             NULL when absent */
+  cn_safetensors st;
+  int n_tensors;
+  const cn_tensor *w[CN_MAX_TENSORS]; /* in the family's spec order */
+  /* compiled vertex functions (core/cell/cell.h): [layout - 1][type], NULL
+   * where the family has no IR for the type */
+  struct cn_cell *cell[2][CN_MAX_TYPES];
+};
+
+/* The model's compiled cell of a type for a layout; NULL for the fused
+ * layout or a type with hand-written kernels only. */
+static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
+                                            int type) {
+  return l == CN_LAYOUT_FUSED ? NULL : m->cell[l - 1][type];
+}
+/* model.c: cn__cell_compile_weights with model m's tensors and names. */
+int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
+                     cn_cell **out, cn_err *err);
+
+/* ---- instances (instance.c) ---------------------------------------------*/
+struct cn_instance {
+  const cn_model *m;
+  cn_input_kind kind;
+  cn_tree tree;           /* CN_INPUT_TREE */
+  int32_t *ids;           /* per node: word id (trees), token ids (seq)... */
+  uint8_t *node_type;     /* trees: per node vertex type (family's index) */
+  int32_t n;              /* tree nodes / tokens / chars / DAG nodes */
+  /* lattices: word spans [start, end) and their word_vocab ids, sorted by
+   * (end, start); DAGs: predecessors of node j are
+   * prev[prev_start[j] .. prev_start[j + 1]). */
+  int32_t n_spans;
+  int32_t *span_start, *span_end, *span_word;
+  int32_t *prev_start, *prev;
+};
+
+/* ---- sequences, lattices, DAGs (seq_parse.c) ----------------------------
+ * Parse the non-tree INSTANCE forms of API.md into *in (kind already set).
+ * Errors: CN_E_BAD_INSTANCE / CN_E_BAD_LATTICE / CN_E_TOO_LARGE with the
+ * offending token, span or node in err->node. */
+int cn__parse_sequence(const cn_model *m, const json_t *inst,
+                       const cn_limits *lim, cn_instance *in, cn_err *err);
+int cn__parse_lattice(const cn_model *m, const json_t *inst,
+                      const cn_limits *lim, cn_instance *in, cn_err *err);
+int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
+                  cn_instance *in, cn_err *err);
+
+#endif /* CANOPY_MODEL_H */

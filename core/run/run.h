@@ -1,0 +1,160 @@
+/* run.h - runs (run/): the vertex graph of many instances, planned into
+ * one arena and executed batch by batch on a backend. A run builds its
+ * cn_dag, asks core/sched for the schedule (or, for a graph that grows,
+ * for the next type, batch by batch), and executes each batch through the
+ * compiled cell (core/cell) or the family's exec(). Depends on base/,
+ * input/, cell/, model/, sched/ and the backend interface. */
+#ifndef CANOPY_RUN_H
+#define CANOPY_RUN_H
+
+#include "backend.h"
+#include "base/base.h"
+#include "cell/cell.h"
+#include "model/model.h"
+#include "sched/sched.h"
+
+/* ---- runs (run.c) -------------------------------------------------------
+ * A run's graph is kept as arrays (struct of arrays), grown per run, never
+ * per vertex. Vertices are added in a topological order: a vertex's inputs
+ * exist before it. Each vertex gets, when its batch is planned, a row in its
+ * type's state buffer (Cavs' dynamic tensors): the rows of one batch are
+ * consecutive, so a batched kernel writes its outputs in place. */
+typedef struct cn_run_slot {
+  const cn_instance *inst;
+  unsigned flags;
+  int max_decode_len;
+  int32_t v0, nv;        /* the slot's vertices: [v0, v0 + nv)             */
+  int32_t node_v0;       /* node_vertex[node_v0 + i] = vertex of node i     */
+  int32_t out_v0, n_out; /* output vertices, in node pre-order             */
+} cn_run_slot;
+
+struct cn_run {
+  /* borrowed */
+  const cn_model *m;
+  const cn_family *fam;
+  cn_backend_ctx *bk;
+  /* instances */
+  cn_run_slot *slots;
+  int n_slots, cap_slots;
+  /* the vertex graph */
+  int32_t nv, cap_v;
+  uint8_t *vtype;
+  int32_t *vslot, *vnode, *vaux;
+  int32_t *in_start;     /* nv + 1 entries once finished: CSR of inputs     */
+  int32_t *in_edges;
+  int32_t ne, cap_e;
+  int32_t *node_vertex;  /* per slot, per node: the node's vertex          */
+  int32_t n_nodev, cap_nodev;
+  /* the plan */
+  int64_t n_of_type[CN_MAX_TYPES];
+  int64_t state_floats[CN_MAX_TYPES];
+  int64_t type_base[CN_MAX_TYPES];   /* float offset of the type's buffer  */
+  int64_t max_batch[CN_MAX_TYPES];
+  int64_t *state_off;    /* per vertex: float offset of its state row      */
+  int32_t *order;        /* vertices in execution order                    */
+  cn_run_batch *batches;
+  int32_t n_batches;
+  int64_t lower_bound;
+  const struct cn_fsm *sched_fsm; /* CN_POLICY_FSM: the learned policy (or
+                                     NULL: agenda); set by cn_run_exec_fsm */
+  /* memory */
+  float *arena;          /* backend memory: states, then scratch           */
+  float *host;           /* host copy of the states (device backends only) */
+  int64_t arena_floats, scratch_off, scratch_floats;
+  float *scratch;        /* the batch's scratch: inside the arena for a
+                            planned run, its own block (grown) when dynamic */
+  int64_t *idx_host;     /* index staging for the batch being launched     */
+  int64_t idx_cap, idx_used;
+  const float *wb[CN_MAX_TENSORS]; /* the model's tensors, backend copies  */
+  bool executed;
+  /* data-dependent graphs (cn_family.dynamic) */
+  int64_t reserve[CN_MAX_TYPES]; /* vertices exec() may still add, by type */
+  struct cn_frontier *live;      /* mirrors vertices added while running  */
+  int64_t cap_state_off;
+  bool own_scratch;
+  int exec_rc;                   /* set by an exec() that could not finish */
+  cn_layout layout;
+  int plan_width;                /* CN_POLICY_PLAN's beam width           */
+  /* results of the family's finish() pass (NULL when it has none) */
+  int32_t *out_tag;              /* per vertex: the decoded tag of an
+                                    output vertex (others unused)        */
+  float *out_score;              /* per slot: the decoded path's score    */
+  /* statistics */
+  size_t cell_bytes;
+  size_t gather_bytes;
+  size_t input_bytes;   /* embedding rows gathered (not between vertices) */
+  long long kernels;
+};
+
+/* Adds a vertex with the given inputs; returns its index or -1 (no memory). */
+int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
+                           const int32_t *inputs, int n_inputs);
+/* Reserves n entries of node_vertex for a slot; returns the first. */
+int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
+/* Inputs of vertex v. */
+static inline const int32_t *cn__run_inputs(const cn_run *r, int32_t v,
+                                            int *n) {
+  *n = r->in_start[v + 1] - r->in_start[v];
+  return r->in_edges + r->in_start[v];
+}
+/* The vertex's state row, in backend memory. */
+static inline float *cn__run_state(const cn_run *r, int32_t v) {
+  return r->arena + r->state_off[v];
+}
+/* Scratch for the batch being executed: at least n · scratch_floats(type). */
+static inline float *cn__run_scratch(const cn_run *r) {
+  return r->scratch;
+}
+/* An index array of n entries for the batch being launched; valid until the
+ * batch returns. */
+int64_t *cn__run_idx(cn_run *r, int64_t n);
+/* Whether rows `width` wide at idx[0..n) are evenly spaced, none missing
+ * and none overlapping: then they are one matrix with row stride *stride. */
+bool cn__rows_even(const int64_t *idx, int n, int width, int *stride);
+/* Rows `width` floats wide at base + idx[r]: returns a pointer and row
+ * stride that read them directly when they are evenly spaced, else gathers
+ * them into dst (row stride ldd) and returns dst. Counts copied bytes. */
+const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
+                          const int64_t *idx, int n, int width, int *ld);
+/* Host-readable view of a vertex's state after execution. */
+const float *cn__run_state_host(const cn_run *r, int32_t v);
+/* off[i] = state offset of input `which` of verts[i], or -1 if it has no
+ * such input (a unary node's second child). Staged in the run's indices. */
+int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
+/* off[i] = state offset of verts[i] plus add. */
+int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
+/* off[i] = vaux[verts[i]] · stride (an embedding row). */
+int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
+
+/* Executes one batch with the run's layout: the compiled cell when the
+ * model has one for the type, else the family's exec(). */
+void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n);
+/* Scratch floats and index entries that batch needs. */
+void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
+                         int64_t *scratch, int64_t *idx);
+
+/* Executes a run of a dynamic family (run_dynamic.c): frontier by
+ * frontier, the graph growing as exec() adds vertices. */
+int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* Shared by run.c and run_dynamic.c. */
+void cn__run_bind_weights(cn_run *r);
+int cn__run_copy_back(cn_run *r, cn_err *err);
+
+/* ---- scheduling a run (run_sched.c) ---------------------------------------
+ * Fills r->order and r->batches for the policy, and r->lower_bound. With
+ * CN_POLICY_FSM the policy object is r->sched_fsm (NULL: agenda). */
+int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* Σ_t depth_t over the run (MODELS.md lower bound). */
+int64_t cn__sched_lower_bound(const cn_run *r);
+
+/* The run's graph as the scheduler sees it (borrowed arrays). */
+static inline cn_dag cn__run_dag(const cn_run *r) {
+  cn_dag g = {r->fam->n_types, r->nv, r->vtype, r->in_start, r->in_edges};
+  return g;
+}
+
+/* cell_exec.c: runs the cell on a batch (all inputs ready; rows of verts
+ * consecutive in the type's state buffer). */
+void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n);
+
+#endif /* CANOPY_RUN_H */

@@ -1,0 +1,53 @@
+/* run_sched.c - what a run asks of the scheduler (core/sched): the run
+ * hands its typed DAG (cn__run_dag) to the scheduler and writes the plan
+ * back into its own arrays. The scheduler works on cn_dag only and never
+ * sees a run, so the dependency points one way: run -> sched.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "run/run.h"
+
+int64_t cn__sched_lower_bound(const cn_run *r) {
+  cn_dag g = cn__run_dag(r);
+  return cn__dag_lower_bound(&g);
+}
+
+int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err) {
+  int rc = CN_E_NOMEM;
+  cn_dag g = cn__run_dag(r);
+  r->order = malloc(((size_t)r->nv + 1) * sizeof(int32_t));
+  r->batches = malloc(((size_t)r->nv + 1) * sizeof(cn_run_batch));
+  if (r->order == NULL || r->batches == NULL) goto out;
+  r->n_batches = 0;
+  memset(r->max_batch, 0, sizeof(r->max_batch));
+  rc = cn__sched_dag(&g, policy, r->sched_fsm, r->plan_width, r->order,
+                     r->batches, &r->n_batches);
+  if (rc != 0) goto out;
+  for (int32_t b = 0; b < r->n_batches; b++) {
+    const cn_run_batch *bt = &r->batches[b];
+    if (bt->n > r->max_batch[bt->type]) r->max_batch[bt->type] = bt->n;
+  }
+  r->lower_bound = cn__dag_lower_bound(&g);
+  if (r->lower_bound < 0) rc = CN_E_NOMEM;
+out:
+  if (rc != 0)
+    cn_err_set(err, rc, "could not plan the run's batches (%s)",
+               cn_err_default_msg(rc));
+  return rc;
+}
+
+int cn_run_exec_fsm(cn_run *r, const cn_fsm *p, cn_err *err) {
+  if (p != NULL && cn__fsm_n_types(p) != r->fam->n_types)
+    return cn_err_set(err, CN_E_INTERNAL,
+                      "the policy has %d vertex types, model %s has %d",
+                      cn__fsm_n_types(p), r->fam->name, r->fam->n_types);
+  r->sched_fsm = p;
+  return cn_run_exec(r, CN_POLICY_FSM, err);
+}
+
+int cn_graph_set_add_run(cn_graph_set *s, const cn_run *r) {
+  if (r->fam->n_types != cn__graph_set_n_types(s)) return CN_E_INTERNAL;
+  cn_dag g = cn__run_dag(r);
+  return cn__graph_set_add_dag(s, &g, r->ne);
+}

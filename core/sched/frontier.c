@@ -1,0 +1,533 @@
+/* frontier.c - the frontier of a typed DAG, one batch at a time.
+ *
+ * ED-Batch Alg. 1: while the graph is not empty, a policy names the next
+ * type (line 3), every ready vertex of that type forms the batch (line 4),
+ * the batch runs (line 5) and the frontier is updated (line 6). This file
+ * is that loop's state, shared by the static plans (sched.c), FSM training
+ * (fsm.c) and a dynamic executor that adds vertices while it runs (lstm-nmt
+ * decoding): everything here looks at the frontier, never at the future.
+ *
+ * Besides the ready counts |Frontier_t(G)|, the frontier can keep
+ * |Frontier(G^t)| (ED-Batch §2.3): the type-t vertices left with no type-t
+ * vertex left among their ancestors, i.e. those a type-t batch could run
+ * before any other type-t batch. The ratio of the two is eq. 1's second
+ * term and the sufficient condition of Lemma 1 / §5.3. Kept incrementally:
+ * sub[v][t] counts v's inputs p with "a type-t vertex left at or above p";
+ * committing a type-t vertex clears that flag for it, and a zero count
+ * clears it for a non-t consumer in turn. Each (vertex, type) flag clears at
+ * most once, so a whole schedule costs O((V + E)·T).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/frontier_impl.h"
+
+static int grow32(int32_t **p, size_t n) {
+  int32_t *q = cn__xrealloc(*p, n, sizeof(int32_t));
+  if (q == NULL) return -1;
+  *p = q;
+  return 0;
+}
+
+/* The instances and lookahead2's scratch (find_instances). */
+static void free_instances(cn_frontier *f) {
+  free(f->comp);
+  free(f->cm);
+  for (int t = 0; t < CN_MAX_TYPES; t++) {
+    free(f->cin[t]);
+    f->cin[t] = NULL;
+    f->cin_n[t] = 0;
+  }
+  free(f->cin_on);
+  f->cin_on = NULL;
+  free(f->cm1);
+  free(f->cb);
+  free(f->cx);
+  free(f->cs);
+  free(f->ca);
+  f->cx = f->cs = NULL;
+  f->ca = NULL;
+  free(f->clist);
+  free(f->cmark);
+  free(f->seen2);
+  free(f->n1);
+  f->comp = f->cm = f->cm1 = f->cb = f->clist = f->seen2 = f->n1 = NULL;
+  f->cmark = NULL;
+}
+
+int cn__frontier_init(cn_frontier *f, int n_types, bool track_sub) {
+  memset(f, 0, sizeof(*f));
+  if (n_types < 1 || n_types > CN_MAX_TYPES) return CN_E_INTERNAL;
+  f->n_types = n_types;
+  f->track_sub = track_sub;
+  f->in_start = malloc(sizeof(int32_t));
+  if (f->in_start == NULL) return CN_E_NOMEM;
+  f->in_start[0] = 0;
+  return 0;
+}
+
+void cn__frontier_free(cn_frontier *f) {
+  free(f->vtype);
+  free(f->done);
+  free(f->depth);
+  free(f->pending);
+  free(f->in_start);
+  free(f->in_edges);
+  free(f->out_head);
+  free(f->out_tail);
+  free(f->e_next);
+  free(f->e_dst);
+  free(f->sub);
+  free(f->stack);
+  free(f->tail);
+  free(f->seen_in);
+  free_instances(f);
+  for (int t = 0; t < CN_MAX_TYPES; t++) {
+    free(f->q[t]);
+    free(f->qc[t]);
+  }
+  memset(f, 0, sizeof(*f));
+}
+
+/* "A type-t vertex is left at or above p" (see the file comment). */
+static inline bool above(const cn_frontier *f, int32_t p, int t) {
+  return !f->done[p] &&
+         (f->vtype[p] == t || f->sub[(size_t)p * f->n_types + t] > 0);
+}
+
+static void clear_instances(cn_frontier *f, int t);
+
+/* Look-ahead upkeep of a vertex that became ready (with tails). */
+static int note_ready(cn_frontier *f, int32_t v) {
+  int t = f->vtype[v];
+  fold_tail(f, f->mt[t], v);
+  if (f->cm != NULL) { /* the same per instance, for lookahead2 */
+    int T = f->n_types;
+    int32_t c = f->comp[v];
+    fold_tail(f, f->cm + ((size_t)c * T + t) * T, v);
+    if (!f->cin_on[(size_t)c * T + t]) {
+      f->cin_on[(size_t)c * T + t] = 1;
+      f->cin[t][f->cin_n[t]++] = c;
+    }
+  }
+  if (f->out_head[v] < 0) return 0; /* a sink readies nothing */
+  if (f->qc_n[t] == f->qc_cap[t]) {
+    int64_t c = f->qc_cap[t] ? f->qc_cap[t] * 2 : 64;
+    if (grow32(&f->qc[t], (size_t)c)) return -1;
+    f->qc_cap[t] = c;
+  }
+  f->qc[t][f->qc_n[t]++] = v;
+  return 0;
+}
+
+static int push_ready(cn_frontier *f, int32_t v) {
+  int t = f->vtype[v];
+  if (f->qtail[t] == f->qcap[t]) {
+    int64_t c = f->qcap[t] ? f->qcap[t] * 2 : 64;
+    if (grow32(&f->q[t], (size_t)c)) return -1;
+    f->qcap[t] = c;
+  }
+  f->q[t][f->qtail[t]++] = v;
+  f->n_ready[t]++;
+  return f->tail != NULL ? note_ready(f, v) : 0;
+}
+
+/* Per-vertex state of v from its inputs, as if added now. */
+static int settle(cn_frontier *f, int32_t v) {
+  int T = f->n_types, t = f->vtype[v];
+  int32_t d = -1, pend = 0;
+  int32_t *sv = f->sub + (size_t)v * T;
+  if (f->track_sub) memset(sv, 0, (size_t)T * sizeof(int32_t));
+  for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
+    int32_t p = f->in_edges[i];
+    if (f->depth[p] > d) d = f->depth[p];
+    if (!f->done[p]) pend++;
+    if (f->track_sub)
+      for (int a = 0; a < T; a++) sv[a] += above(f, p, a);
+  }
+  f->depth[v] = d + 1;
+  f->pending[v] = pend;
+  f->done[v] = 0;
+  if (f->track_sub && sv[t] == 0) f->n_sub[t]++;
+  if (pend == 0 && push_ready(f, v)) return CN_E_NOMEM;
+  return 0;
+}
+
+int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
+                         int n_inputs) {
+  int T = f->n_types;
+  int32_t v = f->nv;
+  if (type < 0 || type >= T || n_inputs < 0) return CN_E_INTERNAL;
+  for (int i = 0; i < n_inputs; i++)
+    if (inputs[i] < 0 || inputs[i] >= v) return CN_E_INTERNAL;
+  if (v + 1 > f->cap_v) {
+    size_t c = f->cap_v ? (size_t)f->cap_v * 2 : 256;
+    if (c > INT32_MAX / 2) return CN_E_NOMEM;
+    uint8_t *vt = cn__xrealloc(f->vtype, c, 1);
+    if (vt == NULL) return CN_E_NOMEM;
+    f->vtype = vt;
+    uint8_t *dn = cn__xrealloc(f->done, c, 1);
+    if (dn == NULL) return CN_E_NOMEM;
+    f->done = dn;
+    if (grow32(&f->depth, c) || grow32(&f->pending, c) ||
+        grow32(&f->in_start, c + 1) || grow32(&f->out_head, c) ||
+        grow32(&f->out_tail, c) || grow32(&f->stack, c) ||
+        (f->track_sub && grow32(&f->sub, c * (size_t)T)) ||
+        (f->comp != NULL && grow32(&f->comp, c)))
+      return CN_E_NOMEM;
+    if (f->seen_in != NULL) {
+      if (grow32(&f->seen_in, c + 1)) return CN_E_NOMEM;
+      memset(f->seen_in + f->cap_v + 1, 0,
+             (c - (size_t)f->cap_v) * sizeof(int32_t));
+    }
+    if (f->seen2 != NULL) {
+      if (grow32(&f->seen2, c + 1) || grow32(&f->n1, c + 1))
+        return CN_E_NOMEM;
+      memset(f->seen2 + f->cap_v + 1, 0,
+             (c - (size_t)f->cap_v) * sizeof(int32_t));
+    }
+    f->cap_v = (int32_t)c;
+  }
+  if (f->ne + n_inputs > f->cap_e) {
+    size_t c = f->cap_e ? (size_t)f->cap_e : 256;
+    while (c < (size_t)f->ne + (size_t)n_inputs) c *= 2;
+    if (c > INT32_MAX / 2) return CN_E_NOMEM;
+    if (grow32(&f->in_edges, c) || grow32(&f->e_next, c) ||
+        grow32(&f->e_dst, c))
+      return CN_E_NOMEM;
+    f->cap_e = (int32_t)c;
+  }
+  f->vtype[v] = (uint8_t)type;
+  f->out_head[v] = f->out_tail[v] = -1;
+  if (f->comp != NULL) f->comp[v] = n_inputs > 0 ? f->comp[inputs[0]] : 0;
+  for (int i = 0; i < n_inputs; i++) {
+    /* In-edge i of v is out-edge e of its source, appended at the tail so
+     * consumers are visited in the order they were added. */
+    int32_t e = f->ne + i, p = inputs[i];
+    f->in_edges[e] = p;
+    f->e_dst[e] = v;
+    f->e_next[e] = -1;
+    if (f->out_tail[p] < 0)
+      f->out_head[p] = e;
+    else
+      f->e_next[f->out_tail[p]] = e;
+    f->out_tail[p] = e;
+  }
+  f->ne += n_inputs;
+  f->in_start[v + 1] = f->ne;
+  f->nv = v + 1;
+  f->n_of_type[type]++;
+  int rc = settle(f, v);
+  if (rc != 0) return rc;
+  f->depth_sum[type] += f->depth[v];
+  return v;
+}
+
+int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
+  for (int32_t v = 0; v < g->nv; v++) {
+    int32_t b = g->in_start[v];
+    int32_t w = cn__frontier_add(f, g->vtype[v], g->in_edges + b,
+                                 g->in_start[v + 1] - b);
+    if (w < 0) return w;
+  }
+  return 0;
+}
+
+int cn__frontier_reset(cn_frontier *f) {
+  memset(f->n_ready, 0, sizeof(f->n_ready));
+  memset(f->n_sub, 0, sizeof(f->n_sub));
+  memset(f->qhead, 0, sizeof(f->qhead));
+  memset(f->qtail, 0, sizeof(f->qtail));
+  memset(f->qc_n, 0, sizeof(f->qc_n));
+  memset(f->mt, 0, sizeof(f->mt));
+  for (int t = 0; f->cm != NULL && t < f->n_types; t++) clear_instances(f, t);
+  f->n_done = 0;
+  for (int32_t v = 0; v < f->nv; v++) f->done[v] = 0;
+  for (int32_t v = 0; v < f->nv; v++)
+    if (settle(f, v)) return CN_E_NOMEM;
+  return 0;
+}
+
+int cn__frontier_agenda(const cn_frontier *f) {
+  int best = -1;
+  double best_avg = 0;
+  for (int t = 0; t < f->n_types; t++) {
+    if (f->n_ready[t] == 0) continue;
+    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
+    if (best < 0 || avg < best_avg) {
+      best = t;
+      best_avg = avg;
+    }
+  }
+  return best;
+}
+
+double cn__frontier_ratio(const cn_frontier *f, int t) {
+  if (!f->track_sub || f->n_ready[t] == 0 || f->n_sub[t] == 0) return 0.0;
+  return (double)f->n_ready[t] / (double)f->n_sub[t];
+}
+
+/* ED-Batch §5.3: the ready type maximising eq. 1's ratio; ties go to the
+ * agenda's order (least average depth, then lowest type). */
+static int next_sufficient(const cn_frontier *f) {
+  int best = -1;
+  double br = -1, bavg = 0;
+  for (int t = 0; t < f->n_types; t++) {
+    if (f->n_ready[t] == 0) continue;
+    double r = cn__frontier_ratio(f, t);
+    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
+    if (best < 0 || r > br + 1e-12 || (r > br - 1e-12 && avg < bavg)) {
+      best = t;
+      br = r;
+      bavg = avg;
+    }
+  }
+  return best;
+}
+
+/* The ready type whose batch lowers the bound on what is left the most;
+ * ties: the smaller batch (it leaves the larger ones to grow), then the
+ * agenda's order. Without tails: agenda. */
+int cn__frontier_next_lookahead(const cn_frontier *f) {
+  if (f->tail == NULL) return cn__frontier_agenda(f);
+  int64_t drop[CN_MAX_TYPES];
+  cn__frontier_drops(f, drop);
+  int best = -1;
+  double bavg = 0;
+  for (int t = 0; t < f->n_types; t++) {
+    if (f->n_ready[t] == 0) continue;
+    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
+    if (best < 0 || drop[t] > drop[best] ||
+        (drop[t] == drop[best] &&
+         (f->n_ready[t] < f->n_ready[best] ||
+          (f->n_ready[t] == f->n_ready[best] && avg < bavg)))) {
+      best = t;
+      bavg = avg;
+    }
+  }
+  return best;
+}
+
+bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm) {
+  if (policy == CN_POLICY_LOOKAHEAD || policy == CN_POLICY_LOOKAHEAD2 ||
+      policy == CN_POLICY_PLAN)
+    return true;
+  return policy == CN_POLICY_FSM && fsm != NULL && cn__fsm_needs_tails(fsm);
+}
+
+int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
+                      const struct cn_fsm *fsm) {
+  if (f->n_done == f->nv) return -1;
+  switch (policy) {
+    case CN_POLICY_SUFFICIENT:
+      return f->track_sub ? next_sufficient(f) : cn__frontier_agenda(f);
+    case CN_POLICY_LOOKAHEAD: return cn__frontier_next_lookahead(f);
+    case CN_POLICY_LOOKAHEAD2:
+    case CN_POLICY_PLAN: /* a graph that grows cannot be planned ahead */
+      return cn__frontier_next_lookahead2(f);
+    case CN_POLICY_FSM:
+      if (fsm == NULL) return cn__frontier_agenda(f);
+      /* A policy that lost to a heuristic on its sample runs that one. */
+      if (cn__fsm_executes(fsm) == CN_POLICY_SUFFICIENT && f->track_sub)
+        return next_sufficient(f);
+      if (cn__fsm_executes(fsm) == CN_POLICY_LOOKAHEAD)
+        return cn__frontier_next_lookahead(f);
+      if (cn__fsm_executes(fsm) == CN_POLICY_LOOKAHEAD2)
+        return cn__frontier_next_lookahead2(f);
+      if (cn__fsm_executes(fsm) != CN_POLICY_FSM)
+        return cn__frontier_agenda(f);
+      return cn__fsm_choose(fsm, f);
+    default: return cn__frontier_agenda(f);
+  }
+}
+
+/* Every ready type-t vertex was committed: no instance has one now. */
+static void clear_instances(cn_frontier *f, int t) {
+  int T = f->n_types;
+  for (int32_t k = 0; k < f->cin_n[t]; k++) {
+    int32_t c = f->cin[t][k];
+    f->cin_on[(size_t)c * T + t] = 0;
+    memset(f->cm + ((size_t)c * T + t) * T, 0, (size_t)T * sizeof(int32_t));
+  }
+  f->cin_n[t] = 0;
+}
+
+/* A type-t vertex v was committed: the flag "type t left at or above" goes
+ * false for v, then for every consumer whose count drops to zero. */
+static void clear_sub(cn_frontier *f, int32_t v, int t) {
+  int T = f->n_types;
+  int32_t sp = 0;
+  f->stack[sp++] = v;
+  while (sp > 0) {
+    int32_t u = f->stack[--sp];
+    for (int32_t e = f->out_head[u]; e >= 0; e = f->e_next[e]) {
+      int32_t w = f->e_dst[e];
+      if (--f->sub[(size_t)w * T + t] != 0) continue;
+      if (f->vtype[w] == t)
+        f->n_sub[t]++; /* w now heads G^t */
+      else
+        f->stack[sp++] = w; /* each w is pushed once: its count hit 0 */
+    }
+  }
+}
+
+int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
+  if (t < 0 || t >= f->n_types) return 0;
+  int64_t h = f->qhead[t], e = f->qtail[t];
+  f->qhead[t] = e;
+  int32_t n = 0;
+  /* Mark the whole batch done first: its vertices' outputs are computed
+   * together, and none of them is an input of another (all were ready). */
+  for (int64_t i = h; i < e; i++) {
+    int32_t v = f->q[t][i];
+    f->done[v] = 1;
+    out[n++] = v;
+  }
+  f->n_done += n;
+  f->n_ready[t] -= n;
+  memset(f->mt[t], 0, sizeof(f->mt[t]));
+  clear_instances(f, t);
+  f->qc_n[t] = 0;
+  if (f->track_sub) f->n_sub[t] -= n;
+  for (int32_t i = 0; i < n; i++) {
+    int32_t v = out[i];
+    for (int32_t k = f->out_head[v]; k >= 0; k = f->e_next[k]) {
+      int32_t w = f->e_dst[k];
+      if (--f->pending[w] == 0 && push_ready(f, w)) return CN_E_NOMEM;
+    }
+    if (f->track_sub) clear_sub(f, v, t);
+  }
+  return n;
+}
+
+/* ---- look-ahead: the bound on what is left ------------------------------ */
+static int32_t uf_root(int32_t *up, int32_t v) {
+  while (up[v] != v) v = up[v] = up[up[v]]; /* path halving */
+  return v;
+}
+
+/* The run's instances: weakly connected components (union-find over the
+ * edges), numbered 0.. in order of their first vertex; and the lookahead2
+ * policy's per-instance scratch. */
+static int find_instances(cn_frontier *f) {
+  int T = f->n_types;
+  free_instances(f);
+  f->comp = malloc(((size_t)f->cap_v + 1) * sizeof(int32_t));
+  if (f->comp == NULL) return -1;
+  int32_t *up = f->comp;
+  for (int32_t v = 0; v < f->nv; v++) {
+    up[v] = v;
+    for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
+      int32_t a = uf_root(up, f->in_edges[i]), b = uf_root(up, v);
+      if (a != b) up[a > b ? a : b] = a < b ? a : b;
+    }
+  }
+  /* A root is its component's smallest vertex (unions hang the larger
+   * root under the smaller), so it is labelled before the rest: labels
+   * are kept as -(label + 1) until every vertex has one. */
+  for (int32_t v = 0; v < f->nv; v++) up[v] = uf_root(up, v);
+  int32_t n = 0;
+  for (int32_t v = 0; v < f->nv; v++)
+    up[v] = up[v] == v ? -(++n) : up[up[v]];
+  for (int32_t v = 0; v < f->nv; v++) up[v] = -up[v] - 1;
+  f->n_comp = n;
+  size_t c = n > 0 ? (size_t)n : 1;
+  f->cm = calloc(c * (size_t)T * (size_t)T, sizeof(int32_t));
+  f->cin_on = calloc(c * (size_t)T, 1);
+  for (int t = 0; t < T; t++)
+    if ((f->cin[t] = malloc(c * sizeof(int32_t))) == NULL) return -1;
+  f->cm1 = malloc(c * (size_t)T * (size_t)T * sizeof(int32_t));
+  f->cb = malloc(c * (size_t)T * sizeof(int32_t));
+  f->cx = malloc(c * (size_t)T * sizeof(int32_t));
+  f->cs = malloc(c * (size_t)T * sizeof(int32_t));
+  f->ca = malloc(c * (size_t)T);
+  f->clist = malloc(c * sizeof(int32_t));
+  f->cmark = calloc(c, 1);
+  f->seen2 = calloc((size_t)f->cap_v + 1, sizeof(int32_t));
+  f->n1 = malloc(((size_t)f->cap_v + 1) * sizeof(int32_t));
+  return f->cm && f->cin_on && f->cm1 && f->cb && f->cx && f->cs && f->ca &&
+                 f->clist && f->cmark &&
+                 f->seen2 && f->n1
+             ? 0
+             : -1;
+}
+
+int cn__frontier_tails(cn_frontier *f) {
+  int T = f->n_types;
+  free(f->tail);
+  free(f->seen_in);
+  f->tail = cn__xcalloc((size_t)f->cap_v * (size_t)T, sizeof(int32_t));
+  f->seen_in = cn__xcalloc((size_t)f->cap_v + 1, sizeof(int32_t));
+  if (f->tail == NULL || f->seen_in == NULL) return CN_E_NOMEM;
+  f->feeds = 0;
+  /* Consumers come after their inputs. */
+  for (int32_t v = f->nv - 1; v >= 0; v--) {
+    int32_t *tv = f->tail + (size_t)v * T;
+    for (int32_t e = f->out_head[v]; e >= 0; e = f->e_next[e]) {
+      const int32_t *tw = f->tail + (size_t)f->e_dst[e] * T;
+      for (int t = 0; t < T; t++)
+        if (tw[t] > tv[t]) tv[t] = tw[t];
+    }
+    tv[f->vtype[v]]++;
+    if (f->out_head[v] >= 0) f->feeds |= 1u << f->vtype[v];
+  }
+  f->tails_nv = f->nv;
+  if (find_instances(f)) return CN_E_NOMEM;
+  memset(f->qc_n, 0, sizeof(f->qc_n));
+  memset(f->mt, 0, sizeof(f->mt));
+  for (int t = 0; t < T; t++)
+    for (int64_t i = f->qhead[t]; i < f->qtail[t]; i++)
+      if (note_ready(f, f->q[t][i])) return CN_E_NOMEM;
+  return 0;
+}
+
+/* The consumers a batch of every ready type-t vertex makes ready (every
+ * pending input in the batch), written to out; seen_in keeps the batch's
+ * inputs per consumer until cn__frontier_uncount_batch(f, t). */
+int32_t cn__frontier_count_batch(const cn_frontier *f, int t, int32_t *out) {
+  int32_t n = 0;
+  for (int64_t i = 0; i < f->qc_n[t]; i++)
+    for (int32_t e = f->out_head[f->qc[t][i]]; e >= 0; e = f->e_next[e]) {
+      int32_t w = f->e_dst[e];
+      if (++f->seen_in[w] == f->pending[w]) out[n++] = w;
+    }
+  return n;
+}
+
+void cn__frontier_uncount_batch(const cn_frontier *f, int t) {
+  for (int64_t i = 0; i < f->qc_n[t]; i++)
+    for (int32_t e = f->out_head[f->qc[t][i]]; e >= 0; e = f->e_next[e])
+      f->seen_in[f->e_dst[e]] = 0;
+}
+
+int64_t cn__frontier_drops(const cn_frontier *f, int64_t *drop) {
+  int T = f->n_types;
+  memset(drop, 0, (size_t)T * sizeof(int64_t));
+  if (f->tail == NULL) return 0;
+  /* mt[a][u]: the most type-u vertices ahead of a ready type-a vertex.
+   * Every vertex left has a ready ancestor, so the bound on what is left is
+   * Σ_u max_a mt[a][u]. Committing t removes mt[t] and adds the tails of
+   * the consumers it makes ready. Vertices added after the tails count only
+   * themselves (and readying them is seen only through inputs that had
+   * consumers when they became ready). */
+  int64_t now = 0;
+  for (int u = 0; u < T; u++) {
+    int32_t b = 0;
+    for (int a = 0; a < T; a++)
+      if (f->mt[a][u] > b) b = f->mt[a][u];
+    now += b;
+  }
+  for (int t = 0; t < T; t++) {
+    if (f->n_ready[t] == 0) continue;
+    int32_t best[CN_MAX_TYPES] = {0};
+    for (int a = 0; a < T; a++)
+      if (a != t) max_into(best, f->mt[a], T);
+    int32_t n = cn__frontier_count_batch(f, t, f->n1);
+    for (int32_t i = 0; i < n; i++) fold_tail(f, best, f->n1[i]);
+    cn__frontier_uncount_batch(f, t);
+    int64_t after = 0;
+    for (int u = 0; u < T; u++) after += best[u];
+    drop[t] = now - after;
+  }
+  return now;
+}

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""check_layout.py - the folder layering of docs/architecture.md, enforced.
+
+Reads every `#include "..."` of every C and CUDA file under core/, cli/,
+server/, backends/ and config/, resolves it as the compiler does (the
+including file's folder, then the include directories meson gives), maps
+both ends to their part (core/base, core/run, cli, server, ...) and checks
+the edge against LAYERS and EXTRA below. Fails naming the file, the line
+and the include for every edge that is not allowed, and for any cycle in
+the graph of parts. Run by `meson test` (check_layout); standard library
+only. Before the tree it checks itself on a small made-up tree with an
+upward include and a cycle, so a check that has stopped seeing anything
+fails too.
+
+With --archives, it checks the built objects too: every symbol an object
+of one core/ folder's archive (libcanopy_<folder>.a) takes from another
+folder's must come from a folder below, per `nm`; LINK_EXCEPTIONS names
+the only references allowed upward.
+
+usage: check_layout.py [SOURCE_ROOT]
+       check_layout.py --archives LIBCANOPY_BASE.a ... LIBCANOPY_FAMILIES.a
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# core/'s subsystems, lowest first: a file may include headers of its own
+# folder and of the folders before it, never after. core/public is the
+# public face (canopy_core.h) and the backend interface (backend.h).
+LAYERS = [
+    "core/public",   # canopy_core.h, backend.h
+    "core/base",     # err.c, util.c: what everything uses
+    "core/input",    # trees, vocabularies, lexicons, safetensors
+    "core/cell",     # op IR, compiler, memory layout, PQ-tree
+    "core/model",    # models, the family registry, instances
+    "core/sched",    # frontier, heuristics, FSM, plans, graph sets
+    "core/run",      # runs: graph, arena, batches, execution
+    "core/families",  # the model families: build and execute runs
+]
+
+# Edges outside core/'s order, each with its reason.
+EXTRA = {
+    # The backends implement core/backend.h and see the public header only.
+    "backends": {"core/public"},
+    # Configuration keys name core's limits (canopy_core.h).
+    "config": {"core/public"},
+    # The commands (run, model, policy) and main.c: core's public header,
+    # the backends' registry, the configuration table. Never the daemon.
+    "cli": {"core/public", "backends", "config"},
+    # The daemon: core's public header, backends, configuration, and cli.h
+    # (cn_cmd_serve, which serve.c implements, and the flag helpers).
+    "server": {"core/public", "backends", "config", "cli"},
+    # Every internal header at once, for tests/ only (nothing in the tree
+    # may include it: no part lists core/internal here).
+    "core/internal": set(LAYERS),
+}
+
+# References from a lower folder's objects to a higher folder's symbols that
+# are allowed, by (folder, symbol prefix): model/registry.c lists the family
+# descriptors (data, defined in core/families/) by extern declaration; it
+# never includes families/ and calls no family code itself.
+LINK_EXCEPTIONS = {("core/model", "cn__fam_")}
+
+# Where meson looks for a quoted include after the file's own folder
+# (meson.build `inc`, server/ and tests/ add backends/ and config/).
+INCLUDE_DIRS = [".", "core", "backends", "config", "cli"]
+SCAN = ["core", "cli", "server", "backends", "config"]
+EXTS = (".c", ".h", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def part_of(rel):
+    """The part a file (path relative to the root) belongs to."""
+    p = rel.split("/")
+    if p[0] == "core":
+        if len(p) == 2:
+            return "core/internal" if p[1] == "internal.h" else "core/public"
+        return "core/" + p[1]
+    return p[0]
+
+
+def allowed(src, dst):
+    if src == dst:
+        return True
+    if src in LAYERS and dst in LAYERS:
+        return LAYERS.index(dst) < LAYERS.index(src)
+    return dst in EXTRA.get(src, set())
+
+
+def scan(root):
+    """Yields (file, line number, include text, resolved file or None)."""
+    for top in SCAN:
+        for d, _, names in os.walk(os.path.join(root, top)):
+            for n in sorted(names):
+                if not n.endswith(EXTS):
+                    continue
+                path = os.path.join(d, n)
+                rel = os.path.relpath(path, root)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    for no, line in enumerate(f, 1):
+                        m = INCLUDE.match(line)
+                        if not m:
+                            continue
+                        inc = m.group(1)
+                        hit = None
+                        for base in [d] + [os.path.join(root, i)
+                                           for i in INCLUDE_DIRS]:
+                            cand = os.path.normpath(os.path.join(base, inc))
+                            if os.path.isfile(cand):
+                                hit = os.path.relpath(cand, root)
+                                break
+                        yield rel, no, inc, hit
+
+
+def find_cycle(edges):
+    """A cycle in {part: set(parts)} as a list, or None."""
+    state, stack = {}, []
+
+    def visit(u):
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(edges.get(u, ())):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if v not in state:
+                c = visit(v)
+                if c:
+                    return c
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(edges):
+        if u not in state:
+            c = visit(u)
+            if c:
+                return c
+    return None
+
+
+def check(root):
+    """The list of problems (strings) of the tree at root."""
+    problems, edges = [], {}
+    for rel, no, inc, hit in scan(root):
+        if hit is None:
+            problems.append(f'{rel}:{no}: #include "{inc}" resolves to no '
+                            f'file of the tree')
+            continue
+        src, dst = part_of(rel), part_of(hit)
+        if src != dst:
+            edges.setdefault(src, set()).add(dst)
+        if not allowed(src, dst):
+            problems.append(f'{rel}:{no}: #include "{inc}" ({hit}): {src} '
+                            f'may not include {dst} (docs/architecture.md)')
+    cycle = find_cycle(edges)
+    if cycle:
+        problems.append("include cycle between parts: " + " -> ".join(cycle))
+    return problems, edges
+
+
+def self_test():
+    """The check must see an upward include and a cycle in a made-up tree."""
+    files = {
+        "core/canopy_core.h": "",
+        "core/base/base.h": '#include "canopy_core.h"\n',
+        "core/sched/sched.h": '#include "base/base.h"\n',
+        "core/sched/fsm.c": '#include "sched/sched.h"\n#include "run/run.h"\n',
+        "core/run/run.h": '#include "sched/sched.h"\n',
+        "server/serve.c": '#include "canopy_core.h"\n',
+        "cli/cmd_run.c": '#include "../server/serve_impl.h"\n',
+        "server/serve_impl.h": "",
+    }
+    with tempfile.TemporaryDirectory() as t:
+        for rel, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(t, rel)), exist_ok=True)
+            with open(os.path.join(t, rel), "w") as f:
+                f.write(text)
+        problems, _ = check(t)
+    want = ["core/sched/fsm.c:2:", "cli/cmd_run.c:1:", "include cycle"]
+    missed = [w for w in want if not any(p.startswith(w) or w in p
+                                         for p in problems)]
+    if missed or len(problems) != len(want):
+        print("check_layout.py self-test failed: expected problems "
+              f"{want}, got {problems}")
+        return False
+    return True
+
+
+def nm_symbols(archive):
+    """{object: (defined, undefined)} symbol sets of an archive, per nm -P."""
+    out = subprocess.run(["nm", "-A", "-P", archive], capture_output=True,
+                         text=True, check=True).stdout
+    objs = {}
+    for line in out.splitlines():
+        where, sep, rest = line.rpartition("]: ")
+        if not sep:
+            continue
+        obj = os.path.basename(where.rpartition("[")[2])
+        f = rest.split()
+        if len(f) < 2:
+            continue
+        d, u = objs.setdefault(obj, (set(), set()))
+        if f[1] in "TDBRVWGS":
+            d.add(f[0])
+        elif f[1] == "U":
+            u.add(f[0])
+    return objs
+
+
+def check_archives(archives):
+    """Problems of the built core/ folders' archives (libcanopy_X.a)."""
+    problems, defined, undefined = [], {}, []
+    for a in archives:
+        m = re.match(r"lib(?:canopy_)?(\w+)\.a$", os.path.basename(a))
+        part = "core/" + m.group(1) if m else None
+        if part not in LAYERS:
+            problems.append(f"{a}: not the archive of a core/ folder")
+            continue
+        for obj, (d, u) in nm_symbols(a).items():
+            for sym in d:
+                defined[sym] = (part, obj)
+            undefined.append((part, obj, u))
+    seen = {p for p, _, _ in undefined}
+    for part in LAYERS[1:]:
+        if part not in seen:
+            problems.append(f"no archive of {part} given: not checked")
+    if not defined:
+        problems.append("no symbol defined in the archives: nothing checked")
+    for part, obj, u in undefined:
+        for sym in sorted(u):
+            if sym not in defined:
+                continue
+            dpart, dobj = defined[sym]
+            if allowed(part, dpart) or any(
+                    part == p and sym.startswith(x)
+                    for p, x in LINK_EXCEPTIONS):
+                continue
+            problems.append(f"{part}/{obj}: uses {sym} of {dpart}/{dobj}: "
+                            f"{part} may not call into {dpart}")
+    return problems
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--archives":
+        problems = check_archives(sys.argv[2:])
+        for p in problems:
+            print(p)
+        if problems:
+            print(f"{len(problems)} layering problem(s) in the objects")
+            return 1
+        print(f"objects ok: {len(sys.argv) - 2} archives, no reference "
+              "upward but " + ", ".join(f"{p} -> {x}*"
+                                        for p, x in sorted(LINK_EXCEPTIONS)))
+        return 0
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                           os.path.join(os.path.dirname(__file__), ".."))
+    if not self_test():
+        return 1
+    problems, edges = check(root)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} layering problem(s)")
+        return 1
+    n = sum(len(v) for v in edges.values())
+    print(f"layering ok: {n} edges between {len(edges)} parts, no cycle")
+    for src in sorted(edges):
+        print(f"  {src} -> {', '.join(sorted(edges[src]))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
