@@ -342,6 +342,11 @@ void cn__batcher_on_done(uv_async_t *a) {
   close_for_idle(s, CN__CLOSE_WORKER_FREED);
 }
 
+void cn__batcher_dispatch(cn__server *s, cn__req *r) {
+  if (r->route == CN__RT_REPO_LOAD) cn__repo_load_async(s, r->model_name, r);
+  else cn__batcher_submit(s, r);
+}
+
 /* mhd-thread mode: requests parsed on MHD's thread arrive here. */
 void cn__batcher_on_inbox(uv_async_t *a) {
   cn__server *s = a->data;
@@ -352,8 +357,7 @@ void cn__batcher_on_inbox(uv_async_t *a) {
   while (r != NULL) {
     cn__req *next = r->inbox_next;
     r->inbox_next = NULL;
-    if (r->route == CN__RT_REPO_LOAD) cn__repo_load_async(s, r->model_name, r);
-    else cn__batcher_submit(s, r);
+    cn__batcher_dispatch(s, r);
     r = next;
   }
 }

@@ -169,6 +169,23 @@ void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
   cn__http_kick(s);
 }
 
+/* A suspended request goes to the loop thread: at once in uv-poll mode
+ * (this is the loop), through the inbox from MHD's thread otherwise. */
+static enum MHD_Result hand_over(cn__req *r) {
+  cn__server *s = r->srv;
+  if (!s->mhd_thread) {
+    cn__batcher_dispatch(s, r);
+    return MHD_YES;
+  }
+  pthread_mutex_lock(&s->imu);
+  if (s->itail) s->itail->inbox_next = r;
+  else s->ihead = r;
+  s->itail = r;
+  pthread_mutex_unlock(&s->imu);
+  uv_async_send(&s->inbox_async);
+  return MHD_YES;
+}
+
 /* The body is complete: validate, then suspend and hand over. */
 static enum MHD_Result infer_ready(cn__req *r) {
   cn__server *s = r->srv;
@@ -193,17 +210,7 @@ static enum MHD_Result infer_ready(cn__req *r) {
       MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   r->fd = ci ? ci->connect_fd : -1;
   MHD_suspend_connection(r->conn);
-  if (!s->mhd_thread) {
-    cn__batcher_submit(s, r);
-    return MHD_YES;
-  }
-  pthread_mutex_lock(&s->imu);
-  if (s->itail) s->itail->inbox_next = r;
-  else s->ihead = r;
-  s->itail = r;
-  pthread_mutex_unlock(&s->imu);
-  uv_async_send(&s->inbox_async);
-  return MHD_YES;
+  return hand_over(r);
 }
 
 static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
@@ -338,17 +345,7 @@ static enum MHD_Result answer_route(cn__req *r, const char *method) {
     /* loaded on a loader thread; the answer comes when it is done */
     r->state = CN__REQ_WAITING;
     MHD_suspend_connection(r->conn);
-    if (!s->mhd_thread) {
-      cn__repo_load_async(s, r->model_name, r);
-      return MHD_YES;
-    }
-    pthread_mutex_lock(&s->imu);
-    if (s->itail) s->itail->inbox_next = r;
-    else s->ihead = r;
-    s->itail = r;
-    pthread_mutex_unlock(&s->imu);
-    uv_async_send(&s->inbox_async);
-    return MHD_YES;
+    return hand_over(r);
   }
   int status;
   char *body = NULL;

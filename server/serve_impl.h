@@ -244,6 +244,9 @@ int cn__infer_parse(cn__req *r, cn_err *e);
 
 /* batcher.c (loop thread) */
 void cn__batcher_submit(cn__server *s, cn__req *r);
+/* A suspended request, on the loop: an inference to its window, a
+ * repository load to a loader thread. */
+void cn__batcher_dispatch(cn__server *s, cn__req *r);
 void cn__batcher_cancel(cn__req *r, const char *reason, int status);
 void cn__batcher_on_done(uv_async_t *a);
 void cn__batcher_on_inbox(uv_async_t *a);
