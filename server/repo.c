@@ -55,6 +55,15 @@ static void signature(const char *dir, struct stat sig[2]) {
   if (stat(p, &sig[1]) != 0) memset(&sig[1], 0, sizeof(sig[1]));
 }
 
+/* The slot's directory as it is now: recorded when a load of it starts,
+ * compared by the next rescan (loop thread, or start-up). */
+static void slot_signature(cn__server *s, cn__model_slot *sl,
+                           struct stat sig[2]) {
+  char dir[2048];
+  snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
+  signature(dir, sig);
+}
+
 static bool same_signature(const struct stat a[2], const struct stat b[2]) {
   for (int i = 0; i < 2; i++)
     if (a[i].st_dev != b[i].st_dev || a[i].st_ino != b[i].st_ino ||
@@ -122,7 +131,6 @@ static int version_load(cn__server *s, cn__model_slot *sl,
   snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
   cn__model_entry *me = calloc(1, sizeof(*me));
   if (me == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
-  signature(dir, me->sig);
   int rc = cn_model_load(dir, &me->model, err);
   if (rc != 0) {
     free(me);
@@ -130,12 +138,11 @@ static int version_load(cn__server *s, cn__model_slot *sl,
   }
   snprintf(me->name, sizeof(me->name), "%s", sl->name);
   const char *v = cn_model_named_version(me->model);
-  snprintf(me->version, sizeof(me->version), "%.12s",
-           v ? v : cn_model_weights_sha256(me->model));
   if (v != NULL) snprintf(me->version, sizeof(me->version), "%s", v);
+  else snprintf(me->version, sizeof(me->version), "%.12s",
+                cn_model_weights_sha256(me->model));
   me->index = sl->index;
   me->slot = sl;
-  me->srv = s;
   atomic_init(&me->refs, 1);
   cn__policy_init(s, me); /* a cache read at most: never trains */
   me->describe = cn__model_describe_full(s, me);
@@ -233,6 +240,7 @@ int cn__repo_load_all(cn__server *s, cn_err *err) {
     cn__model_entry *me;
     cn_err e;
     cn_err_clear(&e);
+    slot_signature(s, sl, sl->tried);
     if (version_load(s, sl, &me, &e) == 0) {
       install(sl, me);
       loaded++;
@@ -331,6 +339,7 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
     answer_load(sl, r, NULL, &e);
   } else {
     sl->loading = true;
+    slot_signature(s, sl, sl->tried);
     s->loads_pending++;
     CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s", sl->name);
   }
@@ -382,17 +391,13 @@ void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
   cn__model_release(old); /* its requests finish on it */
 }
 
-/* The signature this slot was last loaded from (or tried). */
+/* Has the directory changed since its last load was tried? A version
+ * that failed is not retried, nor one unloaded through the API reloaded,
+ * until its files change. */
 static bool slot_changed(cn__server *s, cn__model_slot *sl) {
-  char dir[2048];
   struct stat now[2];
-  snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
-  signature(dir, now);
-  pthread_mutex_lock(&sl->vmu);
-  bool changed = sl->cur == NULL ? sl->state == CN__MODEL_UNAVAILABLE
-                                 : !same_signature(now, sl->cur->sig);
-  pthread_mutex_unlock(&sl->vmu);
-  return changed;
+  slot_signature(s, sl, now);
+  return !same_signature(now, sl->tried);
 }
 
 void cn__repo_rescan(cn__server *s, const char *why) {
@@ -417,14 +422,8 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   int loads = 0, unloads = 0;
   for (int i = 0; i < n; i++) {
     cn__model_slot *sl = cn__repo_find(s, names[i], strlen(names[i]));
-    bool unloaded = false;
-    if (sl != NULL) {
-      pthread_mutex_lock(&sl->vmu);
-      unloaded = sl->state == CN__MODEL_UNLOADED;
-      pthread_mutex_unlock(&sl->vmu);
-    }
-    /* new, reappeared after removal, changed, or failed and changed */
-    if (sl == NULL || (!sl->loading && (unloaded || slot_changed(s, sl)))) {
+    /* new, reappeared after removal, or changed since the last try */
+    if (sl == NULL || (!sl->loading && slot_changed(s, sl))) {
       cn__repo_load_async(s, names[i], NULL);
       loads++;
     }
@@ -439,6 +438,8 @@ void cn__repo_rescan(cn__server *s, const char *why) {
     pthread_mutex_lock(&sl->vmu);
     bool has = sl->cur != NULL;
     pthread_mutex_unlock(&sl->vmu);
+    /* gone: whatever appears under the name later is new */
+    memset(sl->tried, 0, sizeof(sl->tried));
     if (has) {
       cn__repo_unload(s, sl);
       unloads++;

@@ -71,8 +71,6 @@ typedef struct cn__model_entry {
   cn__policy pol;
   atomic_int refs;
   cn__model_slot *slot;
-  struct stat sig[2];  /* model.json, weights file: what a rescan compares */
-  cn__server *srv;
 } cn__model_entry;
 
 /* What the repository knows of one model name (repo.c). */
@@ -90,6 +88,8 @@ struct cn__model_slot {
   long long loads_ok, loads_failed;
   /* loop thread only */
   bool loading;              /* a load of this name is under way       */
+  struct stat tried[2];      /* model.json, weights when the last load
+                                started: what a rescan compares       */
   cn__job *window;           /* the open aggregation window            */
   uv_timer_t timer;
 };
@@ -286,7 +286,6 @@ void cn__repo_on_loaded(uv_async_t *a);
 json_t *cn__repo_index(cn__server *s);
 /* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
 char *cn__repo_metrics(cn__server *s);
-bool cn__repo_all_ready(cn__server *s);
 
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);

@@ -325,6 +325,25 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual({e["name"]: e["state"] for e in index},
                          {"a": "READY", "b": "UNLOADED"})
         self.assertGreater(first404, 0)
+        # unloaded through the route: a rescan leaves it unloaded until its
+        # files change, then loads the new version
+        self.assertEqual(d.post("/v2/repository/models/a/unload",
+                                token=None)[0], 200)
+        d.p.send_signal(signal.SIGHUP)
+        time.sleep(0.4)
+        self.assertEqual(d.get("/v2/models/a/ready")[0], 503)
+        swap_link(os.path.join(self.models, "a"), self.versions[2])
+        d.p.send_signal(signal.SIGHUP)
+        for _ in range(300):
+            st, body = d.get("/v2/models/a/ready")
+            if st == 200:
+                break
+            time.sleep(0.01)
+        self.assertEqual((st, body.get("version")),
+                         (200, weights_version(self.versions[2])))
+        with open(d.log_path) as f:
+            self.assertEqual(f.read().count("msg=model-loading model=a"), 1,
+                             "a reloaded only once its files changed")
 
     def test_guards_on_the_mutating_routes(self):
         os.symlink(self.versions[0], os.path.join(self.models, "a"))
