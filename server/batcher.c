@@ -93,12 +93,12 @@ static cn__job *job_split_tail(cn__job *j, int from) {
  * while the other core waits, two of 27 side by side in 3.4 ms. With
  * every worker busy the run goes whole: waiting for a worker, large runs
  * are what batching is for. */
-static void window_close(cn__model_slot *me, cn__close_reason why) {
-  cn__job *j = me->window;
+static void window_close(cn__model_slot *sl, cn__close_reason why) {
+  cn__job *j = sl->window;
   if (j == NULL) return;
-  me->window = NULL;
-  uv_timer_stop(&me->timer);
-  cn__server *s = me->srv;
+  sl->window = NULL;
+  uv_timer_stop(&sl->timer);
+  cn__server *s = sl->srv;
   cn__metrics_window_close(&s->metrics, why);
   int min = s->cfg.serve.split_min_instances;
   int k = min > 0 ? j->instances / min : 1;
@@ -134,10 +134,10 @@ static void close_for_idle(cn__server *s, cn__close_reason why) {
   int n = atomic_load(&s->n_models);
   if (!s->cfg.serve.work_conserving || n == 0) return;
   for (int k = 0; k < n && idle_workers(s) > 0; k++) {
-    cn__model_slot *me = &s->models[(s->next_feed + k) % n];
-    if (me->window != NULL) {
-      window_close(me, why);
-      s->next_feed = (me->index + 1) % n;
+    cn__model_slot *sl = &s->models[(s->next_feed + k) % n];
+    if (sl->window != NULL) {
+      window_close(sl, why);
+      s->next_feed = (sl->index + 1) % n;
     }
   }
 }
@@ -188,7 +188,7 @@ static void on_conn_event(uv_poll_t *p, int status, int events) {
 }
 
 void cn__batcher_submit(cn__server *s, cn__req *r) {
-  cn__model_slot *me = r->slot;
+  cn__model_slot *sl = r->slot;
   const cn_serve_config *sc = &s->cfg.serve;
   r->state = CN__REQ_WAITING;
   r->wnext = s->waiting;
@@ -225,14 +225,14 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
                    "overloaded");
     return;
   }
-  if (me->window != NULL &&
-      (me->window->vertices + r->vertices > (size_t)sc->max_vertices))
-    window_close(me, CN__CLOSE_SIZE);
+  if (sl->window != NULL &&
+      (sl->window->vertices + r->vertices > (size_t)sc->max_vertices))
+    window_close(sl, CN__CLOSE_SIZE);
   /* a window holds one version: a request for a newer one (the model was
    * reloaded meanwhile) closes the old window, which runs on its own */
-  if (me->window != NULL && me->window->me != r->me)
-    window_close(me, CN__CLOSE_FLUSH);
-  if (me->window == NULL) {
+  if (sl->window != NULL && sl->window->me != r->me)
+    window_close(sl, CN__CLOSE_FLUSH);
+  if (sl->window == NULL) {
     cn__job *j = calloc(1, sizeof(*j));
     if (j == NULL) {
       cn__req_answer(r, 500, cn__error_body(CN_E_NOMEM, "out of memory", -1),
@@ -240,14 +240,14 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
       return;
     }
     j->me = r->me;
-    j->slot = me;
+    j->slot = sl;
     atomic_fetch_add(&j->me->refs, 1); /* the run holds its version */
     j->t_open = cn__now();
-    me->window = j;
-    uv_timer_start(&me->timer, on_window_timer,
+    sl->window = j;
+    uv_timer_start(&sl->timer, on_window_timer,
                    (uint64_t)(sc->max_delay_us / 1000), 0);
   }
-  if (job_append(me->window, r) != 0) {
+  if (job_append(sl->window, r) != 0) {
     cn__req_answer(r, 500, cn__error_body(CN_E_NOMEM, "out of memory", -1),
                    "nomem");
     return;
@@ -266,9 +266,9 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
     r->poll_open = true;
     uv_poll_start(&r->poll, UV_READABLE | UV_DISCONNECT, on_conn_event);
   }
-  if (me->window->instances >= sc->max_instances ||
-      me->window->vertices >= (size_t)sc->max_vertices)
-    window_close(me, CN__CLOSE_SIZE);
+  if (sl->window->instances >= sc->max_instances ||
+      sl->window->vertices >= (size_t)sc->max_vertices)
+    window_close(sl, CN__CLOSE_SIZE);
   else if (sc->work_conserving && !uv_is_active((uv_handle_t *)&s->idle_check))
     uv_check_start(&s->idle_check, on_idle_check);
 }
@@ -281,8 +281,8 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
 void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
   cn__server *s = r->srv;
   if (r->state != CN__REQ_WAITING) return;
-  cn__model_slot *me = r->slot;
-  cn__job *j = me->window;
+  cn__model_slot *sl = r->slot;
+  cn__job *j = sl->window;
   bool dropped = false;
   for (int i = 0; j != NULL && i < j->n; i++) {
     if (j->reqs[i] != r) continue;
@@ -294,8 +294,8 @@ void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
     atomic_fetch_sub(&s->waiting_instances, r->n_inst);
     dropped = true;
     if (j->n == 0) {
-      me->window = NULL;
-      uv_timer_stop(&me->timer);
+      sl->window = NULL;
+      uv_timer_stop(&sl->timer);
       cn__job_free(j);
     }
     cn__req_unref(r); /* the run's reference */

@@ -79,22 +79,22 @@ void cn__metrics_free(cn__metrics *m) {
   pthread_mutex_destroy(&m->mu);
 }
 
+/* A model index as a slot (the last slot: no model). Under m->mu. */
+static int slot_of(const cn__metrics *m, int model) {
+  return model >= 0 && model < m->n_models ? model : m->cap;
+}
+
 void cn__metrics_request(cn__metrics *m, int model, int status,
                          int instances, double seconds) {
   int slot = CN__N_STATUS - 1;
   for (int i = 0; i < CN__N_STATUS - 1; i++)
     if (statuses[i] == status) slot = i;
   pthread_mutex_lock(&m->mu);
-  if (model < 0 || model >= m->n_models) model = m->cap;
+  model = slot_of(m, model);
   m->requests[model * CN__N_STATUS + slot]++;
   if (status == 200) m->instances[model] += (uint64_t)instances;
   hist_add(&m->request_s[model], seconds);
   pthread_mutex_unlock(&m->mu);
-}
-
-/* A model index as a slot (the last slot: no model). Under m->mu. */
-static int slot_of(const cn__metrics *m, int model) {
-  return model >= 0 && model < m->n_models ? model : m->cap;
 }
 
 void cn__metrics_run(cn__metrics *m, int model, int instances,
