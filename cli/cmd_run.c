@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "backends.h"
 #include "canopy_core.h"
@@ -476,8 +475,7 @@ int cn_cmd_run(int argc, char **argv) {
   cn_err err;
   cn_err_clear(&err);
 
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cores < 1) cores = 1;
+  int cores = cn__cpu_count();
   int jobs = o.jobs > 0 ? (int)o.jobs : (int)cores;
   if (cn_model_load(o.model, &m, &err) != 0) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
@@ -492,7 +490,7 @@ int cn_cmd_run(int argc, char **argv) {
   if (o.threads > 0)
     cn_backend_cpu_threads((int)o.threads);
   else if (jobs > 1)
-    cn_backend_cpu_threads(cores / jobs > 1 ? (int)(cores / jobs) : 1);
+    cn_backend_cpu_threads(cores / jobs > 1 ? cores / jobs : 1);
   in = strcmp(o.input, "-") == 0 ? stdin : fopen(o.input, "r");
   if (in == NULL) {
     fprintf(stderr, "canopy run: cannot open %s: %m\n", o.input);
