@@ -116,7 +116,7 @@ Test(engine, cpu_blocks_reused_never_shared) {
   cn_err err;
   cn_err_clear(&err);
   cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
-  size_t sizes[] = {4 << 20, 1000, 4 << 20, 64, 3 << 20, 200 << 20};
+  size_t sizes[] = {4 << 20, 1000, 4 << 20, 64, 3 << 20, (size_t)300 << 20};
   enum { N = sizeof(sizes) / sizeof(sizes[0]) };
   char *p[N];
   for (int i = 0; i < N; i++) {
@@ -142,6 +142,6 @@ Test(engine, cpu_blocks_reused_never_shared) {
   memset(c, 7, 5 << 20);
   bk->vt->free(bk, b);
   bk->vt->free(bk, c);
-  for (int i = 1; i < N; i++) bk->vt->free(bk, p[i]); /* 200 MB: not kept */
+  for (int i = 1; i < N; i++) bk->vt->free(bk, p[i]); /* 300 MB: not kept */
   cn_backend_close(bk);
 }

@@ -16,7 +16,7 @@
 
 /* Freed blocks kept for the context's next runs (see cpu_alloc). */
 enum { SPARE_BLOCKS = 4 };
-#define SPARE_MAX_BYTES ((size_t)64 << 20)
+#define SPARE_MAX_BYTES ((size_t)256 << 20)
 
 typedef struct cpu_ctx {
   cn_backend_ctx base;
@@ -75,7 +75,9 @@ static void cpu_close(cn_backend_ctx *bk) {
  * again by the next: from malloc each time they came back as fresh pages
  * the kernel had to zero, 14% of `canopy run --jobs 2` (treelstm H=128,
  * perf, clear_page_erms). So a context keeps up to SPARE_BLOCKS freed
- * blocks (SPARE_MAX_BYTES at most) and hands out the smallest that fits.
+ * blocks (SPARE_MAX_BYTES at most) and hands out the smallest that fits;
+ * new blocks get an eighth more than asked, so runs that grow a little
+ * still reuse them. The cap bounds what a worker keeps between runs.
  * A context belongs to one thread (a worker, a --jobs job): no lock. */
 static void *cpu_alloc(cn_backend_ctx *bk, size_t bytes) {
   cpu_ctx *c = (cpu_ctx *)bk;
@@ -92,6 +94,8 @@ static void *cpu_alloc(cn_backend_ctx *bk, size_t bytes) {
     c->spare_bytes -= block_size(p);
     return p;
   }
+  /* an eighth to spare, so the next run a little bigger fits too */
+  if (n <= SPARE_MAX_BYTES) n = (n + n / 8 + 63) & ~(size_t)63;
   void *raw = NULL;
   if (posix_memalign(&raw, 64, BLOCK_HEAD + n) != 0) return NULL;
   *(size_t *)raw = n;
