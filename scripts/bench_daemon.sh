@@ -6,18 +6,25 @@
 # instances/s, p50/p99 latency, the ratio to the offline throughput of
 # `canopy run --jobs 2` on the same trees (measured in this run, before and
 # after the daemon's points), the cores the daemon used (utime + stime from
-# /proc/PID/stat over each point) and the cores wrk itself used (it shares
-# the same machine: on 2 cores its one thread is part of the load).
+# /proc/PID/stat over each point, split into the loop thread, the workers
+# and the rest), how many of the daemon's threads were on average runnable
+# but waiting for a core (/proc/PID/task/*/schedstat: other processes on
+# the machine, or its own threads outnumbering the cores), and the cores
+# wrk itself used (it shares the machine: its one thread is part of the
+# load).
 # Then the issue's goals, each with its figure. Measures; asserts nothing.
 #
 # usage: scripts/bench_daemon.sh [SECONDS_A_POINT=5]
 #   CANOPY   the binary (default build/canopy)
+#   SERVE_BIN  the daemon's binary, for a before/after (default $CANOPY;
+#            the offline reference always uses $CANOPY run --jobs 2)
 #   HIDDEN   treelstm hidden and embed size (128)
 #   PIN      "daemon=CPUS wrk=CPUS" taskset lists (default: no pinning)
 #   SERVE    more `canopy serve` flags (e.g. "--workers 1")
 set -u
 cd "$(dirname "$0")/.."
 CANOPY=${CANOPY:-build/canopy}
+SERVE_BIN=${SERVE_BIN:-$CANOPY}
 DUR=${1:-5}
 HIDDEN=${HIDDEN:-128}
 SERVE=${SERVE:-}
@@ -67,19 +74,22 @@ ticks() { # utime + stime in clock ticks: the whole process, its loop
   # thread (the main one), its workers (cn-worker-N), the rest
   local all loop=0 work=0 other=0 t c v
   all=$(awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0)
+  local wait=0 w
   for t in /proc/$1/task/*; do
+    # schedstat: ns on a CPU, ns runnable but waiting for one, timeslices
+    w=$(awk '{print int($2 / 1e6)}' "$t/schedstat" 2>/dev/null) && wait=$((wait + w))
     c=$(cat "$t/comm" 2>/dev/null) || continue
     v=$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{print $12 + $13}') || continue
     if [ "${t##*/}" = "$1" ]; then loop=$((loop + v))
     elif [[ $c == cn-worker* ]]; then work=$((work + v))
     else other=$((other + v)); fi
   done
-  echo "$all,$loop,$work,$other"
+  echo "$all,$loop,$work,$other,$wait"
 }
 
 OFF1=$(offline)
 port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-CANOPY_POLICY_CACHE="$WORK/cache" "${pin_daemon[@]}" $CANOPY serve \
+CANOPY_POLICY_CACHE="$WORK/cache" "${pin_daemon[@]}" $SERVE_BIN serve \
   --models-dir "$WORK/models" --port "$port" --log-level warn $SERVE \
   2>"$WORK/serve.log" &
 PID=$!
@@ -112,7 +122,7 @@ kill "$PID"; wait "$PID" 2>/dev/null; PID=""
 OFF2=$(offline)
 
 echo "# $(date -u +%F' '%H:%M) UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); treelstm H=$HIDDEN on the 400 trees of $(basename $DATA)"
-echo "# canopy serve defaults${SERVE:+ plus $SERVE}${PIN:+, pinned: $PIN}; wrk 1 thread, ${DUR} s a point, closed loop"
+echo "# $SERVE_BIN serve, defaults${SERVE:+ plus $SERVE}${PIN:+, pinned: $PIN}; wrk 1 thread, ${DUR} s a point, closed loop"
 echo "# offline, canopy run --jobs 2 --batch 64 (median of 3): $OFF1 trees/s before the daemon, $OFF2 after; ratios use the higher"
 printf '%s\n' "${ROWS[@]}" | $PY -c '
 import json, sys
@@ -129,16 +139,18 @@ for l in sys.stdin:
                      ips=w["requests"] * int(per) / secs,
                      p50=w["p50_us"] / 1e3, p99=w["p99_us"] / 1e3,
                      cores=[(float(b) - float(a)) / hz / wall for a, b in
-                            zip(t0.split(","), t1.split(","))],
+                            zip(t0.split(",")[:4], t1.split(",")[:4])],
+                     waiting=(float(t1.split(",")[4]) - float(t0.split(",")[4])) / 1e3 / wall,
                      wrk=(float(wu) + float(ws)) / wall, errs=errs))
 print()
-print("| instances a request | concurrency | req/s | instances/s | p50 ms | p99 ms | / offline | daemon cores (loop + workers + other) | wrk cores | errors |")
-print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| instances a request | concurrency | req/s | instances/s | p50 ms | p99 ms | / offline | daemon cores (loop + workers + other) | runnable, no core | wrk cores | errors |")
+print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     c = r["cores"]
-    print("| %d | %d | %s | %s | %.2f | %.2f | %.2fx | %.2f (%.2f + %.2f + %.2f) | %.2f | %d |" % (
+    print("| %d | %d | %s | %s | %.2f | %.2f | %.2fx | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %d |" % (
         r["per"], r["c"], format(round(r["rps"]), ","), format(round(r["ips"]), ","),
-        r["p50"], r["p99"], r["ips"] / off, c[0], c[1], c[2], c[3], r["wrk"], r["errs"]))
+        r["p50"], r["p99"], r["ips"] / off, c[0], c[1], c[2], c[3], r["waiting"],
+        r["wrk"], r["errs"]))
 g = {(r["per"], r["c"]): r for r in rows}
 print()
 print("issue #24 goals (1 instance a request):")
