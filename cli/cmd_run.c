@@ -245,12 +245,12 @@ static void print_error(FILE *out, FILE *notes, const line *l) {
 
 /* Parses one raw line into l (an instance, or the error it gets). */
 static void parse_line(const run_opts *o, const cn_model *m, const char *buf,
-                       long long lineno, line *l) {
+                       size_t len, long long lineno, line *l) {
   memset(l, 0, sizeof(*l));
   cn_err_clear(&l->err);
   l->lineno = lineno;
   json_error_t je;
-  json_t *j = json_loadb(buf, strlen(buf), JSON_REJECT_DUPLICATES, &je);
+  json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
   if (j == NULL) {
     cn_err_set(&l->err, CN_E_BAD_JSON, "line %lld is not JSON: %s", lineno,
                je.text);
@@ -337,9 +337,11 @@ typedef struct jobs_ctx {
 static void chunk_work(void *arg, int thread, void *item) {
   jobs_ctx *jc = arg;
   chunk *c = item;
-  for (int i = 0; i < c->n; i++)
-    parse_line(jc->o, jc->m, c->text + c->off[i], c->first_lineno + i,
-               &c->ls[i]);
+  for (int i = 0; i < c->n; i++) { /* a line may hold a NUL: lengths */
+    size_t end = i + 1 < c->n ? c->off[i + 1] : c->used;
+    parse_line(jc->o, jc->m, c->text + c->off[i], end - c->off[i] - 1,
+               c->first_lineno + i, &c->ls[i]);
+  }
   memset(&c->tot, 0, sizeof(c->tot));
   FILE *out = open_memstream(&c->out, &c->out_len);
   FILE *notes = open_memstream(&c->notes, &c->notes_len);

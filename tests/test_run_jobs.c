@@ -15,6 +15,8 @@
 
 #include "engine_util.h"
 
+#define BAD_JSON ((size_t)-1) /* an output line that must be bad_json */
+
 static char *read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   cr_assert_not_null(f, "cannot open %s", path);
@@ -128,7 +130,9 @@ Test(run_jobs, lattice_family_equals_one_job, .timeout = 120) {
 /* Order, checked against the input itself rather than against --jobs 1:
  * line i of the output has one row of logits per token of input line i,
  * and the refused lines' error objects sit at their own line. The first
- * chunks hold the longest sentences, so the first job finishes last. */
+ * chunks hold the longest sentences, so the first job finishes last. A
+ * line with a NUL inside is refused whole, as before --jobs (not parsed
+ * up to the NUL). */
 Test(run_jobs, output_order_is_input_order, .timeout = 120) {
   char dir[256], input[600], path[600];
   cn_model *m = tu_model("bilstm-tagger", 16, 16, "sequences.jsonl", dir,
@@ -154,12 +158,18 @@ Test(run_jobs, output_order_is_input_order, .timeout = 120) {
   snprintf(input, sizeof(input), "%s/input.jsonl", dir);
   FILE *f = fopen(input, "w");
   cr_assert_not_null(f);
-  size_t *want = calloc(n + 2, sizeof(size_t)); /* 0: an error line */
+  /* rows of logits each output line must have; 0: an error line */
+  size_t *want = calloc(n + 3, sizeof(size_t));
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     if (i == 3 || i == n - 2) {
       fputs("[1, 2]\n", f); /* JSON, but not an instance */
       want[k++] = 0;
+    }
+    if (i == 11) { /* a valid instance, then a NUL and junk: not JSON */
+      static const char nul[] = "{\"tokens\": [\"a\"]}\0junk\n";
+      fwrite(nul, 1, sizeof(nul) - 1, f);
+      want[k++] = BAD_JSON;
     }
     json_t *l = json_array_get(lines, ord[i]);
     char *s = json_dumps(l, JSON_COMPACT);
@@ -181,6 +191,10 @@ Test(run_jobs, output_order_is_input_order, .timeout = 120) {
     if (want[got] == 0)
       cr_expect_not_null(json_object_get(o, "error"),
                          "line %zu should be an error: %s", got + 1, line);
+    else if (want[got] == BAD_JSON)
+      cr_expect_str_eq(json_string_value(json_object_get(
+                           json_object_get(o, "error"), "code")),
+                       "bad_json", "line %zu: %s", got + 1, line);
     else
       cr_expect_eq(json_array_size(json_object_get(o, "logits")), want[got],
                    "line %zu: %zu rows of logits for %zu tokens", got + 1,
