@@ -227,9 +227,8 @@ int cn_cmd_serve(int argc, char **argv) {
     goto out;
   }
   s->metrics.start_time = (double)time(NULL);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int blas = sc->blas_threads > 0 ? sc->blas_threads
-                                  : (int)(cores / sc->workers);
+  int cores = cn__cpu_count(); /* the affinity mask: taskset, cpusets */
+  int blas = sc->blas_threads > 0 ? sc->blas_threads : cores / sc->workers;
   cn_backend_cpu_threads(blas < 1 ? 1 : blas);
   if (cn__workers_start(s, &err) != 0) {
     fprintf(stderr, "canopy serve: backend %s: %s\n", sc->backend, err.msg);

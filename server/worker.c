@@ -8,6 +8,8 @@
  * never reach the engine.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,6 +142,11 @@ done:
 static void *worker_main(void *arg) {
   worker_arg *w = arg;
   cn__server *s = w->s;
+  /* named so top -H and scripts/bench_daemon.sh can tell the workers'
+   * CPU from the loop thread's */
+  char name[16];
+  snprintf(name, sizeof(name), "cn-worker-%d", w->index);
+  pthread_setname_np(pthread_self(), name);
   for (;;) {
     pthread_mutex_lock(&s->qmu);
     while (s->qhead == NULL && !s->stopping)
