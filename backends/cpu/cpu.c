@@ -62,10 +62,17 @@ static size_t block_size(void *p) {
   return *(size_t *)((char *)p - BLOCK_HEAD);
 }
 
-static void cpu_close(cn_backend_ctx *bk) {
+static void cpu_release(cn_backend_ctx *bk) {
   cpu_ctx *c = (cpu_ctx *)bk;
-  for (int i = 0; i < SPARE_BLOCKS; i++)
+  for (int i = 0; i < SPARE_BLOCKS; i++) {
     if (c->spare[i] != NULL) free((char *)c->spare[i] - BLOCK_HEAD);
+    c->spare[i] = NULL;
+  }
+  c->spare_bytes = 0;
+}
+
+static void cpu_close(cn_backend_ctx *bk) {
+  cpu_release(bk);
   free(((cpu_ctx *)bk)->zeros);
   free(((cpu_ctx *)bk)->ew);
   free(bk);
@@ -530,6 +537,7 @@ static const cn_backend_vt cpu_vt = {
     .name = "cpu",
     .host_memory = true,
     .close = cpu_close,
+    .release = cpu_release,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .weights = cpu_weights,
