@@ -267,6 +267,13 @@ static int compile_cells(cn_model *m, cn_err *err) {
       rc = cn__cell_compile(m, t, g, CN_LAYOUT_NAIVE + l, &m->cell[l][t], err);
   }
   free(g);
+  /* A built-in's cell that does not compile is Canopy's bug; a described
+   * one is the model's (docs/cells.md: the compiler's limits). */
+  if (rc != 0 && rc != CN_E_NOMEM && m->cells != NULL) {
+    char msg[sizeof(err->msg)];
+    snprintf(msg, sizeof(msg), "%s", err->msg);
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s/model.json: %s", m->dir, msg);
+  }
   return rc;
 }
 
