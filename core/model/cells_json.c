@@ -12,6 +12,7 @@
  * elementwise op is the op over its operands' slices, a concat feeding a
  * linear is its input list. The compiler's K- and N-merges then put the
  * products back together. Only ops the state needs reach the IR. */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -336,8 +337,9 @@ static int parse_op(ctx *c, int i, const json_t *o) {
     break;
   case OP_SCALE: case OP_RSUB: case OP_SHIFT: {
     const json_t *k = json_object_get(o, "k");
-    if (!json_is_number(k) || !isfinite(json_number_value(k)))
-      return op_err(c, i, "'k' must be a finite number");
+    if (!json_is_number(k) || !(fabs(json_number_value(k)) <= FLT_MAX))
+      return op_err(c, i, "'k' must be a number a float holds (finite, "
+                    "|k| <= %g)", (double)FLT_MAX);
     p->k = (float)json_number_value(k);
   } /* fall through */
   case OP_SIGMOID: case OP_TANH: case OP_EXP: case OP_RELU:
