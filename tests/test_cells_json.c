@@ -168,6 +168,8 @@ Test(cells_json, compiles_like_the_built_in) {
     cr_assert_str_eq(json_string_value(json_object_get(d, "family")),
                      "cells");
     cr_assert_eq(json_integer_value(json_object_get(d, "hidden")), H);
+    cr_assert_eq(json_integer_value(json_object_get(d, "embed")), D);
+    cr_assert_not_null(json_string_value(json_object_get(d, "structure")));
     json_decref(d);
     json_decref(j);
     cn_model_free(m);

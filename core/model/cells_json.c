@@ -284,6 +284,7 @@ static int parse_op(ctx *c, int i, const json_t *o) {
                     "vocabulary's size)", T(c, p->t)->name,
                     (long long)c->m->dims.V);
     p->width = (int)T(c, p->t)->shape[1];
+    if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
     break;
   case OP_PARAM:
     if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
@@ -886,6 +887,7 @@ int cn__cells_load(cn_model *m, const char *file, cn_err *err) {
     goto out;
   }
   m->n_tensors = 0;
+  m->dims.D = 0; /* set by the first embed op */
   if ((rc = parse_cells(m, json_object_get(m->json, "cells"), file, ops,
                         err)) ||
       (rc = check_all_used(m, file, err)))
@@ -908,12 +910,8 @@ int cn__cells_load(cn_model *m, const char *file, cn_err *err) {
   m->own_fam->type_names[cl->n_types] = "output";
   m->fam = m->own_fam;
   /* model.json's sizes, as the built-ins report them: H the width of "h",
-   * D the first embedding's */
+   * D the first embedding's (above) */
   m->dims.H = cl->hw;
-  m->dims.D = 0;
-  for (int k = 0; k < m->n_tensors && m->dims.D == 0; k++)
-    if (m->w[k]->ndim == 2 && m->w[k]->shape[0] == m->dims.V)
-      m->dims.D = m->w[k]->shape[1];
   rc = 0;
 out:
   free(ops);
