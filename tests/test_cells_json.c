@@ -770,3 +770,48 @@ Test(cells_json, label_types_choose_vertices) {
   cn_model_free(ref_m);
   tu_rmdir(dir);
 }
+
+/* docs/cells.md's example (the first ```json block after "## model.json:
+ * cells") loads over a treelstm of its sizes and answers as the
+ * hand-written treelstm does: the documented format is the one served. */
+Test(cells_json, docs_example_is_served, .timeout = 120) {
+  const char *docs = getenv("CANOPY_DOCS");
+  cr_assert_not_null(docs, "CANOPY_DOCS (docs/) is not set");
+  char path[512];
+  snprintf(path, sizeof(path), "%s/cells.md", docs);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "%s", path);
+  static char text[1 << 17];
+  size_t n = fread(text, 1, sizeof(text) - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  const char *sec = strstr(text, "## model.json: cells");
+  cr_assert_not_null(sec);
+  const char *b = strstr(sec, "```json\n");
+  cr_assert_not_null(b);
+  b += 8;
+  const char *e = strstr(b, "```");
+  cr_assert_not_null(e);
+  json_error_t je;
+  json_t *j = json_loadb(b, (size_t)(e - b), 0, &je);
+  cr_assert_not_null(j, "docs example: line %d: %s", je.line, je.text);
+  char dir[256];
+  cn_model *ref_m = tu_model("treelstm", 128, 128, "trees-binary.jsonl",
+                             dir, sizeof(dir));
+  cn_model *m;
+  cn_err err;
+  cr_assert_eq(load_cells(dir, j, &m, &err), 0, "docs example: %s", err.msg);
+  json_t *in = tu_data_lines("trees-binary.jsonl", 20);
+  unsigned flags = CN_OUT_ALL | CN_OUT_HIDDEN;
+  json_t *ref = tu_run(ref_m, in, CN_POLICY_NONE, 1, flags, NULL, NULL);
+  json_t *got = tu_run(m, in, CN_POLICY_AGENDA, 20, flags, NULL, NULL);
+  double d = tu_json_maxdiff(ref, got);
+  cr_expect_leq(d, 1e-5, "docs example against treelstm: %g", d);
+  json_decref(ref);
+  json_decref(got);
+  json_decref(in);
+  json_decref(j);
+  cn_model_free(m);
+  cn_model_free(ref_m);
+  tu_rmdir(dir);
+}
