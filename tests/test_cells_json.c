@@ -641,6 +641,13 @@ Test(cells_json, malformed_refused_with_the_op_named, .timeout = 120) {
           "cells.state is 32");
 
   j = cells_json("treelstm");
+  json_array_set_new(json_object_get(json_array_get(json_object_get(
+                         json_object_get(j, "cells"), "types"), 1), "state"),
+                     1, json_string("cc"));
+  REFUSED("state names no op", j, "type 'internal': 'state' refers to 'cc'",
+          "which no op is named");
+
+  j = cells_json("treelstm");
   json_object_set_new(json_object_get(j, "cells"), "output",
                       json_pack("{s:[ii], s:s, s:s}", "from", 0, 2 * H,
                                 "weight", "out.W", "bias", "out.b"));

@@ -31,6 +31,9 @@ enum {
   OP_CONCAT
 };
 
+/* jop.kind of the state list while its references are resolved */
+#define CN_CELLS_STATE (-2)
+
 typedef struct jop {
   int kind;
   const char *name; /* borrowed from the JSON; "" when unnamed */

@@ -54,6 +54,9 @@ int cn__cells_op_err(const cells_ctx *c, int i, const char *fmt, ...) {
   const jop *o = &c->ops[i];
   if (c->type == NULL) /* a key of "cells" itself */
     return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: %s", c->file, what);
+  if (o->kind == CN_CELLS_STATE)
+    return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: type '%s': %s",
+                      c->file, c->type, what);
   return cn_err_set(
       c->err, CN_E_BAD_MODEL, "%s: cells: type '%s' op %d%s%s%s%s%s%s: %s",
       c->file, c->type, i, o->name[0] ? " '" : "", o->name,

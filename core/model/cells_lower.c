@@ -206,7 +206,7 @@ int cn__cells_lower_state(cells_ctx *c, const json_t *st) {
     /* resolved as if by an op after the last */
     const json_t *v = json_array_get(st, k);
     int n = c->n_ops;
-    c->ops[n] = (jop){.kind = OP_CONCAT, .name = "state", .a = -1, .b = -1};
+    c->ops[n] = (jop){.kind = CN_CELLS_STATE, .name = "", .a = -1, .b = -1};
     c->n_ops = n + 1;
     rc = cn__cells_get_ref(c, n, v, "state", &r);
     c->n_ops = n;
