@@ -462,6 +462,9 @@ CN_VEC static void ew_apply(int op, int w, float *d, const float *a,
   case CN_EW_DIV: for (int j = 0; j < w; j++) d[j] = a[j] / b[j]; break;
   case CN_EW_SIGMOID: for (int j = 0; j < w; j++) d[j] = sigm(a[j]); break;
   case CN_EW_TANH: for (int j = 0; j < w; j++) d[j] = tanhf(a[j]); break;
+  case CN_EW_RELU:
+    for (int j = 0; j < w; j++) d[j] = a[j] > 0.0f ? a[j] : 0.0f;
+    break;
   default: for (int j = 0; j < w; j++) d[j] = expf(a[j]); break;
   }
 }
@@ -496,7 +499,8 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     c->n_ew = need;
   }
   const float *zero = zeros(bk, (int)maxw);
-  float *tmp = c->ew, *kbuf = c->ew + p->tmp_width;
+  /* c->ew stays NULL while no program needed scratch: no offset on it */
+  float *tmp = c->ew, *kbuf = c->ew != NULL ? c->ew + p->tmp_width : NULL;
   /* const rows, in instruction order */
   float *kp = kbuf;
   for (int i = 0; i < p->n_insn; i++) {
