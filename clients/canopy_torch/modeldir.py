@@ -3,6 +3,10 @@
     write_model_dir(out_dir, family, tensors, hidden=H, embed=D, classes=C,
                     vocab=[...], labels=[...], **options)
 
+``family`` may also be ``"cells"`` (docs/cells.md; ``canopy_torch.save_cells``
+writes those): then ``hidden`` and ``embed`` are not written and the
+``cells`` option holds model.json's ``"cells"`` object.
+
 ``tensors`` maps Canopy tensor names (docs/models.md) to tensors (torch,
 numpy or (shape, floats)). Vocabularies are lists of tokens, id = index;
 id 0 must be ``<unk>`` (and a target vocabulary's ids 1, 2 ``<s>``,
@@ -46,12 +50,16 @@ def _check_vocab(key, toks):
     return toks
 
 
-def write_model_dir(out_dir, family, tensors, *, hidden, embed, vocab,
-                    classes=None, labels=None, **options):
-    if family not in FAMILIES:
+def write_model_dir(out_dir, family, tensors, *, vocab, hidden=None,
+                    embed=None, classes=None, labels=None, **options):
+    if family not in FAMILIES and family != "cells":
         raise ValueError(f"unknown family {family!r}; one of "
-                         + ", ".join(FAMILIES))
-    meta = {"family": family, "hidden": int(hidden), "embed": int(embed)}
+                         + ", ".join(FAMILIES) + " (or cells)")
+    meta = {"family": family}
+    if family != "cells":  # a cells model takes its widths from its cells
+        if hidden is None or embed is None:
+            raise ValueError(f"{family}: hidden and embed are required")
+        meta.update(hidden=int(hidden), embed=int(embed))
     if classes is not None:
         meta["classes"] = int(classes)
     files = {"vocab": _check_vocab("vocab", vocab)}
