@@ -47,7 +47,8 @@ enum cn_ew_op {
   CN_EW_DIV,     /* d = a / b        */
   CN_EW_SIGMOID, /* d = 1/(1+e^-a)   */
   CN_EW_TANH,    /* d = tanh(a)      */
-  CN_EW_EXP      /* d = e^a          */
+  CN_EW_EXP,     /* d = e^a          */
+  CN_EW_RELU     /* d = max(a, 0)    */
 };
 
 typedef struct cn_ew_arg {

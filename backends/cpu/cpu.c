@@ -388,6 +388,9 @@ CN_VEC static void ew_apply(int op, int w, float *d, const float *a,
   case CN_EW_DIV: for (int j = 0; j < w; j++) d[j] = a[j] / b[j]; break;
   case CN_EW_SIGMOID: for (int j = 0; j < w; j++) d[j] = sigm(a[j]); break;
   case CN_EW_TANH: for (int j = 0; j < w; j++) d[j] = tanhf(a[j]); break;
+  case CN_EW_RELU:
+    for (int j = 0; j < w; j++) d[j] = a[j] > 0.0f ? a[j] : 0.0f;
+    break;
   default: for (int j = 0; j < w; j++) d[j] = expf(a[j]); break;
   }
 }

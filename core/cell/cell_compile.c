@@ -60,7 +60,7 @@ static bool is_mm(const cn_ir *g, int v) {
 }
 
 static bool is_ew_kind(int k) {
-  return k >= CN_IR_ADD && k <= CN_IR_RSUB;
+  return k >= CN_IR_ADD && k <= CN_IR_RELU;
 }
 
 /* Collects the products and params under a pure sum; false when the
@@ -405,6 +405,7 @@ static int ew_op_of(int kind) {
   case CN_IR_DIV: return CN_EW_DIV;
   case CN_IR_SIGMOID: return CN_EW_SIGMOID;
   case CN_IR_TANH: return CN_EW_TANH;
+  case CN_IR_RELU: return CN_EW_RELU;
   default: return CN_EW_EXP;
   }
 }

@@ -43,6 +43,7 @@ void cn__family_names(char *buf, size_t cap) {
   for (int i = 0; i < cn__family_count() && n < cap; i++)
     n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "",
                           cn__family_at(i)->name);
+  if (n < cap) snprintf(buf + n, cap - n, ", cells (docs/cells.md)");
 }
 
 /* Reads integer key k of model.json into *out: absent gives def (or an
@@ -107,6 +108,8 @@ static int get_strs(const json_t *j, const char *file, const char *k,
  * the family's own spec is the one place that knows. */
 void cn__family_needs(const cn_family *fam, bool *word, bool *tgt) {
   cn_tensor_spec s[CN_MAX_TENSORS];
+  *word = *tgt = false;
+  if (fam->tensors == NULL) return; /* cells: tensors named by the ops */
   cn_dims d = {.H = 7, .D = 11, .C = 13, .V = 17, .Vw = 1000003, .Dw = 19,
                .Vt = 1000033, .K = 23};
   int n = fam->tensors(&d, s);
@@ -236,6 +239,8 @@ void cn_model_free(cn_model *m) {
   free(m->lexicon_path);
   cn_lexicon_free(m->lexicon);
   cn_safetensors_close(&m->st);
+  cn__cells_free(m->cells);
+  free(m->own_fam);
   for (int l = 0; l < 2; l++)
     for (int t = 0; t < CN_MAX_TYPES; t++) cn__cell_free(m->cell[l][t]);
   free(m);
@@ -295,9 +300,11 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     goto out;
   }
   const char *fam = json_string_value(json_object_get(m->json, "family"));
-  char known[256];
+  char known[300];
   cn__family_names(known, sizeof(known));
-  if ((m->fam = cn__family_find(fam)) == NULL) {
+  bool cells = fam != NULL && strcmp(fam, "cells") == 0;
+  if (cells) m->fam = cn__family_cells();
+  if (!cells && (m->fam = cn__family_find(fam)) == NULL) {
     cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families (see "
                "docs/models.md): %s", file,
                fam ? "names unknown family '" : "is missing or not a string",
@@ -305,8 +312,11 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     goto out;
   }
   int h = 0, d = 0, c = 0, mdl = 0;
-  if ((rc = get_int(m->json, file, "hidden", -1, MAX_SIZE, &h, err)) ||
-      (rc = get_int(m->json, file, "embed", -1, MAX_SIZE, &d, err)) ||
+  /* cells: the widths come from the cells and tensors (docs/cells.md) */
+  if ((rc = get_int(m->json, file, "hidden", cells ? 0 : -1, MAX_SIZE, &h,
+                    err)) ||
+      (rc = get_int(m->json, file, "embed", cells ? 0 : -1, MAX_SIZE, &d,
+                    err)) ||
       (rc = get_int(m->json, file, "classes", m->fam->has_classes ? -1 : 0,
                     1 << 20, &c, err)) ||
       (rc = get_int(m->json, file, "max_decode_len", 50, 1 << 20, &mdl, err)))
@@ -377,7 +387,9 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   if (we != NULL && we->ndim == 2 && we->shape[1] >= 1 &&
       we->shape[1] <= MAX_SIZE)
     m->dims.Dw = we->shape[1];
-  if ((rc = bind_tensors(m, wfile, err)) != 0) goto out;
+  if ((rc = cells ? cn__cells_load(m, file, err)
+                  : bind_tensors(m, wfile, err)) != 0)
+    goto out;
   if ((rc = compile_cells(m, err)) != 0) goto out;
   rc = 0;
 out:
