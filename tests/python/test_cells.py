@@ -530,6 +530,182 @@ class TestEngine(Case):
         self.run_model("elman-tagger")
 
 
+# -- the other structures: any-arity trees, bisequences, dags -------------------------
+
+class SumLeaf(nn.Module):
+    def __init__(self, D, H):
+        super().__init__()
+        self.W = nn.Linear(D, H)
+
+    def forward(self, x):
+        return torch.tanh(self.W(x))
+
+
+class SumInternal(nn.Module):
+    """forward(children) -> h: a gate on the sum, one on the mean."""
+
+    def __init__(self, H):
+        super().__init__()
+        self.U = nn.Linear(2 * H, 2 * H)
+
+    def forward(self, children):
+        g, u = self.U(torch.cat([children.sum(0), children.mean(0)], -1)).chunk(2, -1)
+        return torch.sigmoid(g) * torch.relu(u) + children[0] * 0.25
+
+
+class NaryModel(nn.Module):
+    def __init__(self, vocab, D, H, C):
+        super().__init__()
+        self.vocab, self.H = ct.Vocab(vocab), H
+        self.embed = nn.Embedding(len(vocab), D)
+        self.leaf, self.internal = SumLeaf(D, H), SumInternal(H)
+        self.out = nn.Linear(H, C)
+
+    def forward(self, inst):
+        tree = ct.parse_tree_instance(inst)
+        st = [None] * len(tree.nodes)
+        for k in range(len(tree.nodes) - 1, -1, -1):
+            n = tree.nodes[k]
+            if n.is_leaf():
+                st[k] = self.leaf(self.embed(torch.tensor([self.vocab.id(n.word)])))
+            else:
+                st[k] = self.internal(torch.stack([st[c] for c in n.children]))
+        s = torch.cat(st, 0)
+        return {"logits": self.out(s), "h": s[0]}
+
+    def save(self, d):
+        return ct.save_cells(d, "tree", {"leaf": self.leaf, "internal": self.internal},
+                             arity=0, state=self.H, output=self.out,
+                             embed=self.embed, vocab=self.vocab.tokens, model=self)
+
+
+class BiOut(nn.Module):
+    def __init__(self, H, C):
+        super().__init__()
+        self.H = H
+        self.lin = nn.Linear(2 * H, C)
+
+    def forward(self, s_fwd, s_bwd):
+        return self.lin(torch.cat([s_fwd[:, :self.H], s_bwd[:, :self.H]], -1))
+
+
+class BiElman(nn.Module):
+    """A bisequence: Elman cells both ways, the state [h, x-part] of 2H."""
+
+    def __init__(self, vocab, D, H, C):
+        super().__init__()
+        self.vocab, self.H = ct.Vocab(vocab), H
+        self.embed = nn.Embedding(len(vocab), D)
+        self.fwd, self.bwd = ElmanStep(D, H), ElmanStep(D, H)
+        self.out = BiOut(H, C)
+
+    def forward(self, inst):
+        xs = [self.embed(torch.tensor([self.vocab.id(t)]))
+              for t in ct.data._tokens(inst)]
+        h, fw = torch.zeros(1, self.H), []
+        for x in xs:
+            h = self.fwd(x, h)
+            fw.append(h)
+        h, bw = torch.zeros(1, self.H), [None] * len(xs)
+        for j in range(len(xs) - 1, -1, -1):
+            h = self.bwd(xs[j], h)
+            bw[j] = h
+        f, b = torch.cat(fw, 0), torch.cat(bw, 0)
+        return {"logits": self.out(f, b), "h": torch.cat([f, b], -1)}
+
+    def save(self, d):
+        return ct.save_cells(d, "bisequence", {"forward": self.fwd,
+                                               "backward": self.bwd},
+                             state=self.H, output=self.out, embed=self.embed,
+                             vocab=self.vocab.tokens, model=self)
+
+
+class DagCell(nn.Module):
+    def __init__(self, D, H):
+        super().__init__()
+        self.W = nn.Linear(D + H, H)
+
+    def forward(self, x, preds):
+        return torch.tanh(self.W(torch.cat([x, preds.mean(0)], -1)))
+
+
+class DagModel(nn.Module):
+    def __init__(self, vocab, D, H, C):
+        super().__init__()
+        self.vocab, self.H = ct.Vocab(vocab), H
+        self.embed = nn.Embedding(len(vocab), D)
+        self.node = DagCell(D, H)
+        self.out = nn.Linear(H, C)
+
+    def forward(self, inst):
+        toks, prevs = ct.data.dag_of(inst)
+        st = []
+        for t, pv in zip(toks, prevs):
+            kids = torch.stack([st[q] for q in pv]) if pv else torch.zeros(1, 1, self.H)
+            st.append(self.node(self.embed(torch.tensor([self.vocab.id(t)])), kids))
+        return {"logits": self.out(st[-1])[0]}
+
+    def save(self, d):
+        return ct.save_cells(d, "dag", {"node": self.node}, state=self.H,
+                             output=self.out, embed=self.embed,
+                             vocab=self.vocab.tokens, model=self)
+
+
+class TestStructures(Case):
+    """An any-arity tree (children.sum/mean), a bisequence and a dag: the
+    engine (pq and naive, batched and one a run) and the JSON interpreted
+    equal PyTorch."""
+
+    def check(self, key, m, insts, compare):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = m.save(os.path.join(tmp, key))
+            runs = [("ref", run_cells(d, insts))]
+            if not _engine_has_cells():
+                for extra in (["--layout", "pq"], ["--layout", "naive"],
+                              ["--batch", "1"]):
+                    runs.append((" ".join(extra), canopy_run(d, insts, extra)))
+        with torch.no_grad():
+            mine = [m(i) for i in insts]
+        for how, outs in runs:
+            for i, (mo, co) in enumerate(zip(mine, outs)):
+                self.assertNotIn("error", co, f"{key} {how} {i}")
+                compare(key, mo, co, f"{key} {how} instance {i}")
+
+    def test_any_arity_tree(self):
+        insts = lines("trees-nary.jsonl", 12)
+        ts = [ct.parse_tree_instance(i) for i in insts]
+        m = randomize(NaryModel(vocab_of([w for t in ts for w in t.leaves()]),
+                                4, 5, 3), 5)
+
+        def cmp(key, mo, co, what):
+            self.close(key, co["logits"], mo["logits"][0], what)
+            for k, nd in enumerate(co["nodes"]):
+                self.close(key, nd["logits"], mo["logits"][k], f"{what} {k}")
+            self.close(key, co["h"], mo["h"], what + " h")
+        self.assertTrue(any(len(n.children) > 2 for t in ts for n in t.nodes))
+        self.check("nary-tree", m, insts, cmp)
+
+    def test_bisequence(self):
+        insts = lines("sequences.jsonl", 12, 30)
+        m = randomize(BiElman(vocab_of([t for i in insts for t in i["tokens"]]),
+                              4, 5, 3), 6)
+
+        def cmp(key, mo, co, what):
+            self.close(key, co["logits"], mo["logits"], what)
+            self.close(key, co["h"], mo["h"], what + " h")
+        self.check("bisequence", m, insts, cmp)
+
+    def test_dag(self):
+        insts = lines("dags.jsonl", 8)
+        m = randomize(DagModel(vocab_of([n["token"] for i in insts
+                                         for n in i["nodes"]]), 4, 5, 3), 7)
+
+        def cmp(key, mo, co, what):
+            self.close(key, co["logits"], mo["logits"], what)
+            self.assertEqual(co["label"], int(mo["logits"].argmax()), what)
+        self.check("dag", m, insts, cmp)
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
