@@ -132,7 +132,10 @@ def _where_of_stack(stack):
             except (IndexError, ValueError):
                 continue
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            return f"{os.path.basename(fname)}, line {lineno}: {code}"
+            if code.startswith("File \""):  # no source (exec'd code)
+                code = ""
+            return (f"{os.path.basename(fname)}, line {lineno}"
+                    + (f": {code}" if code else ""))
     return None
 
 
@@ -196,6 +199,7 @@ class _Cell:
         self.memo = {}
         self.used_tensors = set()
         self.transposed = {}   # parameter name -> tensor stored transposed
+        self.direct = set()    # parameter names used as W [N, K]
 
     # errors ------------------------------------------------------------------
     def fail(self, msg):
@@ -259,9 +263,13 @@ class _Cell:
                       "operand (x @ W.t(), x @ W, F.linear(x, W, b))")
         if w.transposed:
             wname, N, K = w.name, w.t.shape[0], w.t.shape[1]
+            self.direct.add(wname)
         else:  # x @ W with W [K, N]: Canopy wants [N, K]
             wname, K, N = w.name, w.t.shape[0], w.t.shape[1]
             self.transposed[wname] = w.t
+        if wname in self.direct and wname in self.transposed:
+            self.fail(f"parameter '{wname}' is used both as x @ W and as "
+                      "x @ W.t(); it is saved once, so use one form")
         x = self.vec(x, hint)
         if x.width != K:
             self.fail(f"matrix product of a width-{x.width} vector with "
@@ -544,15 +552,25 @@ class _Cell:
         def val(a):
             return torch.fx.node.map_arg(a, lambda n: env[n])
 
+        n_ph = sum(1 for n in graph.nodes if n.op == "placeholder")
+        if n_ph != len(placeholders):
+            why = {("tree", "leaf"): "forward(x)",
+                   ("tree", "internal"): "forward(children)" if not self.arity
+                   else "forward(" + ", ".join(f"s{k + 1}" for k in
+                                               range(self.arity)) + ")"
+                   " (internal nodes have no token, so no x)",
+                   ("dag", "node"): "forward(x, preds)"}.get(
+                       (self.structure, self.role), "forward(x, s_prev)")
+            if self.role == "output":
+                why = ("forward(s_fwd, s_bwd)" if len(placeholders) == 2
+                       else "forward(s)")
+            self.fail(f"forward takes {n_ph} arguments; a '{self.role}' cell "
+                      f"of a {self.structure} takes {len(placeholders)}: {why}")
         out = None
         for node in graph.nodes:
             self.where = _where_of_stack(node.stack_trace) or self.where
             hint = node.name
             if node.op == "placeholder":
-                if k_ph >= len(placeholders):
-                    self.fail(f"forward takes more arguments than a "
-                              f"'{self.role}' cell of a {self.structure} "
-                              f"({len(placeholders)})")
                 env[node] = placeholders[k_ph](hint)
                 k_ph += 1
             elif node.op == "get_attr":
@@ -569,10 +587,6 @@ class _Cell:
                                       val(node.kwargs), hint, method=True)
             elif node.op == "output":
                 out = val(node.args[0])
-        if k_ph != len(placeholders):
-            self.where = None
-            self.fail(f"forward takes {k_ph} arguments; a '{self.role}' cell "
-                      f"of a {self.structure} takes {len(placeholders)}")
         return out
 
 
@@ -582,8 +596,8 @@ def _trace(module, name):
         graph = tracer.trace(module)
     except Exception as e:  # fx refuses control flow, iteration, ...
         fr = _user_frame_of_tb(e.__traceback__)
-        loc = (f" at {os.path.basename(fr.filename)}, line {fr.lineno}: "
-               f"{fr.line}") if fr else ""
+        loc = (f" at {os.path.basename(fr.filename)}, line {fr.lineno}"
+               + (f": {fr.line}" if fr.line else "")) if fr else ""
         msg = str(e)
         if "control flow" in msg:
             msg = ("a branch or loop depends on a traced value (data-dependent "
@@ -676,7 +690,7 @@ def _finish(cell, out, state):
 
 
 def trace_cell(module, *, name, structure, when, state, arity=2, names=None,
-               embed_name=None, embed_dim=None):
+               embed_name=None, embed_dim=None, shared=None):
     """Traces ``module`` (an ``nn.Module`` cell of the signature its
     structure and ``when`` call for, see the module docstring) into one
     element of ``cells.types``: ``({"name", "when", "ops", "state"},
@@ -695,6 +709,8 @@ def trace_cell(module, *, name, structure, when, state, arity=2, names=None,
         names = _param_names(None, [(name, module)])
     cell = _Cell(name, module, structure, role, int(state), names,
                  int(arity), embed_name, embed_dim)
+    if shared is not None:  # one model's cells: one orientation per weight
+        cell.transposed, cell.direct = shared
 
     def x_in(hint):
         if embed_name is None:
@@ -737,10 +753,13 @@ def trace_cell(module, *, name, structure, when, state, arity=2, names=None,
     return entry, tens, dict(cell.transposed)
 
 
-def _output(module, structure, state, names):
+def _output(module, structure, state, names, shared):
     """The output layer: (json, tensor names, transposed)."""
     if isinstance(module, nn.Linear):
         w = names.get(id(module.weight))
+        if w in shared[0]:
+            raise CellTraceError(f"output: parameter '{w}' is used both as "
+                                 "x @ W and as x @ W.t()")
         entry = {"weight": w}
         if module.bias is not None:
             entry["bias"] = names.get(id(module.bias))
@@ -759,6 +778,7 @@ def _output(module, structure, state, names):
     nph = 2 if structure == "bisequence" else 1
     cell = _Cell("output", module, structure, "output", state, names, 1,
                  None, None)
+    cell.transposed, cell.direct = shared
     graph = _trace(module, "output")
     phs = [lambda hint, k=k: cell.emit("input", state, hint, edge=k,
                                        cols=[0, state]) for k in range(nph)]
@@ -828,16 +848,17 @@ def cells_json(structure, cells, *, state, output, embed=None, arity=2,
         params[embed_name] = emb_t
     out_types = []
     transposed = {}
+    shared = ({}, set())
     for nm, when, mod in types:
         entry, tens, tr = trace_cell(mod, name=nm, structure=structure,
                                      when=when, state=state, arity=arity,
                                      names=names, embed_name=embed_name,
-                                     embed_dim=embed_dim)
+                                     embed_dim=embed_dim, shared=shared)
         out_types.append(entry)
         transposed.update(tr)
         for t in tens:
             tensors[t] = None
-    out_entry, out_tens, tr = _output(output, structure, state, names)
+    out_entry, out_tens, tr = _output(output, structure, state, names, shared)
     transposed.update(tr)
     for t in out_tens:
         tensors[t] = None

@@ -20,7 +20,6 @@ Env: CANOPY_BIN (default build/canopy), CANOPY_DATA.
 import inspect
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -425,6 +424,20 @@ class TestTracer(Case):
     def test_refuses_width_mismatch(self):
         self.assertIn("widths 4 and 2", self.refusal(WidthCell(), "x[:, :2]"))
 
+    def test_refuses_both_orientations(self):
+        self.assertIn("both as x @ W and as x @ W.t()",
+                      self.refusal(TwoWayCell(), "h @ self.W.t()"))
+
+    def test_refuses_x_in_an_internal_cell(self):
+        leaf, internal = PeepholeLeaf(3, 2), XInternal()
+        with self.assertRaises(ct.CellTraceError) as e:
+            ct.save_cells(tempfile.mkdtemp(), "tree",
+                          {"leaf": leaf, "internal": internal}, state=4,
+                          output=nn.Linear(2, 2), embed=nn.Embedding(3, 3),
+                          vocab=["<unk>", "a", "b"])
+        self.assertIn("takes 2: forward(s1, s2) (internal nodes have no "
+                      "token, so no x)", str(e.exception))
+
     def test_refuses_wrong_state_width(self):
         with self.assertRaises(ct.CellTraceError) as e:
             ct.save_cells(tempfile.mkdtemp(), "sequence",
@@ -437,6 +450,20 @@ class TestTracer(Case):
 class XCell(nn.Module):
     def forward(self, x, h):
         return x
+
+
+class TwoWayCell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(torch.zeros(4, 4))
+
+    def forward(self, x, h):
+        return torch.tanh(x @ self.W + h @ self.W.t())
+
+
+class XInternal(nn.Module):
+    def forward(self, x, s1, s2):
+        return s1 + s2
 
 
 class SortCell(nn.Module):
@@ -651,6 +678,38 @@ class DagModel(nn.Module):
                              vocab=self.vocab.tokens, model=self)
 
 
+class LabelTreeModel(TreeModel):
+    """Two internal cells: nodes labelled NP or PP use their own."""
+
+    def __init__(self, vocab, H, D, C):
+        super().__init__(vocab, PeepholeLeaf(D, H), PeepholeInternal(H),
+                         2 * H, H, C)
+        self.phrase = PeepholeInternal(H)
+
+    def forward(self, inst):
+        tree = ct.parse_tree_instance(inst)
+        st = [None] * len(tree.nodes)
+        for k in range(len(tree.nodes) - 1, -1, -1):
+            n = tree.nodes[k]
+            if n.is_leaf():
+                st[k] = self.leaf(self.embed(torch.tensor([self.vocab.id(n.word)])))
+                continue
+            kids = [st[c] for c in n.children]
+            kids += [torch.zeros(1, self.state)] * (2 - len(kids))
+            cell = self.phrase if n.label in ("NP", "PP") else self.internal
+            st[k] = cell(*kids)
+        s = torch.cat(st, 0)
+        return {"logits": self.out(s[:, :self.hidden]), "h": s[0, :self.hidden]}
+
+    def save(self, d):
+        return ct.save_cells(d, "tree", [
+            ("leaf", "leaf", self.leaf),
+            ("phrase", {"labels": ["NP", "PP"]}, self.phrase),
+            ("internal", "internal", self.internal)],
+            state=self.state, hidden=(0, self.hidden), output=self.out,
+            embed=self.embed, vocab=self.vocab.tokens, model=self)
+
+
 class TestStructures(Case):
     """An any-arity tree (children.sum/mean), a bisequence and a dag: the
     engine (pq and naive, batched and one a run) and the JSON interpreted
@@ -684,6 +743,18 @@ class TestStructures(Case):
             self.close(key, co["h"], mo["h"], what + " h")
         self.assertTrue(any(len(n.children) > 2 for t in ts for n in t.nodes))
         self.check("nary-tree", m, insts, cmp)
+
+    def test_label_types(self):
+        insts = trees(10, 80)
+        m = randomize(LabelTreeModel(
+            vocab_of([w for i in insts for w in ct.parse_tree_instance(i).leaves()]),
+            4, 3, 3), 8)
+
+        def cmp(key, mo, co, what):
+            for k, nd in enumerate(co["nodes"]):
+                self.close(key, nd["logits"], mo["logits"][k], f"{what} {k}")
+            self.close(key, co["h"], mo["h"], what + " h")
+        self.check("label-types", m, insts, cmp)
 
     def test_bisequence(self):
         insts = lines("sequences.jsonl", 12, 30)
