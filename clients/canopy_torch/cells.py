@@ -341,8 +341,8 @@ class _Cell:
         if sum(sizes) != v.width:
             self.fail(f"split sizes {sizes} do not add up to the width {v.width}")
         out, c = [], 0
-        for s in sizes:
-            out.append(self.slice_(v, c, c + s, hint))
+        for i, s in enumerate(sizes):
+            out.append(self.slice_(v, c, c + s, f"{hint}[{i}]"))
             c += s
         return tuple(out)
 
@@ -625,6 +625,8 @@ def _param_names(model, extra):
     return names
 
 
+MAX_OPS = 256        # the loader's limits (docs/cells.md, Tensors)
+MAX_TENSORS = 32
 _FIELD_ORDER = ("a", "b", "x", "edge", "cols", "tensor", "weight", "bias",
                 "k")
 
@@ -658,8 +660,11 @@ def _finish(cell, out, state):
             work.extend(op["x"] if isinstance(op["x"], list) else [op["x"]])
     order = sorted(live)
     names, seen = {}, set()
+    if len(order) > MAX_OPS:
+        cell.fail(f"{len(order)} ops; a vertex type may have at most "
+                  f"{MAX_OPS} (docs/cells.md)")
     for k in order:
-        base = cell.ops[k]["_hint"]
+        base = cell.ops[k]["_hint"][:56]
         nm, j = base, 1
         while nm in seen:
             j += 1
@@ -869,6 +874,9 @@ def cells_json(structure, cells, *, state, output, embed=None, arity=2,
         tensors[t] = p.detach().float().cpu().contiguous()
     for t, v in transposed.items():  # x @ W: stored [N, K] under W's name
         tensors[t] = v.detach().float().cpu().t().contiguous()
+    if len(tensors) > MAX_TENSORS:
+        raise CellTraceError(f"the cells read {len(tensors)} tensors; a cells "
+                             f"model may have at most {MAX_TENSORS}")
     obj = {"structure": structure}
     if structure == "tree":
         obj["arity"] = int(arity)

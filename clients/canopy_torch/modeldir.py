@@ -50,6 +50,28 @@ def _check_vocab(key, toks):
     return toks
 
 
+def _flat_json(v):
+    """A value short enough for one line: a cells op, a list of scalars."""
+    if isinstance(v, dict):
+        return "op" in v
+    if isinstance(v, list):
+        return all(not isinstance(x, (dict, list)) for x in v)
+    return True
+
+
+def _pretty(v, ind=""):
+    """JSON indented by 2, with every op of a cells model and every list of
+    scalars on one line (model.json stays readable by eye)."""
+    if _flat_json(v):
+        return json.dumps(v)
+    inner = ind + "  "
+    if isinstance(v, list):
+        return ("[\n" + ",\n".join(inner + _pretty(x, inner) for x in v)
+                + "\n" + ind + "]")
+    return ("{\n" + ",\n".join(f"{inner}{json.dumps(k)}: {_pretty(x, inner)}"
+                               for k, x in v.items()) + "\n" + ind + "}")
+
+
 def write_model_dir(out_dir, family, tensors, *, vocab, hidden=None,
                     embed=None, classes=None, labels=None, **options):
     if family not in FAMILIES and family != "cells":
@@ -97,8 +119,7 @@ def write_model_dir(out_dir, family, tensors, *, vocab, hidden=None,
                   metadata={"format": "pt", "family": family})
         with open(os.path.join(tmp, "model.json"), "w",
                   encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
-            f.write("\n")
+            f.write(_pretty(meta) + "\n")
         if os.path.isdir(out_dir):
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
