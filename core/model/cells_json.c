@@ -101,10 +101,11 @@ static int op_err(const ctx *c, int i, const char *fmt, ...) {
   va_end(ap);
   const jop *o = &c->ops[i];
   return cn_err_set(c->err, CN_E_BAD_MODEL,
-                    "%s: cells: type '%s' op %d%s%s%s (%s): %s", c->file,
+                    "%s: cells: type '%s' op %d%s%s%s%s%s%s: %s", c->file,
                     c->type, i, o->name[0] ? " '" : "", o->name,
-                    o->name[0] ? "'" : "",
-                    o->kind >= 0 ? op_defs[o->kind].name : "?", what);
+                    o->name[0] ? "'" : "", o->kind >= 0 ? " (" : "",
+                    o->kind >= 0 ? op_defs[o->kind].name : "",
+                    o->kind >= 0 ? ")" : "", what);
 }
 
 static int bad(cn_err *err, const char *file, const char *fmt, ...)
