@@ -135,7 +135,7 @@ def _where_of_stack(stack):
             if code.startswith("File \""):  # no source (exec'd code)
                 code = ""
             return (f"{os.path.basename(fname)}, line {lineno}"
-                    + (f": {code}" if code else ""))
+                    + (f" (`{code}`)" if code else ""))
     return None
 
 
@@ -597,7 +597,7 @@ def _trace(module, name):
     except Exception as e:  # fx refuses control flow, iteration, ...
         fr = _user_frame_of_tb(e.__traceback__)
         loc = (f" at {os.path.basename(fr.filename)}, line {fr.lineno}"
-               + (f": {fr.line}" if fr.line else "")) if fr else ""
+               + (f" (`{fr.line}`)" if fr.line else "")) if fr else ""
         msg = str(e)
         if "control flow" in msg:
             msg = ("a branch or loop depends on a traced value (data-dependent "
