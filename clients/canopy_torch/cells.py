@@ -197,7 +197,6 @@ class _Cell:
         self.ops = []          # dicts; refs are indices into self.ops
         self.where = None      # the user's line being converted
         self.memo = {}
-        self.used_tensors = set()
         self.transposed = {}   # parameter name -> tensor stored transposed
         self.direct = set()    # parameter names used as W [N, K]
 
@@ -229,8 +228,8 @@ class _Cell:
                 self.fail(f"parameter '{v.name}' (shape {list(v.t.shape)}) is "
                           "used as a vector; only 1-D parameters can be "
                           "(a matrix must be multiplied: x @ W.t())")
-            self.used_tensors.add(v.name)
-            return self.emit("param", v.t.shape[0], "param", tensor=v.name)
+            return self.emit("param", v.t.shape[0], v.name.replace(".", "_"),
+                             tensor=v.name)
         if isinstance(v, _Kids):
             self.fail("the children stack must be reduced first: "
                       "children.sum(0) or children.mean(0) (or children[k])")
@@ -256,8 +255,9 @@ class _Cell:
         return self.emit("slice", b - a, hint, a=v.op, cols=[a, b])
 
     def linear(self, x, w, bias, hint):
-        """x @ W^T (+ bias) with w a _P holding W [N, K] (transposed=False) or
-        W^T stored [K, N] (transposed=True)."""
+        """A linear op. ``w.transposed``: the cell multiplies by W.t() (or
+        calls nn.Linear / F.linear), W [N, K] is stored as it is; else it
+        computes x @ W with W [K, N], stored transposed under W's name."""
         if not isinstance(w, _P) or w.t.dim() != 2:
             self.fail("a matrix product needs a 2-D parameter as its right "
                       "operand (x @ W.t(), x @ W, F.linear(x, W, b))")
@@ -274,13 +274,11 @@ class _Cell:
         if x.width != K:
             self.fail(f"matrix product of a width-{x.width} vector with "
                       f"'{w.name}' {list(w.t.shape)}: inner sizes differ")
-        self.used_tensors.add(wname)
         f = {"x": x.op, "weight": wname}
         if bias is not None:
             if not isinstance(bias, _P) or bias.t.dim() != 1 \
                     or bias.t.shape[0] != N:
                 self.fail(f"the bias must be a 1-D parameter of {N} floats")
-            self.used_tensors.add(bias.name)
             f["bias"] = bias.name
         return self.emit("linear", N, hint, **f)
 
@@ -319,7 +317,6 @@ class _Cell:
                     src = self.ops[lin.op]
                     if src["op"] == "linear" and "bias" not in src \
                             and par.t.shape[0] == lin.width:
-                        self.used_tensors.add(par.name)
                         f = {k: x for k, x in src.items()
                              if not k.startswith("_") and k not in ("op", "width")}
                         return self.emit("linear", lin.width, hint,
@@ -699,7 +696,8 @@ def trace_cell(module, *, name, structure, when, state, arity=2, names=None,
     """Traces ``module`` (an ``nn.Module`` cell of the signature its
     structure and ``when`` call for, see the module docstring) into one
     element of ``cells.types``: ``({"name", "when", "ops", "state"},
-    {tensor name: tensor})``. ``names`` maps ``id(parameter)`` to the name
+    [tensor names the ops read], {name: parameter the ops read transposed,
+    as x @ W})``. ``names`` maps ``id(parameter)`` to the name
     it is saved under (default: ``NAME.<parameter path>``). Raises
     ``CellTraceError`` naming the line of the cell's code that cannot be
     expressed."""
@@ -721,7 +719,6 @@ def trace_cell(module, *, name, structure, when, state, arity=2, names=None,
         if embed_name is None:
             cell.fail("the cell reads x but no embedding was given "
                       "(save_cells(..., embed=...))")
-        cell.used_tensors.add(embed_name)
         return cell.emit("embed", embed_dim, hint, tensor=embed_name)
 
     def edge(k):
@@ -752,10 +749,7 @@ def trace_cell(module, *, name, structure, when, state, arity=2, names=None,
     out = cell.convert(graph, lazy)
     ops, st, tensors = _finish(cell, out, int(state))
     entry = {"name": name, "when": when, "ops": ops, "state": st}
-    tens = {}
-    for nm in sorted(tensors):
-        tens[nm] = None  # filled by the caller from the parameters
-    return entry, tens, dict(cell.transposed)
+    return entry, sorted(tensors), dict(cell.transposed)
 
 
 def _output(module, structure, state, names, shared):
