@@ -388,6 +388,18 @@ class TestTracer(Case):
         for k in ("relu", "rsub", "scale"):            # (1 - z), / 2
             self.assertIn(k, kinds)
 
+    def test_children_ops(self):
+        m = NaryModel(["<unk>", "a"], 3, 4, 2)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(m.save(os.path.join(tmp, "n")),
+                                   "model.json")) as f:
+                cells = json.load(f)["cells"]
+        self.assertEqual(cells["arity"], 0)
+        kinds = [op["op"] for op in cells["types"][1]["ops"]]
+        for k in ("input_sum", "input_mean", "input", "exp", "div", "shift",
+                  "scale", "relu"):
+            self.assertIn(k, kinds)
+
     def refusal(self, cell, needle, **kw):
         """save_cells refuses ``cell``, naming this file and ``needle``'s line."""
         src, first = inspect.getsourcelines(type(cell).forward)
@@ -569,7 +581,8 @@ class SumLeaf(nn.Module):
 
 
 class SumInternal(nn.Module):
-    """forward(children) -> h: a gate on the sum, one on the mean."""
+    """forward(children) -> h: gates on the sum and the mean, a softplus-like
+    divide (exp, neg, number + tensor, tensor / tensor)."""
 
     def __init__(self, H):
         super().__init__()
@@ -577,7 +590,8 @@ class SumInternal(nn.Module):
 
     def forward(self, children):
         g, u = self.U(torch.cat([children.sum(0), children.mean(0)], -1)).chunk(2, -1)
-        return torch.sigmoid(g) * torch.relu(u) + children[0] * 0.25
+        return (torch.sigmoid(g) * torch.relu(u) / (1 + torch.exp(-u))
+                + children[0] * 0.25)
 
 
 class NaryModel(nn.Module):
