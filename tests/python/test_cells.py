@@ -359,6 +359,19 @@ class TestTracer(Case):
         self.assertEqual(tens["leaf.W"][0], [7, 4])
         self.assertEqual(len(tens), len(dict(g.named_parameters())))
 
+    def test_names_without_a_model(self):
+        """No model given: '<cell name>.<parameter>', 'output.*', 'embed'."""
+        step, out = ElmanStep(3, 4), nn.Linear(4, 2)
+        emb = nn.Parameter(torch.zeros(3, 3))
+        with tempfile.TemporaryDirectory() as tmp:
+            d = ct.save_cells(os.path.join(tmp, "m"), "sequence",
+                              {"step": step}, state=4, output=out, embed=emb,
+                              vocab=["<unk>", "a", "b"])
+            tens, _ = ct.load_file(os.path.join(d, "weights.safetensors"))
+        self.assertEqual(sorted(tens), ["embed", "output.bias",
+                                        "output.weight", "step.U", "step.W.bias",
+                                        "step.W.weight"])
+
     def test_ops_are_what_the_cell_does(self):
         m, _ = peephole_model()
         with tempfile.TemporaryDirectory() as tmp:
