@@ -703,6 +703,41 @@ Test(cells_json, malformed_refused_with_the_op_named, .timeout = 120) {
     json_array_append_new(st, json_string(prev));
     REFUSED("too many IR nodes", j, "type 'leaf'", "more than 256 IR nodes");
   }
+  /* Within the IR's size but beyond what one compiled cell holds: nine
+   * products over nine different inputs. */
+  j = cells_json("treelstm");
+  {
+    json_t *ops = ops_of(j, 0);
+    char prev[16] = "";
+    for (int k = 0; k < 9; k++) {
+      json_t *x = json_array(), *o;
+      for (int q = 0; q < D; q++) json_array_append_new(x, json_sprintf("p%d", k));
+      o = json_pack("{s:s, s:s, s:[ii]}", "op", "slice", "a", "x", "cols", k,
+                    k + 1);
+      json_object_set_new(o, "name", json_sprintf("p%d", k));
+      json_array_append_new(ops, o);
+      o = json_pack("{s:s, s:o, s:s, s:[ii]}", "op", "linear", "x", x,
+                    "weight", "leaf.W", "rows", 0, H);
+      json_object_set_new(o, "name", json_sprintf("l%d", k));
+      json_array_append_new(ops, o);
+      if (k > 0) {
+        o = json_pack("{s:s, s:s}", "op", "add", "a", prev);
+        json_object_set_new(o, "b", json_sprintf("l%d", k));
+        json_object_set_new(o, "name", json_sprintf("s%d", k));
+        json_array_append_new(ops, o);
+        snprintf(prev, sizeof(prev), "s%d", k);
+      } else {
+        snprintf(prev, sizeof(prev), "l0");
+      }
+    }
+    json_array_append_new(ops, json_pack("{s:s, s:s, s:s}", "name", "t",
+                                         "op", "tanh", "a", prev));
+    json_t *st = json_object_get(json_array_get(json_object_get(
+        json_object_get(j, "cells"), "types"), 0), "state");
+    json_array_set_new(st, 1, json_string("t"));
+    REFUSED("beyond the compiler's limits", j, "the leaf cell could not be "
+            "compiled", "more than 8 products");
+  }
   tu_rmdir(dir);
 }
 

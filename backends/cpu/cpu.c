@@ -425,7 +425,8 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     c->n_ew = need;
   }
   const float *zero = zeros(bk, (int)maxw);
-  float *tmp = c->ew, *kbuf = c->ew + p->tmp_width;
+  /* c->ew stays NULL while no program needed scratch: no offset on it */
+  float *tmp = c->ew, *kbuf = c->ew != NULL ? c->ew + p->tmp_width : NULL;
   /* const rows, in instruction order */
   float *kp = kbuf;
   for (int i = 0; i < p->n_insn; i++) {

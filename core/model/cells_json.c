@@ -100,6 +100,8 @@ static int op_err(const ctx *c, int i, const char *fmt, ...) {
   vsnprintf(what, sizeof(what), fmt, ap);
   va_end(ap);
   const jop *o = &c->ops[i];
+  if (c->type == NULL) /* a key of "cells" itself */
+    return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: %s", c->file, what);
   return cn_err_set(c->err, CN_E_BAD_MODEL,
                     "%s: cells: type '%s' op %d%s%s%s%s%s%s: %s", c->file,
                     c->type, i, o->name[0] ? " '" : "", o->name,
@@ -838,7 +840,7 @@ static int parse_cells(cn_model *m, const json_t *j, const char *file,
                1 << 16);
   cl->state = (int)json_integer_value(st);
   int h1;
-  ctx hc = {.m = m, .file = file, .type = "-", .err = err, .ops = ops,
+  ctx hc = {.m = m, .file = file, .type = NULL, .err = err, .ops = ops,
             .n_ops = 1};
   ops[0] = (jop){.kind = OP_SLICE, .name = "hidden", .a = -1, .b = -1};
   if ((rc = get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1)))

@@ -43,7 +43,6 @@ void cn__family_names(char *buf, size_t cap) {
   for (int i = 0; i < cn__family_count() && n < cap; i++)
     n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "",
                           cn__family_at(i)->name);
-  if (n < cap) snprintf(buf + n, cap - n, ", cells (docs/cells.md)");
 }
 
 /* Reads integer key k of model.json into *out: absent gives def (or an
@@ -267,6 +266,13 @@ static int compile_cells(cn_model *m, cn_err *err) {
       rc = cn__cell_compile(m, t, g, CN_LAYOUT_NAIVE + l, &m->cell[l][t], err);
   }
   free(g);
+  /* A built-in's cell that does not compile is Canopy's bug; a described
+   * one is the model's (docs/cells.md: the compiler's limits). */
+  if (rc != 0 && rc != CN_E_NOMEM && m->cells != NULL) {
+    char msg[sizeof(err->msg)];
+    snprintf(msg, sizeof(msg), "%s", err->msg);
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s/model.json: %s", m->dir, msg);
+  }
   return rc;
 }
 
@@ -306,7 +312,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   if (cells) m->fam = cn__family_cells();
   if (!cells && (m->fam = cn__family_find(fam)) == NULL) {
     cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families (see "
-               "docs/models.md): %s", file,
+               "docs/models.md): %s, or cells (docs/cells.md)", file,
                fam ? "names unknown family '" : "is missing or not a string",
                fam ? fam : "", fam ? "'" : "", known);
     goto out;
@@ -423,6 +429,10 @@ json_t *cn_model_describe(const cn_model *m) {
   json_object_set_new(o, "family", json_string(m->fam->name));
   json_object_set_new(o, "input",
                       json_string(cn_input_kind_name(m->fam->input)));
+  if (m->cells != NULL) { /* docs/cells.md */
+    static const char *st[] = {"tree", "sequence", "bisequence", "dag"};
+    json_object_set_new(o, "structure", json_string(st[m->cells->structure]));
+  }
   json_object_set_new(o, "hidden", json_integer(d->H));
   json_object_set_new(o, "embed", json_integer(d->D));
   if (m->fam->has_classes)
