@@ -131,6 +131,9 @@ def _where_of_stack(stack):
                 lineno = int(l.split(", line ")[1].split(",")[0])
             except (IndexError, ValueError):
                 continue
+            f = os.path.abspath(fname)
+            if f.startswith(_TORCH) or f.startswith(_HERE):
+                continue  # torch's dispatch (F.softmax), the tracer itself
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             if code.startswith("File \""):  # no source (exec'd code)
                 code = ""
@@ -565,7 +568,12 @@ class _Cell:
                       f"of a {self.structure} takes {len(placeholders)}: {why}")
         out = None
         for node in graph.nodes:
-            self.where = _where_of_stack(node.stack_trace) or self.where
+            where = _where_of_stack(node.stack_trace)
+            if where is None and node.op == "get_attr":
+                # a constant's node is made by the tracer: name its first use
+                where = next((w for w in (_where_of_stack(u.stack_trace)
+                                          for u in node.users) if w), None)
+            self.where = where or self.where
             hint = node.name
             if node.op == "placeholder":
                 env[node] = placeholders[k_ph](hint)

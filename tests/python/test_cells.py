@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "clients"))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 import canopy_torch as ct  # noqa: E402
@@ -449,6 +450,17 @@ class TestTracer(Case):
     def test_refuses_width_mismatch(self):
         self.assertIn("widths 4 and 2", self.refusal(WidthCell(), "x[:, :2]"))
 
+    def test_refuses_functional_and_loops(self):
+        # F.softmax goes through torch's dispatch: still the user's line
+        self.assertIn("softmax is not supported",
+                      self.refusal(SoftmaxCell(), "F.softmax("))
+        self.assertIn("unpack a split/chunk into names",
+                      self.refusal(LoopCell(), "for g in x.chunk(2, -1):"))
+
+    def test_refuses_unregistered_tensor(self):
+        self.assertIn("not a parameter or buffer",
+                      self.refusal(ConstCell(), "h * self.c"))
+
     def test_refuses_both_orientations(self):
         self.assertIn("both as x @ W and as x @ W.t()",
                       self.refusal(TwoWayCell(), "h @ self.W.t()"))
@@ -470,6 +482,27 @@ class TestTracer(Case):
                           output=nn.Linear(4, 2), embed=nn.Embedding(3, 4),
                           vocab=["<unk>", "a", "b"])
         self.assertIn("width 4; the model's state is 8", str(e.exception))
+
+
+class SoftmaxCell(nn.Module):
+    def forward(self, x, h):
+        return F.softmax(x + h, dim=-1)
+
+
+class LoopCell(nn.Module):
+    def forward(self, x, h):
+        for g in x.chunk(2, -1):
+            h = h * 2
+        return h
+
+
+class ConstCell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = torch.ones(4)          # not registered: would not be saved
+
+    def forward(self, x, h):
+        return x + h * self.c
 
 
 class XCell(nn.Module):
