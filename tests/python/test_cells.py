@@ -373,6 +373,22 @@ class TestTracer(Case):
                                         "output.weight", "step.U", "step.W.bias",
                                         "step.W.weight"])
 
+    def test_load_says_cells(self):
+        m, _ = elman_model()
+        with tempfile.TemporaryDirectory() as tmp:
+            d = m.save(os.path.join(tmp, "e"))
+            with self.assertRaises(ValueError) as e:
+                ct.load(d)
+            self.assertIn("is a cells model", str(e.exception))
+            # the weights load back into the module that was traced
+            raw, _ = ct.load_file(os.path.join(d, "weights.safetensors"))
+            sd = {k: torch.tensor(list(buf)).reshape(shape)
+                  for k, (shape, buf) in raw.items()}
+            m2, _ = elman_model(seed=99)
+            m2.load_state_dict(sd)
+            for a, b in zip(m.state_dict().values(), m2.state_dict().values()):
+                self.assertTrue(torch.equal(a, b))
+
     def test_ops_are_what_the_cell_does(self):
         m, _ = peephole_model()
         with tempfile.TemporaryDirectory() as tmp:
