@@ -5,13 +5,10 @@
  * Loading has two passes per type. Parsing checks every op against the
  * weights (operands earlier in the list, widths, tensor names and shapes)
  * and derives its width, so a mistake is refused naming the type, the
- * op's index and its name. Lowering then walks back from the state and
- * turns the ops into the op IR (core/cell/cell.h), folding `slice` and
- * `concat` away: a value is a list of pieces (IR nodes side by side), a
- * slice of a linear is a linear over those weight rows, a slice of an
- * elementwise op is the op over its operands' slices, a concat feeding a
- * linear is its input list. The compiler's K- and N-merges then put the
- * products back together. Only ops the state needs reach the IR. */
+ * op's index and its name. Lowering (cells_lower.c) then turns the ops
+ * the state needs into the op IR (core/cell/cell.h), folding `slice` and
+ * `concat` away. */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,17 +16,7 @@
 #include <string.h>
 
 #include "cell/cell.h"
-#include "model/model.h"
-
-#define MAX_OPS 256    /* JSON ops in one type                          */
-#define MAX_X 16       /* operands of one linear or concat              */
-#define MAX_PIECES 64  /* IR nodes one value may split into             */
-
-enum {
-  OP_INPUT, OP_INPUT_SUM, OP_INPUT_MEAN, OP_EMBED, OP_PARAM, OP_LINEAR,
-  OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_SIGMOID, OP_TANH, OP_EXP, OP_RELU,
-  OP_SCALE, OP_RSUB, OP_SHIFT, OP_SLICE, OP_CONCAT
-};
+#include "model/cells_impl.h"
 
 /* The ops, with the keys each takes besides "op", "name" and "width". */
 static const struct {
@@ -57,43 +44,8 @@ static const struct {
     [OP_CONCAT] = {"concat", {"x"}},
 };
 
-typedef struct jop {
-  int kind;
-  const char *name;   /* borrowed from the JSON; "" when unnamed */
-  int width;
-  int a, b;           /* operands (op indices), -1 */
-  int nx, x[MAX_X];   /* linear, concat */
-  int edge;
-  int c0, c1;         /* cols [c0, c1) */
-  int t, bt;          /* tensor indices (m->w), -1 */
-  int r0;             /* linear rows start */
-  float k;
-} jop;
-
-typedef struct memo {
-  int op, off, w, node;
-} memo;
-
-typedef struct piece {
-  int node, w;
-} piece;
-
-/* One type being read (or the output layer). */
-typedef struct ctx {
-  cn_model *m;
-  const char *file, *type;
-  cn_err *err;
-  int n_ops;
-  jop *ops;
-  cn_ir *g;
-  int n_memo;
-  memo memo[CN_IR_MAX];
-} ctx;
-
 /* "model.json: cells: type 'internal' op 7 'mul_3' (mul): ..." */
-static int op_err(const ctx *c, int i, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int op_err(const ctx *c, int i, const char *fmt, ...) {
+int cn__cells_op_err(const cells_ctx *c, int i, const char *fmt, ...) {
   char what[200];
   va_list ap;
   va_start(ap, fmt);
@@ -102,17 +54,17 @@ static int op_err(const ctx *c, int i, const char *fmt, ...) {
   const jop *o = &c->ops[i];
   if (c->type == NULL) /* a key of "cells" itself */
     return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: %s", c->file, what);
-  return cn_err_set(c->err, CN_E_BAD_MODEL,
-                    "%s: cells: type '%s' op %d%s%s%s%s%s%s: %s", c->file,
-                    c->type, i, o->name[0] ? " '" : "", o->name,
-                    o->name[0] ? "'" : "", o->kind >= 0 ? " (" : "",
-                    o->kind >= 0 ? op_defs[o->kind].name : "",
-                    o->kind >= 0 ? ")" : "", what);
+  if (o->kind == CN_CELLS_STATE)
+    return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: type '%s': %s",
+                      c->file, c->type, what);
+  return cn_err_set(
+      c->err, CN_E_BAD_MODEL, "%s: cells: type '%s' op %d%s%s%s%s%s%s: %s",
+      c->file, c->type, i, o->name[0] ? " '" : "", o->name,
+      o->name[0] ? "'" : "", o->kind >= 0 ? " (" : "",
+      o->kind >= 0 ? op_defs[o->kind].name : "", o->kind >= 0 ? ")" : "", what);
 }
 
-static int bad(cn_err *err, const char *file, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bad(cn_err *err, const char *file, const char *fmt, ...) {
+int cn__cells_bad(cn_err *err, const char *file, const char *fmt, ...) {
   char what[260];
   va_list ap;
   va_start(ap, fmt);
@@ -124,40 +76,44 @@ static int bad(cn_err *err, const char *file, const char *fmt, ...) {
 /* ---- tensors ------------------------------------------------------------- */
 /* The index of tensor `name` in m->w, binding it on first use; -1 with the
  * error set when the file lacks it or holds NaN or Inf. */
-static int tensor(ctx *c, int i, const char *key, const json_t *v) {
+static int tensor(cells_ctx *c, int i, const char *key, const json_t *v) {
   cn_model *m = c->m;
   const char *name = json_string_value(v);
   if (name == NULL || name[0] == '\0') {
-    op_err(c, i, "'%s' must be a tensor name (a non-empty string)", key);
+    cn__cells_op_err(c, i, "'%s' must be a tensor name (a non-empty string)",
+                     key);
     return -1;
   }
   for (int k = 0; k < m->n_tensors; k++)
     if (strcmp(m->w[k]->name, name) == 0) return k;
   const cn_tensor *t = cn_safetensors_find(&m->st, name);
   if (t == NULL) {
-    op_err(c, i, "tensor '%s' is missing from weights.safetensors", name);
+    cn__cells_op_err(c, i, "tensor '%s' is missing from weights.safetensors",
+                     name);
     return -1;
   }
   if (m->n_tensors >= CN_MAX_TENSORS) {
-    op_err(c, i, "tensor '%s': more than %d tensors", name, CN_MAX_TENSORS);
+    cn__cells_op_err(c, i, "tensor '%s': more than %d tensors", name,
+                     CN_MAX_TENSORS);
     return -1;
   }
   for (int64_t j = 0; j < t->numel; j++)
     if (!isfinite(t->data[j])) {
-      op_err(c, i, "tensor '%s' holds %s at element %lld; weights must be "
-             "finite", name, isnan(t->data[j]) ? "NaN" : "Inf",
-             (long long)j);
+      cn__cells_op_err(c, i,
+                       "tensor '%s' holds %s at element %lld; weights must be "
+                       "finite",
+                       name, isnan(t->data[j]) ? "NaN" : "Inf", (long long)j);
       return -1;
     }
   m->w[m->n_tensors] = t;
   return m->n_tensors++;
 }
 
-static const cn_tensor *T(const ctx *c, int t) { return c->m->w[t]; }
+static const cn_tensor *T(const cells_ctx *c, int t) { return c->m->w[t]; }
 
 /* ---- parsing ------------------------------------------------------------- */
 /* A [start, end) range within [0, limit); absent gives [0, limit). */
-static int get_cols(ctx *c, int i, const json_t *o, const char *key,
+static int get_cols(cells_ctx *c, int i, const json_t *o, const char *key,
                     int limit, int *c0, int *c1) {
   const json_t *v = json_object_get(o, key);
   if (v == NULL) {
@@ -169,35 +125,44 @@ static int get_cols(ctx *c, int i, const json_t *o, const char *key,
   if (!json_is_array(v) || json_array_size(v) != 2 ||
       !json_is_integer(json_array_get(v, 0)) ||
       !json_is_integer(json_array_get(v, 1)))
-    return op_err(c, i, "'%s' must be [start, end) (two integers)", key);
+    return cn__cells_op_err(c, i, "'%s' must be [start, end) (two integers)",
+                            key);
   a = json_integer_value(json_array_get(v, 0));
   b = json_integer_value(json_array_get(v, 1));
   if (a < 0 || b <= a || b > limit)
-    return op_err(c, i, "'%s' [%lld, %lld) is not a non-empty range "
-                  "within [0, %d)", key, (long long)a, (long long)b, limit);
+    return cn__cells_op_err(c, i,
+                            "'%s' [%lld, %lld) is not a non-empty range "
+                            "within [0, %d)",
+                            key, (long long)a, (long long)b, limit);
   *c0 = (int)a;
   *c1 = (int)b;
   return 0;
 }
 
 /* An operand: an earlier op by index or by name. */
-static int get_ref(ctx *c, int i, const json_t *v, const char *key, int *out) {
+int cn__cells_get_ref(cells_ctx *c, int i, const json_t *v, const char *key,
+                      int *out) {
   if (json_is_integer(v)) {
     json_int_t r = json_integer_value(v);
     if (r >= i && r < c->n_ops)
-      return op_err(c, i, "'%s' refers to op %lld, which does not come "
-                    "before it (ops may only read earlier ops: no cycles)",
-                    key, (long long)r);
+      return cn__cells_op_err(
+          c, i,
+          "'%s' refers to op %lld, which does not come "
+          "before it (ops may only read earlier ops: no cycles)",
+          key, (long long)r);
     if (r < 0 || r >= i)
-      return op_err(c, i, "'%s' refers to op %lld, which does not exist",
-                    key, (long long)r);
+      return cn__cells_op_err(c, i,
+                              "'%s' refers to op %lld, which does not exist",
+                              key, (long long)r);
     *out = (int)r;
     return 0;
   }
   const char *s = json_string_value(v);
   if (s == NULL)
-    return op_err(c, i, "'%s' must name an earlier op (its index or its "
-                  "name)", key);
+    return cn__cells_op_err(c, i,
+                            "'%s' must name an earlier op (its index or its "
+                            "name)",
+                            key);
   for (int k = i - 1; k >= 0; k--)
     if (strcmp(c->ops[k].name, s) == 0) {
       *out = k;
@@ -205,42 +170,45 @@ static int get_ref(ctx *c, int i, const json_t *v, const char *key, int *out) {
     }
   for (int k = i; k < c->n_ops; k++) {
     if (strcmp(c->ops[k].name, s) == 0)
-      return op_err(c, i, "'%s' refers to '%s', op %d, which does not come "
-                    "before it (ops may only read earlier ops: no cycles)",
-                    key, s, k);
+      return cn__cells_op_err(
+          c, i,
+          "'%s' refers to '%s', op %d, which does not come "
+          "before it (ops may only read earlier ops: no cycles)",
+          key, s, k);
   }
-  return op_err(c, i, "'%s' refers to '%s', which no op is named", key, s);
+  return cn__cells_op_err(c, i, "'%s' refers to '%s', which no op is named",
+                          key, s);
 }
 
-static int get_refs(ctx *c, int i, const json_t *o, const char *key, int *x,
-                    int *nx) {
+static int get_refs(cells_ctx *c, int i, const json_t *o, const char *key,
+                    int *x, int *nx) {
   const json_t *v = json_object_get(o, key);
-  if (v == NULL) return op_err(c, i, "'%s' is missing", key);
+  if (v == NULL) return cn__cells_op_err(c, i, "'%s' is missing", key);
   if (!json_is_array(v)) {
     *nx = 1;
-    return get_ref(c, i, v, key, &x[0]);
+    return cn__cells_get_ref(c, i, v, key, &x[0]);
   }
   size_t n = json_array_size(v);
-  if (n < 1 || n > MAX_X)
-    return op_err(c, i, "'%s' must list 1 to %d operands, not %zu", key,
-                  MAX_X, n);
+  if (n < 1 || n > CN_CELLS_MAX_X)
+    return cn__cells_op_err(c, i, "'%s' must list 1 to %d operands, not %zu",
+                            key, CN_CELLS_MAX_X, n);
   for (size_t k = 0; k < n; k++) {
-    int rc = get_ref(c, i, json_array_get(v, k), key, &x[k]);
+    int rc = cn__cells_get_ref(c, i, json_array_get(v, k), key, &x[k]);
     if (rc != 0) return rc;
   }
   *nx = (int)n;
   return 0;
 }
 
-static int get_operand(ctx *c, int i, const json_t *o, const char *key,
+static int get_operand(cells_ctx *c, int i, const json_t *o, const char *key,
                        int *out) {
   const json_t *v = json_object_get(o, key);
-  if (v == NULL) return op_err(c, i, "'%s' is missing", key);
-  return get_ref(c, i, v, key, out);
+  if (v == NULL) return cn__cells_op_err(c, i, "'%s' is missing", key);
+  return cn__cells_get_ref(c, i, v, key, out);
 }
 
 /* Reads op i; its width from its operands and tensors. */
-static int parse_op(ctx *c, int i, const json_t *o) {
+static int parse_op(cells_ctx *c, int i, const json_t *o) {
   jop *p = &c->ops[i];
   int state = c->m->cells->state, rc;
   int kind = p->kind;
@@ -252,23 +220,25 @@ static int parse_op(ctx *c, int i, const json_t *o) {
               strcmp(key, "width") == 0;
     for (int k = 0; !ok && k < 5 && op_defs[kind].keys[k]; k++)
       ok = strcmp(key, op_defs[kind].keys[k]) == 0;
-    if (!ok) return op_err(c, i, "unknown key '%s'", key);
+    if (!ok) return cn__cells_op_err(c, i, "unknown key '%s'", key);
   }
   switch (kind) {
   case OP_INPUT: {
     const json_t *e = json_object_get(o, "edge");
     if (!json_is_integer(e) || json_integer_value(e) < 0 ||
         json_integer_value(e) >= 64)
-      return op_err(c, i, "'edge' must be an integer from 0 to 63");
+      return cn__cells_op_err(c, i, "'edge' must be an integer from 0 to 63");
     p->edge = (int)json_integer_value(e);
     int ar = c->m->cells->arity;
     if (c->m->cells->structure == CN_CELLS_TREE && ar > 0 && p->edge >= ar)
-      return op_err(c, i, "'edge' %d: tree nodes have at most %d children",
-                    p->edge, ar);
+      return cn__cells_op_err(
+          c, i, "'edge' %d: tree nodes have at most %d children", p->edge, ar);
     if (c->m->cells->structure != CN_CELLS_TREE &&
         c->m->cells->structure != CN_CELLS_DAG && p->edge > 0)
-      return op_err(c, i, "'edge' %d: a sequence step has one input (edge "
-                    "0, the previous step)", p->edge);
+      return cn__cells_op_err(c, i,
+                              "'edge' %d: a sequence step has one input (edge "
+                              "0, the previous step)",
+                              p->edge);
   } /* fall through */
   case OP_INPUT_SUM:
   case OP_INPUT_MEAN:
@@ -279,17 +249,19 @@ static int parse_op(ctx *c, int i, const json_t *o) {
     if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
       return c->err->code;
     if (T(c, p->t)->ndim != 2 || T(c, p->t)->shape[0] != c->m->dims.V)
-      return op_err(c, i, "tensor '%s' must be [V, D] with V = %lld (the "
-                    "vocabulary's size)", T(c, p->t)->name,
-                    (long long)c->m->dims.V);
+      return cn__cells_op_err(c, i,
+                              "tensor '%s' must be [V, D] with V = %lld (the "
+                              "vocabulary's size)",
+                              T(c, p->t)->name, (long long)c->m->dims.V);
     p->width = (int)T(c, p->t)->shape[1];
+    if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
     break;
   case OP_PARAM:
     if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
       return c->err->code;
     if (T(c, p->t)->ndim != 1)
-      return op_err(c, i, "tensor '%s' must be 1-D (a vector)",
-                    T(c, p->t)->name);
+      return cn__cells_op_err(c, i, "tensor '%s' must be 1-D (a vector)",
+                              T(c, p->t)->name);
     if ((rc = get_cols(c, i, o, "cols", (int)T(c, p->t)->shape[0], &p->c0,
                        &p->c1)))
       return rc;
@@ -303,12 +275,14 @@ static int parse_op(ctx *c, int i, const json_t *o) {
     int64_t K = 0;
     for (int k = 0; k < p->nx; k++) K += c->ops[p->x[k]].width;
     if (W->ndim != 2 || W->shape[1] != K)
-      return op_err(c, i, "weight '%s' must be [N, %lld] (its inputs are "
-                    "%lld wide), not %s%lld%s%lld]", W->name, (long long)K,
-                    (long long)K, W->ndim == 2 ? "[" : "a tensor of rank ",
-                    W->ndim == 2 ? (long long)W->shape[0] : (long long)W->ndim,
-                    W->ndim == 2 ? ", " : " [.., ",
-                    (long long)W->shape[W->ndim - 1]);
+      return cn__cells_op_err(
+          c, i,
+          "weight '%s' must be [N, %lld] (its inputs are "
+          "%lld wide), not %s%lld%s%lld]",
+          W->name, (long long)K, (long long)K,
+          W->ndim == 2 ? "[" : "a tensor of rank ",
+          W->ndim == 2 ? (long long)W->shape[0] : (long long)W->ndim,
+          W->ndim == 2 ? ", " : " [.., ", (long long)W->shape[W->ndim - 1]);
     int c1;
     if ((rc = get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0, &c1)))
       return rc;
@@ -319,28 +293,42 @@ static int parse_op(ctx *c, int i, const json_t *o) {
         return c->err->code;
       const cn_tensor *B = T(c, p->bt);
       if (B->ndim != 1 || B->shape[0] != W->shape[0])
-        return op_err(c, i, "bias '%s' must be [%lld] (the weight's rows)",
-                      B->name, (long long)W->shape[0]);
+        return cn__cells_op_err(c, i,
+                                "bias '%s' must be [%lld] (the weight's rows)",
+                                B->name, (long long)W->shape[0]);
     }
     break;
   }
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV:
+  case OP_ADD:
+  case OP_SUB:
+  case OP_MUL:
+  case OP_DIV:
     if ((rc = get_operand(c, i, o, "a", &p->a)) ||
         (rc = get_operand(c, i, o, "b", &p->b)))
       return rc;
     if (c->ops[p->a].width != c->ops[p->b].width)
-      return op_err(c, i, "width mismatch: 'a' (op %d) is %d wide, 'b' (op "
-                    "%d) %d", p->a, c->ops[p->a].width, p->b,
-                    c->ops[p->b].width);
+      return cn__cells_op_err(c, i,
+                              "width mismatch: 'a' (op %d) is %d wide, 'b' (op "
+                              "%d) %d",
+                              p->a, c->ops[p->a].width, p->b,
+                              c->ops[p->b].width);
     p->width = c->ops[p->a].width;
     break;
-  case OP_SCALE: case OP_RSUB: case OP_SHIFT: {
+  case OP_SCALE:
+  case OP_RSUB:
+  case OP_SHIFT: {
     const json_t *k = json_object_get(o, "k");
-    if (!json_is_number(k) || !isfinite(json_number_value(k)))
-      return op_err(c, i, "'k' must be a finite number");
+    if (!json_is_number(k) || !(fabs(json_number_value(k)) <= FLT_MAX))
+      return cn__cells_op_err(c, i,
+                              "'k' must be a number a float holds (finite, "
+                              "|k| <= %g)",
+                              (double)FLT_MAX);
     p->k = (float)json_number_value(k);
   } /* fall through */
-  case OP_SIGMOID: case OP_TANH: case OP_EXP: case OP_RELU:
+  case OP_SIGMOID:
+  case OP_TANH:
+  case OP_EXP:
+  case OP_RELU:
     if ((rc = get_operand(c, i, o, "a", &p->a))) return rc;
     p->width = c->ops[p->a].width;
     break;
@@ -349,7 +337,7 @@ static int parse_op(ctx *c, int i, const json_t *o) {
         (rc = get_cols(c, i, o, "cols", c->ops[p->a].width, &p->c0, &p->c1)))
       return rc;
     if (json_object_get(o, "cols") == NULL)
-      return op_err(c, i, "'cols' is missing");
+      return cn__cells_op_err(c, i, "'cols' is missing");
     p->width = p->c1 - p->c0;
     break;
   case OP_CONCAT:
@@ -360,18 +348,24 @@ static int parse_op(ctx *c, int i, const json_t *o) {
   }
   const json_t *w = json_object_get(o, "width");
   if (w != NULL && (!json_is_integer(w) || json_integer_value(w) != p->width))
-    return op_err(c, i, "width mismatch: 'width' says %s%lld, the operands "
-                  "and tensors give %d", json_is_integer(w) ? "" : "(not an "
-                  "integer) ", json_is_integer(w) ? (long long)json_integer_value(w)
-                                                  : 0LL, p->width);
+    return cn__cells_op_err(
+        c, i,
+        "width mismatch: 'width' says %s%lld, the operands "
+        "and tensors give %d",
+        json_is_integer(w) ? ""
+                           : "(not an "
+                             "integer) ",
+        json_is_integer(w) ? (long long)json_integer_value(w) : 0LL, p->width);
   return 0;
 }
 
-static int parse_ops(ctx *c, const json_t *arr) {
+static int parse_ops(cells_ctx *c, const json_t *arr) {
   if (!json_is_array(arr) || json_array_size(arr) < 1 ||
-      json_array_size(arr) > MAX_OPS)
-    return bad(c->err, c->file, "type '%s': 'ops' must be an array of 1 to "
-               "%d ops", c->type, MAX_OPS);
+      json_array_size(arr) > CN_CELLS_MAX_OPS)
+    return cn__cells_bad(c->err, c->file,
+                         "type '%s': 'ops' must be an array of 1 to "
+                         "%d ops",
+                         c->type, CN_CELLS_MAX_OPS);
   c->n_ops = (int)json_array_size(arr);
   /* Names first, so that a reference to a later op can say so. */
   for (int i = 0; i < c->n_ops; i++) {
@@ -379,22 +373,24 @@ static int parse_ops(ctx *c, const json_t *arr) {
     *p = (jop){.kind = -1, .name = "", .a = -1, .b = -1, .t = -1, .bt = -1};
     const json_t *o = json_array_get(arr, (size_t)i);
     if (!json_is_object(o))
-      return bad(c->err, c->file, "type '%s' op %d is not an object",
-                 c->type, i);
+      return cn__cells_bad(c->err, c->file, "type '%s' op %d is not an object",
+                           c->type, i);
     const json_t *nm = json_object_get(o, "name");
-    if (nm != NULL && (json_string_value(nm) == NULL ||
-                       json_string_length(nm) == 0 ||
-                       json_string_length(nm) > 64))
-      return op_err(c, i, "'name' must be a string of 1 to 64 bytes");
+    if (nm != NULL &&
+        (json_string_value(nm) == NULL || json_string_length(nm) == 0 ||
+         json_string_length(nm) > 64))
+      return cn__cells_op_err(c, i, "'name' must be a string of 1 to 64 bytes");
     if (nm != NULL) p->name = json_string_value(nm);
     for (int k = 0; k < i && p->name[0]; k++)
       if (strcmp(c->ops[k].name, p->name) == 0)
-        return op_err(c, i, "name '%s' is already op %d's", p->name, k);
+        return cn__cells_op_err(c, i, "name '%s' is already op %d's", p->name,
+                                k);
   }
   for (int i = 0; i < c->n_ops; i++) {
     const json_t *o = json_array_get(arr, (size_t)i);
     const char *op = json_string_value(json_object_get(o, "op"));
-    if (op == NULL) return op_err(c, i, "'op' is missing or not a string");
+    if (op == NULL)
+      return cn__cells_op_err(c, i, "'op' is missing or not a string");
     for (size_t k = 0; k < CN_ARRAY_SIZE(op_defs); k++)
       if (strcmp(op, op_defs[k].name) == 0) c->ops[i].kind = (int)k;
     if (c->ops[i].kind < 0) {
@@ -403,218 +399,12 @@ static int parse_ops(ctx *c, const json_t *arr) {
       for (size_t k = 0; k < CN_ARRAY_SIZE(op_defs) && n < sizeof(known); k++)
         n += (size_t)snprintf(known + n, sizeof(known) - n, "%s%s",
                               k ? " " : "", op_defs[k].name);
-      return op_err(c, i, "unknown op '%.40s' (known: %s)", op, known);
+      return cn__cells_op_err(c, i, "unknown op '%.40s' (known: %s)", op,
+                              known);
     }
     int rc = parse_op(c, i, o);
     if (rc != 0) return rc;
   }
-  return 0;
-}
-
-/* ---- lowering into the op IR --------------------------------------------- */
-static int memo_find(const ctx *c, int op, int off, int w) {
-  for (int k = 0; k < c->n_memo; k++)
-    if (c->memo[k].op == op && c->memo[k].off == off && c->memo[k].w == w)
-      return c->memo[k].node;
-  return -1;
-}
-
-static int memo_put(ctx *c, int op, int off, int w, int node) {
-  if (c->n_memo < CN_IR_MAX)
-    c->memo[c->n_memo++] = (memo){op, off, w, node};
-  return node;
-}
-
-static int push_piece(ctx *c, int i, piece *out, int *np, int node, int w) {
-  if (*np >= MAX_PIECES)
-    return op_err(c, i, "its value splits into more than %d pieces; slice "
-                  "or concat less finely", MAX_PIECES);
-  out[(*np)++] = (piece){node, w};
-  return 0;
-}
-
-static int lower(ctx *c, int i, int off, int w, piece *out, int *np);
-
-/* The one IR node standing for columns [off, off + w) of op i, which the
- * caller knows to be one piece. */
-static int lower_one(ctx *c, int i, int off, int w, int *node) {
-  piece p[MAX_PIECES];
-  int n = 0, rc = lower(c, i, off, w, p, &n);
-  if (rc != 0) return rc;
-  if (n != 1) return op_err(c, i, "internal: a segment split in %d", n);
-  *node = p[0].node;
-  return 0;
-}
-
-static int ir_kind(int kind) {
-  switch (kind) {
-  case OP_ADD: return CN_IR_ADD;
-  case OP_SUB: return CN_IR_SUB;
-  case OP_MUL: return CN_IR_MUL;
-  case OP_DIV: return CN_IR_DIV;
-  case OP_SIGMOID: return CN_IR_SIGMOID;
-  case OP_TANH: return CN_IR_TANH;
-  case OP_EXP: return CN_IR_EXP;
-  case OP_RELU: return CN_IR_RELU;
-  case OP_SCALE: return CN_IR_SCALE;
-  default: return CN_IR_RSUB;
-  }
-}
-
-/* Appends to out the pieces that make columns [off, off + w) of op i. */
-static int lower(ctx *c, int i, int off, int w, piece *out, int *np) {
-  const jop *p = &c->ops[i];
-  cn_ir *g = c->g;
-  int node = memo_find(c, i, off, w), rc;
-  if (node >= 0) return push_piece(c, i, out, np, node, w);
-  switch (p->kind) {
-  case OP_INPUT: case OP_INPUT_SUM: case OP_INPUT_MEAN: {
-    cn_ir_src s = p->kind == OP_INPUT       ? CN_SRC_INPUT
-                  : p->kind == OP_INPUT_SUM ? CN_SRC_INPUT_SUM
-                                            : CN_SRC_INPUT_MEAN;
-    node = cn_ir_src_(g, s, -1, p->edge, p->c0 + off, w,
-                      p->name[0] ? p->name : "input");
-    break;
-  }
-  case OP_EMBED:
-    node = cn_ir_src_(g, CN_SRC_EMBED, p->t, 0, off, w,
-                      p->name[0] ? p->name : "x");
-    break;
-  case OP_PARAM:
-    node = cn_ir_param(g, p->t, p->c0 + off, w);
-    break;
-  case OP_LINEAR: {
-    piece x[MAX_PIECES];
-    int nx = 0, xs[MAX_PIECES];
-    for (int k = 0; k < p->nx; k++)
-      if ((rc = lower(c, p->x[k], 0, c->ops[p->x[k]].width, x, &nx)))
-        return rc;
-    for (int k = 0; k < nx; k++) xs[k] = x[k].node;
-    node = cn_ir_linear(g, xs, nx, p->t, p->r0 + off, w, p->bt, p->r0 + off);
-    break;
-  }
-  case OP_SIGMOID: case OP_TANH: case OP_EXP: case OP_RELU: case OP_SCALE:
-  case OP_RSUB: case OP_SHIFT: {
-    piece a[MAX_PIECES];
-    int na = 0, at = off;
-    if ((rc = lower(c, p->a, off, w, a, &na))) return rc;
-    if (na > 1) { /* elementwise over each piece */
-      for (int k = 0; k < na; k++) {
-        int o1 = -1;
-        if ((rc = lower_one(c, i, at, a[k].w, &o1)) ||
-            (rc = push_piece(c, i, out, np, o1, a[k].w)))
-          return rc;
-        at += a[k].w;
-      }
-      return 0;
-    }
-    if (p->kind == OP_SHIFT) /* a + k = k - (-a) */
-      node = cn_ir_const_op(g, CN_IR_RSUB, p->k,
-                            cn_ir_const_op(g, CN_IR_SCALE, -1.0f, a[0].node));
-    else if (p->kind == OP_SCALE || p->kind == OP_RSUB)
-      node = cn_ir_const_op(g, ir_kind(p->kind), p->k, a[0].node);
-    else
-      node = cn_ir_unary(g, ir_kind(p->kind), a[0].node);
-    break;
-  }
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: {
-    piece a[MAX_PIECES], b[MAX_PIECES];
-    int na = 0, nb = 0;
-    if ((rc = lower(c, p->a, off, w, a, &na)) ||
-        (rc = lower(c, p->b, off, w, b, &nb)))
-      return rc;
-    if (na == 1 && nb == 1) {
-      node = cn_ir_binary(g, ir_kind(p->kind), a[0].node, b[0].node);
-      break;
-    }
-    /* Cut at every boundary of either operand; each segment lies within
-     * one piece of each. */
-    int ia = 0, ib = 0, ea = off + a[0].w, eb = off + b[0].w, at = off;
-    while (at < off + w) {
-      int end = ea < eb ? ea : eb, o1 = -1;
-      if ((rc = lower_one(c, i, at, end - at, &o1)) ||
-          (rc = push_piece(c, i, out, np, o1, end - at)))
-        return rc;
-      at = end;
-      if (at == ea && ++ia < na) ea += a[ia].w;
-      if (at == eb && ++ib < nb) eb += b[ib].w;
-    }
-    return 0;
-  }
-  case OP_SLICE:
-    return lower(c, p->a, p->c0 + off, w, out, np);
-  case OP_CONCAT: {
-    int base = 0;
-    for (int k = 0; k < p->nx && base < off + w; k++) {
-      int xw = c->ops[p->x[k]].width;
-      int lo = off > base ? off : base;
-      int hi = off + w < base + xw ? off + w : base + xw;
-      if (lo < hi && (rc = lower(c, p->x[k], lo - base, hi - lo, out, np)))
-        return rc;
-      base += xw;
-    }
-    return 0;
-  }
-  }
-  if (g->overflow)
-    return op_err(c, i, "the type needs more than %d IR nodes (CN_IR_MAX) "
-                  "once lowered", CN_IR_MAX);
-  memo_put(c, i, off, w, node);
-  return push_piece(c, i, out, np, node, w);
-}
-
-/* Whether node v cannot itself be marked as state columns: a source or a
- * weight (no kernel writes it), a product or a pure sum of products (the
- * compiler folds them into a GEMM whose output may not be the state), or
- * a node already placed. */
-static bool needs_copy(const cn_ir *g, int v, bool top) {
-  const cn_ir_node *nd = &g->node[v];
-  if (top && nd->out_col >= 0) return true;
-  switch (nd->kind) {
-  case CN_IR_SRC: case CN_IR_PARAM: case CN_IR_MATMUL: return true;
-  case CN_IR_ADD: return needs_copy(g, nd->a, false) &&
-                         needs_copy(g, nd->b, false);
-  default: return false;
-  }
-}
-
-/* Lowers the state list: its pieces become the state's columns. */
-static int lower_state(ctx *c, const json_t *st) {
-  cn_cells *cl = c->m->cells;
-  if (!json_is_array(st) || json_array_size(st) < 1 ||
-      json_array_size(st) > MAX_X)
-    return bad(c->err, c->file, "type '%s': 'state' must list 1 to %d ops "
-               "(its columns, in order)", c->type, MAX_X);
-  int col = 0, rc;
-  for (size_t k = 0; k < json_array_size(st); k++) {
-    int r;
-    /* resolved as if by an op after the last */
-    const json_t *v = json_array_get(st, k);
-    int n = c->n_ops;
-    c->ops[n] = (jop){.kind = OP_CONCAT, .name = "state", .a = -1, .b = -1};
-    c->n_ops = n + 1;
-    rc = get_ref(c, n, v, "state", &r);
-    c->n_ops = n;
-    if (rc != 0) return rc;
-    piece pc[MAX_PIECES];
-    int np = 0;
-    if ((rc = lower(c, r, 0, c->ops[r].width, pc, &np))) return rc;
-    for (int q = 0; q < np; q++) {
-      int node = pc[q].node;
-      if (needs_copy(c->g, node, true))
-        node = cn_ir_const_op(c->g, CN_IR_SCALE, 1.0f, node);
-      if (col + pc[q].w <= cl->state) cn_ir_output(c->g, node, col);
-      col += pc[q].w;
-    }
-  }
-  if (col != cl->state)
-    return bad(c->err, c->file, "type '%s': 'state' is %d floats wide, but "
-               "cells.state is %d (state widths must agree)", c->type, col,
-               cl->state);
-  if (c->g->overflow)
-    return bad(c->err, c->file, "type '%s' needs more than %d IR nodes "
-               "(CN_IR_MAX) once lowered", c->type, CN_IR_MAX);
-  c->g->state_floats = cl->state;
   return 0;
 }
 
@@ -626,7 +416,8 @@ static int check_keys(cn_err *err, const char *file, const char *where,
   json_object_foreach((json_t *)o, key, v) {
     bool ok = false;
     for (int k = 0; keys[k] && !ok; k++) ok = strcmp(key, keys[k]) == 0;
-    if (!ok) return bad(err, file, "%s: unknown key '%s'", where, key);
+    if (!ok)
+      return cn__cells_bad(err, file, "%s: unknown key '%s'", where, key);
   }
   return 0;
 }
@@ -662,8 +453,8 @@ static int parse_when(cn_cells *cl, cn_cells_type *ty, const json_t *w,
     for (int k = 0; k < ty->n_labels; k++) {
       const char *l = json_string_value(json_array_get(labels, (size_t)k));
       if (l == NULL)
-        return bad(err, file, "type '%s': 'when' labels must be strings",
-                   ty->name);
+        return cn__cells_bad(
+            err, file, "type '%s': 'when' labels must be strings", ty->name);
       if ((ty->labels[k] = strdup(l)) == NULL)
         return cn_err_set(err, CN_E_NOMEM, "out of memory");
     }
@@ -674,8 +465,9 @@ static int parse_when(cn_cells *cl, cn_cells_type *ty, const json_t *w,
       [CN_CELLS_SEQUENCE] = "\"step\"",
       [CN_CELLS_BISEQUENCE] = "\"forward\" or \"backward\"",
       [CN_CELLS_DAG] = "\"node\""};
-  return bad(err, file, "type '%s': 'when' must be %s for this structure",
-             ty->name, takes[cl->structure]);
+  return cn__cells_bad(err, file,
+                       "type '%s': 'when' must be %s for this structure",
+                       ty->name, takes[cl->structure]);
 }
 
 /* Which types the structure needs, each exactly once. */
@@ -690,13 +482,15 @@ static int check_types(cn_cells *cl, const char *file, cn_err *err) {
       [CN_CELLS_SEQUENCE] = {CN_WHEN_STEP, -1},
       [CN_CELLS_BISEQUENCE] = {CN_WHEN_FORWARD, CN_WHEN_BACKWARD},
       [CN_CELLS_DAG] = {CN_WHEN_NODE, -1}};
-  static const char *names[] = {"leaf", "internal", "labels", "step",
+  static const char *names[] = {"leaf",    "internal", "labels", "step",
                                 "forward", "backward", "node"};
   for (int w = 0; w <= CN_WHEN_NODE; w++) {
     bool needed = need[cl->structure][0] == w || need[cl->structure][1] == w;
     if (needed && count[w] != 1)
-      return bad(err, file, "the structure needs exactly one type with "
-                 "\"when\": \"%s\" (found %d)", names[w], count[w]);
+      return cn__cells_bad(err, file,
+                           "the structure needs exactly one type with "
+                           "\"when\": \"%s\" (found %d)",
+                           names[w], count[w]);
   }
   if (cl->structure == CN_CELLS_TREE) {
     cl->leaf = first[CN_WHEN_LEAF];
@@ -711,39 +505,45 @@ static int parse_type(cn_model *m, int t, const json_t *o, const char *file,
   cn_cells_type *ty = &cl->type[t];
   static const char *const keys[] = {"name", "when", "ops", "state", NULL};
   if (!json_is_object(o))
-    return bad(err, file, "types[%d] is not an object", t);
+    return cn__cells_bad(err, file, "types[%d] is not an object", t);
   const char *name = json_string_value(json_object_get(o, "name"));
   size_t nl = name != NULL ? strlen(name) : 0;
-  bool name_ok = nl >= 1 && nl < sizeof(ty->name) &&
-                 strcmp(name, "output") != 0;
+  bool name_ok =
+      nl >= 1 && nl < sizeof(ty->name) && strcmp(name, "output") != 0;
   for (size_t k = 0; name_ok && k < nl; k++)
     name_ok = (name[k] >= 'a' && name[k] <= 'z') ||
               (name[k] >= 'A' && name[k] <= 'Z') ||
               (name[k] >= '0' && name[k] <= '9') || name[k] == '_' ||
               name[k] == '.' || name[k] == '-';
   if (!name_ok)
-    return bad(err, file, "types[%d]: 'name' must be 1 to %zu characters "
-               "of [A-Za-z0-9_.-], not \"output\"", t, sizeof(ty->name) - 1);
+    return cn__cells_bad(err, file,
+                         "types[%d]: 'name' must be 1 to %zu characters "
+                         "of [A-Za-z0-9_.-], not \"output\"",
+                         t, sizeof(ty->name) - 1);
   memcpy(ty->name, name, nl + 1);
   for (int k = 0; k < t; k++)
     if (strcmp(cl->type[k].name, name) == 0)
-      return bad(err, file, "types[%d]: name '%s' is taken", t, name);
+      return cn__cells_bad(err, file, "types[%d]: name '%s' is taken", t, name);
   char where[64];
   snprintf(where, sizeof(where), "type '%s'", ty->name);
   int rc = check_keys(err, file, where, o, keys);
   if (rc == 0) rc = parse_when(cl, ty, json_object_get(o, "when"), file, err);
   if (rc != 0) return rc;
   ty->ir = calloc(1, sizeof(cn_ir));
-  ctx *c = calloc(1, sizeof(ctx));
+  cells_ctx *c = calloc(1, sizeof(cells_ctx));
   if (ty->ir == NULL || c == NULL) {
     free(c);
     return cn_err_set(err, CN_E_NOMEM, "out of memory");
   }
-  *c = (ctx){.m = m, .file = file, .type = ty->name, .err = err, .ops = ops,
-             .g = ty->ir};
+  *c = (cells_ctx){.m = m,
+                   .file = file,
+                   .type = ty->name,
+                   .err = err,
+                   .ops = ops,
+                   .g = ty->ir};
   rc = parse_ops(c, json_object_get(o, "ops"));
   ty->n_ops = c->n_ops;
-  if (rc == 0) rc = lower_state(c, json_object_get(o, "state"));
+  if (rc == 0) rc = cn__cells_lower_state(c, json_object_get(o, "state"));
   free(c);
   return rc;
 }
@@ -755,22 +555,27 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
   cn_cells *cl = m->cells;
   static const char *const keys[] = {"from", "weight", "bias", NULL};
   if (!json_is_object(o))
-    return bad(err, file, "'output' must be an object {\"from\", "
-               "\"weight\", \"bias\"}");
+    return cn__cells_bad(err, file,
+                         "'output' must be an object {\"from\", "
+                         "\"weight\", \"bias\"}");
   int rc = check_keys(err, file, "output", o, keys);
   if (rc != 0) return rc;
   cl->out_ir = calloc(1, sizeof(cn_ir));
-  ctx *c = calloc(1, sizeof(ctx));
+  cells_ctx *c = calloc(1, sizeof(cells_ctx));
   if (cl->out_ir == NULL || c == NULL) {
     free(c);
     return cn_err_set(err, CN_E_NOMEM, "out of memory");
   }
-  *c = (ctx){.m = m, .file = file, .type = "output", .err = err, .ops = ops,
-             .g = cl->out_ir, .n_ops = 1};
+  *c = (cells_ctx){.m = m,
+                   .file = file,
+                   .type = "output",
+                   .err = err,
+                   .ops = ops,
+                   .g = cl->out_ir,
+                   .n_ops = 1};
   ops[0] = (jop){.kind = OP_LINEAR, .name = "output", .a = -1, .b = -1};
   int c1, ndir = cl->structure == CN_CELLS_BISEQUENCE ? 2 : 1;
-  if ((rc = get_cols(c, 0, o, "from", cl->state, &cl->out_c0, &c1)))
-    goto out;
+  if ((rc = get_cols(c, 0, o, "from", cl->state, &cl->out_c0, &c1))) goto out;
   cl->out_w = c1 - cl->out_c0;
   int W = tensor(c, 0, "weight", json_object_get(o, "weight")), B = -1;
   if (W < 0) {
@@ -780,9 +585,9 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
   const cn_tensor *Wt = m->w[W];
   if (Wt->ndim != 2 || Wt->shape[0] != m->dims.C ||
       Wt->shape[1] != (int64_t)ndir * cl->out_w) {
-    rc = op_err(c, 0, "weight '%s' must be [C, %s%d] = [%lld, %d]",
-                Wt->name, ndir == 2 ? "2 x " : "", cl->out_w,
-                (long long)m->dims.C, ndir * cl->out_w);
+    rc = cn__cells_op_err(c, 0, "weight '%s' must be [C, %s%d] = [%lld, %d]",
+                          Wt->name, ndir == 2 ? "2 x " : "", cl->out_w,
+                          (long long)m->dims.C, ndir * cl->out_w);
     goto out;
   }
   if (json_object_get(o, "bias") != NULL) {
@@ -791,8 +596,8 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
       goto out;
     }
     if (m->w[B]->ndim != 1 || m->w[B]->shape[0] != m->dims.C) {
-      rc = op_err(c, 0, "bias '%s' must be [C] = [%lld]", m->w[B]->name,
-                  (long long)m->dims.C);
+      rc = cn__cells_op_err(c, 0, "bias '%s' must be [C] = [%lld]",
+                            m->w[B]->name, (long long)m->dims.C);
       goto out;
     }
   }
@@ -807,15 +612,17 @@ out:
   return rc;
 }
 
-static int parse_cells(cn_model *m, const json_t *j, const char *file,
-                       jop *ops, cn_err *err) {
-  static const char *const keys[] = {"structure", "arity", "state", "hidden",
-                                     "types", "output", NULL};
+static int parse_cells(cn_model *m, const json_t *j, const char *file, jop *ops,
+                       cn_err *err) {
+  static const char *const keys[] = {"structure", "arity",  "state", "hidden",
+                                     "types",     "output", NULL};
   static const char *structures[] = {"tree", "sequence", "bisequence", "dag"};
   cn_cells *cl = m->cells;
   if (!json_is_object(j))
-    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'cells' is missing or "
-                      "not an object (docs/cells.md)", file);
+    return cn_err_set(err, CN_E_BAD_MODEL,
+                      "%s: key 'cells' is missing or "
+                      "not an object (docs/cells.md)",
+                      file);
   int rc = check_keys(err, file, "'cells'", j, keys);
   if (rc != 0) return rc;
   const char *s = json_string_value(json_object_get(j, "structure"));
@@ -823,34 +630,34 @@ static int parse_cells(cn_model *m, const json_t *j, const char *file,
   for (int k = 0; s != NULL && k < 4; k++)
     if (strcmp(s, structures[k]) == 0) cl->structure = k;
   if (cl->structure < 0)
-    return bad(err, file, "'structure' must be \"tree\", \"sequence\", "
-               "\"bisequence\" or \"dag\"");
+    return cn__cells_bad(err, file,
+                         "'structure' must be \"tree\", \"sequence\", "
+                         "\"bisequence\" or \"dag\"");
   const json_t *ar = json_object_get(j, "arity");
   cl->arity = 2;
   if (ar != NULL && (cl->structure != CN_CELLS_TREE || !json_is_integer(ar) ||
-                     json_integer_value(ar) < 0 ||
-                     json_integer_value(ar) > 64))
-    return bad(err, file, "'arity' is for trees only: an integer from 0 "
-               "(any) to 64");
+                     json_integer_value(ar) < 0 || json_integer_value(ar) > 64))
+    return cn__cells_bad(err, file,
+                         "'arity' is for trees only: an integer from 0 "
+                         "(any) to 64");
   if (ar != NULL) cl->arity = (int)json_integer_value(ar);
   const json_t *st = json_object_get(j, "state");
   if (!json_is_integer(st) || json_integer_value(st) < 1 ||
       json_integer_value(st) > (1 << 16))
-    return bad(err, file, "'state' must be an integer from 1 to %d",
-               1 << 16);
+    return cn__cells_bad(err, file, "'state' must be an integer from 1 to %d",
+                         1 << 16);
   cl->state = (int)json_integer_value(st);
   int h1;
-  ctx hc = {.m = m, .file = file, .type = NULL, .err = err, .ops = ops,
-            .n_ops = 1};
+  cells_ctx hc = {
+      .m = m, .file = file, .type = NULL, .err = err, .ops = ops, .n_ops = 1};
   ops[0] = (jop){.kind = OP_SLICE, .name = "hidden", .a = -1, .b = -1};
-  if ((rc = get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1)))
-    return rc;
+  if ((rc = get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1))) return rc;
   cl->hw = h1 - cl->h0;
   const json_t *types = json_object_get(j, "types");
   if (!json_is_array(types) || json_array_size(types) < 1 ||
       json_array_size(types) > CN_MAX_TYPES - 1)
-    return bad(err, file, "'types' must list 1 to %d vertex types",
-               CN_MAX_TYPES - 1);
+    return cn__cells_bad(err, file, "'types' must list 1 to %d vertex types",
+                         CN_MAX_TYPES - 1);
   cl->n_types = (int)json_array_size(types);
   for (int t = 0; t < cl->n_types; t++)
     if ((rc = parse_type(m, t, json_array_get(types, (size_t)t), file, ops,
@@ -868,24 +675,28 @@ static int check_all_used(const cn_model *m, const char *file, cn_err *err) {
     for (int k = 0; k < m->n_tensors && !used; k++)
       used = m->w[k] == &m->st.tensors[i];
     if (!used)
-      return bad(err, file, "tensor '%s' in weights.safetensors is used by "
-                 "no op (a cells model uses all its weights; remove it or "
-                 "check the names)", m->st.tensors[i].name);
+      return cn__cells_bad(
+          err, file,
+          "tensor '%s' in weights.safetensors is used by "
+          "no op (a cells model uses all its weights; remove it or "
+          "check the names)",
+          m->st.tensors[i].name);
   }
   return 0;
 }
 
 int cn__cells_load(cn_model *m, const char *file, cn_err *err) {
   m->cells = calloc(1, sizeof(cn_cells));
-  jop *ops = calloc(MAX_OPS + 1, sizeof(jop));
+  jop *ops = calloc(CN_CELLS_MAX_OPS + 1, sizeof(jop));
   int rc = CN_E_NOMEM;
   if (m->cells == NULL || ops == NULL) {
     cn_err_set(err, rc, "%s: out of memory", file);
     goto out;
   }
   m->n_tensors = 0;
-  if ((rc = parse_cells(m, json_object_get(m->json, "cells"), file, ops,
-                        err)) ||
+  m->dims.D = 0; /* set by the first embed op */
+  if ((rc =
+           parse_cells(m, json_object_get(m->json, "cells"), file, ops, err)) ||
       (rc = check_all_used(m, file, err)))
     goto out;
   cn_cells *cl = m->cells;
@@ -895,9 +706,11 @@ int cn__cells_load(cn_model *m, const char *file, cn_err *err) {
     goto out;
   }
   *m->own_fam = *tmpl;
-  static const cn_input_kind input[] = {
-      [CN_CELLS_TREE] = CN_INPUT_TREE, [CN_CELLS_SEQUENCE] = CN_INPUT_SEQUENCE,
-      [CN_CELLS_BISEQUENCE] = CN_INPUT_SEQUENCE, [CN_CELLS_DAG] = CN_INPUT_DAG};
+  static const cn_input_kind input[] = {[CN_CELLS_TREE] = CN_INPUT_TREE,
+                                        [CN_CELLS_SEQUENCE] = CN_INPUT_SEQUENCE,
+                                        [CN_CELLS_BISEQUENCE] =
+                                            CN_INPUT_SEQUENCE,
+                                        [CN_CELLS_DAG] = CN_INPUT_DAG};
   m->own_fam->input = input[cl->structure];
   m->own_fam->max_arity = cl->structure == CN_CELLS_TREE ? cl->arity : 0;
   m->own_fam->n_types = cl->n_types + 1;
@@ -906,12 +719,8 @@ int cn__cells_load(cn_model *m, const char *file, cn_err *err) {
   m->own_fam->type_names[cl->n_types] = "output";
   m->fam = m->own_fam;
   /* model.json's sizes, as the built-ins report them: H the width of "h",
-   * D the first embedding's */
+   * D the first embedding's (above) */
   m->dims.H = cl->hw;
-  m->dims.D = 0;
-  for (int k = 0; k < m->n_tensors && m->dims.D == 0; k++)
-    if (m->w[k]->ndim == 2 && m->w[k]->shape[0] == m->dims.V)
-      m->dims.D = m->w[k]->shape[1];
   rc = 0;
 out:
   free(ops);
@@ -935,8 +744,7 @@ int cn__cells_tree_type(const cn_model *m, const cn_tree_node *nd) {
   for (int t = 0; nd->label != NULL && t < cl->n_types; t++)
     for (int k = 0; k < cl->type[t].n_labels; k++)
       if (strlen(cl->type[t].labels[k]) == (size_t)nd->label_len &&
-          memcmp(cl->type[t].labels[k], nd->label, (size_t)nd->label_len) ==
-              0)
+          memcmp(cl->type[t].labels[k], nd->label, (size_t)nd->label_len) == 0)
         return t;
   return cl->internal;
 }
