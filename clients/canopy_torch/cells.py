@@ -417,6 +417,12 @@ class _Cell:
     def concat(self, xs, dim, hint):
         self.dim_last(dim)
         vs = [self.vec(x, hint) for x in xs]
+        while len(vs) > MAX_LIST:  # the loader's limit: concats of concats
+            vs = [self.concat_ops(vs[i:i + MAX_LIST], hint)
+                  for i in range(0, len(vs), MAX_LIST)]
+        return self.concat_ops(vs, hint)
+
+    def concat_ops(self, vs, hint):
         if len(vs) == 1:
             return vs[0]
         return self.emit("concat", sum(v.width for v in vs), hint,
@@ -632,6 +638,7 @@ def _param_names(model, extra):
 
 MAX_OPS = 256        # the loader's limits (docs/cells.md, Tensors)
 MAX_TENSORS = 32
+MAX_LIST = 16        # operands of a concat or a linear, parts of a state
 _FIELD_ORDER = ("a", "b", "x", "edge", "cols", "tensor", "weight", "bias",
                 "k")
 
@@ -645,8 +652,11 @@ def _finish(cell, out, state):
         src = cell.ops[v.op]
         parts = ([_V(r, cell.ops[r]["width"]) for r in src["x"]]
                  if src["op"] == "concat" else [v])
-    width = sum(p.width for p in parts)
     cell.where = None
+    while len(parts) > MAX_LIST:
+        parts = [cell.concat_ops(parts[i:i + MAX_LIST], "state")
+                 for i in range(0, len(parts), MAX_LIST)]
+    width = sum(p.width for p in parts)
     if width != state:
         cell.fail(f"returns a state of width {width}; the model's state is "
                   f"{state} (every vertex type returns the same width)")

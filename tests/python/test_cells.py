@@ -786,6 +786,30 @@ class LabelTreeModel(TreeModel):
             embed=self.embed, vocab=self.vocab.tokens, model=self)
 
 
+class PiecesStep(nn.Module):
+    """A state of 20 one-column parts (more than the loader's 16 a list).
+    Few sources: 20 column slices of x or h_prev would be 20 sources,
+    over the compiler's 16."""
+
+    def forward(self, x, h_prev):
+        v = torch.tanh(x[:, :2] * 0.5 + h_prev[:, 18:])
+        return torch.cat([v[:, i % 2:i % 2 + 1] * (i + 1) for i in range(20)],
+                         -1)
+
+
+class _Fwd:
+    """A tagger whose forward takes the instance (for check())."""
+
+    def __init__(self, m):
+        self.m = m
+
+    def __call__(self, inst):
+        return self.m(ct.data._tokens(inst))
+
+    def save(self, d):
+        return self.m.save(d)
+
+
 class TestStructures(Case):
     """An any-arity tree (children.sum/mean), a bisequence and a dag: the
     engine (pq and naive, batched and one a run) and the JSON interpreted
@@ -805,6 +829,26 @@ class TestStructures(Case):
             for i, (mo, co) in enumerate(zip(mine, outs)):
                 self.assertNotIn("error", co, f"{key} {how} {i}")
                 compare(key, mo, co, f"{key} {how} instance {i}")
+
+    def test_long_concats(self):
+        """More than 16 pieces (the loader's list limit): nested concats."""
+        insts = lines("sequences.jsonl", 6, 50)
+        m = randomize(ElmanTagger(vocab_of([t for i in insts for t in i["tokens"]]),
+                                  20, 20, 3), 9)
+        m.rnn = PiecesStep()
+
+        def cmp(key, mo, co, what):
+            self.close(key, co["logits"], mo["logits"], what)
+            self.close(key, co["h"], mo["h"], what + " h")
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(m.save(os.path.join(tmp, "p")),
+                                   "model.json")) as f:
+                st = json.load(f)["cells"]["types"][0]
+        self.assertLessEqual(len(st["state"]), 16)
+        self.assertTrue(all(len(op["x"]) <= 16 for op in st["ops"]
+                            if op["op"] == "concat"))
+        self.assertEqual(sum(op["op"] == "concat" for op in st["ops"]), 2)
+        self.check("long-concats", _Fwd(m), insts, cmp)
 
     def test_any_arity_tree(self):
         insts = lines("trees-nary.jsonl", 12)
