@@ -21,6 +21,7 @@
 #include "engine_util.h"
 #include "families/families.h"
 #include "internal.h"
+#include "sched/fsm_impl.h"
 
 #define H 16
 #define D 12
@@ -819,6 +820,31 @@ Test(cells_json, docs_example_is_served, .timeout = 120) {
   json_decref(in);
   json_decref(j);
   cn_model_free(m);
+  cn_model_free(ref_m);
+  tu_rmdir(dir);
+}
+
+/* A learned batching policy is cached by the model's key: two cells
+ * descriptions over the same weights and type names are different graphs,
+ * so they must not share one; the same description loaded twice does. */
+Test(cells_json, policy_key_follows_the_description) {
+  char dir[256];
+  cn_model *ref_m = tu_model("treelstm", H, D, "trees-binary.jsonl", dir,
+                             sizeof(dir));
+  cn_model *m[3];
+  cn_err e;
+  for (int k = 0; k < 3; k++) {
+    json_t *j = cells_json("treelstm");
+    if (k == 2) /* another cell: tanh where treelstm has σ */
+      json_object_set_new(op_of(j, 1, 5), "op", json_string("tanh"));
+    cr_assert_eq(load_cells(dir, j, &m[k], &e), 0, "%s", e.msg);
+    json_decref(j);
+  }
+  uint64_t k0 = cn__fsm_model_key(m[0], CN_FSM_ENC_BOUND);
+  cr_expect_eq(k0, cn__fsm_model_key(m[1], CN_FSM_ENC_BOUND));
+  cr_expect_neq(k0, cn__fsm_model_key(m[2], CN_FSM_ENC_BOUND));
+  cr_expect_neq(k0, cn__fsm_model_key(ref_m, CN_FSM_ENC_BOUND));
+  for (int k = 0; k < 3; k++) cn_model_free(m[k]);
   cn_model_free(ref_m);
   tu_rmdir(dir);
 }
