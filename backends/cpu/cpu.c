@@ -92,7 +92,8 @@ static void cpu_sync(cn_backend_ctx *bk) {}
  * padded products of every M below 40 equal rows of M = 300 for N from 8
  * to 2000 and K from 8 to 256). The price is paid by tiny batches only:
  * the packed kernel copies the weights where the small one read them in
- * place (lstm-nmt H 128 one instance a run: about 1.5x slower). */
+ * place (lstm-nmt H 128, one instance a run: 113 against 142 sentences/s,
+ * median of 5 on a shared machine). */
 #define PAD_MN 1280
 
 /* C[M,N] = A[M,K]·W[N,K]ᵀ (+ bias) + beta·C */
