@@ -145,6 +145,8 @@ def main():
                     help="per point (open loop) and for the capacity")
     ap.add_argument("--loads", default="0.5,0.9")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="repetitions of every point, the modes interleaved")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="canopy-decode-")
     models = os.path.join(work, "models")
@@ -186,12 +188,14 @@ def main():
           f" s): whole-run {cap:,.0f} req/s, continuous {cap_cont:,.0f} "
           f"req/s; the open-loop rates below are fractions of whole-run's")
     print()
-    print("| load | offered req/s | decoding | answered req/s | p50 ms | "
+    print("| load | rep | offered req/s | decoding | answered req/s | p50 ms | "
           "p99 ms | mean ms | joined in flight | answered early |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     rng = random.Random(a.seed)
     mismatches = 0
-    for load in [float(x) for x in a.loads.split(",")]:
+    points = [(float(x), rep) for x in a.loads.split(",")
+              for rep in range(1, a.repeat + 1)]
+    for load, rep in points:
         rate = load * cap
         n = max(1, int(rate * a.seconds))
         t, arrivals = 0.0, []
@@ -209,7 +213,7 @@ def main():
                 if o != ref[k % len(ref)]:
                     mismatches += 1
             ms = [x * 1e3 for x in lat]
-            print(f"| {load:.0%} | {rate:,.0f} | "
+            print(f"| {load:.0%} | {rep} | {rate:,.0f} | "
                   f"{'continuous' if cont else 'whole-run'} | {got:,.0f} | "
                   f"{pct(ms, 50):.1f} | {pct(ms, 99):.1f} | "
                   f"{statistics.mean(ms):.1f} | "
