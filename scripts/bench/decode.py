@@ -6,8 +6,12 @@ client sends each request at its scheduled time whether or not earlier
 ones were answered, and a latency runs from that scheduled time, so a
 stalled daemon cannot hide its backlog: no coordinated omission).
 
-Requests go over keep-alive connections, a new one opened whenever none
-is idle.
+Requests go over keep-alive connections, at most --conns of them, opened
+before the clock starts: a request that finds none idle waits for one,
+and that wait counts in its latency (which runs from its scheduled
+arrival). Without the cap an overloaded daemon would see a connection per
+outstanding request, past max-connections, and the kernel's SYN retries
+(1, 2, 4 ... s) would measure the listen backlog, not the batching.
 
 1. Capacity: a closed loop of --clients connections against the daemon
    with whole-run batching (continuous-decoding false), requests/s.
@@ -73,14 +77,26 @@ class Daemon:
 
 
 POOL = []  # idle keep-alive connections (one event loop at a time)
+SLOTS = None  # asyncio.Semaphore: connections in use
+
+
+async def pool_open(port, n):
+    global SLOTS
+    SLOTS = asyncio.Semaphore(n)
+    for _ in range(n):
+        POOL.append(await asyncio.open_connection("127.0.0.1", port))
 
 
 async def request(port, body):
-    """One POST on an idle keep-alive connection (a new one when none is
-    idle: an open-loop client never waits for a connection)."""
+    """One POST on an idle keep-alive connection."""
+    async with SLOTS:
+        return await request_on(port, body)
+
+
+async def request_on(port, body):
     if POOL:
         r, w = POOL.pop()
-    else:
+    else:  # the daemon closed one (drain, idle timeout): reopen
         r, w = await asyncio.open_connection("127.0.0.1", port)
     w.write(b"POST /v1/models/nmt/infer HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: application/json\r\n"
@@ -113,6 +129,7 @@ def bodies(sentences):
 
 
 async def closed_loop(port, reqs, clients, seconds):
+    await pool_open(port, clients)
     done = 0
     stop = time.perf_counter() + seconds
 
@@ -132,9 +149,10 @@ async def closed_loop(port, reqs, clients, seconds):
     return rate
 
 
-async def open_loop(port, reqs, arrivals):
+async def open_loop(port, reqs, arrivals, conns):
     """Sends request k at arrivals[k] (seconds from start); returns
     latencies (s) and the outputs by request index."""
+    await pool_open(port, conns)
     lat = [None] * len(arrivals)
     outs = [None] * len(arrivals)
     t0 = time.perf_counter() + 0.05
@@ -173,6 +191,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=8.0,
                     help="per point (open loop) and for the capacity")
     ap.add_argument("--loads", default="0.5,0.9")
+    ap.add_argument("--conns", type=int, default=256,
+                    help="open-loop connections at most (below "
+                         "max-connections 1024)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1,
                     help="repetitions of every point, the modes interleaved")
@@ -234,7 +255,8 @@ def main():
         outs_by_mode = {}
         for cont in (True, False):
             d = start(cont)
-            lat, outs, got = asyncio.run(open_loop(d.port, reqs, arrivals))
+            lat, outs, got = asyncio.run(open_loop(d.port, reqs, arrivals,
+                                                   a.conns))
             m = d.metrics()
             d.stop()
             outs_by_mode[cont] = outs
