@@ -2,7 +2,9 @@
  * lstm-nmt requests sent together to a one-worker daemon join its decode
  * session in flight and are answered as their instances finish, with
  * outputs equal, bit for bit, to `canopy run` over the same sentences; a
- * short request sent behind a long one is answered first. */
+ * short request sent behind a long one is answered first. The order of
+ * events is fixed by the daemon's counters (a request is sent once the
+ * sessions counter shows its session running), never by a clock. */
 #include <criterion/criterion.h>
 #include <poll.h>
 #include <stdint.h>
@@ -155,9 +157,41 @@ static double metric_of(const char *sample) {
 
 #define N_SENT 90
 
-/* 60 requests (one to three sentences each) sent at once to one worker:
- * the first starts a session, the rest join it in flight; every output
- * equals `canopy run`'s exactly (json_equal: the same floats). */
+/* A request of the sentences that decode to their cap (50 steps), each
+ * eight times (at most 384): a session that outlasts any short request by
+ * hundreds of steps. */
+static char *long_body(const json_t *in, const json_t *ref) {
+  json_t *longs = json_array();
+  for (size_t i = 0; i < json_array_size(ref); i++)
+    if (out_len(ref, i) >= 50 && json_array_size(longs) < 48)
+      json_array_append(longs, json_array_get(in, i));
+  size_t nl = json_array_size(longs);
+  cr_assert_geq(nl, 8, "sentences that run to the cap");
+  for (size_t r = 0; r < 7; r++)
+    for (size_t i = 0; i < nl; i++)
+      json_array_append(longs, json_array_get(longs, i));
+  char *b = body_of(longs, 0, json_array_size(longs), 0);
+  json_decref(longs);
+  return b;
+}
+
+/* Sends the long request on a new connection and waits until its decode
+ * session has started (the sessions counter: an order, not a clock). */
+static int start_long(const json_t *in, const json_t *ref) {
+  char *b = long_body(in, ref);
+  int fd = th_connect(d.port);
+  th_send(fd, "POST", INFER, b, NULL);
+  free(b);
+  for (int i = 0; i < 5000 && metric_of("canopy_decode_sessions_total") < 1;
+       i++)
+    usleep(1000);
+  cr_assert_eq(metric_of("canopy_decode_sessions_total"), 1);
+  return fd;
+}
+
+/* A long request starts a session on the one worker; then 60 requests
+ * (one to three sentences each) sent at once join it in flight; every
+ * output equals `canopy run`'s exactly (json_equal: the same floats). */
 Test(serve_decode, concurrent_requests_equal_canopy_run, .fini = teardown,
      .timeout = 120) {
   make_model(N_SENT);
@@ -170,8 +204,9 @@ Test(serve_decode, concurrent_requests_equal_canopy_run, .fini = teardown,
     hi = n > hi ? n : hi;
   }
   cr_assert_lt(lo + 10, hi, "output lengths vary (%zu..%zu)", lo, hi);
-  const char *flags[] = {"--workers", "1", NULL};
+  const char *flags[] = {"--workers", "1", "--max-instances", "4096", NULL};
   th_start(&d, flags);
+  int fl = start_long(in, ref);
   int fd[N_SENT];
   size_t at[N_SENT], cnt[N_SENT];
   int nreq = 0;
@@ -203,48 +238,42 @@ Test(serve_decode, concurrent_requests_equal_canopy_run, .fini = teardown,
     json_decref(o);
     th_resp_free(&r);
   }
+  th_resp lr;
+  cr_assert_eq(th_read(fl, &lr), 0);
+  cr_expect_eq(lr.status, 200);
+  th_resp_free(&lr);
+  close(fl);
   cr_expect_geq(metric_of("canopy_decode_sessions_total"), 1);
   double joined = metric_of("canopy_decode_joined_instances_total");
-  cr_expect_gt(joined, 0, "no instance joined a session in flight");
+  /* the long request decodes for hundreds of steps after the others were
+   * sent: they joined it (all of them, unless this machine stalled the
+   * test between two sends for that long) */
+  cr_expect_gt(joined, 0, "no sentence joined the session in flight");
+  cr_log_info("%g of %d sentences joined in flight", joined, N_SENT);
   cr_expect_gt(metric_of("canopy_decode_early_instances_total"), 0);
   json_decref(in);
   json_decref(ref);
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* A request of 48 sentences that all decode to their cap (50 steps) is
- * sent first; a one-sentence request that emits </s> within a few steps
- * right behind it. With continuous decoding the short one joins the long
- * one's session and is answered first, while the long one still decodes
- * (the early metric counts it); with whole-run decoding and one worker it
- * would wait for the long run to end. */
+/* A long request (sentences that decode to their cap, 50 steps) starts a
+ * session; a one-sentence request that emits </s> within a few steps is
+ * sent once the session runs. With continuous decoding the short one
+ * joins the long one's session and is answered first, while the long one
+ * still decodes (the early metric counts it); with whole-run decoding and
+ * one worker it would wait for the long run to end. */
 Test(serve_decode, early_eos_is_answered_before_its_run_ends,
      .fini = teardown, .timeout = 120) {
   make_model(N_SENT);
   json_t *in = lines("in.jsonl"), *ref = lines("ref.jsonl");
   int shorts = -1;
-  json_t *longs = json_array();
-  for (size_t i = 0; i < N_SENT; i++) {
-    size_t n = out_len(ref, i);
-    if (n >= 50 && json_array_size(longs) < 48)
-      json_array_append(longs, json_array_get(in, i));
-    if (n > 0 && n < 10 && shorts < 0) shorts = (int)i;
-  }
+  for (size_t i = 0; i < N_SENT && shorts < 0; i++)
+    if (out_len(ref, i) > 0 && out_len(ref, i) < 10) shorts = (int)i;
   cr_assert_geq(shorts, 0, "a sentence that stops early");
-  cr_assert_geq(json_array_size(longs), 8, "sentences that run to the cap");
-  /* the long request repeated: enough decoding to outlast the short one
-   * by far, however the steps fall */
-  size_t nl = json_array_size(longs);
-  for (size_t r = 0; r < 3; r++)
-    for (size_t i = 0; i < nl; i++)
-      json_array_append(longs, json_array_get(longs, i));
-  char *lb = body_of(longs, 0, json_array_size(longs), 0);
   char *sb = body_of(in, (size_t)shorts, 1, 0);
-  const char *flags[] = {"--workers", "1", NULL};
+  const char *flags[] = {"--workers", "1", "--max-instances", "4096", NULL};
   th_start(&d, flags);
-  int fl = th_connect(d.port), fs = th_connect(d.port);
-  th_send(fl, "POST", INFER, lb, NULL);
-  usleep(2000);
+  int fl = start_long(in, ref), fs = th_connect(d.port);
   th_send(fs, "POST", INFER, sb, NULL);
   /* whichever answer comes first */
   struct pollfd p[2] = {{.fd = fl, .events = POLLIN},
@@ -266,9 +295,7 @@ Test(serve_decode, early_eos_is_answered_before_its_run_ends,
   close(fl);
   close(fs);
   cr_expect_geq(metric_of("canopy_decode_early_instances_total"), 1);
-  free(lb);
   free(sb);
-  json_decref(longs);
   json_decref(in);
   json_decref(ref);
   cr_expect_eq(th_stop(&d), 0);
