@@ -15,7 +15,10 @@
  *
  * A session's graph bookkeeping grows with every instance it ever took
  * (core/run/run_decode.c), so past EPOCH_VERTICES it stops taking joins,
- * finishes what it holds and ends; the queue then starts a fresh one.
+ * finishes what it holds and ends; the queue then starts a fresh one. It
+ * stops taking joins too as soon as the queue holds a run it cannot take
+ * (another model's, or a newer version's): its worker then serves the
+ * queue in order once the session's instances are done.
  *
  * The session's runs (the first and every one it took) go back to the
  * loop when it ends; their requests answered early are skipped there (they
@@ -179,40 +182,50 @@ static int take_job(session *ss, cn__job *j, cn_err *err) {
   return 0;
 }
 
-/* Takes the queued runs of the session's model version that fit. */
+static void stop_accepting(session *ss) {
+  if (!ss->accepting) return;
+  ss->accepting = false;
+  atomic_fetch_sub(&ss->me->slot->decoding, 1);
+}
+
+/* Takes the queued runs of the session's model version that fit, in
+ * queue order: the first of them that does not fit stops the scan (the
+ * ones behind it do not overtake it). A queued run the session cannot
+ * take (another model, or another version of this one) ends the joins:
+ * every worker is busy, or it would not be queued, and a session fed by
+ * its own model's traffic would keep this worker from it for an epoch. */
 static int take_queued(session *ss, cn_err *err) {
   cn__server *s = ss->s;
   const cn_serve_config *sc = &s->cfg.serve;
   if (cn_decode_vertices(ss->d) >= EPOCH_VERTICES) {
-    if (ss->accepting) {
-      ss->accepting = false;
-      atomic_fetch_sub(&ss->me->slot->decoding, 1);
-    }
+    stop_accepting(ss);
     return 0;
   }
+  bool foreign = false;
   cn__job *got = NULL, **tail = &got;
   int inst = ss->active_inst;
   size_t verts = ss->active_vertices;
   pthread_mutex_lock(&s->qmu);
-  cn__job **pp = &s->qhead, *prev = NULL;
-  while (*pp != NULL) {
-    cn__job *j = *pp;
-    if (j->me == ss->me && inst + j->instances <= sc->max_instances &&
-        verts + j->vertices <= (size_t)sc->max_vertices) {
-      *pp = j->next;
-      if (s->qtail == j) s->qtail = prev;
-      s->queued_jobs--;
-      j->next = NULL;
-      *tail = j;
-      tail = &j->next;
-      inst += j->instances;
-      verts += j->vertices;
-      continue;
+  while (s->qhead != NULL) {
+    cn__job *j = s->qhead;
+    if (j->me != ss->me) {
+      foreign = true;
+      break;
     }
-    prev = j;
-    pp = &j->next;
+    if (inst + j->instances > sc->max_instances ||
+        verts + j->vertices > (size_t)sc->max_vertices)
+      break; /* it waits for room; the ones behind it wait behind it */
+    s->qhead = j->next;
+    if (s->qhead == NULL) s->qtail = NULL;
+    s->queued_jobs--;
+    j->next = NULL;
+    *tail = j;
+    tail = &j->next;
+    inst += j->instances;
+    verts += j->vertices;
   }
   pthread_mutex_unlock(&s->qmu);
+  if (foreign) stop_accepting(ss);
   int rc = 0;
   while (got != NULL) {
     cn__job *j = got;
@@ -286,7 +299,7 @@ void cn__decode_job(cn__server *s, cn_backend_ctx *bk, cn__job *j) {
     collect(&ss);
   }
 failed:
-  if (ss.accepting) atomic_fetch_sub(&ss.me->slot->decoding, 1);
+  stop_accepting(&ss);
   if (rc != 0) {
     CN_LOG(CN_LOG_ERROR, "msg=decode-failed model=%s code=%s error=\"%s\"",
            j->me->name, cn_err_code(err.code), err.msg);

@@ -77,10 +77,10 @@ static void scale(const char *name, float k) {
   free(v);
 }
 
-/* models/nmt (H 32) and ref.jsonl: `canopy run` over the first n
- * sentences, hidden states included. */
-static void make_model(int n) {
-  th_models(&d, no_models);
+/* models/nmt (H 32) beside models/<others>, and ref.jsonl: `canopy run`
+ * over the first n sentences, hidden states included. */
+static void make_models(int n, const char *const *others) {
+  th_models(&d, others);
   char cmd[2048], mdir[400];
   snprintf(mdir, sizeof(mdir), "%s/models", d.dir);
   mkdir(mdir, 0755);
@@ -109,6 +109,8 @@ static void make_model(int n) {
            n, th_data(), d.dir, th_bin(), mdir, d.dir, d.dir);
   cr_assert_eq(system(cmd), 0, "%s", cmd);
 }
+
+static void make_model(int n) { make_models(n, no_models); }
 
 static json_t *lines(const char *name) {
   char path[400];
@@ -320,6 +322,62 @@ Test(serve_decode, switch_off_runs_whole, .fini = teardown, .timeout = 60) {
   free(b);
   cr_expect_eq(metric_of("canopy_decode_sessions_total"), 0);
   cr_expect_eq(metric_of("canopy_runs_total"), 1);
+  json_decref(in);
+  json_decref(ref);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* A session stops taking joins once another model's run waits in the
+ * queue: with one worker decoding a long request, a treelstm request
+ * queued behind it is served before an lstm-nmt request sent after it,
+ * which starts a second session instead of joining the first (else a
+ * steady lstm-nmt stream would keep the worker from treelstm). */
+Test(serve_decode, another_models_run_ends_the_joins, .fini = teardown,
+     .timeout = 120) {
+  const char *const tree[] = {"treelstm", NULL};
+  make_models(N_SENT, tree);
+  json_t *in = lines("in.jsonl"), *ref = lines("ref.jsonl");
+  int shorts = -1;
+  for (size_t i = 0; i < N_SENT && shorts < 0; i++)
+    if (out_len(ref, i) > 0 && out_len(ref, i) < 10) shorts = (int)i;
+  cr_assert_geq(shorts, 0);
+  const char *flags[] = {"--workers", "1", "--max-instances", "4096", NULL};
+  th_start(&d, flags);
+  int fl = start_long(in, ref);
+  int ft = th_connect(d.port);
+  th_send(ft, "POST", "/v1/models/treelstm/infer",
+          "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) (2 fine)))\"}]}",
+          NULL);
+  /* the worker is busy: the tree's window closes after max-delay-us and
+   * its run is queued */
+  const char *md = "canopy_window_closes_total{reason=\"max_delay\"}";
+  for (int i = 0; i < 5000 && metric_of(md) < 1; i++) usleep(1000);
+  cr_assert_geq(metric_of(md), 1);
+  char *sb = body_of(in, (size_t)shorts, 1, 0);
+  int fs = th_connect(d.port);
+  th_send(fs, "POST", INFER, sb, NULL);
+  free(sb);
+  struct pollfd p[2] = {{.fd = ft, .events = POLLIN},
+                        {.fd = fs, .events = POLLIN}};
+  cr_assert_eq(poll(p, 2, 60000) > 0, 1);
+  cr_expect(p[0].revents & POLLIN, "the tree is answered first");
+  cr_expect(!(p[1].revents & POLLIN), "the later lstm-nmt request after it");
+  th_resp r;
+  int fds[3] = {ft, fs, fl};
+  for (int k = 0; k < 3; k++) {
+    cr_assert_eq(th_read(fds[k], &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    if (k == 1) {
+      json_t *o = json_loads(r.body, 0, NULL);
+      cr_expect(json_equal(json_array_get(json_object_get(o, "outputs"), 0),
+                           json_array_get(ref, (size_t)shorts)));
+      json_decref(o);
+    }
+    th_resp_free(&r);
+    close(fds[k]);
+  }
+  cr_expect_eq(metric_of("canopy_decode_sessions_total"), 2,
+               "the later request started a session of its own");
   json_decref(in);
   json_decref(ref);
   cr_expect_eq(th_stop(&d), 0);
