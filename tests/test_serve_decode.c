@@ -277,12 +277,12 @@ Test(serve_decode, early_eos_is_answered_before_its_run_ends,
   th_start(&d, flags);
   int fl = start_long(in, ref), fs = th_connect(d.port);
   th_send(fs, "POST", INFER, sb, NULL);
-  /* whichever answer comes first */
+  /* whichever answer comes first (both, if this process was held up
+   * long enough: then the early counter below still tells) */
   struct pollfd p[2] = {{.fd = fl, .events = POLLIN},
                         {.fd = fs, .events = POLLIN}};
   cr_assert_eq(poll(p, 2, 60000) > 0, 1);
   cr_expect(p[1].revents & POLLIN, "the short request is answered first");
-  cr_expect(!(p[0].revents & POLLIN), "before the long one");
   th_resp r;
   cr_assert_eq(th_read(fs, &r), 0);
   cr_assert_eq(r.status, 200, "%s", r.body);
@@ -361,7 +361,6 @@ Test(serve_decode, another_models_run_ends_the_joins, .fini = teardown,
                         {.fd = fs, .events = POLLIN}};
   cr_assert_eq(poll(p, 2, 60000) > 0, 1);
   cr_expect(p[0].revents & POLLIN, "the tree is answered first");
-  cr_expect(!(p[1].revents & POLLIN), "the later lstm-nmt request after it");
   th_resp r;
   int fds[3] = {ft, fs, fl};
   for (int k = 0; k < 3; k++) {
@@ -376,6 +375,8 @@ Test(serve_decode, another_models_run_ends_the_joins, .fini = teardown,
     th_resp_free(&r);
     close(fds[k]);
   }
+  /* the later request did not join the first session: it waited behind
+   * the tree (one worker, queue order) and started a session of its own */
   cr_expect_eq(metric_of("canopy_decode_sessions_total"), 2,
                "the later request started a session of its own");
   json_decref(in);
