@@ -47,7 +47,8 @@ enum cn_ew_op {
   CN_EW_DIV,     /* d = a / b        */
   CN_EW_SIGMOID, /* d = 1/(1+e^-a)   */
   CN_EW_TANH,    /* d = tanh(a)      */
-  CN_EW_EXP      /* d = e^a          */
+  CN_EW_EXP,     /* d = e^a          */
+  CN_EW_RELU     /* d = max(a, 0)    */
 };
 
 typedef struct cn_ew_arg {
@@ -82,6 +83,9 @@ struct cn_backend_vt {
    * results and index arrays in place instead of copying them. */
   bool host_memory;
   void (*close)(cn_backend_ctx *bk);
+  /* Optional: gives back memory kept for reuse between runs (cpu: the
+   * spare run arenas). A daemon's idle worker calls it. */
+  void (*release)(cn_backend_ctx *bk);
 
   /* ---- memory ---- */
   /* Backend memory for a run arena; NULL on failure. */

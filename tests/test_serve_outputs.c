@@ -20,10 +20,11 @@
 static th_daemon d;
 static void teardown(void) { th_cleanup(&d); }
 
-static void check_family(const char *family, const char *extra_flags,
-                         const char *opts) {
-  const char *fams[] = {family, NULL};
-  th_models(&d, fams);
+/* The daemon's answers from model `served` against `canopy run` on model
+ * `ref` (the same model, or the one it describes). */
+static void check_served(const char *served, const char *ref,
+                         const char *extra_flags, const char *opts) {
+  const char *family = served;
   th_start(&d, (const char *const[]){"--max-delay-us", "20000", NULL});
   const char *file = strcmp(family, "childsum-treelstm") == 0
                          ? "trees-nary.jsonl"
@@ -35,7 +36,7 @@ static void check_family(const char *family, const char *extra_flags,
   cr_assert_eq(system(cmd), 0);
   snprintf(cmd, sizeof(cmd),
            "%s run --model %s/models/%s --input %s --batch 7 %s 2>/dev/null",
-           th_bin(), d.dir, family, path, extra_flags);
+           th_bin(), d.dir, ref, path, extra_flags);
   FILE *p = popen(cmd, "r");
   json_t *want[N_INST];
   char line[1 << 16];
@@ -84,6 +85,62 @@ static void check_family(const char *family, const char *extra_flags,
   cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
   /* 8 requests, fewer runs: they were batched together */
   cr_expect(th_metric(r.body, "canopy_runs_total") < 8, "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+static void check_family(const char *family, const char *extra_flags,
+                         const char *opts) {
+  const char *fams[] = {family, NULL};
+  th_models(&d, fams);
+  check_served(family, family, extra_flags, opts);
+}
+
+/* A model described by cells (docs/cells.md): tests/cells/treelstm.json
+ * over a treelstm's weights, served beside it: its description, its
+ * readiness, and answers equal to what the hand-written treelstm gives
+ * under `canopy run`. */
+Test(serve_outputs, cells_model, .fini = teardown, .timeout = 60) {
+  memset(&d, 0, sizeof(d));
+  snprintf(d.dir, sizeof(d.dir), "/tmp/canopy-serve-XXXXXX");
+  cr_assert(mkdtemp(d.dir) != NULL);
+  char cmd[2048], path[700];
+  snprintf(cmd, sizeof(cmd),
+           "%s model init treelstm %s/models/treelstm --hidden 16 --embed 12 "
+           "--vocab-from %s/trees-binary.jsonl >/dev/null 2>&1 && "
+           "mkdir %s/models/cells && cp %s/models/treelstm/vocab.txt "
+           "%s/models/treelstm/weights.safetensors %s/models/cells/",
+           th_bin(), d.dir, th_data(), d.dir, d.dir, d.dir, d.dir);
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  const char *cells = getenv("CANOPY_CELLS");
+  cr_assert_not_null(cells);
+  snprintf(path, sizeof(path), "%s/treelstm.json", cells);
+  json_t *j = json_load_file(path, 0, NULL);
+  snprintf(path, sizeof(path), "%s/models/treelstm/model.json", d.dir);
+  json_t *b = json_load_file(path, 0, NULL);
+  cr_assert(j != NULL && b != NULL);
+  json_object_set(j, "labels", json_object_get(b, "labels"));
+  snprintf(path, sizeof(path), "%s/models/cells/model.json", d.dir);
+  cr_assert_eq(json_dump_file(j, path, 0), 0);
+  json_decref(j);
+  json_decref(b);
+  check_served("cells", "treelstm", "--outputs all --return-hidden",
+               ",\"outputs\":\"all\",\"return_hidden\":true");
+  th_start(&d, NULL);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/v1/models/cells", NULL, NULL, &r), 0);
+  cr_assert_eq(r.status, 200, "%s", r.body);
+  json_t *m = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(m, "family")), "cells");
+  cr_expect_str_eq(json_string_value(json_object_get(m, "input")), "tree");
+  json_t *vt = json_object_get(m, "vertex_types");
+  cr_expect_eq(json_array_size(vt), 3);
+  cr_expect_str_eq(json_string_value(json_array_get(vt, 1)), "internal");
+  json_decref(m);
+  th_resp_free(&r);
+  cr_assert_eq(th_http(d.port, "GET", "/v2/models/cells/ready", NULL, NULL,
+                       &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
 }

@@ -13,6 +13,12 @@ out_dir, vocab=..., labels=...)`` writes the model directory, and
     m2 = ct.load("models/sst")
     m2(*ct.instance_to_input(m2.family, {"tree": "(2 (2 a) (2 b))"}, m2))
 
+A cell of your own (docs/cells.md): write it as an ``nn.Module`` with the
+signature of its structure, and ``canopy_torch.save_cells(out_dir, "tree",
+{"leaf": leaf, "internal": internal}, state=..., output=..., embed=...,
+vocab=...)`` traces it with torch.fx into a ``"family": "cells"`` model
+directory.
+
 Needs only Debian's ``python3-torch`` (the safetensors reader/writer is the
 standard library's).
 """
@@ -25,6 +31,7 @@ from .trees import TreeLSTM, TreeLSTM2Type, TreeGRU, ChildSumTreeLSTM, MVRNN
 from .sequences import BiLSTMTagger, LSTMNMT, LatticeLSTM, LatticeGRU
 from .export import (MODULES, expected_shapes, check_state_dict,
                      from_state_dict, load, save)
+from .cells import CellTraceError, trace_cell, cells_json, save_cells
 
 __all__ = ["load_file", "save_file", "FAMILIES", "write_model_dir",
            "Vocab", "Tree", "Node", "load_vocab", "ascii_lower", "parse_tree",
@@ -33,4 +40,5 @@ __all__ = ["load_file", "save_file", "FAMILIES", "write_model_dir",
            "TreeLSTM", "TreeLSTM2Type", "TreeGRU", "ChildSumTreeLSTM", "MVRNN",
            "BiLSTMTagger", "LSTMNMT", "LatticeLSTM", "LatticeGRU",
            "MODULES", "expected_shapes", "check_state_dict", "from_state_dict",
-           "load", "save"]
+           "load", "save",
+           "CellTraceError", "trace_cell", "cells_json", "save_cells"]

@@ -193,6 +193,11 @@ def load(model_dir):
     into the family's module."""
     with open(os.path.join(model_dir, "model.json"), encoding="utf-8") as f:
         meta = json.load(f)
+    if meta.get("family") == "cells":
+        raise ValueError(f"{model_dir} is a cells model (docs/cells.md): it "
+                         "has no module here; load its weights into your own "
+                         "with load_file, or evaluate it with "
+                         "canopy_torch.cells_ref.run_cells")
     for k in ("family", "hidden", "embed", "vocab"):
         if k not in meta:
             raise ValueError(f"{model_dir}/model.json lacks '{k}'")

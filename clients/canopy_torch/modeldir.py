@@ -3,6 +3,10 @@
     write_model_dir(out_dir, family, tensors, hidden=H, embed=D, classes=C,
                     vocab=[...], labels=[...], **options)
 
+``family`` may also be ``"cells"`` (docs/cells.md; ``canopy_torch.save_cells``
+writes those): then ``hidden`` and ``embed`` are not written and the
+``cells`` option holds model.json's ``"cells"`` object.
+
 ``tensors`` maps Canopy tensor names (docs/models.md) to tensors (torch,
 numpy or (shape, floats)). Vocabularies are lists of tokens, id = index;
 id 0 must be ``<unk>`` (and a target vocabulary's ids 1, 2 ``<s>``,
@@ -46,12 +50,38 @@ def _check_vocab(key, toks):
     return toks
 
 
-def write_model_dir(out_dir, family, tensors, *, hidden, embed, vocab,
-                    classes=None, labels=None, **options):
-    if family not in FAMILIES:
+def _flat_json(v):
+    """A value short enough for one line: a cells op, a list of scalars."""
+    if isinstance(v, dict):
+        return "op" in v
+    if isinstance(v, list):
+        return all(not isinstance(x, (dict, list)) for x in v)
+    return True
+
+
+def _pretty(v, ind=""):
+    """JSON indented by 2, with every op of a cells model and every list of
+    scalars on one line (model.json stays readable by eye)."""
+    if _flat_json(v):
+        return json.dumps(v)
+    inner = ind + "  "
+    if isinstance(v, list):
+        return ("[\n" + ",\n".join(inner + _pretty(x, inner) for x in v)
+                + "\n" + ind + "]")
+    return ("{\n" + ",\n".join(f"{inner}{json.dumps(k)}: {_pretty(x, inner)}"
+                               for k, x in v.items()) + "\n" + ind + "}")
+
+
+def write_model_dir(out_dir, family, tensors, *, vocab, hidden=None,
+                    embed=None, classes=None, labels=None, **options):
+    if family not in FAMILIES and family != "cells":
         raise ValueError(f"unknown family {family!r}; one of "
-                         + ", ".join(FAMILIES))
-    meta = {"family": family, "hidden": int(hidden), "embed": int(embed)}
+                         + ", ".join(FAMILIES) + " (or cells)")
+    meta = {"family": family}
+    if family != "cells":  # a cells model takes its widths from its cells
+        if hidden is None or embed is None:
+            raise ValueError(f"{family}: hidden and embed are required")
+        meta.update(hidden=int(hidden), embed=int(embed))
     if classes is not None:
         meta["classes"] = int(classes)
     files = {"vocab": _check_vocab("vocab", vocab)}
@@ -89,8 +119,7 @@ def write_model_dir(out_dir, family, tensors, *, hidden, embed, vocab,
                   metadata={"format": "pt", "family": family})
         with open(os.path.join(tmp, "model.json"), "w",
                   encoding="utf-8") as f:
-            json.dump(meta, f, indent=2)
-            f.write("\n")
+            f.write(_pretty(meta) + "\n")
         if os.path.isdir(out_dir):
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

@@ -12,7 +12,7 @@
 
 #define CN_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define CN_MAX_TYPES 8
-#define CN_MAX_TENSORS 24
+#define CN_MAX_TENSORS 32
 
 /* splitmix64 (Steele et al. 2014): a tiny, well-mixed stream, for weight
  * init and Zobrist keys. */

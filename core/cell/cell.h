@@ -32,7 +32,7 @@
 #include "base/base.h"
 #include "input/input.h"
 
-#define CN_IR_MAX 128
+#define CN_IR_MAX 256
 
 typedef enum cn_ir_kind {
   CN_IR_SRC,     /* a value from outside the vertex (src below)            */
@@ -46,11 +46,12 @@ typedef enum cn_ir_kind {
   CN_IR_TANH,    /* tanh(a) */
   CN_IR_EXP,     /* e^a */
   CN_IR_SCALE,   /* k · a */
-  CN_IR_RSUB     /* k - a */
+  CN_IR_RSUB,    /* k - a */
+  CN_IR_RELU     /* max(a, 0) */
 } cn_ir_kind;
 
 typedef enum cn_ir_src {
-  CN_SRC_EMBED,      /* row vaux of tensor t                               */
+  CN_SRC_EMBED,      /* columns [c0, c0 + width) of row vaux of tensor t   */
   CN_SRC_INPUT,      /* columns [c0, c0 + width) of input edge r0's state;
                         zero when the vertex has no such input             */
   CN_SRC_INPUT_MEAN, /* mean over every input edge of columns [c0, +width)

@@ -60,7 +60,7 @@ static bool is_mm(const cn_ir *g, int v) {
 }
 
 static bool is_ew_kind(int k) {
-  return k >= CN_IR_ADD && k <= CN_IR_RSUB;
+  return k >= CN_IR_ADD && k <= CN_IR_RELU;
 }
 
 /* Collects the products and params under a pure sum; false when the
@@ -405,6 +405,7 @@ static int ew_op_of(int kind) {
   case CN_IR_DIV: return CN_EW_DIV;
   case CN_IR_SIGMOID: return CN_EW_SIGMOID;
   case CN_IR_TANH: return CN_EW_TANH;
+  case CN_IR_RELU: return CN_EW_RELU;
   default: return CN_EW_EXP;
   }
 }
@@ -545,6 +546,9 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
                              int type, const char *type_name, const cn_ir *g,
                              int layout, cn_cell **out, cn_err *err) {
   double t0 = now_ms();
+  /* what a failure means, for the message (a described cell can ask for
+   * more than the fixed-size cell holds) */
+  const char *why = "";
   *out = NULL;
   if (g->overflow || g->n == 0)
     return cn_err_set(err, CN_E_INTERNAL,
@@ -572,9 +576,11 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
   }
   find_trees(cp);
   rc = choose_batching(cp);
+  if (rc != 0) why = " (more than 8 products, or 32 product blocks)";
   if (rc == 0) rc = add_step(c, CN_STEP_GATHER, 0);
-  if (rc == 0) rc = schedule(cp);
-  if (rc == 0) rc = make_vars(cp);
+  if (rc == 0 && (rc = schedule(cp)) != 0)
+    why = " (more than 8 fused elementwise kernels or 40 steps)";
+  if (rc == 0 && (rc = make_vars(cp)) != 0) why = " (more than 16 sources)";
   if (rc != 0) goto out;
   /* Products: operand vars. */
   c->n_gemm = cp->n_gemm;
@@ -635,8 +641,8 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
   rc = 0;
 out:
   if (rc != 0 && rc != CN_E_NOMEM)
-    cn_err_set(err, rc, "%s: the %s cell could not be compiled",
-               family, type_name);
+    cn_err_set(err, rc, "%s: the %s cell could not be compiled%s",
+               family, type_name, why);
   else if (rc == CN_E_NOMEM)
     cn_err_set(err, rc, "no memory to compile the %s cell",
                type_name);

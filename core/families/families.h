@@ -13,10 +13,12 @@ extern const cn_family cn__fam_bilstm;
 extern const cn_family cn__fam_latticelstm;
 extern const cn_family cn__fam_latticegru;
 extern const cn_family cn__fam_nmt;
+extern const cn_family cn__fam_cells; /* the template (described.c) */
 
 /* ---- tree families (tree_common.c) ---- */
 typedef struct cn_tree_types {
   int leaf, internal_a, internal_b, output; /* internal_b < 0: one kind */
+  bool by_node_type; /* every node's type is inst->node_type[i] (cells)  */
 } cn_tree_types;
 
 /* Adds the vertices of a tree instance: one per node, built children first

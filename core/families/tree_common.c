@@ -17,7 +17,9 @@ int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   for (int32_t i = n - 1; i >= 0; i--) {
     const cn_tree_node *nd = &t->nodes[i];
     int type = tt->leaf;
-    if (nd->n_children > 0)
+    if (tt->by_node_type)
+      type = inst->node_type[i];
+    else if (nd->n_children > 0)
       type = (tt->internal_b >= 0 && inst->node_type[i] == 'b')
                  ? tt->internal_b
                  : tt->internal_a;
@@ -50,7 +52,7 @@ int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
 }
 
 int cn__tree_build3(cn_run *r, int slot) {
-  static const cn_tree_types tt = {0, 1, -1, 2};
+  static const cn_tree_types tt = {0, 1, -1, 2, false};
   return cn__tree_build(r, slot, &tt);
 }
 

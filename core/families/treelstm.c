@@ -47,7 +47,8 @@ static int spec_2type(const cn_dims *d, cn_tensor_spec *t) {
 static bool is_2type(const cn_run *r) { return r->fam->n_types == 4; }
 
 static int build(cn_run *r, int slot) {
-  cn_tree_types tt = {0, 1, is_2type(r) ? 2 : -1, is_2type(r) ? 3 : 2};
+  cn_tree_types tt = {0, 1, is_2type(r) ? 2 : -1, is_2type(r) ? 3 : 2,
+                      false};
   return cn__tree_build(r, slot, &tt);
 }
 

@@ -45,6 +45,10 @@ static int tree_finish(const cn_model *m, const cn_limits *lim,
                           i, nd->n_children, lim->max_children);
       }
       in->ids[i] = 0;
+      if (m->cells != NULL) { /* docs/cells.md: leaf, internal, by label */
+        in->node_type[i] = (uint8_t)cn__cells_tree_type(m, nd);
+        continue;
+      }
       /* MODELS.md treelstm-2type: a bracket label listed in type_b_labels,
        * or in JSON input the node's "type". */
       bool b = from_json ? nd->type == 'b' : label_in(m, nd);
@@ -52,7 +56,8 @@ static int tree_finish(const cn_model *m, const cn_limits *lim,
     } else {
       in->ids[i] = cn_vocab_lookup(m->vocab, nd->word, (size_t)nd->word_len,
                                    m->lowercase);
-      in->node_type[i] = 0;
+      in->node_type[i] =
+          m->cells != NULL ? (uint8_t)cn__cells_tree_type(m, nd) : 0;
     }
   }
   return 0;

@@ -107,6 +107,8 @@ static int get_strs(const json_t *j, const char *file, const char *k,
  * the family's own spec is the one place that knows. */
 void cn__family_needs(const cn_family *fam, bool *word, bool *tgt) {
   cn_tensor_spec s[CN_MAX_TENSORS];
+  *word = *tgt = false;
+  if (fam->tensors == NULL) return; /* cells: tensors named by the ops */
   cn_dims d = {.H = 7, .D = 11, .C = 13, .V = 17, .Vw = 1000003, .Dw = 19,
                .Vt = 1000033, .K = 23};
   int n = fam->tensors(&d, s);
@@ -236,6 +238,8 @@ void cn_model_free(cn_model *m) {
   free(m->lexicon_path);
   cn_lexicon_free(m->lexicon);
   cn_safetensors_close(&m->st);
+  cn__cells_free(m->cells);
+  free(m->own_fam);
   for (int l = 0; l < 2; l++)
     for (int t = 0; t < CN_MAX_TYPES; t++) cn__cell_free(m->cell[l][t]);
   free(m);
@@ -262,6 +266,13 @@ static int compile_cells(cn_model *m, cn_err *err) {
       rc = cn__cell_compile(m, t, g, CN_LAYOUT_NAIVE + l, &m->cell[l][t], err);
   }
   free(g);
+  /* A built-in's cell that does not compile is Canopy's bug; a described
+   * one is the model's (docs/cells.md: the compiler's limits). */
+  if (rc != 0 && rc != CN_E_NOMEM && m->cells != NULL) {
+    char msg[sizeof(err->msg)];
+    snprintf(msg, sizeof(msg), "%s", err->msg);
+    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s/model.json: %s", m->dir, msg);
+  }
   return rc;
 }
 
@@ -295,18 +306,23 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     goto out;
   }
   const char *fam = json_string_value(json_object_get(m->json, "family"));
-  char known[256];
+  char known[300];
   cn__family_names(known, sizeof(known));
-  if ((m->fam = cn__family_find(fam)) == NULL) {
+  bool cells = fam != NULL && strcmp(fam, "cells") == 0;
+  if (cells) m->fam = cn__family_cells();
+  if (!cells && (m->fam = cn__family_find(fam)) == NULL) {
     cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families (see "
-               "docs/models.md): %s", file,
+               "docs/models.md): %s, or cells (docs/cells.md)", file,
                fam ? "names unknown family '" : "is missing or not a string",
                fam ? fam : "", fam ? "'" : "", known);
     goto out;
   }
   int h = 0, d = 0, c = 0, mdl = 0;
-  if ((rc = get_int(m->json, file, "hidden", -1, MAX_SIZE, &h, err)) ||
-      (rc = get_int(m->json, file, "embed", -1, MAX_SIZE, &d, err)) ||
+  /* cells: the widths come from the cells and tensors (docs/cells.md) */
+  if ((rc = get_int(m->json, file, "hidden", cells ? 0 : -1, MAX_SIZE, &h,
+                    err)) ||
+      (rc = get_int(m->json, file, "embed", cells ? 0 : -1, MAX_SIZE, &d,
+                    err)) ||
       (rc = get_int(m->json, file, "classes", m->fam->has_classes ? -1 : 0,
                     1 << 20, &c, err)) ||
       (rc = get_int(m->json, file, "max_decode_len", 50, 1 << 20, &mdl, err)))
@@ -377,7 +393,9 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   if (we != NULL && we->ndim == 2 && we->shape[1] >= 1 &&
       we->shape[1] <= MAX_SIZE)
     m->dims.Dw = we->shape[1];
-  if ((rc = bind_tensors(m, wfile, err)) != 0) goto out;
+  if ((rc = cells ? cn__cells_load(m, file, err)
+                  : bind_tensors(m, wfile, err)) != 0)
+    goto out;
   if ((rc = compile_cells(m, err)) != 0) goto out;
   rc = 0;
 out:
@@ -411,6 +429,10 @@ json_t *cn_model_describe(const cn_model *m) {
   json_object_set_new(o, "family", json_string(m->fam->name));
   json_object_set_new(o, "input",
                       json_string(cn_input_kind_name(m->fam->input)));
+  if (m->cells != NULL) { /* docs/cells.md */
+    static const char *st[] = {"tree", "sequence", "bisequence", "dag"};
+    json_object_set_new(o, "structure", json_string(st[m->cells->structure]));
+  }
   json_object_set_new(o, "hidden", json_integer(d->H));
   json_object_set_new(o, "embed", json_integer(d->D));
   if (m->fam->has_classes)

@@ -82,6 +82,11 @@ struct cn_family {
 /* registry.c: the family of a model.json "family" name (NULL: none), and
  * the registered families by index. */
 const cn_family *cn__family_find(const char *name);
+/* registry.c: the template of "family": "cells" (core/families/described.c):
+ * its callbacks read the model's cn_cells; the loader copies it into the
+ * model with the types the model.json names. Not among the families by
+ * index (it has no tensors of its own to init). */
+const cn_family *cn__family_cells(void);
 int cn__family_count(void);
 const cn_family *cn__family_at(int i);
 /* model.c: "treelstm, treegru, ..." (every registered family) into buf. */
@@ -115,17 +120,73 @@ struct cn_model {
   /* compiled vertex functions (core/cell/cell.h): [layout - 1][type], NULL
    * where the family has no IR for the type */
   struct cn_cell *cell[2][CN_MAX_TYPES];
+  /* "family": "cells" (cells_json.c): the description, and the family
+   * record made from it (fam points there); NULL for a built-in family */
+  struct cn_cells *cells;
+  cn_family *own_fam;
 };
 
 /* The model's compiled cell of a type for a layout; NULL for the fused
  * layout or a type with hand-written kernels only. */
 static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
                                             int type) {
-  return l == CN_LAYOUT_FUSED ? NULL : m->cell[l - 1][type];
+  /* a cells model has no hand-written kernels: fused runs the pq cell */
+  if (l == CN_LAYOUT_FUSED)
+    return m->cells != NULL ? m->cell[CN_LAYOUT_PQ - 1][type] : NULL;
+  return m->cell[l - 1][type];
 }
 /* model.c: cn__cell_compile_weights with model m's tensors and names. */
 int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
                      cn_cell **out, cn_err *err);
+
+/* ---- models described by cells (cells_json.c, docs/cells.md) -------------*/
+typedef enum cn_cells_structure {
+  CN_CELLS_TREE,
+  CN_CELLS_SEQUENCE,
+  CN_CELLS_BISEQUENCE, /* types: forward, backward                         */
+  CN_CELLS_DAG
+} cn_cells_structure;
+
+typedef enum cn_cells_when {
+  CN_WHEN_LEAF,
+  CN_WHEN_INTERNAL,
+  CN_WHEN_LABELS,   /* internal tree nodes with a listed label            */
+  CN_WHEN_STEP,
+  CN_WHEN_FORWARD,
+  CN_WHEN_BACKWARD,
+  CN_WHEN_NODE
+} cn_cells_when;
+
+typedef struct cn_cells_type {
+  char name[32];
+  int when;          /* cn_cells_when */
+  char **labels;     /* CN_WHEN_LABELS, owned */
+  int n_labels;
+  int n_ops;         /* JSON ops */
+  struct cn_ir *ir;  /* the lowered op graph, owned                       */
+} cn_cells_type;
+
+typedef struct cn_cells {
+  int structure;     /* cn_cells_structure */
+  int arity;         /* trees: most children, 0: any                       */
+  int state;         /* floats of every non-output vertex's state          */
+  int h0, hw;        /* "hidden": state columns [h0, h0 + hw) are "h"      */
+  int n_types;       /* described types; the output type is type n_types   */
+  cn_cells_type type[CN_MAX_TYPES - 1];
+  int leaf, internal;/* trees: the leaf and the internal type              */
+  int out_c0, out_w; /* output: state columns it reads (per direction)     */
+  struct cn_ir *out_ir;
+} cn_cells;
+
+/* Reads m->json "cells" against the opened weights (m->st) and vocabulary
+ * (m->dims.V): checks it in full (docs/cells.md "Tensors" lists what is
+ * refused), lowers each type's ops into the op IR, binds m->w in the order
+ * the ops first name the tensors, and makes m->own_fam (m->fam) from the
+ * cells template. file names model.json in errors. */
+int cn__cells_load(cn_model *m, const char *file, cn_err *err);
+void cn__cells_free(cn_cells *c);
+/* A tree node's vertex type in a cells model (docs/cells.md). */
+int cn__cells_tree_type(const cn_model *m, const cn_tree_node *nd);
 
 /* ---- instances (instance.c) ---------------------------------------------*/
 struct cn_instance {

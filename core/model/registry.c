@@ -33,6 +33,9 @@ const cn_family *cn__family_find(const char *name) {
   return NULL;
 }
 
+extern const cn_family cn__fam_cells;
+const cn_family *cn__family_cells(void) { return &cn__fam_cells; }
+
 int cn__family_count(void) { return (int)CN_ARRAY_SIZE(families); }
 
 const cn_family *cn__family_at(int i) {

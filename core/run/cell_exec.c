@@ -56,7 +56,9 @@ static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
                                int64_t *edges) {
   if (s->kind == CN_SRC_EMBED) {
     const cn_tensor *T = r->m->w[s->t];
-    return cn__aux_off(r, verts, n, T->ndim == 2 ? T->shape[1] : 1);
+    int64_t *off = cn__aux_off(r, verts, n, T->ndim == 2 ? T->shape[1] : 1);
+    for (int i = 0; s->col != 0 && i < n; i++) off[i] += s->col;
+    return off;
   }
   if (s->kind == CN_SRC_INPUT) {
     int64_t *off = cn__inputs_off(r, verts, n, s->edge);

@@ -136,7 +136,8 @@ static int push_ready(cn_frontier *f, int32_t v) {
 static int settle(cn_frontier *f, int32_t v) {
   int T = f->n_types, t = f->vtype[v];
   int32_t d = -1, pend = 0;
-  int32_t *sv = f->sub + (size_t)v * T;
+  /* f->sub is NULL unless tracked: no pointer arithmetic on it then */
+  int32_t *sv = f->track_sub ? f->sub + (size_t)v * T : NULL;
   if (f->track_sub) memset(sv, 0, (size_t)T * sizeof(int32_t));
   for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
     int32_t p = f->in_edges[i];

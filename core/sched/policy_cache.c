@@ -47,6 +47,14 @@ uint64_t cn__fsm_model_key(const cn_model *m, cn_fsm_encoding enc) {
   for (int t = 0; t < m->fam->n_types; t++)
     h = mix_str(h, m->fam->type_names[t]);
   if (m->st.bytes != NULL) h = mix(h, m->st.bytes, m->st.n_bytes);
+  /* a model described by cells: its description too (two descriptions may
+   * share weights and type names, not graphs) */
+  char *cells = m->cells != NULL
+                    ? json_dumps(json_object_get(m->json, "cells"),
+                                 JSON_COMPACT | JSON_SORT_KEYS)
+                    : NULL;
+  if (cells != NULL) h = mix_str(h, cells);
+  free(cells);
   return mix_str(h, cn_fsm_encoding_name(enc));
 }
 

@@ -1,0 +1,84 @@
+/* cells_impl.h - what the cells loader (cells_json.c: parsing and
+ * checking) and its lowering into the op IR (cells_lower.c) share. */
+#ifndef CANOPY_CELLS_IMPL_H
+#define CANOPY_CELLS_IMPL_H
+
+#include "model/model.h"
+
+#define CN_CELLS_MAX_OPS 256   /* JSON ops in one type                */
+#define CN_CELLS_MAX_X 16      /* operands of one linear or concat    */
+#define CN_CELLS_MAX_PIECES 64 /* IR nodes one value may split into   */
+
+enum {
+  OP_INPUT,
+  OP_INPUT_SUM,
+  OP_INPUT_MEAN,
+  OP_EMBED,
+  OP_PARAM,
+  OP_LINEAR,
+  OP_ADD,
+  OP_SUB,
+  OP_MUL,
+  OP_DIV,
+  OP_SIGMOID,
+  OP_TANH,
+  OP_EXP,
+  OP_RELU,
+  OP_SCALE,
+  OP_RSUB,
+  OP_SHIFT,
+  OP_SLICE,
+  OP_CONCAT
+};
+
+/* jop.kind of the state list while its references are resolved */
+#define CN_CELLS_STATE (-2)
+
+typedef struct jop {
+  int kind;
+  const char *name; /* borrowed from the JSON; "" when unnamed */
+  int width;
+  int a, b;                  /* operands (op indices), -1 */
+  int nx, x[CN_CELLS_MAX_X]; /* linear, concat */
+  int edge;
+  int c0, c1; /* cols [c0, c1) */
+  int t, bt;  /* tensor indices (m->w), -1 */
+  int r0;     /* linear rows start */
+  float k;
+} jop;
+
+typedef struct memo {
+  int op, off, w, node;
+} memo;
+
+typedef struct piece {
+  int node, w;
+} piece;
+
+/* One type being read (or the output layer). */
+typedef struct cells_ctx {
+  cn_model *m;
+  const char *file, *type;
+  cn_err *err;
+  int n_ops;
+  jop *ops;
+  cn_ir *g;
+  int n_memo;
+  memo memo[CN_IR_MAX];
+} cells_ctx;
+
+/* Errors: "model.json: cells: type 'internal' op 7 'mul_3' (mul): ..."
+ * for op i of the type being read, and "model.json: cells: ..." for the
+ * rest. Both return CN_E_BAD_MODEL. */
+int cn__cells_op_err(const cells_ctx *c, int i, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int cn__cells_bad(cn_err *err, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* An operand of op i: an earlier op by index (integer) or by name. */
+int cn__cells_get_ref(cells_ctx *c, int i, const json_t *v, const char *key,
+                      int *out);
+/* Lowers the type's ops that its "state" list needs into c->g, the state
+ * columns marked; checks the state's width. */
+int cn__cells_lower_state(cells_ctx *c, const json_t *st);
+
+#endif
