@@ -107,6 +107,11 @@ static const cn_config_key keys[] = {
              "a request that finds a worker idle starts its run at once, and "
              "a worker that finishes takes every request waiting; false: "
              "every run waits out max-delay-us unless it fills"),
+    BOOL_KEY("continuous-decoding", "true", SRV(continuous_decoding),
+             "lstm-nmt: requests that arrive while a decode run is in flight "
+             "join it at its next step, and each is answered as soon as its "
+             "instances finish; false: a run ends with its slowest instance "
+             "and newcomers wait for the next run"),
     INT_KEY("max-instances", 1, 1 << 20, "256", SRV(max_instances),
             "a run closes when it holds this many instances", "serve"),
     INT_KEY("split-min-instances", 0, 1 << 20, "8",

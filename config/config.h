@@ -32,6 +32,7 @@ typedef struct cn_serve_config {
   int blas_threads;        /* 0: max(1, cores / workers)                  */
   int max_delay_us;        /* aggregation window                          */
   bool work_conserving;    /* an idle worker starts a run at once         */
+  bool continuous_decoding; /* lstm-nmt: join decode runs in flight       */
   int max_instances;       /* instances that close a run                  */
   int split_min_instances; /* split a closing run among idle workers      */
   int max_vertices;        /* vertices that close a run; bigger: 413      */

@@ -361,6 +361,68 @@ int cn_fsm_save(const cn_fsm *p, const char *path, cn_err *err);
 int cn_fsm_load(const cn_model *m, cn_fsm_encoding enc, const char *path,
                 cn_fsm **out, cn_err *err);
 
+/* ---- decode sessions (run_decode.c) ---------------------------------------
+ * Iteration-level batching of a model whose graph grows as it runs
+ * (lstm-nmt decoding; Orca's iteration-level scheduling, BatchMaker's
+ * cellular batching): a session is a run that never closes. Instances are
+ * added between steps and join the frontier at once (their encoder first,
+ * then the decode loop); each step is one iteration, a batch of every type
+ * ready when it starts (so every instance advances each step); an instance whose graph is complete (it emitted </s> or hit its
+ * cap) is reported done at the step that completed it, however long the
+ * others go on. Every vertex reads only its own instance's states, and a
+ * backend computes a row alike in any batch, so an instance's output equals
+ * decoding it alone or in a whole run, bit for bit.
+ *
+ *   cn_decode *d = cn_decode_new(m, bk, CN_POLICY_AGENDA, NULL);
+ *   slot = cn_decode_add(d, inst, flags, max_decode_len);  // any time
+ *   while (cn_decode_active(d) > 0) {
+ *     cn_decode_step(d, &err);
+ *     n = cn_decode_take_done(d, done, cap);   // then, for each:
+ *     out = cn_decode_output(d, done[i]);      // once; frees its rows
+ *     ... cn_decode_add() the instances that arrived meanwhile ...
+ *   }
+ *   cn_decode_free(d);
+ *
+ * Like a run, a session borrows the model, the backend context and each
+ * instance until cn_decode_output has been called for its slot. Memory:
+ * the states of released slots are dropped when the state arena is
+ * compacted (whenever it has doubled since the last compaction); the
+ * graph's bookkeeping (tens of bytes a vertex) grows with the session, so
+ * a long-lived user starts a new session now and then (cn_decode_vertices).
+ * Policies: the frontier ones (agenda, sufficient, lookahead, lookahead2,
+ * fsm with `fsm`); the static plans (none, depth, plan) run as agenda. */
+typedef struct cn_decode cn_decode;
+/* Whether the model's family decodes (a graph that grows while it runs). */
+int cn_model_decodes(const cn_model *m);
+cn_decode *cn_decode_new(const cn_model *m, cn_backend_ctx *bk,
+                         cn_policy_kind policy, const cn_fsm *fsm);
+void cn_decode_set_layout(cn_decode *d, cn_layout layout);
+/* Adds an instance between steps; returns its slot (0, 1, ... in the
+ * order added) or a negative error (then the session is unusable: every
+ * later call fails). */
+int cn_decode_add(cn_decode *d, const cn_instance *inst, unsigned flags,
+                  int max_decode_len);
+/* Executes one iteration (at most one batch per vertex type): 1, or 0 when
+ * nothing is ready (every instance done), or a negative error (err set). */
+int cn_decode_step(cn_decode *d, cn_err *err);
+/* Writes up to cap slots that finished since the last call; returns how
+ * many (the rest wait for the next call). */
+int cn_decode_take_done(cn_decode *d, int *slots, int cap);
+/* The output object of a finished slot (new reference, as cn_run_output);
+ * once per slot: its states may then be dropped. NULL for a slot that is
+ * not finished or was already output. */
+json_t *cn_decode_output(cn_decode *d, int slot);
+/* Instances added and not finished. */
+int cn_decode_active(const cn_decode *d);
+/* Vertices the session's graph holds (every instance ever added). */
+long long cn_decode_vertices(const cn_decode *d);
+/* Batches executed so far (the step count). */
+long long cn_decode_batches(const cn_decode *d);
+/* As cn_run_get_stats, over the session so far (arena_bytes: the state
+ * arena's current size). */
+void cn_decode_get_stats(const cn_decode *d, cn_run_stats *s);
+void cn_decode_free(cn_decode *d);
+
 /* ---- the policy cache (policy_cache.c) -----------------------------------
  * `canopy policy train`, `run` and `serve` share one default directory:
  * $CANOPY_POLICY_CACHE, else $XDG_CACHE_HOME/canopy/policies, else

@@ -17,6 +17,10 @@
  * max-delay-us is only the most a request waits when every worker stays
  * busy. Each close is counted by reason (canopy_window_closes_total).
  *
+ * With continuous-decoding, a model whose decode session takes joins has
+ * its window closed at the end of the loop turn too (CN__CLOSE_JOIN): the
+ * session takes the run from the queue at its next step (decode.c).
+ *
  * A closed window is a run: it goes to the job queue for a worker, split
  * into one run per idle worker when workers sit idle (window_close).
  *
@@ -132,6 +136,11 @@ static void window_close(cn__model_slot *sl, cn__close_reason why) {
  * that are idle, the models in turn (round robin). */
 static void close_for_idle(cn__server *s, cn__close_reason why) {
   int n = atomic_load(&s->n_models);
+  /* a model whose decode session takes joins (decode.c): its requests go
+   * to the queue now, and the session adds them at its next step */
+  for (int k = 0; k < n; k++)
+    if (s->models[k].window != NULL && atomic_load(&s->models[k].decoding))
+      window_close(&s->models[k], CN__CLOSE_JOIN);
   if (!s->cfg.serve.work_conserving || n == 0) return;
   for (int k = 0; k < n && idle_workers(s) > 0; k++) {
     cn__model_slot *sl = &s->models[(s->next_feed + k) % n];
@@ -269,7 +278,8 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
   if (sl->window->instances >= sc->max_instances ||
       sl->window->vertices >= (size_t)sc->max_vertices)
     window_close(sl, CN__CLOSE_SIZE);
-  else if (sc->work_conserving && !uv_is_active((uv_handle_t *)&s->idle_check))
+  else if ((sc->work_conserving || atomic_load(&sl->decoding)) &&
+           !uv_is_active((uv_handle_t *)&s->idle_check))
     uv_check_start(&s->idle_check, on_idle_check);
 }
 

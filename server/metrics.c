@@ -150,6 +150,15 @@ void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_decode(cn__metrics *m, int sessions, int joined,
+                        int early) {
+  pthread_mutex_lock(&m->mu);
+  m->decode_sessions += (uint64_t)sessions;
+  m->decode_joined += (uint64_t)joined;
+  m->decode_early += (uint64_t)early;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_overloaded(cn__metrics *m) {
   pthread_mutex_lock(&m->mu);
   m->rejected_overloaded++;
@@ -272,12 +281,21 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
        m, m->batch_instances);
   counter(&b, "canopy_runs_total", "runs executed", m->runs);
   static const char *why[CN__N_CLOSE] = {"idle_worker", "worker_freed",
-                                         "max_delay", "size", "flush"};
+                                         "max_delay", "size", "flush",
+                                         "join"};
   head(&b, "canopy_window_closes_total", "counter",
        "aggregation windows closed into runs, by reason (docs/daemon.md)");
   for (int i = 0; i < CN__N_CLOSE; i++)
     sb_printf(&b, "canopy_window_closes_total{reason=\"%s\"} %llu\n", why[i],
               (unsigned long long)m->window_closes[i]);
+  counter(&b, "canopy_decode_sessions_total",
+          "decode sessions started (continuous-decoding)", m->decode_sessions);
+  counter(&b, "canopy_decode_joined_instances_total",
+          "instances that joined a decode session in flight",
+          m->decode_joined);
+  counter(&b, "canopy_decode_early_instances_total",
+          "instances answered while other instances of their session were "
+          "still decoding", m->decode_early);
   counter(&b, "canopy_batches_total",
           "batched vertex launches of all runs", m->batches);
   counter(&b, "canopy_lower_bound_batches_total",

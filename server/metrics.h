@@ -36,7 +36,9 @@ typedef struct cn__metrics {
   uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
-  uint64_t window_closes[5];  /* by cn__close_reason                      */
+  uint64_t window_closes[6];  /* by cn__close_reason                      */
+  /* decode sessions (decode.c) */
+  uint64_t decode_sessions, decode_joined, decode_early;
   double start_time;
 } cn__metrics;
 
@@ -74,9 +76,13 @@ typedef enum {
   CN__CLOSE_MAX_DELAY,       /* max-delay-us passed                       */
   CN__CLOSE_SIZE,            /* max-instances / max-vertices reached      */
   CN__CLOSE_FLUSH,           /* drain                                     */
+  CN__CLOSE_JOIN,            /* a decode session of the model takes joins */
   CN__N_CLOSE
 } cn__close_reason;
 void cn__metrics_window_close(cn__metrics *m, cn__close_reason why);
+/* Decode sessions (decode.c): a session started; instances that joined
+ * one in flight; instances answered while others still decoded. */
+void cn__metrics_decode(cn__metrics *m, int sessions, int joined, int early);
 /* The whole exposition; caller frees. */
 char *cn__metrics_render(cn__metrics *m, const cn__gauges *g);
 

@@ -92,6 +92,8 @@ struct cn__model_slot {
                                 started: what a rescan compares       */
   cn__job *window;           /* the open aggregation window            */
   uv_timer_t timer;
+  /* any thread */
+  atomic_int decoding;       /* decode sessions taking joins (decode.c) */
 };
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
@@ -287,10 +289,17 @@ json_t *cn__repo_index(cn__server *s);
 /* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
 char *cn__repo_metrics(cn__server *s);
 
+/* decode.c (workers): continuous decoding */
+bool cn__decode_wants(cn__server *s, const cn__job *j);
+/* Runs j as a decode session that takes the model's queued runs at step
+ * boundaries, answering each request as its instances finish. */
+void cn__decode_job(cn__server *s, cn_backend_ctx *bk, cn__job *j);
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);
 void cn__workers_push(cn__server *s, cn__job *j);
 void cn__workers_stop(cn__server *s);
 void cn__job_free(cn__job *j);
+/* A worker hands a job back to the loop (the done queue). */
+void cn__workers_done(cn__server *s, cn__job *j);
 
 #endif

@@ -44,6 +44,14 @@ void cn__workers_push(cn__server *s, cn__job *j) {
   pthread_mutex_unlock(&s->qmu);
 }
 
+void cn__workers_done(cn__server *s, cn__job *j) {
+  pthread_mutex_lock(&s->dmu);
+  j->next = s->dhead;
+  s->dhead = j;
+  pthread_mutex_unlock(&s->dmu);
+  uv_async_send(&s->done_async);
+}
+
 static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots) {
   json_t *o = json_object();
   json_t *outs = json_array();
@@ -184,16 +192,15 @@ static void *worker_main(void *arg) {
     s->busy_workers++;
     pthread_mutex_unlock(&s->qmu);
     atomic_fetch_sub(&s->waiting_instances, j->instances);
-    run_job(w, j);
+    if (cn__decode_wants(s, j))
+      cn__decode_job(s, w->bk, j); /* lstm-nmt: continuous decoding */
+    else
+      run_job(w, j);
     kept = true;
     pthread_mutex_lock(&s->qmu);
     s->busy_workers--;
     pthread_mutex_unlock(&s->qmu);
-    pthread_mutex_lock(&s->dmu);
-    j->next = s->dhead;
-    s->dhead = j;
-    pthread_mutex_unlock(&s->dmu);
-    uv_async_send(&s->done_async);
+    cn__workers_done(s, j);
   }
   cn_backend_close(w->bk);
   free(w);

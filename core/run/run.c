@@ -100,9 +100,17 @@ int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
   r->nv = v + 1;
   r->n_of_type[type]++;
   if (r->live != NULL) { /* a dynamic run: the frontier sees it too */
-    if (v >= r->cap_state_off ||
-        cn__frontier_add(r->live, type, inputs, n_inputs) != v)
-      return -1;
+    if (v >= r->cap_state_off) {
+      /* a decode session (run_decode.c) grows as instances join; a run
+       * planned up front (run_dynamic.c) never gets here */
+      int64_t c = r->cap_state_off ? r->cap_state_off * 2 : 256;
+      int64_t *p = cn__xrealloc(r->state_off, (size_t)c, sizeof(int64_t));
+      if (p == NULL) return -1;
+      for (int64_t i = r->cap_state_off; i < c; i++) p[i] = -1;
+      r->state_off = p;
+      r->cap_state_off = c;
+    }
+    if (cn__frontier_add(r->live, type, inputs, n_inputs) != v) return -1;
     r->state_off[v] = -1;
   }
   return v;

@@ -136,6 +136,10 @@ void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
 /* Executes a run of a dynamic family (run_dynamic.c): frontier by
  * frontier, the graph growing as exec() adds vertices. */
 int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* The run's own scratch block and index staging, grown to at least that
+ * much (run_dynamic.c; decode sessions too). */
+int cn__run_ensure_scratch(cn_run *r, int64_t floats);
+int cn__run_ensure_idx(cn_run *r, int64_t n);
 /* Shared by run.c and run_dynamic.c. */
 void cn__run_bind_weights(cn_run *r);
 int cn__run_copy_back(cn_run *r, cn_err *err);

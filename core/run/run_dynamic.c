@@ -21,7 +21,7 @@
 
 #include "run/run.h"
 
-static int ensure_scratch(cn_run *r, int64_t floats) {
+int cn__run_ensure_scratch(cn_run *r, int64_t floats) {
   if (floats <= r->scratch_floats) return 0;
   int64_t want = floats + floats / 2;
   float *p = r->bk->vt->alloc(r->bk, (size_t)want * sizeof(float));
@@ -33,7 +33,7 @@ static int ensure_scratch(cn_run *r, int64_t floats) {
   return 0;
 }
 
-static int ensure_idx(cn_run *r, int64_t n) {
+int cn__run_ensure_idx(cn_run *r, int64_t n) {
   if (n <= r->idx_cap) return 0;
   int64_t *p = realloc(r->idx_host, (size_t)n * 2 * sizeof(int64_t));
   if (p == NULL) return CN_E_NOMEM;
@@ -55,7 +55,8 @@ static int launch(cn_run *r, int t, const int32_t *verts, int32_t n,
   }
   int64_t scratch, idx;
   cn__run_batch_needs(r, t, n, edges, &scratch, &idx);
-  if (ensure_scratch(r, scratch) != 0 || ensure_idx(r, idx) != 0)
+  if (cn__run_ensure_scratch(r, scratch) != 0 ||
+      cn__run_ensure_idx(r, idx) != 0)
     return CN_E_NOMEM;
   r->idx_used = 0;
   cn__run_exec_batch(r, t, verts, n);
