@@ -216,6 +216,9 @@ static int on_headers_complete(http_parser *p) {
   if (n_te > 1 || (te != NULL && strcasecmp(te, "chunked") != 0))
     return refuse(c, CN_E_NOT_IMPLEMENTED,
                   "Transfer-Encoding other than chunked");
+  if (p->http_major != 1)
+    return refuse(c, CN_E_BAD_REQUEST, "unsupported HTTP version (1.0 "
+                  "and 1.1 are served)");
   char method[16];
   snprintf(method, sizeof(method), "%s",
            http_method_str((enum http_method)p->method));
@@ -229,7 +232,7 @@ static int on_headers_complete(http_parser *p) {
     c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
   }
   /* a body declared too large is refused before it is sent */
-  if (cn__http_head_done(c->r, chunked ? -1 : (long long)p->content_length)) {
+  if (cn__http_head_done(c->r, body && !chunked ? p->content_length : 0)) {
     c->must_close = true;
     return -1;
   }

@@ -386,11 +386,12 @@ static void too_large(cn__req *r) {
   answer_err(r, CN_E_TOO_LARGE, msg);
 }
 
-/* The head is parsed; content_length -1: chunked. A body declared over
- * max-body-bytes is refused before it is read (returns 1: answered). */
-int cn__http_head_done(cn__req *r, long long content_length) {
-  if (wants_body(r) &&
-      content_length > (long long)r->srv->cfg.serve.max_body_bytes) {
+/* The head is parsed; body_len: its Content-Length (0 when chunked or
+ * none). A body declared over max-body-bytes is refused before it is read,
+ * whatever the route: none takes more, and reading it only to drop it
+ * would hold the connection (returns 1: answered). */
+int cn__http_head_done(cn__req *r, unsigned long long body_len) {
+  if (body_len > (unsigned long long)r->srv->cfg.serve.max_body_bytes) {
     too_large(r);
     return 1;
   }

@@ -11,7 +11,8 @@
 
 #include "metrics.h"
 
-static const int statuses[] = {200, 400, 404, 405, 413, 429, 499,
+static const int statuses[] = {200, 400, 401, 403, 404, 405, 408, 413,
+                               414, 429, 431, 499, 501,
                                500, 503, 504, 0 /* other */};
 #define CN__N_STATUS ((int)(sizeof(statuses) / sizeof(statuses[0])))
 

@@ -212,7 +212,7 @@ double cn__now(void);
 /* http.c: requests and answers (called by conn.c) */
 cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
                         const char *url);
-int cn__http_head_done(cn__req *r, long long content_length);
+int cn__http_head_done(cn__req *r, unsigned long long body_len);
 int cn__http_body(cn__req *r, const char *data, size_t n);
 void cn__http_complete(cn__req *r);
 void cn__http_fail(cn__req *r, int code, const char *msg);
