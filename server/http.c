@@ -146,7 +146,11 @@ void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
 
 /* A request that waits (an inference for its run, a load for its loader
  * thread) goes to the batcher; cn__req_answer answers it. */
-static void hand_over(cn__req *r) { cn__batcher_dispatch(r->srv, r); }
+static void hand_over(cn__req *r) {
+  cn__server *s = r->srv;
+  if (s->hand_over != NULL) s->hand_over(s, r);
+  else cn__batcher_dispatch(s, r);
+}
 
 /* The body is complete: validate, then suspend and hand over. */
 static void infer_ready(cn__req *r) {

@@ -168,6 +168,9 @@ struct cn__server {
   cn__conn *conns;           /* every client connection (loop thread)  */
   int refused_conns;         /* beyond max-connections, being answered */
   uv_async_t done_async;
+  /* Where a request that waits goes (cn__batcher_dispatch; the HTTP fuzz
+   * target answers them itself, with no loop running). */
+  void (*hand_over)(cn__server *s, cn__req *r);
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
   /* shared */
