@@ -108,6 +108,7 @@ static int hb_put(cn__conn *c, const char *d, size_t n) {
   }
   memcpy(c->hb + c->hlen, d, n);
   c->hlen += n;
+  c->hb[c->hlen] = '\0'; /* a head cut short still reads as strings */
   return 0;
 }
 
@@ -374,6 +375,8 @@ static void release_req(cn__conn *c) {
   cn__req *r = c->r;
   if (r == NULL) return;
   c->r = NULL;
+  c->nh = 0; /* its headers are not the next request's */
+  c->hlen = 0;
   r->conn = NULL;
   atomic_fetch_sub(&c->srv->in_flight, 1);
   cn__req_unref(r);
@@ -439,9 +442,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
 static void answer_error(cn__conn *c, int code, const char *msg) {
   c->must_close = true;
   if (c->r == NULL) {
-    const char *url = c->phase == PH_HEAD && c->hlen > 0 && c->part != 0
-                          ? c->hb
-                          : "-";
+    const char *url = c->phase == PH_HEAD && c->hlen > 0 ? c->hb : "-";
     c->r = cn__http_begin(c->srv, c, "-", url);
     if (c->r == NULL) {
       conn_close(c);
