@@ -506,3 +506,68 @@ Test(http, client_that_does_not_read_is_not_buffered, .fini = teardown,
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* Start-up raises the soft RLIMIT_NOFILE to the hard one; a
+ * max-connections that still does not fit is lowered, with a line saying
+ * so, and the lowered limit is the one enforced. (Criterion runs each test
+ * in its own process, so lowering the hard limit here touches no other.) */
+Test(http, max_connections_fit_the_descriptor_limit, .fini = teardown,
+     .timeout = 30) {
+  struct rlimit rl = {.rlim_cur = 140, .rlim_max = 140};
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-connections", "1000", NULL};
+  th_start(&d, flags);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "msg=max-connections-clamped wanted=1000 "
+                        "max_connections=12 nofile=140") != NULL,
+            "%s", log);
+  free(log);
+  /* 12 open: the 13th is refused */
+  int fd[12];
+  for (int i = 0; i < 12; i++) {
+    fd[i] = th_connect(d.port);
+    th_send(fd[i], "GET", "/healthz", NULL, NULL);
+    th_resp r;
+    cr_assert_eq(th_read(fd[i], &r), 0, "connection %d", i);
+    cr_expect_eq(r.status, 200);
+    th_resp_free(&r);
+  }
+  int x = th_connect(d.port);
+  expect_one_error(x, 503, "unavailable", "the 13th connection");
+  close(x);
+  for (int i = 0; i < 12; i++) close(fd[i]);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
+     .timeout = 30) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1200)
+    cr_skip_test("hard RLIMIT_NOFILE %llu is too low to show it",
+                 (unsigned long long)rl.rlim_max);
+  rl.rlim_cur = 256;
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-connections", "1000", NULL};
+  th_start(&d, flags);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "max-connections-clamped") == NULL, "%s", log);
+  cr_expect(strstr(log, "max_connections=1000") != NULL, "%s", log);
+  free(log);
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/limits", (int)d.pid);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  unsigned long long soft = 0;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "Max open files %llu", &soft) == 1) break;
+  fclose(f);
+  cr_expect(soft == rl.rlim_max || rl.rlim_max == RLIM_INFINITY,
+            "soft limit %llu, hard %llu", soft,
+            (unsigned long long)rl.rlim_max);
+  cr_expect_eq(th_stop(&d), 0);
+}
