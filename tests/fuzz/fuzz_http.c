@@ -75,9 +75,12 @@ static void answer_pending(unsigned how) {
                              : cn__error_body(status == 429 ? CN_E_OVERLOADED
                                                             : CN_E_TIMEOUT,
                                               "fuzz", -1);
-  cn__req_answer(pending, status, body, NULL); /* no-op if answered */
-  cn__req_unref(pending);
+  /* the answer may let the connection parse the next pipelined request,
+   * which may wait in turn: pending is free before it is given */
+  cn__req *r = pending;
   pending = NULL;
+  cn__req_answer(r, status, body, NULL); /* no-op if answered */
+  cn__req_unref(r);
 }
 
 static void setup(void) {
