@@ -45,10 +45,14 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
 
 
-def post(port, path, body, timeout=30):
-    """One request on a fresh connection: (status, seconds)."""
+def post(port, path, body, timeout=5):
+    """One request on a fresh connection: (status, seconds); status 0: no
+    answer within timeout (connect included)."""
     t = time.monotonic()
-    s = socket.create_connection(("127.0.0.1", port), timeout)
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout)
+    except OSError:
+        return 0, time.monotonic() - t
     try:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
@@ -74,12 +78,14 @@ def post(port, path, body, timeout=30):
     return status, time.monotonic() - t
 
 
-def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body):
+def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
+            max_conns):
     port = free_port()
     log = tempfile.TemporaryFile()
+    limit = ["--max-connections", str(max_conns)] if max_conns > 0 else []
     p = subprocess.Popen(
         [canopy, "serve", "--models-dir", models, "--port", str(port),
-         "--log-level", "warn", "--max-connections", str(n_slow + 64)],
+         "--log-level", "warn"] + limit,
         stdout=log, stderr=log)
     path = "/v1/models/%s/infer" % model
     try:
@@ -92,14 +98,20 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body):
         post(port, path, body)  # warm
 
         def normal():
-            lat, ok = [], 0
+            lat, ok, other, missed = [], 0, {}, 0
             for _ in range(n_req):
                 st, secs = post(port, path, body)
                 lat.append(secs)
                 ok += st == 200
-            return lat, ok
+                if st != 200:
+                    other[st] = other.get(st, 0) + 1
+                missed = missed + 1 if st == 0 else 0
+                if missed == 5:  # 5 s each: stop, say so
+                    other["stopped"] = 1
+                    break
+            return lat, ok, other
 
-        base, base_ok = normal()
+        base, base_ok, _ = normal()
         conns = []
         for _ in range(n_slow):
             try:
@@ -128,7 +140,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body):
         t = threading.Thread(target=trickle, daemon=True)
         t.start()
         time.sleep(1.0)
-        during, during_ok = normal()
+        during, during_ok, during_other = normal()
         stop[0] = True
         t.join()
         for s in conns:
@@ -145,7 +157,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body):
             "none_p99_ms": pct(base, 99) * 1e3, "none_ok": base_ok,
             "slow_p50_ms": pct(during, 50) * 1e3,
             "slow_p99_ms": pct(during, 99) * 1e3, "slow_ok": during_ok,
-            "requests": n_req}
+            "slow_other": during_other, "requests": n_req}
 
 
 def main():
@@ -163,6 +175,10 @@ def main():
         root, "..", "shared", "data", "trees-binary.jsonl"))
     ap.add_argument("--body", action="store_true",
                     help="trickle body bytes after a whole head instead")
+    ap.add_argument("--max-connections", type=int, default=-1,
+                    help="the daemons' max-connections (default: --slow + "
+                         "64, room for every slow one; 0: the daemon's "
+                         "default, 1024)")
     ap.add_argument("--json", action="store_true", help="JSON lines out")
     a = ap.parse_args()
     bins = [c.split("=", 1) if "=" in c else (c, c) for c in a.canopy]
@@ -180,22 +196,29 @@ def main():
             stdout=subprocess.DEVNULL)
     with open(a.input) as f:
         body = json.dumps({"instances": [json.loads(f.readline())]}).encode()
+    mc = a.max_connections if a.max_connections >= 0 else n_slow + 64
     rows = [run_one(label, path, a.models, a.model, body, n_slow, a.requests,
-                    a.body) for label, path in bins]
+                    a.body, mc) for label, path in bins]
     what = "body" if a.body else "header"
     if a.json:
         for r in rows:
             print(json.dumps(r))
         return
-    print("| binary | slow connections (%s bytes) | none open p50 / p99 ms "
-          "| %d open p50 / p99 ms | answered 200 (none / open) |" %
-          (what, n_slow))
-    print("|---|---:|---:|---:|---:|")
+    print("| binary | slow connections (%s bytes), max-connections %s | none "
+          "open p50 / p99 ms | %d open p50 / p99 ms | answered 200 (none / "
+          "open) | other answers while open |" %
+          (what, mc if mc > 0 else "default", n_slow))
+    print("|---|---:|---:|---:|---:|---|")
     for r in rows:
-        print("| %s | %d | %.2f / %.2f | %.2f / %.2f | %d / %d of %d |" %
+        print("| %s | %d | %.2f / %.2f | %.2f / %.2f | %d / %d of %d | %s |" %
               (r["binary"], r["slow"], r["none_p50_ms"], r["none_p99_ms"],
                r["slow_p50_ms"], r["slow_p99_ms"], r["none_ok"], r["slow_ok"],
-               r["requests"]))
+               r["requests"],
+               ", ".join("stopped after 5 unanswered in a row"
+                         if k == "stopped" else
+                         "%d x %s" % (v, k if k else "no answer in 5 s")
+                         for k, v in sorted(r["slow_other"].items(), key=str))
+               or "-"))
 
 
 if __name__ == "__main__":
