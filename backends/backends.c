@@ -86,6 +86,10 @@ void cn_backend_close(cn_backend_ctx *bk) {
   if (bk != NULL) bk->vt->close(bk);
 }
 
+void cn_backend_release(cn_backend_ctx *bk) {
+  if (bk != NULL && bk->vt->release != NULL) bk->vt->release(bk);
+}
+
 long long cn_backend_kernels(const cn_backend_ctx *bk) { return bk->kernels; }
 
 void cn_backend_cpu_threads(int n) {

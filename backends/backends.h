@@ -13,6 +13,9 @@ typedef struct cn_backend_ctx cn_backend_ctx;
 int cn_backend_open(const char *name, int device, cn_backend_ctx **out,
                     cn_err *err);
 void cn_backend_close(cn_backend_ctx *bk);
+/* Gives back the memory a context keeps for its next runs (cpu: spare run
+ * arenas, up to 256 MiB); nothing for a backend that keeps none. */
+void cn_backend_release(cn_backend_ctx *bk);
 /* Kernel launches issued on this context so far. */
 long long cn_backend_kernels(const cn_backend_ctx *bk);
 /* Size of the OpenBLAS thread pool (cpu). */

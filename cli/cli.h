@@ -16,5 +16,7 @@ int cn__flag_value(int argc, char **argv, int *i, const char *name,
                    const char **value);
 int cn__parse_int(const char *flag, const char *s, long long min,
                   long long max, long long *out);
+/* The cores this process may run on (its affinity mask, e.g. taskset). */
+int cn__cpu_count(void);
 
 #endif

@@ -1,8 +1,10 @@
 /* cli_util.c - flag parsing shared by the subcommands. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -36,4 +38,14 @@ int cn__parse_int(const char *flag, const char *s, long long min,
   }
   *out = v;
   return 0;
+}
+
+/* The cores this process may run on: its affinity mask (taskset, a
+ * container's cpuset), else the cores online. */
+int cn__cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
 }

@@ -4,6 +4,15 @@
  * This is the batch front end: the same core path the daemon uses (parse,
  * join a run, plan, execute, format), without HTTP, so its outputs and its
  * summary line are what the daemon would answer for the same instances.
+ *
+ * --jobs J computes J runs at once, one per thread (issue #24 item 2):
+ * GEMMs of 64-400 rows split badly across BLAS threads, whole runs split
+ * perfectly. As in the daemon's workers (server/worker.c), the loaded
+ * model is shared read-only (weights, vocabularies and compiled cells are
+ * fixed at load) and each thread has its own backend context and its own
+ * cn_run; each thread parses, computes and formats its chunk of lines into
+ * memory, and the main thread reads ahead and prints chunks in input order
+ * (run_pool.c), so the output is byte-equal to --jobs 1.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +24,7 @@
 #include "cli.h"
 #include "cmd_policy.h"
 #include "config.h"
+#include "run_pool.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 
@@ -24,6 +34,7 @@ typedef struct run_opts {
   cn_policy_kind policy;
   cn_layout layout;
   long long batch, threads, max_decode_len;
+  long long jobs;            /* --jobs: runs computed at once (0: cores) */
   const char *policy_cache;  /* --policy-cache (NULL: the default)       */
   cn_fsm_encoding encoding;  /* --encoding, for --policy fsm            */
   bool no_learn;             /* --no-learn: a cache miss is an error     */
@@ -58,7 +69,9 @@ static void run_usage(FILE *f) {
           "  --policy P            none | depth | agenda | sufficient | "
           "lookahead |\n"
           "                        lookahead2 | plan | fsm\n"
-          "                        (default agenda)\n"
+          "                        (default sufficient: the fastest "
+          "measured on CPU,\n"
+          "                        docs/policies.md)\n"
           "  --policy-cache DIR    where --policy fsm finds (or, with none "
           "cached,\n"
           "                        learns from the input and stores) the "
@@ -81,7 +94,14 @@ static void run_usage(FILE *f) {
           "PQ-tree (default fused)\n"
           "  --batch N             instances per run (default 64)\n"
           "  --backend B           cpu | cuda (default cpu)\n"
-          "  --threads N           OpenBLAS threads (default: OpenBLAS's own)\n"
+          "  --jobs N              runs computed at once, one per thread, "
+          "each with its own\n"
+          "                        backend context; output order is kept "
+          "and equals\n"
+          "                        --jobs 1 (default: the number of cores)\n"
+          "  --threads N           OpenBLAS threads of each job (default: "
+          "OpenBLAS's own\n"
+          "                        with --jobs 1, else max(1, cores / jobs))\n"
           "  --max-decode-len N    lstm-nmt: decode at most N steps (below the "
           "model's cap)\n"
           "limits:\n");
@@ -97,7 +117,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   int m;
   long long x;
   o->backend = "cpu";
-  o->policy = CN_POLICY_AGENDA;
+  o->policy = CN_POLICY_SUFFICIENT; /* docs/policies.md: fastest on CPU */
   o->batch = 64;
   o->encoding = CN_FSM_ENC_BOUND;
   cn_config_defaults(&o->cfg);
@@ -165,6 +185,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       if (m < 0 ||
           cn__parse_int("--max-decode-len", v, 1, 1 << 20, &o->max_decode_len))
         return -1;
+    } else if ((m = cn__flag_value(argc, argv, &i, "--jobs", &v)) != 0) {
+      if (m < 0 || cn__parse_int("--jobs", v, 1, 1024, &o->jobs)) return -1;
     } else if ((m = cn__flag_value(argc, argv, &i, "--threads", &v)) != 0) {
       if (m < 0 || cn__parse_int("--threads", v, 1, 1024, &x)) return -1;
       o->threads = x;
@@ -195,22 +217,63 @@ typedef struct line {
   long long lineno;
 } line;
 
-static void print_error(const line *l) {
+/* Up to --batch consecutive input lines: read by the main thread, parsed,
+ * computed and formatted by a job, printed by the main thread. Reused. */
+typedef struct chunk {
+  char *text;          /* the raw lines, each NUL-terminated            */
+  size_t used, cap;
+  size_t *off;         /* [batch]: where line i starts in text         */
+  line *ls;            /* [batch]                                      */
+  int n;
+  long long first_lineno;
+  char *out, *notes;   /* formatted: stdout lines, stderr notes        */
+  size_t out_len, notes_len;
+  totals tot;          /* this chunk's share                           */
+  int rc;              /* -1: the run failed (its note is in notes)    */
+} chunk;
+
+static void print_error(FILE *out, FILE *notes, const line *l) {
   json_t *e = cn_err_to_json(&l->err);
   char *s = json_dumps(e, DUMP_FLAGS);
-  puts(s);
+  fputs(s, out);
+  fputc('\n', out);
   free(s);
   json_decref(e);
-  fprintf(stderr, "canopy run: line %lld: %s: %s\n", l->lineno,
+  fprintf(notes, "canopy run: line %lld: %s: %s\n", l->lineno,
           cn_err_code(l->err.code), l->err.msg);
 }
 
-/* Runs one chunk of lines together and prints them in order. */
+/* Parses one raw line into l (an instance, or the error it gets). */
+static void parse_line(const run_opts *o, const cn_model *m, const char *buf,
+                       size_t len, long long lineno, line *l) {
+  memset(l, 0, sizeof(*l));
+  cn_err_clear(&l->err);
+  l->lineno = lineno;
+  json_error_t je;
+  json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+  if (j == NULL) {
+    cn_err_set(&l->err, CN_E_BAD_JSON, "line %lld is not JSON: %s", lineno,
+               je.text);
+    l->err.offset = je.position;
+    l->err.instance = (int)(lineno - 1);
+    return;
+  }
+  cn_instance_parse(m, j, &o->cfg.limits, (int)(lineno - 1), &l->inst,
+                    &l->err);
+  json_decref(j);
+}
+
+/* Runs one chunk of lines together and writes their outputs, in order, to
+ * out (and notes on refused lines or a failed run to notes). */
 static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
-                     line *ls, int n, totals *tot) {
+                     line *ls, int n, totals *tot, FILE *out, FILE *notes) {
   int rc = 0;
   cn_run *r = cn_run_new(m, bk);
-  if (r == NULL) return -1;
+  if (r == NULL) {
+    fprintf(notes, "canopy run: no memory for a run\n");
+    rc = -1;
+    goto out;
+  }
   cn_run_set_layout(r, o->layout);
   cn_run_set_plan_width(r, o->cfg.serve.plan_width);
   for (int i = 0; i < n; i++) {
@@ -226,7 +289,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   cn_err_clear(&err);
   if ((o->fsm != NULL ? cn_run_exec_fsm(r, o->fsm, &err)
                       : cn_run_exec(r, o->policy, &err)) != 0) {
-    fprintf(stderr, "canopy run: %s\n", err.msg);
+    fprintf(notes, "canopy run: %s\n", err.msg);
     rc = -1;
     goto out;
   }
@@ -241,21 +304,113 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   if (st.arena_bytes > tot->arena_peak) tot->arena_peak = st.arena_bytes;
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) {
-      print_error(&ls[i]);
+      print_error(out, notes, &ls[i]);
       tot->errors++;
       continue;
     }
     json_t *obj = cn_run_output(r, ls[i].slot);
     char *s = json_dumps(obj, DUMP_FLAGS);
-    puts(s);
+    fputs(s, out);
+    fputc('\n', out);
     free(s);
     json_decref(obj);
     tot->instances++;
   }
 out:
   cn_run_free(r);
-  for (int i = 0; i < n; i++) cn_instance_free(ls[i].inst);
+  for (int i = 0; i < n; i++) {
+    cn_instance_free(ls[i].inst);
+    ls[i].inst = NULL;
+  }
   return rc;
+}
+
+/* What every job shares: the options, the model, one backend context per
+ * job (indexed by the pool's thread number). */
+typedef struct jobs_ctx {
+  const run_opts *o;
+  const cn_model *m;
+  cn_backend_ctx **bk;
+} jobs_ctx;
+
+/* A job (run_pool.h): parse, compute and format one chunk into memory. */
+static void chunk_work(void *arg, int thread, void *item) {
+  jobs_ctx *jc = arg;
+  chunk *c = item;
+  for (int i = 0; i < c->n; i++) { /* a line may hold a NUL: lengths */
+    size_t end = i + 1 < c->n ? c->off[i + 1] : c->used;
+    parse_line(jc->o, jc->m, c->text + c->off[i], end - c->off[i] - 1,
+               c->first_lineno + i, &c->ls[i]);
+  }
+  memset(&c->tot, 0, sizeof(c->tot));
+  FILE *out = open_memstream(&c->out, &c->out_len);
+  FILE *notes = open_memstream(&c->notes, &c->notes_len);
+  if (out == NULL || notes == NULL) {
+    c->rc = -1;
+  } else {
+    c->rc = run_chunk(jc->o, jc->m, jc->bk[thread], c->ls, c->n, &c->tot,
+                      out, notes);
+  }
+  if (out != NULL) fclose(out);
+  if (notes != NULL) fclose(notes);
+}
+
+/* Prints a computed chunk and adds its totals; returns its status. */
+static int chunk_emit(chunk *c, totals *tot) {
+  if (c->out != NULL) fwrite(c->out, 1, c->out_len, stdout);
+  if (c->notes != NULL) {
+    fflush(stdout);
+    fwrite(c->notes, 1, c->notes_len, stderr);
+  }
+  free(c->out);
+  free(c->notes);
+  c->out = c->notes = NULL;
+  if (c->rc != 0) return -1;
+  tot->instances += c->tot.instances;
+  tot->errors += c->tot.errors;
+  tot->batches += c->tot.batches;
+  tot->lower_bound += c->tot.lower_bound;
+  tot->kernels += c->tot.kernels;
+  tot->vertices += c->tot.vertices;
+  tot->gather_bytes += c->tot.gather_bytes;
+  tot->cell_bytes += c->tot.cell_bytes;
+  if (c->tot.arena_peak > tot->arena_peak) tot->arena_peak = c->tot.arena_peak;
+  return 0;
+}
+
+/* Reads up to `batch` lines from in into c; returns how many (0: EOF). */
+static int chunk_fill(chunk *c, FILE *in, long long batch, char **buf,
+                      size_t *cap, long long *lineno) {
+  c->n = 0;
+  c->used = 0;
+  c->first_lineno = *lineno + 1;
+  ssize_t len;
+  while (c->n < batch && (len = getline(buf, cap, in)) >= 0) {
+    ++*lineno;
+    if (len > 0 && (*buf)[len - 1] == '\n') (*buf)[--len] = '\0';
+    if (c->used + (size_t)len + 1 > c->cap) {
+      size_t ncap = 2 * (c->used + (size_t)len + 1);
+      char *t = realloc(c->text, ncap);
+      if (t == NULL) return -1;
+      c->text = t;
+      c->cap = ncap;
+    }
+    memcpy(c->text + c->used, *buf, (size_t)len + 1);
+    c->off[c->n++] = c->used;
+    c->used += (size_t)len + 1;
+  }
+  return c->n;
+}
+
+static void chunks_free(chunk *cs, int n) {
+  for (int i = 0; cs != NULL && i < n; i++) {
+    free(cs[i].text);
+    free(cs[i].off);
+    free(cs[i].ls);
+    free(cs[i].out);
+    free(cs[i].notes);
+  }
+  free(cs);
 }
 
 /* --policy fsm: the cached policy, else one learned from the input's
@@ -281,10 +436,10 @@ static int load_policy(run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   if (*in == stdin) {
     size_t len = 0;
     FILE *mem = open_memstream(&o->slurped, &len);
-    char chunk[65536];
+    char block[65536];
     size_t k;
-    while (mem != NULL && (k = fread(chunk, 1, sizeof(chunk), stdin)) > 0)
-      fwrite(chunk, 1, k, mem);
+    while (mem != NULL && (k = fread(block, 1, sizeof(block), stdin)) > 0)
+      fwrite(block, 1, k, mem);
     if (mem == NULL || fclose(mem) != 0) return -1;
     *in = fmemopen(o->slurped, len ? len : 1, "r");
     t = fmemopen(o->slurped, len ? len : 1, "r");
@@ -314,14 +469,18 @@ int cn_cmd_run(int argc, char **argv) {
 
   int status = 1;
   cn_model *m = NULL;
-  cn_backend_ctx *bk = NULL;
+  cn_backend_ctx *bk = NULL, **job_bk = NULL;
+  cn__pool *pool = NULL;
+  chunk *cs = NULL;
+  int n_cs = 0;
   FILE *in = NULL;
-  line *ls = NULL;
   char *buf = NULL;
   size_t cap = 0;
   cn_err err;
   cn_err_clear(&err);
 
+  int cores = cn__cpu_count();
+  int jobs = o.jobs > 0 ? (int)o.jobs : (int)cores;
   if (cn_model_load(o.model, &m, &err) != 0) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     goto out;
@@ -330,51 +489,67 @@ int cn_cmd_run(int argc, char **argv) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     goto out;
   }
-  if (o.threads > 0) cn_backend_cpu_threads((int)o.threads);
+  /* One BLAS thread a job unless asked (serve.c does the same per worker);
+   * --jobs 1 leaves OpenBLAS its own default, as before --jobs existed. */
+  if (o.threads > 0)
+    cn_backend_cpu_threads((int)o.threads);
+  else if (jobs > 1)
+    cn_backend_cpu_threads(cores / jobs > 1 ? cores / jobs : 1);
   in = strcmp(o.input, "-") == 0 ? stdin : fopen(o.input, "r");
   if (in == NULL) {
     fprintf(stderr, "canopy run: cannot open %s: %m\n", o.input);
     goto out;
   }
   if (o.policy == CN_POLICY_FSM && load_policy(&o, m, bk, &in) != 0) goto out;
-  ls = calloc((size_t)o.batch, sizeof(line));
-  if (ls == NULL) goto out;
+  /* Every job's backend context opens before any input is read, so a
+   * backend that cannot open stops here with its error. Job 0 uses bk. */
+  job_bk = calloc((size_t)jobs, sizeof(*job_bk));
+  if (job_bk == NULL) goto out;
+  job_bk[0] = bk;
+  for (int i = 1; i < jobs; i++) {
+    if (cn_backend_open(o.backend, 0, &job_bk[i], &err) != 0) {
+      fprintf(stderr, "canopy run: job %d: %s\n", i, err.msg);
+      goto out;
+    }
+  }
+  /* Two chunks a job: one computing, one read ahead (or waiting to be
+   * printed behind a slower neighbour). */
+  n_cs = jobs > 1 ? 2 * jobs : 1;
+  cs = calloc((size_t)n_cs, sizeof(chunk));
+  if (cs == NULL) goto out;
+  for (int i = 0; i < n_cs; i++) {
+    cs[i].off = calloc((size_t)o.batch, sizeof(size_t));
+    cs[i].ls = calloc((size_t)o.batch, sizeof(line));
+    if (cs[i].off == NULL || cs[i].ls == NULL) goto out;
+  }
+  jobs_ctx jc = {.o = &o, .m = m, .bk = job_bk};
+  pool = cn__pool_new(jobs, n_cs, chunk_work, &jc);
+  if (pool == NULL) {
+    fprintf(stderr, "canopy run: cannot start %d jobs\n", jobs);
+    goto out;
+  }
 
   totals tot = {0};
   double t0 = now_s();
   long long lineno = 0;
-  int n = 0;
-  ssize_t len;
   bool failed = false;
-  for (;;) {
-    len = getline(&buf, &cap, in);
-    if (len >= 0) {
-      lineno++;
-      if (len > 0 && buf[len - 1] == '\n') buf[--len] = '\0';
-      line *l = &ls[n++];
-      memset(l, 0, sizeof(*l));
-      cn_err_clear(&l->err);
-      l->lineno = lineno;
-      json_error_t je;
-      json_t *j = json_loadb(buf, (size_t)len, JSON_REJECT_DUPLICATES, &je);
-      if (j == NULL) {
-        cn_err_set(&l->err, CN_E_BAD_JSON, "line %lld is not JSON: %s",
-                   lineno, je.text);
-        l->err.offset = je.position;
-        l->err.instance = (int)(lineno - 1);
-      } else {
-        cn_instance_parse(m, j, &o.cfg.limits, (int)(lineno - 1), &l->inst,
-                          &l->err);
-        json_decref(j);
-      }
-    }
-    if (n == o.batch || (len < 0 && n > 0)) {
-      if (run_chunk(&o, m, bk, ls, n, &tot) != 0) failed = true;
-      n = 0;
+  for (long long seq = 0; !failed; seq++) {
+    chunk *c = &cs[seq % n_cs];
+    if (seq >= n_cs) { /* the slot's last chunk is the oldest pending */
+      chunk *done = cn__pool_take(pool);
+      if (chunk_emit(done, &tot) != 0) failed = true;
       if (failed) break;
     }
-    if (len < 0) break;
+    int n = chunk_fill(c, in, o.batch, &buf, &cap, &lineno);
+    if (n < 0) {
+      fprintf(stderr, "canopy run: no memory for line %lld\n", lineno);
+      failed = true;
+    }
+    if (n <= 0) break;
+    cn__pool_submit(pool, c);
   }
+  for (chunk *c; (c = cn__pool_take(pool)) != NULL;)
+    if (!failed && chunk_emit(c, &tot) != 0) failed = true;
   double secs = now_s() - t0;
   if (failed) goto out;
   fflush(stdout);
@@ -382,19 +557,24 @@ int cn_cmd_run(int argc, char **argv) {
           "{\"instances\": %lld, \"errors\": %lld, \"batches\": %lld, "
           "\"lower_bound\": %lld, \"seconds\": %.6f, "
           "\"instances_per_s\": %.1f, \"policy\": \"%s\", \"batch\": %lld, "
+          "\"jobs\": %d, "
           "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
           "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
           "\"arena_bytes_peak\": %zu}\n",
           tot.instances, tot.errors, tot.batches, tot.lower_bound, secs,
           secs > 0 ? (double)tot.instances / secs : 0.0,
-          cn_policy_name(o.policy), o.batch, cn_layout_name(o.layout),
+          cn_policy_name(o.policy), o.batch, jobs, cn_layout_name(o.layout),
           tot.vertices, tot.kernels, tot.cell_bytes, tot.gather_bytes,
           tot.arena_peak);
   status = tot.errors > 0 ? 2 : 0;
 out:
+  cn__pool_free(pool);
+  chunks_free(cs, n_cs);
   free(buf);
-  free(ls);
   if (in != NULL && in != stdin) fclose(in);
+  for (int i = 1; job_bk != NULL && i < jobs; i++)
+    cn_backend_close(job_bk[i]);
+  free(job_bk);
   cn_backend_close(bk);
   cn_fsm_free(o.fsm);
   cn_model_free(m);

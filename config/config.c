@@ -59,8 +59,9 @@ static const cn_config_key keys[] = {
             NULL),
     STR_KEY("backend", "cpu", backend, "compute backend of every worker",
             "cpu|cuda"),
-    STR_KEY("policy", "fsm", policy,
-            "batching policy of every run; fsm: the model's learned policy "
+    STR_KEY("policy", "sufficient", policy,
+            "batching policy of every run (sufficient: the fastest measured "
+            "on CPU, docs/policies.md); fsm: the model's learned policy "
             "from policy-cache (agenda until one is cached or learned online)",
             "none|depth|agenda|sufficient|lookahead|lookahead2|plan|fsm"),
     STR_KEY("layout", "fused", layout,

@@ -82,6 +82,9 @@ struct cn_backend_vt {
    * results and index arrays in place instead of copying them. */
   bool host_memory;
   void (*close)(cn_backend_ctx *bk);
+  /* Optional: gives back memory kept for reuse between runs (cpu: the
+   * spare run arenas). A daemon's idle worker calls it. */
+  void (*release)(cn_backend_ctx *bk);
 
   /* ---- memory ---- */
   /* Backend memory for a run arena; NULL on failure. */

@@ -9,6 +9,7 @@ pkgs=(build-essential meson ninja-build pkg-config
       nginx-light    # tests/deploy/test_nginx.py
       systemd        # systemd-analyze, tests/deploy/test_systemd.py
       python3-yaml   # tests/deploy/test_k8s.py
+      wrk            # scripts/bench_daemon.sh: the daemon under load
       python3-torch)  # canopy_torch and canopy-import, and their tests
 pkgs+=("$@")
 missing=()

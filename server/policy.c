@@ -294,6 +294,7 @@ static const char *lower_priority(void) {
 
 static void *retrainer_main(void *arg) {
   cn__server *s = arg;
+  pthread_setname_np(pthread_self(), "cn-retrain");
   const char *prio = lower_priority();
   CN_LOG(CN_LOG_INFO, "msg=retrainer-started interval_s=%d "
          "reservoir_graphs=%d min_graphs=%d priority=%s",

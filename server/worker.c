@@ -7,7 +7,11 @@
  * were cancelled before the run started are skipped: their instances
  * never reach the engine.
  */
+#include <errno.h>
+#include <malloc.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,10 +144,35 @@ done:
 static void *worker_main(void *arg) {
   worker_arg *w = arg;
   cn__server *s = w->s;
+  /* named so top -H and scripts/bench_daemon.sh can tell the workers'
+   * CPU from the loop thread's */
+  char name[16];
+  snprintf(name, sizeof(name), "cn-worker-%d", w->index);
+  pthread_setname_np(pthread_self(), name);
+  bool kept = false; /* ran a job since it last gave memory back */
   for (;;) {
     pthread_mutex_lock(&s->qmu);
-    while (s->qhead == NULL && !s->stopping)
-      pthread_cond_wait(&s->qcv, &s->qmu);
+    while (s->qhead == NULL && !s->stopping) {
+      if (!kept) {
+        pthread_cond_wait(&s->qcv, &s->qmu);
+        continue;
+      }
+      /* A second without work: the run arenas the backend keeps for the
+       * next run (up to 256 MiB) go back to the system, so RSS after a
+       * burst returns near its idle value (#21); a busy worker keeps
+       * them and never pays for fresh pages. */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec += 1;
+      if (pthread_cond_timedwait(&s->qcv, &s->qmu, &ts) == ETIMEDOUT &&
+          s->qhead == NULL && !s->stopping) {
+        pthread_mutex_unlock(&s->qmu);
+        cn_backend_release(w->bk);
+        malloc_trim(0);
+        kept = false;
+        pthread_mutex_lock(&s->qmu);
+      }
+    }
     cn__job *j = s->qhead;
     if (j == NULL) { /* stopping and nothing left */
       pthread_mutex_unlock(&s->qmu);
@@ -156,6 +185,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&s->qmu);
     atomic_fetch_sub(&s->waiting_instances, j->instances);
     run_job(w, j);
+    kept = true;
     pthread_mutex_lock(&s->qmu);
     s->busy_workers--;
     pthread_mutex_unlock(&s->qmu);

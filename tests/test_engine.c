@@ -4,8 +4,10 @@
  * trees; batch counts never go below the lower bound. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <stdint.h>
 #include <string.h>
 
+#include "backend.h"
 #include "engine_util.h"
 
 ParameterizedTestParameters(engine, batched_equals_none) {
@@ -103,4 +105,43 @@ Test(engine, bad_instance_isolated) {
   json_decref(mixed);
   cn_model_free(m);
   tu_rmdir(dir);
+}
+
+/* The cpu backend keeps freed blocks for the next run (cpu.c cpu_alloc):
+ * a freed block comes back for a request it fits, live blocks never
+ * overlap, every block is 64-byte aligned and writable to its end, and a
+ * block too big for the cache is simply freed. */
+Test(engine, cpu_blocks_reused_never_shared) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  size_t sizes[] = {4 << 20, 1000, 4 << 20, 64, 3 << 20, (size_t)300 << 20};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+  char *p[N];
+  for (int i = 0; i < N; i++) {
+    p[i] = bk->vt->alloc(bk, sizes[i]);
+    cr_assert_not_null(p[i]);
+    cr_expect_eq((uintptr_t)p[i] % 64, 0);
+    memset(p[i], i + 1, sizes[i]);
+  }
+  for (int i = 0; i < N; i++)
+    for (int j = 0; j < N; j++)
+      if (i != j)
+        cr_expect(p[i] + sizes[i] <= p[j] || p[j] + sizes[j] <= p[i],
+                  "blocks %d and %d overlap", i, j);
+  for (int i = 0; i < N; i++)
+    cr_expect(p[i][0] == i + 1 && p[i][sizes[i] - 1] == i + 1,
+              "block %d was written by another", i);
+  char *a = p[0];
+  bk->vt->free(bk, p[0]);
+  char *b = bk->vt->alloc(bk, 3 << 20); /* fits the freed 4 MB block */
+  cr_expect_eq(b, a, "a freed block that fits is handed out again");
+  char *c = bk->vt->alloc(bk, 5 << 20); /* fits none: a new one */
+  cr_expect(c + (5 << 20) <= b || b + (4 << 20) <= c);
+  memset(c, 7, 5 << 20);
+  bk->vt->free(bk, b);
+  bk->vt->free(bk, c);
+  for (int i = 1; i < N; i++) bk->vt->free(bk, p[i]); /* 300 MB: not kept */
+  cn_backend_close(bk);
 }

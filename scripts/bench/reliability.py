@@ -1,0 +1,506 @@
+#!/usr/bin/python3
+"""reliability.py - the hardening checks of docs/daemon.md against a real
+daemon, printed as one table (scripts/reliability.sh sets it up).
+
+Each check starts its own `canopy serve` on a free loopback port:
+
+  overload   closed-loop peak first, then an open-loop client at twice that
+             rate: how much is refused (429 with Retry-After), the goodput
+             against the peak, and the p99 of the requests admitted.
+  sigterm    64 keep-alive clients in a closed loop; SIGTERM mid-stream.
+             Lost = requests written whole on a connection that then closed
+             without an answer (a refused reconnect is not a loss: the load
+             balancer sends it elsewhere).
+  slow       N connections trickle header bytes; a normal request's latency
+             beside the same with none open.
+  soak       a steady closed loop for --soak-s seconds: RSS over the first
+             and the last minute, and after the load stops.
+  weights    weights.safetensors overwritten with other weights, then
+             truncated, under a serving daemon: answers must not change.
+
+Standard library only. Figures, not assertions: a check that breaks a rule
+of the issue is marked "FAIL" in the last column, and the exit status is 1.
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
+
+
+def rss_mb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Daemon:
+    def __init__(self, canopy, models, extra=(), env=None):
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile()
+        e = dict(os.environ)
+        e.update(env or {})
+        self.p = subprocess.Popen(
+            [canopy, "serve", "--models-dir", models, "--port",
+             str(self.port), "--log-level", "warn"] + list(extra),
+            stdout=self.log, stderr=self.log, env=e)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.p.poll() is not None:
+                break
+            try:
+                if http(self.port, "GET", "/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        self.log.seek(0)
+        sys.exit("reliability: the daemon did not become ready:\n" +
+                 self.log.read().decode(errors="replace")[-2000:])
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        return self.p.returncode
+
+
+def http(port, method, path, body=None, headers=None, timeout=30):
+    """One request on its own connection: (status, headers dict, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        head = "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" % (
+            method, path)
+        for k, v in (headers or {}).items():
+            head += "%s: %s\r\n" % (k, v)
+        if body is not None:
+            head += "Content-Type: application/json\r\n"
+            head += "Content-Length: %d\r\n" % len(body)
+        s.sendall(head.encode() + b"\r\n" + (body or b""))
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode(errors="replace").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {}
+    for l in lines[1:]:
+        k, _, v = l.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    return status, hdrs, rest
+
+
+def request_bytes(port, model, body):
+    return (b"POST /v1/models/%s/infer HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (model.encode(), port, len(body)) + body)
+
+
+async def read_response(rd):
+    line = await rd.readline()
+    parts = line.split(None, 2)
+    if len(parts) < 2:
+        raise ConnectionError("no status line")
+    st, length, close, retry = int(parts[1]), 0, False, None
+    while True:
+        line = await rd.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        k, _, v = line.partition(b":")
+        k, v = k.strip().lower(), v.strip()
+        if k == b"content-length":
+            length = int(v)
+        elif k == b"connection" and v.lower() == b"close":
+            close = True
+        elif k == b"retry-after":
+            retry = v
+    body = await rd.readexactly(length) if length else b""
+    return st, close, retry, body
+
+
+async def load(port, reqs, concurrency, seconds, rate=0.0):
+    """Closed loop (rate 0) or open loop at `rate` requests/s with at most
+    `concurrency` in flight. Returns latencies of 200s and status counts."""
+    st = {"lat": [], "status": {}, "retry_missing": 0, "n": 0}
+    t0 = time.monotonic()
+    end = t0 + seconds
+
+    async def worker():
+        rd = wr = None
+        while True:
+            n = st["n"]
+            st["n"] += 1
+            if rate > 0:
+                at = t0 + n / rate
+                if at > end:
+                    break
+                delay = at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            elif time.monotonic() > end:
+                break
+            start = time.monotonic()
+            try:
+                if wr is None:
+                    rd, wr = await asyncio.open_connection("127.0.0.1", port)
+                wr.write(reqs[n % len(reqs)])
+                code, close, retry, _ = await asyncio.wait_for(
+                    read_response(rd), 60)
+            except (OSError, ValueError, asyncio.IncompleteReadError,
+                    asyncio.TimeoutError):
+                code, close, retry = "conn-error", True, None
+            if close and wr is not None:
+                wr.close()
+                rd = wr = None
+            st["status"][code] = st["status"].get(code, 0) + 1
+            if code == 200:
+                st["lat"].append(time.monotonic() - start)
+            elif code in (429, 503) and retry is None:
+                st["retry_missing"] += 1
+        if wr is not None:
+            wr.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    st["seconds"] = time.monotonic() - t0
+    return st
+
+
+def bodies(path, per_request, model):
+    insts = [json.loads(l) for l in open(path) if l.strip()]
+    out = []
+    for i in range(0, len(insts) - per_request + 1, per_request):
+        out.append(json.dumps({"instances": insts[i:i + per_request]})
+                   .encode())
+    return out
+
+
+# ---- the checks ---------------------------------------------------------
+
+def check_overload(a, rows):
+    d = Daemon(a.canopy, a.models, ["--queue-depth", str(a.queue_depth)])
+    try:
+        reqs = [request_bytes(d.port, a.model, b)
+                for b in bodies(a.input, 1, a.model)]
+        peak = asyncio.run(load(d.port, reqs, 64, a.seconds))
+        peak_rps = len(peak["lat"]) / peak["seconds"]
+        rate = 2 * peak_rps
+        over = asyncio.run(load(d.port, reqs, 1024, a.seconds, rate=rate))
+    finally:
+        rc = d.stop()
+    good = len(over["lat"]) / over["seconds"]
+    sent = sum(over["status"].values())
+    refused = over["status"].get(429, 0)
+    other = {k: v for k, v in over["status"].items() if k not in (200, 429)}
+    ratio = good / peak_rps if peak_rps else 0
+    ok = ratio >= 0.9 and over["retry_missing"] == 0 and not other
+    rows.append(("overload: peak, closed loop c=64",
+                 "%.0f req/s, p99 %.1f ms" % (peak_rps, pct(peak["lat"], 99)
+                                              * 1e3), "reference", ""))
+    rows.append(("overload: open loop at 2x peak (%.0f req/s offered)" % rate,
+                 "goodput %.0f req/s = %.2fx peak; 429 %d of %d (%d without "
+                 "Retry-After); other %s; admitted p99 %.1f ms; exit %d" %
+                 (good, ratio, refused, sent, over["retry_missing"],
+                  other or "none", pct(over["lat"], 99) * 1e3, rc),
+                 "goodput >= 0.9x, every 429 with Retry-After",
+                 "ok" if ok else "FAIL"))
+
+
+def check_sigterm(a, rows):
+    d = Daemon(a.canopy, a.models)
+    reqs = [request_bytes(d.port, a.model, b)
+            for b in bodies(a.input, 1, a.model)]
+    st = {"sent": 0, "answered": 0, "lost": 0, "refused": 0, "draining": 0}
+
+    async def client(i, stop_at):
+        rd = wr = None
+        n = i
+        while time.monotonic() < stop_at:
+            if wr is None:
+                try:
+                    rd, wr = await asyncio.open_connection("127.0.0.1",
+                                                           d.port)
+                except OSError:
+                    st["refused"] += 1
+                    return
+            try:
+                wr.write(reqs[n % len(reqs)])
+                await wr.drain()
+            except OSError:
+                # the write itself failed: the request never left whole
+                wr.close()
+                rd = wr = None
+                continue
+            st["sent"] += 1
+            n += 64
+            try:
+                code, close, _, _ = await asyncio.wait_for(read_response(rd),
+                                                           60)
+            except (OSError, ValueError, asyncio.IncompleteReadError,
+                    asyncio.TimeoutError):
+                st["lost"] += 1
+                wr.close()
+                rd = wr = None
+                continue
+            st["answered"] += 1
+            if code == 503:
+                st["draining"] += 1
+            if close:
+                wr.close()
+                rd = wr = None
+
+    async def main():
+        stop_at = time.monotonic() + 4.0
+        tasks = [asyncio.ensure_future(client(i, stop_at)) for i in range(64)]
+        await asyncio.sleep(1.5)
+        d.p.send_signal(signal.SIGTERM)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    rc = d.stop()
+    rows.append(("SIGTERM under 64 keep-alive clients",
+                 "%d sent, %d answered (%d of them 503 draining), lost %d; "
+                 "exit %d" % (st["sent"], st["answered"], st["draining"],
+                              st["lost"], rc),
+                 "lost 0, exit 0",
+                 "ok" if st["lost"] == 0 and rc == 0 else "FAIL"))
+
+
+def check_slow(a, rows):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = a.slow + 256
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, want), hard))
+    n_slow = min(a.slow, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
+    d = Daemon(a.canopy, a.models,
+               ["--max-connections", str(max(a.slow + 64, 1024))])
+    body = bodies(a.input, 1, a.model)[0]
+
+    def normal(n):
+        lat = []
+        for _ in range(n):
+            t = time.monotonic()
+            code = http(d.port, "POST", "/v1/models/%s/infer" % a.model,
+                        body)[0]
+            if code == 200:
+                lat.append(time.monotonic() - t)
+        return lat
+
+    try:
+        base = normal(200)
+        conns = []
+        for _ in range(n_slow):
+            try:
+                s = socket.create_connection(("127.0.0.1", d.port), 5)
+                s.sendall(b"POST /v1/models/%s/infer HTTP/1.1\r\n"
+                          % a.model.encode())
+                s.setblocking(False)
+                conns.append(s)
+            except OSError:
+                break
+        # keep trickling one header byte a connection a second while the
+        # normal requests run
+        stop = [False]
+
+        def trickle():
+            while not stop[0]:
+                for s in conns:
+                    try:
+                        s.send(b"X")
+                    except OSError:
+                        pass
+                time.sleep(1.0)
+
+        import threading
+        t = threading.Thread(target=trickle, daemon=True)
+        t.start()
+        time.sleep(1.0)
+        during = normal(200)
+        stop[0] = True
+        t.join()
+        for s in conns:
+            s.close()
+    finally:
+        rc = d.stop()
+    ok = len(during) == 200 and pct(during, 99) < 0.1
+    rows.append(("%d slow connections trickling headers" % len(conns),
+                 "normal p50/p99 %.2f/%.2f ms (none open: %.2f/%.2f ms); "
+                 "%d of 200 answered; exit %d" %
+                 (pct(during, 50) * 1e3, pct(during, 99) * 1e3,
+                  pct(base, 50) * 1e3, pct(base, 99) * 1e3, len(during), rc),
+                 "p99 < 100 ms, all answered", "ok" if ok else "FAIL"))
+
+
+def check_soak(a, rows):
+    d = Daemon(a.canopy, a.models)
+    reqs = [request_bytes(d.port, a.model, b)
+            for b in bodies(a.input, 1, a.model)]
+    try:
+        http(d.port, "POST", "/v1/models/%s/infer" % a.model,
+             bodies(a.input, 1, a.model)[0])
+        before = rss_mb(d.p.pid)
+        samples = []
+
+        async def sampler(end):
+            while time.monotonic() < end:
+                samples.append((time.monotonic(), rss_mb(d.p.pid)))
+                await asyncio.sleep(1.0)
+
+        async def main():
+            end = time.monotonic() + a.soak_s
+            s = asyncio.ensure_future(sampler(end))
+            st = await load(d.port, reqs, 16, a.soak_s)
+            await s
+            return st
+
+        st = asyncio.run(main())
+        time.sleep(3.0)
+        after = rss_mb(d.p.pid)
+    finally:
+        rc = d.stop()
+    t0 = samples[0][0]
+    win = min(60.0, a.soak_s / 3)
+    first = [r for t, r in samples if t - t0 < win]
+    last = [r for t, r in samples if t - t0 >= a.soak_s - win]
+    f, l = sum(first) / len(first), sum(last) / len(last)
+    errors = {k: v for k, v in st["status"].items() if k != 200}
+    ok = l <= f * 1.25 and after <= before * 1.25 and not errors
+    rows.append(("soak %ds, closed loop c=16" % a.soak_s,
+                 "RSS %.1f MB before, %.1f MB first %ds, %.1f MB last %ds, "
+                 "%.1f MB 3 s after; %d requests, errors %s; exit %d" %
+                 (before, f, win, l, win, after, len(st["lat"]),
+                  errors or "none", rc),
+                 "last <= 1.25x first; after <= 1.25x before",
+                 "ok" if ok else "FAIL"))
+
+
+def check_weights(a, rows):
+    work = tempfile.mkdtemp(prefix="canopy-rel-")
+    try:
+        mdir = os.path.join(work, "models")
+        os.makedirs(mdir)
+        shutil.copytree(os.path.join(a.models, a.model),
+                        os.path.join(mdir, a.model))
+        other = os.path.join(work, "other")
+        # the same shapes, other values: a plausible wrong file
+        subprocess.run([a.canopy, "model", "init", a.family, other] +
+                       a.init_args.split() + ["--seed", "99"],
+                       check=True, stdout=subprocess.DEVNULL)
+        d = Daemon(a.canopy, mdir)
+        bs = bodies(a.input, 4, a.model)[:50]
+
+        def answers():
+            out = []
+            for b in bs:
+                code, _, body = http(d.port, "POST",
+                                     "/v1/models/%s/infer" % a.model, b)
+                if code != 200:
+                    return None
+                out.append(json.dumps(json.loads(body)["outputs"],
+                                      sort_keys=True))
+            return out
+
+        try:
+            ref = answers()
+            w = os.path.join(mdir, a.model, "weights.safetensors")
+            shutil.copyfile(os.path.join(other, "weights.safetensors"), w)
+            after_copy = answers()
+            with open(w, "r+b") as f:
+                f.truncate(100)
+            after_trunc = answers()
+            alive = d.p.poll() is None
+        finally:
+            rc = d.stop()
+        ok = ref is not None and after_copy == ref and after_trunc == ref \
+            and alive and rc == 0
+        rows.append(("weights overwritten, then truncated, while serving",
+                     "answers (%d requests) after overwrite: %s; after "
+                     "truncate: %s; daemon alive: %s; exit %d" %
+                     (len(bs), "same" if after_copy == ref else "CHANGED",
+                      "same" if after_trunc == ref else "CHANGED", alive, rc),
+                     "unchanged, alive", "ok" if ok else "FAIL"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+CHECKS = {"overload": check_overload, "sigterm": check_sigterm,
+          "slow": check_slow, "soak": check_soak, "weights": check_weights}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--canopy", default="build/canopy")
+    ap.add_argument("--models", required=True,
+                    help="a models dir holding MODEL/")
+    ap.add_argument("--model", default="treelstm")
+    ap.add_argument("--family", default="treelstm")
+    ap.add_argument("--init-args", default="",
+                    help="the `canopy model init` options MODEL was made "
+                    "with (the weights check writes other weights of the "
+                    "same shapes)")
+    ap.add_argument("--input", required=True, help="JSONL instances")
+    ap.add_argument("--seconds", type=float, default=8.0,
+                    help="length of each overload phase")
+    ap.add_argument("--queue-depth", type=int, default=256)
+    ap.add_argument("--slow", type=int, default=2000)
+    ap.add_argument("--soak-s", type=int, default=600)
+    ap.add_argument("checks", nargs="*", default=list(CHECKS))
+    a = ap.parse_args()
+    rows = []
+    for c in a.checks:
+        if c not in CHECKS:
+            sys.exit("reliability: no check %r (%s)" % (c, ", ".join(CHECKS)))
+        t = time.monotonic()
+        print("reliability: %s ..." % c, file=sys.stderr, flush=True)
+        CHECKS[c](a, rows)
+        print("reliability: %s done in %.0f s" % (c, time.monotonic() - t),
+              file=sys.stderr, flush=True)
+    print("| check | measured | rule | |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print("| %s | %s | %s | %s |" % r)
+    return 1 if any(r[3] == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

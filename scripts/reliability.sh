@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# reliability.sh - the hardening checks against a real daemon, one table
+# (docs/daemon.md "Reliability"): overload at twice capacity, SIGTERM under
+# keep-alive load, 2,000 slow connections, a soak, weights changed under a
+# serving daemon. Each check starts its own daemon on a free port.
+# usage: scripts/reliability.sh [CHECK...]   (default: all; checks are
+#        overload sigterm slow soak weights)
+#   SOAK_S=600 (the soak's length), SLOW=2000, MODELS=/tmp/canopy-reliability
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f build/build.ninja ] || meson setup build >/dev/null
+ninja -C build >/dev/null
+data=${CANOPY_DATA:-../shared/data}/trees-binary.jsonl
+[ -f "$data" ] || data=scripts/demo-data/trees-binary.jsonl
+MODELS=${MODELS:-/tmp/canopy-reliability}
+init="--hidden 256 --embed 128 --classes 5 --vocab-from $data"
+[ -f "$MODELS/treelstm/model.json" ] ||
+  build/canopy model init treelstm "$MODELS/treelstm" $init >/dev/null
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+exec /usr/bin/python3 scripts/bench/reliability.py --canopy build/canopy \
+  --models "$MODELS" --model treelstm --family treelstm --init-args "$init" \
+  --input "$data" --slow "${SLOW:-2000}" --soak-s "${SOAK_S:-600}" "$@"
