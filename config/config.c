@@ -171,7 +171,7 @@ static const struct {
   const char *name, *why;
 } removed[] = {
     {"http-mode", "the HTTP front end is Canopy's own (libuv and "
-                  "http_parser) and has one mode; delete the line"},
+                  "http_parser) and has one mode; remove the setting"},
 };
 
 const char *cn_config_removed(const char *name) {
