@@ -8,7 +8,7 @@
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
-      libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev libssl-dev \
+      libjansson-dev libopenblas-dev libuv1-dev libhttp-parser-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -24,7 +24,7 @@ FROM debian:12-slim
 # one directory it may write.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends libjansson4 libopenblas0-pthread libuv1 \
-      libmicrohttpd12 libssl3 \
+      libhttp-parser2.9 libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 canopy \
     && useradd --system --uid 10001 --gid 10001 --home /opt/canopy canopy \

@@ -142,6 +142,14 @@ static const cn_config_key keys[] = {
     INT_KEY("idle-timeout-s", 1, 86400, "30", SRV(idle_timeout_s),
             "an idle keep-alive connection is closed after this long",
             "serve"),
+    INT_KEY("header-timeout-s", 1, 3600, "10", SRV(header_timeout_s),
+            "a request's head (request line and headers) must arrive within "
+            "this long of its first byte; else 408 and close",
+            "serve"),
+    INT_KEY("body-timeout-s", 1, 86400, "30", SRV(body_timeout_s),
+            "a request's body must arrive within this long of its head; "
+            "else 408 and close",
+            "serve"),
     STR_KEY("model-control", "none", model_control,
             "what may change the served models: none (start-up only; SIGHUP "
             "is logged and ignored), explicit (the repository routes and "
@@ -160,11 +168,22 @@ static const cn_config_key keys[] = {
     STR_KEY("log-level", "info", log_level,
             "error | warn | info (one line a request) | debug",
             "error|warn|info|debug"),
-    STR_KEY("http-mode", "uv-poll", http_mode,
-            "uv-poll: MHD's epoll fd in the libuv loop; mhd-thread: MHD's "
-            "thread hands requests over",
-            "uv-poll|mhd-thread"),
 };
+
+/* Keys that were removed: a config file or environment that still sets
+ * one stops start-up with this, not with "unknown key". */
+static const struct {
+  const char *name, *why;
+} removed[] = {
+    {"http-mode", "the HTTP front end is Canopy's own (libuv and "
+                  "http_parser) and has one mode; remove the setting"},
+};
+
+const char *cn_config_removed(const char *name) {
+  for (size_t i = 0; i < sizeof(removed) / sizeof(removed[0]); i++)
+    if (strcmp(removed[i].name, name) == 0) return removed[i].why;
+  return NULL;
+}
 
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -247,6 +266,10 @@ void cn_config_defaults(cn_config *c) {
 int cn_config_set(cn_config *c, const char *name, const char *value,
                   cn_err *err) {
   const cn_config_key *k = cn_config_find(name);
+  if (k == NULL && cn_config_removed(name) != NULL)
+    return cn_err_set(err, CN_E_BAD_CONFIG,
+                      "configuration key '%s' was removed: %s", name,
+                      cn_config_removed(name));
   if (k == NULL)
     return cn_err_set(err, CN_E_BAD_CONFIG, "unknown configuration key '%s'",
                       name);
@@ -288,6 +311,11 @@ static int env_typos(cn_err *err) {
       name[n++] = *s == '_' ? '-' : (char)tolower((unsigned char)*s);
     name[n] = '\0';
     if (cn_config_find(name) != NULL) continue;
+    int len = (int)strcspn(*e, "=");
+    if (cn_config_removed(name) != NULL)
+      return cn_err_set(err, CN_E_BAD_CONFIG, "environment %.*s: "
+                        "configuration key '%s' was removed: %s", len, *e,
+                        name, cn_config_removed(name));
     int best = 3;
     const char *near = NULL;
     for (size_t i = 0; i < N_KEYS; i++) {
@@ -300,7 +328,6 @@ static int env_typos(cn_err *err) {
     for (const char *s = near; *s && j + 1 < sizeof(var); s++)
       var[j++] = *s == '-' ? '_' : (char)toupper((unsigned char)*s);
     var[j] = '\0';
-    int len = (int)strcspn(*e, "=");
     return cn_err_set(err, CN_E_BAD_CONFIG, "environment %.*s: no such "
                       "configuration key; did you mean %s (key %s)?", len, *e,
                       var, near);
@@ -356,6 +383,12 @@ int cn_config_load_file(cn_config *c, const char *path, cn_err *err) {
       s++;
     }
     const cn_config_key *k = cn_config_find(key);
+    if (k == NULL && cn_config_removed(key) != NULL) {
+      rc = cn_err_set(err, CN_E_BAD_CONFIG,
+                      "config %s:%d: configuration key '%s' was removed: %s",
+                      path, lineno, key, cn_config_removed(key));
+      goto out;
+    }
     if (k == NULL) {
       rc = cn_err_set(err, CN_E_BAD_CONFIG,
                       "config %s:%d: unknown configuration key '%s'", path,

@@ -27,7 +27,6 @@ typedef struct cn_serve_config {
   int reservoir_graphs;     /* run graphs kept per model for retraining   */
   int retrain_min_graphs;   /* fewer graphs than this: no retraining      */
   char log_level[16];
-  char http_mode[16];      /* uv-poll | mhd-thread                        */
   int workers;
   int blas_threads;        /* 0: max(1, cores / workers)                  */
   int max_delay_us;        /* aggregation window                          */
@@ -43,6 +42,8 @@ typedef struct cn_serve_config {
   int drain_grace_ms;
   int max_connections;
   int idle_timeout_s;      /* keep-alive connections idle this long close */
+  int header_timeout_s;    /* a request head must arrive within this      */
+  int body_timeout_s;      /* a request body must arrive within this      */
   char model_control[16];  /* none | explicit | poll                      */
   int poll_interval_s;     /* model-control poll: rescan this often       */
   char repository_token[256]; /* bearer token of the mutating routes      */
@@ -71,6 +72,9 @@ typedef struct cn_config_key {
 /* The key table and its length. */
 const cn_config_key *cn_config_keys(int *n);
 const cn_config_key *cn_config_find(const char *name);
+/* A key that existed and was removed: why, and what to do instead (NULL:
+ * never a key). Setting it is an error that says so. */
+const char *cn_config_removed(const char *name);
 
 void cn_config_defaults(cn_config *c);
 /* Sets one key from text; errors name the key, the value and the bounds. */

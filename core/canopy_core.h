@@ -37,6 +37,13 @@ extern "C" {
   XX(FORBIDDEN, "forbidden", 403, "not allowed by the configuration")          \
   XX(UNAVAILABLE, "unavailable", 503, "the model is not available")           \
   XX(TOO_LARGE, "too_large", 413, "the request is over a configured limit")   \
+  XX(REQUEST_TIMEOUT, "request_timeout", 408,                                \
+     "the request did not arrive in time")                                   \
+  XX(URI_TOO_LONG, "uri_too_long", 414, "the request URL is too long")       \
+  XX(HEADER_TOO_LARGE, "header_too_large", 431,                              \
+     "the request headers are too large")                                    \
+  XX(NOT_IMPLEMENTED, "not_implemented", 501,                                \
+     "the request uses an HTTP feature the server does not support")         \
   XX(OVERLOADED, "overloaded", 429, "the server is overloaded, retry later")  \
   XX(DRAINING, "draining", 503, "the server is shutting down")                \
   XX(TIMEOUT, "timeout", 504, "the request timed out")                        \

@@ -3,7 +3,7 @@
 # Skips apt-get entirely when everything is already installed.
 set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config
-      libjansson-dev libopenblas-dev libuv1-dev libmicrohttpd-dev libssl-dev
+      libjansson-dev libopenblas-dev libuv1-dev libhttp-parser-dev libssl-dev
       libcriterion-dev python3 python3-numpy curl
       prometheus     # promtool; the deploy tests' Prometheus server
       nginx-light    # tests/deploy/test_nginx.py

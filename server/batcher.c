@@ -28,11 +28,9 @@
  * queue never exceed queue-depth; a request that would pass it is
  * answered 429 with Retry-After, before anything of it is kept.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "routes.h"
 #include "serve_impl.h"
@@ -179,23 +177,6 @@ static void on_timeout(uv_timer_t *t) {
   cn__batcher_cancel(t->data, "timeout", 504);
 }
 
-/* A readable socket of a suspended request is either the client's EOF
- * (it gave up: drop its instances) or a pipelined next request (nothing
- * to learn; stop watching). */
-static void on_conn_event(uv_poll_t *p, int status, int events) {
-  cn__req *r = p->data;
-  char c;
-  bool gone = status < 0 || (events & UV_DISCONNECT);
-  if (!gone) {
-    ssize_t n = recv(r->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
-  }
-  if (gone)
-    cn__batcher_cancel(r, "disconnect", 499);
-  else
-    uv_poll_stop(p);
-}
-
 void cn__batcher_submit(cn__server *s, cn__req *r) {
   cn__model_slot *sl = r->slot;
   const cn_serve_config *sc = &s->cfg.serve;
@@ -268,12 +249,6 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
     atomic_fetch_add(&r->refs, 1);
     r->tmo_open = true;
     uv_timer_start(&r->tmo, on_timeout, (uint64_t)r->timeout_ms, 0);
-  }
-  if (r->fd >= 0 && uv_poll_init(&s->loop, &r->poll, r->fd) == 0) {
-    r->poll.data = r;
-    atomic_fetch_add(&r->refs, 1);
-    r->poll_open = true;
-    uv_poll_start(&r->poll, UV_READABLE | UV_DISCONNECT, on_conn_event);
   }
   if (sl->window->instances >= sc->max_instances ||
       sl->window->vertices >= (size_t)sc->max_vertices)
@@ -355,21 +330,6 @@ void cn__batcher_on_done(uv_async_t *a) {
 void cn__batcher_dispatch(cn__server *s, cn__req *r) {
   if (r->route == CN__RT_REPO_LOAD) cn__repo_load_async(s, r->model_name, r);
   else cn__batcher_submit(s, r);
-}
-
-/* mhd-thread mode: requests parsed on MHD's thread arrive here. */
-void cn__batcher_on_inbox(uv_async_t *a) {
-  cn__server *s = a->data;
-  pthread_mutex_lock(&s->imu);
-  cn__req *r = s->ihead;
-  s->ihead = s->itail = NULL;
-  pthread_mutex_unlock(&s->imu);
-  while (r != NULL) {
-    cn__req *next = r->inbox_next;
-    r->inbox_next = NULL;
-    cn__batcher_dispatch(s, r);
-    r = next;
-  }
 }
 
 void cn__batcher_flush_all(cn__server *s) {

@@ -1,17 +1,12 @@
-/* http.c - the HTTP front end: libmicrohttpd parses HTTP/1.1, this file
- * turns its callbacks into requests (route, body, validation) and answers.
+/* http.c - the request logic of the front end: conn.c parses HTTP/1.1 and
+ * hands over each request head, body piece and end; this file routes,
+ * keeps the body, validates, and answers.
  *
- * http-mode uv-poll (the default): MHD runs without a thread of its own;
- * its epoll fd is watched by a uv_poll in the loop, and a uv_timer follows
- * MHD_get_timeout, so every MHD callback runs on the loop thread and a
- * request goes to its aggregation window without crossing threads.
- * http-mode mhd-thread: MHD's internal epoll thread runs the callbacks and
- * hands parsed requests to the loop through a locked inbox + uv_async.
- * docs/daemon.md compares the two.
- *
- * An inference request is suspended (MHD_suspend_connection) while it
- * waits; the loop answers it with cn__req_answer, which resumes it, and
- * MHD calls the handler again to send the stored answer.
+ * Everything runs on the loop thread. A request answered at once is sent
+ * before the handler returns. An inference (or a repository load) waits:
+ * it goes to the batcher (or a loader thread), and the loop answers it
+ * later with cn__req_answer, which writes the answer on its connection;
+ * conn.c reads nothing more of that connection's requests meanwhile.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -42,7 +37,6 @@ static void req_free(cn__req *r) {
   free(r->inst);
   free(r->body);
   free(r->result);
-  free(r->resp);
   free(r);
 }
 
@@ -84,61 +78,45 @@ static void account(cn__req *r, int status, const char *reason) {
          reason ? reason : "");
 }
 
-/* Queues body (taking it over) on the connection, with the headers every
- * answer carries. */
-static enum MHD_Result send_body(cn__req *r, int status, char *body,
-                                 const char *ctype) {
+/* Sends body (taking it over) on the request's connection (conn.c adds
+ * the headers every answer carries). */
+static void send_body(cn__req *r, int status, char *body, const char *ctype) {
   if (body == NULL) {
     status = 500;
     body = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of "
                   "memory\"}}");
-    if (body == NULL) return MHD_NO;
   }
-  struct MHD_Response *resp = MHD_create_response_from_buffer(
-      strlen(body), body, MHD_RESPMEM_MUST_FREE);
-  if (resp == NULL) {
-    free(body);
-    return MHD_NO;
-  }
-  MHD_add_response_header(resp, "Content-Type", ctype);
-  MHD_add_response_header(resp, "X-Request-Id", r->id);
-  if (status == 429 || status == 503) {
-    char ra[16];
-    snprintf(ra, sizeof(ra), "%d", cn__retry_after_s(r->srv));
-    MHD_add_response_header(resp, "Retry-After", ra);
-  }
-  /* Draining: this answer is the connection's last. Without the header a
-   * keep-alive client sends its next request into a socket that closes
-   * at exit, and that request is lost; with it the client reconnects
-   * (to another replica, behind a load balancer). */
-  if (atomic_load(&r->srv->draining))
-    MHD_add_response_header(resp, "Connection", "close");
+  const char *allow = NULL;
   if (status == 405)
-    MHD_add_response_header(resp, "Allow",
-                            strstr(r->path, "/infer") ? "POST"
-                                                      : "GET, HEAD");
-  enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
-  MHD_destroy_response(resp);
-  return ret;
+    allow = strstr(r->path, "/infer") || strstr(r->path, "/repository")
+                ? "Allow: POST\r\n"
+                : "Allow: GET, HEAD\r\n";
+  cn__conn_respond(r, status, body, body ? strlen(body) : 0, ctype, allow);
 }
 
-static enum MHD_Result answer_now(cn__req *r, int status, char *body,
-                                  const char *ctype) {
+static void answer_now(cn__req *r, int status, char *body,
+                       const char *ctype) {
   r->state = CN__REQ_ANSWERED;
   account(r, status, NULL);
-  return send_body(r, status, body, ctype ? ctype : "application/json");
+  send_body(r, status, body, ctype ? ctype : "application/json");
 }
 
-static enum MHD_Result answer_err(cn__req *r, int code, const char *msg) {
-  return answer_now(r, cn_err_http_status(code),
-                    cn__error_body(code, msg, -1), NULL);
+static void answer_err(cn__req *r, int code, const char *msg) {
+  answer_now(r, cn_err_http_status(code), cn__error_body(code, msg, -1),
+             NULL);
 }
 
-static enum MHD_Result answer_cn_err(cn__req *r, const cn_err *e) {
+/* An error of the front end (framing, limits, deadlines, max-connections):
+ * conn.c closes the connection after it. */
+void cn__http_fail(cn__req *r, int code, const char *msg) {
+  answer_err(r, code, msg);
+}
+
+static void answer_cn_err(cn__req *r, const cn_err *e) {
   json_t *j = cn_err_to_json(e);
   char *s = json_dumps(j, DUMP_FLAGS);
   json_decref(j);
-  return answer_now(r, cn_err_http_status(e->code), s, NULL);
+  answer_now(r, cn_err_http_status(e->code), s, NULL);
 }
 
 void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
@@ -150,87 +128,92 @@ void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
   r->state = CN__REQ_ANSWERED;
   atomic_store(&r->cancelled, 1);
   r->status = status;
-  r->resp = body;
   r->reason = reason;
   if (r->tmo_open) {
     r->tmo_open = false;
     uv_close((uv_handle_t *)&r->tmo, cn__handle_unref_cb);
-  }
-  if (r->poll_open) {
-    r->poll_open = false;
-    uv_close((uv_handle_t *)&r->poll, cn__handle_unref_cb);
   }
   if (r->wprev) r->wprev->wnext = r->wnext;
   else s->waiting = r->wnext;
   if (r->wnext) r->wnext->wprev = r->wprev;
   r->wprev = r->wnext = NULL;
   account(r, status, reason);
-  MHD_resume_connection(r->conn);
-  cn__http_kick(s);
+  /* the answer goes out now, on this (the loop) thread; a client that
+   * hung up (499) gets nothing */
+  if (status == 499) cn__conn_respond(r, 499, body, 0, NULL, NULL);
+  else send_body(r, status, body, "application/json");
 }
 
-/* A suspended request goes to the loop thread: at once in uv-poll mode
- * (this is the loop), through the inbox from MHD's thread otherwise. */
-static enum MHD_Result hand_over(cn__req *r) {
+/* A request that waits (an inference for its run, a load for its loader
+ * thread) goes to the batcher; cn__req_answer answers it. */
+static void hand_over(cn__req *r) {
   cn__server *s = r->srv;
-  if (!s->mhd_thread) {
-    cn__batcher_dispatch(s, r);
-    return MHD_YES;
-  }
-  pthread_mutex_lock(&s->imu);
-  if (s->itail) s->itail->inbox_next = r;
-  else s->ihead = r;
-  s->itail = r;
-  pthread_mutex_unlock(&s->imu);
-  uv_async_send(&s->inbox_async);
-  return MHD_YES;
+  if (s->hand_over != NULL) s->hand_over(s, r);
+  else cn__batcher_dispatch(s, r);
 }
 
 /* The body is complete: validate, then suspend and hand over. */
-static enum MHD_Result infer_ready(cn__req *r) {
+static void infer_ready(cn__req *r) {
   cn__server *s = r->srv;
-  if (r->too_large) {
-    char msg[128];
-    snprintf(msg, sizeof(msg), "the body is over %d bytes (max-body-bytes)",
-             s->cfg.serve.max_body_bytes);
-    return answer_err(r, CN_E_TOO_LARGE, msg);
+  if (atomic_load(&s->draining)) {
+    answer_err(r, CN_E_DRAINING, "the server is shutting down");
+    return;
   }
-  if (atomic_load(&s->draining))
-    return answer_err(r, CN_E_DRAINING, "the server is shutting down");
   cn_err e;
   cn_err_clear(&e);
   if (cn__infer_parse(r, &e) != 0) {
     int n = r->n_inst;
     r->n_inst = 0; /* error lines report no instances */
     for (int i = 0; i < n; i++) cn_instance_free(r->inst[i]);
-    return answer_cn_err(r, &e);
+    answer_cn_err(r, &e);
+    return;
   }
   r->state = CN__REQ_WAITING;
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  r->fd = ci ? ci->connect_fd : -1;
-  MHD_suspend_connection(r->conn);
-  return hand_over(r);
+  hand_over(r);
 }
 
-static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
-                        const char *url, const char *method) {
+static int hexval(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+  return -1;
+}
+
+#define MAX_PATH 8200
+
+/* The path of a request target: up to '?' or '#', %XX decoded (as MHD
+ * did; a model name is one segment of it). */
+static void url_path(char *dst, size_t cap, const char *url) {
+  size_t n = 0;
+  for (const char *p = url; *p && *p != '?' && *p != '#' && n + 1 < cap;
+       p++) {
+    int hi, lo;
+    if (p[0] == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0) {
+      dst[n++] = (char)(hi * 16 + lo);
+      p += 2;
+    } else {
+      dst[n++] = *p;
+    }
+  }
+  dst[n] = '\0';
+}
+
+static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
+                        const char *method) {
   cn__req *r = calloc(1, sizeof(*r));
   if (r == NULL) return NULL;
   atomic_init(&r->refs, 1); /* the connection's */
   atomic_init(&r->cancelled, 0);
   r->srv = s;
   r->conn = c;
-  r->fd = -1;
   r->t_arrive = cn__now();
   r->timeout_ms = s->cfg.serve.timeout_ms;
   snprintf(r->method, sizeof(r->method), "%s", method);
   /* logged inside quotes: keep it printable and quote-free */
-  snprintf(r->path, sizeof(r->path), "%s", url);
+  snprintf(r->path, sizeof(r->path), "%.*s", (int)sizeof(r->path) - 1, url);
   for (char *p = r->path; *p; p++)
     if (*p < 0x20 || *p == '"' || *p == 0x7f) *p = '?';
-  set_id(s, r,
-         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"));
+  set_id(s, r, cn__conn_header(c, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
   atomic_fetch_add(&s->requests_seen, 1);
   atomic_store(&s->last_request_us, (long long)(cn__now() * 1e6));
@@ -238,7 +221,7 @@ static cn__req *req_new(cn__server *s, struct MHD_Connection *c,
 }
 
 /* Why a named model cannot be used: 404 naming its state. */
-static enum MHD_Result answer_no_model(cn__req *r) {
+static void answer_no_model(cn__req *r) {
   char msg[600];
   cn__model_slot *sl = r->slot;
   if (sl == NULL) {
@@ -254,22 +237,21 @@ static enum MHD_Result answer_no_model(cn__req *r) {
              sl->state != CN__MODEL_UNLOADED ? sl->reason : "");
     pthread_mutex_unlock(&sl->vmu);
   }
-  return answer_err(r, CN_E_NO_SUCH_MODEL, msg);
+  answer_err(r, CN_E_NO_SUCH_MODEL, msg);
 }
 
 /* The mutating repository routes: allowed by model-control, and with the
  * bearer token when one is configured. */
-static bool repo_allowed(cn__req *r, enum MHD_Result *ret) {
+static bool repo_allowed(cn__req *r) {
   const cn_serve_config *sc = &r->srv->cfg.serve;
   if (strcmp(sc->model_control, "none") == 0) {
-    *ret = answer_err(r, CN_E_FORBIDDEN, "model-control is none: models "
+    answer_err(r, CN_E_FORBIDDEN, "model-control is none: models "
                       "change only at start-up (set model-control explicit "
                       "or poll)");
     return false;
   }
   if (sc->repository_token[0] != '\0') {
-    const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
-                                                "Authorization");
+    const char *h = cn__conn_header(r->conn, "Authorization");
     size_t tl = strlen(sc->repository_token);
     bool ok = h != NULL && strncmp(h, "Bearer ", 7) == 0 &&
               strlen(h + 7) == tl;
@@ -278,7 +260,7 @@ static bool repo_allowed(cn__req *r, enum MHD_Result *ret) {
     for (size_t i = 0; ok && i < tl; i++)
       diff |= (unsigned char)(h[7 + i] ^ sc->repository_token[i]);
     if (!ok || diff != 0) {
-      *ret = answer_err(r, CN_E_UNAUTHORIZED, "this route needs "
+      answer_err(r, CN_E_UNAUTHORIZED, "this route needs "
                         "'Authorization: Bearer TOKEN' (repository-token)");
       return false;
     }
@@ -298,194 +280,157 @@ static char *ready_body(cn__model_entry *me) {
 
 /* Every route but a valid POST .../infer or .../load is answered in one
  * go. */
-static enum MHD_Result answer_route(cn__req *r, const char *method) {
+static void answer_route(cn__req *r) {
   cn__server *s = r->srv;
   cn__route rt = r->route;
   cn__model_entry *me = r->me;
-  enum MHD_Result ret;
+  const char *method = r->method;
   bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
   bool post = strcmp(method, "POST") == 0;
   bool wants_post = rt == CN__RT_INFER || rt == CN__RT_REPO_INDEX ||
                     rt == CN__RT_REPO_LOAD || rt == CN__RT_REPO_UNLOAD;
-  if (rt == CN__RT_NONE)
-    return answer_err(r, CN_E_NO_SUCH_ROUTE, "no such route");
-  if ((wants_post && !post) || (!wants_post && !get))
-    return answer_err(r, CN_E_METHOD_NOT_ALLOWED,
-                      wants_post ? "use POST" : "use GET");
-  if ((rt == CN__RT_MODEL || rt == CN__RT_INFER) && me == NULL)
-    return answer_no_model(r);
+  if (rt == CN__RT_NONE) {
+    answer_err(r, CN_E_NO_SUCH_ROUTE, "no such route");
+    return;
+  }
+  if ((wants_post && !post) || (!wants_post && !get)) {
+    answer_err(r, CN_E_METHOD_NOT_ALLOWED, wants_post ? "use POST"
+                                                      : "use GET");
+    return;
+  }
+  if ((rt == CN__RT_MODEL || rt == CN__RT_INFER) && me == NULL) {
+    answer_no_model(r);
+    return;
+  }
   if (rt == CN__RT_MODEL_READY) {
     cn__model_entry *cur = cn__model_retain(r->slot);
     if (cur == NULL) {
-      if (r->slot == NULL) return answer_no_model(r);
+      if (r->slot == NULL) {
+        answer_no_model(r);
+        return;
+      }
       char msg[200];
       snprintf(msg, sizeof(msg), "model '%s' is not ready",
                r->slot->name);
-      return answer_err(r, CN_E_UNAVAILABLE, msg);
+      answer_err(r, CN_E_UNAVAILABLE, msg);
+      return;
     }
     char *b = ready_body(cur);
     cn__model_release(cur);
-    return answer_now(r, 200, b, NULL);
+    answer_now(r, 200, b, NULL);
+    return;
   }
   if (rt == CN__RT_REPO_UNLOAD) {  /* the index only reads: no guard */
-    if (!repo_allowed(r, &ret)) return ret;
-    {
-      cn__model_entry *cur = cn__model_retain(r->slot);
-      if (cur == NULL) return answer_no_model(r);
-      cn__model_release(cur);
-      cn__repo_unload(s, r->slot);
-      char *b = strdup("{\"state\":\"UNLOADED\"}");
-      return answer_now(r, 200, b, NULL);
+    if (!repo_allowed(r)) return;
+    cn__model_entry *cur = cn__model_retain(r->slot);
+    if (cur == NULL) {
+      answer_no_model(r);
+      return;
     }
+    cn__model_release(cur);
+    cn__repo_unload(s, r->slot);
+    answer_now(r, 200, strdup("{\"state\":\"UNLOADED\"}"), NULL);
+    return;
   }
   if (rt == CN__RT_REPO_LOAD) {
-    if (!repo_allowed(r, &ret)) return ret;
-    if (atomic_load(&s->draining))
-      return answer_err(r, CN_E_DRAINING, "the server is shutting down");
+    if (!repo_allowed(r)) return;
+    if (atomic_load(&s->draining)) {
+      answer_err(r, CN_E_DRAINING, "the server is shutting down");
+      return;
+    }
     /* loaded on a loader thread; the answer comes when it is done */
     r->state = CN__REQ_WAITING;
-    MHD_suspend_connection(r->conn);
-    return hand_over(r);
+    hand_over(r);
+    return;
   }
   int status;
   char *body = NULL;
   const char *ctype;
   if (cn__route_get(s, rt, me, &status, &body, &ctype) != 0) {
     free(body);
-    return answer_err(r, CN_E_INTERNAL, "could not build the answer");
+    answer_err(r, CN_E_INTERNAL, "could not build the answer");
+    return;
   }
-  return answer_now(r, status, body, ctype);
+  answer_now(r, status, body, ctype);
 }
 
-/* Counts the Content-Length headers and whether any two differ. */
-typedef struct cl_scan {
-  int n;
-  bool differ;
-  const char *first;
-} cl_scan;
-
-static enum MHD_Result scan_cl(void *cls, enum MHD_ValueKind kind,
-                               const char *key, const char *value) {
-  cl_scan *c = cls;
-  if (strcasecmp(key, "Content-Length") != 0) return MHD_YES;
-  if (c->n++ == 0) c->first = value;
-  else if (strcmp(c->first, value ? value : "") != 0) c->differ = true;
-  return MHD_YES;
+static bool wants_body(const cn__req *r) {
+  return r->route == CN__RT_INFER && r->me != NULL &&
+         strcmp(r->method, "POST") == 0;
 }
 
-/* MHD's access handler: called once with the headers, once per body chunk,
- * once at the end of the body, and once more after a resume. */
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c,
-                                  const char *url, const char *method,
-                                  const char *version, const char *upload,
-                                  size_t *upload_size, void **con_cls) {
-  cn__server *s = cls;
-  cn__req *r = *con_cls;
-  if (r == NULL) {
-    r = req_new(s, c, url, method);
-    if (r == NULL) return MHD_NO;
-    *con_cls = r;
-    cn__model_slot *sl;
-    const char *name;
-    size_t len;
-    cn__route rt = cn__route_find(s, url, &sl, &name, &len);
-    r->slot = sl;
-    r->route = rt;
-    if (name != NULL)
-      snprintf(r->model_name, sizeof(r->model_name), "%.*s",
-               (int)(len < sizeof(r->model_name) ? len
-                                                 : sizeof(r->model_name) - 1),
-               name);
-    /* the version this request will use, held until it is freed: a
-     * reload meanwhile does not change it */
-    if (rt == CN__RT_INFER || rt == CN__RT_MODEL) r->me = cn__model_retain(sl);
-    cn__model_entry *me = r->me;
-    /* Two different Content-Length headers: which one frames the body is
-     * a guess, and behind a proxy that guesses the other way it is
-     * request smuggling (RFC 9112 §6.3). Refused; answering on this first
-     * call also closes the connection. */
-    cl_scan cls_ = {0};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_cl, &cls_);
-    if (cls_.differ)
-      return answer_err(r, CN_E_BAD_REQUEST,
-                        "conflicting Content-Length headers");
-    /* MHD calls again at the end of the (empty or not) body; answering
-     * then keeps the connection alive (an answer queued on this first
-     * call would close it). A body declared too large is refused now. */
-    if (rt == CN__RT_INFER && me != NULL && strcmp(method, "POST") == 0) {
-      const char *cl =
-          MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-      if (cl != NULL && strtoull(cl, NULL, 10) >
-                            (unsigned long long)s->cfg.serve.max_body_bytes) {
-        r->too_large = 1;
-        return infer_ready(r);
-      }
+/* conn.c: a request head is in (the connection holds the reference). */
+cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
+                        const char *url) {
+  char path[MAX_PATH];
+  url_path(path, sizeof(path), url);
+  cn__req *r = req_new(s, c, path, method);
+  if (r == NULL) return NULL;
+  cn__model_slot *sl;
+  const char *name;
+  size_t len;
+  cn__route rt = cn__route_find(s, path, &sl, &name, &len);
+  r->slot = sl;
+  r->route = rt;
+  if (name != NULL)
+    snprintf(r->model_name, sizeof(r->model_name), "%.*s",
+             (int)(len < sizeof(r->model_name) ? len
+                                               : sizeof(r->model_name) - 1),
+             name);
+  /* the version this request will use, held until it is freed: a reload
+   * meanwhile does not change it */
+  if (rt == CN__RT_INFER || rt == CN__RT_MODEL) r->me = cn__model_retain(sl);
+  return r;
+}
+
+static void too_large(cn__req *r) {
+  char msg[128];
+  snprintf(msg, sizeof(msg), "the body is over %d bytes (max-body-bytes)",
+           r->srv->cfg.serve.max_body_bytes);
+  answer_err(r, CN_E_TOO_LARGE, msg);
+}
+
+/* The head is parsed; body_len: its Content-Length (0 when chunked or
+ * none). A body declared over max-body-bytes is refused before it is read,
+ * whatever the route: none takes more, and reading it only to drop it
+ * would hold the connection (returns 1: answered). */
+int cn__http_head_done(cn__req *r, unsigned long long body_len) {
+  if (body_len > (unsigned long long)r->srv->cfg.serve.max_body_bytes) {
+    too_large(r);
+    return 1;
+  }
+  return 0;
+}
+
+/* A piece of the body: kept for an inference, dropped otherwise. Over
+ * max-body-bytes it is refused at once (returns 1: answered). */
+int cn__http_body(cn__req *r, const char *data, size_t n) {
+  if (!wants_body(r)) return 0;
+  size_t max = (size_t)r->srv->cfg.serve.max_body_bytes;
+  if (r->body_len + n > max) {
+    too_large(r);
+    return 1;
+  }
+  if (r->body_len + n > r->body_cap) {
+    size_t cap = r->body_cap ? r->body_cap : 4096;
+    while (cap < r->body_len + n) cap *= 2;
+    if (cap > max) cap = max;
+    char *b = realloc(r->body, cap);
+    if (b == NULL) {
+      answer_err(r, CN_E_NOMEM, "out of memory");
+      return 1;
     }
-    return MHD_YES;
+    r->body = b;
+    r->body_cap = cap;
   }
-  if (r->state == CN__REQ_ANSWERED && r->status == 499)
-    return MHD_NO; /* the client went away: close */
-  if (r->state == CN__REQ_ANSWERED && r->resp != NULL) {
-    char *body = r->resp; /* after a resume: send the stored answer */
-    r->resp = NULL;
-    return send_body(r, r->status, body, "application/json");
-  }
-  if (r->state != CN__REQ_RECEIVING) {
-    *upload_size = 0; /* answered already: the rest is ignored */
-    return MHD_YES;
-  }
-  bool infer = r->route == CN__RT_INFER && r->me != NULL &&
-               strcmp(method, "POST") == 0;
-  if (*upload_size > 0) {
-    size_t n = *upload_size;
-    *upload_size = 0;
-    /* MHD takes an answer only once the body is in: until then a body
-     * that will not be used is read and dropped */
-    if (!infer || r->too_large) return MHD_YES;
-    if (r->body_len + n > (size_t)s->cfg.serve.max_body_bytes) {
-      r->too_large = 1; /* keep reading, keep nothing */
-      free(r->body);
-      r->body = NULL;
-      r->body_len = r->body_cap = 0;
-      return MHD_YES;
-    }
-    if (r->body_len + n > r->body_cap) {
-      size_t cap = r->body_cap ? r->body_cap : 4096;
-      while (cap < r->body_len + n) cap *= 2;
-      char *b = realloc(r->body, cap);
-      if (b == NULL) return MHD_NO;
-      r->body = b;
-      r->body_cap = cap;
-    }
-    memcpy(r->body + r->body_len, upload, n);
-    r->body_len += n;
-    return MHD_YES;
-  }
-  if (!infer) return answer_route(r, method);
-  return infer_ready(r);
+  memcpy(r->body + r->body_len, data, n);
+  r->body_len += n;
+  return 0;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                         enum MHD_RequestTerminationCode toe) {
-  cn__server *s = cls;
-  cn__req *r = *con_cls;
-  if (r == NULL) return;
-  *con_cls = NULL;
-  atomic_fetch_sub(&s->in_flight, 1);
-  cn__req_unref(r);
-}
-
-/* Open connections, for the drain: it waits for clients still talking. */
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
-                          enum MHD_ConnectionNotificationCode toe) {
-  cn__server *s = cls;
-  atomic_fetch_add(&s->open_conns,
-                   toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
-}
-
-void cn__http_set_callbacks(cn__server *s, cn__http_cbs *cbs) {
-  (void)s;
-  cbs->on_connection = on_connection;
-  cbs->on_request = on_request;
-  cbs->on_completed = on_completed;
+/* The request is complete: answered now, or handed over to wait. */
+void cn__http_complete(cn__req *r) {
+  if (r->state != CN__REQ_RECEIVING) return;
+  if (wants_body(r)) infer_ready(r);
+  else answer_route(r);
 }

@@ -1,59 +1,46 @@
-/* listen.c - the libmicrohttpd daemon and its place in the libuv loop.
- *
- * uv-poll mode: MHD is started without a thread (MHD_USE_EPOLL); the loop
- * watches MHD's epoll fd with a uv_poll and calls MHD_run when it is
- * readable, and a uv_timer follows MHD_get_timeout (idle connections,
- * resumed connections with work pending). Resuming a connection signals
- * MHD's inter-thread channel, which makes that epoll fd readable, so the
- * loop needs no other wake-up; cn__http_kick also schedules a run at once.
- * mhd-thread mode: MHD runs its own epoll thread; nothing here polls. */
+/* listen.c - the listening socket and the descriptor limit; conn.c
+ * serves the connections it accepts (uv_tcp in the libuv loop). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "serve_impl.h"
 
-static void mhd_run(cn__server *s);
+/* Descriptors kept for everything but client connections: models, logs,
+ * the loop's own, workers, loader threads, refused connections. */
+#define FD_RESERVE 128
 
-static void on_mhd_timer(uv_timer_t *t) { mhd_run(t->data); }
-
-static void on_mhd_poll(uv_poll_t *p, int status, int events) {
-  mhd_run(p->data);
+/* Each connection is a descriptor. The soft RLIMIT_NOFILE (often 1024)
+ * goes up to the hard limit, as nginx and redis do; if max-connections
+ * still does not fit, it is lowered, with a line saying so. */
+static void fit_fd_limit(cn__server *s) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = was;
+  }
+  int want = s->cfg.serve.max_connections;
+  if (rl.rlim_cur != RLIM_INFINITY &&
+      (rlim_t)want + FD_RESERVE > rl.rlim_cur) {
+    long fit = (long)rl.rlim_cur - FD_RESERVE;
+    s->cfg.serve.max_connections = fit < 1 ? 1 : (int)fit;
+    CN_LOG(CN_LOG_WARN, "msg=max-connections-clamped wanted=%d "
+           "max_connections=%d nofile=%llu reason=\"RLIMIT_NOFILE (raise the "
+           "hard limit: ulimit -Hn, LimitNOFILE=)\"",
+           want, s->cfg.serve.max_connections,
+           (unsigned long long)rl.rlim_cur);
+  }
 }
 
-/* One pass of MHD's event processing, then re-arm the timer to the next
- * moment MHD wants to run without a socket event. */
-static void mhd_run(cn__server *s) {
-  if (s->mhd == NULL) return;
-  MHD_run(s->mhd);
-  MHD_UNSIGNED_LONG_LONG to;
-  if (MHD_get_timeout(s->mhd, &to) == MHD_YES)
-    uv_timer_start(&s->mhd_timer, on_mhd_timer, to > 1000 ? 1000 : to, 0);
-  else
-    uv_timer_start(&s->mhd_timer, on_mhd_timer, 1000, 0);
-}
-
-void cn__http_kick(cn__server *s) {
-  if (!s->mhd_thread && s->mhd != NULL)
-    uv_timer_start(&s->mhd_timer, on_mhd_timer, 0, 0);
-}
-
-static void mhd_logger(void *cls, const char *fmt, va_list ap) {
-  char msg[512];
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  size_t n = strlen(msg);
-  while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
-  for (char *p = msg; *p; p++)
-    if (*p == '"') *p = '\'';
-  CN_LOG(CN_LOG_DEBUG, "msg=mhd detail=\"%s\"", msg);
-}
-
-/* The listening socket, made here rather than by MHD so that a port in
+/* The listening socket, made here rather than by libuv so that a port in
  * use is a start-up error saying so. SO_REUSEADDR lets a restarted daemon
  * bind while old connections sit in TIME_WAIT; it does not let two
  * processes listen on one port. SO_REUSEPORT does, and so is set only
@@ -105,6 +92,7 @@ static int listen_socket(const cn_serve_config *sc, const struct addrinfo *ai,
 
 int cn__http_start(cn__server *s, cn_err *err) {
   const cn_serve_config *sc = &s->cfg.serve;
+  fit_fd_limit(s);
   struct addrinfo hints, *ai = NULL;
   memset(&hints, 0, sizeof(hints));
   hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
@@ -118,64 +106,22 @@ int cn__http_start(cn__server *s, cn_err *err) {
                       "host: '%s' is not an IPv4 or IPv6 address", sc->host);
   int bound = 0;
   int lfd = listen_socket(sc, ai, &bound, err);
-  int family = ai->ai_family;
   freeaddrinfo(ai);
   if (lfd < 0) return lfd;
-  unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                   MHD_USE_ERROR_LOG;
-  if (s->mhd_thread) flags |= MHD_USE_INTERNAL_POLLING_THREAD;
-  if (family == AF_INET6) flags |= MHD_USE_IPv6;
-  cn__http_cbs cbs;
-  cn__http_set_callbacks(s, &cbs);
-  s->mhd = MHD_start_daemon(
-      flags, 0, NULL, NULL, cbs.on_request, s, MHD_OPTION_LISTEN_SOCKET,
-      (MHD_socket)lfd, MHD_OPTION_NOTIFY_COMPLETED, cbs.on_completed, s,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)sc->max_connections,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)sc->idle_timeout_s,
-      MHD_OPTION_NOTIFY_CONNECTION, cbs.on_connection, s,
-      MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, s, MHD_OPTION_END);
-  if (s->mhd == NULL) {
+  if (cn__conn_listen(s, lfd, err) != 0) {
     close(lfd);
-    return cn_err_set(err, CN_E_BAD_CONFIG,
-                      "port: libmicrohttpd could not start on %s:%d",
-                      sc->host, bound);
+    return err->code;
   }
-  CN_LOG(CN_LOG_INFO, "msg=listening host=%s port=%d http_mode=%s "
-         "reuse_port=%s",
-         sc->host, bound, sc->http_mode, sc->reuse_port ? "true" : "false");
-  const union MHD_DaemonInfo *di;
-  if (s->mhd_thread) return 0;
-  di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
-  if (di == NULL)
-    return cn_err_set(err, CN_E_INTERNAL, "MHD has no epoll fd");
-  uv_timer_init(&s->loop, &s->mhd_timer);
-  s->mhd_timer.data = s;
-  int rc = uv_poll_init(&s->loop, &s->mhd_poll, di->epoll_fd);
-  if (rc != 0)
-    return cn_err_set(err, CN_E_INTERNAL, "uv_poll on MHD's epoll fd: %s",
-                      uv_strerror(rc));
-  s->mhd_poll.data = s;
-  uv_poll_start(&s->mhd_poll, UV_READABLE, on_mhd_poll);
-  cn__http_kick(s);
+  CN_LOG(CN_LOG_INFO, "msg=listening host=%s port=%d reuse_port=%s "
+         "max_connections=%d header_timeout_s=%d body_timeout_s=%d",
+         sc->host, bound, sc->reuse_port ? "true" : "false",
+         sc->max_connections, sc->header_timeout_s, sc->body_timeout_s);
   return 0;
 }
 
 /* Drain: no new connections (the listening socket is closed, so connect()
  * is refused); open connections keep being served. */
-void cn__http_quiesce(cn__server *s) {
-  if (s->mhd == NULL) return;
-  MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-  if (fd != MHD_INVALID_SOCKET) close(fd);
-  cn__http_kick(s);
-}
+void cn__http_quiesce(cn__server *s) { cn__conn_quiesce(s); }
 
-void cn__http_close_handles(cn__server *s) {
-  if (s->mhd_thread || s->mhd == NULL) return;
-  uv_close((uv_handle_t *)&s->mhd_poll, NULL);
-  uv_close((uv_handle_t *)&s->mhd_timer, NULL);
-}
-
-void cn__http_stop(cn__server *s) {
-  if (s->mhd != NULL) MHD_stop_daemon(s->mhd);
-  s->mhd = NULL;
-}
+/* Stop: every connection closes, before the loop's last turn. */
+void cn__http_close_handles(cn__server *s) { cn__conn_close_all(s); }

@@ -11,7 +11,8 @@
 
 #include "metrics.h"
 
-static const int statuses[] = {200, 400, 404, 405, 413, 429, 499,
+static const int statuses[] = {200, 400, 401, 403, 404, 405, 408, 413,
+                               414, 429, 431, 499, 501,
                                500, 503, 504, 0 /* other */};
 #define CN__N_STATUS ((int)(sizeof(statuses) / sizeof(statuses[0])))
 
@@ -156,6 +157,12 @@ void cn__metrics_decode(cn__metrics *m, int sessions, int joined,
   m->decode_sessions += (uint64_t)sessions;
   m->decode_joined += (uint64_t)joined;
   m->decode_early += (uint64_t)early;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_conn_refused(cn__metrics *m) {
+  pthread_mutex_lock(&m->mu);
+  m->conns_refused++;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -327,6 +334,10 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   counter(&b, "canopy_requests_rejected_overloaded_total",
           "requests refused with 429 because the queue was full",
           m->rejected_overloaded);
+  counter(&b, "canopy_connections_refused_total",
+          "connections answered 503 and closed because max-connections "
+          "were open",
+          m->conns_refused);
   counter(&b, "canopy_gather_copied_bytes_total",
           "bytes moved by child gathers and scatters", m->gather_bytes);
   counter(&b, "canopy_cell_copied_bytes_total",
@@ -355,6 +366,9 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
         (double)g->queue_instances);
   gauge(&b, "canopy_queue_depth_runs", "closed runs waiting for a worker",
         (double)g->queued_runs);
+  gauge(&b, "canopy_open_connections",
+        "client connections open (max-connections bounds them)",
+        (double)g->open_connections);
   gauge(&b, "canopy_in_flight_requests",
         "requests accepted and not yet answered", (double)g->in_flight);
   gauge(&b, "canopy_workers", "worker threads", (double)g->workers);

@@ -33,6 +33,7 @@ typedef struct cn__metrics {
   uint64_t runs, batches, lower_bound, vertices, kernels;
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
   uint64_t rejected_overloaded;
+  uint64_t conns_refused;      /* beyond max-connections                  */
   uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
@@ -45,7 +46,7 @@ typedef struct cn__metrics {
 /* Values read at render time (owned elsewhere). */
 typedef struct cn__gauges {
   long long queue_instances, queued_runs, in_flight, workers, ready,
-      draining;
+      draining, open_connections;
 } cn__gauges;
 
 int cn__metrics_init(cn__metrics *m, int cap, const char **names);
@@ -65,6 +66,7 @@ void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout);
 void cn__metrics_overloaded(cn__metrics *m);
+void cn__metrics_conn_refused(cn__metrics *m);
 /* One online retraining round of a model's policy. */
 enum { CN__RETRAIN_SWAPPED = 0, CN__RETRAIN_KEPT, CN__RETRAIN_FAILED,
        CN__N_RETRAIN };

@@ -12,7 +12,7 @@
  *
  * Threads: slots are created on the loop thread (or at start-up, before
  * it runs); `cur`, `state` and `reason` are read under the slot's mutex
- * from any thread (MHD's, in mhd-thread mode; workers; the retrainer).
+ * from any thread (the loop, workers, loader threads, the retrainer).
  */
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,6 @@
 /* routes.c - which route a path names, and the bodies of the GET routes
  * (models, health, metrics). Everything here only reads state that is
- * immutable while serving or kept in atomics, so it may run on the loop
- * or on MHD's thread. */
+ * immutable while serving or kept in atomics. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +111,7 @@ static cn__gauges gauges(cn__server *s) {
   g.in_flight = atomic_load(&s->in_flight);
   g.workers = s->n_threads;
   g.draining = atomic_load(&s->draining);
+  g.open_connections = atomic_load(&s->open_conns);
   g.ready = !g.draining;
   return g;
 }

@@ -86,6 +86,11 @@ static int parse_config(int argc, char **argv, cn_config *c) {
     if (len >= sizeof(name)) len = sizeof(name) - 1;
     memcpy(name, a + 2, len);
     name[len] = '\0';
+    if (cn_config_find(name) == NULL && cn_config_removed(name) != NULL) {
+      fprintf(stderr, "canopy serve: option '%s' was removed: %s\n", a,
+              cn_config_removed(name));
+      return -1;
+    }
     if (cn_config_find(name) == NULL) {
       fprintf(stderr, "canopy serve: unknown option '%s' (see --help)\n", a);
       return -1;
@@ -206,13 +211,11 @@ int cn_cmd_serve(int argc, char **argv) {
    * throughput (1,600-2,000 req/s either way; docs/daemon.md). A run
    * allocates a few large blocks, so the arena lock is not contended. */
   if (getenv("MALLOC_ARENA_MAX") == NULL) mallopt(M_ARENA_MAX, 1);
-  s->mhd_thread = strcmp(sc->http_mode, "mhd-thread") == 0;
   cn_policy_parse(sc->policy, &s->policy);
   cn_layout_parse(sc->layout, &s->layout);
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
   pthread_mutex_init(&s->dmu, NULL);
-  pthread_mutex_init(&s->imu, NULL);
   uv_loop_init(&s->loop);
   pthread_mutex_init(&s->lmu, NULL);
   const char **names = calloc(CN__MAX_MODELS + 1, sizeof(char *));
@@ -244,8 +247,7 @@ int cn_cmd_serve(int argc, char **argv) {
                    (uint64_t)sc->poll_interval_s * 1000,
                    (uint64_t)sc->poll_interval_s * 1000);
   uv_async_init(&s->loop, &s->done_async, cn__batcher_on_done);
-  uv_async_init(&s->loop, &s->inbox_async, cn__batcher_on_inbox);
-  s->done_async.data = s->inbox_async.data = s;
+  s->done_async.data = s;
   uv_timer_init(&s->loop, &s->drain_timer);
   s->drain_timer.data = s;
   uv_check_init(&s->loop, &s->idle_check);
@@ -280,7 +282,6 @@ stop:
   cn__http_close_handles(s);
   uv_walk(&s->loop, close_walk, NULL);
   uv_run(&s->loop, UV_RUN_DEFAULT);
-  cn__http_stop(s);
   cn__retrainer_join(s);
   cn__workers_stop(s);
   cn__batcher_on_done(&s->done_async); /* runs finished after the loop */

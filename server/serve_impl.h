@@ -1,15 +1,13 @@
 /* serve_impl.h - internal declarations shared by the daemon's files.
  *
  * Threads and who touches what:
- *   loop thread   owns every uv handle, the aggregation windows, the list
- *                 of waiting requests, and answers them (uv-poll mode: it
- *                 also runs every MHD callback);
- *   MHD thread    (http-mode mhd-thread only) parses requests and hands
- *                 them to the loop through the inbox;
+ *   loop thread   owns every uv handle, the client connections (conn.c:
+ *                 parsing, deadlines, writes), the aggregation windows,
+ *                 the list of waiting requests, and answers them;
  *   workers       take closed runs from the job queue, execute them and
  *                 hand them back through the done queue (uv_async).
  * A request is reference counted (atomic): its connection holds one
- * reference until MHD reports it complete, a run holds one until the loop
+ * reference until its answer is written out or the connection closes, a run holds one until the loop
  * has taken the run back, and each open uv handle holds one until its
  * close callback (nothing is freed inside its own callback).
  */
@@ -21,7 +19,6 @@
 #include <stdbool.h>
 #include <sys/stat.h>
 
-#include <microhttpd.h>
 #include <uv.h>
 
 #include "canopy_core.h"
@@ -32,6 +29,10 @@
 typedef struct cn__job cn__job;
 typedef struct cn__server cn__server;
 typedef struct cn__model_slot cn__model_slot;
+typedef struct cn__conn cn__conn;
+
+/* The sweep of connection deadlines (conn.c), in ms. */
+#define HTTP_TICK_MS 100
 
 /* The most model names one daemon serves over its life (metrics slots). */
 #define CN__MAX_MODELS 256
@@ -111,8 +112,7 @@ typedef struct cn__req {
   char model_name[128];     /* that name as written in the path         */
   cn__model_entry *me;      /* its version, held (infer and model GET)  */
   int route;                /* cn__route */
-  struct MHD_Connection *conn;
-  int fd;
+  cn__conn *conn;           /* NULL once answered or disconnected     */
   cn_instance **inst;
   int n_inst;
   size_t vertices;
@@ -122,8 +122,6 @@ typedef struct cn__req {
   double t_arrive;          /* first byte of the request seen (s)        */
   char *body;               /* the upload, bounded by max-body-bytes     */
   size_t body_len, body_cap;
-  int too_large;            /* body over the limit: discard the rest     */
-  bool handled;
   /* written by a worker, read by the loop after the run comes back */
   char *result;
   int result_status;
@@ -131,13 +129,10 @@ typedef struct cn__req {
   /* loop thread only */
   int state;
   uv_timer_t tmo;
-  uv_poll_t poll;
-  bool tmo_open, poll_open;
+  bool tmo_open;
   struct cn__req *wprev, *wnext; /* list of waiting requests */
-  struct cn__req *inbox_next;
-  /* the answer (handler reads it after resume) */
+  /* the answer */
   int status;
-  char *resp;
   const char *reason;       /* timeout / disconnect / ... for the log    */
 } cn__req;
 
@@ -169,16 +164,20 @@ struct cn__server {
   int loads_pending;         /* loop: loader threads not yet back      */
   bool reload_notify;        /* loop: READY=1 owed once they are back  */
   uv_loop_t loop;
-  struct MHD_Daemon *mhd;
-  bool mhd_thread;           /* http-mode mhd-thread */
-  uv_poll_t mhd_poll;
-  uv_timer_t mhd_timer;
-  uv_async_t done_async, inbox_async;
+  uv_tcp_t listener;         /* conn.c                                 */
+  bool listening;
+  uv_timer_t conn_timer;     /* the deadline sweep                     */
+  cn__conn *conns;           /* every client connection (loop thread)  */
+  int refused_conns;         /* beyond max-connections, being answered */
+  uv_async_t done_async;
+  /* Where a request that waits goes (cn__batcher_dispatch; the HTTP fuzz
+   * target answers them itself, with no loop running). */
+  void (*hand_over)(cn__server *s, cn__req *r);
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
   /* shared */
   atomic_int draining;
-  atomic_int open_conns;         /* client connections MHD holds         */
+  atomic_int open_conns;         /* client connections open              */
   atomic_llong last_request_us;  /* cn__now() of the newest request, µs  */
   atomic_int waiting_instances; /* in windows or queued, not yet running */
   atomic_int in_flight;         /* requests submitted and not answered   */
@@ -200,9 +199,6 @@ struct cn__server {
   /* done queue: workers -> loop */
   pthread_mutex_t dmu;
   cn__job *dhead;
-  /* inbox: MHD thread -> loop (mhd-thread mode) */
-  pthread_mutex_t imu;
-  cn__req *ihead, *itail;
   /* loop thread */
   cn__req *waiting;          /* requests submitted and not yet answered */
   double drain_started;
@@ -218,24 +214,43 @@ struct cn__server {
 
 double cn__now(void);
 
-/* http.c: requests and answers */
-typedef struct cn__http_cbs {
-  MHD_AccessHandlerCallback on_request;
-  MHD_RequestCompletedCallback on_completed;
-  MHD_NotifyConnectionCallback on_connection;
-} cn__http_cbs;
-void cn__http_set_callbacks(cn__server *s, cn__http_cbs *cbs);
+/* http.c: requests and answers (called by conn.c) */
+cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
+                        const char *url);
+int cn__http_head_done(cn__req *r, unsigned long long body_len);
+int cn__http_body(cn__req *r, const char *data, size_t n);
+void cn__http_complete(cn__req *r);
+void cn__http_fail(cn__req *r, int code, const char *msg);
 void cn__req_unref(cn__req *r);
 void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
 
-/* listen.c: the MHD daemon inside the loop */
+/* listen.c: the listening socket and the file descriptor limit */
 int cn__http_start(cn__server *s, cn_err *err);
-void cn__http_kick(cn__server *s);   /* let MHD run soon (uv-poll mode) */
 void cn__http_quiesce(cn__server *s); /* stop accepting connections */
 void cn__http_close_handles(cn__server *s);
-void cn__http_stop(cn__server *s);
+
+/* conn.c: HTTP/1.1 connections */
+int cn__conn_listen(cn__server *s, int fd, cn_err *err);
+void cn__conn_quiesce(cn__server *s);
+void cn__conn_close_all(cn__server *s);
+const char *cn__conn_header(const cn__conn *c, const char *name);
+/* The answer to r (body taken over; extra: more header lines, each
+ * ending in CRLF); 499 writes nothing and closes. */
+void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
+                      const char *ctype, const char *extra);
+void cn__conn_write(cn__conn *c, char *buf, size_t len);
+/* In memory (tests/fuzz/fuzz_http.c): a connection without a socket whose
+ * output goes to sink; bytes in with cn__conn_feed, deadlines with
+ * cn__conn_tick, the client's EOF with cn__conn_eof. */
+typedef void (*cn__conn_sink)(void *ud, const char *data, size_t n);
+cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud);
+void cn__conn_feed(cn__conn *c, const char *data, size_t n);
+void cn__conn_tick(cn__conn *c, double now);
+void cn__conn_eof(cn__conn *c);
+bool cn__conn_closed(const cn__conn *c);
+void cn__conn_free_mem(cn__conn *c);
 /* Answers a waiting request from the loop: closes its handles, records
- * metrics and the log line, resumes its connection. Takes over body. */
+ * metrics and the log line, writes the answer. Takes over body. */
 void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
 char *cn__error_body(int code, const char *msg, int instance);
 
@@ -251,7 +266,6 @@ void cn__batcher_submit(cn__server *s, cn__req *r);
 void cn__batcher_dispatch(cn__server *s, cn__req *r);
 void cn__batcher_cancel(cn__req *r, const char *reason, int status);
 void cn__batcher_on_done(uv_async_t *a);
-void cn__batcher_on_inbox(uv_async_t *a);
 void cn__batcher_flush_all(cn__server *s);
 void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
 int cn__retry_after_s(cn__server *s);

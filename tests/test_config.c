@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -108,4 +109,36 @@ Test(config, environment_typos_are_errors) {
   cr_expect_eq(cn_config_from_env(&c, &err), 0, "%s", err.msg);
   cr_expect_eq(c.serve.workers, 3);
   unsetenv("CANOPY_WORKERS");
+}
+
+/* A removed key (http-mode: the MHD front end is gone) is an error naming
+ * it as removed, in a file, the environment and cn_config_set, not an
+ * unknown key nor silently ignored. */
+Test(config, removed_key_says_so) {
+  char path[] = "/tmp/canopy-conf-XXXXXX";
+  int fd = mkstemp(path);
+  FILE *f = fdopen(fd, "w");
+  fprintf(f, "workers 3\nhttp-mode uv-poll\n");
+  fclose(f);
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_neq(cn_config_load_file(&c, path, &err), 0);
+  cr_expect(strstr(err.msg, "'http-mode' was removed") != NULL, "%s",
+            err.msg);
+  cr_expect(strstr(err.msg, ":2:") != NULL, "%s", err.msg);
+  unlink(path);
+  cn_err_clear(&err);
+  cr_expect_neq(cn_config_set(&c, "http-mode", "mhd-thread", &err), 0);
+  cr_expect(strstr(err.msg, "was removed") != NULL, "%s", err.msg);
+  setenv("CANOPY_HTTP_MODE", "mhd-thread", 1);
+  cn_err_clear(&err);
+  cr_expect_neq(cn_config_from_env(&c, &err), 0);
+  cr_expect(strstr(err.msg, "CANOPY_HTTP_MODE") != NULL &&
+                strstr(err.msg, "was removed") != NULL,
+            "%s", err.msg);
+  unsetenv("CANOPY_HTTP_MODE");
+  cr_expect_null(cn_config_removed("workers"));
+  cr_expect_not_null(cn_config_removed("http-mode"));
 }

@@ -1,0 +1,573 @@
+/* test_http.c - the HTTP/1.1 front end (server/conn.c) end to end, over
+ * real sockets on a free port: slow clients and the header and body
+ * deadlines, the connection limit, malformed requests (one status line,
+ * one JSON error with a request id each), pipelining, Expect:
+ * 100-continue, chunked bodies, HEAD, HTTP/1.0 and a client that does not
+ * read its answers. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve_harness.h"
+
+static th_daemon d;
+static const char *const tree_only[] = {"treelstm", NULL};
+static const char *INFER = "/v1/models/treelstm/infer";
+static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
+                         "(2 fine)))\"}]}";
+
+static void teardown(void) { th_cleanup(&d); }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void send_str(int fd, const char *s) {
+  size_t n = strlen(s);
+  while (n > 0) {
+    ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Everything the daemon sends until it closes (or 10 s pass). */
+static char *read_all(int fd, size_t *len) {
+  size_t cap = 1 << 16, n = 0;
+  char *b = malloc(cap);
+  struct timeval tv = {.tv_sec = 10};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  for (;;) {
+    if (n + 1 >= cap) b = realloc(b, cap *= 2);
+    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
+    if (k <= 0) break;
+    n += (size_t)k;
+  }
+  b[n] = '\0';
+  *len = n;
+  return b;
+}
+
+static int count_of(const char *hay, size_t n, const char *needle) {
+  int k = 0;
+  size_t nl = strlen(needle);
+  for (const char *p = hay; (p = memmem(p, n - (size_t)(p - hay), needle,
+                                        nl)) != NULL;
+       p += nl)
+    k++;
+  return k;
+}
+
+/* One answer that ends the connection: exactly one status line, status
+ * `status`, an X-Request-Id, Connection: close, and a JSON error of
+ * docs/api.md with `code`. */
+static void expect_one_error(int fd, int status, const char *code,
+                             const char *what) {
+  size_t n;
+  char *all = read_all(fd, &n);
+  cr_expect_eq(count_of(all, n, "HTTP/1."), 1, "%s: %d status lines in "
+               "%.300s", what, count_of(all, n, "HTTP/1."), all);
+  int st = 0;
+  sscanf(all, "HTTP/1.1 %d", &st);
+  cr_expect_eq(st, status, "%s: status %d, want %d: %.300s", what, st,
+               status, all);
+  cr_expect(strcasestr(all, "\r\nX-Request-Id: ") != NULL, "%s: no id: %.300s",
+            what, all);
+  cr_expect(strcasestr(all, "\r\nConnection: close\r\n") != NULL,
+            "%s: no Connection: close: %.300s", what, all);
+  const char *body = strstr(all, "\r\n\r\n");
+  json_t *j = body ? json_loads(body + 4, 0, NULL) : NULL;
+  cr_expect(j != NULL, "%s: the body is not JSON: %.300s", what, all);
+  json_t *e = json_object_get(json_object_get(j, "error"), "code");
+  cr_expect(json_is_string(e) && strcmp(json_string_value(e), code) == 0,
+            "%s: code, want %s: %.300s", what, code, all);
+  json_decref(j);
+  free(all);
+}
+
+static double metric(const char *sample) {
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  double v = th_metric(r.body, sample);
+  th_resp_free(&r);
+  return v;
+}
+
+/* Connections that send a request head (or body) a few bytes at a time
+ * hold no worker and no other client back: a normal request is answered
+ * meanwhile, and each slow one gets one 408 JSON and is closed once its
+ * deadline passes (header-timeout-s, body-timeout-s). */
+#define N_HEAD 300
+#define N_BODY 100
+Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
+     .timeout = 90) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  cr_assert(rl.rlim_cur >= N_HEAD + N_BODY + 64, "RLIMIT_NOFILE %llu",
+            (unsigned long long)rl.rlim_cur);
+  th_models(&d, tree_only);
+  const char *flags[] = {"--header-timeout-s", "2", "--body-timeout-s", "2",
+                         "--idle-timeout-s", "60", NULL};
+  th_start(&d, flags);
+  int fd[N_HEAD + N_BODY];
+  for (int i = 0; i < N_HEAD + N_BODY; i++) {
+    fd[i] = th_connect(d.port);
+    cr_assert(fd[i] >= 0, "connection %d", i);
+    if (i < N_HEAD) {
+      send_str(fd[i], "GET /healthz HTTP/1.1\r\n");
+    } else {
+      char h[200];
+      snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
+               "Content-Length: 1000\r\n\r\n{", INFER);
+      send_str(fd[i], h);
+    }
+  }
+  /* trickle for a while, but stop before the deadline has long passed */
+  double t0 = now_s();
+  bool served = false;
+  for (int round = 0; now_s() - t0 < 1.5; round++) {
+    for (int i = 0; i < N_HEAD + N_BODY; i++)
+      send_str(fd[i], i < N_HEAD ? "X-A: b\r\n" : " ");
+    if (!served) {
+      th_resp r;
+      cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+      cr_expect_eq(r.status, 200, "%s", r.body);
+      cr_expect(strstr(r.body, "\"outputs\"") != NULL, "%s", r.body);
+      th_resp_free(&r);
+      cr_assert_eq(th_http(d.port, "GET", "/healthz", NULL, NULL, &r), 0);
+      cr_expect_eq(r.status, 200, "%s", r.body);
+      th_resp_free(&r);
+      served = true;
+    }
+    usleep(250000);
+  }
+  for (int i = 0; i < N_HEAD + N_BODY; i++) {
+    char what[64];
+    snprintf(what, sizeof(what), "%s connection %d",
+             i < N_HEAD ? "head" : "body", i);
+    expect_one_error(fd[i], 408, "request_timeout", what);
+    close(fd[i]);
+  }
+  /* and the daemon still serves, with nothing left in flight */
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  cr_expect_eq(metric("canopy_in_flight_requests"), 1); /* this one */
+  cr_expect_eq(metric("canopy_requests_total{model=\"\",status=\"408\"}"),
+               N_HEAD, "head timeouts");
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Beyond max-connections a connection gets one JSON 503 with Retry-After
+ * and Connection: close, then EOF; once one closes, a new one is served. */
+Test(http, connection_limit_refuses_cleanly, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-connections", "4", NULL};
+  th_start(&d, flags);
+  int fd[4];
+  for (int i = 0; i < 4; i++) { /* each answered: accepted and counted */
+    fd[i] = th_connect(d.port);
+    th_send(fd[i], "GET", "/healthz", NULL, NULL);
+    th_resp r;
+    cr_assert_eq(th_read(fd[i], &r), 0);
+    cr_expect_eq(r.status, 200);
+    th_resp_free(&r);
+  }
+  for (int k = 0; k < 3; k++) {
+    int x = th_connect(d.port);
+    cr_assert(x >= 0);
+    size_t n;
+    char *all = read_all(x, &n);
+    cr_expect_eq(count_of(all, n, "HTTP/1."), 1, "%s", all);
+    cr_expect(strncmp(all, "HTTP/1.1 503 ", 13) == 0, "%s", all);
+    cr_expect(strcasestr(all, "\r\nRetry-After: ") != NULL, "%s", all);
+    cr_expect(strcasestr(all, "\r\nConnection: close\r\n") != NULL, "%s",
+              all);
+    cr_expect(strcasestr(all, "\r\nX-Request-Id: ") != NULL, "%s", all);
+    cr_expect(strstr(all, "\"code\":\"unavailable\"") != NULL &&
+                  strstr(all, "max-connections") != NULL,
+              "%s", all);
+    free(all);
+    close(x);
+  }
+  /* the four still work */
+  th_send(fd[0], "GET", "/healthz", NULL, NULL);
+  th_resp r;
+  cr_assert_eq(th_read(fd[0], &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  close(fd[1]);
+  int ok = 0;
+  for (int k = 0; k < 50 && ok != 200; k++) {
+    usleep(20000);
+    if (th_http(d.port, "GET", "/healthz", NULL, NULL, &r) == 0) {
+      ok = r.status;
+      th_resp_free(&r);
+    }
+  }
+  cr_expect_eq(ok, 200, "a slot freed by a close is not reused");
+  for (int i = 0; i < 4; i++)
+    if (i != 1) close(fd[i]);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Malformed requests on raw sockets: one status line and one JSON error
+ * with X-Request-Id each, then close (framing is lost). */
+Test(http, malformed_requests_get_one_json_error, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  static char big_head[40000], long_url[9000];
+  strcpy(big_head, "GET /healthz HTTP/1.1\r\nX-Big: ");
+  size_t n = strlen(big_head);
+  memset(big_head + n, 'a', sizeof(big_head) - n - 5);
+  memcpy(big_head + sizeof(big_head) - 5, "\r\n\r\n", 5);
+  memcpy(long_url, "GET /", 5);
+  memset(long_url + 5, 'a', sizeof(long_url) - 5);
+  char *tail = long_url + sizeof(long_url) - 16;
+  snprintf(tail, 16, " HTTP/1.1\r\n\r\n");
+  static char many[4096] = "GET /healthz HTTP/1.1\r\n";
+  for (int i = 0; i < 150; i++) strcat(many, "X: y\r\n");
+  strcat(many, "\r\n");
+  const char *P = "POST /v1/models/treelstm/infer HTTP/1.1\r\nHost: x\r\n";
+  static const struct {
+    const char *head, *rest, *code;
+    int status;
+    const char *what;
+  } cases[] = {
+      {"Content-Length: -1\r\n\r\n", "", "bad_request", 400, "length -1"},
+      {"Content-Length: 12345678901234567890\r\n\r\n", "", "too_large", 413,
+       "20-digit length"},
+      {"Content-Length: 123456789012345678901234\r\n\r\n", "", "bad_request",
+       400, "24-digit length"},
+      {"Content-Length: 17\r\nContent-Length: 5\r\n\r\n",
+       "{\"tree\": \"(2 a)\"}", "bad_request", 400, "two lengths"},
+      {"Content-Length: 17\r\nTransfer-Encoding: chunked\r\n\r\n",
+       "{\"tree\": \"(2 a)\"}", "bad_request", 400, "CL and TE"},
+      {"Transfer-Encoding: chunked\r\nContent-Length: 17\r\n\r\n",
+       "{\"tree\": \"(2 a)\"}", "bad_request", 400, "TE and CL"},
+      {"Transfer-Encoding: gzip\r\n\r\n", "xxxx", "not_implemented", 501,
+       "TE gzip"},
+      {"Transfer-Encoding: chunked\r\n\r\n", "zz\r\nabc\r\n0\r\n\r\n",
+       "bad_request", 400, "bad chunk size"},
+      {"Content-Length: 5\r\nExpect: 200-ok\r\n\r\n", "hello", "bad_request",
+       400, "unknown Expect"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    int fd = th_connect(d.port);
+    cr_assert(fd >= 0);
+    send_str(fd, P);
+    send_str(fd, cases[i].head);
+    send_str(fd, cases[i].rest);
+    expect_one_error(fd, cases[i].status, cases[i].code, cases[i].what);
+    close(fd);
+  }
+  const struct {
+    const char *req, *code;
+    int status;
+    const char *what;
+  } raw[] = {
+      {big_head, "header_too_large", 431, "a header over the limit"},
+      {many, "header_too_large", 431, "150 header lines"},
+      {long_url, "uri_too_long", 414, "a URL over the limit"},
+      {"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 tls hello\r\n\r\n",
+       "bad_request", 400, "garbage (a TLS hello)"},
+      {"GET / HTTP/9.9\r\n\r\n", "bad_request", 400, "HTTP/9.9"},
+      {"GET /healthz HTTP/1.1\r\nBad Header\r\n\r\n", "bad_request", 400,
+       "a header without a colon"},
+      {"GET\r\n\r\n", "bad_request", 400, "no URL"},
+  };
+  for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++) {
+    int fd = th_connect(d.port);
+    cr_assert(fd >= 0);
+    send_str(fd, raw[i].req);
+    expect_one_error(fd, raw[i].status, raw[i].code, raw[i].what);
+    close(fd);
+  }
+  /* none of it is left in flight, and the daemon serves on */
+  cr_expect_eq(metric("canopy_in_flight_requests"), 1);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Pipelined requests in one write are answered in order, each with its
+ * own X-Request-Id, an inference waiting for its run among them. */
+Test(http, pipelined_requests_answered_in_order, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  char req[4096];
+  snprintf(req, sizeof(req),
+           "GET /healthz HTTP/1.1\r\nX-Request-Id: p-1\r\n\r\n"
+           "POST %s HTTP/1.1\r\nX-Request-Id: p-2\r\nContent-Length: %zu\r\n"
+           "\r\n%s"
+           "GET /v1/models/nope HTTP/1.1\r\nX-Request-Id: p-3\r\n\r\n"
+           "POST %s HTTP/1.1\r\nX-Request-Id: p-4\r\nContent-Length: %zu\r\n"
+           "\r\n%s"
+           "HEAD /readyz HTTP/1.1\r\nX-Request-Id: p-5\r\n\r\n"
+           "GET /readyz HTTP/1.1\r\nX-Request-Id: p-6\r\n"
+           "Connection: close\r\n\r\n",
+           INFER, strlen(ONE), ONE, INFER, strlen(ONE), ONE);
+  int fd = th_connect(d.port);
+  send_str(fd, req);
+  size_t n;
+  char *all = read_all(fd, &n);
+  close(fd);
+  cr_expect_eq(count_of(all, n, "HTTP/1.1 "), 6, "%s", all);
+  static const char *ids[] = {"p-1", "p-2", "p-3", "p-4", "p-5", "p-6"};
+  static const int st[] = {200, 200, 404, 200, 200, 200};
+  const char *p = all;
+  for (int i = 0; i < 6; i++) {
+    p = strstr(p, "HTTP/1.1 ");
+    cr_assert_not_null(p, "answer %d missing", i);
+    int s = 0;
+    sscanf(p, "HTTP/1.1 %d", &s);
+    cr_expect_eq(s, st[i], "answer %d: %.200s", i, p);
+    char want[64];
+    snprintf(want, sizeof(want), "X-Request-Id: %s\r\n", ids[i]);
+    const char *end = strstr(p, "\r\n\r\n");
+    cr_assert_not_null(end);
+    cr_expect(memmem(p, (size_t)(end - p) + 2, want, strlen(want)) != NULL,
+              "answer %d is not %s: %.200s", i, ids[i], p);
+    p = end;
+  }
+  free(all);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Expect: 100-continue gets the interim answer before the body is sent
+ * (curl waits 1 s without it); chunked bodies, in many pieces, give the
+ * answer a Content-Length body gives. */
+Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  th_resp plain;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &plain), 0);
+  cr_assert_eq(plain.status, 200);
+  json_t *want_doc = json_loads(plain.body, 0, NULL);
+  json_t *want = json_object_get(want_doc, "outputs");
+  char h[256];
+  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: "
+           "%zu\r\nExpect: 100-continue\r\n\r\n", INFER, strlen(ONE));
+  int fd = th_connect(d.port);
+  send_str(fd, h);
+  char buf[64] = {0};
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  cr_assert_eq(poll(&pf, 1, 5000), 1, "no 100 Continue");
+  ssize_t k = recv(fd, buf, 25, 0);
+  cr_expect_eq(k, 25);
+  cr_expect_str_eq(buf, "HTTP/1.1 100 Continue\r\n\r\n");
+  send_str(fd, ONE);
+  th_resp r;
+  cr_assert_eq(th_read(fd, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  th_resp_free(&r);
+  /* chunked, in pieces of 7 bytes, with a chunk extension and a trailer,
+   * on the same keep-alive connection */
+  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
+           "Transfer-Encoding: chunked\r\n\r\n", INFER);
+  send_str(fd, h);
+  size_t len = strlen(ONE);
+  for (size_t off = 0; off < len; off += 7) {
+    size_t m = len - off < 7 ? len - off : 7;
+    char c[64];
+    snprintf(c, sizeof(c), "%zx%s\r\n%.*s\r\n", m, off == 0 ? ";x=y" : "",
+             (int)m, ONE + off);
+    send_str(fd, c);
+    usleep(2000);
+  }
+  send_str(fd, "0\r\nX-Trailer: z\r\n\r\n");
+  cr_assert_eq(th_read(fd, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  json_t *got_doc = json_loads(r.body, 0, NULL);
+  json_t *got = json_object_get(got_doc, "outputs");
+  cr_expect(json_equal(got, want), "chunked: %s", r.body);
+  json_decref(got_doc);
+  json_decref(want_doc);
+  th_resp_free(&r);
+  close(fd);
+  th_resp_free(&plain);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* HEAD has the GET headers and no body; HTTP/1.0 closes unless it asks
+ * for keep-alive; a chunked body over max-body-bytes is 413. */
+Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-body-bytes", "100", NULL};
+  th_start(&d, flags);
+  int fd = th_connect(d.port);
+  send_str(fd, "HEAD /v1/models HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n"
+               "Connection: close\r\n\r\n");
+  size_t n;
+  char *all = read_all(fd, &n);
+  close(fd);
+  cr_expect_eq(count_of(all, n, "HTTP/1.1 200"), 2, "%s", all);
+  const char *second = strstr(all + 1, "HTTP/1.1 200");
+  cr_assert_not_null(second);
+  cr_expect(strstr(all, "\r\n\r\nHTTP/1.1 200") == second - 4,
+            "HEAD sent a body: %s", all);
+  free(all);
+  fd = th_connect(d.port);
+  send_str(fd, "GET /healthz HTTP/1.0\r\n\r\n");
+  all = read_all(fd, &n); /* EOF after one answer */
+  cr_expect_eq(count_of(all, n, "HTTP/1.1 200"), 1, "%s", all);
+  cr_expect(strcasestr(all, "Connection: close") != NULL, "%s", all);
+  free(all);
+  close(fd);
+  fd = th_connect(d.port);
+  send_str(fd, "GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  th_resp r;
+  cr_assert_eq(th_read(fd, &r), 0);
+  cr_expect_eq(r.status, 200);
+  char v[32];
+  cr_expect(th_header(&r, "Connection", v, sizeof(v)) &&
+            strcasecmp(v, "keep-alive") == 0);
+  th_resp_free(&r);
+  send_str(fd, "GET /healthz HTTP/1.0\r\n\r\n");
+  cr_assert_eq(th_read(fd, &r), 0, "HTTP/1.0 keep-alive was closed");
+  th_resp_free(&r);
+  close(fd);
+  fd = th_connect(d.port);
+  char h[256];
+  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nTransfer-Encoding: chunked"
+           "\r\n\r\n", INFER);
+  send_str(fd, h);
+  for (int i = 0; i < 20; i++) send_str(fd, "10\r\n0123456789abcdef\r\n");
+  expect_one_error(fd, 413, "too_large", "chunked over max-body-bytes");
+  close(fd);
+  cr_expect_eq(metric("canopy_in_flight_requests"), 1);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+static long rss_kb(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  long kb = -1;
+  while (f && fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb;
+}
+
+/* A client that pipelines requests and never reads the answers: the
+ * daemon stops reading from it once an answer is unwritten, so the
+ * client's sends block (the kernel buffers fill) and the daemon's memory
+ * does not grow with what the client would send. */
+Test(http, client_that_does_not_read_is_not_buffered, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  long before = rss_kb(d.pid);
+  int fd = th_connect(d.port);
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  size_t rl = strlen(req), sent = 0;
+  double t0 = now_s(), last = t0;
+  /* send until the daemon has taken nothing for 1 s (or 64 MB went) */
+  while (now_s() - last < 1.0 && sent < (64u << 20)) {
+    ssize_t w = send(fd, req, rl, MSG_NOSIGNAL);
+    if (w > 0) {
+      sent += (size_t)w;
+      last = now_s();
+    } else {
+      usleep(10000);
+    }
+  }
+  long after = rss_kb(d.pid);
+  cr_expect_lt(sent, (size_t)(64u << 20), "the daemon read all %zu bytes",
+               sent);
+  cr_expect_lt(after - before, 64 * 1024, "RSS grew %ld kB", after - before);
+  close(fd);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/healthz", NULL, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Start-up raises the soft RLIMIT_NOFILE to the hard one; a
+ * max-connections that still does not fit is lowered, with a line saying
+ * so, and the lowered limit is the one enforced. (Criterion runs each test
+ * in its own process, so lowering the hard limit here touches no other.) */
+Test(http, max_connections_fit_the_descriptor_limit, .fini = teardown,
+     .timeout = 30) {
+  struct rlimit rl = {.rlim_cur = 140, .rlim_max = 140};
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-connections", "1000", NULL};
+  th_start(&d, flags);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "msg=max-connections-clamped wanted=1000 "
+                        "max_connections=12 nofile=140") != NULL,
+            "%s", log);
+  free(log);
+  /* 12 open: the 13th is refused */
+  int fd[12];
+  for (int i = 0; i < 12; i++) {
+    fd[i] = th_connect(d.port);
+    th_send(fd[i], "GET", "/healthz", NULL, NULL);
+    th_resp r;
+    cr_assert_eq(th_read(fd[i], &r), 0, "connection %d", i);
+    cr_expect_eq(r.status, 200);
+    th_resp_free(&r);
+  }
+  int x = th_connect(d.port);
+  expect_one_error(x, 503, "unavailable", "the 13th connection");
+  close(x);
+  for (int i = 0; i < 12; i++) close(fd[i]);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
+     .timeout = 30) {
+  struct rlimit rl;
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1200)
+    cr_skip_test("hard RLIMIT_NOFILE %llu is too low to show it",
+                 (unsigned long long)rl.rlim_max);
+  rl.rlim_cur = 256;
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-connections", "1000", NULL};
+  th_start(&d, flags);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "max-connections-clamped") == NULL, "%s", log);
+  cr_expect(strstr(log, "max_connections=1000") != NULL, "%s", log);
+  free(log);
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/limits", (int)d.pid);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  unsigned long long soft = 0;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "Max open files %llu", &soft) == 1) break;
+  fclose(f);
+  cr_expect(soft == rl.rlim_max || rl.rlim_max == RLIM_INFINITY,
+            "soft limit %llu, hard %llu", soft,
+            (unsigned long long)rl.rlim_max);
+  cr_expect_eq(th_stop(&d), 0);
+}
