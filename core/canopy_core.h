@@ -22,7 +22,9 @@ extern "C" {
 
 /* ---- errors ------------------------------------------------------------
  * One table: enum value, wire code (API.md), HTTP status (the one place it
- * is decided), and a default message. libuv UV_ERRNO_MAP style. */
+ * is decided), and a default message. libuv UV_ERRNO_MAP style. New codes
+ * go at the end: the values are shared with the dlopen'd CUDA module,
+ * which may be built apart. */
 #define CN_ERRNO_MAP(XX)                                                      \
   XX(BAD_REQUEST, "bad_request", 400, "the HTTP request is malformed")       \
   XX(BAD_JSON, "bad_json", 400, "the body is not valid JSON")                 \
@@ -37,13 +39,6 @@ extern "C" {
   XX(FORBIDDEN, "forbidden", 403, "not allowed by the configuration")          \
   XX(UNAVAILABLE, "unavailable", 503, "the model is not available")           \
   XX(TOO_LARGE, "too_large", 413, "the request is over a configured limit")   \
-  XX(REQUEST_TIMEOUT, "request_timeout", 408,                                \
-     "the request did not arrive in time")                                   \
-  XX(URI_TOO_LONG, "uri_too_long", 414, "the request URL is too long")       \
-  XX(HEADER_TOO_LARGE, "header_too_large", 431,                              \
-     "the request headers are too large")                                    \
-  XX(NOT_IMPLEMENTED, "not_implemented", 501,                                \
-     "the request uses an HTTP feature the server does not support")         \
   XX(OVERLOADED, "overloaded", 429, "the server is overloaded, retry later")  \
   XX(DRAINING, "draining", 503, "the server is shutting down")                \
   XX(TIMEOUT, "timeout", 504, "the request timed out")                        \
@@ -52,7 +47,14 @@ extern "C" {
   XX(IO, "io", 500, "input/output error")                                     \
   XX(NOMEM, "internal", 500, "out of memory")                                 \
   XX(BACKEND, "internal", 500, "the compute backend failed")                  \
-  XX(INTERNAL, "internal", 500, "internal error")
+  XX(INTERNAL, "internal", 500, "internal error")                             \
+  XX(REQUEST_TIMEOUT, "request_timeout", 408,                                \
+     "the request did not arrive in time")                                   \
+  XX(URI_TOO_LONG, "uri_too_long", 414, "the request URL is too long")       \
+  XX(HEADER_TOO_LARGE, "header_too_large", 431,                              \
+     "the request headers are too large")                                    \
+  XX(NOT_IMPLEMENTED, "not_implemented", 501,                                \
+     "the request uses an HTTP feature the server does not support")
 
 typedef enum {
   CN_OK = 0,
