@@ -332,7 +332,8 @@ int cn_decode_step(cn_decode *d, cn_err *err) {
 int cn_decode_take_done(cn_decode *d, int *slots, int cap) {
   int n = d->n_done < cap ? d->n_done : cap;
   for (int i = 0; i < n; i++) slots[i] = d->done[i];
-  memmove(d->done, d->done + n, (size_t)(d->n_done - n) * sizeof(int32_t));
+  if (d->n_done > n) /* done may still be NULL: nothing finished yet */
+    memmove(d->done, d->done + n, (size_t)(d->n_done - n) * sizeof(int32_t));
   d->n_done -= n;
   if (n > 0 && !d->r->bk->vt->host_memory) {
     /* the outputs read states on the host: bring them over */
