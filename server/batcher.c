@@ -302,9 +302,19 @@ void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
 void cn__batcher_on_done(uv_async_t *a) {
   cn__server *s = a->data;
   pthread_mutex_lock(&s->dmu);
-  cn__job *j = s->dhead;
+  cn__job *lifo = s->dhead;
   s->dhead = NULL;
   pthread_mutex_unlock(&s->dmu);
+  /* the workers push finished runs on a stack: answer them in the order
+   * they finished, so a run done first is never answered after a later
+   * one that came back in the same loop turn */
+  cn__job *j = NULL;
+  while (lifo != NULL) {
+    cn__job *next = lifo->next;
+    lifo->next = j;
+    j = lifo;
+    lifo = next;
+  }
   while (j != NULL) {
     cn__job *next = j->next;
     for (int i = 0; i < j->n; i++) {
