@@ -195,6 +195,17 @@ static int on_headers_complete(http_parser *p) {
   const char *te = NULL;
   for (int i = 0; i < c->nh; i++) {
     const char *k = c->hb + c->h[i].name;
+    /* RFC 9112 §5.1: no whitespace between a field name and its colon
+     * (http_parser reads "Content-Length :" as the length; a proxy may
+     * not), and a name is a token */
+    for (const char *q = k; *q; q++)
+      if (*q <= 0x20 || *q >= 0x7f || strchr("\"(),/:;<=>?@[\\]{}", *q))
+        return refuse(c, CN_E_BAD_REQUEST,
+                      "a header name holds whitespace or a separator");
+    /* a value's trailing whitespace is not part of it (§5.5) */
+    char *v = c->hb + c->h[i].value;
+    for (size_t vl = strlen(v); vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t');)
+      v[--vl] = '\0';
     if (strcasecmp(k, "Content-Length") == 0) n_cl++;
     if (strcasecmp(k, "Transfer-Encoding") == 0) {
       n_te++;
@@ -217,7 +228,7 @@ static int on_headers_complete(http_parser *p) {
   if (n_te > 1 || (te != NULL && strcasecmp(te, "chunked") != 0))
     return refuse(c, CN_E_NOT_IMPLEMENTED,
                   "Transfer-Encoding other than chunked");
-  if (p->http_major != 1)
+  if (p->http_major != 1 || p->http_minor > 1)
     return refuse(c, CN_E_BAD_REQUEST, "unsupported HTTP version (1.0 "
                   "and 1.1 are served)");
   char method[16];

@@ -270,6 +270,8 @@ Test(http, malformed_requests_get_one_json_error, .fini = teardown,
        "bad_request", 400, "bad chunk size"},
       {"Content-Length: 5\r\nExpect: 200-ok\r\n\r\n", "hello", "bad_request",
        400, "unknown Expect"},
+      {"Content-Length : 5\r\n\r\n", "{\"tree\": \"(2 a)\"}", "bad_request",
+       400, "a space before the colon (smuggling)"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     int fd = th_connect(d.port);
@@ -291,6 +293,7 @@ Test(http, malformed_requests_get_one_json_error, .fini = teardown,
       {"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 tls hello\r\n\r\n",
        "bad_request", 400, "garbage (a TLS hello)"},
       {"GET / HTTP/9.9\r\n\r\n", "bad_request", 400, "HTTP/9.9"},
+      {"GET /healthz HTTP/1.2\r\n\r\n", "bad_request", 400, "HTTP/1.2"},
       {"GET /healthz HTTP/1.1\r\nBad Header\r\n\r\n", "bad_request", 400,
        "a header without a colon"},
       {"GET\r\n\r\n", "bad_request", 400, "no URL"},
