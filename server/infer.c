@@ -31,7 +31,7 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
   size_t n = 1;
   if (insts != NULL) {
     if (!json_is_array(insts)) {
-      rc = cn_err_set(e, CN_E_BAD_JSON, "\"instances\" must be an array");
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE, "\"instances\" must be an array");
       goto out;
     }
     n = json_array_size(insts);
@@ -51,13 +51,13 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
     const char *o = json_string_value(v);
     if (o != NULL && strcmp(o, "all") == 0) r->flags |= CN_OUT_ALL;
     else if (o == NULL || strcmp(o, "root") != 0) {
-      rc = cn_err_set(e, CN_E_BAD_JSON, "\"outputs\" must be \"root\" or \"all\"");
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE, "\"outputs\" must be \"root\" or \"all\"");
       goto out;
     }
   }
   if ((v = json_object_get(j, "return_hidden")) != NULL) {
     if (!json_is_boolean(v)) {
-      rc = cn_err_set(e, CN_E_BAD_JSON, "\"return_hidden\" must be a boolean");
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE, "\"return_hidden\" must be a boolean");
       goto out;
     }
     if (json_is_true(v)) r->flags |= CN_OUT_HIDDEN;
@@ -65,7 +65,7 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
   if ((v = json_object_get(j, "max_decode_len")) != NULL) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
         json_integer_value(v) > 1 << 20) {
-      rc = cn_err_set(e, CN_E_BAD_JSON,
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE,
                       "\"max_decode_len\" must be a positive integer");
       goto out;
     }
@@ -74,7 +74,7 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
   if ((v = json_object_get(j, "timeout_ms")) != NULL) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
         json_integer_value(v) > 3600000) {
-      rc = cn_err_set(e, CN_E_BAD_JSON,
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE,
                       "\"timeout_ms\" must be an integer in [1, 3600000] (ms; "
                       "the daemon's timeout-ms key has the same limit)");
       goto out;

@@ -67,7 +67,7 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   const char *infer = "/v1/models/treelstm/infer";
   expect(p, "POST", infer, "{\"instances\": [", 400, "bad_json");
   expect(p, "POST", infer, "[1,2]", 400, "bad_json");
-  expect(p, "POST", infer, "{\"instances\": {}}", 400, "bad_json");
+  expect(p, "POST", infer, "{\"instances\": {}}", 400, "bad_instance");
   expect(p, "POST", infer, "{\"instances\": []}", 400, "bad_instance");
   expect(p, "POST", infer, "{\"instances\": [3]}", 400, "bad_instance");
   expect(p, "POST", infer, "{\"instances\": [{\"text\": \"a b\"}]}", 400,
@@ -76,9 +76,11 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   expect(p, "POST", infer, "{\"tree\": \"(a b c d)\"}", 400,
          "too_many_children");
   expect(p, "POST", infer, "{\"tree\": \"(2 a)\", \"outputs\": \"x\"}", 400,
-         "bad_json");
+         "bad_instance");
   expect(p, "POST", infer, "{\"tree\": \"(2 a)\", \"timeout_ms\": -1}", 400,
-         "bad_json");
+         "bad_instance");
+  expect(p, "POST", infer, "{\"tree\": \"(2 a)\", \"timeout_ms\": \"9\"}",
+         400, "bad_instance");
   /* single INSTANCE body, outputs=all, return_hidden */
   th_resp r;
   cr_assert_eq(th_http(p, "POST", infer,
