@@ -9,6 +9,7 @@
  * process exits 0 once nothing is in flight or drain-grace-ms has passed.
  */
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -211,6 +212,9 @@ int cn_cmd_serve(int argc, char **argv) {
    * throughput (1,600-2,000 req/s either way; docs/daemon.md). A run
    * allocates a few large blocks, so the arena lock is not contended. */
   if (getenv("MALLOC_ARENA_MAX") == NULL) mallopt(M_ARENA_MAX, 1);
+  /* SIGHUP before the loop's handler exists (models still loading) would
+   * kill the daemon with its default action: ignored until then */
+  signal(SIGHUP, SIG_IGN);
   cn_policy_parse(sc->policy, &s->policy);
   cn_layout_parse(sc->layout, &s->layout);
   pthread_mutex_init(&s->qmu, NULL);
