@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "notify.h"
 #include "routes.h"
@@ -307,9 +308,18 @@ static void answer_load(cn__model_slot *sl, cn__req *r, cn__model_entry *v,
 }
 
 void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
-  cn__model_slot *sl = slot_get(s, name);
   cn_err e;
   cn_err_clear(&e);
+  /* A load asked for by name makes a slot only for a directory that
+   * holds a model.json (or a model already known): junk names would
+   * otherwise fill the repository's CN__MAX_MODELS slots for good. */
+  char mj[1200];
+  struct stat st;
+  snprintf(mj, sizeof(mj), "%s/%s/model.json", s->cfg.serve.models_dir,
+           name);
+  bool wanted = r == NULL || cn__repo_find(s, name, strlen(name)) != NULL ||
+                stat(mj, &st) == 0;
+  cn__model_slot *sl = wanted ? slot_get(s, name) : NULL;
   if (r != NULL) { /* a waiting request, answered by answer_load */
     atomic_fetch_add(&r->refs, 1);
     r->state = CN__REQ_WAITING;
@@ -317,6 +327,12 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
     r->wprev = NULL;
     if (s->waiting) s->waiting->wprev = r;
     s->waiting = r;
+  }
+  if (!wanted) {
+    cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
+               "models-dir (it needs a model.json)", name);
+    answer_load(NULL, r, NULL, &e);
+    return;
   }
   if (sl == NULL) {
     cn_err_set(&e, CN_E_TOO_LARGE, "more than %d models", CN__MAX_MODELS);

@@ -355,6 +355,15 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(d.post(path, token="wrong")[0], 401, path)
             self.assertEqual(d.post(path, token=TOKEN + "x")[0], 401, path)
         self.assertEqual(d.get("/v2/repository/index")[0], 405)
+        # a load of a name with no model directory is 404 and leaves no
+        # entry behind (junk names once filled the 256 slots for good)
+        for k in range(3):
+            st, body = d.post("/v2/repository/models/junk%d/load" % k,
+                              token=TOKEN)
+            self.assertEqual((st, body["error"]["code"]),
+                             (404, "no_such_model"), body)
+        st, index = d.post("/v2/repository/index", token=None)
+        self.assertEqual([e["name"] for e in index], ["a"])
         self.assertEqual(d.post("/v2/repository/index", token=None)[0], 200,
                          "the index only reads: no token needed")
         # model-control none: the routes refuse, SIGHUP is ignored
