@@ -205,13 +205,6 @@ int cn_cmd_serve(int argc, char **argv) {
   if (rc != 0) return rc > 0 ? 0 : 1;
   const cn_serve_config *sc = &s->cfg.serve;
   cn__log_level = cn__log_parse_level(sc->log_level);
-  /* One malloc arena for every thread, unless MALLOC_ARENA_MAX says
-   * otherwise. A worker's own arena kept 8 MB of freed fragments that
-   * malloc_trim could not return: RSS 22 -> 40 MB after 6 s at
-   * concurrency 64, against 22 -> 25.5 MB with one arena and the same
-   * throughput (1,600-2,000 req/s either way; docs/daemon.md). A run
-   * allocates a few large blocks, so the arena lock is not contended. */
-  if (getenv("MALLOC_ARENA_MAX") == NULL) mallopt(M_ARENA_MAX, 1);
   /* SIGHUP before the loop's handler exists (models still loading) would
    * kill the daemon with its default action: ignored until then */
   signal(SIGHUP, SIG_IGN);
