@@ -61,34 +61,6 @@ static int build_sequence(cn_run *r, int slot, bool both) {
   return 0;
 }
 
-/* As latticegru: node j's inputs are its predecessors; output at the sink. */
-static int build_dag(cn_run *r, int slot) {
-  const cn_instance *in = r->slots[slot].inst;
-  int32_t n = in->n;
-  int32_t base = cn__run_reserve_nodes(r, n);
-  if (base < 0) return CN_E_NOMEM;
-  int32_t buf[32];
-  for (int32_t j = 0; j < n; j++) {
-    int32_t k = in->prev_start[j + 1] - in->prev_start[j];
-    int32_t *inputs = k <= 32 ? buf : malloc((size_t)k * sizeof(int32_t));
-    if (inputs == NULL) return CN_E_NOMEM;
-    for (int32_t q = 0; q < k; q++)
-      inputs[q] = r->node_vertex[base + in->prev[in->prev_start[j] + q]];
-    int32_t v = cn__run_add_vertex(r, 0, slot, j, in->ids[j], inputs, k);
-    if (inputs != buf) free(inputs);
-    if (v < 0) return CN_E_NOMEM;
-    r->node_vertex[base + j] = v;
-  }
-  cn_run_slot *s = &r->slots[slot];
-  s->node_v0 = base;
-  s->out_v0 = r->nv;
-  s->n_out = 1;
-  int32_t sink = r->node_vertex[base + n - 1];
-  return cn__run_add_vertex(r, out_type(r->m), slot, n - 1, 0, &sink, 1) < 0
-             ? CN_E_NOMEM
-             : 0;
-}
-
 static int build(cn_run *r, int slot) {
   const cn_cells *cl = cells_of(r->m);
   switch (cl->structure) {
@@ -98,7 +70,7 @@ static int build(cn_run *r, int slot) {
   }
   case CN_CELLS_SEQUENCE: return build_sequence(r, slot, false);
   case CN_CELLS_BISEQUENCE: return build_sequence(r, slot, true);
-  default: return build_dag(r, slot);
+  default: return cn__dag_build(r, slot, 0, out_type(r->m));
   }
 }
 

@@ -25,6 +25,9 @@ typedef struct cn_tree_types {
  * (reverse pre-order), then one output vertex per requested node (the root,
  * or every node in pre-order). A node's inputs are its children, in order. */
 int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt);
+/* A DAG instance's node vertices (inputs: the predecessors) and one
+ * output vertex at its sink (latticegru.c). */
+int cn__dag_build(cn_run *r, int slot, int node_type, int out_type);
 /* build() of the families with types {leaf, internal, output}. */
 int cn__tree_build3(cn_run *r, int slot);
 /* output() of the tree families: "h" is the first H floats of the root. */

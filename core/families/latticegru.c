@@ -28,7 +28,10 @@ static int64_t count(const cn_instance *in, unsigned flags, int max_decode) {
   return (int64_t)in->n + 1;
 }
 
-static int build(cn_run *r, int slot) {
+/* A DAG's nodes in order, each with its predecessors as inputs, and one
+ * output vertex at the sink (the last node); shared with cells models of
+ * structure dag (described.c). */
+int cn__dag_build(cn_run *r, int slot, int node_type, int out_type) {
   const cn_instance *in = r->slots[slot].inst;
   int32_t n = in->n;
   int32_t base = cn__run_reserve_nodes(r, n);
@@ -40,7 +43,8 @@ static int build(cn_run *r, int slot) {
     if (inputs == NULL) return CN_E_NOMEM;
     for (int32_t q = 0; q < k; q++)
       inputs[q] = r->node_vertex[base + in->prev[in->prev_start[j] + q]];
-    int32_t v = cn__run_add_vertex(r, T_NODE, slot, j, in->ids[j], inputs, k);
+    int32_t v =
+        cn__run_add_vertex(r, node_type, slot, j, in->ids[j], inputs, k);
     if (inputs != buf) free(inputs);
     if (v < 0) return CN_E_NOMEM;
     r->node_vertex[base + j] = v;
@@ -50,9 +54,13 @@ static int build(cn_run *r, int slot) {
   s->out_v0 = r->nv;
   s->n_out = 1;
   int32_t sink = r->node_vertex[base + n - 1];
-  return cn__run_add_vertex(r, T_OUTPUT, slot, n - 1, 0, &sink, 1) < 0
+  return cn__run_add_vertex(r, out_type, slot, n - 1, 0, &sink, 1) < 0
              ? CN_E_NOMEM
              : 0;
+}
+
+static int build(cn_run *r, int slot) {
+  return cn__dag_build(r, slot, T_NODE, T_OUTPUT);
 }
 
 static int64_t state_floats(const cn_model *m, int type) {
