@@ -76,7 +76,7 @@ int cn__cells_bad(cn_err *err, const char *file, const char *fmt, ...) {
 /* ---- tensors ------------------------------------------------------------- */
 /* The index of tensor `name` in m->w, binding it on first use; -1 with the
  * error set when the file lacks it or holds NaN or Inf. */
-static int tensor(cells_ctx *c, int i, const char *key, const json_t *v) {
+int cn__cells_tensor(cells_ctx *c, int i, const char *key, const json_t *v) {
   cn_model *m = c->m;
   const char *name = json_string_value(v);
   if (name == NULL || name[0] == '\0') {
@@ -113,8 +113,8 @@ static const cn_tensor *T(const cells_ctx *c, int t) { return c->m->w[t]; }
 
 /* ---- parsing ------------------------------------------------------------- */
 /* A [start, end) range within [0, limit); absent gives [0, limit). */
-static int get_cols(cells_ctx *c, int i, const json_t *o, const char *key,
-                    int limit, int *c0, int *c1) {
+int cn__cells_get_cols(cells_ctx *c, int i, const json_t *o, const char *key,
+                       int limit, int *c0, int *c1) {
   const json_t *v = json_object_get(o, key);
   if (v == NULL) {
     *c0 = 0;
@@ -242,11 +242,13 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
   } /* fall through */
   case OP_INPUT_SUM:
   case OP_INPUT_MEAN:
-    if ((rc = get_cols(c, i, o, "cols", state, &p->c0, &p->c1))) return rc;
+    if ((rc = cn__cells_get_cols(c, i, o, "cols", state, &p->c0, &p->c1)))
+      return rc;
     p->width = p->c1 - p->c0;
     break;
   case OP_EMBED:
-    if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
+    if ((p->t = cn__cells_tensor(c, i, "tensor",
+                                 json_object_get(o, "tensor"))) < 0)
       return c->err->code;
     if (T(c, p->t)->ndim != 2 || T(c, p->t)->shape[0] != c->m->dims.V)
       return cn__cells_op_err(c, i,
@@ -257,19 +259,21 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
     if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
     break;
   case OP_PARAM:
-    if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
+    if ((p->t = cn__cells_tensor(c, i, "tensor",
+                                 json_object_get(o, "tensor"))) < 0)
       return c->err->code;
     if (T(c, p->t)->ndim != 1)
       return cn__cells_op_err(c, i, "tensor '%s' must be 1-D (a vector)",
                               T(c, p->t)->name);
-    if ((rc = get_cols(c, i, o, "cols", (int)T(c, p->t)->shape[0], &p->c0,
-                       &p->c1)))
+    if ((rc = cn__cells_get_cols(c, i, o, "cols", (int)T(c, p->t)->shape[0],
+                                 &p->c0, &p->c1)))
       return rc;
     p->width = p->c1 - p->c0;
     break;
   case OP_LINEAR: {
     if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
-    if ((p->t = tensor(c, i, "weight", json_object_get(o, "weight"))) < 0)
+    if ((p->t = cn__cells_tensor(c, i, "weight",
+                                 json_object_get(o, "weight"))) < 0)
       return c->err->code;
     const cn_tensor *W = T(c, p->t);
     int64_t K = 0;
@@ -284,13 +288,14 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
           W->ndim == 2 ? (long long)W->shape[0] : (long long)W->ndim,
           W->ndim == 2 ? ", " : " [.., ", (long long)W->shape[W->ndim - 1]);
     int c1;
-    if ((rc = get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0, &c1)))
+    if ((rc = cn__cells_get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0,
+                                 &c1)))
       return rc;
     p->width = c1 - p->r0;
     p->bt = -1;
     if (json_object_get(o, "bias") != NULL) {
-      if ((p->bt = tensor(c, i, "bias", json_object_get(o, "bias"))) < 0)
-        return c->err->code;
+      p->bt = cn__cells_tensor(c, i, "bias", json_object_get(o, "bias"));
+      if (p->bt < 0) return c->err->code;
       const cn_tensor *B = T(c, p->bt);
       if (B->ndim != 1 || B->shape[0] != W->shape[0])
         return cn__cells_op_err(c, i,
@@ -334,7 +339,8 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
     break;
   case OP_SLICE:
     if ((rc = get_operand(c, i, o, "a", &p->a)) ||
-        (rc = get_cols(c, i, o, "cols", c->ops[p->a].width, &p->c0, &p->c1)))
+        (rc = cn__cells_get_cols(c, i, o, "cols", c->ops[p->a].width, &p->c0,
+                                 &p->c1)))
       return rc;
     if (json_object_get(o, "cols") == NULL)
       return cn__cells_op_err(c, i, "'cols' is missing");
@@ -359,7 +365,7 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
   return 0;
 }
 
-static int parse_ops(cells_ctx *c, const json_t *arr) {
+int cn__cells_parse_ops(cells_ctx *c, const json_t *arr) {
   if (!json_is_array(arr) || json_array_size(arr) < 1 ||
       json_array_size(arr) > CN_CELLS_MAX_OPS)
     return cn__cells_bad(c->err, c->file,
@@ -541,7 +547,7 @@ static int parse_type(cn_model *m, int t, const json_t *o, const char *file,
                    .err = err,
                    .ops = ops,
                    .g = ty->ir};
-  rc = parse_ops(c, json_object_get(o, "ops"));
+  rc = cn__cells_parse_ops(c, json_object_get(o, "ops"));
   ty->n_ops = c->n_ops;
   if (rc == 0) rc = cn__cells_lower_state(c, json_object_get(o, "state"));
   free(c);
@@ -575,9 +581,11 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
                    .n_ops = 1};
   ops[0] = (jop){.kind = OP_LINEAR, .name = "output", .a = -1, .b = -1};
   int c1, ndir = cl->structure == CN_CELLS_BISEQUENCE ? 2 : 1;
-  if ((rc = get_cols(c, 0, o, "from", cl->state, &cl->out_c0, &c1))) goto out;
+  if ((rc = cn__cells_get_cols(c, 0, o, "from", cl->state, &cl->out_c0, &c1)))
+    goto out;
   cl->out_w = c1 - cl->out_c0;
-  int W = tensor(c, 0, "weight", json_object_get(o, "weight")), B = -1;
+  int W = cn__cells_tensor(c, 0, "weight", json_object_get(o, "weight")),
+      B = -1;
   if (W < 0) {
     rc = err->code;
     goto out;
@@ -591,7 +599,7 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
     goto out;
   }
   if (json_object_get(o, "bias") != NULL) {
-    if ((B = tensor(c, 0, "bias", json_object_get(o, "bias"))) < 0) {
+    if ((B = cn__cells_tensor(c, 0, "bias", json_object_get(o, "bias"))) < 0) {
       rc = err->code;
       goto out;
     }
@@ -651,7 +659,8 @@ static int parse_cells(cn_model *m, const json_t *j, const char *file, jop *ops,
   cells_ctx hc = {
       .m = m, .file = file, .type = NULL, .err = err, .ops = ops, .n_ops = 1};
   ops[0] = (jop){.kind = OP_SLICE, .name = "hidden", .a = -1, .b = -1};
-  if ((rc = get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1))) return rc;
+  if ((rc = cn__cells_get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1)))
+    return rc;
   cl->hw = h1 - cl->h0;
   const json_t *types = json_object_get(j, "types");
   if (!json_is_array(types) || json_array_size(types) < 1 ||
