@@ -1,5 +1,6 @@
-/* cells_impl.h - what the cells loader (cells_json.c: parsing and
- * checking) and its lowering into the op IR (cells_lower.c) share. */
+/* cells_impl.h - what the cells loader (cells_json.c: the description;
+ * cells_ops.c: the op lists) and its lowering into the op IR
+ * (cells_lower.c) share. */
 #ifndef CANOPY_CELLS_IMPL_H
 #define CANOPY_CELLS_IMPL_H
 
