@@ -293,6 +293,14 @@ static void answer_route(cn__req *r) {
     answer_err(r, CN_E_NO_SUCH_ROUTE, "no such route");
     return;
   }
+  if (r->model_name_len >= CN__NAME_MAX) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "no such model: the name has %zu bytes; a "
+             "model name has at most %d", r->model_name_len,
+             CN__NAME_MAX - 1);
+    answer_err(r, CN_E_NO_SUCH_MODEL, msg);
+    return;
+  }
   if ((wants_post && !post) || (!wants_post && !get)) {
     answer_err(r, CN_E_METHOD_NOT_ALLOWED, wants_post ? "use POST"
                                                       : "use GET");
@@ -372,11 +380,15 @@ cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
   cn__route rt = cn__route_find(s, path, &sl, &name, &len);
   r->slot = sl;
   r->route = rt;
-  if (name != NULL)
+  if (name != NULL) {
+    /* a name too long to be a model's is kept only for messages (cut),
+     * never looked up or loaded cut */
+    r->model_name_len = len;
     snprintf(r->model_name, sizeof(r->model_name), "%.*s",
              (int)(len < sizeof(r->model_name) ? len
                                                : sizeof(r->model_name) - 1),
              name);
+  }
   /* the version this request will use, held until it is freed: a reload
    * meanwhile does not change it */
   if (rt == CN__RT_INFER || rt == CN__RT_MODEL) r->me = cn__model_retain(sl);

@@ -189,10 +189,17 @@ static int cmp_names(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The subdirectories of models-dir that hold a model.json, sorted. */
-static int list_dirs(cn__server *s, char ***out) {
+/* The subdirectories of models-dir that hold a model.json, sorted. Those
+ * whose name is too long to serve (CN__NAME_MAX bytes or more: the
+ * model's name is its directory's) go to *too_long when it is not NULL. */
+static int list_dirs(cn__server *s, char ***out, char ***too_long,
+                     int *n_long) {
   const char *dir = s->cfg.serve.models_dir;
   *out = NULL;
+  if (too_long != NULL) {
+    *too_long = NULL;
+    *n_long = 0;
+  }
   DIR *d = opendir(dir);
   if (d == NULL) return -1;
   char **names = calloc(CN__MAX_MODELS * 4, sizeof(char *));
@@ -200,16 +207,25 @@ static int list_dirs(cn__server *s, char ***out) {
   struct dirent *de;
   while (names != NULL && (de = readdir(d)) != NULL &&
          n < CN__MAX_MODELS * 4) {
-    char p[2200];
+    char p[4400];
     struct stat st;
-    if (de->d_name[0] == '.' || strlen(de->d_name) >= 128) continue;
+    if (de->d_name[0] == '.') continue;
     snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
-    if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+    if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (strlen(de->d_name) < CN__NAME_MAX) {
       names[n++] = strdup(de->d_name);
+    } else if (too_long != NULL) {
+      char **t = realloc(*too_long, (size_t)(*n_long + 1) * sizeof(char *));
+      if (t == NULL) continue;
+      *too_long = t;
+      t[(*n_long)++] = strdup(de->d_name);
+    }
   }
   closedir(d);
   if (names == NULL) return -1;
   qsort(names, (size_t)n, sizeof(char *), cmp_names);
+  if (too_long != NULL && *n_long > 1)
+    qsort(*too_long, (size_t)*n_long, sizeof(char *), cmp_names);
   *out = names;
   return n;
 }
@@ -221,11 +237,25 @@ static void free_names(char **names, int n) {
 
 int cn__repo_load_all(cn__server *s, cn_err *err) {
   const cn_serve_config *sc = &s->cfg.serve;
-  char **names;
-  int n = list_dirs(s, &names), rc = 0, loaded = 0;
+  char **names, **longn;
+  int n_long;
+  int n = list_dirs(s, &names, &longn, &n_long), rc = 0, loaded = 0;
   if (n < 0)
     return cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: cannot open '%s'",
                       sc->models_dir);
+  /* a directory that cannot be served is a model that failed to load */
+  for (int i = 0; i < n_long; i++) {
+    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%.60s... error=\"the "
+           "directory's name has %zu bytes; a model name has at most %d\"",
+           longn[i], strlen(longn[i]), CN__NAME_MAX - 1);
+    if (sc->strict_startup && rc == 0)
+      rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: the directory "
+                      "'%.60s...' has a name of %zu bytes; a model name has "
+                      "at most %d (rename it, or set strict-startup false)",
+                      longn[i], strlen(longn[i]), CN__NAME_MAX - 1);
+  }
+  free_names(longn, n_long);
+  if (rc != 0) goto out;
   if (n == 0 && strcmp(sc->model_control, "none") == 0) {
     rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: no subdirectory of "
                     "'%s' holds a model.json", sc->models_dir);
@@ -428,8 +458,9 @@ void cn__repo_rescan(cn__server *s, const char *why) {
              (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000);
     cn__notify(msg);
   }
-  char **names;
-  int n = list_dirs(s, &names);
+  char **names, **longn;
+  int n_long;
+  int n = list_dirs(s, &names, &longn, &n_long);
   if (n < 0) {
     CN_LOG(CN_LOG_ERROR, "msg=rescan-failed why=%s models_dir=\"%s\"", why,
            s->cfg.serve.models_dir);
@@ -464,6 +495,11 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   if (loads + unloads > 0 || strcmp(why, "poll") != 0)
     CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
            "unloads=%d", why, n, loads, unloads);
+  for (int i = 0; i < n_long && strcmp(why, "poll") != 0; i++)
+    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%.60s... error=\"the "
+           "directory's name has %zu bytes; a model name has at most %d\"",
+           longn[i], strlen(longn[i]), CN__NAME_MAX - 1);
+  free_names(longn, n_long);
   free_names(names, n);
   if (reload) {
     s->reload_notify = true;
@@ -492,8 +528,21 @@ json_t *cn__repo_index(cn__server *s) {
   }
   /* directories the daemon has not loaded (model-control none, or not yet
    * rescanned) */
-  char **names;
-  int n = list_dirs(s, &names);
+  char **names, **longn;
+  int n_long;
+  int n = list_dirs(s, &names, &longn, &n_long);
+  for (int i = 0; i < n_long; i++) {
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(longn[i]));
+    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
+    char why[120];
+    snprintf(why, sizeof(why), "the directory's name has %zu bytes; a "
+             "model name has at most %d: rename it", strlen(longn[i]),
+             CN__NAME_MAX - 1);
+    json_object_set_new(o, "reason", json_string(why));
+    json_array_append_new(arr, o);
+  }
+  if (n >= 0) free_names(longn, n_long);
   for (int i = 0; i < n; i++) {
     if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
     json_t *o = json_object();

@@ -37,6 +37,9 @@ typedef struct cn__conn cn__conn;
 /* The most model names one daemon serves over its life (metrics slots). */
 #define CN__MAX_MODELS 256
 
+/* A model's name (its directory's) has fewer bytes than this. */
+#define CN__NAME_MAX 128
+
 /* A model's learned batching policy (policy fsm; policy.c). Workers take
  * a reference to `fsm` under `mu` (a few instructions) and add their run's
  * graph to `reservoir` under `rmu`; the retrainer snapshots the reservoir
@@ -64,7 +67,7 @@ typedef struct cn__policy {
  * uses it holds one, so a request finishes on the version it started
  * with, and an old version is freed when its last run ends. */
 typedef struct cn__model_entry {
-  char name[128];
+  char name[CN__NAME_MAX];
   char version[72];    /* model.json "version", else sha256[:12] */
   cn_model *model;
   int index;           /* metrics label slot (the slot's) */
@@ -79,7 +82,7 @@ enum { CN__MODEL_LOADING = 0, CN__MODEL_READY, CN__MODEL_UNAVAILABLE,
        CN__MODEL_UNLOADED };
 
 struct cn__model_slot {
-  char name[128];
+  char name[CN__NAME_MAX];
   int index;                 /* in s->models and the metrics labels    */
   cn__server *srv;
   pthread_mutex_t vmu;       /* cur, state, reason, counters           */
@@ -109,7 +112,8 @@ typedef struct cn__req {
   char method[8];
   char path[160];
   cn__model_slot *slot;     /* the name the path named (NULL: none)     */
-  char model_name[128];     /* that name as written in the path         */
+  char model_name[CN__NAME_MAX]; /* that name as written in the path */
+  size_t model_name_len;    /* its length; >= CN__NAME_MAX: too long    */
   cn__model_entry *me;      /* its version, held (infer and model GET)  */
   int route;                /* cn__route */
   cn__conn *conn;           /* NULL once answered or disconnected     */

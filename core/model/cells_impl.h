@@ -1,5 +1,6 @@
-/* cells_impl.h - what the cells loader (cells_json.c: parsing and
- * checking) and its lowering into the op IR (cells_lower.c) share. */
+/* cells_impl.h - what the cells loader (cells_json.c: the description;
+ * cells_ops.c: the op lists) and its lowering into the op IR
+ * (cells_lower.c) share. */
 #ifndef CANOPY_CELLS_IMPL_H
 #define CANOPY_CELLS_IMPL_H
 
@@ -74,6 +75,16 @@ int cn__cells_op_err(const cells_ctx *c, int i, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int cn__cells_bad(cn_err *err, const char *file, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The index of tensor `name` (key `key` of op i) in m->w, bound on first
+ * use; -1 with the error set when the file lacks it or holds NaN or Inf. */
+int cn__cells_tensor(cells_ctx *c, int i, const char *key, const json_t *v);
+/* Key `key` of o as a [start, end) column range within [0, limit);
+ * absent gives [0, limit). */
+int cn__cells_get_cols(cells_ctx *c, int i, const json_t *o, const char *key,
+                       int limit, int *c0, int *c1);
+/* Reads a type's "ops" array into c->ops, checking each op against the
+ * weights and deriving its width. */
+int cn__cells_parse_ops(cells_ctx *c, const json_t *arr);
 /* An operand of op i: an earlier op by index (integer) or by name. */
 int cn__cells_get_ref(cells_ctx *c, int i, const json_t *v, const char *key,
                       int *out);

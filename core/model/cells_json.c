@@ -5,408 +5,15 @@
  * Loading has two passes per type. Parsing checks every op against the
  * weights (operands earlier in the list, widths, tensor names and shapes)
  * and derives its width, so a mistake is refused naming the type, the
- * op's index and its name. Lowering (cells_lower.c) then turns the ops
- * the state needs into the op IR (core/cell/cell.h), folding `slice` and
- * `concat` away. */
-#include <float.h>
-#include <math.h>
-#include <stdarg.h>
+ * op's index and its name (cells_ops.c). Lowering (cells_lower.c) then
+ * turns the ops the state needs into the op IR (core/cell/cell.h),
+ * folding `slice` and `concat` away. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cell/cell.h"
 #include "model/cells_impl.h"
-
-/* The ops, with the keys each takes besides "op", "name" and "width". */
-static const struct {
-  const char *name;
-  const char *keys[5];
-} op_defs[] = {
-    [OP_INPUT] = {"input", {"edge", "cols"}},
-    [OP_INPUT_SUM] = {"input_sum", {"cols"}},
-    [OP_INPUT_MEAN] = {"input_mean", {"cols"}},
-    [OP_EMBED] = {"embed", {"tensor"}},
-    [OP_PARAM] = {"param", {"tensor", "cols"}},
-    [OP_LINEAR] = {"linear", {"x", "weight", "bias", "rows"}},
-    [OP_ADD] = {"add", {"a", "b"}},
-    [OP_SUB] = {"sub", {"a", "b"}},
-    [OP_MUL] = {"mul", {"a", "b"}},
-    [OP_DIV] = {"div", {"a", "b"}},
-    [OP_SIGMOID] = {"sigmoid", {"a"}},
-    [OP_TANH] = {"tanh", {"a"}},
-    [OP_EXP] = {"exp", {"a"}},
-    [OP_RELU] = {"relu", {"a"}},
-    [OP_SCALE] = {"scale", {"a", "k"}},
-    [OP_RSUB] = {"rsub", {"a", "k"}},
-    [OP_SHIFT] = {"shift", {"a", "k"}},
-    [OP_SLICE] = {"slice", {"a", "cols"}},
-    [OP_CONCAT] = {"concat", {"x"}},
-};
-
-/* "model.json: cells: type 'internal' op 7 'mul_3' (mul): ..." */
-int cn__cells_op_err(const cells_ctx *c, int i, const char *fmt, ...) {
-  char what[200];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof(what), fmt, ap);
-  va_end(ap);
-  const jop *o = &c->ops[i];
-  if (c->type == NULL) /* a key of "cells" itself */
-    return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: %s", c->file, what);
-  if (o->kind == CN_CELLS_STATE)
-    return cn_err_set(c->err, CN_E_BAD_MODEL, "%s: cells: type '%s': %s",
-                      c->file, c->type, what);
-  return cn_err_set(
-      c->err, CN_E_BAD_MODEL, "%s: cells: type '%s' op %d%s%s%s%s%s%s: %s",
-      c->file, c->type, i, o->name[0] ? " '" : "", o->name,
-      o->name[0] ? "'" : "", o->kind >= 0 ? " (" : "",
-      o->kind >= 0 ? op_defs[o->kind].name : "", o->kind >= 0 ? ")" : "", what);
-}
-
-int cn__cells_bad(cn_err *err, const char *file, const char *fmt, ...) {
-  char what[260];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof(what), fmt, ap);
-  va_end(ap);
-  return cn_err_set(err, CN_E_BAD_MODEL, "%s: cells: %s", file, what);
-}
-
-/* ---- tensors ------------------------------------------------------------- */
-/* The index of tensor `name` in m->w, binding it on first use; -1 with the
- * error set when the file lacks it or holds NaN or Inf. */
-static int tensor(cells_ctx *c, int i, const char *key, const json_t *v) {
-  cn_model *m = c->m;
-  const char *name = json_string_value(v);
-  if (name == NULL || name[0] == '\0') {
-    cn__cells_op_err(c, i, "'%s' must be a tensor name (a non-empty string)",
-                     key);
-    return -1;
-  }
-  for (int k = 0; k < m->n_tensors; k++)
-    if (strcmp(m->w[k]->name, name) == 0) return k;
-  const cn_tensor *t = cn_safetensors_find(&m->st, name);
-  if (t == NULL) {
-    cn__cells_op_err(c, i, "tensor '%s' is missing from weights.safetensors",
-                     name);
-    return -1;
-  }
-  if (m->n_tensors >= CN_MAX_TENSORS) {
-    cn__cells_op_err(c, i, "tensor '%s': more than %d tensors", name,
-                     CN_MAX_TENSORS);
-    return -1;
-  }
-  for (int64_t j = 0; j < t->numel; j++)
-    if (!isfinite(t->data[j])) {
-      cn__cells_op_err(c, i,
-                       "tensor '%s' holds %s at element %lld; weights must be "
-                       "finite",
-                       name, isnan(t->data[j]) ? "NaN" : "Inf", (long long)j);
-      return -1;
-    }
-  m->w[m->n_tensors] = t;
-  return m->n_tensors++;
-}
-
-static const cn_tensor *T(const cells_ctx *c, int t) { return c->m->w[t]; }
-
-/* ---- parsing ------------------------------------------------------------- */
-/* A [start, end) range within [0, limit); absent gives [0, limit). */
-static int get_cols(cells_ctx *c, int i, const json_t *o, const char *key,
-                    int limit, int *c0, int *c1) {
-  const json_t *v = json_object_get(o, key);
-  if (v == NULL) {
-    *c0 = 0;
-    *c1 = limit;
-    return 0;
-  }
-  json_int_t a, b;
-  if (!json_is_array(v) || json_array_size(v) != 2 ||
-      !json_is_integer(json_array_get(v, 0)) ||
-      !json_is_integer(json_array_get(v, 1)))
-    return cn__cells_op_err(c, i, "'%s' must be [start, end) (two integers)",
-                            key);
-  a = json_integer_value(json_array_get(v, 0));
-  b = json_integer_value(json_array_get(v, 1));
-  if (a < 0 || b <= a || b > limit)
-    return cn__cells_op_err(c, i,
-                            "'%s' [%lld, %lld) is not a non-empty range "
-                            "within [0, %d)",
-                            key, (long long)a, (long long)b, limit);
-  *c0 = (int)a;
-  *c1 = (int)b;
-  return 0;
-}
-
-/* An operand: an earlier op by index or by name. */
-int cn__cells_get_ref(cells_ctx *c, int i, const json_t *v, const char *key,
-                      int *out) {
-  if (json_is_integer(v)) {
-    json_int_t r = json_integer_value(v);
-    if (r >= i && r < c->n_ops)
-      return cn__cells_op_err(
-          c, i,
-          "'%s' refers to op %lld, which does not come "
-          "before it (ops may only read earlier ops: no cycles)",
-          key, (long long)r);
-    if (r < 0 || r >= i)
-      return cn__cells_op_err(c, i,
-                              "'%s' refers to op %lld, which does not exist",
-                              key, (long long)r);
-    *out = (int)r;
-    return 0;
-  }
-  const char *s = json_string_value(v);
-  if (s == NULL)
-    return cn__cells_op_err(c, i,
-                            "'%s' must name an earlier op (its index or its "
-                            "name)",
-                            key);
-  for (int k = i - 1; k >= 0; k--)
-    if (strcmp(c->ops[k].name, s) == 0) {
-      *out = k;
-      return 0;
-    }
-  for (int k = i; k < c->n_ops; k++) {
-    if (strcmp(c->ops[k].name, s) == 0)
-      return cn__cells_op_err(
-          c, i,
-          "'%s' refers to '%s', op %d, which does not come "
-          "before it (ops may only read earlier ops: no cycles)",
-          key, s, k);
-  }
-  return cn__cells_op_err(c, i, "'%s' refers to '%s', which no op is named",
-                          key, s);
-}
-
-static int get_refs(cells_ctx *c, int i, const json_t *o, const char *key,
-                    int *x, int *nx) {
-  const json_t *v = json_object_get(o, key);
-  if (v == NULL) return cn__cells_op_err(c, i, "'%s' is missing", key);
-  if (!json_is_array(v)) {
-    *nx = 1;
-    return cn__cells_get_ref(c, i, v, key, &x[0]);
-  }
-  size_t n = json_array_size(v);
-  if (n < 1 || n > CN_CELLS_MAX_X)
-    return cn__cells_op_err(c, i, "'%s' must list 1 to %d operands, not %zu",
-                            key, CN_CELLS_MAX_X, n);
-  for (size_t k = 0; k < n; k++) {
-    int rc = cn__cells_get_ref(c, i, json_array_get(v, k), key, &x[k]);
-    if (rc != 0) return rc;
-  }
-  *nx = (int)n;
-  return 0;
-}
-
-static int get_operand(cells_ctx *c, int i, const json_t *o, const char *key,
-                       int *out) {
-  const json_t *v = json_object_get(o, key);
-  if (v == NULL) return cn__cells_op_err(c, i, "'%s' is missing", key);
-  return cn__cells_get_ref(c, i, v, key, out);
-}
-
-/* Reads op i; its width from its operands and tensors. */
-static int parse_op(cells_ctx *c, int i, const json_t *o) {
-  jop *p = &c->ops[i];
-  int state = c->m->cells->state, rc;
-  int kind = p->kind;
-  const char *key;
-  json_t *v;
-  /* Unknown keys are refused: a mistyped "bais" must not pass quietly. */
-  json_object_foreach((json_t *)o, key, v) {
-    bool ok = strcmp(key, "op") == 0 || strcmp(key, "name") == 0 ||
-              strcmp(key, "width") == 0;
-    for (int k = 0; !ok && k < 5 && op_defs[kind].keys[k]; k++)
-      ok = strcmp(key, op_defs[kind].keys[k]) == 0;
-    if (!ok) return cn__cells_op_err(c, i, "unknown key '%s'", key);
-  }
-  switch (kind) {
-  case OP_INPUT: {
-    const json_t *e = json_object_get(o, "edge");
-    if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-        json_integer_value(e) >= 64)
-      return cn__cells_op_err(c, i, "'edge' must be an integer from 0 to 63");
-    p->edge = (int)json_integer_value(e);
-    int ar = c->m->cells->arity;
-    if (c->m->cells->structure == CN_CELLS_TREE && ar > 0 && p->edge >= ar)
-      return cn__cells_op_err(
-          c, i, "'edge' %d: tree nodes have at most %d children", p->edge, ar);
-    if (c->m->cells->structure != CN_CELLS_TREE &&
-        c->m->cells->structure != CN_CELLS_DAG && p->edge > 0)
-      return cn__cells_op_err(c, i,
-                              "'edge' %d: a sequence step has one input (edge "
-                              "0, the previous step)",
-                              p->edge);
-  } /* fall through */
-  case OP_INPUT_SUM:
-  case OP_INPUT_MEAN:
-    if ((rc = get_cols(c, i, o, "cols", state, &p->c0, &p->c1))) return rc;
-    p->width = p->c1 - p->c0;
-    break;
-  case OP_EMBED:
-    if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
-      return c->err->code;
-    if (T(c, p->t)->ndim != 2 || T(c, p->t)->shape[0] != c->m->dims.V)
-      return cn__cells_op_err(c, i,
-                              "tensor '%s' must be [V, D] with V = %lld (the "
-                              "vocabulary's size)",
-                              T(c, p->t)->name, (long long)c->m->dims.V);
-    p->width = (int)T(c, p->t)->shape[1];
-    if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
-    break;
-  case OP_PARAM:
-    if ((p->t = tensor(c, i, "tensor", json_object_get(o, "tensor"))) < 0)
-      return c->err->code;
-    if (T(c, p->t)->ndim != 1)
-      return cn__cells_op_err(c, i, "tensor '%s' must be 1-D (a vector)",
-                              T(c, p->t)->name);
-    if ((rc = get_cols(c, i, o, "cols", (int)T(c, p->t)->shape[0], &p->c0,
-                       &p->c1)))
-      return rc;
-    p->width = p->c1 - p->c0;
-    break;
-  case OP_LINEAR: {
-    if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
-    if ((p->t = tensor(c, i, "weight", json_object_get(o, "weight"))) < 0)
-      return c->err->code;
-    const cn_tensor *W = T(c, p->t);
-    int64_t K = 0;
-    for (int k = 0; k < p->nx; k++) K += c->ops[p->x[k]].width;
-    if (W->ndim != 2 || W->shape[1] != K)
-      return cn__cells_op_err(
-          c, i,
-          "weight '%s' must be [N, %lld] (its inputs are "
-          "%lld wide), not %s%lld%s%lld]",
-          W->name, (long long)K, (long long)K,
-          W->ndim == 2 ? "[" : "a tensor of rank ",
-          W->ndim == 2 ? (long long)W->shape[0] : (long long)W->ndim,
-          W->ndim == 2 ? ", " : " [.., ", (long long)W->shape[W->ndim - 1]);
-    int c1;
-    if ((rc = get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0, &c1)))
-      return rc;
-    p->width = c1 - p->r0;
-    p->bt = -1;
-    if (json_object_get(o, "bias") != NULL) {
-      if ((p->bt = tensor(c, i, "bias", json_object_get(o, "bias"))) < 0)
-        return c->err->code;
-      const cn_tensor *B = T(c, p->bt);
-      if (B->ndim != 1 || B->shape[0] != W->shape[0])
-        return cn__cells_op_err(c, i,
-                                "bias '%s' must be [%lld] (the weight's rows)",
-                                B->name, (long long)W->shape[0]);
-    }
-    break;
-  }
-  case OP_ADD:
-  case OP_SUB:
-  case OP_MUL:
-  case OP_DIV:
-    if ((rc = get_operand(c, i, o, "a", &p->a)) ||
-        (rc = get_operand(c, i, o, "b", &p->b)))
-      return rc;
-    if (c->ops[p->a].width != c->ops[p->b].width)
-      return cn__cells_op_err(c, i,
-                              "width mismatch: 'a' (op %d) is %d wide, 'b' (op "
-                              "%d) %d",
-                              p->a, c->ops[p->a].width, p->b,
-                              c->ops[p->b].width);
-    p->width = c->ops[p->a].width;
-    break;
-  case OP_SCALE:
-  case OP_RSUB:
-  case OP_SHIFT: {
-    const json_t *k = json_object_get(o, "k");
-    if (!json_is_number(k) || !(fabs(json_number_value(k)) <= FLT_MAX))
-      return cn__cells_op_err(c, i,
-                              "'k' must be a number a float holds (finite, "
-                              "|k| <= %g)",
-                              (double)FLT_MAX);
-    p->k = (float)json_number_value(k);
-  } /* fall through */
-  case OP_SIGMOID:
-  case OP_TANH:
-  case OP_EXP:
-  case OP_RELU:
-    if ((rc = get_operand(c, i, o, "a", &p->a))) return rc;
-    p->width = c->ops[p->a].width;
-    break;
-  case OP_SLICE:
-    if ((rc = get_operand(c, i, o, "a", &p->a)) ||
-        (rc = get_cols(c, i, o, "cols", c->ops[p->a].width, &p->c0, &p->c1)))
-      return rc;
-    if (json_object_get(o, "cols") == NULL)
-      return cn__cells_op_err(c, i, "'cols' is missing");
-    p->width = p->c1 - p->c0;
-    break;
-  case OP_CONCAT:
-    if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
-    p->width = 0;
-    for (int k = 0; k < p->nx; k++) p->width += c->ops[p->x[k]].width;
-    break;
-  }
-  const json_t *w = json_object_get(o, "width");
-  if (w != NULL && (!json_is_integer(w) || json_integer_value(w) != p->width))
-    return cn__cells_op_err(
-        c, i,
-        "width mismatch: 'width' says %s%lld, the operands "
-        "and tensors give %d",
-        json_is_integer(w) ? ""
-                           : "(not an "
-                             "integer) ",
-        json_is_integer(w) ? (long long)json_integer_value(w) : 0LL, p->width);
-  return 0;
-}
-
-static int parse_ops(cells_ctx *c, const json_t *arr) {
-  if (!json_is_array(arr) || json_array_size(arr) < 1 ||
-      json_array_size(arr) > CN_CELLS_MAX_OPS)
-    return cn__cells_bad(c->err, c->file,
-                         "type '%s': 'ops' must be an array of 1 to "
-                         "%d ops",
-                         c->type, CN_CELLS_MAX_OPS);
-  c->n_ops = (int)json_array_size(arr);
-  /* Names first, so that a reference to a later op can say so. */
-  for (int i = 0; i < c->n_ops; i++) {
-    jop *p = &c->ops[i];
-    *p = (jop){.kind = -1, .name = "", .a = -1, .b = -1, .t = -1, .bt = -1};
-    const json_t *o = json_array_get(arr, (size_t)i);
-    if (!json_is_object(o))
-      return cn__cells_bad(c->err, c->file, "type '%s' op %d is not an object",
-                           c->type, i);
-    const json_t *nm = json_object_get(o, "name");
-    if (nm != NULL &&
-        (json_string_value(nm) == NULL || json_string_length(nm) == 0 ||
-         json_string_length(nm) > 64))
-      return cn__cells_op_err(c, i, "'name' must be a string of 1 to 64 bytes");
-    if (nm != NULL) p->name = json_string_value(nm);
-    for (int k = 0; k < i && p->name[0]; k++)
-      if (strcmp(c->ops[k].name, p->name) == 0)
-        return cn__cells_op_err(c, i, "name '%s' is already op %d's", p->name,
-                                k);
-  }
-  for (int i = 0; i < c->n_ops; i++) {
-    const json_t *o = json_array_get(arr, (size_t)i);
-    const char *op = json_string_value(json_object_get(o, "op"));
-    if (op == NULL)
-      return cn__cells_op_err(c, i, "'op' is missing or not a string");
-    for (size_t k = 0; k < CN_ARRAY_SIZE(op_defs); k++)
-      if (strcmp(op, op_defs[k].name) == 0) c->ops[i].kind = (int)k;
-    if (c->ops[i].kind < 0) {
-      char known[400];
-      size_t n = 0;
-      for (size_t k = 0; k < CN_ARRAY_SIZE(op_defs) && n < sizeof(known); k++)
-        n += (size_t)snprintf(known + n, sizeof(known) - n, "%s%s",
-                              k ? " " : "", op_defs[k].name);
-      return cn__cells_op_err(c, i, "unknown op '%.40s' (known: %s)", op,
-                              known);
-    }
-    int rc = parse_op(c, i, o);
-    if (rc != 0) return rc;
-  }
-  return 0;
-}
 
 /* ---- the description ----------------------------------------------------- */
 static int check_keys(cn_err *err, const char *file, const char *where,
@@ -541,7 +148,7 @@ static int parse_type(cn_model *m, int t, const json_t *o, const char *file,
                    .err = err,
                    .ops = ops,
                    .g = ty->ir};
-  rc = parse_ops(c, json_object_get(o, "ops"));
+  rc = cn__cells_parse_ops(c, json_object_get(o, "ops"));
   ty->n_ops = c->n_ops;
   if (rc == 0) rc = cn__cells_lower_state(c, json_object_get(o, "state"));
   free(c);
@@ -575,9 +182,11 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
                    .n_ops = 1};
   ops[0] = (jop){.kind = OP_LINEAR, .name = "output", .a = -1, .b = -1};
   int c1, ndir = cl->structure == CN_CELLS_BISEQUENCE ? 2 : 1;
-  if ((rc = get_cols(c, 0, o, "from", cl->state, &cl->out_c0, &c1))) goto out;
+  if ((rc = cn__cells_get_cols(c, 0, o, "from", cl->state, &cl->out_c0, &c1)))
+    goto out;
   cl->out_w = c1 - cl->out_c0;
-  int W = tensor(c, 0, "weight", json_object_get(o, "weight")), B = -1;
+  int W = cn__cells_tensor(c, 0, "weight", json_object_get(o, "weight")),
+      B = -1;
   if (W < 0) {
     rc = err->code;
     goto out;
@@ -591,7 +200,7 @@ static int parse_output(cn_model *m, const json_t *o, const char *file,
     goto out;
   }
   if (json_object_get(o, "bias") != NULL) {
-    if ((B = tensor(c, 0, "bias", json_object_get(o, "bias"))) < 0) {
+    if ((B = cn__cells_tensor(c, 0, "bias", json_object_get(o, "bias"))) < 0) {
       rc = err->code;
       goto out;
     }
@@ -651,7 +260,8 @@ static int parse_cells(cn_model *m, const json_t *j, const char *file, jop *ops,
   cells_ctx hc = {
       .m = m, .file = file, .type = NULL, .err = err, .ops = ops, .n_ops = 1};
   ops[0] = (jop){.kind = OP_SLICE, .name = "hidden", .a = -1, .b = -1};
-  if ((rc = get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1))) return rc;
+  if ((rc = cn__cells_get_cols(&hc, 0, j, "hidden", cl->state, &cl->h0, &h1)))
+    return rc;
   cl->hw = h1 - cl->h0;
   const json_t *types = json_object_get(j, "types");
   if (!json_is_array(types) || json_array_size(types) < 1 ||

@@ -398,6 +398,42 @@ class Lifecycle(unittest.TestCase):
         names = {m["name"] for m in d.get("/v1/models")[1]["models"]}
         self.assertEqual(names, {"a"})
 
+    def test_names_too_long_to_serve(self):
+        # a model's name is its directory's, at most 127 bytes; a longer
+        # directory was once skipped without a word, and a longer name in a
+        # load request was cut to 127 bytes and loaded as the cut name
+        os.symlink(self.versions[0], os.path.join(self.models, "a"))
+        long_name = "m" * 130
+        os.symlink(self.versions[1], os.path.join(self.models, long_name))
+        os.symlink(self.versions[2], os.path.join(self.models, "m" * 127))
+        with self.assertRaises(RuntimeError) as cm:
+            self.start()  # strict-startup true: exits 1, naming it
+        self.assertIn("has a name of 130 bytes", str(cm.exception))
+        os.remove(os.path.join(self.models, "m" * 127))
+        d = self.start("--strict-startup", "false", "--model-control",
+                       "explicit", "--repository-token", TOKEN)
+        st, index = d.post("/v2/repository/index", token=None)
+        self.assertEqual(st, 200)
+        entry = [e for e in index if e["name"] == long_name][0]
+        self.assertEqual(entry["state"], "UNAVAILABLE")
+        self.assertIn("130 bytes", entry["reason"])
+        with open(d.log_path) as f:
+            self.assertIn("msg=model-load-failed model=mmm", f.read())
+        os.symlink(self.versions[2], os.path.join(self.models, "m" * 127))
+        for path in ("/v2/repository/models/%s/load" % long_name,
+                     "/v1/models/%s/infer" % long_name,
+                     "/v2/models/%s/ready" % long_name):
+            st, body = d.post(path, token=TOKEN, body=self.lines[0]) \
+                if not path.endswith("ready") else d.get(path)
+            self.assertEqual((st, body["error"]["code"]),
+                             (404, "no_such_model"), (path, body))
+            self.assertIn("at most 127", body["error"]["message"])
+        st, index = d.post("/v2/repository/index", token=None)
+        states = {e["name"]: e["state"] for e in index}
+        self.assertNotEqual(states.get("m" * 127), "READY",
+                            "the cut name was not loaded")
+        self.assertEqual(states["a"], "READY")
+
 
 if __name__ == "__main__":
     unittest.main()
