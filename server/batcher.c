@@ -233,6 +233,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
     j->slot = sl;
     atomic_fetch_add(&j->me->refs, 1); /* the run holds its version */
     j->t_open = cn__now();
+    j->id = ++s->runs_opened;
     sl->window = j;
     uv_timer_start(&sl->timer, on_window_timer,
                    (uint64_t)(sc->max_delay_us / 1000), 0);

@@ -93,6 +93,8 @@ static char *format(session *ss, dreq *q, double now) {
                       json_integer(cn_decode_batches(ss->d) - q->b_join));
   json_object_set_new(st, "lower_bound", json_integer(0));
   json_object_set_new(st, "continuous", json_true());
+  /* the session's number: its first run's */
+  json_object_set_new(st, "run", json_integer((json_int_t)ss->jobs[0]->id));
   json_object_set_new(o, "stats", st);
   char *body = json_dumps(o, DUMP_FLAGS);
   json_decref(o);

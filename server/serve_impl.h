@@ -147,6 +147,7 @@ struct cn__job {
   cn__req **reqs;
   int n, cap;
   int instances;
+  unsigned long long id;     /* the daemon's run number, from 1          */
   size_t vertices;
   double t_open;
   cn__job *next;
@@ -194,6 +195,7 @@ struct cn__server {
   int queued_jobs;
   int busy_workers;          /* workers computing a run                 */
   int next_feed;             /* loop: model a freed worker serves first */
+  unsigned long long runs_opened; /* loop: the last run's number (job id) */
   uv_timer_t trim_timer;     /* loop: malloc_trim once the load passed  */
   long long trimmed_at;      /* loop: requests_seen at the last trim    */
   atomic_llong requests_seen;  /* requests received, ever               */

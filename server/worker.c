@@ -65,6 +65,10 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots) {
   json_object_set_new(st, "compute_ms", json_real(r->compute_ms));
   json_object_set_new(st, "batches", json_integer(j->st.batches));
   json_object_set_new(st, "lower_bound", json_integer(j->st.lower_bound));
+  /* which requests shared the run: the same number */
+  json_object_set_new(st, "run", json_integer((json_int_t)j->id));
+  json_object_set_new(st, "run_requests", json_integer(j->n));
+  json_object_set_new(st, "run_instances", json_integer(j->instances));
   json_object_set_new(o, "stats", st);
   char *s = json_dumps(o, DUMP_FLAGS);
   json_decref(o);

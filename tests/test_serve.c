@@ -354,3 +354,46 @@ Test(serve, promtool_check_metrics, .fini = teardown, .timeout = 30) {
                path);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* stats.run says which requests shared a run: a window closed by size
+ * (max-instances 3) holds the two requests (3 instances) sent meanwhile,
+ * and the next two form the next run. */
+Test(serve, stats_name_the_run, .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--workers", "1", "--max-instances", "3",
+                         "--max-delay-us", "5000000",
+                         "--work-conserving", "false", NULL};
+  th_start(&d, flags);
+  const char *infer = "/v1/models/treelstm/infer";
+  long long runs[2];
+  for (int round = 0; round < 2; round++) {
+    /* 1 + 2 instances fill the window */
+    int fd[2] = {th_connect(d.port), th_connect(d.port)};
+    th_send(fd[0], "POST", infer, "{\"tree\": \"(2 a)\"}", NULL);
+    th_send(fd[1], "POST", infer,
+            "{\"instances\":[{\"tree\":\"(2 a)\"},{\"tree\":\"(1 b)\"}]}",
+            NULL);
+    long long run = -1;
+    for (int k = 0; k < 2; k++) {
+      th_resp r;
+      cr_assert_eq(th_read(fd[k], &r), 0);
+      cr_assert_eq(r.status, 200, "%s", r.body);
+      json_t *j = json_loads(r.body, 0, NULL);
+      json_t *st = json_object_get(j, "stats");
+      long long got = json_integer_value(json_object_get(st, "run"));
+      cr_expect(got >= 1, "%s", r.body);
+      if (k == 0) run = got;
+      cr_expect_eq(got, run, "requests of one window, one run: %s", r.body);
+      cr_expect_eq(json_integer_value(json_object_get(st, "run_requests")),
+                   2, "%s", r.body);
+      cr_expect_eq(json_integer_value(json_object_get(st, "run_instances")),
+                   3, "%s", r.body);
+      json_decref(j);
+      th_resp_free(&r);
+      close(fd[k]);
+    }
+    runs[round] = run;
+  }
+  cr_expect_neq(runs[0], runs[1], "the next window is the next run");
+  cr_expect_eq(th_stop(&d), 0);
+}

@@ -289,10 +289,19 @@ Test(serve_decode, early_eos_is_answered_before_its_run_ends,
   json_t *o = json_loads(r.body, 0, NULL);
   cr_expect(json_equal(json_array_get(json_object_get(o, "outputs"), 0),
                        json_array_get(ref, (size_t)shorts)));
+  json_int_t run_s = json_integer_value(
+      json_object_get(json_object_get(o, "stats"), "run"));
   json_decref(o);
   th_resp_free(&r);
   cr_assert_eq(th_read(fl, &r), 0);
   cr_assert_eq(r.status, 200, "%s", r.body);
+  /* one session: the same run number (the long request's run) */
+  o = json_loads(r.body, 0, NULL);
+  json_int_t run_l = json_integer_value(
+      json_object_get(json_object_get(o, "stats"), "run"));
+  cr_expect(run_l >= 1 && run_s == run_l, "runs %lld and %lld",
+            (long long)run_s, (long long)run_l);
+  json_decref(o);
   th_resp_free(&r);
   close(fl);
   close(fs);
