@@ -158,9 +158,15 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
     return;
   }
   bool head = strcmp(r->method, "HEAD") == 0;
-  bool keep = !c->must_close && !atomic_load(&s->draining) &&
-              http_should_keep_alive(&c->p) && !c->p.upgrade;
+  bool keep = !c->must_close && http_should_keep_alive(&c->p) &&
+              !c->p.upgrade;
   if (c->phase != PH_ANSWER) keep = false; /* answered before the body end */
+  /* Draining: this is the connection's last answer unless a whole
+   * pipelined request already waits behind it; that one is answered too
+   * (503 draining, or at once for the cheap routes), and the last of them
+   * carries Connection: close. */
+  if (keep && atomic_load(&s->draining) && !cn__conn_next_arrived(c))
+    keep = false;
   size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
                (head ? 0 : blen);
   char *out = malloc(cap);

@@ -90,6 +90,8 @@ void cn__conn_settings_init(void);
 void cn__conn_pump(cn__conn *c);
 /* An error of the front end itself: one JSON answer, then close. */
 void cn__conn_answer_error(cn__conn *c, int code, const char *msg);
+/* The read-ahead input holds a whole next request. */
+bool cn__conn_next_arrived(const cn__conn *c);
 
 /* conn.c */
 void cn__conn_close(cn__conn *c);

@@ -203,6 +203,34 @@ void cn__conn_settings_init(void) {
   settings.on_message_complete = on_message_complete;
 }
 
+/* ---- the next request, read ahead ---------------------------------- */
+
+static int ahead_complete(http_parser *p) {
+  *(bool *)p->data = true;
+  http_parser_pause(p, 1);
+  return 0;
+}
+
+/* Whether the input read ahead of the request being answered holds the
+ * whole of a next one. While the daemon drains, the answer before such a
+ * request must not close the connection: the client finished sending it
+ * and gets its own answer (docs/daemon.md, "Stopping"). A scratch parser,
+ * with no callback but the message's end, walks c->in without consuming
+ * it, so the connection's own parser and head are untouched.
+ * Bytes http_parser refuses count as a request too: they are answered 400
+ * once parsed for real. A request cut short does not count. */
+bool cn__conn_next_arrived(const cn__conn *c) {
+  static http_parser_settings ahead = {.on_message_complete = ahead_complete};
+  if (c->in_len == 0) return false;
+  http_parser p;
+  bool done = false;
+  http_parser_init(&p, HTTP_REQUEST);
+  p.data = &done;
+  http_parser_execute(&p, &ahead, c->in, c->in_len);
+  enum http_errno e = HTTP_PARSER_ERRNO(&p);
+  return done || (e != HPE_OK && e != HPE_PAUSED);
+}
+
 /* ---- errors ---------------------------------------------------------- */
 
 /* An error of the front end itself (framing, limits, deadlines): one JSON
