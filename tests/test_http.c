@@ -177,6 +177,35 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* A connection that sends part of a request head and then nothing more
+ * gets one 408 JSON at header-timeout-s and is closed; one that sends
+ * nothing at all is closed silently (no status line: there is no request
+ * to answer, and nginx's ngx_http_wait_request_handler does the same) at
+ * the smaller of header-timeout-s and idle-timeout-s. */
+Test(http, stalled_head_gets_408_and_silent_connection_closes_quietly,
+     .fini = teardown, .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--header-timeout-s", "1", "--idle-timeout-s", "60",
+                         NULL};
+  th_start(&d, flags);
+  int part = th_connect(d.port), none = th_connect(d.port);
+  cr_assert(part >= 0 && none >= 0);
+  send_str(part, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: st");
+  expect_one_error(part, 408, "request_timeout", "a stalled head");
+  close(part);
+  /* nothing sent: EOF (recv 0), not a timeout and not an answer */
+  struct timeval tv = {.tv_sec = 10};
+  setsockopt(none, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char b[256];
+  ssize_t k = recv(none, b, sizeof(b), 0);
+  cr_expect_eq(k, 0, "a connection that sent nothing: recv %zd (%.*s)", k,
+               k > 0 ? (int)k : 0, b);
+  close(none);
+  cr_expect_eq(metric("canopy_requests_total{model=\"\",status=\"408\"}"), 1,
+               "one 408: the silent connection is not a request");
+  cr_expect_eq(th_stop(&d), 0);
+}
+
 /* Beyond max-connections a connection gets one JSON 503 with Retry-After
  * and Connection: close, then EOF; once one closes, a new one is served. */
 Test(http, connection_limit_refuses_cleanly, .fini = teardown,
