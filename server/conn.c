@@ -163,8 +163,8 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   if (c->phase != PH_ANSWER) keep = false; /* answered before the body end */
   /* Draining: this is the connection's last answer unless a whole
    * pipelined request already waits behind it; that one is answered too
-   * (503 draining, or at once for the cheap routes), and the last of them
-   * carries Connection: close. */
+   * (an inference 503 draining, health or metadata as usual), and the last
+   * of them carries Connection: close. */
   if (keep && atomic_load(&s->draining) && !cn__conn_next_arrived(c))
     keep = false;
   size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +

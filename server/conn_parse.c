@@ -214,11 +214,13 @@ static int ahead_complete(http_parser *p) {
 /* Whether the input read ahead of the request being answered holds the
  * whole of a next one. While the daemon drains, the answer before such a
  * request must not close the connection: the client finished sending it
- * and gets its own answer (docs/daemon.md, "Stopping"). A scratch parser,
- * with no callback but the message's end, walks c->in without consuming
- * it, so the connection's own parser and head are untouched.
- * Bytes http_parser refuses count as a request too: they are answered 400
- * once parsed for real. A request cut short does not count. */
+ * and gets its own answer (docs/daemon.md, "Health, drain, metrics,
+ * logs"). A scratch parser, with no callback but the message's end, walks
+ * c->in without consuming it, so the connection's own parser and head are
+ * untouched. Bytes http_parser refuses count as a request too: they are
+ * answered 400 once parsed for real. A request cut short does not count.
+ * Only called while draining; it walks at most the read-ahead buffer
+ * (MAX_AHEAD and one read). */
 bool cn__conn_next_arrived(const cn__conn *c) {
   static http_parser_settings ahead = {.on_message_complete = ahead_complete};
   if (c->in_len == 0) return false;
