@@ -12,7 +12,14 @@
  *   idle-timeout-s    between requests, and for an answer the client does
  *                     not read.
  * A header or body deadline that passes is answered 408 and the
- * connection closed; an idle one is closed silently.
+ * connection closed; an idle one is closed silently (so is a new
+ * connection that sent nothing, at the smaller of header-timeout-s and
+ * idle-timeout-s: there is no request to answer).
+ *
+ * While the daemon drains, an answer closes its connection unless a whole
+ * pipelined request already waits behind it (cn__conn_next_arrived): each
+ * request the client finished sending is answered, the last with
+ * Connection: close.
  */
 #include <stdlib.h>
 #include <string.h>
