@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # reliability.sh - the hardening checks against a real daemon, one table
 # (docs/daemon.md "Reliability"): overload at twice capacity, SIGTERM under
-# keep-alive load, 2,000 slow connections, a soak, weights changed under a
-# serving daemon. Each check starts its own daemon on a free port.
+# keep-alive load (also with pipelining clients), 2,000 slow connections, a
+# soak, weights changed under a serving daemon. Each check starts its own
+# daemon on a free port.
 # usage: scripts/reliability.sh [CHECK...]   (default: all; checks are
-#        overload sigterm slow soak weights)
+#        overload sigterm sigterm-pipelined slow soak weights)
 #   SOAK_S=600 (the soak's length), SLOW=2000, MODELS=/tmp/canopy-reliability
 set -euo pipefail
 cd "$(dirname "$0")/.."

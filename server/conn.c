@@ -1,17 +1,10 @@
-/* conn.c - Canopy's HTTP/1.1 connections: libuv sockets, Debian's
- * libhttp-parser (nodejs's http_parser 2.9), deadlines and the write path.
- *
- * One cn__conn per client connection, all on the loop thread. Its input
- * is parsed by http_parser; the parsed request goes to http.c (route,
- * validate, answer) and its answer comes back here as one buffer of
- * headers and body. A connection carries one request at a time: the
- * parser is paused at the end of each message, and the next pipelined
- * request is parsed only once the answer to the previous one is written,
- * so answers go out in order. While a request waits for its run the
- * socket is still read (into a bounded buffer) so that a client that
- * hangs up is seen at once (499); while an answer is unwritten nothing is
- * read, so a client that does not read its answers holds one answer's
- * memory, not more.
+/* conn.c - the socket side of Canopy's HTTP/1.1 connections (libuv):
+ * an answer's status line and headers, its write (at once where the
+ * socket takes it, else queued, reading stopped meanwhile), reading into
+ * the bounded input buffer, the deadlines, the client's EOF, accept and
+ * the connection limit, close, and the listener's start, quiesce and
+ * stop. Parsing is conn_parse.c's; the connection is described in
+ * conn_impl.h.
  *
  * Deadlines (one sweep timer for every connection, HTTP_TICK_MS):
  *   header-timeout-s  from the first byte of a request to its blank line;
@@ -19,258 +12,21 @@
  *   idle-timeout-s    between requests, and for an answer the client does
  *                     not read.
  * A header or body deadline that passes is answered 408 and the
- * connection closed; an idle one is closed silently.
+ * connection closed; an idle one is closed silently (so is a new
+ * connection that sent nothing, at the smaller of header-timeout-s and
+ * idle-timeout-s: there is no request to answer).
  *
- * Input and output are separate from the socket (cn__conn_feed, the
- * sink), so tests/fuzz/fuzz_http.c drives the same parser and handlers in
- * memory.
+ * While the daemon drains, an answer closes its connection unless a whole
+ * pipelined request already waits behind it (cn__conn_next_arrived): each
+ * request the client finished sending is answered, the last with
+ * Connection: close.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include <http_parser.h>
-
+#include "conn_impl.h"
 #include "routes.h"
-#include "serve_impl.h"
-
-/* Limits of a request head (not configurable: they bound memory, not
- * what clients need): the URL, the whole head, the header lines. */
-#define MAX_URL 8192
-#define MAX_HEAD 32768
-#define MAX_HEADERS 100
-/* Input read ahead of the request being answered (pipelined requests). */
-#define MAX_AHEAD 65536
-/* After an answer that closes the connection, the rest of what the client
- * sends is read and dropped for this long, so that the client reads the
- * answer instead of a reset. */
-#define LINGER_S 2.0
-
-enum { PH_IDLE, PH_HEAD, PH_BODY, PH_ANSWER, PH_LINGER, PH_CLOSED };
-
-typedef struct hdr {
-  size_t name, value; /* offsets into hb, NUL-terminated */
-} hdr;
-
-struct cn__conn {
-  cn__server *srv;
-  uv_tcp_t tcp;
-  bool sock;                /* a socket; else output goes to sink      */
-  bool counted;             /* in open_conns                           */
-  bool refused;             /* beyond max-connections: in refused_conns */
-  cn__conn *prev, *next;    /* s->conns                                */
-  http_parser p;
-  int phase;
-  double deadline;          /* cn__now() seconds; 0: none              */
-  /* the head of the request being read */
-  char *hb;
-  size_t hlen, hcap;
-  int part;                 /* 0 url, 1 field, 2 value: the last piece */
-  size_t url_len;
-  hdr h[MAX_HEADERS];
-  int nh;
-  bool expect_continue;
-  /* the request being read or answered */
-  cn__req *r;
-  bool complete;            /* message complete, not yet handled       */
-  bool must_close;          /* close once the answer is written        */
-  int err_code;             /* a callback refused: CN_E_* ...          */
-  char err_msg[200];        /* ... and why                             */
-  /* input read and not yet parsed */
-  char *in;
-  size_t in_len, in_cap;
-  bool reading;
-  bool pumping;             /* inside conn_pump: answers do not recurse */
-  /* output */
-  int writes;               /* uv_writes not yet done                  */
-  double write_deadline;
-  cn__conn_sink sink;
-  void *sink_ud;
-};
-
-static http_parser_settings settings;
-
-static void conn_pump(cn__conn *c);
-static void conn_close(cn__conn *c);
-static void conn_reads(cn__conn *c);
-
-/* ---- the head ------------------------------------------------------- */
-
-static int hb_put(cn__conn *c, const char *d, size_t n) {
-  if (c->hlen + n + 1 > MAX_HEAD) return -1;
-  if (c->hlen + n + 1 > c->hcap) {
-    size_t cap = c->hcap ? c->hcap : 512;
-    while (cap < c->hlen + n + 1) cap *= 2;
-    char *b = realloc(c->hb, cap);
-    if (b == NULL) return -1;
-    c->hb = b;
-    c->hcap = cap;
-  }
-  memcpy(c->hb + c->hlen, d, n);
-  c->hlen += n;
-  c->hb[c->hlen] = '\0'; /* a head cut short still reads as strings */
-  return 0;
-}
-
-/* A callback's refusal: -1 stops http_parser (from on_headers_complete,
- * 1 would only mean "no body"). */
-static int refuse(cn__conn *c, int code, const char *msg) {
-  c->err_code = code;
-  snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg);
-  return -1;
-}
-
-static int head_too_large(cn__conn *c) {
-  char m[120];
-  snprintf(m, sizeof(m), "the request head is over %d bytes", MAX_HEAD);
-  return refuse(c, CN_E_HEADER_TOO_LARGE, m);
-}
-
-const char *cn__conn_header(const cn__conn *c, const char *name) {
-  for (int i = 0; i < c->nh; i++)
-    if (strcasecmp(c->hb + c->h[i].name, name) == 0)
-      return c->hb + c->h[i].value;
-  return NULL;
-}
-
-static int on_message_begin(http_parser *p) {
-  cn__conn *c = p->data;
-  c->phase = PH_HEAD;
-  c->deadline = cn__now() + c->srv->cfg.serve.header_timeout_s;
-  c->hlen = 0;
-  c->part = 0;
-  c->url_len = 0;
-  c->nh = 0;
-  c->expect_continue = false;
-  return 0;
-}
-
-static int on_url(http_parser *p, const char *at, size_t n) {
-  cn__conn *c = p->data;
-  c->url_len += n;
-  if (c->url_len > MAX_URL) {
-    char m[80];
-    snprintf(m, sizeof(m), "the URL is over %d bytes", MAX_URL);
-    return refuse(c, CN_E_URI_TOO_LONG, m);
-  }
-  return hb_put(c, at, n) ? head_too_large(c) : 0;
-}
-
-static int on_header_field(http_parser *p, const char *at, size_t n) {
-  cn__conn *c = p->data;
-  if (c->phase != PH_HEAD) return 0; /* a chunked body's trailer: unused */
-  if (c->part != 1) { /* a new header: end the URL or the last value */
-    if (c->nh == MAX_HEADERS) {
-      char m[80];
-      snprintf(m, sizeof(m), "more than %d header lines", MAX_HEADERS);
-      return refuse(c, CN_E_HEADER_TOO_LARGE, m);
-    }
-    if (hb_put(c, "", 1)) return head_too_large(c);
-    c->h[c->nh].name = c->hlen;
-    c->h[c->nh].value = c->hlen;
-    c->nh++;
-    c->part = 1;
-  }
-  return hb_put(c, at, n) ? head_too_large(c) : 0;
-}
-
-static int on_header_value(http_parser *p, const char *at, size_t n) {
-  cn__conn *c = p->data;
-  if (c->phase != PH_HEAD) return 0;
-  if (c->part != 2) {
-    if (c->part != 1 || hb_put(c, "", 1)) return head_too_large(c);
-    c->h[c->nh - 1].value = c->hlen;
-    c->part = 2;
-  }
-  return hb_put(c, at, n) ? head_too_large(c) : 0;
-}
-
-/* Framing checks http_parser leaves to its caller, then the request. */
-static int on_headers_complete(http_parser *p) {
-  cn__conn *c = p->data;
-  cn__server *s = c->srv;
-  if (hb_put(c, "", 1)) return head_too_large(c);
-  if (c->part == 1) c->h[c->nh - 1].value = c->hlen - 1; /* no value */
-  int n_cl = 0, n_te = 0;
-  const char *te = NULL;
-  for (int i = 0; i < c->nh; i++) {
-    const char *k = c->hb + c->h[i].name;
-    /* RFC 9112 §5.1: no whitespace between a field name and its colon
-     * (http_parser reads "Content-Length :" as the length; a proxy may
-     * not), and a name is a token */
-    for (const char *q = k; *q; q++)
-      if (*q <= 0x20 || *q >= 0x7f || strchr("\"(),/:;<=>?@[\\]{}", *q))
-        return refuse(c, CN_E_BAD_REQUEST,
-                      "a header name holds whitespace or a separator");
-    /* a value's trailing whitespace is not part of it (§5.5) */
-    char *v = c->hb + c->h[i].value;
-    for (size_t vl = strlen(v); vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t');)
-      v[--vl] = '\0';
-    if (strcasecmp(k, "Content-Length") == 0) n_cl++;
-    if (strcasecmp(k, "Transfer-Encoding") == 0) {
-      n_te++;
-      te = c->hb + c->h[i].value;
-    }
-    if (strcasecmp(k, "Expect") == 0) {
-      if (strcasecmp(c->hb + c->h[i].value, "100-continue") == 0)
-        c->expect_continue = true;
-      else
-        return refuse(c, CN_E_BAD_REQUEST, "unsupported Expect header");
-    }
-  }
-  /* RFC 9112 §6.3: which length frames the body would be a guess, and
-   * behind a proxy that guesses the other way it is request smuggling */
-  if (n_cl > 1)
-    return refuse(c, CN_E_BAD_REQUEST, "more than one Content-Length header");
-  if (n_cl > 0 && n_te > 0)
-    return refuse(c, CN_E_BAD_REQUEST,
-                  "both Content-Length and Transfer-Encoding");
-  if (n_te > 1 || (te != NULL && strcasecmp(te, "chunked") != 0))
-    return refuse(c, CN_E_NOT_IMPLEMENTED,
-                  "Transfer-Encoding other than chunked");
-  if (p->http_major != 1 || p->http_minor > 1)
-    return refuse(c, CN_E_BAD_REQUEST, "unsupported HTTP version (1.0 "
-                  "and 1.1 are served)");
-  char method[16];
-  snprintf(method, sizeof(method), "%s",
-           http_method_str((enum http_method)p->method));
-  c->r = cn__http_begin(s, c, method, c->hb);
-  if (c->r == NULL) return refuse(c, CN_E_NOMEM, "out of memory");
-  bool chunked = te != NULL;
-  bool body = chunked || (p->content_length > 0 &&
-                          p->content_length != ULLONG_MAX);
-  if (body) {
-    c->phase = PH_BODY;
-    c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
-  }
-  /* a body declared too large is refused before it is sent */
-  if (cn__http_head_done(c->r, body && !chunked ? p->content_length : 0)) {
-    c->must_close = true;
-    return -1;
-  }
-  if (body && c->expect_continue && p->http_major == 1 && p->http_minor >= 1)
-    cn__conn_write(c, strdup("HTTP/1.1 100 Continue\r\n\r\n"), 25);
-  return 0;
-}
-
-static int on_body(http_parser *p, const char *at, size_t n) {
-  cn__conn *c = p->data;
-  if (c->r == NULL) return -1;
-  if (cn__http_body(c->r, at, n)) { /* answered (too large): stop here */
-    c->must_close = true;
-    return -1;
-  }
-  return 0;
-}
-
-static int on_message_complete(http_parser *p) {
-  cn__conn *c = p->data;
-  c->phase = PH_ANSWER;
-  c->deadline = 0;
-  c->complete = true;
-  http_parser_pause(p, 1);
-  return 0;
-}
 
 /* ---- answers --------------------------------------------------------- */
 
@@ -306,7 +62,7 @@ static void conn_shutdown(cn__conn *c) {
   uv_shutdown_t *sh = malloc(sizeof(*sh));
   if (sh == NULL || uv_shutdown(sh, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
     free(sh);
-  conn_reads(c);
+  cn__conn_reads(c);
 }
 
 typedef struct wreq {
@@ -322,19 +78,19 @@ static void on_written(uv_write_t *w, int status) {
   c->writes--;
   if (c->phase == PH_CLOSED) return; /* cancelled by the close */
   if (status < 0) {
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   if (c->writes > 0) return;
   if (c->phase == PH_LINGER) conn_shutdown(c);
-  else conn_pump(c);
+  else cn__conn_pump(c);
 }
 
 /* Writes buf (taken over) out: at once where the socket takes it, else
  * queued; the connection reads nothing more until it is written. */
 void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   if (buf == NULL) {
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   if (c->phase == PH_CLOSED) {
@@ -355,7 +111,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   }
   if (n < 0 && n != UV_EAGAIN) {
     free(buf);
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   if (n > 0) {
@@ -365,7 +121,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   wreq *q = malloc(sizeof(*q));
   if (q == NULL) {
     free(buf);
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   q->buf = buf;
@@ -373,12 +129,12 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   if (uv_write(&q->w, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
     free(buf);
     free(q);
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   c->writes++;
   c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
-  conn_reads(c);
+  cn__conn_reads(c);
 }
 
 /* The request is done with: the connection's reference goes. */
@@ -405,20 +161,26 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   if (status == 499) { /* the client hung up: nothing to write */
     free(body);
     release_req(c);
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   bool head = strcmp(r->method, "HEAD") == 0;
-  bool keep = !c->must_close && !atomic_load(&s->draining) &&
-              http_should_keep_alive(&c->p) && !c->p.upgrade;
+  bool keep = !c->must_close && http_should_keep_alive(&c->p) &&
+              !c->p.upgrade;
   if (c->phase != PH_ANSWER) keep = false; /* answered before the body end */
+  /* Draining: this is the connection's last answer unless a whole
+   * pipelined request already waits behind it; that one is answered too
+   * (an inference 503 draining, health or metadata as usual), and the last
+   * of them carries Connection: close. */
+  if (keep && atomic_load(&s->draining) && !cn__conn_next_arrived(c))
+    keep = false;
   size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
                (head ? 0 : blen);
   char *out = malloc(cap);
   if (out == NULL) {
     free(body);
     release_req(c);
-    conn_close(c);
+    cn__conn_close(c);
     return;
   }
   int n = snprintf(out, cap,
@@ -443,118 +205,9 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
                      : cn__now() + LINGER_S;
   cn__conn_write(c, out, len);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
-  if (!keep && !c->sock) conn_close(c);
+  if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);
-  else if (!c->pumping) conn_pump(c); /* an answer that waited */
-}
-
-/* An error of the front end itself (framing, limits, deadlines): one JSON
- * answer with a request id, then close. */
-static void answer_error(cn__conn *c, int code, const char *msg) {
-  c->must_close = true;
-  if (c->r == NULL) {
-    const char *url = c->phase == PH_HEAD && c->hlen > 0 ? c->hb : "-";
-    c->r = cn__http_begin(c->srv, c, "-", url);
-    if (c->r == NULL) {
-      conn_close(c);
-      return;
-    }
-  }
-  cn__http_fail(c->r, code, msg);
-}
-
-/* Why http_parser stopped, as one of docs/api.md's errors. */
-static void parse_error(cn__conn *c) {
-  enum http_errno e = HTTP_PARSER_ERRNO(&c->p);
-  if (c->err_code != 0) {
-    int code = c->err_code;
-    c->err_code = 0;
-    answer_error(c, code, c->err_msg);
-    return;
-  }
-  if (c->phase == PH_LINGER || c->phase == PH_CLOSED)
-    return; /* a callback answered already (413) */
-  char m[200];
-  int code = CN_E_BAD_REQUEST;
-  switch (e) {
-    case HPE_HEADER_OVERFLOW:
-      code = CN_E_HEADER_TOO_LARGE;
-      snprintf(m, sizeof(m), "the request head is too large");
-      break;
-    case HPE_INVALID_CONTENT_LENGTH:
-      snprintf(m, sizeof(m), "Content-Length is not a valid length");
-      break;
-    case HPE_UNEXPECTED_CONTENT_LENGTH:
-      snprintf(m, sizeof(m), "more than one Content-Length header, or both "
-               "Content-Length and Transfer-Encoding");
-      break;
-    case HPE_INVALID_TRANSFER_ENCODING:
-      code = CN_E_NOT_IMPLEMENTED;
-      snprintf(m, sizeof(m), "Transfer-Encoding other than chunked");
-      break;
-    default:
-      snprintf(m, sizeof(m), "malformed HTTP request: %s",
-               http_errno_description(e));
-  }
-  answer_error(c, code, m);
-}
-
-/* ---- the input ------------------------------------------------------- */
-
-/* Parses what was read, one request at a time: stops at the end of a
- * message until its answer is written. */
-static void conn_pump(cn__conn *c) {
-  c->pumping = true;
-  while ((c->phase == PH_IDLE || c->phase == PH_HEAD ||
-          c->phase == PH_BODY) &&
-         c->writes == 0 && c->in_len > 0) {
-    if (HTTP_PARSER_ERRNO(&c->p) == HPE_PAUSED) http_parser_pause(&c->p, 0);
-    size_t n = http_parser_execute(&c->p, &settings, c->in, c->in_len);
-    if (c->phase == PH_CLOSED) return;
-    if (n > c->in_len) n = c->in_len;
-    memmove(c->in, c->in + n, c->in_len - n);
-    c->in_len -= n;
-    enum http_errno e = HTTP_PARSER_ERRNO(&c->p);
-    if (e != HPE_OK && e != HPE_PAUSED) {
-      c->in_len = 0;
-      parse_error(c);
-      break;
-    }
-    if (c->complete) {
-      c->complete = false;
-      if (c->p.upgrade) c->must_close = true; /* not HTTP after this */
-      cn__http_complete(c->r); /* answers now, or later (waiting) */
-    }
-  }
-  c->pumping = false;
-  if (c->phase == PH_LINGER) c->in_len = 0;
-  conn_reads(c);
-}
-
-/* Bytes from the client. */
-void cn__conn_feed(cn__conn *c, const char *data, size_t n) {
-  if (c->phase == PH_CLOSED || n == 0) return;
-  if (c->phase == PH_LINGER) return; /* read and dropped */
-  if (c->in_len + n > c->in_cap) {
-    size_t cap = c->in_cap ? c->in_cap : 1024;
-    while (cap < c->in_len + n) cap *= 2;
-    char *b = realloc(c->in, cap);
-    if (b == NULL) {
-      conn_close(c);
-      return;
-    }
-    c->in = b;
-    c->in_cap = cap;
-  }
-  memcpy(c->in + c->in_len, data, n);
-  c->in_len += n;
-  conn_pump(c);
-  /* nothing held: give the buffer back (2,000 idle connections) */
-  if (c->in_len == 0 && c->in_cap > 4096) {
-    free(c->in);
-    c->in = NULL;
-    c->in_cap = 0;
-  }
+  else if (!c->pumping) cn__conn_pump(c); /* an answer that waited */
 }
 
 /* The client closed its side (or the socket failed). */
@@ -565,14 +218,14 @@ void cn__conn_eof(cn__conn *c) {
     cn__batcher_cancel(r, "disconnect", 499); /* closes c */
     if (c->phase == PH_CLOSED) return;
   }
-  conn_close(c);
+  cn__conn_close(c);
 }
 
 /* Deadlines: called by the sweep timer (and the fuzz target). */
 void cn__conn_tick(cn__conn *c, double now) {
   if (c->phase == PH_CLOSED) return;
   if (c->writes > 0 && now > c->write_deadline) {
-    conn_close(c); /* an answer the client does not read */
+    cn__conn_close(c); /* an answer the client does not read */
     return;
   }
   if (c->deadline == 0 || now <= c->deadline) return;
@@ -588,12 +241,12 @@ void cn__conn_tick(cn__conn *c, double now) {
                head ? "header-timeout-s" : "body-timeout-s");
       c->deadline = 0;
       if (c->r != NULL && c->r->state != CN__REQ_RECEIVING) break;
-      answer_error(c, CN_E_REQUEST_TIMEOUT, m);
+      cn__conn_answer_error(c, CN_E_REQUEST_TIMEOUT, m);
       break;
     }
     case PH_IDLE:
     case PH_LINGER:
-      if (c->writes == 0) conn_close(c);
+      if (c->writes == 0) cn__conn_close(c);
       break;
     default:
       break;
@@ -618,7 +271,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
 }
 
 /* Reading is on while there is room ahead and no answer unwritten. */
-static void conn_reads(cn__conn *c) {
+void cn__conn_reads(cn__conn *c) {
   if (!c->sock || c->phase == PH_CLOSED) return;
   bool want = c->writes == 0 && c->in_len < MAX_AHEAD;
   if (want && !c->reading) {
@@ -638,7 +291,7 @@ static void conn_free(cn__conn *c) {
 
 static void on_closed(uv_handle_t *h) { conn_free(h->data); }
 
-static void conn_close(cn__conn *c) {
+void cn__conn_close(cn__conn *c) {
   if (c->phase == PH_CLOSED) return;
   cn__server *s = c->srv;
   cn__req *r = c->r;
@@ -677,18 +330,8 @@ static void list_add(cn__server *s, cn__conn *c) {
   s->conns = c;
 }
 
-static void settings_init(void) {
-  settings.on_message_begin = on_message_begin;
-  settings.on_url = on_url;
-  settings.on_header_field = on_header_field;
-  settings.on_header_value = on_header_value;
-  settings.on_headers_complete = on_headers_complete;
-  settings.on_body = on_body;
-  settings.on_message_complete = on_message_complete;
-}
-
 cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud) {
-  settings_init();
+  cn__conn_settings_init();
   cn__conn *c = conn_new(s);
   if (c == NULL) return NULL;
   c->sink = sink;
@@ -705,7 +348,7 @@ bool cn__conn_closed(const cn__conn *c) {
 }
 
 void cn__conn_free_mem(cn__conn *c) {
-  conn_close(c);
+  cn__conn_close(c);
   conn_free(c);
 }
 
@@ -718,7 +361,7 @@ static void refuse_conn(cn__conn *c) {
            "later", s->cfg.serve.max_connections);
   c->phase = PH_HEAD;
   c->hlen = 0;
-  answer_error(c, CN_E_UNAVAILABLE, m);
+  cn__conn_answer_error(c, CN_E_UNAVAILABLE, m);
 }
 
 static void on_connection(uv_stream_t *ls, int status) {
@@ -741,7 +384,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   list_add(s, c);
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections) {
     if (s->refused_conns >= s->cfg.serve.max_connections) {
-      conn_close(c); /* a flood: no answer, no descriptor held */
+      cn__conn_close(c); /* a flood: no answer, no descriptor held */
       return;
     }
     s->refused_conns++;
@@ -756,7 +399,7 @@ static void on_connection(uv_stream_t *ls, int status) {
                                      s->cfg.serve.idle_timeout_s
                                  ? s->cfg.serve.header_timeout_s
                                  : s->cfg.serve.idle_timeout_s);
-  conn_reads(c);
+  cn__conn_reads(c);
 }
 
 static void on_tick(uv_timer_t *t) {
@@ -769,7 +412,7 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int cn__conn_listen(cn__server *s, int fd, cn_err *err) {
-  settings_init();
+  cn__conn_settings_init();
   uv_tcp_init(&s->loop, &s->listener);
   s->listener.data = s;
   int rc = uv_tcp_open(&s->listener, fd);
@@ -797,5 +440,5 @@ void cn__conn_quiesce(cn__server *s) {
 /* Stop: every connection closes (their requests were answered). */
 void cn__conn_close_all(cn__server *s) {
   cn__conn_quiesce(s);
-  while (s->conns != NULL) conn_close(s->conns);
+  while (s->conns != NULL) cn__conn_close(s->conns);
 }

@@ -11,6 +11,10 @@ Each check starts its own `canopy serve` on a free loopback port:
              Lost = requests written whole on a connection that then closed
              without an answer (a refused reconnect is not a loss: the load
              balancer sends it elsewhere).
+  sigterm-pipelined
+             the same with each client writing 3 requests in one write
+             before reading their 3 answers (HTTP/1.1 pipelining): a
+             request behind one answered with Connection: close is lost.
   slow       N connections trickle header bytes; a normal request's latency
              beside the same with none open.
   soak       a steady closed loop for --soak-s seconds: RSS over the first
@@ -246,7 +250,8 @@ def check_overload(a, rows):
                  "ok" if ok else "FAIL"))
 
 
-def check_sigterm(a, rows):
+def check_sigterm(a, rows, depth=1):
+    """depth > 1: each client pipelines `depth` requests in one write."""
     d = Daemon(a.canopy, a.models)
     reqs = [request_bytes(d.port, a.model, b)
             for b in bodies(a.input, 1, a.model)]
@@ -264,28 +269,30 @@ def check_sigterm(a, rows):
                     st["refused"] += 1
                     return
             try:
-                wr.write(reqs[n % len(reqs)])
+                wr.write(b"".join(reqs[(n + j) % len(reqs)]
+                                  for j in range(depth)))
                 await wr.drain()
             except OSError:
-                # the write itself failed: the request never left whole
+                # the write itself failed: the requests never left whole
                 wr.close()
                 rd = wr = None
                 continue
-            st["sent"] += 1
-            n += 64
-            try:
-                code, close, _, _ = await asyncio.wait_for(read_response(rd),
-                                                           60)
-            except (OSError, ValueError, asyncio.IncompleteReadError,
-                    asyncio.TimeoutError):
-                st["lost"] += 1
-                wr.close()
-                rd = wr = None
-                continue
-            st["answered"] += 1
-            if code == 503:
-                st["draining"] += 1
-            if close:
+            st["sent"] += depth
+            n += 64 * depth
+            got, close = 0, False
+            while got < depth and not close:
+                try:
+                    code, close, _, _ = await asyncio.wait_for(
+                        read_response(rd), 60)
+                except (OSError, ValueError, asyncio.IncompleteReadError,
+                        asyncio.TimeoutError):
+                    break
+                got += 1
+                st["answered"] += 1
+                if code == 503:
+                    st["draining"] += 1
+            st["lost"] += depth - got
+            if got < depth or close:
                 wr.close()
                 rd = wr = None
 
@@ -297,8 +304,15 @@ def check_sigterm(a, rows):
         await asyncio.gather(*tasks)
 
     asyncio.run(main())
+    try:
+        # the drain ends on its own; a second SIGTERM from stop() while the
+        # daemon tears down would meet the default action (exit -15)
+        d.p.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
     rc = d.stop()
-    rows.append(("SIGTERM under 64 keep-alive clients",
+    what = "" if depth == 1 else ", %d pipelined a write" % depth
+    rows.append(("SIGTERM under 64 keep-alive clients" + what,
                  "%d sent, %d answered (%d of them 503 draining), lost %d; "
                  "exit %d" % (st["sent"], st["answered"], st["draining"],
                               st["lost"], rc),
@@ -421,6 +435,7 @@ def check_weights(a, rows):
 
 
 CHECKS = {"overload": check_overload, "sigterm": check_sigterm,
+          "sigterm-pipelined": lambda a, rows: check_sigterm(a, rows, 3),
           "slow": check_slow, "soak": check_soak, "weights": check_weights}
 
 

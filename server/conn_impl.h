@@ -1,0 +1,101 @@
+/* conn_impl.h - one HTTP/1.1 client connection, shared by the two halves
+ * of Canopy's front end (libuv sockets, Debian's libhttp-parser, i.e.
+ * nodejs's http_parser 2.9):
+ *   conn_parse.c  the request side: http_parser's callbacks, the framing
+ *                 checks of RFC 9112, parse errors as JSON answers, and
+ *                 the pump that hands parsed requests to http.c;
+ *   conn.c        the socket side: the answer and its write, reading and
+ *                 backpressure, deadlines, accept, close, the listener.
+ *
+ * One cn__conn per client connection, all on the loop thread. Its input
+ * is parsed by http_parser; the parsed request goes to http.c (route,
+ * validate, answer) and its answer comes back here as one buffer of
+ * headers and body. A connection carries one request at a time: the
+ * parser is paused at the end of each message, and the next pipelined
+ * request is parsed only once the answer to the previous one is written,
+ * so answers go out in order. While a request waits for its run the
+ * socket is still read (into a bounded buffer) so that a client that
+ * hangs up is seen at once (499); while an answer is unwritten nothing is
+ * read, so a client that does not read its answers holds one answer's
+ * memory, not more.
+ *
+ * Input and output are separate from the socket (cn__conn_feed, the
+ * sink), so tests/fuzz/fuzz_http.c drives the same parser and handlers in
+ * memory.
+ */
+#ifndef CANOPY_SERVER_CONN_IMPL_H
+#define CANOPY_SERVER_CONN_IMPL_H
+
+#include <http_parser.h>
+
+#include "serve_impl.h"
+
+/* Limits of a request head (not configurable: they bound memory, not
+ * what clients need): the URL, the whole head, the header lines. */
+#define MAX_URL 8192
+#define MAX_HEAD 32768
+#define MAX_HEADERS 100
+/* Input read ahead of the request being answered (pipelined requests). */
+#define MAX_AHEAD 65536
+/* After an answer that closes the connection, the rest of what the client
+ * sends is read and dropped for this long, so that the client reads the
+ * answer instead of a reset. */
+#define LINGER_S 2.0
+
+enum { PH_IDLE, PH_HEAD, PH_BODY, PH_ANSWER, PH_LINGER, PH_CLOSED };
+
+typedef struct hdr {
+  size_t name, value; /* offsets into hb, NUL-terminated */
+} hdr;
+
+struct cn__conn {
+  cn__server *srv;
+  uv_tcp_t tcp;
+  bool sock;                /* a socket; else output goes to sink      */
+  bool counted;             /* in open_conns                           */
+  bool refused;             /* beyond max-connections: in refused_conns */
+  cn__conn *prev, *next;    /* s->conns                                */
+  http_parser p;
+  int phase;
+  double deadline;          /* cn__now() seconds; 0: none              */
+  /* the head of the request being read */
+  char *hb;
+  size_t hlen, hcap;
+  int part;                 /* 0 url, 1 field, 2 value: the last piece */
+  size_t url_len;
+  hdr h[MAX_HEADERS];
+  int nh;
+  bool expect_continue;
+  /* the request being read or answered */
+  cn__req *r;
+  bool complete;            /* message complete, not yet handled       */
+  bool must_close;          /* close once the answer is written        */
+  int err_code;             /* a callback refused: CN_E_* ...          */
+  char err_msg[200];        /* ... and why                             */
+  /* input read and not yet parsed */
+  char *in;
+  size_t in_len, in_cap;
+  bool reading;
+  bool pumping;             /* inside conn_pump: answers do not recurse */
+  /* output */
+  int writes;               /* uv_writes not yet done                  */
+  double write_deadline;
+  cn__conn_sink sink;
+  void *sink_ud;
+};
+
+/* conn_parse.c */
+void cn__conn_settings_init(void);
+/* Parses what was read, one request at a time. */
+void cn__conn_pump(cn__conn *c);
+/* An error of the front end itself: one JSON answer, then close. */
+void cn__conn_answer_error(cn__conn *c, int code, const char *msg);
+/* The read-ahead input holds a whole next request. */
+bool cn__conn_next_arrived(const cn__conn *c);
+
+/* conn.c */
+void cn__conn_close(cn__conn *c);
+/* Reading is on while there is room ahead and no answer unwritten. */
+void cn__conn_reads(cn__conn *c);
+
+#endif

@@ -1,0 +1,345 @@
+/* conn_parse.c - the request side of an HTTP/1.1 connection: the
+ * callbacks of http_parser (Debian's libhttp-parser) that collect a
+ * request head within fixed limits, the framing checks http_parser leaves
+ * to its caller (RFC 9112: one length, no smuggling), parse errors as one
+ * JSON answer of docs/api.md each, and the pump that feeds buffered input
+ * to the parser one request at a time and hands each parsed request to
+ * http.c. The socket, answers and deadlines are conn.c's; the connection
+ * itself is described in conn_impl.h.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "conn_impl.h"
+
+static http_parser_settings settings;
+
+/* ---- the head ------------------------------------------------------- */
+
+static int hb_put(cn__conn *c, const char *d, size_t n) {
+  if (c->hlen + n + 1 > MAX_HEAD) return -1;
+  if (c->hlen + n + 1 > c->hcap) {
+    size_t cap = c->hcap ? c->hcap : 512;
+    while (cap < c->hlen + n + 1) cap *= 2;
+    char *b = realloc(c->hb, cap);
+    if (b == NULL) return -1;
+    c->hb = b;
+    c->hcap = cap;
+  }
+  memcpy(c->hb + c->hlen, d, n);
+  c->hlen += n;
+  c->hb[c->hlen] = '\0'; /* a head cut short still reads as strings */
+  return 0;
+}
+
+/* A callback's refusal: -1 stops http_parser (from on_headers_complete,
+ * 1 would only mean "no body"). */
+static int refuse(cn__conn *c, int code, const char *msg) {
+  c->err_code = code;
+  snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg);
+  return -1;
+}
+
+static int head_too_large(cn__conn *c) {
+  char m[120];
+  snprintf(m, sizeof(m), "the request head is over %d bytes", MAX_HEAD);
+  return refuse(c, CN_E_HEADER_TOO_LARGE, m);
+}
+
+const char *cn__conn_header(const cn__conn *c, const char *name) {
+  for (int i = 0; i < c->nh; i++)
+    if (strcasecmp(c->hb + c->h[i].name, name) == 0)
+      return c->hb + c->h[i].value;
+  return NULL;
+}
+
+static int on_message_begin(http_parser *p) {
+  cn__conn *c = p->data;
+  c->phase = PH_HEAD;
+  c->deadline = cn__now() + c->srv->cfg.serve.header_timeout_s;
+  c->hlen = 0;
+  c->part = 0;
+  c->url_len = 0;
+  c->nh = 0;
+  c->expect_continue = false;
+  return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t n) {
+  cn__conn *c = p->data;
+  c->url_len += n;
+  if (c->url_len > MAX_URL) {
+    char m[80];
+    snprintf(m, sizeof(m), "the URL is over %d bytes", MAX_URL);
+    return refuse(c, CN_E_URI_TOO_LONG, m);
+  }
+  return hb_put(c, at, n) ? head_too_large(c) : 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t n) {
+  cn__conn *c = p->data;
+  if (c->phase != PH_HEAD) return 0; /* a chunked body's trailer: unused */
+  if (c->part != 1) { /* a new header: end the URL or the last value */
+    if (c->nh == MAX_HEADERS) {
+      char m[80];
+      snprintf(m, sizeof(m), "more than %d header lines", MAX_HEADERS);
+      return refuse(c, CN_E_HEADER_TOO_LARGE, m);
+    }
+    if (hb_put(c, "", 1)) return head_too_large(c);
+    c->h[c->nh].name = c->hlen;
+    c->h[c->nh].value = c->hlen;
+    c->nh++;
+    c->part = 1;
+  }
+  return hb_put(c, at, n) ? head_too_large(c) : 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t n) {
+  cn__conn *c = p->data;
+  if (c->phase != PH_HEAD) return 0;
+  if (c->part != 2) {
+    if (c->part != 1 || hb_put(c, "", 1)) return head_too_large(c);
+    c->h[c->nh - 1].value = c->hlen;
+    c->part = 2;
+  }
+  return hb_put(c, at, n) ? head_too_large(c) : 0;
+}
+
+/* Framing checks http_parser leaves to its caller, then the request. */
+static int on_headers_complete(http_parser *p) {
+  cn__conn *c = p->data;
+  cn__server *s = c->srv;
+  if (hb_put(c, "", 1)) return head_too_large(c);
+  if (c->part == 1) c->h[c->nh - 1].value = c->hlen - 1; /* no value */
+  int n_cl = 0, n_te = 0;
+  const char *te = NULL;
+  for (int i = 0; i < c->nh; i++) {
+    const char *k = c->hb + c->h[i].name;
+    /* RFC 9112 §5.1: no whitespace between a field name and its colon
+     * (http_parser reads "Content-Length :" as the length; a proxy may
+     * not), and a name is a token */
+    for (const char *q = k; *q; q++)
+      if (*q <= 0x20 || *q >= 0x7f || strchr("\"(),/:;<=>?@[\\]{}", *q))
+        return refuse(c, CN_E_BAD_REQUEST,
+                      "a header name holds whitespace or a separator");
+    /* a value's trailing whitespace is not part of it (§5.5) */
+    char *v = c->hb + c->h[i].value;
+    for (size_t vl = strlen(v); vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t');)
+      v[--vl] = '\0';
+    if (strcasecmp(k, "Content-Length") == 0) n_cl++;
+    if (strcasecmp(k, "Transfer-Encoding") == 0) {
+      n_te++;
+      te = c->hb + c->h[i].value;
+    }
+    if (strcasecmp(k, "Expect") == 0) {
+      if (strcasecmp(c->hb + c->h[i].value, "100-continue") == 0)
+        c->expect_continue = true;
+      else
+        return refuse(c, CN_E_BAD_REQUEST, "unsupported Expect header");
+    }
+  }
+  /* RFC 9112 §6.3: which length frames the body would be a guess, and
+   * behind a proxy that guesses the other way it is request smuggling */
+  if (n_cl > 1)
+    return refuse(c, CN_E_BAD_REQUEST, "more than one Content-Length header");
+  if (n_cl > 0 && n_te > 0)
+    return refuse(c, CN_E_BAD_REQUEST,
+                  "both Content-Length and Transfer-Encoding");
+  if (n_te > 1 || (te != NULL && strcasecmp(te, "chunked") != 0))
+    return refuse(c, CN_E_NOT_IMPLEMENTED,
+                  "Transfer-Encoding other than chunked");
+  if (p->http_major != 1 || p->http_minor > 1)
+    return refuse(c, CN_E_BAD_REQUEST, "unsupported HTTP version (1.0 "
+                  "and 1.1 are served)");
+  char method[16];
+  snprintf(method, sizeof(method), "%s",
+           http_method_str((enum http_method)p->method));
+  c->r = cn__http_begin(s, c, method, c->hb);
+  if (c->r == NULL) return refuse(c, CN_E_NOMEM, "out of memory");
+  bool chunked = te != NULL;
+  bool body = chunked || (p->content_length > 0 &&
+                          p->content_length != ULLONG_MAX);
+  if (body) {
+    c->phase = PH_BODY;
+    c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
+  }
+  /* a body declared too large is refused before it is sent */
+  if (cn__http_head_done(c->r, body && !chunked ? p->content_length : 0)) {
+    c->must_close = true;
+    return -1;
+  }
+  if (body && c->expect_continue && p->http_major == 1 && p->http_minor >= 1)
+    cn__conn_write(c, strdup("HTTP/1.1 100 Continue\r\n\r\n"), 25);
+  return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t n) {
+  cn__conn *c = p->data;
+  if (c->r == NULL) return -1;
+  if (cn__http_body(c->r, at, n)) { /* answered (too large): stop here */
+    c->must_close = true;
+    return -1;
+  }
+  return 0;
+}
+
+static int on_message_complete(http_parser *p) {
+  cn__conn *c = p->data;
+  c->phase = PH_ANSWER;
+  c->deadline = 0;
+  c->complete = true;
+  http_parser_pause(p, 1);
+  return 0;
+}
+
+void cn__conn_settings_init(void) {
+  settings.on_message_begin = on_message_begin;
+  settings.on_url = on_url;
+  settings.on_header_field = on_header_field;
+  settings.on_header_value = on_header_value;
+  settings.on_headers_complete = on_headers_complete;
+  settings.on_body = on_body;
+  settings.on_message_complete = on_message_complete;
+}
+
+/* ---- the next request, read ahead ---------------------------------- */
+
+static int ahead_complete(http_parser *p) {
+  *(bool *)p->data = true;
+  http_parser_pause(p, 1);
+  return 0;
+}
+
+/* Whether the input read ahead of the request being answered holds the
+ * whole of a next one. While the daemon drains, the answer before such a
+ * request must not close the connection: the client finished sending it
+ * and gets its own answer (docs/daemon.md, "Health, drain, metrics,
+ * logs"). A scratch parser, with no callback but the message's end, walks
+ * c->in without consuming it, so the connection's own parser and head are
+ * untouched. Bytes http_parser refuses count as a request too: they are
+ * answered 400 once parsed for real. A request cut short does not count.
+ * Only called while draining; it walks at most the read-ahead buffer
+ * (MAX_AHEAD and one read). */
+bool cn__conn_next_arrived(const cn__conn *c) {
+  static http_parser_settings ahead = {.on_message_complete = ahead_complete};
+  if (c->in_len == 0) return false;
+  http_parser p;
+  bool done = false;
+  http_parser_init(&p, HTTP_REQUEST);
+  p.data = &done;
+  http_parser_execute(&p, &ahead, c->in, c->in_len);
+  enum http_errno e = HTTP_PARSER_ERRNO(&p);
+  return done || (e != HPE_OK && e != HPE_PAUSED);
+}
+
+/* ---- errors ---------------------------------------------------------- */
+
+/* An error of the front end itself (framing, limits, deadlines): one JSON
+ * answer with a request id, then close. */
+void cn__conn_answer_error(cn__conn *c, int code, const char *msg) {
+  c->must_close = true;
+  if (c->r == NULL) {
+    const char *url = c->phase == PH_HEAD && c->hlen > 0 ? c->hb : "-";
+    c->r = cn__http_begin(c->srv, c, "-", url);
+    if (c->r == NULL) {
+      cn__conn_close(c);
+      return;
+    }
+  }
+  cn__http_fail(c->r, code, msg);
+}
+
+/* Why http_parser stopped, as one of docs/api.md's errors. */
+static void parse_error(cn__conn *c) {
+  enum http_errno e = HTTP_PARSER_ERRNO(&c->p);
+  if (c->err_code != 0) {
+    int code = c->err_code;
+    c->err_code = 0;
+    cn__conn_answer_error(c, code, c->err_msg);
+    return;
+  }
+  if (c->phase == PH_LINGER || c->phase == PH_CLOSED)
+    return; /* a callback answered already (413) */
+  char m[200];
+  int code = CN_E_BAD_REQUEST;
+  switch (e) {
+    case HPE_HEADER_OVERFLOW:
+      code = CN_E_HEADER_TOO_LARGE;
+      snprintf(m, sizeof(m), "the request head is too large");
+      break;
+    case HPE_INVALID_CONTENT_LENGTH:
+      snprintf(m, sizeof(m), "Content-Length is not a valid length");
+      break;
+    case HPE_UNEXPECTED_CONTENT_LENGTH:
+      snprintf(m, sizeof(m), "more than one Content-Length header, or both "
+               "Content-Length and Transfer-Encoding");
+      break;
+    case HPE_INVALID_TRANSFER_ENCODING:
+      code = CN_E_NOT_IMPLEMENTED;
+      snprintf(m, sizeof(m), "Transfer-Encoding other than chunked");
+      break;
+    default:
+      snprintf(m, sizeof(m), "malformed HTTP request: %s",
+               http_errno_description(e));
+  }
+  cn__conn_answer_error(c, code, m);
+}
+
+/* ---- the input ------------------------------------------------------- */
+
+/* Parses what was read, one request at a time: stops at the end of a
+ * message until its answer is written. */
+void cn__conn_pump(cn__conn *c) {
+  c->pumping = true;
+  while ((c->phase == PH_IDLE || c->phase == PH_HEAD ||
+          c->phase == PH_BODY) &&
+         c->writes == 0 && c->in_len > 0) {
+    if (HTTP_PARSER_ERRNO(&c->p) == HPE_PAUSED) http_parser_pause(&c->p, 0);
+    size_t n = http_parser_execute(&c->p, &settings, c->in, c->in_len);
+    if (c->phase == PH_CLOSED) return;
+    if (n > c->in_len) n = c->in_len;
+    memmove(c->in, c->in + n, c->in_len - n);
+    c->in_len -= n;
+    enum http_errno e = HTTP_PARSER_ERRNO(&c->p);
+    if (e != HPE_OK && e != HPE_PAUSED) {
+      c->in_len = 0;
+      parse_error(c);
+      break;
+    }
+    if (c->complete) {
+      c->complete = false;
+      if (c->p.upgrade) c->must_close = true; /* not HTTP after this */
+      cn__http_complete(c->r); /* answers now, or later (waiting) */
+    }
+  }
+  c->pumping = false;
+  if (c->phase == PH_LINGER) c->in_len = 0;
+  cn__conn_reads(c);
+}
+
+/* Bytes from the client. */
+void cn__conn_feed(cn__conn *c, const char *data, size_t n) {
+  if (c->phase == PH_CLOSED || n == 0) return;
+  if (c->phase == PH_LINGER) return; /* read and dropped */
+  if (c->in_len + n > c->in_cap) {
+    size_t cap = c->in_cap ? c->in_cap : 1024;
+    while (cap < c->in_len + n) cap *= 2;
+    char *b = realloc(c->in, cap);
+    if (b == NULL) {
+      cn__conn_close(c);
+      return;
+    }
+    c->in = b;
+    c->in_cap = cap;
+  }
+  memcpy(c->in + c->in_len, data, n);
+  c->in_len += n;
+  cn__conn_pump(c);
+  /* nothing held: give the buffer back (2,000 idle connections) */
+  if (c->in_len == 0 && c->in_cap > 4096) {
+    free(c->in);
+    c->in = NULL;
+    c->in_cap = 0;
+  }
+}
