@@ -189,7 +189,19 @@ static void on_poll_timer(uv_timer_t *t) {
   if (!atomic_load(&s->draining)) cn__repo_rescan(s, "poll");
 }
 
+/* Closes every handle but the signal handles. Closing those would put
+ * back SIGTERM's, SIGINT's and SIGHUP's default actions, and a signal
+ * repeated by an operator or a service manager during the exit that
+ * follows the drain (workers joined, models freed) would kill the daemon
+ * (status -15 instead of 0). Left open but unreferenced, they keep
+ * libuv's handler installed: a late signal is written to the loop's
+ * signal pipe and never read. The loop is therefore not closed; it is
+ * static, so nothing leaks. */
 static void close_walk(uv_handle_t *h, void *arg) {
+  if (h->type == UV_SIGNAL) {
+    uv_unref(h);
+    return;
+  }
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
@@ -285,7 +297,7 @@ stop:
   free((void *)s->metrics.model_names);
   cn__metrics_free(&s->metrics);
 out:
-  uv_loop_close(&s->loop);
+  if (!uv_is_active((uv_handle_t *)&s->sigterm)) uv_loop_close(&s->loop);
   if (s->models != NULL) cn__repo_free_all(s);
   free(s->models);
   return status;

@@ -124,6 +124,36 @@ Test(serve_ops, sighup_is_logged_and_ignored, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0, "exit status after SIGHUP then SIGTERM");
 }
 
+/* A SIGTERM repeated while the daemon drains and exits (an operator's
+ * second Ctrl-C, a service manager's retry) changes nothing: one drain,
+ * exit 0. The repeats come every 0.2 ms from the first until the process
+ * is gone, so some land after the loop stopped, where closing the signal
+ * handles once restored the default action and the daemon died of it. */
+Test(serve_ops, repeated_sigterm_still_exits_0, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  int st = 0, signals = 0;
+  pid_t got = 0;
+  while ((got = waitpid(d.pid, &st, WNOHANG)) == 0) {
+    kill(d.pid, SIGTERM);
+    signals++;
+    usleep(200);
+  }
+  d.pid = 0;
+  cr_assert_eq(got > 0, 1);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+            "exit after %d SIGTERMs: %s %d", signals,
+            WIFSIGNALED(st) ? "killed by signal" : "status",
+            WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+  cr_expect(signals > 1);
+  cr_expect(log_has(d.log, "msg=drained"));
+}
+
 /* While draining, every answer is the connection's last: a request in a
  * window gets its 200 with Connection: close, a new request on an open
  * keep-alive connection gets 503 draining with Connection: close, and the
