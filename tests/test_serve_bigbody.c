@@ -225,6 +225,10 @@ Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
     if (open != 1) usleep(20000);
   }
   cr_expect_eq(open, 1, "open connections: %g", open);
+  /* each was cancelled as a hang-up (its EOF follows its body, read long
+   * before a parse of millions of numbers ends) */
+  cr_expect_eq(metric_of(d.port, "canopy_requests_cancelled_total{reason="
+                                 "\"disconnect\"}"), 3);
   th_resp r;
   cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
   cr_expect_eq(r.status, 200);
