@@ -23,7 +23,9 @@
  * cn_instance_parse for each instance, which reads the model (const
  * cn_model: vocabularies, lexicon tries, limits) and writes only the new
  * instance; none of core/input or core/model's parsers keeps static or
- * cached state. The model version is held by the request. */
+ * cached state. The model version is held by the request. jansson is
+ * safe on separate values from several threads (its hash seed is set
+ * once, atomically, long before: the config and models are JSON). */
 #include <malloc.h>
 #include <stdlib.h>
 
