@@ -152,22 +152,35 @@ static void hand_over(cn__req *r) {
   else cn__batcher_dispatch(s, r);
 }
 
-/* The body is complete: validate, then suspend and hand over. */
+/* The body is complete: validate, then suspend and hand over. A big body
+ * is parsed on the threadpool first (bigparse.c), except with no loop
+ * running (the HTTP fuzz target answers requests itself). */
 static void infer_ready(cn__req *r) {
   cn__server *s = r->srv;
   if (atomic_load(&s->draining)) {
     answer_err(r, CN_E_DRAINING, "the server is shutting down");
     return;
   }
+  if (r->body_len > CN__BIG_BODY_BYTES && s->hand_over == NULL) {
+    cn__bigparse_submit(r);
+    return;
+  }
   cn_err e;
   cn_err_clear(&e);
   if (cn__infer_parse(r, &e) != 0) {
-    int n = r->n_inst;
-    r->n_inst = 0; /* error lines report no instances */
-    for (int i = 0; i < n; i++) cn_instance_free(r->inst[i]);
     answer_cn_err(r, &e);
     return;
   }
+  r->state = CN__REQ_WAITING;
+  hand_over(r);
+}
+
+void cn__http_parsed(cn__req *r) {
+  if (r->prc != 0) {
+    answer_cn_err(r, &r->perr);
+    return;
+  }
+  cn__infer_commit(r, &r->parsed);
   r->state = CN__REQ_WAITING;
   hand_over(r);
 }

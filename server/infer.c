@@ -5,17 +5,82 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bodyscan.h"
 #include "serve_impl.h"
 
-/* Reads the options and instances of an infer body; on success the
- * request holds validated instances ready for a run. */
-int cn__infer_parse(cn__req *r, cn_err *e) {
+/* How many JSON objects and arrays a request of n instances may hold
+ * (bodyscan.c counts them before jansson runs). In a request of the forms
+ * of docs/api.md every object is the top-level object, an instance, a
+ * JSON tree node, a lattice word or a DAG node, and each of the last
+ * three is at least one vertex of its instance (cn_instance_vertices:
+ * a tree node one or more, a lattice span 2, a DAG node 1), so objects
+ * <= 1 + n + vertices <= 1 + n + max-vertices. Every array is
+ * "instances", an instance's "tokens", "chars", "words" or "nodes" (at
+ * most two an instance), a tree node's "children" or a DAG node's "prev"
+ * (at most one a vertex), so arrays <= 1 + 2n + max-vertices. SLACK
+ * covers option fields grown later. What this refuses is a body that no
+ * request within max-vertices is, or one whose ignored keys (which an
+ * instance may carry, docs/api.md) hold more containers than that:
+ * documented as such. It bounds jansson's memory for one parse to about
+ * (max-vertices + 3n) x ~230 bytes for containers; scalars (strings,
+ * numbers) cost jansson ~20x their bytes and are bounded by
+ * max-body-bytes only (docs/daemon.md). */
+enum { CONTAINER_SLACK = 16 };
+
+static int too_many_instances(cn_err *e, size_t n, int max) {
+  return cn_err_set(e, CN_E_TOO_LARGE,
+                    "%zu instances; at most %d per request "
+                    "(max-instances-per-request)",
+                    n, max);
+}
+
+/* Refuses, from counts alone, a body jansson should not build. */
+static int check_counts(const cn__server *s, const char *body, size_t len,
+                        cn_err *e) {
+  const cn_serve_config *sc = &s->cfg.serve;
+  cn__body_counts k;
+  cn__body_scan(body, len, &k);
+  if (k.instances > (size_t)sc->max_instances_per_request)
+    return too_many_instances(e, k.instances, sc->max_instances_per_request);
+  size_t n = k.instances, mv = (size_t)sc->max_vertices;
+  size_t max_obj = 1 + n + mv + CONTAINER_SLACK;
+  size_t max_arr = 1 + 2 * n + mv + CONTAINER_SLACK;
+  if (k.objects > max_obj || k.arrays > max_arr) {
+    bool obj = k.objects > max_obj;
+    return cn_err_set(e, CN_E_TOO_LARGE,
+                      "the body holds %zu JSON %s; a request of %zu "
+                      "instances holds at most %zu (one an instance, tree "
+                      "node, lattice word or DAG node: max-vertices + "
+                      "instances)",
+                      obj ? k.objects : k.arrays, obj ? "objects" : "arrays",
+                      n, obj ? max_obj : max_arr);
+  }
+  return 0;
+}
+
+static void parsed_free(cn__parsed *p) {
+  for (int i = 0; i < p->n_inst; i++) cn_instance_free(p->inst[i]);
+  free(p->inst);
+  p->inst = NULL;
+  p->n_inst = 0;
+}
+
+/* Reads the options and instances of r's body into p (any thread: it
+ * reads r's body, model and the configuration, and writes only p). On
+ * failure p holds nothing. */
+int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   cn__server *s = r->srv;
   const cn_serve_config *sc = &s->cfg.serve;
-  int rc = 0;
+  const char *body = r->body ? r->body : "";
+  int rc;
+  json_t *j = NULL;
+  memset(p, 0, sizeof(*p));
+  p->flags = r->flags;
+  p->max_decode_len = r->max_decode_len;
+  p->timeout_ms = r->timeout_ms;
+  if ((rc = check_counts(s, body, r->body_len, e)) != 0) goto out;
   json_error_t je;
-  json_t *j = json_loadb(r->body ? r->body : "", r->body_len,
-                        JSON_REJECT_DUPLICATES, &je);
+  j = json_loadb(body, r->body_len, JSON_REJECT_DUPLICATES, &je);
   if (j == NULL) {
     rc = cn_err_set(e, CN_E_BAD_JSON, "the body is not valid JSON: %s",
                     je.text);
@@ -41,15 +106,12 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
     }
   }
   if (n > (size_t)sc->max_instances_per_request) {
-    rc = cn_err_set(e, CN_E_TOO_LARGE,
-                    "%zu instances; at most %d per request "
-                    "(max-instances-per-request)",
-                    n, sc->max_instances_per_request);
+    rc = too_many_instances(e, n, sc->max_instances_per_request);
     goto out;
   }
   if ((v = json_object_get(j, "outputs")) != NULL) {
     const char *o = json_string_value(v);
-    if (o != NULL && strcmp(o, "all") == 0) r->flags |= CN_OUT_ALL;
+    if (o != NULL && strcmp(o, "all") == 0) p->flags |= CN_OUT_ALL;
     else if (o == NULL || strcmp(o, "root") != 0) {
       rc = cn_err_set(e, CN_E_BAD_INSTANCE, "\"outputs\" must be \"root\" or \"all\"");
       goto out;
@@ -60,7 +122,7 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
       rc = cn_err_set(e, CN_E_BAD_INSTANCE, "\"return_hidden\" must be a boolean");
       goto out;
     }
-    if (json_is_true(v)) r->flags |= CN_OUT_HIDDEN;
+    if (json_is_true(v)) p->flags |= CN_OUT_HIDDEN;
   }
   if ((v = json_object_get(j, "max_decode_len")) != NULL) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
@@ -69,7 +131,7 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
                       "\"max_decode_len\" must be a positive integer");
       goto out;
     }
-    r->max_decode_len = (int)json_integer_value(v);
+    p->max_decode_len = (int)json_integer_value(v);
   }
   if ((v = json_object_get(j, "timeout_ms")) != NULL) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
@@ -79,32 +141,53 @@ int cn__infer_parse(cn__req *r, cn_err *e) {
                       "the daemon's timeout-ms key has the same limit)");
       goto out;
     }
-    r->timeout_ms = json_integer_value(v);
+    p->timeout_ms = json_integer_value(v);
   }
-  r->inst = calloc(n, sizeof(cn_instance *));
-  if (r->inst == NULL) {
+  p->inst = calloc(n, sizeof(cn_instance *));
+  if (p->inst == NULL) {
     rc = cn_err_set(e, CN_E_NOMEM, "no memory for %zu instances", n);
     goto out;
   }
   for (size_t i = 0; i < n; i++) {
     const json_t *ij = insts ? json_array_get(insts, i) : j;
     rc = cn_instance_parse(r->me->model, ij, &s->cfg.limits, (int)i,
-                           &r->inst[i], e);
+                           &p->inst[i], e);
     if (rc != 0) goto out;
-    r->n_inst++;
-    r->vertices += cn_instance_vertices(r->inst[i], r->flags & CN_OUT_ALL);
+    p->n_inst++;
+    p->vertices += cn_instance_vertices(p->inst[i], p->flags & CN_OUT_ALL);
   }
-  if (r->vertices > (size_t)sc->max_vertices) {
+  if (p->vertices > (size_t)sc->max_vertices) {
     rc = cn_err_set(e, CN_E_TOO_LARGE,
                     "the request has %zu vertices; a run holds at most %d "
                     "(max-vertices)",
-                    r->vertices, sc->max_vertices);
+                    p->vertices, sc->max_vertices);
     goto out;
   }
 out:
   json_decref(j);
+  if (rc != 0) parsed_free(p);
+  return rc;
+}
+
+void cn__infer_commit(cn__req *r, cn__parsed *p) {
+  r->inst = p->inst;
+  r->n_inst = p->n_inst;
+  r->vertices = p->vertices;
+  r->flags = p->flags;
+  r->max_decode_len = p->max_decode_len;
+  r->timeout_ms = p->timeout_ms;
+  memset(p, 0, sizeof(*p));
+}
+
+void cn__parsed_free(cn__parsed *p) { parsed_free(p); }
+
+int cn__infer_parse(cn__req *r, cn_err *e) {
+  cn__parsed p;
+  int rc = cn__infer_parse_into(r, &p, e);
   free(r->body);
   r->body = NULL;
+  r->body_len = r->body_cap = 0;
+  if (rc == 0) cn__infer_commit(r, &p);
   return rc;
 }
 

@@ -102,6 +102,16 @@ struct cn__model_slot {
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
 
+/* What infer.c reads of a body, before it is the request's. */
+typedef struct cn__parsed {
+  cn_instance **inst;
+  int n_inst;
+  size_t vertices;
+  unsigned flags;
+  int max_decode_len;
+  long long timeout_ms;
+} cn__parsed;
+
 typedef struct cn__req {
   /* any thread */
   atomic_int refs;
@@ -138,6 +148,14 @@ typedef struct cn__req {
   /* the answer */
   int status;
   const char *reason;       /* timeout / disconnect / ... for the log    */
+  /* a big body parsed off the loop (bigparse.c): the pool thread writes
+   * parsed, perr and prc, and frees body; the loop reads them in the
+   * after-work callback */
+  uv_work_t pwork;
+  struct cn__req *pnext;    /* loop: the FIFO of bodies waiting to parse */
+  cn__parsed parsed;
+  cn_err perr;
+  int prc;
 } cn__req;
 
 /* A run being gathered (window) or queued for / computed by a worker. */
@@ -180,6 +198,10 @@ struct cn__server {
   void (*hand_over)(cn__server *s, cn__req *r);
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
+  /* big bodies (bigparse.c; loop thread): parses on the threadpool and
+   * the FIFO of those waiting for one */
+  int parsing;
+  cn__req *phead, *ptail;
   /* shared */
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
@@ -262,6 +284,23 @@ char *cn__error_body(int code, const char *msg, int instance);
 
 /* infer.c: parses r->body (and frees it) into r's options and instances */
 int cn__infer_parse(cn__req *r, cn_err *e);
+/* The same in two steps: the parse (any thread; writes only p; p holds
+ * nothing on failure), then, on the loop, p becomes r's. */
+int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
+void cn__infer_commit(cn__req *r, cn__parsed *p);
+void cn__parsed_free(cn__parsed *p);
+
+/* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
+ * libuv's threadpool, CN__BIG_PARSES at a time, the rest waiting FIFO.
+ * The request is WAITING (on s->waiting) meanwhile; cn__http_parsed(r)
+ * runs on the loop once its parse ended, unless it was answered
+ * (disconnect, drain) meanwhile. */
+#define CN__BIG_BODY_BYTES (64 * 1024)
+#define CN__BIG_PARSES 1
+void cn__bigparse_submit(cn__req *r);
+/* http.c: r's big body is parsed (r->prc, r->perr, r->parsed): answer or
+ * hand over. */
+void cn__http_parsed(cn__req *r);
 
 /* routes.h: the routes and the GET bodies */
 
