@@ -37,6 +37,7 @@ typedef struct cn_serve_config {
   int max_vertices;        /* vertices that close a run; bigger: 413      */
   int queue_depth;         /* instances waiting for a worker; beyond: 429 */
   int max_body_bytes;
+  int max_body_memory;
   int max_instances_per_request;
   int timeout_ms;          /* default per-request timeout, 0 = none       */
   int drain_grace_ms;

@@ -51,8 +51,7 @@ static void do_parse(uv_work_t *w) {
   cn__req *r = w->data;
   cn_err_clear(&r->perr);
   r->prc = cn__infer_parse_into(r, &r->parsed, &r->perr);
-  free(r->body);
-  r->body = NULL;
+  cn__req_body_free(r);
   /* jansson's tree of the body was built and freed in this pool thread's
    * malloc arena; the pool has four threads, so four arenas would each
    * keep a parse's worth of free memory (8 MiB of tokens: ~190 MB each,

@@ -31,11 +31,21 @@ char *cn__error_body(int code, const char *msg, int instance) {
   return s;
 }
 
+/* Frees the body and gives its bytes back to max-body-memory; any thread
+ * (bigparse.c frees it on the pool thread that parsed it). */
+void cn__req_body_free(cn__req *r) {
+  if (r->body_cap > 0)
+    atomic_fetch_sub(&r->srv->body_bytes, (long long)r->body_cap);
+  free(r->body);
+  r->body = NULL;
+  r->body_len = r->body_cap = 0;
+}
+
 static void req_free(cn__req *r) {
   for (int i = 0; i < r->n_inst; i++) cn_instance_free(r->inst[i]);
   cn__model_release(r->me);
   free(r->inst);
-  free(r->body);
+  cn__req_body_free(r);
   free(r->result);
   free(r);
 }
@@ -440,8 +450,23 @@ int cn__http_body(cn__req *r, const char *data, size_t n) {
     size_t cap = r->body_cap ? r->body_cap : 4096;
     while (cap < r->body_len + n) cap *= 2;
     if (cap > max) cap = max;
+    /* the bodies held at once are bounded (max-body-memory): many
+     * connections each sending a big body, or waiting for their turn to
+     * be parsed, would otherwise hold max-connections x max-body-bytes */
+    long long grow = (long long)(cap - r->body_cap);
+    long long held = atomic_fetch_add(&r->srv->body_bytes, grow) + grow;
+    if (held > (long long)r->srv->cfg.serve.max_body_memory) {
+      atomic_fetch_sub(&r->srv->body_bytes, grow);
+      char msg[200];
+      snprintf(msg, sizeof(msg), "the server holds %lld bytes of request "
+               "bodies (max-body-memory %d); retry later", held - grow,
+               r->srv->cfg.serve.max_body_memory);
+      answer_err(r, CN_E_OVERLOADED, msg);
+      return 1;
+    }
     char *b = realloc(r->body, cap);
     if (b == NULL) {
+      atomic_fetch_sub(&r->srv->body_bytes, grow);
       answer_err(r, CN_E_NOMEM, "out of memory");
       return 1;
     }

@@ -184,9 +184,7 @@ void cn__parsed_free(cn__parsed *p) { parsed_free(p); }
 int cn__infer_parse(cn__req *r, cn_err *e) {
   cn__parsed p;
   int rc = cn__infer_parse_into(r, &p, e);
-  free(r->body);
-  r->body = NULL;
-  r->body_len = r->body_cap = 0;
+  cn__req_body_free(r);
   if (rc == 0) cn__infer_commit(r, &p);
   return rc;
 }

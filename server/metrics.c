@@ -369,6 +369,9 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   gauge(&b, "canopy_open_connections",
         "client connections open (max-connections bounds them)",
         (double)g->open_connections);
+  gauge(&b, "canopy_body_bytes",
+        "bytes of request bodies held (max-body-memory bounds them)",
+        (double)g->body_bytes);
   gauge(&b, "canopy_in_flight_requests",
         "requests accepted and not yet answered", (double)g->in_flight);
   gauge(&b, "canopy_workers", "worker threads", (double)g->workers);

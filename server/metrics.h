@@ -47,6 +47,7 @@ typedef struct cn__metrics {
 typedef struct cn__gauges {
   long long queue_instances, queued_runs, in_flight, workers, ready,
       draining, open_connections;
+  long long body_bytes;
 } cn__gauges;
 
 int cn__metrics_init(cn__metrics *m, int cap, const char **names);

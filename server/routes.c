@@ -112,6 +112,7 @@ static cn__gauges gauges(cn__server *s) {
   g.workers = s->n_threads;
   g.draining = atomic_load(&s->draining);
   g.open_connections = atomic_load(&s->open_conns);
+  g.body_bytes = atomic_load(&s->body_bytes);
   g.ready = !g.draining;
   return g;
 }

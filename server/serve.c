@@ -103,6 +103,12 @@ static int parse_config(int argc, char **argv, cn_config *c) {
     if (strcmp(name, "config") == 0) continue;
     if (cn_config_set(c, name, v, &err) != 0) goto bad;
   }
+  if (c->serve.max_body_memory < c->serve.max_body_bytes) {
+    cn_err_set(&err, CN_E_BAD_CONFIG, "max-body-memory (%d) is less than "
+               "max-body-bytes (%d): a body of the largest size could never "
+               "be held", c->serve.max_body_memory, c->serve.max_body_bytes);
+    goto bad;
+  }
   return 0;
 bad:
   fprintf(stderr, "canopy serve: %s\n", err.msg);

@@ -205,6 +205,7 @@ struct cn__server {
   /* shared */
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
+  atomic_llong body_bytes;       /* request bodies held (max-body-memory) */
   atomic_llong last_request_us;  /* cn__now() of the newest request, µs  */
   atomic_int waiting_instances; /* in windows or queued, not yet running */
   atomic_int in_flight;         /* requests submitted and not answered   */
@@ -250,6 +251,8 @@ int cn__http_body(cn__req *r, const char *data, size_t n);
 void cn__http_complete(cn__req *r);
 void cn__http_fail(cn__req *r, int code, const char *msg);
 void cn__req_unref(cn__req *r);
+/* Frees the body, giving its bytes back to max-body-memory (any thread). */
+void cn__req_body_free(cn__req *r);
 void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
 
 /* listen.c: the listening socket and the file descriptor limit */
