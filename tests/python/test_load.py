@@ -182,6 +182,24 @@ class TestLoad(unittest.TestCase):
         bound_ms = 1e3 * ((k - 2) / 40.0 + 0.05 - k / 100.0)
         self.assertGreaterEqual(r["latency_ms_200"]["max"], bound_ms, r)
 
+    def test_closed_loop(self):
+        # --closed: no schedule; each connection sends again once
+        # answered, so everything sent is answered (or an error) and
+        # nothing waits unsent, through the closes and 429s above.
+        srv = self.serve()
+        r = self.report(run_load(srv.server_address[1], self.path,
+                                 "--closed", "--duration", "0.5",
+                                 "--connections", "4"))
+        self.assertTrue(r["closed"])
+        self.assertEqual(r["not_sent"], 0)
+        self.assertEqual(r["scheduled"], r["sent"])
+        self.assertEqual(r["sent"], srv.n)
+        self.assertEqual(r["responses"], r["sent"])
+        self.assertEqual(sum(r["errors"].values()), 0, r)
+        self.assertEqual({int(k): v for k, v in r["status"].items()},
+                         dict(srv.sent))
+        self.assertGreater(r["sent"], 20)  # reconnected after each close
+
     def test_poisson_is_seeded(self):
         srv = self.serve()
         a = self.report(run_load(srv.server_address[1], self.path, "--rate",
@@ -216,6 +234,7 @@ class TestLoad(unittest.TestCase):
 
     def test_bad_usage(self):
         for args in (["--rate", "0", "--duration", "1"],
+                     ["--duration", "1", "--connections", "2"],
                      ["--rate", "ten", "--duration", "1"],
                      ["--duration", "1"],
                      ["--rate", "10", "--duration", "1", "--connections",

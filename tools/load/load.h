@@ -52,6 +52,7 @@ typedef struct ld_load {
   double rate, duration_s, timeout_s, drain_s;
   int n_conns;
   int poisson;
+  int closed_loop; /* --closed: no schedule, send on every idle connection */
   uint64_t seed;
   /* the prepared requests, used in turn */
   uv_buf_t *reqs;

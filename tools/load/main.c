@@ -10,7 +10,9 @@
  * so a slow server makes the queue, and the latencies, grow (latency runs
  * from the due time, as wrk2 measures it) instead of slowing the offered
  * rate. Requests still queued when the duration ends are reported as
- * not sent; those in flight get --drain-s to finish.
+ * not sent; those in flight get --drain-s to finish. --closed drops the
+ * schedule: every connection sends again as soon as it is answered (a
+ * closed loop, for measuring a peak; latency then runs from the write).
  *
  * stdout: one JSON line (the report); stderr: a summary for people.
  */
@@ -34,6 +36,9 @@ static void usage(FILE *f) {
           "                   [--host 127.0.0.1] [--connections 64] "
           "[--poisson] [--seed 1]\n"
           "                   [--timeout-s 30] [--drain-s 10]\n"
+          "       canopy-load --closed ... (no --rate): a closed loop, each "
+          "connection\n                   sending again once answered "
+          "(for a peak)\n"
           "Open loop: POST one body of FILE (one JSON body a line, in turn) "
           "at R requests/s\nfor S seconds over N keep-alive connections; "
           "latency runs from each request's\ndue time. One JSON line on "
@@ -91,6 +96,17 @@ void ld_dispatch(ld_load *L) {
   if (!L->started || L->finished) return;
   uint64_t now = uv_hrtime();
   if (now >= L->t_end) return; /* what is still queued was not sent */
+  if (L->closed_loop) { /* the answer frees the connection for the next */
+    while (L->n_idle > 0) {
+      L->scheduled++;
+      ld_conn_send(L, &L->conns[L->idle[L->n_idle - 1]], now);
+    }
+    now = uv_hrtime();
+    while (L->n_closed > 0 &&
+           now >= L->backoff_until)
+      ld_conn_connect(L, &L->conns[L->closed[--L->n_closed]]);
+    return;
+  }
   while (L->due_len > 0 && L->n_idle > 0)
     ld_conn_send(L, &L->conns[L->idle[L->n_idle - 1]], due_pop(L));
   while (L->due_len > (size_t)L->n_connecting && L->n_closed > 0 &&
@@ -110,7 +126,7 @@ static void finish(ld_load *L, uint64_t now) {
 static void on_tick(uv_timer_t *t) {
   ld_load *L = t->data;
   uint64_t now = uv_hrtime();
-  while (L->next_due < L->t_end && L->next_due <= now) {
+  while (!L->closed_loop && L->next_due < L->t_end && L->next_due <= now) {
     if (due_push(L, L->next_due) != 0) {
       fprintf(stderr, "canopy-load: out of memory\n");
       exit(1);
@@ -237,11 +253,13 @@ static void report(ld_load *L) {
   for (int i = 0; i < LD_E_COUNT; i++) n_err += L->errors[i];
 
   printf("{\"offered_rps\": %.3f, \"duration_s\": %.3f, \"elapsed_s\": %.3f, "
-         "\"connections\": %d, \"poisson\": %s, \"scheduled\": %llu, "
+         "\"connections\": %d, \"poisson\": %s, \"closed\": %s, "
+         "\"scheduled\": %llu, "
          "\"sent\": %llu, \"not_sent\": %llu, \"responses\": %llu, "
          "\"sent_rps\": %.3f, \"achieved_rps\": %.3f, \"goodput_rps\": %.3f, "
          "\"status\": {",
          L->rate, L->duration_s, el, L->n_conns, L->poisson ? "true" : "false",
+         L->closed_loop ? "true" : "false",
          (unsigned long long)L->scheduled, (unsigned long long)L->sent,
          (unsigned long long)L->due_len, (unsigned long long)L->responses,
          (double)L->sent / L->duration_s,
@@ -272,7 +290,7 @@ static void report(ld_load *L) {
           "(%s)\n  scheduled %llu, sent %llu, not sent %llu; answered %llu "
           "in %.2f s (%.0f req/s, 200s %.0f/s)\n",
           L->rate, L->duration_s, L->n_conns,
-          L->poisson ? "poisson" : "uniform",
+          L->closed_loop ? "closed loop" : L->poisson ? "poisson" : "uniform",
           (unsigned long long)L->scheduled, (unsigned long long)L->sent,
           (unsigned long long)L->due_len, (unsigned long long)L->responses, el,
           el > 0 ? (double)L->responses / el : 0,
@@ -322,7 +340,8 @@ int main(int argc, char **argv) {
       {"rate", 1, 0, 'r'},    {"duration", 1, 0, 'd'},
       {"connections", 1, 0, 'c'}, {"poisson", 0, 0, 'P'},
       {"seed", 1, 0, 's'},    {"timeout-s", 1, 0, 't'},
-      {"drain-s", 1, 0, 'D'}, {"help", 0, 0, 'H'},
+      {"drain-s", 1, 0, 'D'}, {"closed", 0, 0, 'C'},
+      {"help", 0, 0, 'H'},
       {0, 0, 0, 0}};
   int o, bad = 0;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -336,6 +355,7 @@ int main(int argc, char **argv) {
       break;
     case 'c': bad |= num(optarg, 1, 60000, "--connections", &conns); break;
     case 'P': L.poisson = 1; break;
+    case 'C': L.closed_loop = 1; break;
     case 's': bad |= num(optarg, 0, 1e15, "--seed", &seed); break;
     case 't': bad |= num(optarg, 0.001, 86400, "--timeout-s", &L.timeout_s);
       break;
@@ -345,9 +365,9 @@ int main(int argc, char **argv) {
     }
   }
   if (!bad && (optind < argc || !path || !bodies || port == 0 ||
-               L.rate == 0 || L.duration_s == 0)) {
-    fprintf(stderr, "canopy-load: --port, --path, --bodies, --rate and "
-            "--duration are required\n");
+               (L.rate == 0 && !L.closed_loop) || L.duration_s == 0)) {
+    fprintf(stderr, "canopy-load: --port, --path, --bodies, --duration and "
+            "--rate (or --closed) are required\n");
     bad = 1;
   }
   if (bad) {
