@@ -8,7 +8,8 @@
 #        overload sigterm sigterm-pipelined slow soak weights)
 #   SOAK_S=600 (the soak's length), SLOW=2000, MODELS=/tmp/canopy-reliability,
 #   BUILD=build (the build dir: its canopy, and tools/canopy-load for the
-#   overload check's open loop; CLIENT=python forces the Python client)
+#   overload check's open loop; CLIENT=python forces the Python client;
+#   PEAK=c measures its peak with canopy-load --closed too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -22,6 +23,6 @@ init="--hidden 256 --embed 128 --classes 5 --vocab-from $data"
   "$BUILD/canopy" model init treelstm "$MODELS/treelstm" $init >/dev/null
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 exec /usr/bin/python3 scripts/bench/reliability.py --canopy "$BUILD/canopy" \
-  --client "${CLIENT:-auto}" \
+  --client "${CLIENT:-auto}" --peak-client "${PEAK:-python}" \
   --models "$MODELS" --model treelstm --family treelstm --init-args "$init" \
   --input "$data" --slow "${SLOW:-2000}" --soak-s "${SOAK_S:-600}" "$@"

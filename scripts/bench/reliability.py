@@ -4,7 +4,8 @@ daemon, printed as one table (scripts/reliability.sh sets it up).
 
 Each check starts its own `canopy serve` on a free loopback port:
 
-  overload   closed-loop peak first (Python, c=64), then an open-loop
+  overload   closed-loop peak first (Python, c=64; --peak-client c: from
+             canopy-load --closed), then an open-loop
              client at twice that rate: how much is refused (429 with
              Retry-After), the goodput against the peak, and the p99 of the
              requests admitted. The open loop is canopy-load (tools/load,
@@ -225,17 +226,19 @@ def bodies(path, per_request, model):
 
 # ---- the checks ---------------------------------------------------------
 
-def load_c(a, port, rate, body_list):
-    """The open loop from canopy-load (tools/load): its JSON report in
-    the shape load() returns, plus the client's own CPU seconds."""
+def load_c(a, port, rate, body_list, connections=1024):
+    """The open loop from canopy-load (tools/load), or its closed loop
+    with rate 0: its JSON report in the shape load() returns, plus the
+    client's own CPU seconds."""
     with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as f:
         f.write(b"\n".join(body_list) + b"\n")
         f.flush()
         p = subprocess.run(
             [a.load_client, "--port", str(port), "--path",
              "/v1/models/%s/infer" % a.model, "--bodies", f.name,
-             "--rate", "%.3f" % rate, "--duration", str(a.seconds),
-             "--connections", "1024", "--timeout-s", "60"],
+             "--duration", str(a.seconds), "--connections",
+             str(connections), "--timeout-s", "60"] +
+            (["--rate", "%.3f" % rate] if rate else ["--closed"]),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
     r = json.loads(p.stdout.decode().strip().splitlines()[-1])
     status = {int(k): v for k, v in r["status"].items()}
@@ -282,8 +285,16 @@ def check_overload(a, rows):
     try:
         body_list = bodies(a.input, 1, a.model)
         reqs = [request_bytes(d.port, a.model, b) for b in body_list]
-        peak = asyncio.run(load(d.port, reqs, 64, a.seconds))
-        peak_rps = len(peak["lat"]) / peak["seconds"]
+        d_cpu0, t0 = cpu_s(d.p.pid), time.monotonic()
+        if a.peak_client == "c" and client == "c":
+            pk = load_c(a, d.port, 0, body_list, connections=64)
+            peak_rps = pk["good"] / pk["seconds"]
+            peak_p99 = pk["p99_ms"]
+        else:
+            peak = asyncio.run(load(d.port, reqs, 64, a.seconds))
+            peak_rps = len(peak["lat"]) / peak["seconds"]
+            peak_p99 = pct(peak["lat"], 99) * 1e3
+        peak_cores = (cpu_s(d.p.pid) - d_cpu0) / (time.monotonic() - t0)
         rate = 2 * peak_rps
         d_cpu0 = cpu_s(d.p.pid)
         if client == "c":
@@ -300,8 +311,10 @@ def check_overload(a, rows):
     ratio = good / peak_rps if peak_rps else 0
     ok = ratio >= 0.9 and over["retry_missing"] == 0 and not other
     rows.append(("overload: peak, closed loop c=64",
-                 "%.0f req/s, p99 %.1f ms" % (peak_rps, pct(peak["lat"], 99)
-                                              * 1e3), "reference", ""))
+                 "%.0f req/s, p99 %.1f ms (%s); daemon CPU %.2f cores" %
+                 (peak_rps, peak_p99, "canopy-load --closed"
+                  if a.peak_client == "c" and client == "c"
+                  else "Python asyncio", peak_cores), "reference", ""))
     rows.append(("overload: open loop at 2x peak (%.0f req/s offered)" % rate,
                  "goodput %.0f req/s = %.2fx peak; 429 %d of %d (%d without "
                  "Retry-After); other %s; admitted p99 %.1f ms; exit %d; "
@@ -529,6 +542,10 @@ def main():
     ap.add_argument("--client", choices=("auto", "c", "python"),
                     default="auto", help="the overload check's open loop: "
                     "canopy-load (c) where built, else Python (auto)")
+    ap.add_argument("--peak-client", choices=("python", "c"),
+                    default="python", help="the overload check's closed "
+                    "loop for the peak: Python (as before) or canopy-load "
+                    "--closed (only with the C open loop)")
     ap.add_argument("--slow", type=int, default=2000)
     ap.add_argument("--soak-s", type=int, default=600)
     ap.add_argument("checks", nargs="*", default=list(CHECKS))
