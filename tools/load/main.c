@@ -248,7 +248,7 @@ static void report(ld_load *L) {
   double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
                (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
   double el = L->t_done > L->t0 ? (double)(L->t_done - L->t0) / 1e9 : 0;
-  qsort(L->lat200, L->n_lat, sizeof(*L->lat200), cmp_u64);
+  if (L->n_lat) qsort(L->lat200, L->n_lat, sizeof(*L->lat200), cmp_u64);
   uint64_t n_err = 0;
   for (int i = 0; i < LD_E_COUNT; i++) n_err += L->errors[i];
 
@@ -302,8 +302,9 @@ static void report(ld_load *L) {
   fprintf(stderr, "; 429 with Retry-After %llu\n",
           (unsigned long long)L->retry_after_429);
   if (L->n_lat)
-    fprintf(stderr, "  200 latency from due time: p50 %.2f ms, p99 %.2f ms, "
-            "max %.2f ms\n", pct_ms(L, 50), pct_ms(L, 99),
+    fprintf(stderr, "  200 latency from the %s: p50 %.2f ms, p99 %.2f ms, "
+            "max %.2f ms\n", L->closed_loop ? "write" : "due time",
+            pct_ms(L, 50), pct_ms(L, 99),
             (double)L->lat200[L->n_lat - 1] / 1e6);
   fprintf(stderr, "  errors %llu", (unsigned long long)n_err);
   for (int i = 0; i < LD_E_COUNT; i++)
