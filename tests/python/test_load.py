@@ -149,6 +149,7 @@ class TestLoad(unittest.TestCase):
         self.assertEqual({int(k): v for k, v in r["status"].items()},
                          dict(srv.sent))
         self.assertEqual(r["retry_after_429"], srv.retry_after)
+        self.assert_sums(r)
         self.assertGreater(srv.retry_after, 0)
         self.assertLess(srv.retry_after, r["status"]["429"])
         # the bodies in turn: the first `sent` of the cycle, each once
@@ -176,6 +177,7 @@ class TestLoad(unittest.TestCase):
         self.assertEqual(r["scheduled"], r["sent"] + r["not_sent"])
         self.assertEqual(r["sent"], srv.n)
         self.assertGreater(r["not_sent"], 0)
+        self.assert_sums(r)
         n200 = r["status"]["200"]
         self.assertGreaterEqual(n200, 20, r)
         k = n200 - 1
@@ -219,6 +221,11 @@ class TestLoad(unittest.TestCase):
             self.assertEqual(r["scheduled"], r["sent"] + r["not_sent"])
         self.assertEqual(a["sent"] + b["sent"] + c["sent"], srv.n)
 
+    def assert_sums(self, r):
+        errs = sum(v for k, v in r["errors"].items() if k != "connect")
+        self.assertEqual(r["sent"], r["responses"] + errs, r)
+        self.assertEqual(r["responses"], sum(r["status"].values()), r)
+
     def test_no_server(self):
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
@@ -231,6 +238,7 @@ class TestLoad(unittest.TestCase):
         self.assertEqual(r["not_sent"], 15)
         self.assertGreaterEqual(r["errors"]["connect"], 4)
         self.assertIsNone(r["latency_ms_200"])
+        self.assert_sums(r)
 
     def test_bad_usage(self):
         for args in (["--rate", "0", "--duration", "1"],

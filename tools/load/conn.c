@@ -119,8 +119,9 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
       fail(L, c, LD_E_RESET);
       return;
     }
-  } else if (c->state == LD_IDLE) { /* bytes nobody asked for */
-    fail(L, c, LD_E_PARSE);
+  } else if (c->state == LD_IDLE) { /* bytes nobody asked for: no request
+                                        of ours failed, so no error */
+    ld_conn_close(L, c);
     return;
   } else {
     size_t got = http_parser_execute(&c->parser, &settings, buf->base,
