@@ -9,7 +9,8 @@
 #   SOAK_S=600 (the soak's length), SLOW=2000, MODELS=/tmp/canopy-reliability,
 #   BUILD=build (the build dir: its canopy, and tools/canopy-load for the
 #   overload check's open loop; CLIENT=python forces the Python client;
-#   PEAK=c measures its peak with canopy-load --closed too)
+#   PEAK=c measures its peak with canopy-load --closed too; PEAK_AFTER=1
+#   measures the peak again after the open loop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -24,5 +25,6 @@ init="--hidden 256 --embed 128 --classes 5 --vocab-from $data"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 exec /usr/bin/python3 scripts/bench/reliability.py --canopy "$BUILD/canopy" \
   --client "${CLIENT:-auto}" --peak-client "${PEAK:-python}" \
+  ${PEAK_AFTER:+--peak-after} \
   --models "$MODELS" --model treelstm --family treelstm --init-args "$init" \
   --input "$data" --slow "${SLOW:-2000}" --soak-s "${SOAK_S:-600}" "$@"
