@@ -4,9 +4,14 @@ daemon, printed as one table (scripts/reliability.sh sets it up).
 
 Each check starts its own `canopy serve` on a free loopback port:
 
-  overload   closed-loop peak first, then an open-loop client at twice that
-             rate: how much is refused (429 with Retry-After), the goodput
-             against the peak, and the p99 of the requests admitted.
+  overload   closed-loop peak first (Python, c=64; --peak-client c: from
+             canopy-load --closed), then an open-loop
+             client at twice that rate: how much is refused (429 with
+             Retry-After), the goodput against the peak, and the p99 of the
+             requests admitted. The open loop is canopy-load (tools/load,
+             C) when it is built beside the canopy binary, else the Python
+             client below (--client picks); the row names which, with its
+             CPU and the daemon's.
   sigterm    64 keep-alive clients in a closed loop; SIGTERM mid-stream.
              Lost = requests written whole on a connection that then closed
              without an answer (a refused reconnect is not a loss: the load
@@ -221,31 +226,117 @@ def bodies(path, per_request, model):
 
 # ---- the checks ---------------------------------------------------------
 
+def load_c(a, port, rate, body_list, connections=1024):
+    """The open loop from canopy-load (tools/load), or its closed loop
+    with rate 0: its JSON report in the shape load() returns, plus the
+    client's own CPU seconds."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".jsonl") as f:
+        f.write(b"\n".join(body_list) + b"\n")
+        f.flush()
+        p = subprocess.run(
+            [a.load_client, "--port", str(port), "--path",
+             "/v1/models/%s/infer" % a.model, "--bodies", f.name,
+             "--duration", str(a.seconds), "--connections",
+             str(connections), "--timeout-s", "60"] +
+            (["--rate", "%.3f" % rate] if rate else ["--closed"]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
+    r = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    status = {int(k): v for k, v in r["status"].items()}
+    errors = sum(r["errors"].values())
+    if errors:
+        status["conn-error"] = errors
+    lat = r["latency_ms_200"] or {}
+    return {"good": status.get(200, 0), "seconds": r["elapsed_s"],
+            "status": status, "p99_ms": lat.get("p99", float("nan")),
+            "retry_missing": status.get(429, 0) - r["retry_after_429"],
+            "not_sent": r["not_sent"], "cpu_s": r["cpu_s"]}
+
+
+def load_python(port, reqs, rate, seconds):
+    """The same from load() in this process (the fallback)."""
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    over = asyncio.run(load(port, reqs, 1024, seconds, rate=rate))
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"good": len(over["lat"]), "seconds": over["seconds"],
+            "status": over["status"], "p99_ms": pct(over["lat"], 99) * 1e3,
+            "retry_missing": over["retry_missing"], "not_sent": 0,
+            "cpu_s": (ru1.ru_utime - ru0.ru_utime) +
+            (ru1.ru_stime - ru0.ru_stime)}
+
+
+def overload_client(a):
+    """canopy-load where it is built (beside the canopy binary), else the
+    Python client; --client forces one."""
+    built = os.access(a.load_client, os.X_OK)
+    if a.client == "c" and not built:
+        sys.exit("reliability: --client c but %s is not built" %
+                 a.load_client)
+    if a.client == "python" or not built:
+        if a.client == "auto":
+            print("reliability: %s not built: the Python client" %
+                  a.load_client, file=sys.stderr)
+        return "python"
+    return "c"
+
+
 def check_overload(a, rows):
+    client = overload_client(a)
     d = Daemon(a.canopy, a.models, ["--queue-depth", str(a.queue_depth)])
     try:
-        reqs = [request_bytes(d.port, a.model, b)
-                for b in bodies(a.input, 1, a.model)]
-        peak = asyncio.run(load(d.port, reqs, 64, a.seconds))
-        peak_rps = len(peak["lat"]) / peak["seconds"]
+        body_list = bodies(a.input, 1, a.model)
+        reqs = [request_bytes(d.port, a.model, b) for b in body_list]
+        peak_c = a.peak_client == "c" and client == "c"
+
+        def measure_peak():
+            """(req/s, p99 ms, daemon cores) of the closed loop c=64."""
+            cpu0, t0 = cpu_s(d.p.pid), time.monotonic()
+            if peak_c:
+                pk = load_c(a, d.port, 0, body_list, connections=64)
+                rps, p99 = pk["good"] / pk["seconds"], pk["p99_ms"]
+            else:
+                pk = asyncio.run(load(d.port, reqs, 64, a.seconds))
+                rps = len(pk["lat"]) / pk["seconds"]
+                p99 = pct(pk["lat"], 99) * 1e3
+            return rps, p99, (cpu_s(d.p.pid) - cpu0) / (time.monotonic() - t0)
+
+        peak_rps, peak_p99, peak_cores = measure_peak()
         rate = 2 * peak_rps
-        over = asyncio.run(load(d.port, reqs, 1024, a.seconds, rate=rate))
+        d_cpu0 = cpu_s(d.p.pid)
+        if client == "c":
+            over = load_c(a, d.port, rate, body_list)
+        else:
+            over = load_python(d.port, reqs, rate, a.seconds)
+        d_cpu = cpu_s(d.p.pid) - d_cpu0
+        # the same closed loop again: how far the machine moved meanwhile
+        after = measure_peak() if a.peak_after else None
     finally:
         rc = d.stop()
-    good = len(over["lat"]) / over["seconds"]
+    good = over["good"] / over["seconds"]
     sent = sum(over["status"].values())
     refused = over["status"].get(429, 0)
     other = {k: v for k, v in over["status"].items() if k not in (200, 429)}
     ratio = good / peak_rps if peak_rps else 0
     ok = ratio >= 0.9 and over["retry_missing"] == 0 and not other
     rows.append(("overload: peak, closed loop c=64",
-                 "%.0f req/s, p99 %.1f ms" % (peak_rps, pct(peak["lat"], 99)
-                                              * 1e3), "reference", ""))
+                 "%.0f req/s, p99 %.1f ms (%s); daemon CPU %.2f cores%s" %
+                 (peak_rps, peak_p99, "canopy-load --closed"
+                  if peak_c else "Python asyncio", peak_cores,
+                  "; after the overload: %.0f req/s, daemon CPU %.2f cores"
+                  % (after[0], after[2]) if after else ""),
+                 "reference", ""))
     rows.append(("overload: open loop at 2x peak (%.0f req/s offered)" % rate,
                  "goodput %.0f req/s = %.2fx peak; 429 %d of %d (%d without "
-                 "Retry-After); other %s; admitted p99 %.1f ms; exit %d" %
+                 "Retry-After); other %s; admitted p99 %.1f ms; exit %d; "
+                 "client %s (%s), CPU %.2f s over %.1f s (%.2f of a core; "
+                 "not sent %d); daemon CPU %.2f cores" %
                  (good, ratio, refused, sent, over["retry_missing"],
-                  other or "none", pct(over["lat"], 99) * 1e3, rc),
+                  other or "none", over["p99_ms"], rc,
+                  "canopy-load" if client == "c" else "Python asyncio",
+                  "latency from the due time" if client == "c"
+                  else "latency from the write",
+                  over["cpu_s"], over["seconds"],
+                  over["cpu_s"] / over["seconds"], over["not_sent"],
+                  d_cpu / over["seconds"]),
                  "goodput >= 0.9x, every 429 with Retry-After",
                  "ok" if ok else "FAIL"))
 
@@ -454,10 +545,26 @@ def main():
     ap.add_argument("--seconds", type=float, default=8.0,
                     help="length of each overload phase")
     ap.add_argument("--queue-depth", type=int, default=256)
+    ap.add_argument("--load-client", default=None,
+                    help="canopy-load, the overload check's open-loop "
+                    "client (default: tools/canopy-load beside --canopy)")
+    ap.add_argument("--client", choices=("auto", "c", "python"),
+                    default="auto", help="the overload check's open loop: "
+                    "canopy-load (c) where built, else Python (auto)")
+    ap.add_argument("--peak-after", action="store_true",
+                    help="the overload check measures the peak again after "
+                    "the open loop (reported, not used in the ratio)")
+    ap.add_argument("--peak-client", choices=("python", "c"),
+                    default="python", help="the overload check's closed "
+                    "loop for the peak: Python (as before) or canopy-load "
+                    "--closed (only with the C open loop)")
     ap.add_argument("--slow", type=int, default=2000)
     ap.add_argument("--soak-s", type=int, default=600)
     ap.add_argument("checks", nargs="*", default=list(CHECKS))
     a = ap.parse_args()
+    if a.load_client is None:
+        a.load_client = os.path.join(os.path.dirname(a.canopy) or ".",
+                                     "tools", "canopy-load")
     rows = []
     for c in a.checks:
         if c not in CHECKS:
