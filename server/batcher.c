@@ -74,6 +74,7 @@ static cn__job *job_split_tail(cn__job *j, int from) {
   t->slot = j->slot;
   atomic_fetch_add(&t->me->refs, 1); /* each run holds its version */
   t->t_open = j->t_open;
+  t->id = ++j->slot->srv->runs_opened; /* a run of its own */
   t->reqs = reqs;
   t->n = t->cap = n;
   for (int i = 0; i < n; i++) { /* the run's references move with them */

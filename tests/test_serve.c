@@ -231,12 +231,21 @@ static json_t *window_of_four(const char *split, const char *workers,
     th_send(fds[i], "POST", "/v1/models/treelstm/infer", body, NULL);
   }
   json_t *outs = json_array();
+  long long ids[4];
+  int distinct = 0;
   for (int i = 0; i < 4; i++) {
     th_resp r;
     cr_assert_eq(th_read(fds[i], &r), 0);
     cr_assert_eq(r.status, 200, "%s", r.body);
     json_t *j = json_loads(r.body, 0, NULL);
     json_array_append(outs, json_object_get(j, "outputs"));
+    /* each part of a split window is a run of its own, numbered */
+    ids[i] = json_integer_value(
+        json_object_get(json_object_get(j, "stats"), "run"));
+    cr_expect(ids[i] >= 1, "%s", r.body);
+    bool seen = false;
+    for (int k = 0; k < i; k++) seen = seen || ids[k] == ids[i];
+    distinct += !seen;
     json_decref(j);
     th_resp_free(&r);
     close(fds[i]);
@@ -244,6 +253,7 @@ static json_t *window_of_four(const char *split, const char *workers,
   th_resp r;
   cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
   *runs = th_metric(r.body, "canopy_runs_total");
+  cr_expect_eq(distinct, *runs, "one run number a run");
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
   th_cleanup(&d);
