@@ -54,12 +54,16 @@ void cn__req_unref(cn__req *r) {
   if (atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
 }
 
-/* A request id: the client's X-Request-Id when it is short and plain,
- * else a fresh one (never echo bytes that could split a header). */
+/* A request id: the client's X-Request-Id when it is short and plain
+ * (letters, digits and - _ . : / + = @: a UUID, a hex id, nginx's
+ * $request_id), else a fresh one. Never echo bytes that could split a
+ * header, nor quotes or backslashes that would break the logfmt line the
+ * id is logged in unquoted. */
 static void set_id(cn__server *s, cn__req *r, const char *given) {
   bool ok = given != NULL && given[0] != '\0' && strlen(given) <= 64;
   for (const char *p = given; ok && *p; p++)
-    ok = (*p >= 0x21 && *p <= 0x7e);
+    ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+         (*p >= '0' && *p <= '9') || strchr("-_.:/+=@", *p) != NULL;
   if (ok) {
     strcpy(r->id, given);
     return;
@@ -206,19 +210,27 @@ static int hexval(char ch) {
 
 /* The path of a request target: up to '?' or '#', %XX decoded (as MHD
  * did; a model name is one segment of it). */
-static void url_path(char *dst, size_t cap, const char *url) {
+static bool url_path(char *dst, size_t cap, const char *url) {
   size_t n = 0;
   for (const char *p = url; *p && *p != '?' && *p != '#' && n + 1 < cap;
        p++) {
     int hi, lo;
     if (p[0] == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0) {
-      dst[n++] = (char)(hi * 16 + lo);
+      dst[n] = (char)(hi * 16 + lo);
+      /* an encoded NUL would cut the path short, and an encoded '/'
+       * would split a segment (a model name): neither names anything */
+      if (dst[n] == '\0' || dst[n] == '/') {
+        dst[0] = '\0';
+        return false;
+      }
+      n++;
       p += 2;
     } else {
       dst[n++] = *p;
     }
   }
   dst[n] = '\0';
+  return true;
 }
 
 static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
@@ -322,6 +334,14 @@ static void answer_route(cn__req *r) {
              "model name has at most %d", r->model_name_len,
              CN__NAME_MAX - 1);
     answer_err(r, CN_E_NO_SUCH_MODEL, msg);
+    return;
+  }
+  /* models-dir's hidden entries are never models, and '.' and '..' would
+   * make the load route read models-dir itself or its parent */
+  if (r->model_name_len > 0 && r->model_name[0] == '.') {
+    answer_err(r, CN_E_NO_SUCH_MODEL, "no such model: a model name does "
+               "not start with '.' (models-dir's hidden entries are never "
+               "models)");
     return;
   }
   if ((wants_post && !post) || (!wants_post && !get)) {

@@ -59,6 +59,15 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   expect(p, "GET", "/nope", NULL, 404, "no_such_route");
   expect(p, "GET", "/v1/models/treelstm/other", NULL, 404, "no_such_route");
   expect(p, "GET", "/v1/models/nope", NULL, 404, "no_such_model");
+  /* an encoded NUL once cut the path short (served treelstm's info), an
+   * encoded '/' split a name from its route (served as infer), and '.'
+   * or '..' named models-dir or its parent */
+  expect(p, "GET", "/v1/models/treelstm%00junk", NULL, 404, "no_such_route");
+  expect(p, "POST", "/v1/models/treelstm%2finfer", ONE, 404,
+         "no_such_route");
+  expect(p, "POST", "/v1/models/../infer", ONE, 404, "no_such_model");
+  expect(p, "POST", "/v1/models/%2e%2e/infer", ONE, 404, "no_such_model");
+  expect(p, "GET", "/v1/models/.hidden", NULL, 404, "no_such_model");
   expect(p, "POST", "/v1/models/nope/infer", ONE, 404, "no_such_model");
   expect(p, "DELETE", "/metrics", NULL, 405, "method_not_allowed");
   expect(p, "GET", "/v1/models/treelstm/infer", NULL, 405,
@@ -91,6 +100,22 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   cr_assert_eq(r.status, 200, "%s", r.body);
   char id[80];
   cr_expect_str_eq(th_header(&r, "X-Request-Id", id, sizeof(id)), "my-id-42");
+  th_resp_free(&r);
+  /* an id with a quote or a backslash is replaced: it is logged unquoted,
+   * and x"msg=forged\ once made a logfmt line of its own choosing */
+  cr_assert_eq(th_http(p, "GET", "/healthz", NULL,
+                       "X-Request-Id: x\"msg=forged\\\r\n", &r), 0);
+  th_header(&r, "X-Request-Id", id, sizeof(id));
+  cr_expect(strchr(id, '"') == NULL && strchr(id, '\\') == NULL &&
+            strlen(id) > 0, "id %s", id);
+  th_resp_free(&r);
+  cr_assert_eq(th_http(p, "POST", infer,
+                       "{\"tree\": \"(1 (2 a) (3 b))\", \"outputs\": \"all\", "
+                       "\"return_hidden\": true}",
+                       "X-Request-Id: 0f8e-41ab:9/x+y=z@q_r.s\r\n", &r),
+               0);
+  cr_expect_str_eq(th_header(&r, "X-Request-Id", id, sizeof(id)),
+                   "0f8e-41ab:9/x+y=z@q_r.s");
   json_t *j = json_loads(r.body, 0, NULL);
   json_t *o = json_array_get(json_object_get(j, "outputs"), 0);
   cr_expect_eq(json_array_size(json_object_get(o, "nodes")), 3);

@@ -362,6 +362,16 @@ class Lifecycle(unittest.TestCase):
                               token=TOKEN)
             self.assertEqual((st, body["error"]["code"]),
                              (404, "no_such_model"), body)
+        # models-dir's parent (and models-dir itself) hold a model's files:
+        # '..' and '.' once loaded them as models of those names
+        for f in os.listdir(self.versions[0]):
+            shutil.copy(os.path.join(self.versions[0], f), self.tmp)
+            shutil.copy(os.path.join(self.versions[0], f), self.models)
+        for name in ("..", "%2e%2e", ".", "%2E", ".hidden"):
+            st, body = d.post("/v2/repository/models/%s/load" % name,
+                              token=TOKEN)
+            self.assertEqual((st, body["error"]["code"]),
+                             (404, "no_such_model"), (name, body))
         st, index = d.post("/v2/repository/index", token=None)
         self.assertEqual([e["name"] for e in index], ["a"])
         self.assertEqual(d.post("/v2/repository/index", token=None)[0], 200,
