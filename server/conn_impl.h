@@ -42,6 +42,10 @@
  * answer instead of a reset. */
 #define LINGER_S 2.0
 
+/* Where a chunked body's raw bytes are (conn_parse.c, chunk_check). */
+enum { CK_NONE, CK_HEAD_LF, CK_SIZE0, CK_SIZE, CK_BWS, CK_EXT, CK_SIZE_LF,
+       CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_DONE };
+
 enum { PH_IDLE, PH_HEAD, PH_BODY, PH_ANSWER, PH_LINGER, PH_CLOSED };
 
 typedef struct hdr {
@@ -66,6 +70,11 @@ struct cn__conn {
   hdr h[MAX_HEADERS];
   int nh;
   bool expect_continue;
+  /* a chunked body's framing, checked on the raw bytes (conn_parse.c's
+   * chunk_check): where in it the next byte is, and the chunk's size */
+  int ck;                   /* CK_*: 0 none (not a chunked body)       */
+  uint64_t ck_left;         /* CK_DATA: data bytes still to come       */
+  int ck_digits;
   /* the request being read or answered */
   cn__req *r;
   bool complete;            /* message complete, not yet handled       */

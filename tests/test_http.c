@@ -567,6 +567,73 @@ Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* Finding 8 of the probe (issue 21): Debian's http_parser, built
+ * non-strict, takes any two bytes after a chunk's data as its CRLF and any
+ * junk after a chunk size as an extension. Both are refused 400 (request
+ * smuggling behind a proxy that reads the framing another way), also when
+ * the bytes after the data come in a later read; whitespace before a
+ * chunk extension's ';' is still served, as is a CRLF split across reads. */
+static int chunked_post(const char *const *parts, int nparts) {
+  char h[256];
+  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
+           "Transfer-Encoding: chunked\r\n\r\n", INFER);
+  int fd = th_connect(d.port);
+  cr_assert(fd >= 0);
+  send_str(fd, h);
+  for (int i = 0; i < nparts; i++) {
+    usleep(30000); /* each part its own read */
+    send_str(fd, parts[i]);
+  }
+  return fd;
+}
+
+Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  char size[32], data[512];
+  snprintf(size, sizeof(size), "%zx", strlen(ONE));
+  snprintf(data, sizeof(data), "%s", ONE);
+  char line[64], ws[64], body_xx[600];
+  snprintf(line, sizeof(line), "%s\r\n", size);
+  snprintf(ws, sizeof(ws), "%s \t;ext=1\r\n", size);
+  /* served: BWS before ';', the CRLF after the data in two more reads */
+  {
+    const char *parts[] = {ws, data, "\r", "\n0\r\n\r\n"};
+    int fd = chunked_post(parts, 4);
+    th_resp r;
+    cr_assert_eq(th_read(fd, &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    th_resp_free(&r);
+    close(fd);
+  }
+  /* refused */
+  snprintf(body_xx, sizeof(body_xx), "%s\r\n%sXX0\r\n\r\n", size, ONE);
+  char junk[64], trail[64];
+  snprintf(junk, sizeof(junk), "%s zz\r\n", size);
+  snprintf(trail, sizeof(trail), "%s \r\n", size);
+  const struct {
+    const char *parts[4];
+    int n;
+    const char *what;
+  } bad[] = {
+      {{body_xx}, 1, "XX after the data, one read"},
+      {{line, data, "XX0\r\n\r\n"}, 3, "XX after the data, a later read"},
+      {{line, data, "\r", "X0\r\n\r\n"}, 4, "CR then X, later reads"},
+      {{line, data, "\n0\r\n\r\n"}, 3, "LF alone after the data"},
+      {{junk, data, "\r\n0\r\n\r\n"}, 3, "junk after the size"},
+      {{trail, data, "\r\n0\r\n\r\n"}, 3, "whitespace, no ';'"},
+      {{"0 zz\r\n\r\n"}, 1, "junk after the last chunk's size"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    int fd = chunked_post(bad[i].parts, bad[i].n);
+    expect_one_error(fd, 400, "bad_request", bad[i].what);
+    close(fd);
+  }
+  cr_expect_eq(metric("canopy_in_flight_requests"), 1);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
 /* HEAD has the GET headers and no body; HTTP/1.0 closes unless it asks
  * for keep-alive; a chunked body over max-body-bytes is 413. */
 Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
