@@ -199,8 +199,14 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   size_t len = (size_t)n + (head ? 0 : blen);
   free(body);
   release_req(c);
+  if (keep && c->hcap > 4096) { /* a big head: idle, hold 512 bytes again */
+    free(c->hb);
+    c->hb = NULL;
+    c->hcap = 0;
+  }
   if (!keep) c->must_close = true;
   c->phase = keep ? PH_IDLE : PH_LINGER;
+  if (keep) c->since = cn__now();
   c->deadline = keep ? cn__now() + s->cfg.serve.idle_timeout_s
                      : cn__now() + LINGER_S;
   cn__conn_write(c, out, len);
@@ -321,6 +327,7 @@ static cn__conn *conn_new(cn__server *s) {
   http_parser_init(&c->p, HTTP_REQUEST);
   c->p.data = c;
   c->phase = PH_IDLE;
+  c->since = cn__now();
   return c;
 }
 
@@ -364,6 +371,33 @@ static void refuse_conn(cn__conn *c) {
   cn__conn_answer_error(c, CN_E_UNAVAILABLE, m);
 }
 
+/* At max-connections a new connection takes the place of the open one
+ * that has gone longest without a whole request head: one still sending
+ * its head (a slow client, or slowloris trickling header bytes to hold a
+ * slot) or an idle keep-alive connection. A connection with a request in
+ * progress (its body being read, the request waiting for its run, its
+ * answer being written) is never taken. Otherwise 2,000 connections that
+ * each send a header byte now and then keep every other client out at the
+ * default limit until header-timeout-s, and an attacker who reconnects
+ * keeps them out for good (issue 21, probe finding 6); this way the
+ * attacker's oldest connection goes, and a client that sends its request
+ * at once is served before it can become the oldest. nginx does alike
+ * (ngx_drain_connections closes idle keep-alive connections when it runs
+ * out). The victim is closed at once, unanswered: a 408 would hold its
+ * slot for the linger, and a status line on an idle keep-alive connection
+ * could be read as the answer to its next request. A walk of the
+ * connection list (max-connections entries) per connection accepted at
+ * the limit. NULL: every open connection has a request in progress. */
+static cn__conn *eviction_victim(cn__server *s) {
+  cn__conn *v = NULL;
+  for (cn__conn *c = s->conns; c != NULL; c = c->next)
+    if (c->counted && c->sock && c->r == NULL && c->writes == 0 &&
+        (c->phase == PH_IDLE || c->phase == PH_HEAD) &&
+        (v == NULL || c->since < v->since))
+      v = c;
+  return v;
+}
+
 static void on_connection(uv_stream_t *ls, int status) {
   cn__server *s = ls->data;
   if (status < 0) {
@@ -381,6 +415,15 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
+  cn__conn *victim = NULL;
+  if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
+      (victim = eviction_victim(s)) != NULL) {
+    CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
+           victim->phase == PH_HEAD ? "head" : "idle",
+           cn__now() - victim->since);
+    cn__conn_close(victim);
+    cn__metrics_conn_evicted(&s->metrics);
+  }
   list_add(s, c);
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections) {
     if (s->refused_conns >= s->cfg.serve.max_connections) {

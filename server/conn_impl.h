@@ -62,6 +62,9 @@ struct cn__conn {
   http_parser p;
   int phase;
   double deadline;          /* cn__now() seconds; 0: none              */
+  double since;             /* since when without a whole request head
+                             * (accept, or the last keep-alive answer):
+                             * the oldest is evicted at max-connections */
   /* the head of the request being read */
   char *hb;
   size_t hlen, hcap;
