@@ -16,9 +16,10 @@
  * connection that sent nothing, at the smaller of header-timeout-s and
  * idle-timeout-s: there is no request to answer).
  *
- * While the daemon drains, an answer closes its connection unless a whole
- * pipelined request already waits behind it (cn__conn_next_arrived): each
- * request the client finished sending is answered, the last with
+ * While the daemon drains, an answer closes its connection unless bytes
+ * of a pipelined request wait behind it (whole, or cut by the 64 KiB
+ * read-ahead): the connection is read on until its client is quiet for
+ * DRAIN_QUIET_S, each request it finishes is answered, the last with
  * Connection: close.
  */
 #include <stdlib.h>
@@ -168,11 +169,13 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   bool keep = !c->must_close && http_should_keep_alive(&c->p) &&
               !c->p.upgrade;
   if (c->phase != PH_ANSWER) keep = false; /* answered before the body end */
-  /* Draining: this is the connection's last answer unless a whole
-   * pipelined request already waits behind it; that one is answered too
-   * (an inference 503 draining, health or metadata as usual), and the last
-   * of them carries Connection: close. */
-  if (keep && atomic_load(&s->draining) && !cn__conn_next_arrived(c))
+  /* Draining: this is the connection's last answer unless bytes of a
+   * pipelined request already wait behind it: a whole request, or part of
+   * one whose rest may be in the socket still (the read-ahead holds 64 KiB; issue 21, probe finding 4).
+   * Those are answered too (an inference 503 draining, health or metadata
+   * as usual), the last with Connection: close; the connection is read on
+   * until its client is quiet for DRAIN_QUIET_S (drain_quiet). */
+  if (keep && atomic_load(&s->draining) && c->in_len == 0)
     keep = false;
   size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
                (head ? 0 : blen);
@@ -209,11 +212,25 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   if (keep) c->since = cn__now();
   c->deadline = keep ? cn__now() + s->cfg.serve.idle_timeout_s
                      : cn__now() + LINGER_S;
+  if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
   cn__conn_write(c, out, len);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
   if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);
   else if (!c->pumping) cn__conn_pump(c); /* an answer that waited */
+}
+
+/* Draining, with the connection kept for what its client still sends:
+ * it closes once DRAIN_QUIET_S pass without a byte, and at the latest when
+ * drain-grace-ms ends. Each byte read moves the deadline on (and tells
+ * serve.c's drain_check that a client is still talking). */
+void cn__conn_drain_quiet(cn__conn *c) {
+  cn__server *s = c->srv;
+  double now = cn__now();
+  double end = s->drain_started + s->cfg.serve.drain_grace_ms / 1e3;
+  c->quiet_until = now + DRAIN_QUIET_S < end ? now + DRAIN_QUIET_S : end;
+  if (c->quiet_until <= now) c->quiet_until = now + 1e-3;
+  atomic_store(&s->last_request_us, (long long)(now * 1e6));
 }
 
 /* The client closed its side (or the socket failed). */
@@ -232,6 +249,12 @@ void cn__conn_tick(cn__conn *c, double now) {
   if (c->phase == PH_CLOSED) return;
   if (c->writes > 0 && now > c->write_deadline) {
     cn__conn_close(c); /* an answer the client does not read */
+    return;
+  }
+  if (c->quiet_until != 0 && now > c->quiet_until && c->writes == 0 &&
+      (c->phase == PH_IDLE || c->phase == PH_HEAD || c->phase == PH_BODY) &&
+      (c->r == NULL || c->r->state == CN__REQ_RECEIVING)) {
+    cn__conn_close(c); /* draining, and its client went quiet */
     return;
   }
   if (c->deadline == 0 || now <= c->deadline) return;

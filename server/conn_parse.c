@@ -302,36 +302,6 @@ static const char *chunk_check(cn__conn *c, const char *b, size_t n) {
   return NULL;
 }
 
-/* ---- the next request, read ahead ---------------------------------- */
-
-static int ahead_complete(http_parser *p) {
-  *(bool *)p->data = true;
-  http_parser_pause(p, 1);
-  return 0;
-}
-
-/* Whether the input read ahead of the request being answered holds the
- * whole of a next one. While the daemon drains, the answer before such a
- * request must not close the connection: the client finished sending it
- * and gets its own answer (docs/daemon.md, "Health, drain, metrics,
- * logs"). A scratch parser, with no callback but the message's end, walks
- * c->in without consuming it, so the connection's own parser and head are
- * untouched. Bytes http_parser refuses count as a request too: they are
- * answered 400 once parsed for real. A request cut short does not count.
- * Only called while draining; it walks at most the read-ahead buffer
- * (MAX_AHEAD and one read). */
-bool cn__conn_next_arrived(const cn__conn *c) {
-  static http_parser_settings ahead = {.on_message_complete = ahead_complete};
-  if (c->in_len == 0) return false;
-  http_parser p;
-  bool done = false;
-  http_parser_init(&p, HTTP_REQUEST);
-  p.data = &done;
-  http_parser_execute(&p, &ahead, c->in, c->in_len);
-  enum http_errno e = HTTP_PARSER_ERRNO(&p);
-  return done || (e != HPE_OK && e != HPE_PAUSED);
-}
-
 /* ---- errors ---------------------------------------------------------- */
 
 /* An error of the front end itself (framing, limits, deadlines): one JSON
@@ -442,6 +412,7 @@ void cn__conn_feed(cn__conn *c, const char *data, size_t n) {
   }
   memcpy(c->in + c->in_len, data, n);
   c->in_len += n;
+  if (c->quiet_until != 0) cn__conn_drain_quiet(c); /* still talking */
   cn__conn_pump(c);
   /* nothing held: give the buffer back (2,000 idle connections) */
   if (c->in_len == 0 && c->in_cap > 4096) {
