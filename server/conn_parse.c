@@ -365,7 +365,9 @@ void cn__conn_pump(cn__conn *c) {
           c->phase == PH_BODY) &&
          c->writes == 0 && c->in_len > 0) {
     if (HTTP_PARSER_ERRNO(&c->p) == HPE_PAUSED) http_parser_pause(&c->p, 0);
-    bool in_chunks = c->ck != 0; /* set mid-call: the head is not checked */
+    /* set mid-call (the head, up to the pause) or done (a next request):
+     * nothing to check */
+    bool in_chunks = c->ck != CK_NONE && c->ck != CK_DONE;
     size_t n = http_parser_execute(&c->p, &settings, c->in, c->in_len);
     if (c->phase == PH_CLOSED) return;
     if (n > c->in_len) n = c->in_len;

@@ -767,6 +767,26 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
     th_resp_free(&r);
     close(fd);
   }
+  /* served: chunked requests one after another on one connection, two
+   * of them pipelined in one write */
+  {
+    char one[600], three[2000];
+    snprintf(one, sizeof(one), "POST %s HTTP/1.1\r\nHost: x\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n%s\r\n%s\r\n0\r\n\r\n",
+             INFER, size, ONE);
+    snprintf(three, sizeof(three), "%s%s", one, one);
+    int fd = th_connect(d.port);
+    cr_assert(fd >= 0);
+    send_str(fd, one);
+    for (int i = 0; i < 3; i++) {
+      if (i == 1) send_str(fd, three);
+      th_resp r;
+      cr_assert_eq(th_read(fd, &r), 0, "chunked request %d", i + 1);
+      cr_expect_eq(r.status, 200, "chunked request %d: %s", i + 1, r.body);
+      th_resp_free(&r);
+    }
+    close(fd);
+  }
   /* refused */
   snprintf(body_xx, sizeof(body_xx), "%s\r\n%sXX0\r\n\r\n", size, ONE);
   char junk[64], trail[64];
