@@ -171,10 +171,11 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   if (c->phase != PH_ANSWER) keep = false; /* answered before the body end */
   /* Draining: this is the connection's last answer unless bytes of a
    * pipelined request already wait behind it: a whole request, or part of
-   * one whose rest may be in the socket still (the read-ahead holds 64 KiB; issue 21, probe finding 4).
-   * Those are answered too (an inference 503 draining, health or metadata
-   * as usual), the last with Connection: close; the connection is read on
-   * until its client is quiet for DRAIN_QUIET_S (drain_quiet). */
+   * one whose rest may still be in the socket (the read-ahead holds 64
+   * KiB; issue 21, probe finding 4). Those are answered too (an inference
+   * 503 draining, health or metadata as usual), the last with Connection:
+   * close; the connection is read on until its client is quiet for
+   * DRAIN_QUIET_S (cn__conn_drain_quiet). */
   if (keep && atomic_load(&s->draining) && c->in_len == 0)
     keep = false;
   size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
