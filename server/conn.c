@@ -16,9 +16,10 @@
  * connection that sent nothing, at the smaller of header-timeout-s and
  * idle-timeout-s: there is no request to answer).
  *
- * While the daemon drains, an answer closes its connection unless a whole
- * pipelined request already waits behind it (cn__conn_next_arrived): each
- * request the client finished sending is answered, the last with
+ * While the daemon drains, an answer closes its connection unless bytes
+ * of a pipelined request wait behind it (whole, or cut by the 64 KiB
+ * read-ahead): the connection is read on until its client is quiet for
+ * DRAIN_QUIET_S, each request it finishes is answered, the last with
  * Connection: close.
  */
 #include <stdlib.h>
@@ -168,11 +169,14 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   bool keep = !c->must_close && http_should_keep_alive(&c->p) &&
               !c->p.upgrade;
   if (c->phase != PH_ANSWER) keep = false; /* answered before the body end */
-  /* Draining: this is the connection's last answer unless a whole
-   * pipelined request already waits behind it; that one is answered too
-   * (an inference 503 draining, health or metadata as usual), and the last
-   * of them carries Connection: close. */
-  if (keep && atomic_load(&s->draining) && !cn__conn_next_arrived(c))
+  /* Draining: this is the connection's last answer unless bytes of a
+   * pipelined request already wait behind it: a whole request, or part of
+   * one whose rest may still be in the socket (the read-ahead holds 64
+   * KiB; issue 21, probe finding 4). Those are answered too (an inference
+   * 503 draining, health or metadata as usual), the last with Connection:
+   * close; the connection is read on until its client is quiet for
+   * DRAIN_QUIET_S (cn__conn_drain_quiet). */
+  if (keep && atomic_load(&s->draining) && c->in_len == 0)
     keep = false;
   size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
                (head ? 0 : blen);
@@ -199,15 +203,35 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   size_t len = (size_t)n + (head ? 0 : blen);
   free(body);
   release_req(c);
+  if (keep && c->hcap > 4096) { /* a big head: idle, hold 512 bytes again */
+    free(c->hb);
+    c->hb = NULL;
+    c->hcap = 0;
+  }
   if (!keep) c->must_close = true;
   c->phase = keep ? PH_IDLE : PH_LINGER;
+  if (keep) c->since = cn__now();
   c->deadline = keep ? cn__now() + s->cfg.serve.idle_timeout_s
                      : cn__now() + LINGER_S;
+  if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
   cn__conn_write(c, out, len);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
   if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);
   else if (!c->pumping) cn__conn_pump(c); /* an answer that waited */
+}
+
+/* Draining, with the connection kept for what its client still sends:
+ * it closes once DRAIN_QUIET_S pass without a byte, and at the latest when
+ * drain-grace-ms ends. Each byte read moves the deadline on (and tells
+ * serve.c's drain_check that a client is still talking). */
+void cn__conn_drain_quiet(cn__conn *c) {
+  cn__server *s = c->srv;
+  double now = cn__now();
+  double end = s->drain_started + s->cfg.serve.drain_grace_ms / 1e3;
+  c->quiet_until = now + DRAIN_QUIET_S < end ? now + DRAIN_QUIET_S : end;
+  if (c->quiet_until <= now) c->quiet_until = now + 1e-3;
+  atomic_store(&s->last_request_us, (long long)(now * 1e6));
 }
 
 /* The client closed its side (or the socket failed). */
@@ -226,6 +250,12 @@ void cn__conn_tick(cn__conn *c, double now) {
   if (c->phase == PH_CLOSED) return;
   if (c->writes > 0 && now > c->write_deadline) {
     cn__conn_close(c); /* an answer the client does not read */
+    return;
+  }
+  if (c->quiet_until != 0 && now > c->quiet_until && c->writes == 0 &&
+      (c->phase == PH_IDLE || c->phase == PH_HEAD || c->phase == PH_BODY) &&
+      (c->r == NULL || c->r->state == CN__REQ_RECEIVING)) {
+    cn__conn_close(c); /* draining, and its client went quiet */
     return;
   }
   if (c->deadline == 0 || now <= c->deadline) return;
@@ -321,6 +351,7 @@ static cn__conn *conn_new(cn__server *s) {
   http_parser_init(&c->p, HTTP_REQUEST);
   c->p.data = c;
   c->phase = PH_IDLE;
+  c->since = cn__now();
   return c;
 }
 
@@ -364,6 +395,33 @@ static void refuse_conn(cn__conn *c) {
   cn__conn_answer_error(c, CN_E_UNAVAILABLE, m);
 }
 
+/* At max-connections a new connection takes the place of the open one
+ * that has gone longest without a whole request head: one still sending
+ * its head (a slow client, or slowloris trickling header bytes to hold a
+ * slot) or an idle keep-alive connection. A connection with a request in
+ * progress (its body being read, the request waiting for its run, its
+ * answer being written) is never taken. Otherwise 2,000 connections that
+ * each send a header byte now and then keep every other client out at the
+ * default limit until header-timeout-s, and an attacker who reconnects
+ * keeps them out for good (issue 21, probe finding 6); this way the
+ * attacker's oldest connection goes, and a client that sends its request
+ * at once is served before it can become the oldest. nginx does alike
+ * (ngx_drain_connections closes idle keep-alive connections when it runs
+ * out). The victim is closed at once, unanswered: a 408 would hold its
+ * slot for the linger, and a status line on an idle keep-alive connection
+ * could be read as the answer to its next request. A walk of the
+ * connection list (max-connections entries) per connection accepted at
+ * the limit. NULL: every open connection has a request in progress. */
+static cn__conn *eviction_victim(cn__server *s) {
+  cn__conn *v = NULL;
+  for (cn__conn *c = s->conns; c != NULL; c = c->next)
+    if (c->counted && c->sock && c->r == NULL && c->writes == 0 &&
+        (c->phase == PH_IDLE || c->phase == PH_HEAD) &&
+        (v == NULL || c->since < v->since))
+      v = c;
+  return v;
+}
+
 static void on_connection(uv_stream_t *ls, int status) {
   cn__server *s = ls->data;
   if (status < 0) {
@@ -381,6 +439,15 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
+  cn__conn *victim = NULL;
+  if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
+      (victim = eviction_victim(s)) != NULL) {
+    CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
+           victim->phase == PH_HEAD ? "head" : "idle",
+           cn__now() - victim->since);
+    cn__conn_close(victim);
+    cn__metrics_conn_evicted(&s->metrics);
+  }
   list_add(s, c);
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections) {
     if (s->refused_conns >= s->cfg.serve.max_connections) {

@@ -41,6 +41,14 @@
  * sends is read and dropped for this long, so that the client reads the
  * answer instead of a reset. */
 #define LINGER_S 2.0
+/* While the daemon drains, a connection whose client may still be sending
+ * a pipelined request is read on until it sends nothing for this long
+ * (never past drain-grace-ms). */
+#define DRAIN_QUIET_S 0.25
+
+/* Where a chunked body's raw bytes are (conn_parse.c, chunk_check). */
+enum { CK_NONE, CK_HEAD_LF, CK_SIZE0, CK_SIZE, CK_BWS, CK_EXT, CK_SIZE_LF,
+       CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_DONE };
 
 enum { PH_IDLE, PH_HEAD, PH_BODY, PH_ANSWER, PH_LINGER, PH_CLOSED };
 
@@ -58,6 +66,10 @@ struct cn__conn {
   http_parser p;
   int phase;
   double deadline;          /* cn__now() seconds; 0: none              */
+  double quiet_until;       /* draining: close when no byte came by then */
+  double since;             /* since when without a whole request head
+                             * (accept, or the last keep-alive answer):
+                             * the oldest is evicted at max-connections */
   /* the head of the request being read */
   char *hb;
   size_t hlen, hcap;
@@ -66,6 +78,11 @@ struct cn__conn {
   hdr h[MAX_HEADERS];
   int nh;
   bool expect_continue;
+  /* a chunked body's framing, checked on the raw bytes (conn_parse.c's
+   * chunk_check): where in it the next byte is, and the chunk's size */
+  int ck;                   /* CK_*: 0 none (not a chunked body)       */
+  uint64_t ck_left;         /* CK_DATA: data bytes still to come       */
+  int ck_digits;
   /* the request being read or answered */
   cn__req *r;
   bool complete;            /* message complete, not yet handled       */
@@ -90,12 +107,12 @@ void cn__conn_settings_init(void);
 void cn__conn_pump(cn__conn *c);
 /* An error of the front end itself: one JSON answer, then close. */
 void cn__conn_answer_error(cn__conn *c, int code, const char *msg);
-/* The read-ahead input holds a whole next request. */
-bool cn__conn_next_arrived(const cn__conn *c);
 
 /* conn.c */
 void cn__conn_close(cn__conn *c);
 /* Reading is on while there is room ahead and no answer unwritten. */
 void cn__conn_reads(cn__conn *c);
+/* Draining: read on until the client is quiet (DRAIN_QUIET_S). */
+void cn__conn_drain_quiet(cn__conn *c);
 
 #endif

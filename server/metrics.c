@@ -166,6 +166,12 @@ void cn__metrics_conn_refused(cn__metrics *m) {
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_conn_evicted(cn__metrics *m) {
+  pthread_mutex_lock(&m->mu);
+  m->conns_evicted++;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_overloaded(cn__metrics *m) {
   pthread_mutex_lock(&m->mu);
   m->rejected_overloaded++;
@@ -338,6 +344,10 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
           "connections answered 503 and closed because max-connections "
           "were open",
           m->conns_refused);
+  counter(&b, "canopy_connections_evicted_total",
+          "connections without a request in progress closed, unanswered, "
+          "to make room for a new one at max-connections",
+          m->conns_evicted);
   counter(&b, "canopy_gather_copied_bytes_total",
           "bytes moved by child gathers and scatters", m->gather_bytes);
   counter(&b, "canopy_cell_copied_bytes_total",

@@ -34,6 +34,7 @@ typedef struct cn__metrics {
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
   uint64_t rejected_overloaded;
   uint64_t conns_refused;      /* beyond max-connections                  */
+  uint64_t conns_evicted;      /* closed at max-connections for a new one */
   uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
@@ -68,6 +69,7 @@ void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout);
 void cn__metrics_overloaded(cn__metrics *m);
 void cn__metrics_conn_refused(cn__metrics *m);
+void cn__metrics_conn_evicted(cn__metrics *m);
 /* One online retraining round of a model's policy. */
 enum { CN__RETRAIN_SWAPPED = 0, CN__RETRAIN_KEPT, CN__RETRAIN_FAILED,
        CN__N_RETRAIN };

@@ -206,7 +206,8 @@ struct cn__server {
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
   atomic_llong body_bytes;       /* request bodies held (max-body-memory) */
-  atomic_llong last_request_us;  /* cn__now() of the newest request, µs  */
+  atomic_llong last_request_us;  /* cn__now() of the newest request (or,
+                                  * draining, byte read), µs              */
   atomic_int waiting_instances; /* in windows or queued, not yet running */
   atomic_int in_flight;         /* requests submitted and not answered   */
   atomic_uint_fast64_t next_id;
