@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "http_test_util.h"
 #include "serve_harness.h"
 
 static th_daemon d;
@@ -28,76 +29,6 @@ static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
                          "(2 fine)))\"}]}";
 
 static void teardown(void) { th_cleanup(&d); }
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void send_str(int fd, const char *s) {
-  size_t n = strlen(s);
-  while (n > 0) {
-    ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
-    if (w <= 0) return;
-    s += w;
-    n -= (size_t)w;
-  }
-}
-
-/* Everything the daemon sends until it closes (or 10 s pass). */
-static char *read_all(int fd, size_t *len) {
-  size_t cap = 1 << 16, n = 0;
-  char *b = malloc(cap);
-  struct timeval tv = {.tv_sec = 10};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  for (;;) {
-    if (n + 1 >= cap) b = realloc(b, cap *= 2);
-    ssize_t k = recv(fd, b + n, cap - n - 1, 0);
-    if (k <= 0) break;
-    n += (size_t)k;
-  }
-  b[n] = '\0';
-  *len = n;
-  return b;
-}
-
-static int count_of(const char *hay, size_t n, const char *needle) {
-  int k = 0;
-  size_t nl = strlen(needle);
-  for (const char *p = hay; (p = memmem(p, n - (size_t)(p - hay), needle,
-                                        nl)) != NULL;
-       p += nl)
-    k++;
-  return k;
-}
-
-/* One answer that ends the connection: exactly one status line, status
- * `status`, an X-Request-Id, Connection: close, and a JSON error of
- * docs/api.md with `code`. */
-static void expect_one_error(int fd, int status, const char *code,
-                             const char *what) {
-  size_t n;
-  char *all = read_all(fd, &n);
-  cr_expect_eq(count_of(all, n, "HTTP/1."), 1, "%s: %d status lines in "
-               "%.300s", what, count_of(all, n, "HTTP/1."), all);
-  int st = 0;
-  sscanf(all, "HTTP/1.1 %d", &st);
-  cr_expect_eq(st, status, "%s: status %d, want %d: %.300s", what, st,
-               status, all);
-  cr_expect(strcasestr(all, "\r\nX-Request-Id: ") != NULL, "%s: no id: %.300s",
-            what, all);
-  cr_expect(strcasestr(all, "\r\nConnection: close\r\n") != NULL,
-            "%s: no Connection: close: %.300s", what, all);
-  const char *body = strstr(all, "\r\n\r\n");
-  json_t *j = body ? json_loads(body + 4, 0, NULL) : NULL;
-  cr_expect(j != NULL, "%s: the body is not JSON: %.300s", what, all);
-  json_t *e = json_object_get(json_object_get(j, "error"), "code");
-  cr_expect(json_is_string(e) && strcmp(json_string_value(e), code) == 0,
-            "%s: code, want %s: %.300s", what, code, all);
-  json_decref(j);
-  free(all);
-}
 
 static double metric(const char *sample) {
   th_resp r;
