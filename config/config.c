@@ -468,7 +468,7 @@ void cn_config_write_sample(FILE *f) {
     if (strcmp(group, k->group) != 0) {
       group = k->group;
       fprintf(f, "\n# ---- %s\n",
-              strcmp(group, "limits") == 0 ? "input limits (400/413 beyond)"
+              strcmp(group, "limits") == 0 ? "input limits (413 too_large beyond)"
                                            : "the daemon");
     }
     fprintf(f, "\n# %s", k->help);

@@ -162,6 +162,9 @@ int cn_instance_parse(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, int index, cn_instance **out,
                       cn_err *err);
 void cn_instance_free(cn_instance *inst);
+/* The first key of object o that is an instance's form, of any input kind
+ * ("tree", "tokens", "text", "chars", "words", "nodes"); NULL when none. */
+const char *cn_instance_form_in(const json_t *o);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 
