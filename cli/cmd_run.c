@@ -309,6 +309,12 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
       continue;
     }
     json_t *obj = cn_run_output(r, ls[i].slot);
+    if (cn_output_check(obj, &ls[i].err) != 0) { /* NaN: an error line */
+      json_decref(obj);
+      print_error(out, notes, &ls[i]);
+      tot->errors++;
+      continue;
+    }
     char *s = json_dumps(obj, DUMP_FLAGS);
     fputs(s, out);
     fputc('\n', out);

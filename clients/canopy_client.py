@@ -19,6 +19,7 @@ answered, 2 some lines failed, 3 the daemon could not be reached.
 import argparse
 import http.client
 import json
+import math
 import socket
 import sys
 import time
@@ -96,10 +97,7 @@ class Client:
         if resp.status >= 400:
             err = payload.get("error", {}) if isinstance(payload, dict) else {}
             e = CanopyError(resp.status, err, rid)
-            try:
-                e.retry_after = float(resp.getheader("Retry-After", "1"))
-            except ValueError:
-                e.retry_after = 1.0
+            e.retry_after = _retry_after(resp.getheader("Retry-After"))
             raise e
         return payload
 
@@ -133,6 +131,17 @@ class Client:
             body["timeout_ms"] = timeout_ms
         path = "/v1/models/%s/infer" % urllib.parse.quote(model)
         return self._request("POST", path, body, request_id)
+
+
+def _retry_after(value):
+    """Seconds from a Retry-After header: 1 when it is absent or is not a
+    finite number of seconds (an HTTP date, "nan" from some other server),
+    as if it were absent."""
+    try:
+        secs = float(value)
+    except (TypeError, ValueError):
+        return 1.0
+    return secs if math.isfinite(secs) else 1.0
 
 
 def _error_line(code, message, **where):
@@ -230,13 +239,20 @@ def main():
     if a.batch < 1:
         ap.error("--batch must be at least 1")
     try:
-        f = sys.stdin if a.input == "-" else open(a.input, encoding="utf-8")
+        # bytes: a line that is not UTF-8 is one bad line, not a crash
+        f = sys.stdin.buffer if a.input == "-" else open(a.input, "rb")
     except OSError as e:
         print("canopy_client: %s" % e, file=sys.stderr)
         return 2
     lines = []
     with f:
-        for no, text in enumerate(f, 1):
+        for no, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                lines.append((no, None, "not valid UTF-8: byte %d of the line"
+                              % (e.start + 1)))
+                continue
             if not text.strip():  # as `canopy run`: an error line
                 lines.append((no, None, "line %d is empty" % no))
                 continue

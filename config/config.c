@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config.h"
 
@@ -362,11 +363,23 @@ int cn_config_from_env(cn_config *c, cn_err *err) {
 int cn_config_load_file(cn_config *c, const char *path, cn_err *err) {
   int rc = 0;
   char line[4096];
+  int first[N_KEYS]; /* the line that set each key, 0 when none yet */
+  memset(first, 0, sizeof(first));
   FILE *f = fopen(path, "r");
   if (f == NULL)
     return cn_err_set(err, CN_E_BAD_CONFIG, "config %s: cannot open: %s",
                       path, strerror(errno));
-  for (int lineno = 1; fgets(line, sizeof(line), f) != NULL; lineno++) {
+  /* fopen opens a directory, and reading it fails like an empty file:
+   * say so rather than start with the defaults. (A pipe is fine:
+   * --config <(...) is one.) */
+  struct stat sb;
+  if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    fclose(f);
+    return cn_err_set(err, CN_E_BAD_CONFIG, "config %s: cannot read: it is "
+                      "a directory, not a file", path);
+  }
+  int lineno = 1;
+  for (; fgets(line, sizeof(line), f) != NULL; lineno++) {
     char *s = line, *e;
     if (strchr(line, '\n') == NULL && !feof(f)) {
       rc = cn_err_set(err, CN_E_BAD_CONFIG, "config %s:%d: line too long",
@@ -401,11 +414,24 @@ int cn_config_load_file(cn_config *c, const char *path, cn_err *err) {
                       lineno, key);
       goto out;
     }
+    /* a key set twice is most likely a typo for another key, and the
+     * second line silently winning would hide it */
+    size_t ki = (size_t)(k - keys);
+    if (first[ki] != 0) {
+      rc = cn_err_set(err, CN_E_BAD_CONFIG, "config %s:%d: key '%s' is set "
+                      "again; line %d set it first (set each key once)",
+                      path, lineno, key, first[ki]);
+      goto out;
+    }
+    first[ki] = lineno;
     char where[1200];
     snprintf(where, sizeof(where), "config %s:%d:", path, lineno);
     rc = set_key(c, k, s, where, err);
     if (rc != 0) goto out;
   }
+  if (ferror(f))
+    rc = cn_err_set(err, CN_E_BAD_CONFIG, "config %s:%d: cannot read: %s",
+                    path, lineno, strerror(errno));
 out:
   fclose(f);
   return rc;
@@ -442,7 +468,7 @@ void cn_config_write_sample(FILE *f) {
     if (strcmp(group, k->group) != 0) {
       group = k->group;
       fprintf(f, "\n# ---- %s\n",
-              strcmp(group, "limits") == 0 ? "input limits (400/413 beyond)"
+              strcmp(group, "limits") == 0 ? "input limits (413 too_large beyond)"
                                            : "the daemon");
     }
     fprintf(f, "\n# %s", k->help);

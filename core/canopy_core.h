@@ -54,7 +54,9 @@ extern "C" {
   XX(HEADER_TOO_LARGE, "header_too_large", 431,                              \
      "the request headers are too large")                                    \
   XX(NOT_IMPLEMENTED, "not_implemented", 501,                                \
-     "the request uses an HTTP feature the server does not support")
+     "the request uses an HTTP feature the server does not support")         \
+  XX(NON_FINITE, "non_finite", 500,                                          \
+     "the model computed a non-finite value (NaN or infinity)")
 
 typedef enum {
   CN_OK = 0,
@@ -160,6 +162,9 @@ int cn_instance_parse(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, int index, cn_instance **out,
                       cn_err *err);
 void cn_instance_free(cn_instance *inst);
+/* The first key of object o that is an instance's form, of any input kind
+ * ("tree", "tokens", "text", "chars", "words", "nodes"); NULL when none. */
+const char *cn_instance_form_in(const json_t *o);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 
@@ -259,8 +264,14 @@ int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
                int max_decode_len);
 /* Plans the arena, schedules with the policy, executes every batch. */
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err);
-/* The per-instance output object of API.md (new reference). */
+/* The per-instance output object of API.md (new reference). JSON holds no
+ * NaN or infinity: a non-finite value the model computed is null there,
+ * and cn_output_check finds it. */
 json_t *cn_run_output(const cn_run *r, int slot);
+/* 0, or CN_E_NON_FINITE with err naming the first field of the output
+ * object o (of cn_run_output or cn_decode_output) that holds a non-finite
+ * value: "logits", "nodes[3].logits", "h", "path_score". */
+int cn_output_check(const json_t *o, cn_err *err);
 void cn_run_get_stats(const cn_run *r, cn_run_stats *s);
 /* Batches and lower bound of the instance's own vertices alone are not
  * meaningful under batching; API.md reports the run's. */

@@ -256,6 +256,24 @@ static void collect(session *ss) {
         json_decref(o);
         continue;
       }
+      cn_err err;
+      cn_err_clear(&err);
+      if (cn_output_check(o, &err) != 0) { /* as worker.c's format_answer */
+        int k = ss->owner_k[done[i]];
+        char msg[sizeof(err.msg)];
+        snprintf(msg, sizeof(msg), "instance %d: %.280s", k, err.msg);
+        snprintf(err.msg, sizeof(err.msg), "%s", msg);
+        err.instance = k;
+        json_decref(o);
+        CN_LOG(CN_LOG_ERROR, "msg=non-finite-output model=%s version=%s "
+               "error=\"%s\"", ss->me->name, ss->me->version, err.msg);
+        cn__req *r = q->r;
+        fail_request(q, &err);
+        ss->active_inst -= r->n_inst;
+        ss->active_vertices -= r->vertices;
+        answer_now(ss, r);
+        continue;
+      }
       json_array_set_new(q->outs, (size_t)ss->owner_k[done[i]],
                          o ? o : json_null());
       if (--q->left > 0) continue;

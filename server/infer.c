@@ -104,6 +104,14 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
       rc = cn_err_set(e, CN_E_BAD_INSTANCE, "\"instances\" is empty");
       goto out;
     }
+    /* {"instances": [A], "tree": B}: B was once silently ignored */
+    const char *form = cn_instance_form_in(j);
+    if (form != NULL) {
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE, "the body has both "
+                      "\"instances\" and an instance's \"%s\": ambiguous; "
+                      "put every instance in \"instances\"", form);
+      goto out;
+    }
   }
   if (n > (size_t)sc->max_instances_per_request) {
     rc = too_many_instances(e, n, sc->max_instances_per_request);
@@ -128,7 +136,8 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
         json_integer_value(v) > 1 << 20) {
       rc = cn_err_set(e, CN_E_BAD_INSTANCE,
-                      "\"max_decode_len\" must be a positive integer");
+                      "\"max_decode_len\" must be an integer in [1, %d] "
+                      "(the model's own max_decode_len caps it)", 1 << 20);
       goto out;
     }
     p->max_decode_len = (int)json_integer_value(v);
@@ -137,8 +146,8 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||
         json_integer_value(v) > 3600000) {
       rc = cn_err_set(e, CN_E_BAD_INSTANCE,
-                      "\"timeout_ms\" must be an integer in [1, 3600000] (ms; "
-                      "the daemon's timeout-ms key has the same limit)");
+                      "\"timeout_ms\" must be an integer in [1, 3600000] "
+                      "(ms); without it the daemon's timeout-ms applies");
       goto out;
     }
     p->timeout_ms = json_integer_value(v);

@@ -189,16 +189,46 @@ static int cmp_names(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* What a model.json that is not a regular file is, in words (core's
+ * loader says the same of the files it opens). */
+static const char *file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a file";
+}
+
+/* A subdirectory of models-dir that looks like a model but cannot be
+ * served: its name is too long (CN__NAME_MAX bytes or more: the model's
+ * name is its directory's), or its model.json is not a regular file (a
+ * directory, a FIFO, a device). Each is a load that failed. */
+typedef struct {
+  char *name;
+  char why[160];   /* "the directory's name has 130 bytes; ..." */
+  char fix[24];    /* what strict-startup's message tells a person to do */
+} unservable;
+
+static void free_unservable(unservable *b, int n) {
+  for (int i = 0; i < n; i++) free(b[i].name);
+  free(b);
+}
+
+static int cmp_unservable(const void *a, const void *b) {
+  return strcmp(((const unservable *)a)->name,
+                ((const unservable *)b)->name);
+}
+
 /* The subdirectories of models-dir that hold a model.json, sorted. Those
- * whose name is too long to serve (CN__NAME_MAX bytes or more: the
- * model's name is its directory's) go to *too_long when it is not NULL. */
-static int list_dirs(cn__server *s, char ***out, char ***too_long,
-                     int *n_long) {
+ * that cannot be served go to *bad (sorted) when it is not NULL. */
+static int list_dirs(cn__server *s, char ***out, unservable **bad,
+                     int *n_bad) {
   const char *dir = s->cfg.serve.models_dir;
   *out = NULL;
-  if (too_long != NULL) {
-    *too_long = NULL;
-    *n_long = 0;
+  if (bad != NULL) {
+    *bad = NULL;
+    *n_bad = 0;
   }
   DIR *d = opendir(dir);
   if (d == NULL) return -1;
@@ -211,23 +241,43 @@ static int list_dirs(cn__server *s, char ***out, char ***too_long,
     struct stat st;
     if (de->d_name[0] == '.') continue;
     snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
-    if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (strlen(de->d_name) < CN__NAME_MAX) {
+    /* stat follows a symlink to a regular file, and never blocks */
+    if (stat(p, &st) != 0) continue;
+    size_t len = strlen(de->d_name);
+    if (len < CN__NAME_MAX && S_ISREG(st.st_mode)) {
       names[n++] = strdup(de->d_name);
-    } else if (too_long != NULL) {
-      char **t = realloc(*too_long, (size_t)(*n_long + 1) * sizeof(char *));
-      if (t == NULL) continue;
-      *too_long = t;
-      t[(*n_long)++] = strdup(de->d_name);
+      continue;
+    }
+    if (bad == NULL) continue;
+    unservable *t = realloc(*bad, (size_t)(*n_bad + 1) * sizeof(*t));
+    if (t == NULL) continue;
+    *bad = t;
+    unservable *u = &t[*n_bad];
+    if ((u->name = strdup(de->d_name)) == NULL) continue;
+    (*n_bad)++;
+    if (len >= CN__NAME_MAX) {
+      snprintf(u->why, sizeof(u->why), "the directory's name has %zu bytes; "
+               "a model name has at most %d", len, CN__NAME_MAX - 1);
+      snprintf(u->fix, sizeof(u->fix), "rename it");
+    } else {
+      snprintf(u->why, sizeof(u->why), "'model.json' is not a regular file "
+               "(%s)", file_kind(st.st_mode));
+      snprintf(u->fix, sizeof(u->fix), "replace it");
     }
   }
   closedir(d);
   if (names == NULL) return -1;
   qsort(names, (size_t)n, sizeof(char *), cmp_names);
-  if (too_long != NULL && *n_long > 1)
-    qsort(*too_long, (size_t)*n_long, sizeof(char *), cmp_names);
+  if (bad != NULL && *n_bad > 1)
+    qsort(*bad, (size_t)*n_bad, sizeof(**bad), cmp_unservable);
   *out = names;
   return n;
+}
+
+/* "model=NAME" for the log, a long name cut to 60 bytes and "..." */
+static void log_unservable(const unservable *u) {
+  CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%.60s%s error=\"%s\"",
+         u->name, strlen(u->name) > 60 ? "..." : "", u->why);
 }
 
 static void free_names(char **names, int n) {
@@ -237,24 +287,23 @@ static void free_names(char **names, int n) {
 
 int cn__repo_load_all(cn__server *s, cn_err *err) {
   const cn_serve_config *sc = &s->cfg.serve;
-  char **names, **longn;
-  int n_long;
-  int n = list_dirs(s, &names, &longn, &n_long), rc = 0, loaded = 0;
+  char **names;
+  unservable *bad;
+  int n_bad;
+  int n = list_dirs(s, &names, &bad, &n_bad), rc = 0, loaded = 0;
   if (n < 0)
     return cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: cannot open '%s'",
                       sc->models_dir);
   /* a directory that cannot be served is a model that failed to load */
-  for (int i = 0; i < n_long; i++) {
-    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%.60s... error=\"the "
-           "directory's name has %zu bytes; a model name has at most %d\"",
-           longn[i], strlen(longn[i]), CN__NAME_MAX - 1);
+  for (int i = 0; i < n_bad; i++) {
+    log_unservable(&bad[i]);
     if (sc->strict_startup && rc == 0)
       rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: the directory "
-                      "'%.60s...' has a name of %zu bytes; a model name has "
-                      "at most %d (rename it, or set strict-startup false)",
-                      longn[i], strlen(longn[i]), CN__NAME_MAX - 1);
+                      "'%.60s%s': %s (%s, or set strict-startup false)",
+                      bad[i].name, strlen(bad[i].name) > 60 ? "..." : "",
+                      bad[i].why, bad[i].fix);
   }
-  free_names(longn, n_long);
+  free_unservable(bad, n_bad);
   if (rc != 0) goto out;
   if (n == 0 && strcmp(sc->model_control, "none") == 0) {
     rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: no subdirectory of "
@@ -458,9 +507,10 @@ void cn__repo_rescan(cn__server *s, const char *why) {
              (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000);
     cn__notify(msg);
   }
-  char **names, **longn;
-  int n_long;
-  int n = list_dirs(s, &names, &longn, &n_long);
+  char **names;
+  unservable *bad;
+  int n_bad;
+  int n = list_dirs(s, &names, &bad, &n_bad);
   if (n < 0) {
     CN_LOG(CN_LOG_ERROR, "msg=rescan-failed why=%s models_dir=\"%s\"", why,
            s->cfg.serve.models_dir);
@@ -495,11 +545,9 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   if (loads + unloads > 0 || strcmp(why, "poll") != 0)
     CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
            "unloads=%d", why, n, loads, unloads);
-  for (int i = 0; i < n_long && strcmp(why, "poll") != 0; i++)
-    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%.60s... error=\"the "
-           "directory's name has %zu bytes; a model name has at most %d\"",
-           longn[i], strlen(longn[i]), CN__NAME_MAX - 1);
-  free_names(longn, n_long);
+  for (int i = 0; i < n_bad && strcmp(why, "poll") != 0; i++)
+    log_unservable(&bad[i]);
+  free_unservable(bad, n_bad);
   free_names(names, n);
   if (reload) {
     s->reload_notify = true;
@@ -528,21 +576,20 @@ json_t *cn__repo_index(cn__server *s) {
   }
   /* directories the daemon has not loaded (model-control none, or not yet
    * rescanned) */
-  char **names, **longn;
-  int n_long;
-  int n = list_dirs(s, &names, &longn, &n_long);
-  for (int i = 0; i < n_long; i++) {
+  char **names;
+  unservable *bad;
+  int n_bad;
+  int n = list_dirs(s, &names, &bad, &n_bad);
+  for (int i = 0; n >= 0 && i < n_bad; i++) {
     json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(longn[i]));
+    json_object_set_new(o, "name", json_string(bad[i].name));
     json_object_set_new(o, "state", json_string("UNAVAILABLE"));
-    char why[120];
-    snprintf(why, sizeof(why), "the directory's name has %zu bytes; a "
-             "model name has at most %d: rename it", strlen(longn[i]),
-             CN__NAME_MAX - 1);
+    char why[200];
+    snprintf(why, sizeof(why), "%s: %s", bad[i].why, bad[i].fix);
     json_object_set_new(o, "reason", json_string(why));
     json_array_append_new(arr, o);
   }
-  if (n >= 0) free_names(longn, n_long);
+  if (n >= 0) free_unservable(bad, n_bad);
   for (int i = 0; i < n; i++) {
     if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
     json_t *o = json_object();

@@ -52,11 +52,36 @@ void cn__workers_done(cn__server *s, cn__job *j) {
   uv_async_send(&s->done_async);
 }
 
-static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots) {
+/* The request's answer. An instance whose output holds a non-finite value
+ * (JSON has no NaN) fails its request with 500 non_finite, naming the
+ * instance and field; the run's other requests are answered as usual. */
+static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
+                           int *status) {
   json_t *o = json_object();
   json_t *outs = json_array();
-  for (int i = 0; i < r->n_inst; i++)
-    json_array_append_new(outs, cn_run_output(run, slots[i]));
+  *status = 200;
+  for (int i = 0; i < r->n_inst; i++) {
+    json_t *out = cn_run_output(run, slots[i]);
+    cn_err err;
+    cn_err_clear(&err);
+    if (cn_output_check(out, &err) != 0) {
+      json_decref(out);
+      json_decref(outs);
+      json_decref(o);
+      char msg[sizeof(err.msg)];
+      snprintf(msg, sizeof(msg), "instance %d: %.280s", i, err.msg);
+      snprintf(err.msg, sizeof(err.msg), "%s", msg);
+      err.instance = i;
+      CN_LOG(CN_LOG_ERROR, "msg=non-finite-output model=%s version=%s "
+             "error=\"%s\"", j->me->name, j->me->version, err.msg);
+      json_t *e = cn_err_to_json(&err);
+      char *body = json_dumps(e, DUMP_FLAGS);
+      json_decref(e);
+      *status = cn_err_http_status(err.code);
+      return body;
+    }
+    json_array_append_new(outs, out);
+  }
   json_object_set_new(o, "model", json_string(j->me->name));
   json_object_set_new(o, "model_version", json_string(j->me->version));
   json_object_set_new(o, "outputs", outs);
@@ -133,8 +158,7 @@ static void run_job(worker_arg *w, cn__job *j) {
     cn__req *r = j->reqs[i];
     if (slots[i] == NULL) continue;
     r->compute_ms = ms;
-    r->result = format_answer(j, r, run, slots[i]);
-    r->result_status = 200;
+    r->result = format_answer(j, r, run, slots[i], &r->result_status);
   }
   goto done;
 fail:

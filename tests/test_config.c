@@ -142,3 +142,39 @@ Test(config, removed_key_says_so) {
   cr_expect_null(cn_config_removed("workers"));
   cr_expect_not_null(cn_config_removed("http-mode"));
 }
+
+/* A config file that is a directory was read as an empty file, and the
+ * daemon started on the defaults without a word: it is an error, as a
+ * missing file is. */
+Test(config, directory_is_not_a_config_file) {
+  char dir[] = "/tmp/canopy-confdir-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_eq(cn_config_load_file(&c, dir, &err), CN_E_BAD_CONFIG);
+  cr_expect(strstr(err.msg, dir) != NULL &&
+                strstr(err.msg, "is a directory") != NULL,
+            "%s", err.msg);
+  rmdir(dir);
+}
+
+/* A key set twice (a typo for another key, most likely) is an error
+ * naming both lines, not the last line silently winning. */
+Test(config, duplicate_key_names_both_lines) {
+  char path[] = "/tmp/canopy-conf-XXXXXX";
+  int fd = mkstemp(path);
+  FILE *f = fdopen(fd, "w");
+  fprintf(f, "workers 3\nport 9000\n# comment\nworkers 4\n");
+  fclose(f);
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_eq(cn_config_load_file(&c, path, &err), CN_E_BAD_CONFIG);
+  cr_expect(strstr(err.msg, ":4: key 'workers' is set again") != NULL &&
+                strstr(err.msg, "line 1") != NULL,
+            "%s", err.msg);
+  remove(path);
+}

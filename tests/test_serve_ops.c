@@ -583,6 +583,11 @@ Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
        "has \\\"tokens\\\""},
       {"{\"instances\": [{\"tree\": \"(2 a)\", \"nodes\": []}]}",
        "bad_instance", "has \\\"nodes\\\""},
+      /* an instance's field beside "instances" was once ignored */
+      {"{\"instances\": [{\"tree\": \"(2 a)\"}], \"tree\": \"(3 b)\"}",
+       "bad_instance", "ambiguous"},
+      {"{\"instances\": [{\"tree\": \"(2 a)\"}], \"tokens\": [\"a\"]}",
+       "bad_instance", "an instance's \\\"tokens\\\""},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     th_resp r;
@@ -592,6 +597,53 @@ Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
     snprintf(want, sizeof(want), "\"%s\"", cases[i].code);
     cr_expect(strstr(r.body, want) != NULL && strstr(r.body, cases[i].says),
               "case %zu: %s", i, r.body);
+    th_resp_free(&r);
+  }
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* What the docs say of input checks (docs/api.md, issue 21 finding 12):
+ * an input limit is 413 too_large naming it, not 400 bad_tree; the
+ * messages for timeout_ms and max_decode_len give the range they accept
+ * (timeout_ms once claimed the daemon's key had its limit, but the key
+ * also takes 0; max_decode_len said "positive integer" of 10^9). */
+Test(serve_ops, input_checks_say_what_they_do, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-nodes", "6", "--max-depth", "3",
+                         "--max-token-len", "4", NULL};
+  th_start(&d, flags);
+  static const struct {
+    const char *body;
+    int status;
+    const char *code, *says;
+  } cases[] = {
+      {"{\"tree\": \"(1 (2 (3 (4 a))))\"}", 413, "too_large", "max_depth"},
+      {"{\"tree\": \"(1 (2 (2 a) (2 b)) (3 (4 b) (5 c)))\"}", 413,
+       "too_large", "max_nodes"},
+      {"{\"tree\": \"(1 (2 abcdefgh) (3 b))\"}", 413, "too_large",
+       "max_token_len"},
+      {"{\"tree\": \"(2 a)\", \"timeout_ms\": 0}", 400, "bad_instance",
+       "[1, 3600000] (ms); without it the daemon's timeout-ms applies"},
+      {"{\"tree\": \"(2 a)\", \"max_decode_len\": 1000000000}", 400,
+       "bad_instance", "[1, 1048576]"},
+      {"{\"tree\": \"(2 a)\", \"max_decode_len\": 1000000}", 200, NULL,
+       NULL},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    th_resp r;
+    cr_assert_eq(th_http(d.port, "POST", INFER, cases[i].body, NULL, &r), 0);
+    cr_expect_eq(r.status, cases[i].status, "case %zu: %s", i, r.body);
+    if (cases[i].code != NULL) {
+      json_t *j = json_loads(r.body, 0, NULL);
+      json_t *e = json_object_get(j, "error");
+      cr_expect_str_eq(json_string_value(json_object_get(e, "code")),
+                       cases[i].code, "case %zu: %s", i, r.body);
+      const char *msg = json_string_value(json_object_get(e, "message"));
+      cr_expect(msg != NULL && strstr(msg, cases[i].says) != NULL,
+                "case %zu: %s", i, r.body);
+      json_decref(j);
+    }
     th_resp_free(&r);
   }
   cr_expect_eq(th_stop(&d), 0);

@@ -6,7 +6,9 @@
  * (1e-5 per element), including outputs=all and return_hidden. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,4 +165,95 @@ Test(serve_outputs, childsum_treelstm, .fini = teardown, .timeout = 40) {
 }
 Test(serve_outputs, mvrnn, .fini = teardown, .timeout = 40) {
   check_family("mvrnn", "--return-hidden", ",\"return_hidden\":true");
+}
+
+/* Makes the output layer of a model overflow at compute with finite
+ * weights (the probe's f03b_overflow.py): row 0 of out.W is +3.4e38, row
+ * 1 is -3.4e38, and out.b is FLT_MAX, so logits 0 and 1 are FLT_MAX ±
+ * 3.4e38 * sum(h): one of them is infinite unless sum(h) is within 1e-7 of
+ * 0, which the fixed seed of `canopy model init` does not give. */
+static void overflow_output_layer(const char *model_dir) {
+  char path[700];
+  snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
+  FILE *f = fopen(path, "r+b");
+  cr_assert_not_null(f, "%s", path);
+  unsigned char len8[8];
+  cr_assert_eq(fread(len8, 1, 8, f), 8);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | len8[i];
+  char *hdr = malloc(hlen);
+  cr_assert_eq(fread(hdr, 1, hlen, f), hlen);
+  json_t *h = json_loadb(hdr, hlen, 0, NULL);
+  cr_assert_not_null(h);
+  json_t *w = json_object_get(h, "out.W"), *b = json_object_get(h, "out.b");
+  cr_assert(w != NULL && b != NULL, "no out.W / out.b in %s", path);
+  long long cols = json_integer_value(
+      json_array_get(json_object_get(w, "shape"), 1));
+  const char *names[] = {"out.W", "out.b"};
+  for (int t = 0; t < 2; t++) {
+    json_t *off = json_object_get(json_object_get(h, names[t]),
+                                  "data_offsets");
+    long long s = json_integer_value(json_array_get(off, 0));
+    long long e = json_integer_value(json_array_get(off, 1));
+    for (long long k = 0; k < (e - s) / 4; k++) {
+      float v = t == 1 ? FLT_MAX : k < cols ? 3.4e38f
+                                 : k < 2 * cols ? -3.4e38f : 0.5f;
+      cr_assert_eq(fseek(f, (long)(8 + hlen + s + 4 * k), SEEK_SET), 0);
+      cr_assert_eq(fwrite(&v, 4, 1, f), 1); /* little-endian host */
+    }
+  }
+  json_decref(h);
+  free(hdr);
+  fclose(f);
+}
+
+/* Weights that overflow at compute once answered 200 with "logits": []
+ * (jansson's json_real refuses NaN and infinity) and a made-up label.
+ * JSON cannot hold the value, so the request fails: 500 non_finite naming
+ * the instance and the field. The daemon goes on serving, the other
+ * model included; `canopy run` prints an error line for the instance. */
+Test(serve_outputs, non_finite_output_is_an_error, .fini = teardown,
+     .timeout = 40) {
+  const char *fams[] = {"treelstm", "treegru", NULL};
+  th_models(&d, fams);
+  char dir[600];
+  snprintf(dir, sizeof(dir), "%s/models/treelstm", d.dir);
+  overflow_output_layer(dir);
+  th_start(&d, NULL);
+  const char *body = "{\"instances\":[{\"tree\":\"(3 (2 a) (2 b))\"},"
+                     "{\"tree\":\"(1 c)\"}],\"outputs\":\"all\"}";
+  for (int round = 0; round < 2; round++) {
+    th_resp r;
+    cr_assert_eq(th_http(d.port, "POST", "/v1/models/treelstm/infer", body,
+                         NULL, &r), 0);
+    cr_expect_eq(r.status, 500, "%s", r.body);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")),
+                     "non_finite", "%s", r.body);
+    cr_expect_eq(json_integer_value(json_object_get(e, "instance")), 0);
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    cr_expect(msg != NULL && strstr(msg, "instance 0") != NULL &&
+                  strstr(msg, "'logits'") != NULL,
+              "%s", r.body);
+    json_decref(j);
+    th_resp_free(&r);
+    cr_assert_eq(th_http(d.port, "POST", "/v1/models/treegru/infer", body,
+                         NULL, &r), 0);
+    cr_expect_eq(r.status, 200, "%s", r.body);
+    th_resp_free(&r);
+  }
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/healthz", NULL, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  char cmd[2048];
+  snprintf(cmd, sizeof(cmd), "echo '{\"tree\":\"(3 (2 a) (2 b))\"}' | %s run "
+           "--model %s --input - 2>/dev/null", th_bin(), dir);
+  FILE *p = popen(cmd, "r");
+  char line[4096] = "";
+  cr_assert_not_null(fgets(line, sizeof(line), p));
+  pclose(p);
+  cr_expect(strstr(line, "\"non_finite\"") != NULL, "%s", line);
+  cr_expect_eq(th_stop(&d), 0);
 }

@@ -27,4 +27,18 @@ static inline uint64_t cn__splitmix64(uint64_t *s) {
 void *cn__xcalloc(size_t n, size_t size);
 void *cn__xrealloc(void *p, size_t n, size_t size);
 
+/* The files of a model directory (file.c). cn__open_regular opens path
+ * without blocking and checks with fstat that it is a regular file (a
+ * symlink to one is fine) of at most max bytes: otherwise err says
+ * "'PATH' is not a regular file (a FIFO)" or gives the size. On success
+ * *fd is open (blocking again) and *size is the file's size. */
+int cn__open_regular(const char *path, uint64_t max, int *fd,
+                     uint64_t *size, cn_err *err);
+/* Reads the whole regular file (as cn__open_regular checks it) into *buf,
+ * which has *len bytes, then `extra` spare bytes and a NUL. */
+int cn__read_regular(const char *path, uint64_t max, size_t extra,
+                     char **buf, size_t *len, cn_err *err);
+/* "a directory", "a FIFO", ... for a stat st_mode. */
+const char *cn__file_kind(unsigned mode);
+
 #endif /* CANOPY_BASE_H */

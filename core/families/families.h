@@ -89,7 +89,8 @@ int cn__ir_lstm_cell(const cn_model *m, struct cn_ir *g, int E, int Wih,
 int cn__ir_gru_cell(const cn_model *m, struct cn_ir *g, int x, int hp,
                     int Wih, int Whh, int bih, int bhh);
 
-/* JSON helpers. */
+/* JSON helpers: a non-finite float becomes null (cn_output_check). */
+json_t *cn__json_float(double x);
 json_t *cn__json_floats(const float *x, int64_t n);
 int cn__argmax(const float *x, int n);
 

@@ -1,6 +1,7 @@
 /* tree_common.c - what the tree families share: building a tree instance's
  * vertices, index arrays for batched kernels, the output layer, and the
  * per-instance JSON object of API.md. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "families/families.h"
@@ -76,9 +77,15 @@ void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
   CN_BK(r->bk, gemm, n, C, H, X, ld, W, H, b, 0.0f, out, C);
 }
 
+json_t *cn__json_float(double x) {
+  /* json_real refuses NaN and infinity (NULL): null marks the value for
+   * cn_output_check, and a field never goes missing without a word */
+  return isfinite(x) ? json_real(x) : json_null();
+}
+
 json_t *cn__json_floats(const float *x, int64_t n) {
   json_t *a = json_array();
-  for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_real(x[i]));
+  for (int64_t i = 0; i < n; i++) json_array_append_new(a, cn__json_float(x[i]));
   return a;
 }
 
@@ -143,7 +150,8 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
   json_object_set_new(o, "tags", tags);
   if (names != NULL) json_object_set_new(o, "tag_names", names);
   if (r->out_score != NULL)
-    json_object_set_new(o, "path_score", json_real(r->out_score[slot]));
+    json_object_set_new(o, "path_score",
+                        cn__json_float(r->out_score[slot]));
   if (s->flags & CN_OUT_HIDDEN) {
     json_t *hs = json_array();
     float *buf = malloc((size_t)h_floats * sizeof(float));

@@ -14,8 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "input/input.h"
+
+/* The lexicon is read whole into a trie; a bigger file is a mistake. */
+#define MAX_LEXICON_BYTES (1ull << 30)
 
 typedef struct trie_node {
   int32_t first_child, next;
@@ -92,10 +96,16 @@ int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err) {
   char *line = NULL;
   size_t cap = 0;
   ssize_t len;
-  FILE *f = fopen(path, "r");
+  int fd;
+  uint64_t size;
   cn_lexicon *lx = NULL;
-  if (f == NULL)
-    return cn_err_set(err, CN_E_IO, "%s: cannot open the lexicon: %m", path);
+  rc = cn__open_regular(path, MAX_LEXICON_BYTES, &fd, &size, err);
+  if (rc != 0) return rc;
+  FILE *f = fdopen(fd, "r");
+  if (f == NULL) {
+    close(fd);
+    return cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);
+  }
   lx = lexicon_new();
   if (lx == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);

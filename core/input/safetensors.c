@@ -167,20 +167,17 @@ int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
   json_t *hdr = NULL;
   span *spans = NULL;
   memset(st, 0, sizeof(*st));
-  fd = open(path, O_RDONLY | O_CLOEXEC);
-  struct stat sb;
-  if (fd < 0 || fstat(fd, &sb) != 0) {
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot open: %s", path,
-                    strerror(errno));
+  uint64_t fsize;
+  if ((rc = cn__open_regular(path, INT64_MAX, &fd, &fsize, err)) != 0)
     goto out;
-  }
-  if (!S_ISREG(sb.st_mode) || sb.st_size < 8) {
+  rc = CN_E_BAD_MODEL;
+  if (fsize < 8) {
     cn_err_set(err, rc, "%s: %lld bytes is too short for a safetensors file "
                "(8-byte header length, header, data)", path,
-               (long long)sb.st_size);
+               (long long)fsize);
     goto out;
   }
-  st->n_bytes = (size_t)sb.st_size;
+  st->n_bytes = (size_t)fsize;
   if (posix_memalign(&st->bytes, 64, st->n_bytes) != 0) {
     st->bytes = NULL;
     rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for %zu bytes", path,
@@ -198,10 +195,10 @@ int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
   const unsigned char *m = st->bytes;
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | m[i];
-  if (hlen > (uint64_t)sb.st_size - 8 || hlen > MAX_HEADER) {
+  if (hlen > fsize - 8 || hlen > MAX_HEADER) {
     cn_err_set(err, rc, "%s: header length %llu does not fit in the file "
                "(%lld bytes) or exceeds %u bytes", path,
-               (unsigned long long)hlen, (long long)sb.st_size, MAX_HEADER);
+               (unsigned long long)hlen, (long long)fsize, MAX_HEADER);
     goto out;
   }
   json_error_t je;
@@ -220,7 +217,7 @@ int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
     goto out;
   }
   const char *data = (const char *)m + 8 + hlen;
-  int64_t data_len = (int64_t)((uint64_t)sb.st_size - 8 - hlen);
+  int64_t data_len = (int64_t)(fsize - 8 - hlen);
   const char *name;
   json_t *e;
   int k = 0;

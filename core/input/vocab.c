@@ -12,6 +12,10 @@
 
 #include "input/input.h"
 
+/* A vocabulary file is read whole; a bigger one is a mistake (a wrong
+ * path, a data file) rather than a vocabulary. */
+#define MAX_VOCAB_BYTES (1ull << 30)
+
 struct cn_vocab {
   int n;            /* tokens; id k is the k-th */
   char *pool;       /* all tokens, each NUL-terminated */
@@ -135,33 +139,11 @@ int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out) {
 int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err) {
   int rc = 0;
   char *buf = NULL;
-  size_t len = 0, cap = 0;
+  size_t len = 0;
   *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) {
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot open vocabulary: %s", path,
-                    strerror(errno));
+  /* one spare byte for a last '\n' */
+  if ((rc = cn__read_regular(path, MAX_VOCAB_BYTES, 1, &buf, &len, err)) != 0)
     goto out;
-  }
-  for (;;) {
-    if (cap - len < 65536) {
-      size_t ncap = cap ? cap * 2 : 65536;
-      char *nb = realloc(buf, ncap + 1);
-      if (nb == NULL) {
-        rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
-        goto out;
-      }
-      buf = nb;
-      cap = ncap;
-    }
-    size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
-  }
-  if (ferror(f)) {
-    rc = cn_err_set(err, CN_E_IO, "%s: read error", path);
-    goto out;
-  }
   if (len == 0) {
     rc = cn_err_set(err, CN_E_BAD_MODEL,
                     "%s: the vocabulary is empty (line 1 must be <unk>)",
@@ -170,7 +152,7 @@ int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err) {
   }
   /* Turn the buffer into the pool in place: each '\n' (and a '\r' before
    * it) becomes the NUL ending that line's token. */
-  if (buf[len - 1] != '\n') buf[len++] = '\n'; /* cap has room for one */
+  if (buf[len - 1] != '\n') buf[len++] = '\n'; /* the spare byte */
   size_t w = 0, start = 0;
   int n = 0;
   for (size_t i = 0; i < len; i++) {
@@ -202,7 +184,6 @@ int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err) {
   buf = NULL;
   if (rc != 0) cn_err_set(err, rc, "%s: out of memory", path);
 out:
-  if (f != NULL) fclose(f);
   free(buf);
   return rc;
 }

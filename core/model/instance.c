@@ -87,18 +87,25 @@ static int parse_tree(const cn_model *m, const json_t *inst,
  * instance that carries another kind's form, or two forms of its own
  * ("tokens" and "text"), is ambiguous: which one would be computed is a
  * guess, so it is refused rather than half read. Other keys are ignored. */
+static const struct {
+  const char *key;
+  unsigned kinds; /* bit per cn_input_kind */
+} forms[] = {
+    {"tree", 1u << CN_INPUT_TREE},
+    {"tokens", 1u << CN_INPUT_SEQUENCE},
+    {"chars", 1u << CN_INPUT_LATTICE},
+    {"words", 1u << CN_INPUT_LATTICE},
+    {"nodes", 1u << CN_INPUT_DAG},
+    {"text", 1u << CN_INPUT_SEQUENCE | 1u << CN_INPUT_LATTICE},
+};
+
+const char *cn_instance_form_in(const json_t *o) {
+  for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++)
+    if (json_object_get(o, forms[i].key) != NULL) return forms[i].key;
+  return NULL;
+}
+
 static int check_forms(const cn_model *m, const json_t *inst, cn_err *err) {
-  static const struct {
-    const char *key;
-    unsigned kinds; /* bit per cn_input_kind */
-  } forms[] = {
-      {"tree", 1u << CN_INPUT_TREE},
-      {"tokens", 1u << CN_INPUT_SEQUENCE},
-      {"chars", 1u << CN_INPUT_LATTICE},
-      {"words", 1u << CN_INPUT_LATTICE},
-      {"nodes", 1u << CN_INPUT_DAG},
-      {"text", 1u << CN_INPUT_SEQUENCE | 1u << CN_INPUT_LATTICE},
-  };
   static const char *takes[] = {
       [CN_INPUT_TREE] = "\"tree\"",
       [CN_INPUT_SEQUENCE] = "\"tokens\" or \"text\"",

@@ -12,6 +12,7 @@
 #include "model/model.h"
 
 #define MAX_SIZE (1 << 16)  /* H, D: keeps every shape product in range */
+#define MAX_MODEL_JSON (64u << 20) /* model.json: labels and cells fit well in it */
 
 const char *cn_input_kind_name(cn_input_kind k) {
   switch (k) {
@@ -280,8 +281,8 @@ static int compile_cells(cn_model *m, cn_err *err) {
  * model.json keys, then vocabularies, then the weights. */
 int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   int rc = CN_E_NOMEM;
-  char *file = NULL, *wfile = NULL;
-  FILE *f = NULL;
+  char *file = NULL, *wfile = NULL, *text = NULL;
+  size_t text_len = 0;
   cn_model *m = calloc(1, sizeof(*m));
   *out = NULL;
   if (m == NULL || (m->dir = strdup(dir)) == NULL ||
@@ -290,13 +291,11 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     cn_err_set(err, rc, "%s: out of memory", dir);
     goto out;
   }
-  if ((f = fopen(file, "rb")) == NULL) {
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot open: %s", file,
-                    strerror(errno));
+  if ((rc = cn__read_regular(file, MAX_MODEL_JSON, 0, &text, &text_len,
+                             err)) != 0)
     goto out;
-  }
   json_error_t je;
-  m->json = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+  m->json = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &je);
   rc = CN_E_BAD_MODEL;
   if (m->json == NULL || !json_is_object(m->json)) {
     if (m->json == NULL)
@@ -399,7 +398,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   if ((rc = compile_cells(m, err)) != 0) goto out;
   rc = 0;
 out:
-  if (f != NULL) fclose(f);
+  free(text);
   free(file);
   free(wfile);
   if (rc != 0) cn_model_free(m);

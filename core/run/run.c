@@ -355,6 +355,49 @@ json_t *cn_run_output(const cn_run *r, int slot) {
   return r->fam->output(r, slot);
 }
 
+/* The first null under v (an output holds null only for a non-finite
+ * value): true, with its field's path in path ("nodes[3].logits"). */
+static bool find_null(const json_t *v, char *path, size_t at, size_t cap) {
+  if (json_is_object(v)) {
+    const char *k;
+    const json_t *e;
+    json_object_foreach((json_t *)v, k, e) {
+      int n = snprintf(path + at, cap - at, "%s%s", at ? "." : "", k);
+      size_t next = n < 0 ? at : at + (size_t)n;
+      if (next >= cap) next = cap - 1;
+      if (json_is_null(e) || find_null(e, path, next, cap)) return true;
+      path[at] = '\0';
+    }
+    return false;
+  }
+  if (json_is_array(v)) {
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) {
+      if (json_is_null(e)) return true; /* a number of this array's */
+      if (!json_is_object(e) && !json_is_array(e)) continue;
+      int n = snprintf(path + at, cap - at, "[%zu]", i);
+      size_t next = n < 0 ? at : at + (size_t)n;
+      if (next >= cap) next = cap - 1;
+      if (find_null(e, path, next, cap)) {
+        /* a row of numbers ("logits" per token): name the array itself */
+        if (json_is_array(e)) path[at] = '\0';
+        return true;
+      }
+      path[at] = '\0';
+    }
+  }
+  return false;
+}
+
+int cn_output_check(const json_t *o, cn_err *err) {
+  char path[128] = "";
+  if (o == NULL || !find_null(o, path, 0, sizeof(path))) return 0;
+  return cn_err_set(err, CN_E_NON_FINITE, "the model computed a non-finite "
+                    "value (NaN or infinity) for '%s'; JSON cannot hold it "
+                    "(the weights or this input overflow)", path);
+}
+
 void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   memset(s, 0, sizeof(*s));
   s->instances = r->n_slots;

@@ -38,8 +38,13 @@ def free_port():
 
 
 def run_client(args, stdin=None):
+    """stdin: str, or bytes for input that is not valid UTF-8."""
+    raw = isinstance(stdin, bytes)
     p = subprocess.run([PY, CLIENT] + args, input=stdin, capture_output=True,
-                       text=True, timeout=60)
+                       text=not raw, timeout=60)
+    if raw:
+        return (p.returncode, p.stdout.decode().splitlines(),
+                p.stderr.decode())
     return p.returncode, p.stdout.splitlines(), p.stderr
 
 
@@ -138,9 +143,11 @@ class AgainstDaemon(unittest.TestCase):
 
 
 class Busy(http.server.BaseHTTPRequestHandler):
-    """429 with Retry-After: 0 for the first `busy` requests, then 200."""
+    """429 with Retry-After: `retry_after` for the first `busy` requests,
+    then 200."""
     busy = 2
     seen = 0
+    retry_after = "0"
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
@@ -150,7 +157,7 @@ class Busy(http.server.BaseHTTPRequestHandler):
             out = json.dumps({"error": {"code": "overloaded",
                                         "message": "busy"}}).encode()
             self.send_response(429)
-            self.send_header("Retry-After", "0")
+            self.send_header("Retry-After", Busy.retry_after)
         else:
             out = json.dumps({"outputs": [{"label": 0}
                                           for _ in body["instances"]],
@@ -167,8 +174,8 @@ class Busy(http.server.BaseHTTPRequestHandler):
 
 
 class Retries(unittest.TestCase):
-    def serve(self, busy):
-        Busy.busy, Busy.seen = busy, 0
+    def serve(self, busy, retry_after="0"):
+        Busy.busy, Busy.seen, Busy.retry_after = busy, 0, retry_after
         srv = http.server.HTTPServer(("127.0.0.1", 0), Busy)
         t = threading.Thread(target=srv.serve_forever, daemon=True)
         t.start()
@@ -192,6 +199,43 @@ class Retries(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertEqual(Busy.seen, 3, "1 try + 2 retries")
         self.assertEqual(json.loads(out[0])["error"]["code"], "overloaded")
+        self.assertNotIn("Traceback", err)
+
+    def test_unparsable_retry_after_is_absent(self):
+        # a server that is not Canopy may send anything; "nan" once made
+        # time.sleep raise, a traceback instead of a retry
+        for value in ("nan", "-inf", "soon"):
+            url = self.serve(busy=1, retry_after=value)
+            code, out, err = run_client(["--url", url, "--model", "m",
+                                         "--input", "-", "--retries", "1"],
+                                        stdin='{"tree": "(1 a)"}\n')
+            self.assertEqual((code, Busy.seen), (0, 2), (value, err))
+            self.assertEqual(json.loads(out[0]), {"label": 0})
+            self.assertNotIn("Traceback", err)
+
+    def test_invalid_utf8_is_one_bad_line(self):
+        # a line that is not UTF-8 once crashed the client (no output at
+        # all); it is an error line like any other bad line
+        url = self.serve(busy=0)
+        stdin = b'{"tree": "(1 a)"}\n{"tree": "(1 \xff\xfe)"}\n' \
+            b'{"tree": "(1 b)"}\n'
+        code, out, err = run_client(["--url", url, "--model", "m", "--input",
+                                     "-"], stdin=stdin)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(len(out), 3, "one output line per input line")
+        self.assertEqual(json.loads(out[0]), {"label": 0})
+        self.assertEqual(json.loads(out[1])["error"]["code"], "bad_json")
+        self.assertIn("UTF-8", json.loads(out[1])["error"]["message"])
+        self.assertEqual(json.loads(out[2]), {"label": 0})
+        self.assertIn("line 2", err)
+        self.assertNotIn("Traceback", err)
+        path = os.path.join(tempfile.mkdtemp(prefix="canopy-client-"), "in")
+        self.addCleanup(shutil.rmtree, os.path.dirname(path))
+        with open(path, "wb") as f:
+            f.write(stdin)
+        code, out, err = run_client(["--url", url, "--model", "m", "--input",
+                                     path])
+        self.assertEqual((code, len(out)), (2, 3), err)
         self.assertNotIn("Traceback", err)
 
 

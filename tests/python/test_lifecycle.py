@@ -418,7 +418,7 @@ class Lifecycle(unittest.TestCase):
         os.symlink(self.versions[2], os.path.join(self.models, "m" * 127))
         with self.assertRaises(RuntimeError) as cm:
             self.start()  # strict-startup true: exits 1, naming it
-        self.assertIn("has a name of 130 bytes", str(cm.exception))
+        self.assertIn("name has 130 bytes", str(cm.exception))
         os.remove(os.path.join(self.models, "m" * 127))
         d = self.start("--strict-startup", "false", "--model-control",
                        "explicit", "--repository-token", TOKEN)
@@ -443,6 +443,58 @@ class Lifecycle(unittest.TestCase):
         self.assertNotEqual(states.get("m" * 127), "READY",
                             "the cut name was not loaded")
         self.assertEqual(states["a"], "READY")
+
+    def test_files_that_are_not_regular(self):
+        # A FIFO for weights once hung start-up for good, vocab.txt linked
+        # to /dev/zero grew memory without bound, and a model.json that was
+        # a directory or a FIFO made the model silently skipped even under
+        # strict-startup true. Each is now a load error naming the file.
+        os.symlink(self.versions[0], os.path.join(self.models, "a"))
+        fifo = os.path.join(self.models, "fifo")
+        shutil.copytree(self.versions[1], fifo)
+        os.remove(os.path.join(fifo, "weights.safetensors"))
+        os.mkfifo(os.path.join(fifo, "weights.safetensors"))
+        with self.assertRaises(RuntimeError) as cm:
+            self.start()  # strict-startup true: exits 1, naming the file
+        self.assertIn("weights.safetensors' is not a regular file (a FIFO)",
+                      str(cm.exception))
+        self.assertIn("model fifo", str(cm.exception))
+        zero = os.path.join(self.models, "zero")
+        shutil.copytree(self.versions[2], zero)
+        os.remove(os.path.join(zero, "vocab.txt"))
+        os.symlink("/dev/zero", os.path.join(zero, "vocab.txt"))
+        jdir = os.path.join(self.models, "jdir")
+        shutil.copytree(self.versions[1], jdir)
+        os.remove(os.path.join(jdir, "model.json"))
+        os.mkdir(os.path.join(jdir, "model.json"))
+        with self.assertRaises(RuntimeError) as cm:
+            self.start()  # the directory is seen before any model loads
+        self.assertIn("'jdir': 'model.json' is not a regular file "
+                      "(a directory)", str(cm.exception))
+        jfifo = os.path.join(self.models, "jfifo")
+        shutil.copytree(self.versions[1], jfifo)
+        os.remove(os.path.join(jfifo, "model.json"))
+        os.mkfifo(os.path.join(jfifo, "model.json"))
+        d = self.start("--strict-startup", "false")
+        self.assertEqual(d.get("/v2/models/a/ready")[0], 200)
+        st, index = d.request("POST", "/v2/repository/index")
+        self.assertEqual(st, 200)
+        got = {e["name"]: (e["state"], e.get("reason", "")) for e in index}
+        self.assertEqual(got["a"][0], "READY")
+        for name, why in (("fifo", "weights.safetensors' is not a regular "
+                           "file (a FIFO)"),
+                          ("zero", "vocab.txt' is not a regular file "
+                           "(a character device)"),
+                          ("jdir", "'model.json' is not a regular file "
+                           "(a directory)"),
+                          ("jfifo", "'model.json' is not a regular file "
+                           "(a FIFO)")):
+            self.assertEqual(got[name][0], "UNAVAILABLE", (name, got))
+            self.assertIn(why, got[name][1], name)
+        with open(d.log_path) as f:
+            log = f.read()
+        self.assertIn("msg=model-load-failed model=jfifo ", log)
+        self.assertIn("msg=model-load-failed model=zero ", log)
 
 
 if __name__ == "__main__":
