@@ -140,7 +140,7 @@ static void drain_check(uv_timer_t *t) {
               waited_ms > s->cfg.serve.drain_grace_ms + 1000;
   /* a body being parsed on the threadpool (bigparse.c) uses the model:
    * wait for it, past the grace too (one parse is bounded, ~1 s) */
-  if (s->parsing > 0 || s->phead != NULL) done = false;
+  if (s->parsing > 0 || s->phead != NULL || s->mhead != NULL) done = false;
   if (!done) return;
   CN_LOG(CN_LOG_INFO, "msg=drained ms=%.1f open_connections=%d", waited_ms,
          atomic_load(&s->open_conns));
