@@ -12,12 +12,13 @@
  * - huge bodies, over 1 MiB, CN__BIG_PARSES (one) at a time: the memory of
  *   huge parses in flight is one parse's, bounded by infer.c's container
  *   counts and max-body-bytes.
- * The two lanes together use at most 4 threads, libuv's pool size, so a
- * medium parse never queues inside libuv behind a huge one.
+ * The two lanes together use at most 4 threads, libuv's pool size (unless
+ * UV_THREADPOOL_SIZE says less), so a medium parse never queues inside
+ * libuv behind a huge one.
  * Bodies up to 16 KiB are parsed inline: a one-tree request parses in
  * microseconds (the hop to the pool and back, ~57 us, would cost it more
  * than that), and 16 KiB is ~64 real trees; the most an inline parse
- * holds the loop is ~0.7 ms (16 KiB of `{}` under an ignored key, ~45 ns
+ * holds the loop is ~0.6 ms (16 KiB of `{}` under an ignored key, ~40 ns
  * a byte on this 2-core machine under load; 64 KiB held it 3-7 ms).
  *
  * Meanwhile the request is WAITING and on s->waiting, like one queued
