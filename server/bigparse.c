@@ -1,13 +1,25 @@
-/* bigparse.c - big infer bodies are parsed off the loop thread.
+/* bigparse.c - bodies over 16 KiB are parsed off the loop thread.
  *
  * jansson builds an 8 MiB body in ~1 s; on the loop thread that stalls
- * every connection. A body over CN__BIG_BODY_BYTES goes instead to one of
- * libuv's threadpool threads (uv_queue_work), CN__BIG_PARSES at a time
- * (one: the memory of parses in flight is then one parse's, bounded by
- * infer.c's container counts and max-body-bytes); the others wait here,
- * FIFO, on the loop. Bodies up to the threshold are parsed inline as
- * before (a one-tree request parses in microseconds; the hop to the pool
- * and back would cost it more than that).
+ * every connection. A body over CN__BIG_BODY_BYTES (16 KiB) goes instead
+ * to one of libuv's threadpool threads (uv_queue_work), in one of two
+ * lanes, each a FIFO waiting here on the loop:
+ * - medium bodies, up to CN__MEDIUM_BODY_BYTES (1 MiB), CN__MEDIUM_PARSES
+ *   (3) at a time: a batch of a few hundred real trees never waits behind
+ *   a hostile 8 MiB parse. Their parses' memory is bounded by 3 x a 1 MiB
+ *   parse (~25x the body at worst, all of it strings: ~75 MB; containers
+ *   are bounded by bodyscan's counts).
+ * - huge bodies, over 1 MiB, CN__BIG_PARSES (one) at a time: the memory of
+ *   huge parses in flight is one parse's, bounded by infer.c's container
+ *   counts and max-body-bytes.
+ * The two lanes together use at most 4 threads, libuv's pool size (unless
+ * UV_THREADPOOL_SIZE says less), so a medium parse never queues inside
+ * libuv behind a huge one.
+ * Bodies up to 16 KiB are parsed inline: a one-tree request parses in
+ * microseconds (the hop to the pool and back, ~57 us, would cost it more
+ * than that), and 16 KiB is ~64 real trees; the most an inline parse
+ * holds the loop is ~0.6 ms (16 KiB of `{}` under an ignored key, ~40 ns
+ * a byte on this 2-core machine under load; 64 KiB held it 3-7 ms).
  *
  * Meanwhile the request is WAITING and on s->waiting, like one queued
  * for a run: conn.c reads no more of its connection and cancels it (499)
@@ -56,8 +68,10 @@ static void do_parse(uv_work_t *w) {
    * malloc arena; the pool has four threads, so four arenas would each
    * keep a parse's worth of free memory (8 MiB of tokens: ~190 MB each,
    * VmHWM 740 MB where main, parsing on the loop's one arena, had 203).
-   * Give it back now, on this thread, not the loop's. */
-  malloc_trim(0);
+   * Give it back now, on this thread, not the loop's. A medium parse's
+   * free memory waits for the idle trim (serve.c): malloc_trim walks and
+   * locks every arena, a cost a 20 KiB body should not pay. */
+  if (r->pbig) malloc_trim(0);
 }
 
 static void pump(cn__server *s);
@@ -66,6 +80,7 @@ static void after_parse(uv_work_t *w, int status) {
   cn__req *r = w->data;
   cn__server *s = r->srv;
   s->parsing--;
+  if (r->pbig) s->parsing_big--;
   if (status != 0 && r->prc == 0) { /* never ran (uv_cancel: not used) */
     cn__parsed_free(&r->parsed);
     r->prc = cn_err_set(&r->perr, CN_E_INTERNAL, "the parse did not run");
@@ -81,36 +96,49 @@ static void after_parse(uv_work_t *w, int status) {
   pump(s);
 }
 
-static void pump(cn__server *s) {
-  while (s->parsing < CN__BIG_PARSES && s->phead != NULL) {
-    cn__req *r = s->phead;
-    s->phead = r->pnext;
-    if (s->phead == NULL) s->ptail = NULL;
-    r->pnext = NULL;
-    if (r->state != CN__REQ_WAITING) { /* answered while it waited */
-      cn__req_unref(r);
-      continue;
-    }
-    if (atomic_load(&s->draining)) {
-      cn__req_answer(r, 503,
-                     cn__error_body(CN_E_DRAINING,
-                                    "the server is shutting down", -1),
-                     "draining");
-      cn__req_unref(r);
-      continue;
-    }
-    r->pwork.data = r;
-    r->prc = 0;
-    if (uv_queue_work(&s->loop, &r->pwork, do_parse, after_parse) != 0) {
-      cn__req_answer(r, 500,
-                     cn__error_body(CN_E_INTERNAL,
-                                    "could not start the body's parse", -1),
-                     "internal");
-      cn__req_unref(r);
-      continue;
-    }
-    s->parsing++;
+/* Takes the head of a lane's FIFO. */
+static cn__req *pop(cn__req **head, cn__req **tail) {
+  cn__req *r = *head;
+  *head = r->pnext;
+  if (*head == NULL) *tail = NULL;
+  r->pnext = NULL;
+  return r;
+}
+
+/* Starts r's parse on the pool, or answers it; 1 if it started. */
+static int start(cn__server *s, cn__req *r) {
+  if (r->state != CN__REQ_WAITING) { /* answered while it waited */
+    cn__req_unref(r);
+    return 0;
   }
+  if (atomic_load(&s->draining)) {
+    cn__req_answer(r, 503,
+                   cn__error_body(CN_E_DRAINING,
+                                  "the server is shutting down", -1),
+                   "draining");
+    cn__req_unref(r);
+    return 0;
+  }
+  r->pwork.data = r;
+  r->prc = 0;
+  if (uv_queue_work(&s->loop, &r->pwork, do_parse, after_parse) != 0) {
+    cn__req_answer(r, 500,
+                   cn__error_body(CN_E_INTERNAL,
+                                  "could not start the body's parse", -1),
+                   "internal");
+    cn__req_unref(r);
+    return 0;
+  }
+  s->parsing++;
+  if (r->pbig) s->parsing_big++;
+  return 1;
+}
+
+static void pump(cn__server *s) {
+  while (s->parsing - s->parsing_big < CN__MEDIUM_PARSES && s->mhead != NULL)
+    start(s, pop(&s->mhead, &s->mtail));
+  while (s->parsing_big < CN__BIG_PARSES && s->phead != NULL)
+    start(s, pop(&s->phead, &s->ptail));
 }
 
 void cn__bigparse_submit(cn__req *r) {
@@ -119,8 +147,11 @@ void cn__bigparse_submit(cn__req *r) {
   link_waiting(s, r);
   atomic_fetch_add(&r->refs, 1); /* the parse's, until after_parse */
   r->pnext = NULL;
-  if (s->ptail) s->ptail->pnext = r;
-  else s->phead = r;
-  s->ptail = r;
+  r->pbig = r->body_len > CN__MEDIUM_BODY_BYTES;
+  cn__req **head = r->pbig ? &s->phead : &s->mhead;
+  cn__req **tail = r->pbig ? &s->ptail : &s->mtail;
+  if (*tail) (*tail)->pnext = r;
+  else *head = r;
+  *tail = r;
   pump(s);
 }

@@ -153,6 +153,7 @@ typedef struct cn__req {
    * after-work callback */
   uv_work_t pwork;
   struct cn__req *pnext;    /* loop: the FIFO of bodies waiting to parse */
+  bool pbig;                /* in the huge lane (one parse at a time)    */
   cn__parsed parsed;
   cn_err perr;
   int prc;
@@ -198,10 +199,12 @@ struct cn__server {
   void (*hand_over)(cn__server *s, cn__req *r);
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
-  /* big bodies (bigparse.c; loop thread): parses on the threadpool and
-   * the FIFO of those waiting for one */
-  int parsing;
+  /* bodies parsed off the loop (bigparse.c; loop thread): parses on the
+   * threadpool (all, and the huge lane's), and each lane's FIFO of those
+   * waiting for one: huge (ph) and medium (mh) */
+  int parsing, parsing_big;
   cn__req *phead, *ptail;
+  cn__req *mhead, *mtail;
   /* shared */
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
@@ -295,11 +298,14 @@ void cn__infer_commit(cn__req *r, cn__parsed *p);
 void cn__parsed_free(cn__parsed *p);
 
 /* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
- * libuv's threadpool, CN__BIG_PARSES at a time, the rest waiting FIFO.
- * The request is WAITING (on s->waiting) meanwhile; cn__http_parsed(r)
- * runs on the loop once its parse ended, unless it was answered
- * (disconnect, drain) meanwhile. */
-#define CN__BIG_BODY_BYTES (64 * 1024)
+ * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
+ * CN__MEDIUM_BODY_BYTES) CN__MEDIUM_PARSES at a time, huge ones
+ * CN__BIG_PARSES at a time. The request is WAITING (on s->waiting)
+ * meanwhile; cn__http_parsed(r) runs on the loop once its parse ended,
+ * unless it was answered (disconnect, drain) meanwhile. */
+#define CN__BIG_BODY_BYTES (16 * 1024)
+#define CN__MEDIUM_BODY_BYTES (1024 * 1024)
+#define CN__MEDIUM_PARSES 3
 #define CN__BIG_PARSES 1
 void cn__bigparse_submit(cn__req *r);
 /* http.c: r's big body is parsed (r->prc, r->perr, r->parsed): answer or

@@ -6,6 +6,7 @@
  * for parses and answers every request; and the daemon's peak memory
  * stays far under what building those bodies would take. */
 #include <criterion/criterion.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -133,8 +134,9 @@ Test(serve_bigbody, hostile_bodies_refused_before_building, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* 1,000 real trees in one body (over the 64 KiB that sends a body to the
- * threadpool) answer exactly as the same trees in ten small bodies. */
+/* 1,000 real trees in one body (~250 KB: over the 16 KiB that sends a
+ * body to the threadpool) answer exactly as the same trees in twenty
+ * small bodies (parsed inline). */
 Test(serve_bigbody, big_body_answers_as_small_ones, .fini = teardown,
      .timeout = 120) {
   th_models(&d, tree_only);
@@ -145,10 +147,10 @@ Test(serve_bigbody, big_body_answers_as_small_ones, .fini = teardown,
   cr_assert_not_null(f);
   size_t cap = 1 << 22, len = 0;
   char *big = malloc(cap), line[8192];
-  char *small[10];
-  size_t slen[10];
+  char *small[20];
+  size_t slen[20];
   len += (size_t)snprintf(big, cap, "{\"outputs\":\"all\",\"instances\":[");
-  for (int s = 0; s < 10; s++) {
+  for (int s = 0; s < 20; s++) {
     small[s] = malloc(1 << 18);
     slen[s] = (size_t)snprintf(small[s], 1 << 18,
                                "{\"outputs\":\"all\",\"instances\":[");
@@ -160,13 +162,14 @@ Test(serve_bigbody, big_body_answers_as_small_ones, .fini = teardown,
     }
     line[strcspn(line, "\n")] = '\0';
     len += (size_t)snprintf(big + len, cap - len, "%s%s", k ? "," : "", line);
-    int s = k / 100;
+    int s = k / 50;
     slen[s] += (size_t)snprintf(small[s] + slen[s], (1 << 18) - slen[s],
-                                "%s%s", k % 100 ? "," : "", line);
+                                "%s%s", k % 50 ? "," : "", line);
   }
   fclose(f);
   snprintf(big + len, cap - len, "]}");
   cr_assert_gt(strlen(big), 64 * 1024);
+  cr_assert_lt(strlen(big), 1024 * 1024); /* the medium lane */
   th_resp r;
   cr_assert_eq(th_http(d.port, "POST", INFER, big, NULL, &r), 0);
   cr_assert_eq(r.status, 200, "%.300s", r.body);
@@ -174,19 +177,19 @@ Test(serve_bigbody, big_body_answers_as_small_ones, .fini = teardown,
   th_resp_free(&r);
   json_t *outs = json_object_get(all, "outputs");
   cr_assert_eq(json_array_size(outs), 1000);
-  for (int s = 0; s < 10; s++) {
+  for (int s = 0; s < 20; s++) {
     snprintf(small[s] + slen[s], (1 << 18) - slen[s], "]}");
-    cr_assert_lt(strlen(small[s]), 64 * 1024);
+    cr_assert_lt(strlen(small[s]), 16 * 1024);
     cr_assert_eq(th_http(d.port, "POST", INFER, small[s], NULL, &r), 0);
     cr_assert_eq(r.status, 200, "%.300s", r.body);
     json_t *part = json_loads(r.body, 0, NULL);
     th_resp_free(&r);
     json_t *po = json_object_get(part, "outputs");
-    cr_assert_eq(json_array_size(po), 100);
-    for (size_t i = 0; i < 100; i++) {
+    cr_assert_eq(json_array_size(po), 50);
+    for (size_t i = 0; i < 50; i++) {
       char where[64];
-      snprintf(where, sizeof(where), "instance %zu", (size_t)s * 100 + i);
-      th_expect_json_near(json_array_get(outs, (size_t)s * 100 + i),
+      snprintf(where, sizeof(where), "instance %zu", (size_t)s * 50 + i);
+      th_expect_json_near(json_array_get(outs, (size_t)s * 50 + i),
                           json_array_get(po, i), where);
     }
     json_decref(part);
@@ -260,6 +263,72 @@ Test(serve_bigbody, sigterm_answers_bodies_being_parsed, .fini = teardown,
       cr_expect(strstr(r.body, "\"draining\"") != NULL, "%s", r.body);
     th_resp_free(&r);
     close(fd[i]);
+  }
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* A medium body (400 real trees, ~100 KB: between the 16 KiB and 1 MiB
+ * lanes' bounds) is parsed while huge ones are, not after them: with
+ * three slow 8 MiB bodies ahead of it, parsed one at a time, its answer
+ * comes while the last of them is still unanswered. */
+Test(serve_bigbody, medium_body_does_not_wait_behind_huge_ones,
+     .fini = teardown, .timeout = 120) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  char path[512];
+  snprintf(path, sizeof(path), "%s/trees-binary.jsonl", th_data());
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  size_t cap = 1 << 20, len = 0;
+  char *mid = malloc(cap), line[8192];
+  len += (size_t)snprintf(mid, cap, "{\"instances\":[");
+  for (int k = 0; k < 400; k++) {
+    if (fgets(line, sizeof(line), f) == NULL) {
+      rewind(f);
+      cr_assert_not_null(fgets(line, sizeof(line), f));
+    }
+    line[strcspn(line, "\n")] = '\0';
+    len += (size_t)snprintf(mid + len, cap - len, "%s%s", k ? "," : "", line);
+  }
+  fclose(f);
+  snprintf(mid + len, cap - len, "]}");
+  cr_assert_gt(strlen(mid), 64 * 1024); /* over main's old 64 KiB, too */
+  cr_assert_lt(strlen(mid), 1024 * 1024);
+  char *huge = slow_body();
+  int h[3];
+  for (int i = 0; i < 3; i++) {
+    h[i] = th_connect(d.port);
+    th_send(h[i], "POST", INFER, huge, NULL);
+  }
+  free(huge);
+  /* the huge ones are in before it (in flight: them and /metrics) */
+  double n = 0;
+  for (int i = 0; i < 1000 && n < 4; i++) {
+    n = metric_of(d.port, "canopy_in_flight_requests");
+    if (n < 4) usleep(5000);
+  }
+  cr_assert_eq(n, 4, "in flight: %g", n);
+  int m = th_connect(d.port);
+  th_send(m, "POST", INFER, mid, NULL);
+  free(mid);
+  th_resp r;
+  cr_assert_eq(th_read(m, &r), 0);
+  cr_expect_eq(r.status, 200, "%.300s", r.body);
+  json_t *o = json_loads(r.body, 0, NULL);
+  cr_expect_eq(json_array_size(json_object_get(o, "outputs")), 400);
+  json_decref(o);
+  th_resp_free(&r);
+  close(m);
+  /* the third huge body was not answered yet: nothing to read */
+  struct pollfd pf = {.fd = h[2], .events = POLLIN};
+  cr_expect_eq(poll(&pf, 1, 0), 0,
+               "the medium body waited for the huge ones' parses");
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(th_read(h[i], &r), 0, "huge body %d got no answer", i);
+    cr_expect_eq(r.status, 200, "huge body %d: %d %.200s", i, r.status,
+                 r.body);
+    th_resp_free(&r);
+    close(h[i]);
   }
   cr_expect_eq(th_stop(&d), 0);
 }

@@ -506,7 +506,7 @@ Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
   int b = th_connect(d.port);
   th_send(b, "POST", INFER, big, NULL);
   free(big);
-  /* its body (over 64 KiB) is parsed on the threadpool first: wait until
+  /* its body (over 16 KiB) is parsed on the threadpool first: wait until
    * its run has started before the small ones come */
   for (int i = 0; i < 500 && metric_of(d.port, "canopy_window_closes_total"
                                                "{reason=\"idle_worker\"}") < 1;
