@@ -264,3 +264,29 @@ void th_expect_json_near(const json_t *a, const json_t *b, const char *where) {
     cr_assert(json_equal(a, b), "%s: values differ", where);
   }
 }
+
+char *th_trees_body(int n) {
+  char path[512];
+  snprintf(path, sizeof(path), "%s/trees-binary.jsonl", th_data());
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "%s", path);
+  size_t cap = 64, len = 0;
+  char *b = malloc(cap), line[8192];
+  len += (size_t)snprintf(b, cap, "{\"instances\":[");
+  for (int k = 0; k < n; k++) {
+    if (fgets(line, sizeof(line), f) == NULL) {
+      rewind(f);
+      cr_assert_not_null(fgets(line, sizeof(line), f));
+    }
+    line[strcspn(line, "\n")] = '\0';
+    size_t need = len + strlen(line) + 4;
+    if (need > cap) {
+      while (cap < need) cap *= 2;
+      b = realloc(b, cap);
+    }
+    len += (size_t)snprintf(b + len, cap - len, "%s%s", k ? "," : "", line);
+  }
+  fclose(f);
+  snprintf(b + len, cap - len, "]}");
+  return b;
+}

@@ -24,6 +24,9 @@ typedef struct th_resp {
 
 const char *th_bin(void);
 const char *th_data(void);
+/* {"instances": [...]} of the first n trees of the data's
+ * trees-binary.jsonl (from the start again when it runs out); malloc'd. */
+char *th_trees_body(int n);
 /* A temp dir holding models/<family> for each listed family. */
 void th_models(th_daemon *d, const char *const *families);
 /* Starts the daemon with models-dir and port set plus extra flags

@@ -275,23 +275,7 @@ Test(serve_bigbody, medium_body_does_not_wait_behind_huge_ones,
      .fini = teardown, .timeout = 120) {
   th_models(&d, tree_only);
   th_start(&d, NULL);
-  char path[512];
-  snprintf(path, sizeof(path), "%s/trees-binary.jsonl", th_data());
-  FILE *f = fopen(path, "r");
-  cr_assert_not_null(f);
-  size_t cap = 1 << 20, len = 0;
-  char *mid = malloc(cap), line[8192];
-  len += (size_t)snprintf(mid, cap, "{\"instances\":[");
-  for (int k = 0; k < 400; k++) {
-    if (fgets(line, sizeof(line), f) == NULL) {
-      rewind(f);
-      cr_assert_not_null(fgets(line, sizeof(line), f));
-    }
-    line[strcspn(line, "\n")] = '\0';
-    len += (size_t)snprintf(mid + len, cap - len, "%s%s", k ? "," : "", line);
-  }
-  fclose(f);
-  snprintf(mid + len, cap - len, "]}");
+  char *mid = th_trees_body(400);
   cr_assert_gt(strlen(mid), 64 * 1024); /* over main's old 64 KiB, too */
   cr_assert_lt(strlen(mid), 1024 * 1024);
   char *huge = slow_body();

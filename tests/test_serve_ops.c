@@ -486,23 +486,7 @@ Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
                          "--max-instances", "100000", NULL};
   th_start(&d, flags);
   /* ~1,000 real trees in one request keep the worker busy for a while */
-  char path[512];
-  snprintf(path, sizeof(path), "%s/trees-binary.jsonl", th_data());
-  FILE *f = fopen(path, "r");
-  cr_assert_not_null(f);
-  size_t cap = 1 << 22, len = 0;
-  char *big = malloc(cap), line[8192];
-  len += (size_t)snprintf(big, cap, "{\"instances\":[");
-  for (int k = 0; k < 1000; k++) {
-    if (fgets(line, sizeof(line), f) == NULL) {
-      rewind(f);
-      cr_assert_not_null(fgets(line, sizeof(line), f));
-    }
-    line[strcspn(line, "\n")] = '\0';
-    len += (size_t)snprintf(big + len, cap - len, "%s%s", k ? "," : "", line);
-  }
-  snprintf(big + len, cap - len, "]}");
-  fclose(f);
+  char *big = th_trees_body(1000);
   int b = th_connect(d.port);
   th_send(b, "POST", INFER, big, NULL);
   free(big);
