@@ -316,3 +316,78 @@ Test(serve_bigbody, medium_body_does_not_wait_behind_huge_ones,
   }
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* max-body-memory bounds the bodies held at once: two connections each
+ * sending most of a 1 MiB body hold the 2 MiB allowed, a third gets 429
+ * with Retry-After and is closed, and once the first completes (parsed,
+ * its body freed) a new big request is served. Without the bound,
+ * max-connections bodies of max-body-bytes could be held (8 GiB at the
+ * defaults). */
+Test(serve_bigbody, bodies_held_are_bounded, .fini = teardown, .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-body-bytes", "1048576", "--max-body-memory",
+                         "2097152", NULL};
+  th_start(&d, flags);
+  enum { LEN = 1048576, SENT = 900 * 1024 };
+  char *body = malloc(LEN + 1);
+  const char *json = "{\"tree\": \"(2 a)\"}";
+  memset(body, ' ', LEN);
+  body[LEN] = '\0';
+  memcpy(body, json, strlen(json)); /* then spaces: valid JSON */
+  char head[200];
+  snprintf(head, sizeof(head), "POST %s HTTP/1.1\r\nHost: x\r\n"
+           "Content-Length: %d\r\n\r\n", INFER, LEN);
+  int fd[3];
+  for (int k = 0; k < 2; k++) {
+    fd[k] = th_connect(d.port);
+    cr_assert(fd[k] >= 0);
+    cr_assert_eq(write(fd[k], head, strlen(head)), (ssize_t)strlen(head));
+    size_t off = 0;
+    while (off < SENT) {
+      ssize_t w = write(fd[k], body + off, SENT - off);
+      cr_assert(w > 0);
+      off += (size_t)w;
+    }
+  }
+  double held = 0;
+  for (int i = 0; i < 200 && held < 2097152; i++) {
+    held = metric_of(d.port, "canopy_body_bytes");
+    if (held < 2097152) usleep(20000);
+  }
+  cr_assert_eq(held, 2097152, "two bodies' buffers held: %.0f", held);
+  /* the third: refused as soon as its body would pass the bound */
+  fd[2] = th_connect(d.port);
+  cr_assert_eq(write(fd[2], head, strlen(head)), (ssize_t)strlen(head));
+  cr_assert_eq(write(fd[2], body, 8192), 8192);
+  th_resp r;
+  cr_assert_eq(th_read(fd[2], &r), 0);
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  cr_expect(strstr(r.body, "max-body-memory") != NULL, "%s", r.body);
+  char v[64];
+  cr_expect(th_header(&r, "Retry-After", v, sizeof(v)) != NULL);
+  cr_expect(th_header(&r, "Connection", v, sizeof(v)) != NULL &&
+            strcasecmp(v, "close") == 0);
+  th_resp_free(&r);
+  close(fd[2]);
+  /* the first finishes: answered, its body given back */
+  size_t off = SENT;
+  while (off < LEN) {
+    ssize_t w = write(fd[0], body + off, LEN - off);
+    cr_assert(w > 0);
+    off += (size_t)w;
+  }
+  cr_assert_eq(th_read(fd[0], &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  th_resp_free(&r);
+  close(fd[0]);
+  close(fd[1]); /* the second hangs up: its body is given back too */
+  for (int i = 0; i < 100 && (held = metric_of(d.port, "canopy_body_bytes"));
+       i++)
+    usleep(20000);
+  cr_expect_eq(held, 0, "every body given back: %.0f held", held);
+  cr_assert_eq(th_http(d.port, "POST", INFER, body, NULL, &r), 0);
+  cr_expect_eq(r.status, 200, "a big body fits again: %s", r.body);
+  th_resp_free(&r);
+  free(body);
+  cr_expect_eq(th_stop(&d), 0);
+}
