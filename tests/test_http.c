@@ -1,9 +1,10 @@
 /* test_http.c - the HTTP/1.1 front end (server/conn.c, conn_parse.c) end
  * to end, over real sockets on a free port: slow clients and the header
- * and body deadlines, the connection limit, malformed requests (one status
+ * and body deadlines, malformed requests (one status
  * line, one JSON error with a request id each), Expect: 100-continue,
  * chunked bodies and their framing, HEAD, HTTP/1.0 and a client that does
- * not read its answers. Pipelining: test_http_pipeline.c. */
+ * not read its answers. Pipelining: test_http_pipeline.c; the connection
+ * limit: test_http_limits.c. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -134,136 +135,6 @@ Test(http, stalled_head_gets_408_and_silent_connection_closes_quietly,
   close(none);
   cr_expect_eq(metric("canopy_requests_total{model=\"\",status=\"408\"}"), 1,
                "one 408: the silent connection is not a request");
-  cr_expect_eq(th_stop(&d), 0);
-}
-
-/* A connection with a request in progress: its head and part of its
- * body sent (the body's last byte is sent by finish_body). */
-static int body_in_progress(void) {
-  int fd = th_connect(d.port);
-  cr_assert(fd >= 0);
-  char h[256];
-  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: "
-           "%zu\r\n\r\n%.*s", INFER, strlen(ONE), (int)strlen(ONE) - 1, ONE);
-  send_str(fd, h);
-  return fd;
-}
-
-static void finish_body(int fd, const char *what) {
-  send_str(fd, ONE + strlen(ONE) - 1);
-  th_resp r;
-  cr_assert_eq(th_read(fd, &r), 0, "%s", what);
-  cr_expect_eq(r.status, 200, "%s: %s", what, r.body);
-  th_resp_free(&r);
-}
-
-/* Beyond max-connections, when every open connection has a request in
- * progress (none can be evicted), a connection gets one JSON 503 with
- * Retry-After and Connection: close, then EOF; once one closes, a new one
- * is served. */
-Test(http, connection_limit_refuses_cleanly, .fini = teardown,
-     .timeout = 30) {
-  th_models(&d, tree_only);
-  const char *flags[] = {"--max-connections", "4", NULL};
-  th_start(&d, flags);
-  int fd[4];
-  for (int i = 0; i < 4; i++) fd[i] = body_in_progress();
-  usleep(100000); /* each accepted and its head read */
-  for (int k = 0; k < 3; k++) {
-    int x = th_connect(d.port);
-    cr_assert(x >= 0);
-    size_t n;
-    char *all = read_all(x, &n);
-    cr_expect_eq(count_of(all, n, "HTTP/1."), 1, "%s", all);
-    cr_expect(strncmp(all, "HTTP/1.1 503 ", 13) == 0, "%s", all);
-    cr_expect(strcasestr(all, "\r\nRetry-After: ") != NULL, "%s", all);
-    cr_expect(strcasestr(all, "\r\nConnection: close\r\n") != NULL, "%s",
-              all);
-    cr_expect(strcasestr(all, "\r\nX-Request-Id: ") != NULL, "%s", all);
-    cr_expect(strstr(all, "\"code\":\"unavailable\"") != NULL &&
-                  strstr(all, "max-connections") != NULL,
-              "%s", all);
-    free(all);
-    close(x);
-  }
-  /* the four still work */
-  for (int i = 0; i < 4; i++) finish_body(fd[i], "a connection at the limit");
-  close(fd[1]);
-  th_resp r;
-  int ok = 0;
-  for (int k = 0; k < 50 && ok != 200; k++) {
-    usleep(20000);
-    if (th_http(d.port, "GET", "/healthz", NULL, NULL, &r) == 0) {
-      ok = r.status;
-      th_resp_free(&r);
-    }
-  }
-  cr_expect_eq(ok, 200, "a slot freed by a close is not reused");
-  for (int i = 0; i < 4; i++)
-    if (i != 1) close(fd[i]);
-  cr_expect_eq(th_stop(&d), 0);
-}
-
-/* Whether the daemon closed fd without a byte (EOF or a reset), waiting
- * up to ms; false while it is open. */
-static bool closed_unanswered(int fd, int ms) {
-  struct pollfd pf = {.fd = fd, .events = POLLIN};
-  if (poll(&pf, 1, ms) != 1) return false;
-  char b[256];
-  ssize_t k = recv(fd, b, sizeof(b), MSG_DONTWAIT);
-  cr_expect(k <= 0, "an evicted connection got bytes: %.*s",
-            k > 0 ? (int)k : 0, b);
-  return k <= 0;
-}
-
-/* Issue 21, probe finding 6: at max-connections a new connection takes
- * the place of the one that has gone longest without a whole request head
- * (sending its head slowly, or idle after a keep-alive answer), which is
- * closed unanswered; connections with a request in progress are never
- * taken. So connections trickling header bytes cannot keep a normal
- * client out. */
-Test(http, connection_limit_evicts_the_longest_without_a_head,
-     .fini = teardown, .timeout = 60) {
-  th_models(&d, tree_only);
-  const char *flags[] = {"--max-connections", "6", NULL};
-  th_start(&d, flags);
-  int busy[2], idle, trickle[3];
-  for (int i = 0; i < 2; i++) busy[i] = body_in_progress(); /* oldest */
-  idle = th_connect(d.port);
-  th_send(idle, "GET", "/healthz", NULL, NULL);
-  th_resp r;
-  cr_assert_eq(th_read(idle, &r), 0);
-  th_resp_free(&r);
-  for (int i = 0; i < 3; i++) {
-    usleep(20000); /* accepted in this order */
-    trickle[i] = th_connect(d.port);
-    send_str(trickle[i], "GET /healthz HTTP/1.1\r\n");
-  }
-  usleep(100000);
-  for (int i = 0; i < 3; i++) send_str(trickle[i], "X-A: b\r\n");
-  /* six open: each new client is served, and the oldest without a head
-   * goes: the idle one (answered before the tricklers connected), then
-   * the tricklers in the order they connected */
-  int *victims[] = {&idle, &trickle[0], &trickle[1], &trickle[2]};
-  int fresh[4];
-  for (int k = 0; k < 4; k++) {
-    fresh[k] = th_connect(d.port);
-    th_send(fresh[k], "POST", INFER, ONE, NULL);
-    cr_assert_eq(th_read(fresh[k], &r), 0, "new client %d", k);
-    cr_expect_eq(r.status, 200, "new client %d: %s", k, r.body);
-    th_resp_free(&r);
-    cr_expect(closed_unanswered(*victims[k], 2000), "victim %d is open", k);
-    for (int j = k + 1; j < 4; j++)
-      cr_expect(!closed_unanswered(*victims[j], 0), "%d went before %d", j,
-                k);
-    close(*victims[k]);
-  }
-  /* the requests in progress were not taken: they finish */
-  for (int i = 0; i < 2; i++) finish_body(busy[i], "a body in progress");
-  for (int i = 0; i < 2; i++) close(busy[i]);
-  for (int k = 0; k < 4; k++) close(fresh[k]);
-  cr_expect_eq(metric("canopy_connections_evicted_total"), 4);
-  cr_expect_eq(metric("canopy_connections_refused_total"), 0);
   cr_expect_eq(th_stop(&d), 0);
 }
 
@@ -590,62 +461,3 @@ Test(http, client_that_does_not_read_is_not_buffered, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* Start-up raises the soft RLIMIT_NOFILE to the hard one; a
- * max-connections that still does not fit is lowered, with a line saying
- * so, and the lowered limit is the one enforced. (Criterion runs each test
- * in its own process, so lowering the hard limit here touches no other.) */
-Test(http, max_connections_fit_the_descriptor_limit, .fini = teardown,
-     .timeout = 30) {
-  struct rlimit rl = {.rlim_cur = 140, .rlim_max = 140};
-  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-  th_models(&d, tree_only);
-  const char *flags[] = {"--max-connections", "1000", NULL};
-  th_start(&d, flags);
-  char *log = th_read_file(d.log);
-  cr_assert_not_null(log);
-  cr_expect(strstr(log, "msg=max-connections-clamped wanted=1000 "
-                        "max_connections=12 nofile=140") != NULL,
-            "%s", log);
-  free(log);
-  /* 12 open, each with a request in progress: the 13th is refused */
-  int fd[12];
-  for (int i = 0; i < 12; i++) fd[i] = body_in_progress();
-  usleep(100000);
-  int x = th_connect(d.port);
-  expect_one_error(x, 503, "unavailable", "the 13th connection");
-  close(x);
-  for (int i = 0; i < 12; i++) finish_body(fd[i], "one of the 12");
-  for (int i = 0; i < 12; i++) close(fd[i]);
-  cr_expect_eq(th_stop(&d), 0);
-}
-
-Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
-     .timeout = 30) {
-  struct rlimit rl;
-  getrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1200)
-    cr_skip_test("hard RLIMIT_NOFILE %llu is too low to show it",
-                 (unsigned long long)rl.rlim_max);
-  rl.rlim_cur = 256;
-  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-  th_models(&d, tree_only);
-  const char *flags[] = {"--max-connections", "1000", NULL};
-  th_start(&d, flags);
-  char *log = th_read_file(d.log);
-  cr_assert_not_null(log);
-  cr_expect(strstr(log, "max-connections-clamped") == NULL, "%s", log);
-  cr_expect(strstr(log, "max_connections=1000") != NULL, "%s", log);
-  free(log);
-  char path[64], line[256];
-  snprintf(path, sizeof(path), "/proc/%d/limits", (int)d.pid);
-  FILE *f = fopen(path, "r");
-  cr_assert_not_null(f);
-  unsigned long long soft = 0;
-  while (fgets(line, sizeof(line), f))
-    if (sscanf(line, "Max open files %llu", &soft) == 1) break;
-  fclose(f);
-  cr_expect(soft == rl.rlim_max || rl.rlim_max == RLIM_INFINITY,
-            "soft limit %llu, hard %llu", soft,
-            (unsigned long long)rl.rlim_max);
-  cr_expect_eq(th_stop(&d), 0);
-}
