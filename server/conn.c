@@ -396,29 +396,41 @@ static void refuse_conn(cn__conn *c) {
 }
 
 /* At max-connections a new connection takes the place of the open one
- * that has gone longest without a whole request head: one still sending
- * its head (a slow client, or slowloris trickling header bytes to hold a
- * slot) or an idle keep-alive connection. A connection with a request in
- * progress (its body being read, the request waiting for its run, its
- * answer being written) is never taken. Otherwise 2,000 connections that
- * each send a header byte now and then keep every other client out at the
- * default limit until header-timeout-s, and an attacker who reconnects
- * keeps them out for good (issue 21, probe finding 6); this way the
- * attacker's oldest connection goes, and a client that sends its request
- * at once is served before it can become the oldest. nginx does alike
- * (ngx_drain_connections closes idle keep-alive connections when it runs
- * out). The victim is closed at once, unanswered: a 408 would hold its
- * slot for the linger, and a status line on an idle keep-alive connection
- * could be read as the answer to its next request. A walk of the
- * connection list (max-connections entries) per connection accepted at
- * the limit. NULL: every open connection has a request in progress. */
+ * that has gone longest without making progress: one still sending its
+ * head (a slow client, or slowloris trickling header bytes to hold a
+ * slot), an idle keep-alive connection, or one whose body has come slower
+ * than EVICT_BODY_RATE bytes/s on average over at least
+ * EVICT_BODY_AFTER_S (slowloris with a whole head and a trickled body,
+ * issue 21 second probe). "Longest" counts from accept or the last
+ * keep-alive answer. A body arriving faster, a request waiting for its run
+ * and an answer being written are never taken. Otherwise 2,000
+ * connections that each send a byte now and then keep every other client
+ * out at the default limit until header-timeout-s or body-timeout-s, and
+ * an attacker who reconnects keeps them out for good (issue 21, probe
+ * finding 6); this way the attacker's oldest connection goes, and a
+ * client that sends its request at once is served before it can become
+ * the oldest. nginx does alike (ngx_drain_connections closes idle
+ * keep-alive connections when it runs out); Apache's mod_reqtimeout has
+ * the same body-rate floor. The victim is closed at once, unanswered: a
+ * 408 would hold its slot for the linger, and a status line on an idle
+ * keep-alive connection could be read as the answer to its next request.
+ * A walk of the connection list (max-connections entries) per connection
+ * accepted at the limit. NULL: every open connection is making progress. */
+static bool evictable(const cn__conn *c, double now) {
+  if (!c->counted || !c->sock || c->writes != 0) return false;
+  if (c->phase == PH_IDLE || c->phase == PH_HEAD) return c->r == NULL;
+  if (c->phase != PH_BODY || c->r == NULL ||
+      c->r->state != CN__REQ_RECEIVING)
+    return false;
+  double t = now - c->body_since;
+  return t >= EVICT_BODY_AFTER_S && (double)c->body_got < EVICT_BODY_RATE * t;
+}
+
 static cn__conn *eviction_victim(cn__server *s) {
+  double now = cn__now();
   cn__conn *v = NULL;
   for (cn__conn *c = s->conns; c != NULL; c = c->next)
-    if (c->counted && c->sock && c->r == NULL && c->writes == 0 &&
-        (c->phase == PH_IDLE || c->phase == PH_HEAD) &&
-        (v == NULL || c->since < v->since))
-      v = c;
+    if (evictable(c, now) && (v == NULL || c->since < v->since)) v = c;
   return v;
 }
 
@@ -443,7 +455,9 @@ static void on_connection(uv_stream_t *ls, int status) {
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
       (victim = eviction_victim(s)) != NULL) {
     CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
-           victim->phase == PH_HEAD ? "head" : "idle",
+           victim->phase == PH_HEAD   ? "head"
+           : victim->phase == PH_BODY ? "body"
+                                      : "idle",
            cn__now() - victim->since);
     cn__conn_close(victim);
     cn__metrics_conn_evicted(&s->metrics);

@@ -45,6 +45,11 @@
  * a pipelined request is read on until it sends nothing for this long
  * (never past drain-grace-ms). */
 #define DRAIN_QUIET_S 0.25
+/* At max-connections a body that has come slower than this on average
+ * (bytes/s), over at least EVICT_BODY_AFTER_S, may be evicted (conn.c's
+ * eviction_victim). Apache's mod_reqtimeout has the same floor. */
+#define EVICT_BODY_RATE 500.0
+#define EVICT_BODY_AFTER_S 2.0
 
 /* Where a chunked body's raw bytes are (conn_parse.c, chunk_check). */
 enum { CK_NONE, CK_HEAD_LF, CK_SIZE0, CK_SIZE, CK_BWS, CK_EXT, CK_SIZE_LF,
@@ -70,6 +75,8 @@ struct cn__conn {
   double since;             /* since when without a whole request head
                              * (accept, or the last keep-alive answer):
                              * the oldest is evicted at max-connections */
+  double body_since;        /* when its body began (PH_BODY)           */
+  uint64_t body_got;        /* body bytes so far: its rate             */
   /* the head of the request being read */
   char *hb;
   size_t hlen, hcap;

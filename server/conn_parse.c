@@ -164,6 +164,8 @@ static int on_headers_complete(http_parser *p) {
   if (body) {
     c->phase = PH_BODY;
     c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
+    c->body_since = cn__now();
+    c->body_got = 0;
   }
   /* a body declared too large is refused before it is sent */
   if (cn__http_head_done(c->r, body && !chunked ? p->content_length : 0)) {
@@ -185,6 +187,7 @@ static int on_headers_complete(http_parser *p) {
 static int on_body(http_parser *p, const char *at, size_t n) {
   cn__conn *c = p->data;
   if (c->r == NULL) return -1;
+  c->body_got += n;
   if (cn__http_body(c->r, at, n)) { /* answered (too large): stop here */
     c->must_close = true;
     return -1;

@@ -225,3 +225,65 @@ Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
             (unsigned long long)rl.rlim_max);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* Issue 21, second probe: connections that send a whole head and then
+ * trickle their body held every slot until body-timeout-s. At
+ * max-connections a body that has come slower than 500 bytes/s over at
+ * least 2 s is taken like a slow head; a faster body, and a body younger
+ * than 2 s, are not. */
+Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--max-connections", "3", NULL};
+  th_start(&d, flags);
+  enum { LEN = 100000, FIRST = 3000 };
+  static char big[LEN + 1];
+  memset(big, ' ', LEN - strlen(ONE)); /* JSON: leading white space */
+  strcpy(big + LEN - strlen(ONE), ONE);
+  int slow = body_in_progress(); /* ~50 body bytes: under 25 bytes/s */
+  int fast[2];
+  for (int i = 0; i < 2; i++) {
+    usleep(20000); /* accepted after slow */
+    fast[i] = th_connect(d.port);
+    cr_assert(fast[i] >= 0);
+    char h[256];
+    snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: "
+             "%d\r\n\r\n", INFER, LEN);
+    send_str(fast[i], h);
+    char part[FIRST + 1];
+    memcpy(part, big, FIRST);
+    part[FIRST] = '\0';
+    send_str(fast[i], part); /* over 1,000 bytes/s until 6 s have passed */
+  }
+  usleep(2300000);
+  /* a new client takes the slow body's place and is served */
+  th_resp r;
+  int a = th_connect(d.port);
+  th_send(a, "POST", INFER, ONE, NULL);
+  cr_assert_eq(th_read(a, &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  th_resp_free(&r);
+  cr_expect(closed_unanswered(slow, 2000), "the slow body is open");
+  close(slow);
+  /* the next takes the idle keep-alive one's, not a fast body's */
+  int b = body_in_progress();
+  cr_expect(closed_unanswered(a, 2000), "the idle connection is open");
+  close(a);
+  /* the next finds two fast bodies and a young one: refused */
+  int x = th_connect(d.port);
+  expect_one_error(x, 503, "unavailable", "a fourth connection");
+  close(x);
+  for (int i = 0; i < 2; i++) {
+    cr_expect(!closed_unanswered(fast[i], 0), "fast body %d was taken", i);
+    send_str(fast[i], big + FIRST);
+    cr_assert_eq(th_read(fast[i], &r), 0);
+    cr_expect_eq(r.status, 200, "fast body %d: %s", i, r.body);
+    th_resp_free(&r);
+    close(fast[i]);
+  }
+  finish_body(b, "a young body");
+  close(b);
+  cr_expect_eq(metric("canopy_connections_evicted_total"), 2);
+  cr_expect_eq(metric("canopy_connections_refused_total"), 1);
+  cr_expect_eq(th_stop(&d), 0);
+}
