@@ -247,7 +247,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   /* logged inside quotes: keep it printable and quote-free */
   snprintf(r->path, sizeof(r->path), "%.*s", (int)sizeof(r->path) - 1, url);
   for (char *p = r->path; *p; p++)
-    if (*p < 0x20 || *p == '"' || *p == 0x7f) *p = '?';
+    if (*p < 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) *p = '?';
   set_id(s, r, cn__conn_header(c, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
   atomic_fetch_add(&s->requests_seen, 1);

@@ -69,6 +69,12 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   expect(p, "POST", "/v1/models/%2e%2e/infer", ONE, 404, "no_such_model");
   expect(p, "GET", "/v1/models/.hidden", NULL, 404, "no_such_model");
   expect(p, "POST", "/v1/models/nope/infer", ONE, 404, "no_such_model");
+  /* a name that is not UTF-8 once got an error without a message (jansson
+   * refused the string), and a backslash in the path escaped the quotes
+   * of its log line (checked below) */
+  expect(p, "GET", "/v1/models/%ff", NULL, 404, "no_such_model");
+  expect(p, "POST", "/v1/models/a%c3/infer", ONE, 404, "no_such_model");
+  expect(p, "GET", "/x\\", NULL, 404, "no_such_route");
   expect(p, "DELETE", "/metrics", NULL, 405, "method_not_allowed");
   expect(p, "GET", "/v1/models/treelstm/infer", NULL, 405,
          "method_not_allowed");
@@ -141,6 +147,12 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   json_decref(j);
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "path=\"/x?\" ") != NULL &&
+                strstr(log, "path=\"/x\\") == NULL,
+            "%s", log);
+  free(log);
 }
 
 Test(serve, limits_413, .fini = teardown, .timeout = 30) {

@@ -55,12 +55,27 @@ int cn_err_set(cn_err *e, int code, const char *fmt, ...) {
   return code;
 }
 
+/* A message quotes what the client sent (a model name from the path, a
+ * token), which need not be UTF-8, or is cut mid-character: jansson
+ * refuses such a string, and the error would have no message. Then every
+ * byte outside ASCII becomes '?'. */
+static json_t *message_json(const char *m) {
+  json_t *j = json_string(m);
+  if (j != NULL) return j;
+  char ascii[sizeof(((cn_err *)0)->msg)];
+  size_t n = 0;
+  for (; m[n] != '\0' && n + 1 < sizeof(ascii); n++)
+    ascii[n] = (unsigned char)m[n] < 0x80 ? m[n] : '?';
+  ascii[n] = '\0';
+  return json_string(ascii);
+}
+
 json_t *cn_err_to_json(const cn_err *e) {
   json_t *o = json_object();
   json_object_set_new(o, "code", json_string(cn_err_code(e->code)));
   json_object_set_new(o, "message",
-                      json_string(e->msg[0] ? e->msg
-                                            : cn_err_default_msg(e->code)));
+                      message_json(e->msg[0] ? e->msg
+                                             : cn_err_default_msg(e->code)));
   if (e->instance >= 0)
     json_object_set_new(o, "instance", json_integer(e->instance));
   if (e->node >= 0) json_object_set_new(o, "node", json_integer(e->node));
