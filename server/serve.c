@@ -239,6 +239,10 @@ static void close_walk(uv_handle_t *h, void *arg) {
 int cn_cmd_serve(int argc, char **argv) {
   static cn__server srv; /* static: signal handles point into it */
   cn__server *s = &srv;
+  /* SIGHUP before the loop's handler exists (the configuration read,
+   * models still loading) would kill the daemon with its default action:
+   * ignored until then, from the first thing it does */
+  signal(SIGHUP, SIG_IGN);
   int status = 1, rc;
   cn_err err;
   cn_err_clear(&err);
@@ -249,9 +253,6 @@ int cn_cmd_serve(int argc, char **argv) {
   set_malloc_thresholds(); /* before the models load and threads start */
   const cn_serve_config *sc = &s->cfg.serve;
   cn__log_level = cn__log_parse_level(sc->log_level);
-  /* SIGHUP before the loop's handler exists (models still loading) would
-   * kill the daemon with its default action: ignored until then */
-  signal(SIGHUP, SIG_IGN);
   cn_policy_parse(sc->policy, &s->policy);
   cn_layout_parse(sc->layout, &s->layout);
   pthread_mutex_init(&s->qmu, NULL);
