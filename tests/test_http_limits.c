@@ -269,6 +269,7 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
   int b = body_in_progress();
   cr_expect(closed_unanswered(a, 2000), "the idle connection is open");
   close(a);
+  usleep(100000); /* b's head read: it is not a connection without one */
   /* the next finds two fast bodies and a young one: refused */
   int x = th_connect(d.port);
   expect_one_error(x, 503, "unavailable", "a fourth connection");
