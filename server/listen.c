@@ -40,14 +40,25 @@ static void fit_fd_limit(cn__server *s) {
   }
 }
 
+static const char *in_use_hint(int e) {
+  return e == EADDRINUSE ? " (another process listens there; stop it, "
+                           "choose another port, or set reuse-port true "
+                           "in both to share it on purpose)"
+                         : "";
+}
+
 /* The listening socket, made here rather than by libuv so that a port in
- * use is a start-up error saying so. SO_REUSEADDR lets a restarted daemon
+ * use is a start-up error saying so. It is bound before the models load,
+ * so that a second daemon started by mistake fails at once rather than
+ * after loading every model, and listens once they are loaded (Linux
+ * refuses the bind where a socket already listens on the port, and the
+ * listen where two daemons starting together both bound it). SO_REUSEADDR lets a restarted daemon
  * bind while old connections sit in TIME_WAIT; it does not let two
  * processes listen on one port. SO_REUSEPORT does, and so is set only
  * when the operator asks for it (reuse-port): a second daemon started by
  * mistake must fail, not silently take half the traffic. */
-static int listen_socket(const cn_serve_config *sc, const struct addrinfo *ai,
-                         int *bound_port, cn_err *err) {
+static int bound_socket(const cn_serve_config *sc, const struct addrinfo *ai,
+                        int *bound_port, cn_err *err) {
   int one = 1;
   int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
                   0);
@@ -67,18 +78,7 @@ static int listen_socket(const cn_serve_config *sc, const struct addrinfo *ai,
     close(fd);
     return cn_err_set(err, CN_E_BAD_CONFIG,
                       "port: cannot listen on %s:%d: %s%s", sc->host,
-                      sc->port, strerror(e),
-                      e == EADDRINUSE
-                          ? " (another process listens there; stop it, "
-                            "choose another port, or set reuse-port true "
-                            "in both to share it on purpose)"
-                          : "");
-  }
-  if (listen(fd, 511) != 0) {
-    int e = errno;
-    close(fd);
-    return cn_err_set(err, CN_E_BAD_CONFIG, "port: listen(): %s",
-                      strerror(e));
+                      sc->port, strerror(e), in_use_hint(e));
   }
   struct sockaddr_storage ss;
   socklen_t sl = sizeof(ss);
@@ -90,8 +90,9 @@ static int listen_socket(const cn_serve_config *sc, const struct addrinfo *ai,
   return fd;
 }
 
-int cn__http_start(cn__server *s, cn_err *err) {
+int cn__http_bind(cn__server *s, cn_err *err) {
   const cn_serve_config *sc = &s->cfg.serve;
+  s->listen_fd = -1;
   fit_fd_limit(s);
   struct addrinfo hints, *ai = NULL;
   memset(&hints, 0, sizeof(hints));
@@ -104,17 +105,36 @@ int cn__http_start(cn__server *s, cn_err *err) {
   if (getaddrinfo(host, port, &hints, &ai) != 0 || ai == NULL)
     return cn_err_set(err, CN_E_BAD_CONFIG,
                       "host: '%s' is not an IPv4 or IPv6 address", sc->host);
-  int bound = 0;
-  int lfd = listen_socket(sc, ai, &bound, err);
+  int fd = bound_socket(sc, ai, &s->bound_port, err);
   freeaddrinfo(ai);
-  if (lfd < 0) return lfd;
-  if (cn__conn_listen(s, lfd, err) != 0) {
-    close(lfd);
+  if (fd < 0) return fd;
+  s->listen_fd = fd;
+  return 0;
+}
+
+void cn__http_unbind(cn__server *s) {
+  if (s->listen_fd >= 0) close(s->listen_fd);
+  s->listen_fd = -1;
+}
+
+int cn__http_start(cn__server *s, cn_err *err) {
+  const cn_serve_config *sc = &s->cfg.serve;
+  int fd = s->listen_fd;
+  if (listen(fd, 511) != 0) {
+    int e = errno;
+    cn__http_unbind(s);
+    return cn_err_set(err, CN_E_BAD_CONFIG,
+                      "port: cannot listen on %s:%d: %s%s", sc->host,
+                      sc->port, strerror(e), in_use_hint(e));
+  }
+  if (cn__conn_listen(s, fd, err) != 0) {
+    cn__http_unbind(s);
     return err->code;
   }
+  s->listen_fd = -1; /* the listener's now */
   CN_LOG(CN_LOG_INFO, "msg=listening host=%s port=%d reuse_port=%s "
          "max_connections=%d header_timeout_s=%d body_timeout_s=%d",
-         sc->host, bound, sc->reuse_port ? "true" : "false",
+         sc->host, s->bound_port, sc->reuse_port ? "true" : "false",
          sc->max_connections, sc->header_timeout_s, sc->body_timeout_s);
   return 0;
 }

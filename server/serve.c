@@ -247,6 +247,7 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_err err;
   cn_err_clear(&err);
   memset(s, 0, sizeof(*s));
+  s->listen_fd = -1;
   double t_start = cn__now();
   rc = parse_config(argc, argv, &s->cfg);
   if (rc != 0) return rc > 0 ? 0 : 1;
@@ -265,6 +266,10 @@ int cn_cmd_serve(int argc, char **argv) {
   if (names == NULL || s->models == NULL ||
       cn__metrics_init(&s->metrics, CN__MAX_MODELS, names)) {
     free(names);
+    goto out;
+  }
+  if (cn__http_bind(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto out;
   }
   if (cn__repo_load_all(s, &err) != 0) {
@@ -330,6 +335,7 @@ stop:
   free((void *)s->metrics.model_names);
   cn__metrics_free(&s->metrics);
 out:
+  cn__http_unbind(s);
   if (!uv_is_active((uv_handle_t *)&s->sigterm)) uv_loop_close(&s->loop);
   if (s->models != NULL) cn__repo_free_all(s);
   free(s->models);

@@ -190,6 +190,8 @@ struct cn__server {
   uv_loop_t loop;
   uv_tcp_t listener;         /* conn.c                                 */
   bool listening;
+  int listen_fd;             /* bound, not yet listening: -1 none     */
+  int bound_port;
   uv_timer_t conn_timer;     /* the deadline sweep                     */
   cn__conn *conns;           /* every client connection (loop thread)  */
   int refused_conns;         /* beyond max-connections, being answered */
@@ -260,6 +262,11 @@ void cn__req_body_free(cn__req *r);
 void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
 
 /* listen.c: the listening socket and the file descriptor limit */
+/* Binds the port (before the models load: a port in use fails at once). */
+int cn__http_bind(cn__server *s, cn_err *err);
+/* Closes a port bound and not yet listening (a start-up that failed). */
+void cn__http_unbind(cn__server *s);
+/* Listens on it and accepts connections. */
 int cn__http_start(cn__server *s, cn_err *err);
 void cn__http_quiesce(cn__server *s); /* stop accepting connections */
 void cn__http_close_handles(cn__server *s);

@@ -70,7 +70,8 @@ static bool log_has(const char *log, const char *what) {
 
 /* Two daemons on one port: the second must fail, saying why, unless both
  * ask for port sharing. (SO_REUSEPORT used to be set unconditionally, and
- * the second daemon silently took half the traffic.) */
+ * the second daemon silently took half the traffic.) It fails before
+ * loading any model (it used to load them all first). */
 Test(serve_ops, port_in_use_is_an_error, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
   th_start(&d, NULL);
@@ -84,6 +85,8 @@ Test(serve_ops, port_in_use_is_an_error, .fini = teardown, .timeout = 30) {
   cr_expect(t != NULL && strstr(t, "Address already in use") != NULL &&
                 strstr(t, "reuse-port") != NULL,
             "no clear message: %s", t ? t : "(no log)");
+  cr_expect(t != NULL && strstr(t, "msg=model-loaded") == NULL,
+            "models loaded before the port was tried: %s", t ? t : "");
   free(t);
   /* the first one is unaffected */
   th_resp r;
