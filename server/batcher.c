@@ -198,7 +198,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
     char msg[160];
     snprintf(msg, sizeof(msg),
              "%d instances can never fit a queue of %d (queue-depth); send "
-             "fewer a request",
+             "fewer per request",
              r->n_inst, sc->queue_depth);
     cn__req_answer(r, 413, cn__error_body(CN_E_TOO_LARGE, msg, -1),
                    "too_large");

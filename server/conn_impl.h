@@ -77,6 +77,8 @@ struct cn__conn {
                              * the oldest is evicted at max-connections */
   double body_since;        /* when its body began (PH_BODY)           */
   uint64_t body_got;        /* body bytes so far: its rate             */
+  size_t trailer_len;       /* a chunked body's trailer section: bytes */
+  int trailer_lines;        /* ... and lines                           */
   /* the head of the request being read */
   char *hb;
   size_t hlen, hcap;

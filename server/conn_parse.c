@@ -78,9 +78,23 @@ static int on_url(http_parser *p, const char *at, size_t n) {
   return hb_put(c, at, n) ? head_too_large(c) : 0;
 }
 
+/* A chunked body's trailer section: unused, but bounded like a head (it
+ * was not: 10,000 trailer lines were read and dropped). */
+static int trailer_put(cn__conn *c, size_t n, int part) {
+  c->trailer_len += n;
+  if (part == 1 && c->part != 1) c->trailer_lines++;
+  c->part = part;
+  if (c->trailer_len <= MAX_HEAD && c->trailer_lines <= MAX_HEADERS)
+    return 0;
+  char m[120];
+  snprintf(m, sizeof(m), "the trailer section is over %d bytes or %d lines",
+           MAX_HEAD, MAX_HEADERS);
+  return refuse(c, CN_E_HEADER_TOO_LARGE, m);
+}
+
 static int on_header_field(http_parser *p, const char *at, size_t n) {
   cn__conn *c = p->data;
-  if (c->phase != PH_HEAD) return 0; /* a chunked body's trailer: unused */
+  if (c->phase != PH_HEAD) return trailer_put(c, n, 1);
   if (c->part != 1) { /* a new header: end the URL or the last value */
     if (c->nh == MAX_HEADERS) {
       char m[80];
@@ -98,7 +112,7 @@ static int on_header_field(http_parser *p, const char *at, size_t n) {
 
 static int on_header_value(http_parser *p, const char *at, size_t n) {
   cn__conn *c = p->data;
-  if (c->phase != PH_HEAD) return 0;
+  if (c->phase != PH_HEAD) return trailer_put(c, n, 2);
   if (c->part != 2) {
     if (c->part != 1 || hb_put(c, "", 1)) return head_too_large(c);
     c->h[c->nh - 1].value = c->hlen;
@@ -150,6 +164,11 @@ static int on_headers_complete(http_parser *p) {
   if (n_te > 1 || (te != NULL && strcasecmp(te, "chunked") != 0))
     return refuse(c, CN_E_NOT_IMPLEMENTED,
                   "Transfer-Encoding other than chunked");
+  /* RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty
+   * framing (a 1.0 proxy on the way does not know chunked) */
+  if (n_te > 0 && p->http_major == 1 && p->http_minor == 0)
+    return refuse(c, CN_E_BAD_REQUEST,
+                  "Transfer-Encoding in a request of HTTP version 1.0");
   if (p->http_major != 1 || p->http_minor > 1)
     return refuse(c, CN_E_BAD_REQUEST, "unsupported HTTP version (1.0 "
                   "and 1.1 are served)");
@@ -166,6 +185,9 @@ static int on_headers_complete(http_parser *p) {
     c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
     c->body_since = cn__now();
     c->body_got = 0;
+    c->trailer_len = 0;
+    c->trailer_lines = 0;
+    c->part = 0;
   }
   /* a body declared too large is refused before it is sent */
   if (cn__http_head_done(c->r, body && !chunked ? p->content_length : 0)) {

@@ -358,6 +358,26 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
     expect_one_error(fd, 400, "bad_request", bad[i].what);
     close(fd);
   }
+  /* a trailer section is bounded like a head (10,000 lines were read),
+   * and HTTP/1.0 with Transfer-Encoding has faulty framing (RFC 9112
+   * §6.1); both were served */
+  {
+    static char many[4096];
+    snprintf(many, sizeof(many), "%s\r\n0\r\n", ONE);
+    for (int i = 0; i < 150; i++) strcat(many, "X: y\r\n");
+    strcat(many, "\r\n");
+    const char *parts[] = {line, many};
+    int fd = chunked_post(parts, 2);
+    expect_one_error(fd, 431, "header_too_large", "150 trailer lines");
+    close(fd);
+    char h10[600];
+    snprintf(h10, sizeof(h10), "POST %s HTTP/1.0\r\nTransfer-Encoding: "
+             "chunked\r\n\r\n%s\r\n%s\r\n0\r\n\r\n", INFER, size, ONE);
+    fd = th_connect(d.port);
+    send_str(fd, h10);
+    expect_one_error(fd, 400, "bad_request", "HTTP/1.0 and chunked");
+    close(fd);
+  }
   cr_expect_eq(metric("canopy_in_flight_requests"), 1);
   cr_expect_eq(th_stop(&d), 0);
 }
