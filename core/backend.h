@@ -185,8 +185,10 @@ struct cn_backend_vt {
   void (*lattice_word)(cn_backend_ctx *bk, int n, int H, const float *G,
                        const float *base, const int64_t *cb, float *out,
                        int ldo);
-  /* out[r] = argmax of row r of X[n, w] (lowest index on a tie), written
-   * to HOST memory (the decoder needs it to decide what runs next). */
+  /* out[r] = argmax of row r of X[n, w] (lowest index on a tie), or -1
+   * where the row holds a NaN or an infinity (its argmax would be a
+   * made-up token), written to HOST memory (the decoder needs it to
+   * decide what runs next). */
   void (*argmax_rows)(cn_backend_ctx *bk, int n, int w, const float *X,
                       int ld, int32_t *out);
   /* y = σ(x) in place over n rows of width w (row stride ld). */

@@ -241,11 +241,16 @@ Test(cuda_ops, gathers_and_elementwise) {
   int w = 300;
   float *X = rnd((size_t)N * w);
   for (int r = 0; r < N; r += 3) X[(size_t)r * w + 7] = X[(size_t)r * w + 200] = 5;
+  /* rows holding NaN or an infinity: -1 on both */
+  X[(size_t)1 * w + 250] = NAN;
+  X[(size_t)2 * w + 3] = INFINITY;
+  X[(size_t)4 * w + 299] = -INFINITY;
   float *Xd = up(X, (size_t)N * w);
   int32_t a[N], b[N];
   C_->vt->argmax_rows(C_, N, w, X, w, a);
   G_->vt->argmax_rows(G_, N, w, Xd, w, b);
   for (int r = 0; r < N; r++) cr_expect_eq(a[r], b[r], "argmax row %d", r);
+  cr_expect(a[1] == -1 && a[2] == -1 && a[4] == -1 && a[0] >= 0);
 }
 
 Test(cuda_ops, tree_cells) {

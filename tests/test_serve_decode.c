@@ -392,3 +392,55 @@ Test(serve_decode, another_models_run_ends_the_joins, .fini = teardown,
   json_decref(ref);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* Decoding over logits that overflow (finite weights: proj.W row 0 at
+ * +3.4e38, row 1 at -3.4e38, proj.b at FLT_MAX, so one of logits 0 and 1
+ * is infinite at every step) once answered 200 with tokens picked by an
+ * argmax over infinities. The step's output id is null, and the request
+ * 500 non_finite naming output_ids; the other instance of a request fails
+ * with it, and the daemon serves on. */
+Test(serve_decode, non_finite_logits_are_an_error, .fini = teardown,
+     .timeout = 60) {
+  make_model(2);
+  char mdir[400];
+  snprintf(mdir, sizeof(mdir), "%s/models/nmt", d.dir);
+  weights_open(mdir);
+  long off;
+  size_t n;
+  float *w = tensor("proj.W", &off, &n);
+  json_t *shape = json_object_get(json_object_get(whdr, "proj.W"), "shape");
+  size_t cols = (size_t)json_integer_value(json_array_get(shape, 1));
+  for (size_t k = 0; k < 2 * cols; k++) w[k] = k < cols ? 3.4e38f : -3.4e38f;
+  put(off, w, n);
+  free(w);
+  float *b = tensor("proj.b", &off, &n);
+  for (size_t k = 0; k < n; k++) b[k] = 3.4028235e38f;
+  put(off, b, n);
+  free(b);
+  fclose(wf);
+  json_decref(whdr);
+  th_start(&d, NULL);
+  json_t *in = lines("in.jsonl");
+  char *body = body_of(in, 0, 2, 0);
+  for (int round = 0; round < 2; round++) {
+    th_resp r;
+    cr_assert_eq(th_http(d.port, "POST", INFER, body, NULL, &r), 0);
+    cr_expect_eq(r.status, 500, "%s", r.body);
+    json_t *j = json_loads(r.body, 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")),
+                     "non_finite", "%s", r.body);
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    cr_expect(msg != NULL && strstr(msg, "'output_ids'") != NULL, "%s",
+              r.body);
+    json_decref(j);
+    th_resp_free(&r);
+  }
+  free(body);
+  json_decref(in);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/healthz", NULL, NULL, &r), 0);
+  cr_expect_eq(r.status, 200);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}

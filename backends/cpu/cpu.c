@@ -460,14 +460,26 @@ CN_VEC static void cpu_lattice_word(cn_backend_ctx *bk, int n, int H, const floa
   }
 }
 
+/* Not isfinite(): this file is built with -ffinite-math-only, under which
+ * the compiler may take it to be always true. An exponent of all ones is
+ * an infinity or a NaN. */
+static inline bool finite_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof(u));
+  return (u & 0x7f800000u) != 0x7f800000u;
+}
+
 static void cpu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
                             int ld, int32_t *out) {
   for (int r = 0; r < n; r++) {
     const float *x = X + (size_t)r * ld;
     int best = 0;
-    for (int j = 1; j < w; j++)
+    bool finite = true;
+    for (int j = 0; j < w; j++) {
+      finite = finite && finite_bits(x[j]);
       if (x[j] > x[best]) best = j;
-    out[r] = best;
+    }
+    out[r] = finite ? best : -1;
   }
 }
 

@@ -379,20 +379,24 @@ void cu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
 
 /* ---- argmax and elementwise ---- */
 
-/* One block per row; the lowest index wins a tie, as in the cpu loop. */
+/* One block per row; the lowest index wins a tie, and a row holding a NaN
+ * or an infinity gives -1, as in the cpu loop. */
 __global__ void k_argmax_rows(int n, int w, const float *X, int ld,
                               int32_t *out) {
   __shared__ float sv[THREADS];
   __shared__ int si[THREADS];
   for (ll r = blockIdx.x; r < n; r += gridDim.x) {
     const float *x = X + r * ld;
-    int best = -1;
+    int best = -1, bad = 0;
     float bv = 0.0f;
-    for (int j = threadIdx.x; j < w; j += blockDim.x)
+    for (int j = threadIdx.x; j < w; j += blockDim.x) {
+      if (!isfinite(x[j])) bad = 1;
       if (best < 0 || x[j] > bv) {
         best = j;
         bv = x[j];
       }
+    }
+    bad = __syncthreads_or(bad);
     sv[threadIdx.x] = bv;
     si[threadIdx.x] = best;
     __syncthreads();
@@ -409,7 +413,7 @@ __global__ void k_argmax_rows(int n, int w, const float *X, int ld,
       }
       __syncthreads();
     }
-    if (threadIdx.x == 0) out[r] = si[0] < 0 ? 0 : si[0];
+    if (threadIdx.x == 0) out[r] = bad ? -1 : si[0] < 0 ? 0 : si[0];
     __syncthreads();
   }
 }

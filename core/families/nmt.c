@@ -93,7 +93,8 @@ static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
 }
 
 /* logits = h·proj.Wᵀ + proj.b, y = argmax; then each instance's next step,
- * unless it emitted </s> or reached its cap. */
+ * unless it emitted </s>, reached its cap, or its logits were not finite
+ * (y = -1: an argmax over NaN is a made-up token). */
 static void exec_proj(cn_run *r, const int32_t *verts, int n) {
   int H = (int)r->m->dims.H, Vt = (int)r->m->dims.Vt;
   float *X = cn__run_scratch(r);
@@ -112,7 +113,8 @@ static void exec_proj(cn_run *r, const int32_t *verts, int n) {
     cn_run_slot *s = &r->slots[slot];
     r->vaux[p] = y[i];
     s->n_out = t + 1;
-    if (y[i] == EOS || t + 1 >= s->max_decode_len) continue;
+    /* -1: non-finite logits; the output says so and decoding stops */
+    if (y[i] < 0 || y[i] == EOS || t + 1 >= s->max_decode_len) continue;
     int32_t base = s->node_v0, nsrc = s->inst->n, cap = s->max_decode_len;
     int32_t in2[2] = {r->node_vertex[base + nsrc + t], p};
     int32_t d = cn__run_add_vertex(r, T_DEC, slot, t + 1, y[i], in2, 2);
@@ -146,6 +148,11 @@ static json_t *output(const cn_run *r, int slot) {
   for (int32_t t = 0; t < s->n_out; t++) {
     int32_t y = r->vaux[r->node_vertex[base + nsrc + cap + t]];
     if (y == EOS) break;
+    if (y < 0) { /* the step's logits held NaN or an infinity: null, which
+                  * cn_output_check turns into 500 non_finite */
+      json_array_append_new(ids, json_null());
+      break;
+    }
     const char *tok = cn_vocab_token(r->m->tgt_vocab, y);
     json_array_append_new(toks, json_string(tok ? tok : "<unk>"));
     json_array_append_new(ids, json_integer(y));
