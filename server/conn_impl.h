@@ -49,7 +49,7 @@
  * (bytes/s), over at least EVICT_BODY_AFTER_S, may be evicted (conn.c's
  * eviction_victim). Apache's mod_reqtimeout has the same floor. */
 #define EVICT_BODY_RATE 500.0
-#define EVICT_BODY_AFTER_S 2.0
+#define EVICT_BODY_AFTER_S 1.0
 
 /* Where a chunked body's raw bytes are (conn_parse.c, chunk_check). */
 enum { CK_NONE, CK_HEAD_LF, CK_SIZE0, CK_SIZE, CK_BWS, CK_EXT, CK_SIZE_LF,

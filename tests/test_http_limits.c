@@ -229,8 +229,8 @@ Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
 /* Issue 21, second probe: connections that send a whole head and then
  * trickle their body held every slot until body-timeout-s. At
  * max-connections a body that has come slower than 500 bytes/s over at
- * least 2 s is taken like a slow head; a faster body, and a body younger
- * than 2 s, are not. */
+ * least 1 s is taken like a slow head; a faster body, and a body younger
+ * than 1 s, are not. */
 Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
      .timeout = 60) {
   th_models(&d, tree_only);
@@ -255,7 +255,7 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
     part[FIRST] = '\0';
     send_str(fast[i], part); /* over 1,000 bytes/s until 6 s have passed */
   }
-  usleep(2300000);
+  usleep(1500000);
   /* a new client takes the slow body's place and is served */
   th_resp r;
   int a = th_connect(d.port);
