@@ -178,6 +178,26 @@ static void on_timeout(uv_timer_t *t) {
   cn__batcher_cancel(t->data, "timeout", 504);
 }
 
+static void full_msg(cn__server *s, int waiting, char *msg, size_t cap) {
+  snprintf(msg, cap, "the queue is full (%d instances waiting, queue-depth "
+           "%d); retry later", waiting, s->cfg.serve.queue_depth);
+}
+
+/* Before a request's body is parsed: a queue with no room for even one
+ * instance refuses it as cn__batcher_submit would, and parsing the JSON
+ * and building its instances only to refuse them is saved. Under
+ * overload about half the requests are refused, and that parsing took
+ * loop-thread time the runs' dispatch needed (issue 21, overload
+ * goodput). A request that could never fit (413) hears so once the
+ * queue has room. */
+bool cn__batcher_full(cn__server *s, char *msg, size_t cap) {
+  int waiting = atomic_load(&s->waiting_instances);
+  if (waiting < s->cfg.serve.queue_depth) return false;
+  full_msg(s, waiting, msg, cap);
+  cn__metrics_overloaded(&s->metrics);
+  return true;
+}
+
 void cn__batcher_submit(cn__server *s, cn__req *r) {
   cn__model_slot *sl = r->slot;
   const cn_serve_config *sc = &s->cfg.serve;
@@ -207,10 +227,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
   int waiting = atomic_load(&s->waiting_instances);
   if (waiting + r->n_inst > sc->queue_depth) {
     char msg[160];
-    snprintf(msg, sizeof(msg),
-             "the queue is full (%d instances waiting, queue-depth %d); "
-             "retry later",
-             waiting, sc->queue_depth);
+    full_msg(s, waiting, msg, sizeof(msg));
     cn__metrics_overloaded(&s->metrics);
     cn__req_answer(r, 429, cn__error_body(CN_E_OVERLOADED, msg, -1),
                    "overloaded");

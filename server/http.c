@@ -175,6 +175,11 @@ static void infer_ready(cn__req *r) {
     answer_err(r, CN_E_DRAINING, "the server is shutting down");
     return;
   }
+  char full[160];
+  if (s->hand_over == NULL && cn__batcher_full(s, full, sizeof(full))) {
+    answer_err(r, CN_E_OVERLOADED, full); /* not parsed: batcher.c */
+    return;
+  }
   if (r->body_len > CN__BIG_BODY_BYTES && s->hand_over == NULL) {
     cn__bigparse_submit(r);
     return;

@@ -323,6 +323,9 @@ void cn__http_parsed(cn__req *r);
 
 /* batcher.c (loop thread) */
 void cn__batcher_submit(cn__server *s, cn__req *r);
+/* The queue has no room for one instance: msg says so (for a 429), and
+ * the refusal is counted. */
+bool cn__batcher_full(cn__server *s, char *msg, size_t cap);
 /* A suspended request, on the loop: an inference to its window, a
  * repository load to a loader thread. */
 void cn__batcher_dispatch(cn__server *s, cn__req *r);

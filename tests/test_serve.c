@@ -220,6 +220,42 @@ Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 30) {
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* A full queue refuses a request before parsing it (under overload about
+ * half the requests are refused, and parsing each one only to refuse it
+ * took the loop thread's time): bad JSON is 429 while the queue is full,
+ * 400 once it has room. */
+Test(serve, full_queue_refuses_before_parsing, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--workers", "1", "--queue-depth", "1",
+                         "--max-delay-us", "3000000",
+                         "--work-conserving", "false", NULL};
+  th_start(&d, flags);
+  const char *infer = "/v1/models/treelstm/infer";
+  int a = th_connect(d.port);
+  th_send(a, "POST", infer,
+          "{\"tree\": \"(2 a)\", \"timeout_ms\": 400}", NULL);
+  usleep(100000);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", infer, "{\"instances\": [", NULL, &r),
+               0);
+  cr_expect_eq(r.status, 429, "%s", r.body);
+  cr_expect(strstr(r.body, "the queue is full") != NULL, "%s", r.body);
+  char ra[16];
+  cr_expect(th_header(&r, "Retry-After", ra, sizeof(ra)) != NULL);
+  th_resp_free(&r);
+  cr_assert_eq(th_read(a, &r), 0);
+  cr_expect_eq(r.status, 504, "%s", r.body);
+  th_resp_free(&r);
+  close(a);
+  expect(d.port, "POST", infer, "{\"instances\": [", 400, "bad_json");
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect_eq(th_metric(r.body, "canopy_requests_rejected_overloaded_total"), 1,
+               "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
 Test(serve, disconnect_drops_instances, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
   const char *flags[] = {"--max-delay-us", "1500000", "--work-conserving",
