@@ -66,6 +66,32 @@ static void conn_shutdown(cn__conn *c) {
   cn__conn_reads(c);
 }
 
+/* ---- progress (EVICT_RATE) ------------------------------------------ */
+
+void cn__conn_progress_start(cn__conn *c) {
+  c->credit = EVICT_RATE * EVICT_GRACE_S;
+  c->credit_at = cn__now();
+}
+
+static double credit_at(const cn__conn *c, double now) {
+  return c->credit - EVICT_RATE * (now - c->credit_at);
+}
+
+void cn__conn_progress(cn__conn *c, size_t n) {
+  double now = cn__now(), v = credit_at(c, now) + (double)n;
+  c->credit = v < EVICT_RATE * EVICT_AHEAD_S ? v : EVICT_RATE * EVICT_AHEAD_S;
+  c->credit_at = now;
+}
+
+/* An answer's progress is what left its write queue since the last look
+ * (by the sweep, and at the connection limit). */
+static void write_progress(cn__conn *c) {
+  if (!c->sock || c->writes == 0) return;
+  size_t q = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+  if (q < c->wq_seen) cn__conn_progress(c, c->wq_seen - q);
+  c->wq_seen = q;
+}
+
 typedef struct wreq {
   uv_write_t w;
   char *buf;
@@ -133,7 +159,8 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     cn__conn_close(c);
     return;
   }
-  c->writes++;
+  if (c->writes++ == 0) cn__conn_progress_start(c);
+  c->wq_seen = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
   c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
   cn__conn_reads(c);
 }
@@ -211,6 +238,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   if (!keep) c->must_close = true;
   c->phase = keep ? PH_IDLE : PH_LINGER;
   if (keep) c->since = cn__now();
+  if (keep) c->served = true;
   c->deadline = keep ? cn__now() + s->cfg.serve.idle_timeout_s
                      : cn__now() + LINGER_S;
   if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
@@ -248,6 +276,7 @@ void cn__conn_eof(cn__conn *c) {
 /* Deadlines: called by the sweep timer (and the fuzz target). */
 void cn__conn_tick(cn__conn *c, double now) {
   if (c->phase == PH_CLOSED) return;
+  write_progress(c);
   if (c->writes > 0 && now > c->write_deadline) {
     cn__conn_close(c); /* an answer the client does not read */
     return;
@@ -395,43 +424,69 @@ static void refuse_conn(cn__conn *c) {
   cn__conn_answer_error(c, CN_E_UNAVAILABLE, m);
 }
 
-/* At max-connections a new connection takes the place of the open one
- * that has gone longest without making progress: one still sending its
- * head (a slow client, or slowloris trickling header bytes to hold a
- * slot), an idle keep-alive connection, or one whose body has come slower
- * than EVICT_BODY_RATE bytes/s on average over at least
- * EVICT_BODY_AFTER_S (slowloris with a whole head and a trickled body,
- * issue 21 second probe). "Longest" counts from accept or the last
- * keep-alive answer. A body arriving faster, a request waiting for its run
- * and an answer being written are never taken. Otherwise 2,000
- * connections that each send a byte now and then keep every other client
- * out at the default limit until header-timeout-s or body-timeout-s, and
- * an attacker who reconnects keeps them out for good (issue 21, probe
- * finding 6); this way the attacker's oldest connection goes, and a
- * client that sends its request at once is served before it can become
- * the oldest. nginx does alike (ngx_drain_connections closes idle
- * keep-alive connections when it runs out); Apache's mod_reqtimeout has
- * the same body-rate floor. The victim is closed at once, unanswered: a
- * 408 would hold its slot for the linger, and a status line on an idle
- * keep-alive connection could be read as the answer to its next request.
- * A walk of the connection list (max-connections entries) per connection
- * accepted at the limit. NULL: every open connection is making progress. */
-static bool evictable(const cn__conn *c, double now) {
-  if (!c->counted || !c->sock || c->writes != 0) return false;
-  if (c->phase == PH_IDLE || c->phase == PH_HEAD) return c->r == NULL;
+/* At max-connections a new connection takes the place of an open one
+ * that is making no progress:
+ *   - one still sending its head (a slow client, or slowloris trickling
+ *     header bytes to hold a slot), or open without a byte;
+ *   - one whose body is being read, or whose answer is being written,
+ *     slower than EVICT_RATE bytes/s (conn_impl.h: a credit of bytes ahead
+ *     of that rate, so a burst then silence buys at most EVICT_AHEAD_S);
+ *     slowloris with a whole head and a trickled body, or a client that
+ *     never reads a big answer (issue 21, second and third probes);
+ *   - failing those, an idle keep-alive connection that has been served
+ *     (a well-behaved client, spared while any of the above is open: its
+ *     next request could cross the close; third probe).
+ * Among them the one longest without a whole request head goes, counted
+ * from accept or the last keep-alive answer. A request waiting for its
+ * run, and a body or answer moving faster, are never taken. Otherwise
+ * 2,000 connections that each send a byte now and then keep every other
+ * client out at the default limit until their deadlines, and an attacker
+ * who reconnects keeps them out for good (issue 21, probe finding 6);
+ * this way the attacker's oldest connection goes, and a client that sends
+ * its request at once is served before it can become the oldest. nginx
+ * does alike (ngx_drain_connections closes idle keep-alive connections
+ * when it runs out); Apache's mod_reqtimeout has the same rate floor. The
+ * victim is closed at once, unanswered: a 408 would hold its slot for the
+ * linger, and a status line on an idle keep-alive connection could be
+ * read as the answer to its next request. A walk of the connection list
+ * (max-connections entries) per connection accepted at the limit.
+ * Returns the victim's class (0 no progress, 1 idle keep-alive), or -1:
+ * not to be taken. */
+static int evictable(cn__conn *c, double now) {
+  if (!c->counted || !c->sock) return -1;
+  if (c->writes > 0) {
+    write_progress(c);
+    return credit_at(c, now) < 0 ? 0 : -1;
+  }
+  if (c->phase == PH_IDLE || c->phase == PH_HEAD) {
+    if (c->r != NULL) return -1;
+    return c->phase == PH_IDLE && c->served ? 1 : 0;
+  }
   if (c->phase != PH_BODY || c->r == NULL ||
       c->r->state != CN__REQ_RECEIVING)
-    return false;
-  double t = now - c->body_since;
-  return t >= EVICT_BODY_AFTER_S && (double)c->body_got < EVICT_BODY_RATE * t;
+    return -1;
+  return credit_at(c, now) < 0 ? 0 : -1;
 }
 
 static cn__conn *eviction_victim(cn__server *s) {
   double now = cn__now();
   cn__conn *v = NULL;
-  for (cn__conn *c = s->conns; c != NULL; c = c->next)
-    if (evictable(c, now) && (v == NULL || c->since < v->since)) v = c;
+  int vk = 2;
+  for (cn__conn *c = s->conns; c != NULL; c = c->next) {
+    int k = evictable(c, now);
+    if (k >= 0 && (k < vk || (k == vk && c->since < v->since))) {
+      v = c;
+      vk = k;
+    }
+  }
   return v;
+}
+
+static const char *victim_what(const cn__conn *c) {
+  if (c->writes > 0) return "answer";
+  if (c->phase == PH_BODY) return "body";
+  if (c->phase == PH_HEAD) return "head";
+  return c->served ? "keep-alive" : "idle";
 }
 
 static void on_connection(uv_stream_t *ls, int status) {
@@ -455,10 +510,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
       (victim = eviction_victim(s)) != NULL) {
     CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
-           victim->phase == PH_HEAD   ? "head"
-           : victim->phase == PH_BODY ? "body"
-                                      : "idle",
-           cn__now() - victim->since);
+           victim_what(victim), cn__now() - victim->since);
     cn__conn_close(victim);
     cn__metrics_conn_evicted(&s->metrics);
   }

@@ -45,11 +45,16 @@
  * a pipelined request is read on until it sends nothing for this long
  * (never past drain-grace-ms). */
 #define DRAIN_QUIET_S 0.25
-/* At max-connections a body that has come slower than this on average
- * (bytes/s), over at least EVICT_BODY_AFTER_S, may be evicted (conn.c's
- * eviction_victim). Apache's mod_reqtimeout has the same floor. */
-#define EVICT_BODY_RATE 500.0
-#define EVICT_BODY_AFTER_S 1.0
+/* A body being read, or an answer being written, must move at least this
+ * many bytes/s (Apache mod_reqtimeout's floor) or it may be evicted at
+ * max-connections (conn.c's eviction_victim). Its progress is a credit of
+ * bytes ahead of that schedule: EVICT_GRACE_S worth at its start, at most
+ * EVICT_AHEAD_S worth however fast it went, so a burst followed by silence
+ * buys at most EVICT_AHEAD_S (third probe: a 16 KB burst bought the whole
+ * body-timeout-s when the rule was the average since the start). */
+#define EVICT_RATE 500.0
+#define EVICT_GRACE_S 1.0
+#define EVICT_AHEAD_S 2.0
 
 /* Where a chunked body's raw bytes are (conn_parse.c, chunk_check). */
 enum { CK_NONE, CK_HEAD_LF, CK_SIZE0, CK_SIZE, CK_BWS, CK_EXT, CK_SIZE_LF,
@@ -75,8 +80,11 @@ struct cn__conn {
   double since;             /* since when without a whole request head
                              * (accept, or the last keep-alive answer):
                              * the oldest is evicted at max-connections */
-  double body_since;        /* when its body began (PH_BODY)           */
-  uint64_t body_got;        /* body bytes so far: its rate             */
+  bool served;              /* has answered a request (keep-alive)     */
+  /* progress of the body being read or the answer being written, in
+   * bytes ahead of EVICT_RATE (conn.c: conn_progress) */
+  double credit, credit_at;
+  size_t wq_seen;           /* the write queue's size when last looked */
   size_t trailer_len;       /* a chunked body's trailer section: bytes */
   int trailer_lines;        /* ... and lines                           */
   /* the head of the request being read */
@@ -123,5 +131,8 @@ void cn__conn_close(cn__conn *c);
 void cn__conn_reads(cn__conn *c);
 /* Draining: read on until the client is quiet (DRAIN_QUIET_S). */
 void cn__conn_drain_quiet(cn__conn *c);
+/* A body or an answer begins; n bytes of it moved (EVICT_RATE). */
+void cn__conn_progress_start(cn__conn *c);
+void cn__conn_progress(cn__conn *c, size_t n);
 
 #endif

@@ -183,8 +183,7 @@ static int on_headers_complete(http_parser *p) {
   if (body) {
     c->phase = PH_BODY;
     c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
-    c->body_since = cn__now();
-    c->body_got = 0;
+    cn__conn_progress_start(c);
     c->trailer_len = 0;
     c->trailer_lines = 0;
     c->part = 0;
@@ -209,7 +208,7 @@ static int on_headers_complete(http_parser *p) {
 static int on_body(http_parser *p, const char *at, size_t n) {
   cn__conn *c = p->data;
   if (c->r == NULL) return -1;
-  c->body_got += n;
+  cn__conn_progress(c, n);
   if (cn__http_body(c->r, at, n)) { /* answered (too large): stop here */
     c->must_close = true;
     return -1;
