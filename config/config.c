@@ -131,8 +131,8 @@ static const cn_config_key keys[] = {
     INT_KEY("max-body-memory", 64, 0x7fffffff, "268435456",
             SRV(max_body_memory),
             "bytes of request bodies held at once (being received or "
-            "waiting for their parse); a body that would pass it gets 429; "
-            "at least max-body-bytes",
+            "waiting for their parse); a body over 16 KiB that would pass "
+            "it gets 429; at least max-body-bytes",
             "serve"),
     INT_KEY("max-instances-per-request", 1, 1 << 20, "1024",
             SRV(max_instances_per_request),

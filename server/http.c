@@ -477,10 +477,16 @@ int cn__http_body(cn__req *r, const char *data, size_t n) {
     if (cap > max) cap = max;
     /* the bodies held at once are bounded (max-body-memory): many
      * connections each sending a big body, or waiting for their turn to
-     * be parsed, would otherwise hold max-connections x max-body-bytes */
+     * be parsed, would otherwise hold max-connections x max-body-bytes.
+     * A body of up to CN__BIG_BODY_BYTES is counted but never refused:
+     * those are bounded by max-connections x 16 KiB already, and a few
+     * connections holding big bodies would otherwise turn every ordinary
+     * request away (third probe: 32 half-sent 8 MiB bodies, every POST
+     * 429 for body-timeout-s) */
     long long grow = (long long)(cap - r->body_cap);
     long long held = atomic_fetch_add(&r->srv->body_bytes, grow) + grow;
-    if (held > (long long)r->srv->cfg.serve.max_body_memory) {
+    if (cap > CN__BIG_BODY_BYTES &&
+        held > (long long)r->srv->cfg.serve.max_body_memory) {
       atomic_fetch_sub(&r->srv->body_bytes, grow);
       char msg[200];
       snprintf(msg, sizeof(msg), "the server holds %lld bytes of request "
