@@ -274,7 +274,9 @@ static const char *chunk_check(cn__conn *c, const char *b, size_t n) {
       case CK_SIZE0:
       case CK_SIZE:
         if (ck_hex(ch, &v)) {
-          if (++c->ck_digits > 15) return "a chunk size is too large";
+          /* leading zeros are no digits of the size */
+          if ((c->ck_left != 0 || v != 0) && ++c->ck_digits > 15)
+            return "a chunk size is too large";
           c->ck_left = c->ck_left * 16 + v;
           c->ck = CK_SIZE;
         } else if (c->ck == CK_SIZE0) {
@@ -361,8 +363,10 @@ static void parse_error(cn__conn *c) {
       code = CN_E_HEADER_TOO_LARGE;
       snprintf(m, sizeof(m), "the request head is too large");
       break;
-    case HPE_INVALID_CONTENT_LENGTH:
-      snprintf(m, sizeof(m), "Content-Length is not a valid length");
+    case HPE_INVALID_CONTENT_LENGTH: /* http_parser's, for both */
+      snprintf(m, sizeof(m), c->ck != CK_NONE
+                                 ? "a chunk size is too large"
+                                 : "Content-Length is not a valid length");
       break;
     case HPE_UNEXPECTED_CONTENT_LENGTH:
       snprintf(m, sizeof(m), "more than one Content-Length header, or both "

@@ -418,9 +418,18 @@ static bool wants_body(const cn__req *r) {
 /* conn.c: a request head is in (the connection holds the reference). */
 cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
                         const char *url) {
+  /* RFC 9112 §3.2.2: a server accepts the absolute form of a target
+   * (http://host/path, what a request to a proxy carries) */
+  if (strncasecmp(url, "http://", 7) == 0 ||
+      strncasecmp(url, "https://", 8) == 0) {
+    const char *p = strstr(url, "://") + 3;
+    url = p + strcspn(p, "/?#");
+    if (*url != '/') url = "/";
+  }
   char path[MAX_PATH];
-  url_path(path, sizeof(path), url);
-  cn__req *r = req_new(s, c, path, method);
+  bool decoded = url_path(path, sizeof(path), url);
+  /* logged as decoded, or as sent where that names nothing (%00, %2F) */
+  cn__req *r = req_new(s, c, decoded ? path : url, method);
   if (r == NULL) return NULL;
   cn__model_slot *sl;
   const char *name;

@@ -305,7 +305,20 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
   char line[64], ws[64], body_xx[600];
   snprintf(line, sizeof(line), "%s\r\n", size);
   snprintf(ws, sizeof(ws), "%s \t;ext=1\r\n", size);
-  /* served: BWS before ';', the CRLF after the data in two more reads */
+  /* served: BWS before ';', the CRLF after the data in two more reads,
+   * and a size with 30 leading zeros (no digits of it) */
+  {
+    char zeros[80];
+    snprintf(zeros, sizeof(zeros), "000000000000000000000000000000%s\r\n",
+             size);
+    const char *parts[] = {zeros, data, "\r\n0\r\n\r\n"};
+    int fd = chunked_post(parts, 3);
+    th_resp r;
+    cr_assert_eq(th_read(fd, &r), 0);
+    cr_expect_eq(r.status, 200, "leading zeros: %s", r.body);
+    th_resp_free(&r);
+    close(fd);
+  }
   {
     const char *parts[] = {ws, data, "\r", "\n0\r\n\r\n"};
     int fd = chunked_post(parts, 4);

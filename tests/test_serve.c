@@ -75,6 +75,9 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   expect(p, "GET", "/v1/models/%ff", NULL, 404, "no_such_model");
   expect(p, "POST", "/v1/models/a%c3/infer", ONE, 404, "no_such_model");
   expect(p, "GET", "/x\\", NULL, 404, "no_such_route");
+  /* the absolute form of a target (RFC 9112 §3.2.2) */
+  expect(p, "POST", "http://x/v1/models/treelstm/infer", ONE, 200, NULL);
+  expect(p, "GET", "HTTP://x:8080/healthz?a=b", NULL, 200, NULL);
   expect(p, "DELETE", "/metrics", NULL, 405, "method_not_allowed");
   expect(p, "GET", "/v1/models/treelstm/infer", NULL, 405,
          "method_not_allowed");
@@ -151,6 +154,9 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   cr_assert_not_null(log);
   cr_expect(strstr(log, "path=\"/x?\" ") != NULL &&
                 strstr(log, "path=\"/x\\") == NULL,
+            "%s", log);
+  /* a path that names nothing is logged as sent, not as "" */
+  cr_expect(strstr(log, "path=\"/v1/models/treelstm%00junk\"") != NULL,
             "%s", log);
   free(log);
 }
