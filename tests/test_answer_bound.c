@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cells_test_util.h"
 #include "engine_util.h"
 #include "internal.h"
 #include "families/families.h"
@@ -109,6 +110,38 @@ Test(answer_bound, every_family_against_its_outputs, .timeout = 300) {
     }
     json_decref(insts);
     cn_model_free(m);
+    tu_rmdir(dir);
+  }
+}
+
+/* Models described by cells (docs/cells.md): a tree, a sequence in both
+ * directions, a DAG (the built-ins as cells, with their weights). */
+Test(answer_bound, cells_models, .timeout = 300) {
+  static const struct { const char *family, *data, *cells; } cs[] = {
+      {"treelstm", "trees-binary.jsonl", "treelstm"},
+      {"treegru", "trees-binary.jsonl", "treegru"},
+      {"bilstm-tagger", "sequences.jsonl", "bilstm-tagger"},
+      {"latticegru", "dags.jsonl", "latticegru"},
+  };
+  for (size_t k = 0; k < sizeof(cs) / sizeof(cs[0]); k++) {
+    char dir[256];
+    cn_model *ref = tu_model(cs[k].family, 16, 12, cs[k].data, dir,
+                             sizeof(dir));
+    json_t *j = cells_json(cs[k].cells);
+    cn_model *m = NULL;
+    cn_err e;
+    cr_assert_eq(load_cells(dir, j, &m, &e), 0, "%s: %s", cs[k].cells,
+                 e.msg);
+    json_t *insts = tu_data_lines(cs[k].data, N_INST);
+    char name[64];
+    snprintf(name, sizeof(name), "cells:%s", cs[k].cells);
+    double worst = check_model(m, name, insts);
+    printf("%-22s worst bound/actual %.2f\n", name, worst);
+    cr_expect_leq(worst, 4.0, "%s: bound %.2fx the answer", name, worst);
+    json_decref(insts);
+    json_decref(j);
+    cn_model_free(m);
+    cn_model_free(ref);
     tu_rmdir(dir);
   }
 }
