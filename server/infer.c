@@ -74,7 +74,7 @@ static int64_t envelope_bound(const cn__req *r) {
 static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
   int64_t max = r->srv->cfg.serve.max_answer_bytes;
   int64_t b = envelope_bound(r);
-  for (int i = 0; i < p->n_inst && b <= max; i++)
+  for (int i = 0; i < p->n_inst; i++)
     b += cn_model_answer_bound(r->me->model, p->inst[i], p->flags,
                                p->max_decode_len) + 1;
   if (b <= max) return 0;
