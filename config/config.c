@@ -134,6 +134,12 @@ static const cn_config_key keys[] = {
             "waiting for their parse); a body over 16 KiB that would pass "
             "it gets 429; at least max-body-bytes",
             "serve"),
+    INT_KEY("max-answer-bytes", 1024, 0x7fffffff, "67108864",
+            SRV(max_answer_bytes),
+            "largest answer a request may ask for, in bytes: a request whose "
+            "answer could pass it (bounded from the model's sizes, the "
+            "instances and outputs/return_hidden before it runs) gets 413",
+            "serve"),
     INT_KEY("max-instances-per-request", 1, 1 << 20, "1024",
             SRV(max_instances_per_request),
             "most instances in one request (413 beyond)", "serve"),

@@ -38,6 +38,7 @@ typedef struct cn_serve_config {
   int queue_depth;         /* instances waiting for a worker; beyond: 429 */
   int max_body_bytes;
   int max_body_memory;
+  int max_answer_bytes;    /* bound on one answer's JSON; beyond: 413     */
   int max_instances_per_request;
   int timeout_ms;          /* default per-request timeout, 0 = none       */
   int drain_grace_ms;

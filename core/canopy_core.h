@@ -167,6 +167,17 @@ void cn_instance_free(cn_instance *inst);
 const char *cn_instance_form_in(const json_t *o);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
+/* An upper bound, in bytes, on the JSON of this instance's output object
+ * (API.md) as the daemon prints it (compact, JSON_REAL_PRECISION(9)), for
+ * the request's flags (CN_OUT_*) and max_decode_len (0: the model's):
+ * from the model's dimensions, its label and token strings and the
+ * instance's size alone, before anything runs (the daemon's
+ * max-answer-bytes, docs/daemon.md). */
+int64_t cn_model_answer_bound(const cn_model *m, const cn_instance *inst,
+                              unsigned flags, int max_decode_len);
+/* The most characters one float (a 32-bit value, or null when it is not
+ * finite) prints as at JSON_REAL_PRECISION(9): "-1.23456789e-38". */
+enum { CN_JSON_FLOAT_MAX = 15 };
 
 /* ---- runs ------------------------------------------------------------- */
 typedef enum {

@@ -58,6 +58,40 @@ static int check_counts(const cn__server *s, const char *body, size_t len,
   return 0;
 }
 
+/* The answer's envelope beside its outputs (worker.c format_answer):
+ * {"model":..,"model_version":..,"outputs":[..],"stats":{..}} with two
+ * reals and five integers in "stats". */
+static int64_t envelope_bound(const cn__req *r) {
+  int64_t strs = 6 * (int64_t)(strlen(r->me->name) +
+                               strlen(r->me->version)) + 4;
+  return 256 + strs;
+}
+
+/* Refuses a request whose answer could pass max-answer-bytes: the bound
+ * is core's (cn_model_answer_bound), from the model's sizes, each
+ * instance and the flags, so nothing of it runs (#21: a 328 KB request
+ * once asked for a 227 MB answer). */
+static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
+  int64_t max = r->srv->cfg.serve.max_answer_bytes;
+  int64_t b = envelope_bound(r);
+  for (int i = 0; i < p->n_inst; i++)
+    b += cn_model_answer_bound(r->me->model, p->inst[i], p->flags,
+                               p->max_decode_len) + 1;
+  if (b <= max) return 0;
+  return cn_err_set(e, CN_E_TOO_LARGE,
+                    "the answer could be %lld bytes (a bound from the "
+                    "model's sizes, the instances%s%s); at most %lld "
+                    "(max-answer-bytes): send fewer or smaller instances%s%s%s",
+                    (long long)b,
+                    (p->flags & CN_OUT_HIDDEN) ? ", return_hidden" : "",
+                    (p->flags & CN_OUT_ALL) ? ", outputs all" : "",
+                    (long long)max,
+                    (p->flags & CN_OUT_HIDDEN) ? ", no return_hidden" : "",
+                    (p->flags & CN_OUT_ALL) ? ", outputs \"root\"" : "",
+                    cn_model_decodes(r->me->model)
+                        ? ", a smaller max_decode_len" : "");
+}
+
 static void parsed_free(cn__parsed *p) {
   for (int i = 0; i < p->n_inst; i++) cn_instance_free(p->inst[i]);
   free(p->inst);
@@ -172,6 +206,7 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
                     p->vertices, sc->max_vertices);
     goto out;
   }
+  if ((rc = check_answer(r, p, e)) != 0) goto out;
 out:
   json_decref(j);
   if (rc != 0) parsed_free(p);

@@ -486,3 +486,59 @@ Test(serve, stats_name_the_run, .fini = teardown, .timeout = 30) {
   cr_expect_neq(runs[0], runs[1], "the next window is the next run");
   cr_expect_eq(th_stop(&d), 0);
 }
+
+static double runs_total(int port) {
+  th_resp r;
+  cr_assert_eq(th_http(port, "GET", "/metrics", NULL, NULL, &r), 0);
+  double v = th_metric(r.body, "canopy_runs_total");
+  th_resp_free(&r);
+  return v;
+}
+
+/* A request whose answer could pass max-answer-bytes is 413 before it
+ * runs (#21: 328 KB of tokens once asked for a 227 MB answer): the error
+ * names the key and return_hidden, no run is made for it, and the same
+ * instances without return_hidden are served. */
+Test(serve, answer_bytes_413, .fini = teardown, .timeout = 30) {
+  th_models(&d, (const char *const[]){"bilstm-tagger", NULL});
+  th_start(&d, (const char *const[]){"--max-answer-bytes", "300000", NULL});
+  const char *infer = "/v1/models/bilstm-tagger/infer";
+  /* 16 instances of 64 tokens: ~110 bytes a token at most without
+   * return_hidden, over 500 more with it */
+  size_t cap = 1 << 16;
+  char *plain = malloc(cap), *hidden = malloc(cap);
+  size_t n = (size_t)snprintf(plain, cap, "{\"instances\":[");
+  for (int i = 0; i < 16; i++) {
+    n += (size_t)snprintf(plain + n, cap - n, "%s{\"tokens\":[", i ? "," : "");
+    for (int t = 0; t < 64; t++)
+      n += (size_t)snprintf(plain + n, cap - n, "%s\"the\"", t ? "," : "");
+    n += (size_t)snprintf(plain + n, cap - n, "]}");
+  }
+  snprintf(hidden, cap, "%s],\"return_hidden\":true}", plain);
+  strcat(plain, "]}");
+  double runs0 = runs_total(d.port);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", infer, hidden, NULL, &r), 0);
+  cr_expect_eq(r.status, 413, "%d: %s", r.status, r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  const char *msg = json_string_value(
+      json_object_get(json_object_get(j, "error"), "message"));
+  const char *code = json_string_value(
+      json_object_get(json_object_get(j, "error"), "code"));
+  cr_expect(code != NULL && strcmp(code, "too_large") == 0, "%s", r.body);
+  cr_expect(msg != NULL && strstr(msg, "max-answer-bytes") != NULL &&
+                strstr(msg, "no return_hidden") != NULL &&
+                strstr(msg, "300000") != NULL,
+            "%s", r.body);
+  json_decref(j);
+  th_resp_free(&r);
+  cr_expect_eq(runs_total(d.port), runs0, "the refused request ran");
+  cr_assert_eq(th_http(d.port, "POST", infer, plain, NULL, &r), 0);
+  cr_expect_eq(r.status, 200, "%d: %.300s", r.status, r.body);
+  cr_expect_lt(r.body_len, (size_t)300000);
+  th_resp_free(&r);
+  cr_expect_eq(runs_total(d.port), runs0 + 1);
+  free(plain);
+  free(hidden);
+  cr_expect_eq(th_stop(&d), 0);
+}

@@ -156,6 +156,12 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
 }
 
+static int64_t answer_bound(const cn_model *m, const cn_instance *in,
+                            unsigned flags, int max_decode_len) {
+  (void)max_decode_len;
+  return cn__bound_tagger(m, in->n, flags, 2 * m->dims.H);
+}
+
 /* The cells as op IR (core/cell/cell.h): nn.LSTMCell each way, and
  * logits = out.W [hf; hb] + out.b. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
@@ -180,5 +186,6 @@ const cn_family cn__fam_bilstm = {
     .exec = exec,
     .finish = finish,
     .output = output,
+    .answer_bound = answer_bound,
     .cell = cell,
 };

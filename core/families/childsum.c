@@ -131,5 +131,6 @@ const cn_family cn__fam_childsum = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .answer_bound = cn__tree_answer_bound,
     .cell = cell,
 };

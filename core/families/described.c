@@ -144,6 +144,20 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+static int64_t answer_bound(const cn_model *m, const cn_instance *in,
+                            unsigned flags, int max_decode_len) {
+  (void)max_decode_len;
+  const cn_cells *cl = cells_of(m);
+  if (cl->structure == CN_CELLS_SEQUENCE ||
+      cl->structure == CN_CELLS_BISEQUENCE)
+    return cn__bound_tagger(
+        m, in->n, flags,
+        (int64_t)cl->hw * (cl->structure == CN_CELLS_BISEQUENCE ? 2 : 1));
+  if (cl->structure == CN_CELLS_TREE)
+    return cn__bound_tree(m, in->n, flags, cl->hw);
+  return cn__bound_tree(m, in->n, flags & CN_OUT_HIDDEN, cl->hw);
+}
+
 static int cell(const cn_model *m, int type, cn_ir *g) {
   const cn_cells *cl = cells_of(m);
   *g = type == out_type(m) ? *cl->out_ir : *cl->type[type].ir;
@@ -163,5 +177,6 @@ const cn_family cn__fam_cells = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .answer_bound = answer_bound,
     .cell = cell,
 };

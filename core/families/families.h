@@ -89,6 +89,24 @@ int cn__ir_lstm_cell(const cn_model *m, struct cn_ir *g, int E, int Wih,
 int cn__ir_gru_cell(const cn_model *m, struct cn_ir *g, int x, int hp,
                     int Wih, int Whh, int bih, int bhh);
 
+/* ---- answer bounds (cn_model_answer_bound): each mirrors an output
+ * helper above, counting every character it can print ---- */
+/* An array of n floats: brackets, commas, CN_JSON_FLOAT_MAX each. */
+int64_t cn__bound_floats(int64_t n);
+/* An integer in [0, max]. */
+int64_t cn__bound_int(int64_t max);
+/* cn__logits_object's object, braces included. */
+int64_t cn__bound_logits_object(const cn_model *m);
+/* cn__tree_output for a tree of n nodes. */
+int64_t cn__bound_tree(const cn_model *m, int64_t n, unsigned flags,
+                       int64_t h_floats);
+/* cn__tagger_output for n positions. */
+int64_t cn__bound_tagger(const cn_model *m, int64_t n, unsigned flags,
+                         int64_t h_floats);
+/* answer_bound of the families whose output is cn__tree_output_h. */
+int64_t cn__tree_answer_bound(const cn_model *m, const cn_instance *in,
+                              unsigned flags, int max_decode_len);
+
 /* JSON helpers: a non-finite float becomes null (cn_output_check). */
 json_t *cn__json_float(double x);
 json_t *cn__json_floats(const float *x, int64_t n);

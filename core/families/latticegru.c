@@ -120,6 +120,15 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+static int64_t answer_bound(const cn_model *m, const cn_instance *in,
+                            unsigned flags, int max_decode_len) {
+  (void)in, (void)max_decode_len;
+  int64_t b = cn__bound_logits_object(m);
+  if (flags & CN_OUT_HIDDEN) b += (int64_t)sizeof(",\"h\":") - 1 +
+                                  cn__bound_floats(m->dims.H);
+  return b;
+}
+
 /* The cells as op IR (core/cell/cell.h): hp = mean of the predecessors' h,
  * h = GRUCell(embed[x], hp); output as the tree families. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
@@ -143,5 +152,6 @@ const cn_family cn__fam_latticegru = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .answer_bound = answer_bound,
     .cell = cell,
 };

@@ -191,6 +191,12 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, (int)r->m->dims.H, hidden);
 }
 
+static int64_t answer_bound(const cn_model *m, const cn_instance *in,
+                            unsigned flags, int max_decode_len) {
+  (void)max_decode_len;
+  return cn__bound_tagger(m, in->n, flags, m->dims.H); /* one per char */
+}
+
 /* The word and link cells as op IR (core/cell/cell.h), MODELS.md
  * "latticelstm": cw = σ(f)⊙c_b + σ(i)⊙tanh(u) with (i, f, u) =
  * word.W [xw; h_b] + word.b; l = σ(link.W [x; cw] + link.b). The char cell
@@ -236,5 +242,6 @@ const cn_family cn__fam_latticelstm = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .answer_bound = answer_bound,
     .cell = cell,
 };

@@ -167,6 +167,21 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+/* output() prints at most cap steps: a token (or "<unk>") and an id (or
+ * null) each. */
+static int64_t answer_bound(const cn_model *m, const cn_instance *in,
+                            unsigned flags, int max_decode_len) {
+  (void)in;
+  int64_t cap = cap_of(m, max_decode_len);
+  int64_t id = cn__bound_int(m->dims.Vt);
+  if (id < 4) id = 4; /* null */
+  int64_t b = (int64_t)sizeof("{\"output_tokens\":[],\"output_ids\":[]}") -
+              1 + cap * (m->json_token_max + 1) + cap * (id + 1);
+  if (flags & CN_OUT_HIDDEN) b += (int64_t)sizeof(",\"h\":") - 1 +
+                                  cn__bound_floats(m->dims.H);
+  return b;
+}
+
 /* The encoder and decoder cells as op IR (core/cell/cell.h): nn.LSTMCell. The
  * proj type decides what runs next (argmax, new vertices): hand-written. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
@@ -191,5 +206,6 @@ const cn_family cn__fam_nmt = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .answer_bound = answer_bound,
     .cell = cell,
 };

@@ -164,3 +164,51 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
   }
   return o;
 }
+
+/* ---- answer bounds ---- */
+#define LIT(s) ((int64_t)sizeof(s) - 1)
+
+int64_t cn__bound_floats(int64_t n) {
+  return 2 + n * (CN_JSON_FLOAT_MAX + 1);
+}
+
+int64_t cn__bound_int(int64_t max) {
+  int64_t d = 1;
+  for (; max >= 10; max /= 10) d++;
+  return d;
+}
+
+int64_t cn__bound_logits_object(const cn_model *m) {
+  int64_t C = m->dims.C;
+  return LIT("{\"logits\":") + cn__bound_floats(C) + LIT(",\"label\":") +
+         cn__bound_int(C) + LIT(",\"label_name\":") + m->json_label_max +
+         LIT("}");
+}
+
+int64_t cn__bound_tree(const cn_model *m, int64_t n, unsigned flags,
+                       int64_t h_floats) {
+  int64_t b = cn__bound_logits_object(m);
+  if (flags & CN_OUT_ALL)
+    b += LIT(",\"nodes\":[]") + n * (cn__bound_logits_object(m) + 1);
+  if (flags & CN_OUT_HIDDEN) b += LIT(",\"h\":") + cn__bound_floats(h_floats);
+  return b;
+}
+
+int64_t cn__bound_tagger(const cn_model *m, int64_t n, unsigned flags,
+                         int64_t h_floats) {
+  int64_t C = m->dims.C;
+  int64_t b = LIT("{\"logits\":[]") + n * (cn__bound_floats(C) + 1) +
+              LIT(",\"tags\":[]") + n * (cn__bound_int(C) + 1) +
+              LIT(",\"path_score\":") + CN_JSON_FLOAT_MAX + LIT("}");
+  if (m->labels != NULL)
+    b += LIT(",\"tag_names\":[]") + n * (m->json_label_max + 1);
+  if (flags & CN_OUT_HIDDEN)
+    b += LIT(",\"h\":[]") + n * (cn__bound_floats(h_floats) + 1);
+  return b;
+}
+
+int64_t cn__tree_answer_bound(const cn_model *m, const cn_instance *in,
+                              unsigned flags, int max_decode_len) {
+  (void)max_decode_len;
+  return cn__bound_tree(m, in->n, flags, m->dims.H);
+}

@@ -122,5 +122,6 @@ const cn_family cn__fam_treegru = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .answer_bound = cn__tree_answer_bound,
     .cell = cell,
 };

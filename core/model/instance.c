@@ -183,3 +183,11 @@ void cn_instance_free(cn_instance *in) {
 size_t cn_instance_vertices(const cn_instance *in, int outputs_all) {
   return (size_t)in->m->fam->count(in, outputs_all ? CN_OUT_ALL : 0, 0);
 }
+
+int64_t cn_model_answer_bound(const cn_model *m, const cn_instance *in,
+                              unsigned flags, int max_decode_len) {
+  /* a family without a bound has an unknown answer: refused as too
+   * large rather than served unbounded */
+  if (m->fam->answer_bound == NULL) return INT64_MAX;
+  return m->fam->answer_bound(m, in, flags, max_decode_len);
+}

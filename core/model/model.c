@@ -279,6 +279,36 @@ static int compile_cells(cn_model *m, cn_err *err) {
 
 /* The order of checks follows the order a person would fix things in:
  * model.json keys, then vocabularies, then the weights. */
+int64_t cn__json_string_bound(const char *s) {
+  int64_t n = 2;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\' || *p == '/' || *p == '\b' ||
+        *p == '\f' || *p == '\n' || *p == '\r' || *p == '\t')
+      n += 2;
+    else if (*p < 0x20)
+      n += 6;
+    else
+      n += 1;
+  }
+  return n;
+}
+
+/* The longest label and target token as JSON strings (answer bounds). */
+static void answer_strings(cn_model *m) {
+  m->json_label_max = cn__json_string_bound(""); /* tag_names' fallback */
+  for (int i = 0; i < m->n_labels; i++)
+    if (m->labels[i] != NULL &&
+        cn__json_string_bound(m->labels[i]) > m->json_label_max)
+      m->json_label_max = cn__json_string_bound(m->labels[i]);
+  m->json_token_max = cn__json_string_bound("<unk>");
+  int nt = m->tgt_vocab != NULL ? cn_vocab_size(m->tgt_vocab) : 0;
+  for (int i = 0; i < nt; i++) {
+    const char *t = cn_vocab_token(m->tgt_vocab, i);
+    if (t != NULL && cn__json_string_bound(t) > m->json_token_max)
+      m->json_token_max = cn__json_string_bound(t);
+  }
+}
+
 int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   int rc = CN_E_NOMEM;
   char *file = NULL, *wfile = NULL, *text = NULL;
@@ -396,6 +426,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
                   : bind_tensors(m, wfile, err)) != 0)
     goto out;
   if ((rc = compile_cells(m, err)) != 0) goto out;
+  answer_strings(m);
   rc = 0;
 out:
   free(text);

@@ -73,11 +73,21 @@ struct cn_family {
   int (*finish)(cn_run *r, cn_err *err);
   /* Writes the per-instance output object (API.md). */
   json_t *(*output)(const cn_run *r, int slot);
+  /* An upper bound on the bytes of output()'s JSON for this instance,
+   * flags and max_decode_len (cn_model_answer_bound); it mirrors output()
+   * field by field, so the two change together. */
+  int64_t (*answer_bound)(const cn_model *m, const cn_instance *in,
+                          unsigned flags, int max_decode_len);
   /* The vertex function of a type as op IR (core/cell/cell.h), for the naive
    * and pq layouts; returns 0, or 1 when the type has only its
    * hand-written exec(). NULL: no type is described. */
   int (*cell)(const cn_model *m, int type, struct cn_ir *g);
 };
+
+/* model.c: the most bytes string s prints as in JSON: quotes, and each
+ * byte jansson escapes at its escaped length ("\\n": 2, "\\u001f": 6;
+ * '/' counted as escaped too); other bytes, UTF-8 included, as they are. */
+int64_t cn__json_string_bound(const char *s);
 
 /* registry.c: the family of a model.json "family" name (NULL: none), and
  * the registered families by index. */
@@ -111,6 +121,10 @@ struct cn_model {
   char **type_b_labels;   /* treelstm-2type */
   int n_type_b_labels;
   int max_decode_len;     /* lstm-nmt */
+  /* the longest label (labels) and target token (tgt_vocab, "<unk>"
+   * included) as JSON strings, quotes and escapes counted: for
+   * cn_model_answer_bound */
+  int64_t json_label_max, json_token_max;
   cn_lexicon *lexicon;    /* latticelstm: loaded from lexicon_path      */
   char *lexicon_path;     /* latticelstm: model.json "lexicon", joined to dir;
                              NULL when absent */
