@@ -310,20 +310,21 @@ static int load(const cn_model *m, cn_fsm_encoding enc, const char *path,
     *status = CN_CACHE_MISS;
     return cn_err_set(err, CN_E_IO, "no policy file %s", path);
   }
-  /* read as a model's files are (base/file.c): a FIFO there would block
-   * start-up for ever, /dev/zero would read for ever */
-  char *text = NULL;
-  size_t len = 0;
-  int rrc = cn__read_regular(path, MAX_POLICY_BYTES, 0, &text, &len, err);
-  if (rrc != 0) {
-    if (rrc == CN_E_NOMEM) return rrc;
+  /* opened as a model's files are (base/file.c): a FIFO there blocked
+   * start-up for ever, /dev/zero would read for ever; then parsed from the
+   * descriptor, so junk stops the parse at its first bad byte rather than
+   * being read whole first */
+  int fd;
+  uint64_t size;
+  int orc = cn__open_regular(path, MAX_POLICY_BYTES, &fd, &size, err);
+  if (orc != 0) {
     *status = CN_CACHE_CORRUPT;
     char why[sizeof(err->msg)];
     snprintf(why, sizeof(why), "%s", err->msg);
     return cn_err_set(err, CN_E_BAD_MODEL, "policy file: %s", why);
   }
-  json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-  free(text);
+  json_t *j = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+  close(fd);
   if (j == NULL) {
     *status = CN_CACHE_CORRUPT;
     return cn_err_set(err, CN_E_BAD_MODEL, "policy file %s: line %d: %s",
