@@ -123,6 +123,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   cn_config_defaults(&o->cfg);
   cn_err err;
   cn_err_clear(&err);
+  cn_config_flags seen; /* a limit given twice is refused, as by serve */
+  memset(&seen, 0, sizeof(seen));
   if (cn_config_from_env(&o->cfg, &err) != 0) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     return -1;
@@ -192,7 +194,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       o->threads = x;
     } else if (strncmp(a, "--", 2) == 0 && i + 1 < argc &&
                cn_config_find(a + 2) != NULL) {
-      if (cn_config_set(&o->cfg, a + 2, argv[++i], &err) != 0) {
+      if (cn_config_set_flag(&o->cfg, &seen, a + 2, argv[++i], &err) != 0) {
         fprintf(stderr, "canopy run: %s\n", err.msg);
         return -1;
       }

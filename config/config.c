@@ -199,6 +199,7 @@ const char *cn_config_removed(const char *name) {
 }
 
 #define N_KEYS (sizeof(keys) / sizeof(keys[0]))
+_Static_assert(N_KEYS <= CN_CONFIG_MAX_KEYS, "raise CN_CONFIG_MAX_KEYS");
 
 const cn_config_key *cn_config_keys(int *n) {
   *n = (int)N_KEYS;
@@ -211,9 +212,8 @@ const cn_config_key *cn_config_find(const char *name) {
   return NULL;
 }
 
-/* Is value one of the '|'-separated choices? */
-static bool in_choices(const char *choices, const char *value) {
-  size_t n = strlen(value);
+/* Is value[0, n) one of the '|'-separated choices? */
+static bool in_choices(const char *choices, const char *value, size_t n) {
   for (const char *p = choices; *p;) {
     const char *bar = strchr(p, '|');
     size_t len = bar ? (size_t)(bar - p) : strlen(p);
@@ -224,15 +224,37 @@ static bool in_choices(const char *choices, const char *value) {
   return false;
 }
 
+/* A number, true/false or one of a key's choices has no spaces, so the
+ * spaces around one are dropped, at both ends and from every source (a
+ * file's line, CANOPY_WORKERS=' 3 ', --workers ' 3'); strtoll alone took
+ * them in front and refused them behind. Free text (a path, a host, a
+ * token) is taken as given. */
+static void trim(const char *value, const char **s, size_t *n) {
+  const char *a = value, *e = value + strlen(value);
+  while (a < e && isspace((unsigned char)*a)) a++;
+  while (e > a && isspace((unsigned char)e[-1])) e--;
+  *s = a;
+  *n = (size_t)(e - a);
+}
+
 static int set_key(cn_config *c, const cn_config_key *k, const char *value,
                    const char *source, cn_err *err) {
   char *p = (char *)c + k->offset;
+  const char *t;
+  size_t tn;
+  char num[64];
+  trim(value, &t, &tn);
   switch (k->type) {
     case CN_CFG_INT: {
-      char *end;
+      char *end = num;
       errno = 0;
-      long long v = strtoll(value, &end, 10);
-      if (errno != 0 || end == value || *end != '\0')
+      long long v = 0;
+      if (tn > 0 && tn < sizeof(num)) {
+        memcpy(num, t, tn);
+        num[tn] = '\0';
+        v = strtoll(num, &end, 10);
+      }
+      if (errno != 0 || end == num || *end != '\0')
         return cn_err_set(err, CN_E_BAD_CONFIG,
                           "%s %s: '%s' is not an integer", source, k->name,
                           value);
@@ -244,11 +266,9 @@ static int set_key(cn_config *c, const cn_config_key *k, const char *value,
       return 0;
     }
     case CN_CFG_BOOL:
-      if (strcmp(value, "true") == 0 || strcmp(value, "1") == 0 ||
-          strcmp(value, "yes") == 0)
+      if (in_choices("true|1|yes", t, tn))
         *(bool *)p = true;
-      else if (strcmp(value, "false") == 0 || strcmp(value, "0") == 0 ||
-               strcmp(value, "no") == 0)
+      else if (in_choices("false|0|no", t, tn))
         *(bool *)p = false;
       else
         return cn_err_set(err, CN_E_BAD_CONFIG,
@@ -256,15 +276,17 @@ static int set_key(cn_config *c, const cn_config_key *k, const char *value,
                           value);
       return 0;
     case CN_CFG_STRING:
-      if (strlen(value) >= k->size)
+      if (k->choices == NULL) t = value, tn = strlen(value);
+      if (tn >= k->size)
         return cn_err_set(err, CN_E_BAD_CONFIG,
                           "%s %s: value longer than %zu bytes", source,
                           k->name, k->size - 1);
-      if (k->choices != NULL && !in_choices(k->choices, value))
+      if (k->choices != NULL && !in_choices(k->choices, t, tn))
         return cn_err_set(err, CN_E_BAD_CONFIG,
                           "%s %s: '%s' is not one of %s", source, k->name,
                           value, k->choices);
-      strcpy(p, value);
+      memcpy(p, t, tn);
+      p[tn] = '\0';
       return 0;
   }
   return CN_E_INTERNAL;
@@ -287,6 +309,20 @@ int cn_config_set(cn_config *c, const char *name, const char *value,
     return cn_err_set(err, CN_E_BAD_CONFIG, "unknown configuration key '%s'",
                       name);
   return set_key(c, k, value, "option", err);
+}
+
+int cn_config_set_flag(cn_config *c, cn_config_flags *seen, const char *name,
+                       const char *value, cn_err *err) {
+  const cn_config_key *k = cn_config_find(name);
+  if (k != NULL) {
+    size_t ki = (size_t)(k - keys);
+    /* as a key set twice in a file: the first would be silently lost */
+    if (seen->set[ki])
+      return cn_err_set(err, CN_E_BAD_CONFIG, "option --%s is given twice "
+                        "(set each key once)", name);
+    seen->set[ki] = 1;
+  }
+  return cn_config_set(c, name, value, err);
 }
 
 /* Levenshtein distance of a and b, capped: at most 3 is reported. */
@@ -323,8 +359,21 @@ static int env_typos(cn_err *err) {
     for (const char *s = *e + 7; *s && *s != '=' && n + 1 < sizeof(name); s++)
       name[n++] = *s == '_' ? '-' : (char)tolower((unsigned char)*s);
     name[n] = '\0';
-    if (cn_config_find(name) != NULL) continue;
     int len = (int)strcspn(*e, "=");
+    const cn_config_key *k = cn_config_find(name);
+    if (k != NULL) {
+      /* CANOPY_Workers names workers but is not CANOPY_WORKERS, which is
+       * the only one read: refused rather than silently ignored */
+      char var[96] = "CANOPY_";
+      size_t j = strlen(var);
+      for (const char *s = k->name; *s && j + 1 < sizeof(var); s++)
+        var[j++] = *s == '-' ? '_' : (char)toupper((unsigned char)*s);
+      var[j] = '\0';
+      if ((size_t)len == j && strncmp(*e, var, j) == 0) continue;
+      return cn_err_set(err, CN_E_BAD_CONFIG, "environment %.*s: no such "
+                        "configuration key; did you mean %s (key %s)? "
+                        "Variables are upper case", len, *e, var, k->name);
+    }
     if (cn_config_removed(name) != NULL)
       return cn_err_set(err, CN_E_BAD_CONFIG, "environment %.*s: "
                         "configuration key '%s' was removed: %s", len, *e,
@@ -392,6 +441,9 @@ int cn_config_load_file(cn_config *c, const char *path, cn_err *err) {
                       path, lineno);
       goto out;
     }
+    /* a UTF-8 byte order mark (Windows editors write one) is no part of
+     * the first key */
+    if (lineno == 1 && strncmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3;
     char *hash = strchr(s, '#');
     if (hash != NULL) *hash = '\0';
     while (isspace((unsigned char)*s)) s++;

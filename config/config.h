@@ -82,6 +82,15 @@ void cn_config_defaults(cn_config *c);
 /* Sets one key from text; errors name the key, the value and the bounds. */
 int cn_config_set(cn_config *c, const char *name, const char *value,
                   cn_err *err);
+/* Flags: as cn_config_set, but a key given as a flag before through the
+ * same seen (zeroed by the caller) is refused, as a key set twice in a
+ * config file is. */
+#define CN_CONFIG_MAX_KEYS 128
+typedef struct cn_config_flags {
+  unsigned char set[CN_CONFIG_MAX_KEYS];
+} cn_config_flags;
+int cn_config_set_flag(cn_config *c, cn_config_flags *seen, const char *name,
+                       const char *value, cn_err *err);
 /* Applies every CANOPY_<KEY> variable present in the environment. */
 int cn_config_from_env(cn_config *c, cn_err *err);
 /* Reads a config file of `key value` lines; '#' starts a comment. Errors

@@ -56,6 +56,9 @@ static int parse_config(int argc, char **argv, cn_config *c) {
   cn_err_clear(&err);
   cn_config_defaults(c);
   const char *file = getenv("CANOPY_CONFIG");
+  cn_config_flags seen;
+  memset(&seen, 0, sizeof(seen));
+  int config_flags = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       serve_usage(stdout);
@@ -68,6 +71,11 @@ static int parse_config(int argc, char **argv, cn_config *c) {
     const char *v;
     int m = cn__flag_value(argc, argv, &i, "--config", &v);
     if (m < 0) return -1;
+    if (m > 0 && ++config_flags > 1) {
+      fprintf(stderr, "canopy serve: option --config is given twice (set "
+              "each key once)\n");
+      return -1;
+    }
     if (m > 0) file = v;
   }
   if (file != NULL && file[0] != '\0') {
@@ -101,7 +109,7 @@ static int parse_config(int argc, char **argv, cn_config *c) {
     snprintf(flag, sizeof(flag), "--%s", name);
     if (cn__flag_value(argc, argv, &i, flag, &v) < 0) return -1;
     if (strcmp(name, "config") == 0) continue;
-    if (cn_config_set(c, name, v, &err) != 0) goto bad;
+    if (cn_config_set_flag(c, &seen, name, v, &err) != 0) goto bad;
   }
   if (c->serve.max_body_memory < c->serve.max_body_bytes) {
     cn_err_set(&err, CN_E_BAD_CONFIG, "max-body-memory (%d) is less than "

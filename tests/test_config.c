@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -176,5 +177,142 @@ Test(config, duplicate_key_names_both_lines) {
   cr_expect(strstr(err.msg, ":4: key 'workers' is set again") != NULL &&
                 strstr(err.msg, "line 1") != NULL,
             "%s", err.msg);
+  remove(path);
+}
+
+/* Spaces around a number, true/false or a choice are dropped at both
+ * ends, from every source alike (probe 3: CANOPY_WORKERS=' 3' was taken
+ * and '3 ' refused, as strtoll skips only leading spaces). */
+Test(config, spaces_around_values_trimmed_alike) {
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  const char *vals[] = {" 3", "3 ", " 3\t", "3"};
+  for (int i = 0; i < 4; i++) {
+    c.serve.workers = 1;
+    setenv("CANOPY_WORKERS", vals[i], 1);
+    cr_expect_eq(cn_config_from_env(&c, &err), 0, "'%s': %s", vals[i],
+                 err.msg);
+    cr_expect_eq(c.serve.workers, 3, "env '%s'", vals[i]);
+    c.serve.workers = 1;
+    cr_expect_eq(cn_config_set(&c, "workers", vals[i], &err), 0, "'%s': %s",
+                 vals[i], err.msg);
+    cr_expect_eq(c.serve.workers, 3, "flag '%s'", vals[i]);
+  }
+  unsetenv("CANOPY_WORKERS");
+  cr_expect_eq(cn_config_set(&c, "reuse-port", " true ", &err), 0, "%s",
+               err.msg);
+  cr_expect(c.serve.reuse_port);
+  cr_expect_eq(cn_config_set(&c, "policy", "fsm ", &err), 0, "%s", err.msg);
+  cr_expect_str_eq(c.serve.policy, "fsm");
+  /* what is not a number stays refused, spaces inside included */
+  cr_expect_neq(cn_config_set(&c, "workers", "3 4", &err), 0);
+  cr_expect_neq(cn_config_set(&c, "workers", "  ", &err), 0);
+  cr_expect_neq(cn_config_set(&c, "workers", "3x", &err), 0);
+  /* the file: a quoted value with spaces reads as the flag does */
+  char path[] = "/tmp/canopy-conf-XXXXXX";
+  int fd = mkstemp(path);
+  FILE *f = fdopen(fd, "w");
+  fprintf(f, "workers \" 5 \"\nport \"9001 \"\n");
+  fclose(f);
+  cr_expect_eq(cn_config_load_file(&c, path, &err), 0, "%s", err.msg);
+  cr_expect_eq(c.serve.workers, 5);
+  cr_expect_eq(c.serve.port, 9001);
+  remove(path);
+}
+
+/* CANOPY_Workers names a key but is not the variable read (CANOPY_WORKERS):
+ * it was silently ignored while an unknown CANOPY_ name is refused. */
+Test(config, environment_case_variant_is_an_error) {
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  const char *vars[] = {"CANOPY_Workers", "CANOPY_workers",
+                        "CANOPY_MAX_DELAY_us"};
+  const char *want[] = {"did you mean CANOPY_WORKERS",
+                        "did you mean CANOPY_WORKERS",
+                        "did you mean CANOPY_MAX_DELAY_US"};
+  for (int i = 0; i < 3; i++) {
+    setenv(vars[i], "3", 1);
+    cr_expect_eq(cn_config_from_env(&c, &err), CN_E_BAD_CONFIG, "%s",
+                 vars[i]);
+    cr_expect(strstr(err.msg, vars[i]) != NULL &&
+                  strstr(err.msg, want[i]) != NULL,
+              "%s: %s", vars[i], err.msg);
+    unsetenv(vars[i]);
+  }
+  setenv("CANOPY_WORKERS", "3", 1);
+  cr_expect_eq(cn_config_from_env(&c, &err), 0, "%s", err.msg);
+  unsetenv("CANOPY_WORKERS");
+}
+
+/* Runs a command; returns its exit status and what it wrote (both
+ * streams) in out. */
+static int run_cmd(const char *cmd, char *out, size_t cap) {
+  FILE *p = popen(cmd, "r");
+  cr_assert_not_null(p, "%s", cmd);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A flag given twice took the last value silently, while a key set twice
+ * in a file is refused: the flag is refused too, in both commands that
+ * take keys as flags. */
+Test(config, flag_given_twice_is_an_error) {
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  cn_config_flags seen;
+  memset(&seen, 0, sizeof(seen));
+  cr_expect_eq(cn_config_set_flag(&c, &seen, "workers", "3", &err), 0);
+  cr_expect_eq(cn_config_set_flag(&c, &seen, "port", "9000", &err), 0);
+  cr_expect_eq(cn_config_set_flag(&c, &seen, "workers", "4", &err),
+               CN_E_BAD_CONFIG);
+  cr_expect(strstr(err.msg, "--workers is given twice") != NULL, "%s",
+            err.msg);
+  cr_expect_eq(c.serve.workers, 3);
+  const char *bin = getenv("CANOPY_BIN");
+  cr_assert_not_null(bin);
+  static const char *const cmds[] = {
+      "serve --models-dir /nonexistent --port 0 --workers 3 --workers 4",
+      "serve --models-dir /nonexistent --port 0 --workers=3 --workers 4",
+      "serve --models-dir /nonexistent --config /dev/null --config /dev/null",
+      "run --model /nonexistent --input /dev/null --max-nodes 3 "
+      "--max-nodes 4",
+  };
+  for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+    char cmd[512], out[4096];
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", bin, cmds[i]);
+    cr_expect_neq(run_cmd(cmd, out, sizeof(out)), 0, "%s", cmds[i]);
+    cr_expect(strstr(out, "is given twice") != NULL, "%s: %s", cmds[i], out);
+  }
+}
+
+/* A file that a Windows editor saved starts with a UTF-8 byte order mark,
+ * which was read as part of the first key ('\ufeffworkers'). */
+Test(config, byte_order_mark_is_skipped) {
+  char path[] = "/tmp/canopy-conf-XXXXXX";
+  int fd = mkstemp(path);
+  FILE *f = fdopen(fd, "w");
+  fprintf(f, "\xEF\xBB\xBFworkers 3\nport 9002\n");
+  fclose(f);
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_eq(cn_config_load_file(&c, path, &err), 0, "%s", err.msg);
+  cr_expect_eq(c.serve.workers, 3);
+  cr_expect_eq(c.serve.port, 9002);
+  /* only at the start: one on another line is still an unknown key */
+  f = fopen(path, "w");
+  fprintf(f, "workers 3\n\xEF\xBB\xBFport 9002\n");
+  fclose(f);
+  cr_expect_eq(cn_config_load_file(&c, path, &err), CN_E_BAD_CONFIG);
+  cr_expect(strstr(err.msg, ":2:") != NULL, "%s", err.msg);
   remove(path);
 }

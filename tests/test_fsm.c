@@ -5,6 +5,8 @@
  * corrupt and mismatched files, and `canopy run` retraining), and outputs
  * under --policy fsm against the unbatched path. */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,6 +459,34 @@ Test(fsm, cache_round_trip_corrupt_and_mismatched, .timeout = 60) {
   cr_expect_eq(cn_policy_cache_load(m, cache, CN_FSM_ENC_SORT, &q, &err),
                CN_CACHE_CORRUPT);
   cr_expect_null(q);
+  /* Not a regular file (probe 3): a FIFO blocked the open for ever, a
+   * directory or /dev/zero there is corrupt too, and nothing is read. */
+  const char *kinds[] = {"FIFO", "directory", "/dev/zero"};
+  for (int i = 0; i < 3; i++) {
+    unlink(path);
+    rmdir(path);
+    int made = i == 0   ? mkfifo(path, 0644)
+               : i == 1 ? mkdir(path, 0755)
+                        : symlink("/dev/zero", path);
+    cr_assert_eq(made, 0, "%s: %s", kinds[i], strerror(errno));
+    cn_err_clear(&err);
+    cr_expect_eq(cn_policy_cache_load(m, cache, CN_FSM_ENC_SORT, &q, &err),
+                 CN_CACHE_CORRUPT, "%s", kinds[i]);
+    cr_expect(strstr(err.msg, "not a regular file") != NULL, "%s: %s",
+              kinds[i], err.msg);
+    cr_expect_null(q);
+  }
+  rmdir(path);
+  /* A FIFO where the store writes its temporary file: replaced, not
+   * opened (that blocks until a reader comes). */
+  char tmp[700];
+  snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+  cr_assert_eq(mkfifo(tmp, 0644), 0);
+  cr_expect_eq(cn_policy_cache_store(m, cache, p, &err), 0, "%s", err.msg);
+  cr_expect_eq(cn_policy_cache_load(m, cache, CN_FSM_ENC_SORT, &q, &err),
+               CN_CACHE_HIT, "%s", err.msg);
+  cn_fsm_free(q);
+  q = NULL;
   free(good);
   free(bad);
   json_decref(insts);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "families/families.h"
@@ -597,5 +598,45 @@ Test(model, loaded_weights_are_immune_to_the_file) {
   cr_expect_str_eq(json_string_value(json_object_get(d, "weights_sha256")),
                    want);
   json_decref(d);
+  cn_model_free(m);
+}
+
+/* `model init --lexicon` reads the lexicon as the loader does: a FIFO
+ * blocked the init for ever and /dev/zero grew a line for ever; both are
+ * refused naming the file. A regular lexicon with CRLF lines still gives
+ * its words (two characters or more) to the vocabulary. */
+Test(model, init_lexicon_must_be_a_regular_file) {
+  char lex[128], fifo[128], mdir[128];
+  snprintf(lex, sizeof(lex), "%s/lex.txt", dir);
+  snprintf(fifo, sizeof(fifo), "%s/lex.fifo", dir);
+  FILE *f = fopen(lex, "w");
+  cr_assert_not_null(f);
+  fputs("zyxwv\r\nq\nuvwxyz", f); /* no newline at the end */
+  fclose(f);
+  cr_assert_eq(mkfifo(fifo, 0644), 0);
+  const char *bad[] = {fifo, "/dev/zero"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(mdir, sizeof(mdir), "%s/bad%d", dir, i);
+    cn_model_init_opts o = {.family = "latticelstm", .dir = mdir,
+                            .hidden = 8, .seed = 7, .lexicon = bad[i],
+                            .vocab_from = data_file("lattices.jsonl")};
+    cn_err e;
+    cn_err_clear(&e);
+    cr_expect_neq(cn_model_init(&o, &e), 0, "%s", bad[i]);
+    cr_expect(strstr(e.msg, bad[i]) != NULL &&
+                  strstr(e.msg, "not a regular file") != NULL,
+              "%s: %s", bad[i], e.msg);
+  }
+  snprintf(mdir, sizeof(mdir), "%s/good", dir);
+  cn_model_init_opts o = {.family = "latticelstm", .dir = mdir, .hidden = 8,
+                          .seed = 7, .lexicon = lex,
+                          .vocab_from = data_file("lattices.jsonl")};
+  cn_err e;
+  cn_err_clear(&e);
+  cr_assert_eq(cn_model_init(&o, &e), 0, "%s", e.msg);
+  cn_model *m = NULL;
+  cr_assert_eq(cn_model_load(mdir, &m, &e), 0, "%s", e.msg);
+  cr_expect_gt(cn_vocab_lookup(m->word_vocab, "zyxwv", 5, false), 0);
+  cr_expect_gt(cn_vocab_lookup(m->word_vocab, "uvwxyz", 6, false), 0);
   cn_model_free(m);
 }

@@ -31,6 +31,7 @@ static int parse(const char *js, cn_err *err, cn_instance **out) {
   lim.max_seq_len = 50;
   lim.max_spans = 6;
   lim.max_token_len = 12;
+  lim.max_children = 3;
   cn_instance *in = NULL;
   int rc = cn_instance_parse(M, j, &lim, 3, &in, err);
   json_decref(j);
@@ -61,12 +62,23 @@ Test(seq, sequence_errors, .fini = unload) {
              "both \"tokens\" and \"text\"");
   expect_err("{\"tokens\": [\"a\"], \"nodes\": []}", CN_E_BAD_INSTANCE, -2,
              "instance has \"nodes\"");
+  /* every input limit names its key as the operator sets it, and its
+   * value (probe 3: "\"tokens\" has 6 items" named neither) */
   expect_err("{\"tokens\": [\"abcdefghijklmnop\"]}", CN_E_TOO_LARGE, 0,
-             "over the limit");
+             "\"tokens\"[0] is 16 bytes, over the limit of 12 (max-token-len)");
+  expect_err("{\"text\": \"a abcdefghijklm\"}", CN_E_TOO_LARGE, 1,
+             "token 1 of \"text\" is 13 bytes, over the limit of 12 "
+             "(max-token-len)");
   char big[600] = "{\"text\": \"";
   for (int i = 0; i < 51; i++) strcat(big, "a ");
   strcat(big, "\"}");
-  expect_err(big, CN_E_TOO_LARGE, -2, "limit");
+  expect_err(big, CN_E_TOO_LARGE, -2,
+             "\"text\" has more tokens than the limit of 50 (max-seq-len)");
+  char many[600] = "{\"tokens\": [\"a\"";
+  for (int i = 0; i < 50; i++) strcat(many, ", \"a\"");
+  strcat(many, "]}");
+  expect_err(many, CN_E_TOO_LARGE, -2,
+             "\"tokens\" has 51 items, over the limit of 50 (max-seq-len)");
   expect_err("[1]", CN_E_BAD_INSTANCE, -2, "object");
 }
 
@@ -111,7 +123,13 @@ Test(seq, lattice_errors, .fini = unload) {
              "{\"start\": 0, \"end\": 3},{\"start\": 0, \"end\": 4},"
              "{\"start\": 0, \"end\": 5},{\"start\": 0, \"end\": 6},"
              "{\"start\": 0, \"end\": 7},{\"start\": 0, \"end\": 8}]}",
-             CN_E_TOO_LARGE, -2, "limit");
+             CN_E_TOO_LARGE, -2,
+             "\"words\" has 7 spans, over the limit of 6 (max-spans)");
+  char chars[600] = "{\"chars\": [\"a\"";
+  for (int i = 0; i < 50; i++) strcat(chars, ", \"a\"");
+  strcat(chars, "]}");
+  expect_err(chars, CN_E_TOO_LARGE, -2,
+             "\"chars\" has 51 items, over the limit of 50 (max-seq-len)");
   expect_err("{\"chars\": [\"c\", \"\"]}", CN_E_BAD_LATTICE, 1, NULL);
   /* text is code points: "né" is two characters */
   cn_err err;
@@ -137,6 +155,32 @@ Test(seq, dag_errors, .fini = unload) {
   expect_err("{\"nodes\": [{\"prev\": []}]}", CN_E_BAD_LATTICE, 0, "token");
   expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": [\"0\"]}]}",
              CN_E_BAD_LATTICE, 0, NULL);
+  expect_err("{\"nodes\": [{\"token\": \"abcdefghijklm\", \"prev\": []}]}",
+             CN_E_TOO_LARGE, -2, "over the limit of 12 (max-token-len)");
+  char big[2000] = "{\"nodes\": [{\"token\": \"a\", \"prev\": []}";
+  for (int i = 1; i <= 50; i++)
+    snprintf(big + strlen(big), sizeof(big) - strlen(big),
+             ", {\"token\": \"a\", \"prev\": [%d]}", i - 1);
+  strcat(big, "]}");
+  expect_err(big, CN_E_TOO_LARGE, -2,
+             "the DAG has 51 nodes, over the limit of 50 (max-seq-len)");
+  /* 7 edges: node k (k = 1..4) from every node before it would be 10 */
+  expect_err("{\"nodes\": [{\"token\": \"a\", \"prev\": []}, "
+             "{\"token\": \"a\", \"prev\": [0]}, "
+             "{\"token\": \"a\", \"prev\": [0, 1]}, "
+             "{\"token\": \"a\", \"prev\": [0, 1, 2]}, "
+             "{\"token\": \"a\", \"prev\": [3]}]}",
+             CN_E_TOO_LARGE, -2,
+             "7 predecessor edges, over the limit of 6 (max-spans)");
+}
+
+Test(seq, childsum_children_limit, .fini = unload) {
+  load("childsum-treelstm", "trees-nary.jsonl", 8);
+  expect_err("{\"tree\": \"(A a b c d)\"}", CN_E_TOO_LARGE, 0,
+             "node 0 has 4 children, over the limit of 3 (max-children)");
+  cn_err err;
+  cr_expect_eq(parse("{\"tree\": \"(A a b c)\"}", &err, NULL), 0, "%s",
+               err.msg);
 }
 
 static int32_t got[600][2], ng;

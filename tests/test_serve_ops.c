@@ -605,11 +605,11 @@ Test(serve_ops, input_checks_say_what_they_do, .fini = teardown,
     int status;
     const char *code, *says;
   } cases[] = {
-      {"{\"tree\": \"(1 (2 (3 (4 a))))\"}", 413, "too_large", "max_depth"},
+      {"{\"tree\": \"(1 (2 (3 (4 a))))\"}", 413, "too_large", "limit of 3 levels (max-depth)"},
       {"{\"tree\": \"(1 (2 (2 a) (2 b)) (3 (4 b) (5 c)))\"}", 413,
-       "too_large", "max_nodes"},
+       "too_large", "limit of 6 (max-nodes)"},
       {"{\"tree\": \"(1 (2 abcdefgh) (3 b))\"}", 413, "too_large",
-       "max_token_len"},
+       "limit of 4 (max-token-len)"},
       {"{\"tree\": \"(2 a)\", \"timeout_ms\": 0}", 400, "bad_instance",
        "[1, 3600000] (ms); without it the daemon's timeout-ms applies"},
       {"{\"tree\": \"(2 a)\", \"max_decode_len\": 1000000000}", 400,

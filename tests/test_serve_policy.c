@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "serve_harness.h"
@@ -192,4 +193,44 @@ Test(serve_policy, other_kinds, .fini = teardown) {
            "policy",
            th_bin(), d.dir);
   cr_expect_eq(system(cmd), 0, "a bad policy must name the key");
+}
+
+/* A FIFO at the model's policy file (probe 3): start-up blocked for ever
+ * opening it, with nothing logged. It is now refused as /dev/zero or a
+ * directory there is: the policy-not-cached warning, agenda, ready. */
+Test(serve_policy, fifo_policy_file_does_not_block_startup,
+     .fini = teardown, .timeout = 60) {
+  static const char *const fams[] = {"treelstm", NULL};
+  th_models(&d, fams);
+  char cache[400];
+  snprintf(cache, sizeof(cache), "%s/policy-cache", d.dir);
+  const char *const flags[] = {"--policy", "fsm", "--policy-cache", cache,
+                               "--retrain-interval-s", "0", NULL};
+  th_start(&d, flags); /* an empty cache: the warning names the file */
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  char *at = strstr(log, "msg=policy-not-cached");
+  cr_assert_not_null(at, "%s", log);
+  at = strstr(at, "file=\"");
+  cr_assert_not_null(at, "%s", log);
+  char file[600];
+  size_t n = strcspn(at + 6, "\"");
+  cr_assert_lt(n, sizeof(file));
+  memcpy(file, at + 6, n);
+  file[n] = '\0';
+  free(log);
+  cr_expect_eq(th_stop(&d), 0);
+  mkdir(cache, 0755);
+  cr_assert_eq(mkfifo(file, 0644), 0, "%s", file);
+  th_start(&d, flags); /* asserts it comes up */
+  json_t *p = policy();
+  cr_expect_str_eq(source(p), "agenda-fallback");
+  json_decref(p);
+  log = th_read_file(d.log);
+  cr_expect(log && strstr(log, "msg=policy-not-cached") &&
+                strstr(log, "not a regular file (a FIFO)"),
+            "%s", log);
+  free(log);
+  cr_expect_eq(th_stop(&d), 0);
+  unlink(file);
 }

@@ -256,19 +256,19 @@ Test(json, limits) {
   json_ok(s, &l, &t);
   cn_tree_free(&t);
   l.max_nodes = 4;
-  json_err(s, &l, CN_E_TOO_LARGE, 4, "max_nodes");
+  json_err(s, &l, CN_E_TOO_LARGE, 4, "limit of 4 (max-nodes)");
   l = lim_default();
   l.max_depth = 3;
   json_ok(s, &l, &t);
   cn_tree_free(&t);
   l.max_depth = 2;
-  json_err(s, &l, CN_E_TOO_LARGE, 3, "max_depth");
+  json_err(s, &l, CN_E_TOO_LARGE, 3, "limit of 2 levels (max-depth)");
   l = lim_default();
   l.max_token_len = 2;
   json_ok(s, &l, &t);
   cn_tree_free(&t);
   l.max_token_len = 1;
-  json_err(s, &l, CN_E_TOO_LARGE, 4, "max_token_len");
+  json_err(s, &l, CN_E_TOO_LARGE, 4, "limit of 1 (max-token-len)");
   json_err("{\"label\": \"NP\", \"children\": [{\"word\": \"a\"}]}", &l,
            CN_E_TOO_LARGE, 0, "'label'");
 }

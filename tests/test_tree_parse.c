@@ -269,7 +269,7 @@ Test(bracketed_limits, max_nodes) {
   l.max_nodes = 4;
   expect_err(s, strlen(s), &l, CN_E_TOO_LARGE, 20);
   cn_tree_parse_bracketed(s, strlen(s), &l, &t, &e);
-  cr_assert(strstr(e.msg, "max_nodes") != NULL, "%s", e.msg);
+  cr_assert(strstr(e.msg, "limit of 4 (max-nodes)") != NULL, "%s", e.msg);
   cr_assert_eq(e.node, 4);
   /* bare words count: (X a b) is 3 nodes */
   l.max_nodes = 2;
@@ -312,7 +312,7 @@ Test(bracketed_limits, max_depth) {
   l.max_depth = 2;
   expect_err(s, strlen(s), &l, CN_E_TOO_LARGE, 13);
   cn_tree_parse_bracketed(s, strlen(s), &l, &t, &e);
-  cr_assert(strstr(e.msg, "max_depth") != NULL, "%s", e.msg);
+  cr_assert(strstr(e.msg, "limit of 2 levels (max-depth)") != NULL, "%s", e.msg);
   /* a bare word sits one level below its bracket */
   l.max_depth = 1;
   cr_assert_eq(cn_tree_parse_bracketed("(X w)", 5, &l, &t, &e), 0);
@@ -331,7 +331,7 @@ Test(bracketed_limits, max_token_len) {
   expect_err("(NN film)", 9, &l, CN_E_TOO_LARGE, 4);
   expect_err("(LABEL w)", 9, &l, CN_E_TOO_LARGE, 1);
   cn_tree_parse_bracketed("(NN film)", 9, &l, &t, &e);
-  cr_assert(strstr(e.msg, "max_token_len") != NULL, "%s", e.msg);
+  cr_assert(strstr(e.msg, "limit of 3 (max-token-len)") != NULL, "%s", e.msg);
 }
 
 static char *deep_string(size_t depth, int closed, size_t *len) {

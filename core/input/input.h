@@ -75,6 +75,8 @@ int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
 /* ---- lexicon (lexicon.c) --------------------------------------------------
  * A byte trie of the lexicon's words, built once per model at load. */
 typedef struct cn_lexicon cn_lexicon;
+/* The lexicon is read whole into a trie; a bigger file is a mistake. */
+#define CN__MAX_LEXICON_BYTES (1ull << 30)
 int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err);
 int cn_lexicon_from_list(const char *const *words, int n, cn_lexicon **out);
 void cn_lexicon_free(cn_lexicon *lx);

@@ -18,8 +18,6 @@
 
 #include "input/input.h"
 
-/* The lexicon is read whole into a trie; a bigger file is a mistake. */
-#define MAX_LEXICON_BYTES (1ull << 30)
 
 typedef struct trie_node {
   int32_t first_child, next;
@@ -99,7 +97,7 @@ int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err) {
   int fd;
   uint64_t size;
   cn_lexicon *lx = NULL;
-  rc = cn__open_regular(path, MAX_LEXICON_BYTES, &fd, &size, err);
+  rc = cn__open_regular(path, CN__MAX_LEXICON_BYTES, &fd, &size, err);
   if (rc != 0) return rc;
   FILE *f = fdopen(fd, "r");
   if (f == NULL) {

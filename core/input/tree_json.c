@@ -81,7 +81,7 @@ static int js_string_member(js_ctx *c, const json_t *obj, const char *key,
   if (json_string_length(v) > (size_t)c->lim.max_token_len) {
     rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, -1, idx,
                    "node %d (%s): '%s' is %zu bytes long, over the limit of "
-                   "%d (max_token_len)",
+                   "%d (max-token-len)",
                    (int)idx, (js_path(c, path, sizeof(path)), path), key,
                    json_string_length(v),
                    (int)c->lim.max_token_len);
@@ -107,8 +107,8 @@ static int js_visit(js_ctx *c, const json_t *v, int32_t parent,
   c->t->nodes[idx].offset = -1;
   if (depth > c->lim.max_depth) {
     rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, -1, idx,
-                   "node %d (%s) is at depth %d: the tree is deeper than %d "
-                   "levels (limit max_depth)",
+                   "node %d (%s) is at depth %d: the tree is deeper than the "
+                   "limit of %d levels (max-depth)",
                    (int)idx, JS_PATH(), (int)depth, (int)c->lim.max_depth);
     goto out;
   }

@@ -84,13 +84,14 @@ int cn__tree_add_node(cn_tree *t, int32_t *cap, const cn__tree_limits *lim,
   if (t->n_nodes >= lim->max_nodes) {
     if (where >= 0)
       rc = cn__tree_fail(err, CN_E_TOO_LARGE, where, t->n_nodes,
-                     "the tree has more than %d nodes (limit max_nodes); "
-                     "node %d starts at byte %lld",
-                     (int)lim->max_nodes, (int)t->n_nodes, (long long)where);
+                     "the tree has more nodes than the limit of %d "
+                     "(max-nodes); node %d starts at byte %lld",
+                     (int)lim->max_nodes, (int)t->n_nodes,
+                     (long long)where);
     else
       rc = cn__tree_fail(err, CN_E_TOO_LARGE, -1, t->n_nodes,
-                     "the tree has more than %d nodes (limit max_nodes); "
-                     "node %d is one too many",
+                     "the tree has more nodes than the limit of %d "
+                     "(max-nodes); node %d is one too many",
                      (int)lim->max_nodes, (int)t->n_nodes);
     goto out;
   }
@@ -221,7 +222,8 @@ static int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
   int32_t depth = c->sp + 1;
   if (depth > c->lim.max_depth) {
     rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)off, c->t->n_nodes,
-                   "the tree is deeper than %d levels (limit max_depth): "
+                   "the tree is deeper than the limit of %d levels "
+                   "(max-depth): "
                    "the word at byte %zu is at depth %d",
                    (int)c->lim.max_depth, off, (int)depth);
     goto out;
@@ -270,7 +272,8 @@ static int br_open(br_ctx *c, size_t i) {
   int32_t depth = c->sp + 1;
   if (depth > c->lim.max_depth) {
     rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)i, c->t->n_nodes,
-                   "the tree is deeper than %d levels (limit max_depth): "
+                   "the tree is deeper than the limit of %d levels "
+                   "(max-depth): "
                    "the bracket at byte %zu is at depth %d",
                    (int)c->lim.max_depth, i, (int)depth);
     goto out;
@@ -441,7 +444,7 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
       if (i - start > (size_t)c.lim.max_token_len) {
         rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
                        "the word or label at byte %zu is %zu bytes long, "
-                       "over the limit of %d (max_token_len)",
+                       "over the limit of %d (max-token-len)",
                        start, i - start, (int)c.lim.max_token_len);
         goto out;
       }

@@ -41,8 +41,9 @@ static int tree_finish(const cn_model *m, const cn_limits *lim,
         err->node = i;
         err->offset = nd->offset;
         return cn_err_set(err, CN_E_TOO_LARGE,
-                          "node %d has %d children, over the limit of %d",
-                          i, nd->n_children, lim->max_children);
+                          "node %d has %d children, over the limit of %d "
+                          "(max-children)", i, nd->n_children,
+                          lim->max_children);
       }
       in->ids[i] = 0;
       if (m->cells != NULL) { /* docs/cells.md: leaf, internal, by label */

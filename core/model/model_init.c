@@ -323,58 +323,34 @@ out:
 }
 
 /* The lexicon's words (two characters or more) join the word vocabulary,
- * so spans the lexicon finds have embeddings of their own. */
+ * so spans the lexicon finds have embeddings of their own. The file is
+ * read as the loader reads it (base/file.c: regular, bounded): a FIFO or
+ * /dev/zero named by --lexicon would block or grow for ever. */
 static int lexicon_words(const char *path, toklist *word, cn_err *err) {
-  FILE *f = fopen(path, "r");
-  if (f == NULL)
-    return cn_err_set(err, CN_E_IO, "%s: cannot open the lexicon: %s", path,
-                      strerror(errno));
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t n;
-  int rc = 0;
-  while (rc == 0 && (n = getline(&line, &cap, f)) >= 0) {
-    while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
-    if (n >= 2) rc = tl_add(word, line, (size_t)n);
+  char *buf;
+  size_t len;
+  int rc = cn__read_regular(path, CN__MAX_LEXICON_BYTES, 0, &buf, &len, err);
+  if (rc != 0) return rc;
+  for (size_t i = 0; rc == 0 && i < len;) {
+    size_t n = 0;
+    while (i + n < len && buf[i + n] != '\n') n++;
+    size_t next = i + n + 1;
+    while (n > 0 && (buf[i + n - 1] == '\n' || buf[i + n - 1] == '\r')) n--;
+    if (n >= 2) rc = tl_add(word, buf + i, n);
+    i = next;
   }
-  free(line);
-  fclose(f);
+  free(buf);
   return rc != 0 ? cn_err_set(err, rc, "%s: out of memory", path) : 0;
 }
 
 /* Copies the lexicon into the model directory (tmp + rename). */
 static int copy_lexicon(const char *from, const char *to, cn_err *err) {
-  FILE *f = fopen(from, "r");
-  if (f == NULL)
-    return cn_err_set(err, CN_E_IO, "%s: cannot open the lexicon: %s", from,
-                      strerror(errno));
-  char *buf = NULL;
-  size_t len = 0, cap = 0, got;
-  char chunk[65536];
-  int rc = 0;
-  while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) {
-    if (len + got + 1 > cap) {
-      cap = (len + got + 1) * 2;
-      char *nb = realloc(buf, cap);
-      if (nb == NULL) {
-        rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", from);
-        goto out;
-      }
-      buf = nb;
-    }
-    memcpy(buf + len, chunk, got);
-    len += got;
-  }
-  if (buf == NULL) buf = calloc(1, 1);
-  if (buf == NULL) {
-    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", from);
-    goto out;
-  }
-  buf[len] = '\0';
+  char *buf;
+  size_t len;
+  int rc = cn__read_regular(from, CN__MAX_LEXICON_BYTES, 0, &buf, &len, err);
+  if (rc != 0) return rc;
   rc = write_atomic(to, buf, err);
-out:
   free(buf);
-  fclose(f);
   return rc;
 }
 

@@ -64,8 +64,8 @@ static int split_text(const char *s, size_t len, bool chars, piece **out,
       free(p);
       err->node = k;
       return cn_err_set(err, CN_E_TOO_LARGE,
-                        "\"text\" has more than %d %s (the limit)", max,
-                        chars ? "characters" : "tokens");
+                        "\"text\" has more %s than the limit of %d "
+                        "(max-seq-len)", chars ? "characters" : "tokens", max);
     }
     if (k == cap) {
       cap = cap ? cap * 2 : 32;
@@ -100,8 +100,8 @@ static int get_items(const json_t *inst, const char *key, bool chars,
     size_t m = json_array_size(arr);
     if (m > (size_t)lim->max_seq_len)
       return cn_err_set(err, CN_E_TOO_LARGE,
-                        "\"%s\" has %zu items, over the limit of %d", key, m,
-                        lim->max_seq_len);
+                        "\"%s\" has %zu items, over the limit of %d "
+                        "(max-seq-len)", key, m, lim->max_seq_len);
     piece *p = cn__xcalloc(m ? m : 1, sizeof(*p));
     if (p == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
     for (size_t i = 0; i < m; i++) {
@@ -137,9 +137,14 @@ static int get_items(const json_t *inst, const char *key, bool chars,
       free(*out);
       *out = NULL;
       err->node = i;
+      if (arr != NULL)
+        return cn_err_set(err, CN_E_TOO_LARGE,
+                          "\"%s\"[%d] is %d bytes, over the limit of %d "
+                          "(max-token-len)", key, i, len, lim->max_token_len);
       return cn_err_set(err, CN_E_TOO_LARGE,
-                        "item %d is %d bytes, over the limit of %d", i, len,
-                        lim->max_token_len);
+                        "%s %d of \"text\" is %d bytes, over the limit of %d "
+                        "(max-token-len)", chars ? "character" : "token", i,
+                        len, lim->max_token_len);
     }
   return 0;
 }
@@ -238,8 +243,8 @@ static int given_spans(const json_t *words, const cn_limits *lim,
   size_t m = json_array_size(words);
   if (m > (size_t)lim->max_spans)
     return cn_err_set(err, CN_E_TOO_LARGE,
-                      "\"words\" has %zu spans, over the limit of %d", m,
-                      lim->max_spans);
+                      "\"words\" has %zu spans, over the limit of %d "
+                      "(max-spans)", m, lim->max_spans);
   span_acc acc = {in, 0, lim->max_spans};
   int64_t *keys = malloc((m ? m : 1) * sizeof(int64_t));
   if (keys == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
@@ -326,8 +331,9 @@ int cn__parse_lattice(const cn_model *m, const json_t *inst,
     free(cs);
     free(ls);
     if (rc == CN_E_TOO_LARGE)
-      cn_err_set(err, rc, "the lexicon finds more than %d word spans (the "
-                 "limit); send \"words\" or a shorter text", lim->max_spans);
+      cn_err_set(err, rc, "the lexicon finds more word spans than the "
+                 "limit of %d (max-spans); send \"words\" or a shorter text",
+                 lim->max_spans);
     else if (rc != 0)
       cn_err_set(err, rc, "no memory for the spans");
   }
@@ -356,8 +362,8 @@ int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
                       "the DAG is empty: send at least one node");
   if (n > (size_t)lim->max_seq_len)
     return cn_err_set(err, CN_E_TOO_LARGE,
-                      "the DAG has %zu nodes, over the limit of %d", n,
-                      lim->max_seq_len);
+                      "the DAG has %zu nodes, over the limit of %d "
+                      "(max-seq-len)", n, lim->max_seq_len);
   in->n = (int32_t)n;
   in->ids = malloc(n * sizeof(int32_t));
   in->prev_start = malloc((n + 1) * sizeof(int32_t));
@@ -382,8 +388,8 @@ int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
   }
   if (edges > (size_t)lim->max_spans) {
     rc = cn_err_set(err, CN_E_TOO_LARGE,
-                    "the DAG has %zu predecessor edges, over the limit of %d",
-                    edges, lim->max_spans);
+                    "the DAG has %zu predecessor edges, over the limit of %d "
+                    "(max-spans)", edges, lim->max_spans);
     goto out;
   }
   in->prev = malloc((edges ? edges : 1) * sizeof(int32_t));
@@ -399,8 +405,9 @@ int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
     if (json_string_length(tok) > (size_t)lim->max_token_len) {
       err->node = (int)j;
       rc = cn_err_set(err, CN_E_TOO_LARGE,
-                      "node %zu: token of %zu bytes, over the limit of %d", j,
-                      json_string_length(tok), lim->max_token_len);
+                      "node %zu: token of %zu bytes, over the limit of %d "
+                      "(max-token-len)", j, json_string_length(tok),
+                      lim->max_token_len);
       goto out;
     }
     in->ids[j] = cn_vocab_lookup(m->vocab, json_string_value(tok),
