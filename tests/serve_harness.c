@@ -153,37 +153,49 @@ void th_send(int fd, const char *method, const char *path, const char *body,
   if (body) send_all(fd, body, bl);
 }
 
+/* Reads exactly one answer, leaving any that follows in the socket: a
+ * head found by peeking (what is consumed is head bytes only), then
+ * Content-Length bytes. Reading ahead once dropped a pipelined second
+ * answer that arrived in the same segment as the first. */
 int th_read(int fd, th_resp *r) {
   memset(r, 0, sizeof(*r));
-  size_t cap = 1 << 16, len = 0;
+  size_t cap = 1 << 16, len = 0, hl = 0;
   char *buf = malloc(cap);
-  char *end = NULL;
-  while ((end = memmem(buf, len, "\r\n\r\n", 4)) == NULL) {
-    if (len + 1 >= cap) buf = realloc(buf, cap *= 2);
-    ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+  char peek[8192];
+  while (hl == 0) {
+    ssize_t n = recv(fd, peek, sizeof(peek), MSG_PEEK);
     if (n <= 0) {
       free(buf);
       return -1;
     }
-    len += (size_t)n;
+    if (len + (size_t)n + 1 >= cap) buf = realloc(buf, cap = 2 * (len + (size_t)n + 1));
+    memcpy(buf + len, peek, (size_t)n);
+    size_t from = len > 3 ? len - 3 : 0;
+    char *end = memmem(buf + from, len + (size_t)n - from, "\r\n\r\n", 4);
+    size_t take = end ? (size_t)(end - buf) + 4 - len : (size_t)n;
+    if (recv(fd, buf + len, take, MSG_WAITALL) != (ssize_t)take) {
+      free(buf);
+      return -1;
+    }
+    len += take;
+    if (end) hl = len;
   }
-  size_t hl = (size_t)(end - buf) + 4;
   size_t copy = hl < sizeof(r->headers) - 1 ? hl : sizeof(r->headers) - 1;
   memcpy(r->headers, buf, copy);
   sscanf(buf, "HTTP/1.1 %d", &r->status);
   char v[32];
   size_t cl = 0;
   if (th_header(r, "Content-Length", v, sizeof(v))) cl = strtoul(v, 0, 10);
+  if (hl + cl + 1 >= cap) buf = realloc(buf, cap = hl + cl + 1);
   while (len < hl + cl) {
-    if (len + 1 >= cap) buf = realloc(buf, cap *= 2);
-    ssize_t n = recv(fd, buf + len, cap - len - 1, 0);
+    ssize_t n = recv(fd, buf + len, hl + cl - len, 0);
     if (n <= 0) break;
     len += (size_t)n;
   }
   r->body = malloc(cl + 1);
-  memcpy(r->body, buf + hl, cl);
-  r->body[cl] = '\0';
-  r->body_len = cl;
+  memcpy(r->body, buf + hl, len - hl);
+  r->body[len - hl] = '\0';
+  r->body_len = len - hl;
   free(buf);
   return 0;
 }
