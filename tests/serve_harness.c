@@ -36,6 +36,8 @@ void th_models(th_daemon *d, const char *const *families) {
     char cmd[2048];
     const char *data = strcmp(families[i], "childsum-treelstm") == 0
                            ? "trees-nary.jsonl"
+                       : strcmp(families[i], "bilstm-tagger") == 0
+                           ? "sequences.jsonl"
                            : "trees-binary.jsonl";
     snprintf(cmd, sizeof(cmd),
              "%s model init %s %s/models/%s --vocab-from %s/%s >/dev/null 2>&1",

@@ -278,7 +278,7 @@ int cn__vocab_rank(char **tokens, size_t n, const char *const *specials,
   *out = NULL;
   *n_out = 0;
   if (r == NULL) goto out;
-  qsort(tokens, n, sizeof(*tokens), cmp_str);
+  if (n > 0) qsort(tokens, n, sizeof(*tokens), cmp_str); /* NULL if 0 */
   for (size_t i = 0; i < n;) {
     size_t j = i + 1;
     while (j < n && strcmp(tokens[j], tokens[i]) == 0) j++;
