@@ -248,6 +248,10 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_err_clear(&err);
   memset(s, 0, sizeof(*s));
   s->listen_fd = -1;
+  /* a start-up that fails before the loop's handles exist (a model that
+   * fails to load, a backend that cannot open) still drains the done
+   * queue at `stop`, through this handle's data */
+  s->done_async.data = s;
   double t_start = cn__now();
   rc = parse_config(argc, argv, &s->cfg);
   if (rc != 0) return rc > 0 ? 0 : 1;
