@@ -50,8 +50,19 @@ static int part(cn__server *s, cn__model_entry *me, cn_backend_ctx *bk,
     rc = cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
     goto out;
   }
-  if ((rc = cn_instance_parse(m, j, &s->cfg.limits, 0, &in, err)) != 0)
+  /* The default limits, not the daemon's: they guard against what clients
+   * send, and a daemon started with max-nodes 6 still serves a model
+   * whose warm-up tree has more. A model whose vocabulary cannot make an
+   * instance (tokens over max-token-len) is warned about and served. */
+  cn_limits lim;
+  cn_limits_default(&lim);
+  if (cn_instance_parse(m, j, &lim, 0, &in, err) != 0) {
+    CN_LOG(CN_LOG_WARN, "msg=warmup-skipped model=%s version=%s error=\"%s\"",
+           me->name, me->version, err->msg);
+    cn_err_clear(err);
+    rc = 0;
     goto out;
+  }
   /* outputs "all": a tree's output layer runs on every node */
   unsigned flags = cn_model_input(m) == CN_INPUT_TREE ? CN_OUT_ALL : 0;
   int max_len = decodes ? 8 : 0;

@@ -15,13 +15,18 @@
 #include "model/model.h"
 
 /* The k-th warm-up token of v: ids spread over the vocabulary, skipping
- * id 0 (<unk> by convention) when there is anything else. */
+ * id 0 (<unk> by convention) when there is anything else, and tokens of
+ * more than 32 bytes (under every max-token-len a daemon is likely to
+ * set; the next id is tried, a few times). */
 static const char *pick(const cn_vocab *v, int k, const char *fallback) {
   int n = v != NULL ? cn_vocab_size(v) : 0;
   if (n <= 0) return fallback;
-  int id = n > 1 ? 1 + (int)(((long long)k * 7919) % (n - 1)) : 0;
-  const char *t = cn_vocab_token(v, id);
-  return t != NULL && t[0] != '\0' ? t : fallback;
+  for (int tries = 0; tries < 8; tries++) {
+    int id = n > 1 ? 1 + (int)(((long long)k * 7919 + tries) % (n - 1)) : 0;
+    const char *t = cn_vocab_token(v, id);
+    if (t != NULL && t[0] != '\0' && strlen(t) <= 32) return t;
+  }
+  return fallback;
 }
 
 static json_t *leaf(const cn_model *m, int k) {
