@@ -178,6 +178,11 @@ static const cn_config_key keys[] = {
     BOOL_KEY("strict-startup", "true", SRV(strict_startup),
              "a model that fails to load stops start-up; false: it is "
              "UNAVAILABLE in the repository index and the others serve"),
+    BOOL_KEY("warmup", "true", SRV(warmup),
+             "before a model version serves (start-up, reload, load), "
+             "each worker runs one small synthetic instance of it, so the "
+             "first request finds its buffers made; a version whose "
+             "warm-up computes NaN or Inf fails to load"),
     STR_KEY("log-level", "info", log_level,
             "error | warn | info (one line a request) | debug",
             "error|warn|info|debug"),

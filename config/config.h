@@ -50,6 +50,7 @@ typedef struct cn_serve_config {
   int poll_interval_s;     /* model-control poll: rescan this often       */
   char repository_token[256]; /* bearer token of the mutating routes      */
   bool strict_startup;     /* one model failing to load stops start-up    */
+  bool warmup;             /* each worker runs a version once before it serves */
 } cn_serve_config;
 
 typedef struct cn_config {

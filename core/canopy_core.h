@@ -165,6 +165,12 @@ void cn_instance_free(cn_instance *inst);
 /* The first key of object o that is an instance's form, of any input kind
  * ("tree", "tokens", "text", "chars", "words", "nodes"); NULL when none. */
 const char *cn_instance_form_in(const json_t *o);
+/* A small synthetic INSTANCE object of m's input kind (API.md), made from
+ * m's own vocabularies, that touches every vertex type a real input of
+ * that kind touches: what a daemon runs on each worker before a version
+ * serves (docs/daemon.md "Warm-up"). New reference; parse it with
+ * cn_instance_parse like a request's. */
+json_t *cn_model_warmup_instance(const cn_model *m);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object

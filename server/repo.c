@@ -147,6 +147,12 @@ static int version_load(cn__server *s, cn__model_slot *sl,
   atomic_init(&me->refs, 1);
   cn__policy_init(s, me); /* a cache read at most: never trains */
   me->describe = cn__model_describe_full(s, me);
+  /* every worker runs it once before it serves: a version that computes
+   * NaN or Inf fails here, like NaN weights */
+  if ((rc = cn__warmup_run(s, me, err)) != 0) {
+    cn__model_release(me);
+    return rc;
+  }
   *out = me;
   return 0;
 }

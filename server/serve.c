@@ -256,6 +256,10 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_err_clear(&err);
   memset(s, 0, sizeof(*s));
   s->listen_fd = -1;
+  /* a start-up that fails before the loop's handles exist (a model that
+   * fails to load, a backend that cannot open) still drains the done
+   * queue at `stop`, through this handle's data */
+  s->done_async.data = s;
   double t_start = cn__now();
   rc = parse_config(argc, argv, &s->cfg);
   if (rc != 0) return rc > 0 ? 0 : 1;
@@ -266,6 +270,7 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_layout_parse(sc->layout, &s->layout);
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
+  pthread_cond_init(&s->wcv, NULL);
   pthread_mutex_init(&s->dmu, NULL);
   uv_loop_init(&s->loop);
   pthread_mutex_init(&s->lmu, NULL);
@@ -280,18 +285,20 @@ int cn_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto out;
   }
-  if (cn__repo_load_all(s, &err) != 0) {
-    fprintf(stderr, "canopy serve: %s\n", err.msg);
-    goto out;
-  }
-  s->metrics.start_time = (double)time(NULL);
   int cores = cn__cpu_count(); /* the affinity mask: taskset, cpusets */
   int blas = sc->blas_threads > 0 ? sc->blas_threads : cores / sc->workers;
   cn_backend_cpu_threads(blas < 1 ? 1 : blas);
+  /* the workers first: each version warms up on every one of them
+   * before it is installed (warmup.c) */
   if (cn__workers_start(s, &err) != 0) {
     fprintf(stderr, "canopy serve: backend %s: %s\n", sc->backend, err.msg);
     goto stop;
   }
+  if (cn__repo_load_all(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto stop;
+  }
+  s->metrics.start_time = (double)time(NULL);
   cn__retrainer_start(s); /* failure to start only loses retraining */
   uv_async_init(&s->loop, &s->load_async, cn__repo_on_loaded);
   s->load_async.data = s;

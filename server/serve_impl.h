@@ -30,6 +30,7 @@ typedef struct cn__job cn__job;
 typedef struct cn__server cn__server;
 typedef struct cn__model_slot cn__model_slot;
 typedef struct cn__conn cn__conn;
+typedef struct cn__warmup cn__warmup;
 
 /* The sweep of connection deadlines (conn.c), in ms. */
 #define HTTP_TICK_MS 100
@@ -223,6 +224,8 @@ struct cn__server {
   cn__job *qhead, *qtail;
   int queued_jobs;
   int busy_workers;          /* workers computing a run                 */
+  cn__warmup *warm;          /* warm-ups some worker has yet to take   */
+  pthread_cond_t wcv;        /* a warm-up's last part is done          */
   int next_feed;             /* loop: model a freed worker serves first */
   unsigned long long runs_opened; /* loop: the last run's number (job id) */
   uv_timer_t trim_timer;     /* loop: malloc_trim once the load passed  */
@@ -373,6 +376,20 @@ bool cn__decode_wants(cn__server *s, const cn__job *j);
 /* Runs j as a decode session that takes the model's queued runs at step
  * boundaries, answering each request as its instances finish. */
 void cn__decode_job(cn__server *s, cn_backend_ctx *bk, cn__job *j);
+/* warmup.c: a version's warm-up on every worker (docs/daemon.md). */
+/* Loader or start-up thread (never a worker): with the warmup key on,
+ * each worker runs one synthetic instance of me before it returns; a part
+ * that fails (NaN or Inf outputs, a shutdown) fails it, err naming the
+ * warm-up. Logs msg=model-warmed. */
+int cn__warmup_run(cn__server *s, cn__model_entry *me, cn_err *err);
+/* Workers, under qmu: a warm-up whose part this worker has not taken
+ * (marked taken), or NULL. */
+cn__warmup *cn__warmup_next(cn__server *s, int worker);
+/* Workers, no lock held: executes the part, then reports it (takes qmu). */
+void cn__warmup_part(cn__server *s, cn__warmup *w, int worker,
+                     cn_backend_ctx *bk);
+/* A worker that exits, under qmu: its parts not taken fail (draining). */
+void cn__warmup_abandon(cn__server *s, int worker);
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);
 void cn__workers_push(cn__server *s, cn__job *j);

@@ -188,7 +188,9 @@ static void *worker_main(void *arg) {
   bool kept = false; /* ran a job since it last gave memory back */
   for (;;) {
     pthread_mutex_lock(&s->qmu);
-    while (s->qhead == NULL && !s->stopping) {
+    cn__warmup *wu = NULL;
+    while (s->qhead == NULL && !s->stopping &&
+           (wu = cn__warmup_next(s, w->index)) == NULL) {
       if (!kept) {
         pthread_cond_wait(&s->qcv, &s->qmu);
         continue;
@@ -209,8 +211,16 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&s->qmu);
       }
     }
+    /* a version's warm-up goes before queued runs: its loader waits */
+    if (wu != NULL || (wu = cn__warmup_next(s, w->index)) != NULL) {
+      pthread_mutex_unlock(&s->qmu);
+      cn__warmup_part(s, wu, w->index, w->bk);
+      kept = true; /* given back after a second idle, as after a run */
+      continue;
+    }
     cn__job *j = s->qhead;
     if (j == NULL) { /* stopping and nothing left */
+      cn__warmup_abandon(s, w->index);
       pthread_mutex_unlock(&s->qmu);
       break;
     }

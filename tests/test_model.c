@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends.h"
 #include "families/families.h"
 #include "internal.h"
 
@@ -639,4 +640,52 @@ Test(model, init_lexicon_must_be_a_regular_file) {
   cr_expect_gt(cn_vocab_lookup(m->word_vocab, "zyxwv", 5, false), 0);
   cr_expect_gt(cn_vocab_lookup(m->word_vocab, "uvwxyz", 6, false), 0);
   cn_model_free(m);
+}
+
+/* ---- the daemon's warm-up instance (cn_model_warmup_instance) ----------*/
+/* For every family, the synthetic instance parses under the default
+ * limits, runs, gives finite outputs and adds a vertex of every one of
+ * the family's types (treelstm-2type's internal_b, latticelstm's words
+ * and links, lstm-nmt's decoder and projection): a worker that ran it has
+ * touched every code path a real input of the model's kind touches. */
+Test(model, warmup_instance_touches_every_vertex_type) {
+  cn_backend_ctx *bk = NULL;
+  cn_err e;
+  cn_err_clear(&e);
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &e), 0, "%s", e.msg);
+  cn_limits lim;
+  cn_limits_default(&lim);
+  for (int i = 0; i < cn__family_count(); i++) {
+    const cn_family *f = cn__family_at(i);
+    teardown();
+    setup();
+    init_model(f->name, data_for(f), 16);
+    cn_model *m = NULL;
+    cr_assert_eq(cn_model_load(dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    json_t *j = cn_model_warmup_instance(m);
+    cr_assert_not_null(j, "%s", f->name);
+    cn_instance *in = NULL;
+    cr_assert_eq(cn_instance_parse(m, j, &lim, 0, &in, &e), 0, "%s: %s",
+                 f->name, e.msg);
+    /* words from the model's vocabulary, not <unk>: real embedding rows */
+    int known = 0;
+    for (int k = 0; k < in->n; k++) known += in->ids[k] > 0;
+    cr_assert_gt(known, 0, "%s: every token is <unk>", f->name);
+    cn_run *r = cn_run_new(m, bk);
+    unsigned flags = f->input == CN_INPUT_TREE ? CN_OUT_ALL : 0;
+    cr_assert_eq(cn_run_add(r, in, flags, 8), 0, "%s", f->name);
+    cr_assert_eq(cn_run_exec(r, CN_POLICY_AGENDA, &e), 0, "%s: %s", f->name,
+                 e.msg);
+    for (int t = 0; t < f->n_types; t++)
+      cr_expect_gt(r->n_of_type[t], 0, "%s: no %s vertex", f->name,
+                   f->type_names[t]);
+    json_t *out = cn_run_output(r, 0);
+    cr_expect_eq(cn_output_check(out, &e), 0, "%s: %s", f->name, e.msg);
+    json_decref(out);
+    cn_run_free(r);
+    cn_instance_free(in);
+    json_decref(j);
+    cn_model_free(m);
+  }
+  cn_backend_close(bk);
 }

@@ -219,7 +219,10 @@ Test(serve_outputs, non_finite_output_is_an_error, .fini = teardown,
   char dir[600];
   snprintf(dir, sizeof(dir), "%s/models/treelstm", d.dir);
   overflow_output_layer(dir);
-  th_start(&d, NULL);
+  /* the warm-up would refuse the version (test_serve_warmup): this test
+   * is of the request path */
+  const char *const off[] = {"--warmup", "false", NULL};
+  th_start(&d, off);
   const char *body = "{\"instances\":[{\"tree\":\"(3 (2 a) (2 b))\"},"
                      "{\"tree\":\"(1 c)\"}],\"outputs\":\"all\"}";
   for (int round = 0; round < 2; round++) {

@@ -98,6 +98,7 @@ static void setup(void) {
            models);
   srv.cfg.serve.max_body_bytes = 4096;
   srv.cfg.serve.retrain_interval_s = 0;
+  srv.cfg.serve.warmup = false; /* no worker threads run here to warm it */
   snprintf(srv.cfg.serve.policy_cache, sizeof(srv.cfg.serve.policy_cache),
            "%s/policies", fuzz_tmpdir());
   setenv("CANOPY_POLICY_CACHE", srv.cfg.serve.policy_cache, 1);
