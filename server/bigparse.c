@@ -38,7 +38,6 @@
  * cached state. The model version is held by the request. jansson is
  * safe on separate values from several threads (its hash seed is set
  * once, atomically, long before: the config and models are JSON). */
-#include <malloc.h>
 #include <stdlib.h>
 
 #include "serve_impl.h"
@@ -71,7 +70,7 @@ static void do_parse(uv_work_t *w) {
    * Give it back now, on this thread, not the loop's. A medium parse's
    * free memory waits for the idle trim (serve.c): malloc_trim walks and
    * locks every arena, a cost a 20 KiB body should not pay. */
-  if (r->pbig) malloc_trim(0);
+  if (r->pbig) cn__malloc_trim();
 }
 
 static void pump(cn__server *s);

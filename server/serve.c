@@ -181,7 +181,7 @@ static void on_trim_timer(uv_timer_t *t) {
   bool idle = s->qhead == NULL && s->busy_workers == 0;
   pthread_mutex_unlock(&s->qmu);
   if (!idle) return;
-  malloc_trim(0);
+  cn__malloc_trim();
   s->trimmed_at = served;
 }
 

@@ -14,6 +14,7 @@
 #ifndef CANOPY_SERVE_IMPL_H
 #define CANOPY_SERVE_IMPL_H
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -31,6 +32,23 @@ typedef struct cn__server cn__server;
 typedef struct cn__model_slot cn__model_slot;
 typedef struct cn__conn cn__conn;
 typedef struct cn__warmup cn__warmup;
+
+/* malloc_trim gives free glibc heap pages back (serve.c, worker.c,
+ * bigparse.c). Under AddressSanitizer glibc's malloc is not the allocator
+ * and its trim, racing from two threads, corrupted glibc's arena list
+ * (SEGV in mtrim, "attached_threads > 0" at thread exit): left out. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CN__ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CN__ASAN 1
+#endif
+#endif
+static inline void cn__malloc_trim(void) {
+#ifndef CN__ASAN
+  malloc_trim(0);
+#endif
+}
 
 /* The sweep of connection deadlines (conn.c), in ms. */
 #define HTTP_TICK_MS 100

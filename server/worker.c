@@ -8,7 +8,6 @@
  * never reach the engine.
  */
 #include <errno.h>
-#include <malloc.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -206,7 +205,7 @@ static void *worker_main(void *arg) {
           s->qhead == NULL && !s->stopping) {
         pthread_mutex_unlock(&s->qmu);
         cn_backend_release(w->bk);
-        malloc_trim(0);
+        cn__malloc_trim();
         kept = false;
         pthread_mutex_lock(&s->qmu);
       }

@@ -100,7 +100,16 @@ int th_stop(th_daemon *d) {
   kill(d->pid, SIGTERM);
   waitpid(d->pid, &st, 0);
   d->pid = 0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (rc != 0) { /* the daemon's last words, for the test's log */
+    char *log = th_read_file(d->log);
+    size_t n = log ? strlen(log) : 0;
+    fprintf(stderr, "daemon exit %d (signal %d); its log ends:\n%s\n", rc,
+            WIFSIGNALED(st) ? WTERMSIG(st) : 0,
+            log ? log + (n > 6000 ? n - 6000 : 0) : "(none)");
+    free(log);
+  }
+  return rc;
 }
 
 void th_cleanup(th_daemon *d) {
