@@ -88,7 +88,13 @@ void cn__conn_progress(cn__conn *c, size_t n) {
 static void write_progress(cn__conn *c) {
   if (!c->sock || c->writes == 0) return;
   size_t q = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-  if (q < c->wq_seen) cn__conn_progress(c, c->wq_seen - q);
+  if (q < c->wq_seen) {
+    cn__conn_progress(c, c->wq_seen - q);
+    /* idle-timeout-s is for an answer the client does not read: one it
+     * reads, however big, is not cut (fourth probe: a 53 MB answer read
+     * at 1 MB/s was cut at 30 s) */
+    c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
+  }
   c->wq_seen = q;
 }
 

@@ -385,3 +385,61 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
   close(idle);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* Fourth probe: an answer's idle-timeout-s was counted from when it was
+ * queued, so an answer the client reads steadily but for longer than that
+ * was cut (53 MB read at 1 MB/s: EOF after 34 MB, logged 200). It counts
+ * from the answer's last progress: a ~14 MB answer read over ~4 s with
+ * idle-timeout-s 2 arrives whole. */
+Test(http, a_big_answer_read_steadily_is_not_cut, .fini = teardown,
+     .timeout = 60) {
+  const char *const tagger[] = {"bilstm-tagger", NULL};
+  th_models(&d, tagger);
+  const char *flags[] = {"--idle-timeout-s", "2", NULL};
+  th_start(&d, flags);
+  size_t cap = 16 * 512 * 8 + 256, n = 0;
+  char *body = malloc(cap);
+  n += (size_t)snprintf(body + n, cap - n, "{\"return_hidden\":true,"
+                        "\"instances\":[");
+  for (int i = 0; i < 16; i++) {
+    n += (size_t)snprintf(body + n, cap - n, "%s{\"tokens\":[", i ? "," : "");
+    for (int t = 0; t < 512; t++)
+      n += (size_t)snprintf(body + n, cap - n, "%s\"the\"", t ? "," : "");
+    n += (size_t)snprintf(body + n, cap - n, "]}");
+  }
+  snprintf(body + n, cap - n, "]}");
+  int w = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 65536;
+  setsockopt(w, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)d.port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(connect(w, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  th_send(w, "POST", "/v1/models/bilstm-tagger/infer", body, NULL);
+  free(body);
+  /* read ~14 MB at ~3.5 MB/s: 64 KiB every ~18 ms */
+  struct timeval tv = {.tv_sec = 10};
+  setsockopt(w, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  static char buf[65536];
+  size_t got = 0, want = 0, hl = 0;
+  double t0 = now_s();
+  for (ssize_t k; (k = recv(w, buf, sizeof(buf), 0)) > 0;) {
+    if (hl == 0) { /* the head is in the first read */
+      char *e = memmem(buf, (size_t)k, "\r\n\r\n", 4);
+      char *cl = strcasestr(buf, "\r\nContent-Length: ");
+      cr_assert(e != NULL && cl != NULL);
+      hl = (size_t)(e - buf) + 4;
+      want = hl + strtoull(cl + 18, NULL, 10);
+    }
+    got += (size_t)k;
+    if (got >= want) break;
+    usleep(18000);
+  }
+  double secs = now_s() - t0;
+  cr_expect(want > 8u << 20, "a big answer: %zu bytes", want);
+  cr_expect_eq(got, want, "read %zu of %zu bytes over %.1f s", got, want,
+               secs);
+  cr_expect(secs > 2.5, "read in %.1f s: not past idle-timeout-s", secs);
+  close(w);
+  cr_expect_eq(th_stop(&d), 0);
+}
