@@ -313,3 +313,11 @@ char *th_trees_body(int n) {
   snprintf(b + len, cap - len, "]}");
   return b;
 }
+
+double th_metric_at(int port, const char *sample) {
+  th_resp r;
+  cr_assert_eq(th_http(port, "GET", "/metrics", NULL, NULL, &r), 0);
+  double v = th_metric(r.body, sample);
+  th_resp_free(&r);
+  return v;
+}

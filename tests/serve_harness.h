@@ -48,6 +48,8 @@ const char *th_header(const th_resp *r, const char *name, char *buf,
 void th_resp_free(th_resp *r);
 /* Value of one sample line of a /metrics exposition ("name{labels}"). */
 double th_metric(const char *text, const char *sample);
+/* The same, read from the daemon on port's GET /metrics. */
+double th_metric_at(int port, const char *sample);
 /* Asserts two JSON values have the same shape, equal strings and numbers
  * within 1e-5; `where` names the field in the failure message. */
 void th_expect_json_near(const json_t *a, const json_t *b, const char *where);

@@ -30,11 +30,7 @@ static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
 static void teardown(void) { th_cleanup(&d); }
 
 static double metric(const char *sample) {
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
-  double v = th_metric(r.body, sample);
-  th_resp_free(&r);
-  return v;
+  return th_metric_at(d.port, sample);
 }
 
 /* A connection with a body in progress: its head and part of its body
@@ -322,6 +318,32 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* A connection (its receive buffer rcvbuf bytes) that has asked the
+ * bilstm-tagger model for an answer of ~14 MB: 16 sentences of 512
+ * tokens, with the hidden states of every token. */
+static int ask_big_answer(int rcvbuf) {
+  size_t cap = 16 * 512 * 8 + 256, n = 0;
+  char *body = malloc(cap);
+  n += (size_t)snprintf(body + n, cap - n, "{\"return_hidden\":true,"
+                        "\"instances\":[");
+  for (int i = 0; i < 16; i++) {
+    n += (size_t)snprintf(body + n, cap - n, "%s{\"tokens\":[", i ? "," : "");
+    for (int t = 0; t < 512; t++)
+      n += (size_t)snprintf(body + n, cap - n, "%s\"the\"", t ? "," : "");
+    n += (size_t)snprintf(body + n, cap - n, "]}");
+  }
+  snprintf(body + n, cap - n, "]}");
+  int w = socket(AF_INET, SOCK_STREAM, 0);
+  setsockopt(w, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)d.port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(connect(w, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  th_send(w, "POST", "/v1/models/bilstm-tagger/infer", body, NULL);
+  free(body);
+  return w;
+}
+
 /* Issue 21, third probe: connections that asked for a big answer and
  * never read it held their slots until idle-timeout-s. At
  * max-connections an answer that leaves its write queue slower than
@@ -338,27 +360,7 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
   th_send(idle, "GET", "/healthz", NULL, NULL);
   cr_assert_eq(th_read(idle, &r), 0);
   th_resp_free(&r);
-  /* 16 sentences of 512 tokens, hidden states per token: tens of MB */
-  size_t cap = 16 * 512 * 8 + 256, n = 0;
-  char *body = malloc(cap);
-  n += (size_t)snprintf(body + n, cap - n, "{\"return_hidden\":true,"
-                        "\"instances\":[");
-  for (int i = 0; i < 16; i++) {
-    n += (size_t)snprintf(body + n, cap - n, "%s{\"tokens\":[", i ? "," : "");
-    for (int t = 0; t < 512; t++)
-      n += (size_t)snprintf(body + n, cap - n, "%s\"the\"", t ? "," : "");
-    n += (size_t)snprintf(body + n, cap - n, "]}");
-  }
-  snprintf(body + n, cap - n, "]}");
-  int w = socket(AF_INET, SOCK_STREAM, 0);
-  int small = 4096;
-  setsockopt(w, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)d.port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(connect(w, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  th_send(w, "POST", "/v1/models/bilstm-tagger/infer", body, NULL);
-  free(body);
+  int w = ask_big_answer(4096);
   /* computed, written until the socket is full, then 1 s of grace */
   usleep(3000000);
   int x = th_connect(d.port);
@@ -397,26 +399,7 @@ Test(http, a_big_answer_read_steadily_is_not_cut, .fini = teardown,
   th_models(&d, tagger);
   const char *flags[] = {"--idle-timeout-s", "2", NULL};
   th_start(&d, flags);
-  size_t cap = 16 * 512 * 8 + 256, n = 0;
-  char *body = malloc(cap);
-  n += (size_t)snprintf(body + n, cap - n, "{\"return_hidden\":true,"
-                        "\"instances\":[");
-  for (int i = 0; i < 16; i++) {
-    n += (size_t)snprintf(body + n, cap - n, "%s{\"tokens\":[", i ? "," : "");
-    for (int t = 0; t < 512; t++)
-      n += (size_t)snprintf(body + n, cap - n, "%s\"the\"", t ? "," : "");
-    n += (size_t)snprintf(body + n, cap - n, "]}");
-  }
-  snprintf(body + n, cap - n, "]}");
-  int w = socket(AF_INET, SOCK_STREAM, 0);
-  int small = 65536;
-  setsockopt(w, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)d.port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(connect(w, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  th_send(w, "POST", "/v1/models/bilstm-tagger/infer", body, NULL);
-  free(body);
+  int w = ask_big_answer(65536);
   /* read ~14 MB at ~3.5 MB/s: 64 KiB every ~18 ms */
   struct timeval tv = {.tv_sec = 10};
   setsockopt(w, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));

@@ -28,11 +28,7 @@ static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
 static void teardown(void) { th_cleanup(&d); }
 
 static double metric(const char *sample) {
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
-  double v = th_metric(r.body, sample);
-  th_resp_free(&r);
-  return v;
+  return th_metric_at(d.port, sample);
 }
 
 /* Pipelined requests in one write are answered in order, each with its

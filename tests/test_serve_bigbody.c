@@ -43,14 +43,6 @@ static char *filled(const char *head, const char *item, const char *tail) {
   return b;
 }
 
-static double metric_of(int port, const char *sample) {
-  th_resp r;
-  cr_assert_eq(th_http(port, "GET", "/metrics", NULL, NULL, &r), 0);
-  double v = th_metric(r.body, sample);
-  th_resp_free(&r);
-  return v;
-}
-
 /* VmHWM of pid, in kB (-1: unknown); unused under ASan (its shadow
  * memory makes the figure meaningless). */
 __attribute__((unused)) static long hwm_kb(pid_t pid) {
@@ -225,13 +217,13 @@ Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
   /* only the /metrics probe's own connection stays */
   double open = -1;
   for (int i = 0; i < 1000 && open != 1; i++) {
-    open = metric_of(d.port, "canopy_open_connections");
+    open = th_metric_at(d.port, "canopy_open_connections");
     if (open != 1) usleep(20000);
   }
   cr_expect_eq(open, 1, "open connections: %g", open);
   /* each was cancelled as a hang-up (its EOF follows its body, read long
    * before a parse of millions of numbers ends) */
-  cr_expect_eq(metric_of(d.port, "canopy_requests_cancelled_total{reason="
+  cr_expect_eq(th_metric_at(d.port, "canopy_requests_cancelled_total{reason="
                                  "\"disconnect\"}"), 3);
   th_resp r;
   cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
@@ -289,7 +281,7 @@ Test(serve_bigbody, medium_body_does_not_wait_behind_huge_ones,
   /* the huge ones are in before it (in flight: them and /metrics) */
   double n = 0;
   for (int i = 0; i < 1000 && n < 4; i++) {
-    n = metric_of(d.port, "canopy_in_flight_requests");
+    n = th_metric_at(d.port, "canopy_in_flight_requests");
     if (n < 4) usleep(5000);
   }
   cr_assert_eq(n, 4, "in flight: %g", n);
@@ -353,7 +345,7 @@ Test(serve_bigbody, bodies_held_are_bounded, .fini = teardown, .timeout = 60) {
   }
   double held = 0;
   for (int i = 0; i < 200 && held < 2097152; i++) {
-    held = metric_of(d.port, "canopy_body_bytes");
+    held = th_metric_at(d.port, "canopy_body_bytes");
     if (held < 2097152) usleep(20000);
   }
   cr_assert_eq(held, 2097152, "two bodies' buffers held: %.0f", held);
@@ -390,7 +382,7 @@ Test(serve_bigbody, bodies_held_are_bounded, .fini = teardown, .timeout = 60) {
   th_resp_free(&r);
   close(fd[0]);
   close(fd[1]); /* the second hangs up: its body is given back too */
-  for (int i = 0; i < 100 && (held = metric_of(d.port, "canopy_body_bytes"));
+  for (int i = 0; i < 100 && (held = th_metric_at(d.port, "canopy_body_bytes"));
        i++)
     usleep(20000);
   cr_expect_eq(held, 0, "every body given back: %.0f held", held);

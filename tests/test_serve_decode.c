@@ -150,11 +150,7 @@ static char *body_of(const json_t *in, size_t i, size_t k, int max_len) {
 }
 
 static double metric_of(const char *sample) {
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
-  double v = th_metric(r.body, sample);
-  th_resp_free(&r);
-  return v;
+  return th_metric_at(d.port, sample);
 }
 
 #define N_SENT 90

@@ -452,14 +452,6 @@ Test(serve_ops, weights_file_changed_under_the_daemon, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-static double metric_of(int port, const char *sample) {
-  th_resp r;
-  cr_assert_eq(th_http(port, "GET", "/metrics", NULL, NULL, &r), 0);
-  double v = th_metric(r.body, sample);
-  th_resp_free(&r);
-  return v;
-}
-
 /* Work-conserving batching (docs/daemon.md): a lone request finds a worker
  * idle and its run starts at once, without waiting out the window (here
  * 10 s, so waiting it out would show in the counters, not in a clock). */
@@ -472,9 +464,9 @@ Test(serve_ops, idle_daemon_starts_a_run_at_once, .fini = teardown,
   cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
   cr_expect_eq(r.status, 200, "%s", r.body);
   th_resp_free(&r);
-  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+  cr_expect_eq(th_metric_at(d.port, "canopy_window_closes_total{reason=\""
                                  "idle_worker\"}"), 1);
-  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+  cr_expect_eq(th_metric_at(d.port, "canopy_window_closes_total{reason=\""
                                  "max_delay\"}"), 0);
   cr_expect_eq(th_stop(&d), 0);
 }
@@ -495,7 +487,7 @@ Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
   free(big);
   /* its body (over 16 KiB) is parsed on the threadpool first: wait until
    * its run has started before the small ones come */
-  for (int i = 0; i < 500 && metric_of(d.port, "canopy_window_closes_total"
+  for (int i = 0; i < 500 && th_metric_at(d.port, "canopy_window_closes_total"
                                                "{reason=\"idle_worker\"}") < 1;
        i++)
     usleep(10000);
@@ -515,11 +507,11 @@ Test(serve_ops, requests_gather_while_workers_are_busy, .fini = teardown,
     close(c[i]);
   }
   close(b);
-  cr_expect_eq(metric_of(d.port, "canopy_runs_total"), 2,
+  cr_expect_eq(th_metric_at(d.port, "canopy_runs_total"), 2,
                "the three small requests should share one run");
-  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+  cr_expect_eq(th_metric_at(d.port, "canopy_window_closes_total{reason=\""
                                  "worker_freed\"}"), 1);
-  cr_expect_eq(metric_of(d.port, "canopy_window_closes_total{reason=\""
+  cr_expect_eq(th_metric_at(d.port, "canopy_window_closes_total{reason=\""
                                  "max_delay\"}"), 0);
   cr_expect_eq(th_stop(&d), 0);
 }
