@@ -168,9 +168,14 @@ def body(procs):
                 (served(pa) < 20 or served(pb) < 20):
             time.sleep(0.1)
         before_a, before_b = served(pa), served(pb)
-        check(before_a >= 20 and before_b >= 20,
-              f"both replicas should serve before the restart: "
-              f"A {before_a:.0f}, B {before_b:.0f}")
+        if before_a < 20 or before_b < 20:  # what each side saw, to tell why
+            err = os.path.join(d, "canopy.error.log")
+            tails = [f"{name}:\n{text[-3000:]}" for name, text in (
+                ("replica A", procs.log(ra)), ("replica B", procs.log(rb)),
+                ("nginx error log", open(err, errors="replace").read()
+                 if os.path.exists(err) else "(none)"))]
+            check(False, f"both replicas should serve before the restart: "
+                  f"A {before_a:.0f}, B {before_b:.0f}\n" + "\n".join(tails))
         time.sleep(0.5)
 
         # SIGTERM each replica in turn under load (A, then B): drain, exit
