@@ -1,0 +1,204 @@
+/* test_gemm.c - backends/cpu/gemm.c (issue 32): every element of A·Wᵀ is
+ * computed one fixed way.
+ *
+ * - Against a naive double-precision product: right to float rounding.
+ * - Every code path this CPU can run (avx512, avx2, portable) gives the
+ *   bits of the portable path, which is gemm.h's definition written out.
+ * - A row's bits do not depend on M, on its position, on the other rows
+ *   of the product, on N (its columns computed in other blocks or panels),
+ *   on the threads splitting the product, nor on beta/bias being applied.
+ * Shapes cover every tail: M, N and K from 1 past several blocks, K not a
+ * multiple of 16, strided operands. Each test prints the paths it ran.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/gemm.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float uni(void) { /* U(-1, 1), with a spread of magnitudes */
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  float u = (float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f;
+  return (rng & 7) == 0 ? u * 37.0f : u;
+}
+
+static float *rnd(size_t n) {
+  float *p = malloc(n * sizeof(float) + 1);
+  cr_assert_not_null(p);
+  for (size_t i = 0; i < n; i++) p[i] = uni();
+  return p;
+}
+
+static const char *all_paths[] = {"avx512", "avx2", "portable"};
+
+/* The paths this CPU runs, as a printed list; count in *n. */
+static int runnable(const char **out) {
+  int n = 0;
+  for (size_t i = 0; i < sizeof(all_paths) / sizeof(all_paths[0]); i++)
+    if (cn__gemm_force(all_paths[i]) == 0) out[n++] = all_paths[i];
+  cn__gemm_force(NULL);
+  return n;
+}
+
+static void print_paths(const char *test) {
+  const char *p[3];
+  int n = runnable(p);
+  printf("%s: gemm paths run:", test);
+  for (int i = 0; i < n; i++) printf(" %s", p[i]);
+  printf(" (best: %s)\n", cn__gemm_path());
+}
+
+Test(gemm, equals_a_double_product) {
+  print_paths("equals_a_double_product");
+  int shapes[][3] = {{1, 1, 1},   {3, 5, 7},   {4, 4, 16},  {5, 9, 17},
+                     {13, 31, 33}, {64, 40, 128}, {7, 300, 250}, {2, 3, 1000}};
+  for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+    int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+    int lda = K + 3, ldw = K + 1, ldc = N + 2;
+    float *A = rnd((size_t)M * lda), *W = rnd((size_t)N * ldw);
+    float *b = rnd((size_t)N), *C = rnd((size_t)M * ldc);
+    float *C0 = malloc((size_t)M * ldc * sizeof(float));
+    memcpy(C0, C, (size_t)M * ldc * sizeof(float));
+    cn__gemm_nt(M, N, K, A, lda, W, ldw, b, 0.5f, C, ldc);
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        double want = 0.5 * C0[(size_t)i * ldc + j] + b[j], mag = fabs(want);
+        for (int k = 0; k < K; k++) {
+          double t = (double)A[(size_t)i * lda + k] * W[(size_t)j * ldw + k];
+          want += t;
+          mag += fabs(t);
+        }
+        double got = C[(size_t)i * ldc + j];
+        cr_assert_leq(fabs(got - want), 1e-6 * mag + 1e-30,
+                      "M %d N %d K %d: C[%d,%d] = %.9g, want %.9g", M, N, K,
+                      i, j, got, want);
+      }
+    free(A), free(W), free(b), free(C), free(C0);
+  }
+}
+
+/* C = A·Wᵀ (+ beta·C + bias) under a given path and thread count. */
+static float *product(const char *path, int threads, int M, int N, int K,
+                      const float *A, int lda, const float *W, int ldw,
+                      const float *bias, float beta, const float *C0) {
+  float *C = malloc((size_t)M * N * sizeof(float) + 1);
+  cr_assert_not_null(C);
+  if (C0 != NULL) memcpy(C, C0, (size_t)M * N * sizeof(float));
+  cr_assert_eq(cn__gemm_force(path), 0, "path %s", path);
+  int old = cn__gemm_threads();
+  cn__gemm_set_threads(threads);
+  cn__gemm_nt(M, N, K, A, lda, W, ldw, bias, beta, C, N);
+  cn__gemm_set_threads(old);
+  cn__gemm_force(NULL);
+  return C;
+}
+
+Test(gemm, every_path_gives_the_portable_bits) {
+  print_paths("every_path_gives_the_portable_bits");
+  const char *paths[3];
+  int np = runnable(paths);
+  for (int K = 1; K <= 70; K += (K < 20 ? 1 : 7))
+    for (int M = 1; M <= 9; M += 2) {
+      int N = 1 + (K * 7 + M) % 11;
+      float *A = rnd((size_t)M * K), *W = rnd((size_t)N * K);
+      float *b = rnd((size_t)N), *C0 = rnd((size_t)M * N);
+      for (int v = 0; v < 2; v++) {
+        float *ref = product("portable", 1, M, N, K, A, K, W, K,
+                             v ? b : NULL, v ? 0.75f : 0.0f, C0);
+        for (int p = 0; p < np; p++) {
+          float *got = product(paths[p], 1, M, N, K, A, K, W, K,
+                               v ? b : NULL, v ? 0.75f : 0.0f, C0);
+          cr_assert_eq(memcmp(got, ref, (size_t)M * N * sizeof(float)), 0,
+                       "path %s differs from portable at M %d N %d K %d",
+                       paths[p], M, N, K);
+          free(got);
+        }
+        free(ref);
+      }
+      free(A), free(W), free(b), free(C0);
+    }
+}
+
+/* Every row of an M-row product, for M = 1..70, equals that row computed
+ * alone; and reversing the rows permutes the results exactly. */
+Test(gemm, a_row_never_depends_on_its_batch) {
+  print_paths("a_row_never_depends_on_its_batch");
+  const char *paths[3];
+  int np = runnable(paths);
+  int nk[][2] = {{40, 24}, {160, 64}, {513, 129}};
+  for (int p = 0; p < np; p++)
+    for (size_t s = 0; s < sizeof(nk) / sizeof(nk[0]); s++) {
+      int N = nk[s][0], K = nk[s][1], Mmax = 70;
+      float *A = rnd((size_t)Mmax * K), *W = rnd((size_t)N * K);
+      float *b = rnd((size_t)N);
+      float *alone = malloc((size_t)Mmax * N * sizeof(float));
+      for (int i = 0; i < Mmax; i++) {
+        float *r = product(paths[p], 1, 1, N, K, A + (size_t)i * K, K, W, K,
+                           b, 0.0f, NULL);
+        memcpy(alone + (size_t)i * N, r, (size_t)N * sizeof(float));
+        free(r);
+      }
+      for (int M = 1; M <= Mmax; M += (M < 10 ? 1 : 9)) {
+        int off = (Mmax - M) / 2; /* a window of rows from the middle */
+        float *C = product(paths[p], 1, M, N, K, A + (size_t)off * K, K, W,
+                           K, b, 0.0f, NULL);
+        for (int i = 0; i < M; i++)
+          cr_assert_eq(memcmp(C + (size_t)i * N, alone + (size_t)(off + i) * N,
+                              (size_t)N * sizeof(float)), 0,
+                       "%s: row %d of an M = %d product (N %d K %d) differs "
+                       "from the row alone", paths[p], i, M, N, K);
+        free(C);
+      }
+      /* the same rows in reverse order, two threads */
+      float *R = malloc((size_t)Mmax * K * sizeof(float));
+      for (int i = 0; i < Mmax; i++)
+        memcpy(R + (size_t)i * K, A + (size_t)(Mmax - 1 - i) * K,
+               (size_t)K * sizeof(float));
+      float *C = product(paths[p], 2, Mmax, N, K, R, K, W, K, b, 0.0f, NULL);
+      for (int i = 0; i < Mmax; i++)
+        cr_assert_eq(memcmp(C + (size_t)i * N,
+                            alone + (size_t)(Mmax - 1 - i) * N,
+                            (size_t)N * sizeof(float)), 0,
+                     "%s: reversed row %d differs (N %d K %d, 2 threads)",
+                     paths[p], i, N, K);
+      free(C), free(R), free(A), free(W), free(b), free(alone);
+    }
+}
+
+/* A large product split between 1, 2 and 3 threads (panels of columns),
+ * and a column computed in a product of other width. */
+Test(gemm, threads_and_width_change_nothing) {
+  print_paths("threads_and_width_change_nothing");
+  int M = 96, N = 1030, K = 300;
+  float *A = rnd((size_t)M * K), *W = rnd((size_t)N * K);
+  float *one = product(cn__gemm_path(), 1, M, N, K, A, K, W, K, NULL, 0.0f,
+                       NULL);
+  for (int t = 2; t <= 3; t++) {
+    float *C = product(cn__gemm_path(), t, M, N, K, A, K, W, K, NULL, 0.0f,
+                       NULL);
+    cr_assert_eq(memcmp(C, one, (size_t)M * N * sizeof(float)), 0,
+                 "%d threads differ from 1", t);
+    free(C);
+  }
+  /* columns 517.. alone: W's rows from 517 on, a narrower product */
+  int j0 = 517, n = 13;
+  float *C = product(cn__gemm_path(), 1, M, n, K, A, K, W + (size_t)j0 * K,
+                     K, NULL, 0.0f, NULL);
+  for (int i = 0; i < M; i++)
+    cr_assert_eq(memcmp(C + (size_t)i * n, one + (size_t)i * N + j0,
+                        (size_t)n * sizeof(float)), 0,
+                 "row %d: columns %d.. differ in a product %d wide", i, j0,
+                 n);
+  free(C), free(one), free(A), free(W);
+}
+
+Test(gemm, an_unknown_path_is_refused) {
+  cr_assert_eq(cn__gemm_force("sse9"), -1);
+  cr_assert_not_null(cn__gemm_path());
+}
