@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "backends.h"
+#include "cpu/gemm.h"
 
 #ifdef CANOPY_HAVE_CUDA
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
@@ -93,5 +94,7 @@ void cn_backend_release(cn_backend_ctx *bk) {
 long long cn_backend_kernels(const cn_backend_ctx *bk) { return bk->kernels; }
 
 void cn_backend_cpu_threads(int n) {
-  if (n >= 1) openblas_set_num_threads(n);
+  if (n < 1) return;
+  cn__gemm_set_threads(n);
+  openblas_set_num_threads(n);
 }

@@ -18,7 +18,8 @@ void cn_backend_close(cn_backend_ctx *bk);
 void cn_backend_release(cn_backend_ctx *bk);
 /* Kernel launches issued on this context so far. */
 long long cn_backend_kernels(const cn_backend_ctx *bk);
-/* Size of the OpenBLAS thread pool (cpu). */
+/* Threads one product may use on the cpu backend (gemm.c's, and the
+ * OpenBLAS pool's for what still calls it). */
 void cn_backend_cpu_threads(int n);
 
 /* internal */

@@ -99,9 +99,9 @@ static void run_usage(FILE *f) {
           "                        backend context; output order is kept "
           "and equals\n"
           "                        --jobs 1 (default: the number of cores)\n"
-          "  --threads N           OpenBLAS threads of each job (default: "
-          "OpenBLAS's own\n"
-          "                        with --jobs 1, else max(1, cores / jobs))\n"
+          "  --threads N           threads splitting each product of a job (default: "
+          "max(1,\n"
+          "                        cores / jobs))\n"
           "  --max-decode-len N    lstm-nmt: decode at most N steps (below the "
           "model's cap)\n"
           "limits:\n");
@@ -497,11 +497,11 @@ int cn_cmd_run(int argc, char **argv) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     goto out;
   }
-  /* One BLAS thread a job unless asked (serve.c does the same per worker);
-   * --jobs 1 leaves OpenBLAS its own default, as before --jobs existed. */
+  /* Product threads of a job: max(1, cores / jobs) unless asked (serve.c
+   * does the same per worker); --jobs 1 gets every core. */
   if (o.threads > 0)
     cn_backend_cpu_threads((int)o.threads);
-  else if (jobs > 1)
+  else
     cn_backend_cpu_threads(cores / jobs > 1 ? cores / jobs : 1);
   in = strcmp(o.input, "-") == 0 ? stdin : fopen(o.input, "r");
   if (in == NULL) {

@@ -99,7 +99,7 @@ static const cn_config_key keys[] = {
     INT_KEY("workers", 1, 256, "2", SRV(workers),
             "worker threads, each with its own backend context", "serve"),
     INT_KEY("blas-threads", 0, 256, "0", SRV(blas_threads),
-            "OpenBLAS threads; 0: max(1, cores / workers)", "serve"),
+            "threads splitting each product of a worker; 0: max(1, cores / workers)", "serve"),
     INT_KEY("max-delay-us", 0, 60000000, "2000", SRV(max_delay_us),
             "the most a request waits for company: a run closes this long "
             "after its first request arrived",

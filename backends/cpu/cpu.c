@@ -1,9 +1,10 @@
-/* cpu.c - the CPU backend: OpenBLAS sgemm for every product, plain loops
- * the compiler vectorises for gathers and the fused cells.
+/* cpu.c - the CPU backend: gemm.c for every product (one fixed order of
+ * sums, so answers never depend on the batch), plain loops the compiler
+ * vectorises for gathers and the fused cells.
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
  * mapped them, and core reads results in place. One context per worker
- * thread; OpenBLAS's own threads split each large product.
+ * thread; gemm.c's threads (cn__gemm_set_threads) split each large product.
  */
 #include <cblas.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 #include "backend.h"
 #include "backends.h"
 #include "fastmath.h"
+#include "gemm.h"
 
 /* Freed blocks kept for the context's next runs (see cpu_alloc). */
 enum { SPARE_BLOCKS = 4 };
@@ -26,8 +28,8 @@ typedef struct cpu_ctx {
   int n_zeros;
   float *ew;   /* ew_program: per-row scratch and constant rows */
   int64_t n_ew;
-  float *pad;  /* cpu_gemm: a small product's rows, padded */
-  size_t n_pad;
+  float *tr;   /* mvrnn_mat: a child's matrix, transposed */
+  size_t n_tr;
 } cpu_ctx;
 
 /* A row of at least n zeros, so the fused loops need no branch for a
@@ -77,7 +79,7 @@ static void cpu_close(cn_backend_ctx *bk) {
   cpu_release(bk);
   free(((cpu_ctx *)bk)->zeros);
   free(((cpu_ctx *)bk)->ew);
-  free(((cpu_ctx *)bk)->pad);
+  free(((cpu_ctx *)bk)->tr);
   free(bk);
 }
 
@@ -154,65 +156,12 @@ static void cpu_copy(cn_backend_ctx *bk, void *dst, const void *src,
 
 static void cpu_sync(cn_backend_ctx *bk) {}
 
-/* Products with M·N at most this many elements are padded with zero rows
- * past it. OpenBLAS picks its kernel by shape: on SkylakeX (0.3.21) a
- * product with M·N <= 1200 takes the "small matrix" kernel, whose sums
- * round differently from the packed kernel every larger product takes. A
- * row's result would then depend on how many rows share its batch, and
- * continuous decoding (an instance's rows batched with whichever others
- * are in flight) could not equal decoding it alone bit for bit. Past the
- * threshold every row of a product takes the same kernel: rows are
- * computed alike in any batch (tests/test_decode.c checks it end to end;
- * padded products of every M below 40 equal rows of M = 300 for N from 8
- * to 2000 and K from 8 to 256). The price is paid by tiny batches only:
- * the packed kernel copies the weights where the small one read them in
- * place (lstm-nmt H 128, one instance a run: 113 against 142 sentences/s,
- * median of 5 on a shared machine). */
-#define PAD_MN 1280
-
-/* C[M,N] = A[M,K]·W[N,K]ᵀ (+ bias) + beta·C */
+/* C[M,N] = A[M,K]·W[N,K]ᵀ (+ bias) + beta·C, by gemm.c: every element
+ * computed the same way whatever the batch around its row (gemm.h). */
 static void cpu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
                      int lda, const float *W, int ldw, const float *bias,
                      float beta, float *C, int ldc) {
-  if (bias != NULL) {
-    for (int i = 0; i < M; i++) {
-      float *c = C + (size_t)i * ldc;
-      if (beta == 0.0f)
-        memcpy(c, bias, (size_t)N * sizeof(float));
-      else
-        for (int j = 0; j < N; j++) c[j] = beta * c[j] + bias[j];
-    }
-    beta = 1.0f;
-  }
-  if (M > 0 && N > 0 && (int64_t)M * N <= PAD_MN) {
-    cpu_ctx *c = (cpu_ctx *)bk;
-    int Mp = PAD_MN / N + 1;
-    size_t need = (size_t)Mp * ((size_t)K + (size_t)N);
-    if (need > c->n_pad) {
-      float *p = realloc(c->pad, need * sizeof(float));
-      if (p == NULL) abort();
-      c->pad = p;
-      c->n_pad = need;
-    }
-    float *Ap = c->pad, *Cp = c->pad + (size_t)Mp * K;
-    memset(Ap, 0, (size_t)Mp * K * sizeof(float));
-    memset(Cp, 0, (size_t)Mp * N * sizeof(float));
-    for (int i = 0; i < M; i++) {
-      memcpy(Ap + (size_t)i * K, A + (size_t)i * lda,
-             (size_t)K * sizeof(float));
-      if (beta != 0.0f)
-        memcpy(Cp + (size_t)i * N, C + (size_t)i * ldc,
-               (size_t)N * sizeof(float));
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Mp, N, K, 1.0f, Ap,
-                K, W, ldw, beta, Cp, N);
-    for (int i = 0; i < M; i++)
-      memcpy(C + (size_t)i * ldc, Cp + (size_t)i * N,
-             (size_t)N * sizeof(float));
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, lda,
-              W, ldw, beta, C, ldc);
+  cn__gemm_nt(M, N, K, A, lda, W, ldw, bias, beta, C, ldc);
 }
 
 static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
@@ -350,30 +299,44 @@ static void cpu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
       continue;
     }
     const float *b = base + off2[r], *B = b + H;
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, H, H, 1.0f, B, H, a, 1, 0.0f, x,
-                1);
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, H, H, 1.0f, A, H, b, 1, 0.0f,
-                x + H, 1);
+    /* x[:H] = B·a, x[H:] = A·b: one row of A·Wᵀ each, W = B, A */
+    cn__gemm_nt(1, H, H, a, H, B, H, NULL, 0.0f, x, H);
+    cn__gemm_nt(1, H, H, b, H, A, H, NULL, 0.0f, x + H, H);
   }
+}
+
+/* dst[H,H] = src[H,H]ᵀ, into the context's scratch. */
+static const float *transposed(cpu_ctx *c, const float *src, int H) {
+  size_t need = (size_t)H * H;
+  if (need > c->n_tr) {
+    float *t = realloc(c->tr, need * sizeof(float));
+    if (t == NULL) abort(); /* H² floats of a loaded model: small */
+    c->tr = t;
+    c->n_tr = need;
+  }
+  for (int i = 0; i < H; i++)
+    for (int j = 0; j < H; j++) c->tr[(size_t)j * H + i] = src[(size_t)i * H + j];
+  return c->tr;
 }
 
 static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
                           const float *base, const int64_t *off1,
                           const int64_t *off2, float *out, int ldo) {
+  cpu_ctx *c = (cpu_ctx *)bk;
   for (int r = 0; r < n; r++) {
     const float *A = base + off1[r] + H;
     float *P = out + (size_t)r * ldo;
-    /* P = WM[:, :H]·A (WM rows are 2H apart). */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, H, H, H, 1.0f, WM,
-                2 * H, A, H, 0.0f, P, H);
+    /* P = WM[:, :H]·A (WM rows are 2H apart): A·Wᵀ with W = Aᵀ */
+    cn__gemm_nt(H, H, H, WM, 2 * H, transposed(c, A, H), H, NULL, 0.0f, P,
+                H);
     if (off2[r] < 0) { /* + WM[:, H:]·I */
       for (int i = 0; i < H; i++)
         for (int j = 0; j < H; j++)
           P[(size_t)i * H + j] += WM[(size_t)i * 2 * H + H + j];
     } else {
       const float *B = base + off2[r] + H;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, H, H, H, 1.0f,
-                  WM + H, 2 * H, B, H, 1.0f, P, H);
+      cn__gemm_nt(H, H, H, WM + H, 2 * H, transposed(c, B, H), H, NULL,
+                  1.0f, P, H);
     }
   }
 }
