@@ -18,7 +18,7 @@ what the benchmark times.  Uses /usr/bin/python3 with Debian's python3-torch.
 
 CLI (for checking by hand):
   torch_models.py --model DIR --input FILE.jsonl --mode per-instance|level-batched
-                  [--batch N] [--threads 2] [--limit N]
+                  [--batch N] [--threads 2] [--limit N] [--device cuda]
 prints one JSON line {"logits": ...} per instance.
 """
 import argparse
@@ -105,6 +105,16 @@ class Model(object):
             self.U_f_t = self.U_f.t().contiguous()
         if self.family == "latticelstm":
             self.Dw = p["word_embed"].shape[1]
+
+    def to(self, device):
+        """Moves every weight to device; with torch.set_default_device(device)
+        the per-batch tensors are made there too (scripts/bench/gpu.py)."""
+        for name, v in list(vars(self).items()):
+            if torch.is_tensor(v):
+                setattr(self, name, v.to(device))
+            elif isinstance(v, dict) and v and all(torch.is_tensor(x) for x in v.values()):
+                setattr(self, name, {k: x.to(device) for k, x in v.items()})
+        return self
 
     def norm(self, tok):
         return tok.translate(_LOWER) if self.lowercase else tok
@@ -552,9 +562,12 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    m = Model(a.model)
+    m = Model(a.model).to(a.device)
+    if a.device != "cpu":
+        torch.set_default_device(a.device)  # torch >= 2.0
     preps = [m.prepare(i) for i in load_instances(a.input, a.limit)]
     with torch.inference_mode():
         outs = m.run(preps, a.mode, a.batch)

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One session on the GPU machine (../shared/gpu/README.md), every step with
+# a timeout, logs under $OUT (or ./gpu-out). Build and bundle here first:
+#   meson setup build-cuda -Dcuda=enabled && ninja -C build-cuda
+#   TESTS="test_cuda" ../shared/gpu/bundle.sh build-cuda .gpu
+#   mkdir -p .gpu/data && cp ../shared/data/{trees-binary,lattices}.jsonl ../shared/data/lexicon.txt .gpu/data/
+# then, through the device tool, with carry [".gpu"]:
+#   source .gpu/env.sh && scripts/bench/gpu_run.sh [quick]
+# Steps: the GPU; test_cuda; batch invariance on cuda (canopy run --batch 1
+# against 64 and everything in one run, byte for byte, reported not
+# asserted: docs/api.md); scripts/bench/gpu.py (the table of issue 33).
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+B=.gpu/bin/canopy D=.gpu/data
+step() { echo "== $* ($(date +%T))"; }
+step GPU
+timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
+step test_cuda
+timeout 150 .gpu/bin/test_cuda --verbose=0 >"$OUT/test_cuda.log" 2>&1
+echo "test_cuda exit $?"; tail -3 "$OUT/test_cuda.log"
+step "invariance on cuda"
+inv=$(mktemp -d)
+head -200 "$D/trees-binary.jsonl" >"$inv/t.jsonl"
+for H in 64 512; do
+  timeout 60 $B model init treelstm "$inv/m$H" --hidden $H --embed $H \
+    --vocab-from "$inv/t.jsonl" --seed 3 2>/dev/null
+  for b in 1 64 100000; do
+    timeout 120 $B run --backend cuda --model "$inv/m$H" --input "$inv/t.jsonl" \
+      --outputs all --return-hidden --batch $b --jobs 1 >"$inv/out$H-$b" 2>/dev/null
+  done
+  for b in 64 100000; do
+    if cmp -s "$inv/out$H-1" "$inv/out$H-$b"; then r=identical; else r=differ; fi
+    echo "treelstm H=$H cuda: --batch $b against --batch 1: $r"
+  done
+  timeout 120 $B run --backend cpu --model "$inv/m$H" --input "$inv/t.jsonl" \
+    --outputs all --return-hidden --batch 64 >"$inv/cpu$H" 2>/dev/null
+  python3 - "$inv/out$H-1" "$inv/out$H-64" "$inv/cpu$H" <<'PY'
+import json, sys
+def nums(o, acc):
+    if isinstance(o, float): acc.append(o)
+    elif isinstance(o, list):
+        for x in o: nums(x, acc)
+    elif isinstance(o, dict):
+        for k in sorted(o): nums(o[k], acc)
+    return acc
+a, b, c = ([nums(json.loads(l), []) for l in open(p)] for p in sys.argv[1:])
+d = lambda x, y: max((abs(p - q) for u, v in zip(x, y) for p, q in zip(u, v)), default=0)
+print(f"  max |diff|: cuda b1 vs b64 {d(a, b):.3g}; cuda vs cpu {d(a, c):.3g}")
+PY
+done
+step "gpu.py"
+if [ "${1:-}" = quick ]; then
+  timeout 300 python3 scripts/bench/gpu.py --canopy $B --data $D \
+    --hidden 128,512 --runs 64,1024 2>&1 | tee "$OUT/gpu_bench.txt"
+else
+  timeout 420 python3 scripts/bench/gpu.py --canopy $B --data $D 2>&1 |
+    tee "$OUT/gpu_bench.txt"
+fi
+step done
