@@ -17,7 +17,10 @@ machine's own setting. Last, `canopy serve` under concurrent clients,
 with requests of 1 to 8 instances sharing runs, answers each instance
 exactly as `canopy run --batch 1` does.
 
-usage: invariance.py CANOPY DATA_DIR WORK_DIR [CELLS_DIR]
+Also runs the given test binaries (test_decode, test_serve_decode:
+continuous decoding against decoding alone) once under each kernel.
+
+usage: invariance.py CANOPY DATA_DIR WORK_DIR [CELLS_DIR [TEST_BIN ...]]
 Prints the kernels it ran, one line per check, and "N passed, N failed".
 """
 import hashlib, json, os, random, shutil, signal, socket, subprocess, sys
@@ -25,6 +28,7 @@ import threading, time, urllib.error, urllib.request
 
 canopy, data, work = sys.argv[1], sys.argv[2], sys.argv[3]
 cells = sys.argv[4] if len(sys.argv) > 4 else None
+test_bins = sys.argv[5:]
 work = os.path.join(work, "invariance")
 LINES = 96  # instances per family: several runs at --batch 7 and 64
 
@@ -280,6 +284,17 @@ def check_daemon(specs, base):
         log.close()
 
 
+def check_test_bins(ks):
+    for k in ks[1:]:
+        env = dict(os.environ, OPENBLAS_CORETYPE=k)
+        for t in test_bins:
+            p = subprocess.run([t], capture_output=True, env=env, timeout=600)
+            tail = (p.stdout + p.stderr).decode(errors="replace")[-600:]
+            report(p.returncode == 0, f"{os.path.basename(t)} under "
+                   f"OPENBLAS_CORETYPE={k}" + ("" if p.returncode == 0
+                                               else f":\n{tail}"))
+
+
 def main():
     ks = kernels()
     print("kernels: the machine's own (OPENBLAS_CORETYPE=%s), then %s"
@@ -288,6 +303,7 @@ def main():
     specs = make_models()
     base = check_cli(specs, ks)
     check_daemon(specs, base)
+    check_test_bins(ks)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
