@@ -179,8 +179,8 @@ static int on_headers_complete(http_parser *p) {
   if (n_host > 1)
     return refuse(c, CN_E_BAD_REQUEST, "more than one Host header");
   if (n_host == 0 && p->http_minor >= 1)
-    return refuse(c, CN_E_BAD_REQUEST, "an HTTP/1.1 request needs a Host "
-                  "header (RFC 9112 section 3.2)");
+    return refuse(c, CN_E_BAD_REQUEST, "a request of HTTP version 1.1 needs a "
+                  "Host header (RFC 9112 section 3.2)");
   char method[16];
   snprintf(method, sizeof(method), "%s",
            http_method_str((enum http_method)p->method));
