@@ -304,6 +304,7 @@ int cn_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto stop;
   }
+  cn__repo_guard_init(s);
   s->metrics.start_time = (double)time(NULL);
   cn__retrainer_start(s); /* failure to start only loses retraining */
   uv_async_init(&s->loop, &s->load_async, cn__repo_on_loaded);
