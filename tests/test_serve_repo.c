@@ -143,7 +143,7 @@ Test(repo, sighup_during_a_load_is_not_lost, .fini = teardown,
   post(a, "m", "load");
   usleep(20000);
   /* the directory changes to v2 and SIGHUP comes while v1 loads */
-  char cmd[1200];
+  char cmd[2200];
   snprintf(cmd, sizeof(cmd), "ln -sfn %s %s.new && mv -T %s.new %s", v2, m,
            m, m);
   cr_assert(system(cmd) == 0, "%s", cmd);
