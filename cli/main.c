@@ -1,4 +1,5 @@
 /* main.c - the canopy binary: one executable, several subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,10 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* A peer or a log reader that goes away makes a write fail with EPIPE,
+   * never kills the process: from the first instruction, so a daemon
+   * whose stderr pipe closes while its models load lives on (issue #39) */
+  signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
     usage(stderr);
     return 1;

@@ -175,6 +175,16 @@ static const cn_config_key keys[] = {
             "if set, POST /v2/repository/... needs the header "
             "'Authorization: Bearer TOKEN'",
             NULL),
+    BOOL_KEY("repository-insecure", "false", SRV(repository_insecure),
+             "allow the repository's load and unload routes with no "
+             "repository-token on a non-loopback host (anyone who reaches "
+             "the port may load models); false: there they answer 403 "
+             "until a token is set"),
+    INT_KEY("max-loads", 1, 64, "2", SRV(max_loads),
+            "model loads in flight at once (each holds about one model's "
+            "size in memory); a POST .../load beyond it gets 429, a "
+            "rescan's load waits for a free one",
+            "serve"),
     BOOL_KEY("strict-startup", "true", SRV(strict_startup),
              "a model that fails to load stops start-up; false: it is "
              "UNAVAILABLE in the repository index and the others serve"),

@@ -49,6 +49,8 @@ typedef struct cn_serve_config {
   char model_control[16];  /* none | explicit | poll                      */
   int poll_interval_s;     /* model-control poll: rescan this often       */
   char repository_token[256]; /* bearer token of the mutating routes      */
+  bool repository_insecure; /* those routes with no token off loopback   */
+  int max_loads;           /* model loads in flight at once; beyond: 429  */
   bool strict_startup;     /* one model failing to load stops start-up    */
   bool warmup;             /* each worker runs a version once before it serves */
 } cn_serve_config;

@@ -127,7 +127,7 @@ static int on_headers_complete(http_parser *p) {
   cn__server *s = c->srv;
   if (hb_put(c, "", 1)) return head_too_large(c);
   if (c->part == 1) c->h[c->nh - 1].value = c->hlen - 1; /* no value */
-  int n_cl = 0, n_te = 0;
+  int n_cl = 0, n_te = 0, n_host = 0;
   const char *te = NULL;
   for (int i = 0; i < c->nh; i++) {
     const char *k = c->hb + c->h[i].name;
@@ -143,6 +143,7 @@ static int on_headers_complete(http_parser *p) {
     for (size_t vl = strlen(v); vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t');)
       v[--vl] = '\0';
     if (strcasecmp(k, "Content-Length") == 0) n_cl++;
+    if (strcasecmp(k, "Host") == 0) n_host++;
     if (strcasecmp(k, "Transfer-Encoding") == 0) {
       n_te++;
       te = c->hb + c->h[i].value;
@@ -172,6 +173,14 @@ static int on_headers_complete(http_parser *p) {
   if (p->http_major != 1 || p->http_minor > 1)
     return refuse(c, CN_E_BAD_REQUEST, "unsupported HTTP version (1.0 "
                   "and 1.1 are served)");
+  /* RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host header (an
+   * HTTP/1.0 one may have none); two are refused in either version, as
+   * a proxy and the daemon could each pick another */
+  if (n_host > 1)
+    return refuse(c, CN_E_BAD_REQUEST, "more than one Host header");
+  if (n_host == 0 && p->http_minor >= 1)
+    return refuse(c, CN_E_BAD_REQUEST, "a request of HTTP version 1.1 needs a "
+                  "Host header (RFC 9112 section 3.2)");
   char method[16];
   snprintf(method, sizeof(method), "%s",
            http_method_str((enum http_method)p->method));

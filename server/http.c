@@ -281,13 +281,23 @@ static void answer_no_model(cn__req *r) {
 }
 
 /* The mutating repository routes: allowed by model-control, and with the
- * bearer token when one is configured. */
+ * bearer token when one is configured; with none, only on a loopback host
+ * or with repository-insecure (cn__repo_guard_init). */
 static bool repo_allowed(cn__req *r) {
   const cn_serve_config *sc = &r->srv->cfg.serve;
   if (strcmp(sc->model_control, "none") == 0) {
     answer_err(r, CN_E_FORBIDDEN, "model-control is none: models "
                       "change only at start-up (set model-control explicit "
                       "or poll)");
+    return false;
+  }
+  if (!r->srv->repo_open) {
+    char msg[600];
+    snprintf(msg, sizeof(msg), "the repository's load and unload routes "
+             "are off: the daemon listens on %.200s (not loopback) with no "
+             "repository-token; set repository-token (or repository-insecure "
+             "true to let anyone who reaches the port load models)", sc->host);
+    answer_err(r, CN_E_FORBIDDEN, msg);
     return false;
   }
   if (sc->repository_token[0] != '\0') {
@@ -379,7 +389,9 @@ static void answer_route(cn__req *r) {
   if (rt == CN__RT_REPO_UNLOAD) {  /* the index only reads: no guard */
     if (!repo_allowed(r)) return;
     cn__model_entry *cur = cn__model_retain(r->slot);
-    if (cur == NULL) {
+    /* a model loading (or waiting to) is unloaded too: its load is
+     * cancelled */
+    if (cur == NULL && (r->slot == NULL || !cn__repo_busy(r->slot))) {
       answer_no_model(r);
       return;
     }

@@ -17,6 +17,24 @@ int cn__log_parse_level(const char *name) {
   return -1;
 }
 
+void cn__log_escape(char *out, size_t cap, const char *in) {
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+    char e[8];
+    int k;
+    if (*p == '\\' || *p == '"') k = snprintf(e, sizeof(e), "\\%c", *p);
+    else if (*p == '\n') k = snprintf(e, sizeof(e), "\\n");
+    else if (*p == '\r') k = snprintf(e, sizeof(e), "\\r");
+    else if (*p == '\t') k = snprintf(e, sizeof(e), "\\t");
+    else if (*p < 0x20 || *p == 0x7f) k = snprintf(e, sizeof(e), "\\x%02x", *p);
+    else k = snprintf(e, sizeof(e), "%c", *p);
+    if (n + (size_t)k + 1 > cap) break;
+    memcpy(out + n, e, (size_t)k);
+    n += (size_t)k;
+  }
+  if (cap > 0) out[n] = '\0';
+}
+
 /* The line is formatted into one buffer and written with one write(2), so
  * lines from the loop and the workers never interleave mid-line. */
 void cn__log(int level, const char *fmt, ...) {
@@ -36,6 +54,10 @@ void cn__log(int level, const char *fmt, ...) {
   va_end(ap);
   size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
   if (len > sizeof(line) - 2) len = sizeof(line) - 2;
+  /* a record is one line whatever its values hold: a stray control
+   * character becomes a space */
+  for (size_t i = (size_t)n; i < len; i++)
+    if ((unsigned char)line[i] < 0x20) line[i] = ' ';
   line[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;

@@ -6,6 +6,8 @@
 #ifndef CANOPY_SERVER_LOG_H
 #define CANOPY_SERVER_LOG_H
 
+#include <stddef.h>
+
 typedef enum {
   CN_LOG_ERROR = 0,
   CN_LOG_WARN,
@@ -20,6 +22,10 @@ int cn__log_parse_level(const char *name);
 /* fmt is the rest of a logfmt line: `msg=... key=value ...`. */
 void cn__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* in, for a logfmt value: backslash and double quote escaped, a control
+ * character as \n, \r, \t or \xHH (a name never splits a line). */
+void cn__log_escape(char *out, size_t cap, const char *in);
 
 #define CN_LOG(level, ...)                              \
   do {                                                  \

@@ -130,6 +130,24 @@ void cn__metrics_set_models(cn__metrics *m, int n) {
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_reset_model(cn__metrics *m, int i) {
+  if (i < 0 || i >= m->cap) return;
+  pthread_mutex_lock(&m->mu);
+  memset(&m->requests[(size_t)i * CN__N_STATUS], 0,
+         CN__N_STATUS * sizeof(uint64_t));
+  m->instances[i] = m->model_batches[i] = m->model_lower_bound[i] = 0;
+  memset(&m->retrains[(size_t)i * CN__N_RETRAIN], 0,
+         CN__N_RETRAIN * sizeof(uint64_t));
+  cn__hist *h[] = {&m->request_s[i], &m->queue_s[i], &m->compute_s[i],
+                   &m->batch_instances[i]};
+  for (int k = 0; k < 4; k++) {
+    memset(h[k]->counts, 0, sizeof(h[k]->counts));
+    h[k]->sum = 0;
+    h[k]->count = 0;
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_window_close(cn__metrics *m, cn__close_reason why) {
   pthread_mutex_lock(&m->mu);
   m->window_closes[why]++;

@@ -54,6 +54,8 @@ typedef struct cn__gauges {
 int cn__metrics_init(cn__metrics *m, int cap, const char **names);
 /* Model slots 0..n-1 are in use (names filled in first). */
 void cn__metrics_set_models(cn__metrics *m, int n);
+/* Slot i holds another model from now on: its counters start again. */
+void cn__metrics_reset_model(cn__metrics *m, int i);
 void cn__metrics_free(cn__metrics *m);
 /* model: index or -1 (no model) */
 void cn__metrics_request(cn__metrics *m, int model, int status,

@@ -10,10 +10,18 @@
  * fails leaves the old version serving and records why (index, log,
  * canopy_model_loads_total).
  *
+ * Bounds (docs/reliability.md, issue #39): one load per model in flight
+ * (a second POST .../load joins it), max-loads loads at once (429 beyond;
+ * a rescan's load waits), CN__MAX_MODELS live slots (a slot is freed once
+ * its model is unloaded and its directory gone). An unload cancels a load
+ * in flight (its result is discarded); a rescan that finds a load in
+ * flight owes the slot one more look when it ends.
+ *
  * Threads: slots are created on the loop thread (or at start-up, before
  * it runs); `cur`, `state` and `reason` are read under the slot's mutex
  * from any thread (the loop, workers, loader threads, the retrainer).
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <time.h>
@@ -33,7 +41,7 @@ struct cn__load {
   cn__model_slot *slot;
   cn__model_entry *ver; /* NULL: failed, err says why */
   cn_err err;
-  cn__req *r;           /* a suspended POST .../load (a reference), or NULL */
+  unsigned gen;         /* the slot's gen when it started */
 };
 
 static const char *state_name(int st) {
@@ -78,28 +86,118 @@ static bool same_signature(const struct stat a[2], const struct stat b[2]) {
 cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len) {
   int n = atomic_load(&s->n_models);
   for (int i = 0; i < n; i++)
-    if (strlen(s->models[i].name) == len &&
+    if (s->models[i].used && strlen(s->models[i].name) == len &&
         strncmp(s->models[i].name, name, len) == 0)
       return &s->models[i];
   return NULL;
+}
+
+/* name as a Prometheus label value (text format 0.0.4: backslash, double
+ * quote and line feed escaped). */
+static void label_escape(char *out, size_t cap, const char *in) {
+  size_t n = 0;
+  for (; *in != '\0' && n + 3 < cap; in++) {
+    if (*in == '\\' || *in == '"') out[n++] = '\\';
+    if (*in == '\n') {
+      out[n++] = '\\';
+      out[n++] = 'n';
+      continue;
+    }
+    out[n++] = *in;
+  }
+  out[n] = '\0';
+}
+
+/* Does name hold a control character (a byte below 0x20, or 0x7f)? Such a
+ * name would split a log line or a metrics series: it names no model. */
+static int control_char(const char *name) {
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) return *p;
+  return -1;
+}
+
+/* Does models-dir/name hold a model.json (a file, or anything)? */
+static bool dir_present(cn__server *s, const char *name) {
+  char mj[1200];
+  struct stat st;
+  snprintf(mj, sizeof(mj), "%s/%s/model.json", s->cfg.serve.models_dir,
+           name);
+  return stat(mj, &st) == 0;
+}
+
+bool cn__repo_busy(const cn__model_slot *sl) {
+  return sl->loading || sl->queued;
+}
+
+/* Frees sl for another name when nothing holds it: no version, no load,
+ * no window, no version alive that points at it (loop thread). */
+static bool slot_free(cn__server *s, cn__model_slot *sl) {
+  pthread_mutex_lock(&sl->vmu);
+  bool idle = sl->cur == NULL;
+  pthread_mutex_unlock(&sl->vmu);
+  if (!sl->used || !idle || cn__repo_busy(sl) || sl->window != NULL ||
+      sl->joined != NULL || atomic_load(&sl->entries) != 0 ||
+      atomic_load(&sl->decoding) != 0)
+    return false;
+  CN_LOG(CN_LOG_INFO, "msg=model-slot-freed model=%s slot=%d", sl->label,
+         sl->index);
+  sl->used = false;
+  memset(sl->tried, 0, sizeof(sl->tried));
+  return true;
+}
+
+/* Live slots: the bound counts models the daemon knows now, not every
+ * name it ever saw (issue #39). When full, slots of models without a
+ * version whose directory is gone are freed first. */
+static int live_slots(cn__server *s, bool reclaim) {
+  int n = atomic_load(&s->n_models), live = 0;
+  for (int i = 0; i < n; i++) {
+    cn__model_slot *sl = &s->models[i];
+    if (sl->used && reclaim && !dir_present(s, sl->name) && slot_free(s, sl))
+      continue;
+    live += sl->used;
+  }
+  return live;
 }
 
 /* The slot of name, made if new (loop thread or start-up). NULL: full. */
 static cn__model_slot *slot_get(cn__server *s, const char *name) {
   cn__model_slot *sl = cn__repo_find(s, name, strlen(name));
   if (sl != NULL) return sl;
+  if (live_slots(s, false) >= CN__MAX_MODELS &&
+      live_slots(s, true) >= CN__MAX_MODELS)
+    return NULL;
   int n = atomic_load(&s->n_models);
+  for (int i = 0; i < n && sl == NULL; i++)
+    if (!s->models[i].used && atomic_load(&s->models[i].entries) == 0 &&
+        s->models[i].window == NULL && !s->models[i].loading)
+      sl = &s->models[i];
+  if (sl != NULL) { /* a freed slot: its mutex and timer stay */
+    cn__metrics_reset_model(&s->metrics, sl->index);
+    pthread_mutex_lock(&sl->vmu);
+    sl->state = CN__MODEL_LOADING;
+    sl->reason[0] = '\0';
+    sl->loads_ok = sl->loads_failed = 0;
+    pthread_mutex_unlock(&sl->vmu);
+    sl->rescan_owed = sl->queued = false;
+    snprintf(sl->name, sizeof(sl->name), "%s", name);
+    label_escape(sl->label, sizeof(sl->label), name);
+    sl->used = true;
+    return sl;
+  }
   if (n >= CN__MAX_MODELS) return NULL;
   sl = &s->models[n];
   memset(sl, 0, sizeof(*sl));
   snprintf(sl->name, sizeof(sl->name), "%s", name);
+  label_escape(sl->label, sizeof(sl->label), name);
   sl->index = n;
   sl->srv = s;
+  sl->used = true;
   sl->state = CN__MODEL_LOADING;
   pthread_mutex_init(&sl->vmu, NULL);
   uv_timer_init(&s->loop, &sl->timer);
   sl->timer.data = sl;
-  s->metrics.model_names[n] = sl->name;
+  s->metrics.model_names[n] = sl->label;
   atomic_store(&s->n_models, n + 1);
   cn__metrics_set_models(&s->metrics, n + 1);
   return sl;
@@ -121,6 +219,7 @@ void cn__model_release(cn__model_entry *me) {
   json_decref(me->describe);
   cn__policy_destroy(me);
   cn_model_free(me->model);
+  if (me->slot != NULL) atomic_fetch_sub(&me->slot->entries, 1);
   free(me);
 }
 
@@ -144,6 +243,7 @@ static int version_load(cn__server *s, cn__model_slot *sl,
                 cn_model_weights_sha256(me->model));
   me->index = sl->index;
   me->slot = sl;
+  atomic_fetch_add(&sl->entries, 1);
   atomic_init(&me->refs, 1);
   cn__policy_init(s, me); /* a cache read at most: never trains */
   me->describe = cn__model_describe_full(s, me);
@@ -188,7 +288,7 @@ static void load_failed(cn__model_slot *sl, const cn_err *err) {
   const char *serving = sl->cur ? sl->cur->version : "-";
   pthread_mutex_unlock(&sl->vmu);
   CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s serving=%s "
-         "error=\"%s\"", sl->name, serving, err->msg);
+         "error=\"%s\"", sl->label, serving, err->msg);
 }
 
 static int cmp_names(const void *a, const void *b) {
@@ -250,7 +350,8 @@ static int list_dirs(cn__server *s, char ***out, unservable **bad,
     /* stat follows a symlink to a regular file, and never blocks */
     if (stat(p, &st) != 0) continue;
     size_t len = strlen(de->d_name);
-    if (len < CN__NAME_MAX && S_ISREG(st.st_mode)) {
+    int cc = control_char(de->d_name);
+    if (len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
       names[n++] = strdup(de->d_name);
       continue;
     }
@@ -264,6 +365,11 @@ static int list_dirs(cn__server *s, char ***out, unservable **bad,
     if (len >= CN__NAME_MAX) {
       snprintf(u->why, sizeof(u->why), "the directory's name has %zu bytes; "
                "a model name has at most %d", len, CN__NAME_MAX - 1);
+      snprintf(u->fix, sizeof(u->fix), "rename it");
+    } else if (cc >= 0) {
+      snprintf(u->why, sizeof(u->why), "the directory's name holds a "
+               "control character (byte 0x%02x); a model name has none "
+               "(it would split log lines and metrics)", cc);
       snprintf(u->fix, sizeof(u->fix), "rename it");
     } else {
       snprintf(u->why, sizeof(u->why), "'model.json' is not a regular file "
@@ -280,10 +386,14 @@ static int list_dirs(cn__server *s, char ***out, unservable **bad,
   return n;
 }
 
-/* "model=NAME" for the log, a long name cut to 60 bytes and "..." */
+/* "model=NAME" for the log, a long name cut to 60 bytes and "...", its
+ * control characters, quotes and backslashes escaped (one line a record) */
 static void log_unservable(const unservable *u) {
-  CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%.60s%s error=\"%s\"",
-         u->name, strlen(u->name) > 60 ? "..." : "", u->why);
+  char cut[64], esc[260];
+  snprintf(cut, sizeof(cut), "%.60s", u->name);
+  cn__log_escape(esc, sizeof(esc), cut);
+  CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s%s error=\"%s\"",
+         esc, strlen(u->name) > 60 ? "..." : "", u->why);
 }
 
 static void free_names(char **names, int n) {
@@ -392,38 +502,22 @@ static void answer_load(cn__model_slot *sl, cn__req *r, cn__model_entry *v,
   cn__req_unref(r);
 }
 
-void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
-  cn_err e;
-  cn_err_clear(&e);
-  /* A load asked for by name makes a slot only for a directory that
-   * holds a model.json (or a model already known): junk names would
-   * otherwise fill the repository's CN__MAX_MODELS slots for good. */
-  char mj[1200];
-  struct stat st;
-  snprintf(mj, sizeof(mj), "%s/%s/model.json", s->cfg.serve.models_dir,
-           name);
-  bool wanted = r == NULL || cn__repo_find(s, name, strlen(name)) != NULL ||
-                stat(mj, &st) == 0;
-  cn__model_slot *sl = wanted ? slot_get(s, name) : NULL;
-  if (r != NULL) { /* a waiting request, answered by answer_load */
-    atomic_fetch_add(&r->refs, 1);
-    r->state = CN__REQ_WAITING;
-    r->wnext = s->waiting;
-    r->wprev = NULL;
-    if (s->waiting) s->waiting->wprev = r;
-    s->waiting = r;
+/* Answers every request that joined sl's load, and forgets them. */
+static void answer_joined(cn__model_slot *sl, cn__model_entry *v,
+                          const cn_err *err) {
+  cn__req *r = sl->joined;
+  sl->joined = NULL;
+  while (r != NULL) {
+    cn__req *next = r->lnext;
+    r->lnext = NULL;
+    answer_load(sl, r, v, err);
+    r = next;
   }
-  if (!wanted) {
-    cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
-               "models-dir (it needs a model.json)", name);
-    answer_load(NULL, r, NULL, &e);
-    return;
-  }
-  if (sl == NULL) {
-    cn_err_set(&e, CN_E_TOO_LARGE, "more than %d models", CN__MAX_MODELS);
-    answer_load(NULL, r, NULL, &e);
-    return;
-  }
+}
+
+/* Starts a loader thread for sl (loop thread): the one load of sl in
+ * flight, counted in loads_pending against max-loads by the caller. */
+static int start_load(cn__server *s, cn__model_slot *sl, cn_err *e) {
   struct cn__load *L = calloc(1, sizeof(*L));
   pthread_t t;
   pthread_attr_t at;
@@ -432,19 +526,111 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
   if (L != NULL) {
     L->srv = s;
     L->slot = sl;
-    L->r = r;
+    L->gen = sl->gen;
   }
+  int rc = 0;
   if (L == NULL || pthread_create(&t, &at, loader_main, L) != 0) {
     free(L);
-    cn_err_set(&e, CN_E_NOMEM, "cannot start a loader thread");
-    answer_load(sl, r, NULL, &e);
+    rc = cn_err_set(e, CN_E_NOMEM, "cannot start a loader thread");
   } else {
     sl->loading = true;
+    sl->queued = false;
+    sl->load_gen = sl->gen;
     slot_signature(s, sl, sl->tried);
     s->loads_pending++;
-    CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s", sl->name);
+    CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s loads_in_flight=%d",
+           sl->label, s->loads_pending);
   }
   pthread_attr_destroy(&at);
+  return rc;
+}
+
+/* Rescans' loads that waited for max-loads, started while there is room. */
+static void start_queued(cn__server *s) {
+  int n = atomic_load(&s->n_models);
+  for (int i = 0; i < n && s->loads_pending < s->cfg.serve.max_loads; i++) {
+    cn__model_slot *sl = &s->models[i];
+    if (!sl->used || !sl->queued || sl->loading) continue;
+    cn_err e;
+    cn_err_clear(&e);
+    sl->queued = false;
+    if (start_load(s, sl, &e) != 0) load_failed(sl, &e);
+  }
+}
+
+void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
+  cn_err e;
+  cn_err_clear(&e);
+  int cc = control_char(name);
+  /* A load asked for by name makes a slot only for a directory that
+   * holds a model.json (or a model already known): junk names would
+   * otherwise fill the repository's CN__MAX_MODELS slots. */
+  bool wanted = cc < 0 && (r == NULL ||
+                           cn__repo_find(s, name, strlen(name)) != NULL ||
+                           dir_present(s, name));
+  cn__model_slot *sl = wanted ? slot_get(s, name) : NULL;
+  if (r != NULL) { /* a waiting request, answered by answer_load */
+    atomic_fetch_add(&r->refs, 1);
+    r->state = CN__REQ_WAITING;
+    r->wnext = s->waiting;
+    r->wprev = NULL;
+    r->lnext = NULL;
+    if (s->waiting) s->waiting->wprev = r;
+    s->waiting = r;
+  }
+  if (cc >= 0) {
+    cn_err_set(&e, CN_E_BAD_REQUEST, "a model name holds no control "
+               "character (byte 0x%02x here)", cc);
+    answer_load(NULL, r, NULL, &e);
+    return;
+  }
+  if (!wanted) {
+    cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
+               "models-dir (it needs a model.json)", name);
+    answer_load(NULL, r, NULL, &e);
+    return;
+  }
+  if (sl == NULL) {
+    cn_err_set(&e, CN_E_TOO_LARGE, "more than %d models (loaded, loading, "
+               "failed, or unloaded with their directory still in "
+               "models-dir): remove a directory and unload its model",
+               CN__MAX_MODELS);
+    answer_load(NULL, r, NULL, &e);
+    return;
+  }
+  if (sl->loading) {
+    /* one load per model in flight: a request joins it; a rescan owes
+     * the slot one more look once it ends (the files may have changed
+     * after that load opened them) */
+    if (r != NULL) {
+      r->lnext = sl->joined;
+      sl->joined = r;
+      CN_LOG(CN_LOG_INFO, "msg=model-load-joined model=%s id=%s",
+             sl->label, r->id);
+    } else {
+      sl->rescan_owed = true;
+    }
+    return;
+  }
+  if (s->loads_pending >= s->cfg.serve.max_loads) {
+    if (r == NULL) { /* a rescan's: started when a load ends */
+      sl->queued = true;
+      return;
+    }
+    cn_err_set(&e, CN_E_OVERLOADED, "%d model loads are in flight "
+               "(max-loads %d): retry later", s->loads_pending,
+               s->cfg.serve.max_loads);
+    answer_load(NULL, r, NULL, &e);
+    return;
+  }
+  if (start_load(s, sl, &e) != 0) {
+    answer_load(sl, r, NULL, &e);
+    return;
+  }
+  if (r != NULL) {
+    r->lnext = sl->joined;
+    sl->joined = r;
+  }
 }
 
 void cn__repo_on_loaded(uv_async_t *a) {
@@ -457,23 +643,48 @@ void cn__repo_on_loaded(uv_async_t *a) {
     struct cn__load *next = L->next;
     cn__model_slot *sl = L->slot;
     sl->loading = false;
+    s->loads_pending--;
+    bool stale = L->gen != sl->gen;
     if (atomic_load(&s->draining)) {
       cn__model_release(L->ver); /* too late to serve it */
       L->ver = NULL;
       cn_err_set(&L->err, CN_E_DRAINING, "the server is shutting down");
+      stale = false;
+    }
+    if (stale) {
+      /* an unload came while it loaded: the result is discarded. Loads
+       * asked for since then get a load of their own. */
+      CN_LOG(CN_LOG_INFO, "msg=model-load-discarded model=%s version=%s "
+             "reason=unloaded", sl->label, L->ver ? L->ver->version : "-");
+      cn__model_release(L->ver);
+      cn_err e;
+      cn_err_clear(&e);
+      if (sl->joined != NULL && start_load(s, sl, &e) != 0)
+        answer_joined(sl, NULL, &e);
+      free(L);
+      L = next;
+      continue;
     }
     if (L->ver != NULL) {
-      atomic_fetch_add(&L->ver->refs, 1); /* for the answer below */
+      atomic_fetch_add(&L->ver->refs, 1); /* for the answers below */
       install(sl, L->ver);
     } else if (L->err.code != CN_E_DRAINING) {
       load_failed(sl, &L->err);
     }
-    answer_load(sl, L->r, L->ver, &L->err);
+    answer_joined(sl, L->ver, &L->err);
     cn__model_release(L->ver);
+    /* a rescan came while it loaded: look once more */
+    if (sl->rescan_owed && !atomic_load(&s->draining)) {
+      sl->rescan_owed = false;
+      struct stat now[2];
+      slot_signature(s, sl, now);
+      if (!same_signature(now, sl->tried) && dir_present(s, sl->name))
+        cn__repo_load_async(s, sl->name, NULL);
+    }
     free(L);
     L = next;
-    s->loads_pending--;
   }
+  if (!atomic_load(&s->draining)) start_queued(s);
   if (s->reload_notify && s->loads_pending == 0) {
     s->reload_notify = false;
     cn__notify("READY=1\nSTATUS=serving");
@@ -481,15 +692,32 @@ void cn__repo_on_loaded(uv_async_t *a) {
 }
 
 void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
+  /* a load in flight or queued is cancelled: its result is discarded
+   * (issue #39: it used to make the model READY again), and the requests
+   * that waited on it are told */
+  bool cancelled = cn__repo_busy(sl);
+  sl->gen++;
+  sl->queued = false;
+  sl->rescan_owed = false;
+  if (sl->joined != NULL) {
+    cn_err e;
+    cn_err_clear(&e);
+    cn_err_set(&e, CN_E_UNAVAILABLE, "model '%.128s' was unloaded while it "
+               "loaded: that load is discarded", sl->name);
+    answer_joined(sl, NULL, &e);
+  }
   pthread_mutex_lock(&sl->vmu);
   cn__model_entry *old = sl->cur;
   sl->cur = NULL;
   sl->state = CN__MODEL_UNLOADED;
   snprintf(sl->reason, sizeof(sl->reason), "unloaded");
   pthread_mutex_unlock(&sl->vmu);
-  CN_LOG(CN_LOG_INFO, "msg=model-unloaded model=%s version=%s", sl->name,
-         old ? old->version : "-");
+  CN_LOG(CN_LOG_INFO, "msg=model-unloaded model=%s version=%s "
+         "load_cancelled=%s", sl->label, old ? old->version : "-",
+         cancelled ? "true" : "false");
   cn__model_release(old); /* its requests finish on it */
+  /* its directory gone: the slot is free for another name */
+  if (!dir_present(s, sl->name)) slot_free(s, sl);
 }
 
 /* Has the directory changed since its last load was tried? A version
@@ -525,8 +753,15 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   int loads = 0, unloads = 0;
   for (int i = 0; i < n; i++) {
     cn__model_slot *sl = cn__repo_find(s, names[i], strlen(names[i]));
+    /* loading: its files may change after the load opened them, so the
+     * slot gets one more look when the load ends (issue #39: a SIGHUP
+     * during a load was lost) */
+    if (sl != NULL && sl->loading) {
+      sl->rescan_owed = true;
+      continue;
+    }
     /* new, reappeared after removal, or changed since the last try */
-    if (sl == NULL || (!sl->loading && slot_changed(s, sl))) {
+    if (sl == NULL || slot_changed(s, sl)) {
       cn__repo_load_async(s, names[i], NULL);
       loads++;
     }
@@ -534,10 +769,12 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   int m = atomic_load(&s->n_models);
   for (int i = 0; i < m; i++) {
     cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
     bool present = false;
     for (int k = 0; k < n && !present; k++)
       present = strcmp(names[k], sl->name) == 0;
     if (present || sl->loading) continue;
+    sl->queued = false;
     pthread_mutex_lock(&sl->vmu);
     bool has = sl->cur != NULL;
     pthread_mutex_unlock(&sl->vmu);
@@ -547,6 +784,8 @@ void cn__repo_rescan(cn__server *s, const char *why) {
       cn__repo_unload(s, sl);
       unloads++;
     }
+    /* no version and no directory: the slot is free for another name */
+    slot_free(s, sl);
   }
   if (loads + unloads > 0 || strcmp(why, "poll") != 0)
     CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
@@ -569,6 +808,7 @@ json_t *cn__repo_index(cn__server *s) {
   int m = atomic_load(&s->n_models);
   for (int i = 0; i < m; i++) {
     cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(sl->name));
     pthread_mutex_lock(&sl->vmu);
@@ -629,25 +869,63 @@ char *cn__repo_metrics(cn__server *s) {
          "# TYPE canopy_model_ready gauge\n");
   for (int i = 0; i < m; i++) {
     cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
     pthread_mutex_lock(&sl->vmu);
+    char ver[160];
+    if (sl->cur != NULL) label_escape(ver, sizeof(ver), sl->cur->version);
     if (sl->cur != NULL)
-      APPEND("canopy_model_ready{model=\"%s\",version=\"%s\"} 1\n", sl->name,
-             sl->cur->version);
+      APPEND("canopy_model_ready{model=\"%s\",version=\"%s\"} 1\n", sl->label,
+             ver);
     else
-      APPEND("canopy_model_ready{model=\"%s\",version=\"\"} 0\n", sl->name);
+      APPEND("canopy_model_ready{model=\"%s\",version=\"\"} 0\n", sl->label);
     pthread_mutex_unlock(&sl->vmu);
   }
   APPEND("# HELP canopy_model_loads_total model loads (start-up, reloads) "
          "by result\n# TYPE canopy_model_loads_total counter\n");
   for (int i = 0; i < m; i++) {
     cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
     pthread_mutex_lock(&sl->vmu);
     long long ok = sl->loads_ok, bad = sl->loads_failed;
     pthread_mutex_unlock(&sl->vmu);
     APPEND("canopy_model_loads_total{model=\"%s\",result=\"ok\"} %lld\n"
            "canopy_model_loads_total{model=\"%s\",result=\"failed\"} %lld\n",
-           sl->name, ok, sl->name, bad);
+           sl->label, ok, sl->label, bad);
   }
 #undef APPEND
   return b;
+}
+
+/* Is host (the listen address, an IP literal or a name) loopback only? */
+static bool host_is_loopback(const char *host) {
+  struct in_addr a4;
+  struct in6_addr a6;
+  if (inet_pton(AF_INET, host, &a4) == 1)
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET6, host, &a6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&a6) ||
+           (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+  return strcmp(host, "localhost") == 0;
+}
+
+void cn__repo_guard_init(cn__server *s) {
+  const cn_serve_config *sc = &s->cfg.serve;
+  bool token = sc->repository_token[0] != '\0';
+  bool loop = host_is_loopback(sc->host);
+  s->repo_open = token || loop || sc->repository_insecure;
+  if (strcmp(sc->model_control, "none") == 0) return;
+  if (token)
+    CN_LOG(CN_LOG_INFO, "msg=repository-routes state=token");
+  else if (loop)
+    CN_LOG(CN_LOG_INFO, "msg=repository-routes state=loopback host=%s",
+           sc->host);
+  else if (sc->repository_insecure)
+    CN_LOG(CN_LOG_WARN, "msg=repository-routes state=insecure host=%s "
+           "reason=\"repository-insecure: anyone who reaches the port may "
+           "load and unload models\"", sc->host);
+  else
+    CN_LOG(CN_LOG_WARN, "msg=repository-routes state=refused host=%s "
+           "reason=\"no repository-token on a non-loopback host: load and "
+           "unload answer 403 (set repository-token, or "
+           "repository-insecure true)\"", sc->host);
 }

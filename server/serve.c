@@ -251,6 +251,12 @@ int cn_cmd_serve(int argc, char **argv) {
    * models still loading) would kill the daemon with its default action:
    * ignored until then, from the first thing it does */
   signal(SIGHUP, SIG_IGN);
+  /* SIGPIPE is ignored by main() already; SIGUSR1 and SIGUSR2 have no
+   * meaning to the daemon (docs/daemon.md): ignored, not fatal, so a
+   * stray `kill -USR1` (a log rotator's habit) stops nothing */
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGUSR1, SIG_IGN);
+  signal(SIGUSR2, SIG_IGN);
   int status = 1, rc;
   cn_err err;
   cn_err_clear(&err);
@@ -298,6 +304,7 @@ int cn_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto stop;
   }
+  cn__repo_guard_init(s);
   s->metrics.start_time = (double)time(NULL);
   cn__retrainer_start(s); /* failure to start only loses retraining */
   uv_async_init(&s->loop, &s->load_async, cn__repo_on_loaded);
@@ -325,7 +332,6 @@ int cn_cmd_serve(int argc, char **argv) {
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   uv_signal_start(&s->sighup, on_sighup, SIGHUP);
-  signal(SIGPIPE, SIG_IGN);
   if (cn__http_start(s, &err) != 0) {
     fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto stop;

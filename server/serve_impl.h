@@ -53,7 +53,9 @@ static inline void cn__malloc_trim(void) {
 /* The sweep of connection deadlines (conn.c), in ms. */
 #define HTTP_TICK_MS 100
 
-/* The most model names one daemon serves over its life (metrics slots). */
+/* The most models one daemon knows at once (loaded, loading, failed or
+ * unloaded with their directory still there): a slot is freed, for
+ * another name, once its model is unloaded and its directory gone. */
 #define CN__MAX_MODELS 256
 
 /* A model's name (its directory's) has fewer bytes than this. */
@@ -102,6 +104,8 @@ enum { CN__MODEL_LOADING = 0, CN__MODEL_READY, CN__MODEL_UNAVAILABLE,
 
 struct cn__model_slot {
   char name[CN__NAME_MAX];
+  char label[2 * CN__NAME_MAX]; /* name as a Prometheus label value
+                                   (\\ \" \\n escaped)                */
   int index;                 /* in s->models and the metrics labels    */
   cn__server *srv;
   pthread_mutex_t vmu;       /* cur, state, reason, counters           */
@@ -110,13 +114,24 @@ struct cn__model_slot {
   char reason[512];          /* why UNAVAILABLE, or the last failed load */
   long long loads_ok, loads_failed;
   /* loop thread only */
+  bool used;                 /* holds a name; else free for another    */
   bool loading;              /* a load of this name is under way       */
+  bool rescan_owed;          /* a rescan found it loading: once more
+                                when the load ends                     */
+  bool queued;               /* a rescan's load waits for max-loads    */
+  unsigned gen;              /* bumped by unload: a load started under
+                                an older gen is discarded              */
+  unsigned load_gen;         /* gen the load in flight started under   */
+  struct cn__req *joined;    /* POST .../load requests its load answers
+                                (held; linked by lnext)                */
   struct stat tried[2];      /* model.json, weights when the last load
                                 started: what a rescan compares       */
   cn__job *window;           /* the open aggregation window            */
   uv_timer_t timer;
   /* any thread */
   atomic_int decoding;       /* decode sessions taking joins (decode.c) */
+  atomic_int entries;        /* versions alive that point here: the slot
+                                is not freed while one is              */
 };
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
@@ -164,6 +179,7 @@ typedef struct cn__req {
   uv_timer_t tmo;
   bool tmo_open;
   struct cn__req *wprev, *wnext; /* list of waiting requests */
+  struct cn__req *lnext;    /* a slot's joined loads (repo.c)          */
   /* the answer */
   int status;
   const char *reason;       /* timeout / disconnect / ... for the log    */
@@ -205,6 +221,8 @@ struct cn__server {
   uv_async_t load_async;
   uv_timer_t poll_timer;     /* model-control poll                     */
   int loads_pending;         /* loop: loader threads not yet back      */
+  bool repo_open;            /* the load/unload routes may run: a token,
+                                a loopback host or repository-insecure */
   bool reload_notify;        /* loop: READY=1 owed once they are back  */
   uv_loop_t loop;
   uv_tcp_t listener;         /* conn.c                                 */
@@ -372,6 +390,12 @@ void cn__retrainer_join(cn__server *s);
 
 /* repo.c: the model repository: versions, loads, rescans, the index */
 cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
+/* Start-up: may the load and unload routes run (repo_open), said in the
+ * log: with a repository-token, on a loopback host, or with
+ * repository-insecure (issue #39: anyone on the network could load). */
+void cn__repo_guard_init(cn__server *s);
+/* Loop: is a load or its queue under way for sl (an unload cancels it)? */
+bool cn__repo_busy(const cn__model_slot *sl);
 /* A reference to the version new requests get (NULL: none loaded). */
 cn__model_entry *cn__model_retain(cn__model_slot *sl);
 void cn__model_release(cn__model_entry *me);

@@ -60,7 +60,7 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
     fd[i] = th_connect(d.port);
     cr_assert(fd[i] >= 0, "connection %d", i);
     if (i < N_HEAD) {
-      send_str(fd[i], "GET /healthz HTTP/1.1\r\n");
+      send_str(fd[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n");
     } else {
       char h[200];
       snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
@@ -202,6 +202,13 @@ Test(http, malformed_requests_get_one_json_error, .fini = teardown,
       {"GET /healthz HTTP/1.1\r\nBad Header\r\n\r\n", "bad_request", 400,
        "a header without a colon"},
       {"GET\r\n\r\n", "bad_request", 400, "no URL"},
+      /* RFC 9112 §3.2 (issue #39): HTTP/1.1 needs exactly one Host */
+      {"GET /healthz HTTP/1.1\r\n\r\n", "bad_request", 400,
+       "HTTP/1.1 without Host"},
+      {"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+       "bad_request", 400, "two Host headers"},
+      {"GET /healthz HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n",
+       "bad_request", 400, "two Host headers in HTTP/1.0"},
   };
   for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++) {
     int fd = th_connect(d.port);
@@ -398,8 +405,8 @@ Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
   const char *flags[] = {"--max-body-bytes", "100", NULL};
   th_start(&d, flags);
   int fd = th_connect(d.port);
-  send_str(fd, "HEAD /v1/models HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n"
-               "Connection: close\r\n\r\n");
+  send_str(fd, "HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz "
+               "HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   size_t n;
   char *all = read_all(fd, &n);
   close(fd);
@@ -431,8 +438,8 @@ Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
   close(fd);
   fd = th_connect(d.port);
   char h[256];
-  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nTransfer-Encoding: chunked"
-           "\r\n\r\n", INFER);
+  snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+           "chunked\r\n\r\n", INFER);
   send_str(fd, h);
   for (int i = 0; i < 20; i++) send_str(fd, "10\r\n0123456789abcdef\r\n");
   expect_one_error(fd, 413, "too_large", "chunked over max-body-bytes");

@@ -153,7 +153,7 @@ Test(http, connection_limit_evicts_the_longest_without_a_head,
   for (int i = 0; i < 3; i++) {
     usleep(20000); /* accepted in this order */
     trickle[i] = th_connect(d.port);
-    send_str(trickle[i], "GET /healthz HTTP/1.1\r\n");
+    send_str(trickle[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n");
   }
   usleep(100000);
   for (int i = 0; i < 3; i++) send_str(trickle[i], "X-A: b\r\n");

@@ -39,14 +39,14 @@ Test(http, pipelined_requests_answered_in_order, .fini = teardown,
   th_start(&d, NULL);
   char req[4096];
   snprintf(req, sizeof(req),
-           "GET /healthz HTTP/1.1\r\nX-Request-Id: p-1\r\n\r\n"
-           "POST %s HTTP/1.1\r\nX-Request-Id: p-2\r\nContent-Length: %zu\r\n"
+           "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-1\r\n\r\n"
+           "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-2\r\nContent-Length: %zu\r\n"
            "\r\n%s"
-           "GET /v1/models/nope HTTP/1.1\r\nX-Request-Id: p-3\r\n\r\n"
-           "POST %s HTTP/1.1\r\nX-Request-Id: p-4\r\nContent-Length: %zu\r\n"
+           "GET /v1/models/nope HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-3\r\n\r\n"
+           "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-4\r\nContent-Length: %zu\r\n"
            "\r\n%s"
-           "HEAD /readyz HTTP/1.1\r\nX-Request-Id: p-5\r\n\r\n"
-           "GET /readyz HTTP/1.1\r\nX-Request-Id: p-6\r\n"
+           "HEAD /readyz HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-5\r\n\r\n"
+           "GET /readyz HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-6\r\n"
            "Connection: close\r\n\r\n",
            INFER, strlen(ONE), ONE, INFER, strlen(ONE), ONE);
   int fd = th_connect(d.port);
@@ -135,17 +135,17 @@ static void pipelined_at_sigterm(int n, bool partial) {
   for (int i = 0; i < n; i++) {
     if (i == 2)
       len += (size_t)snprintf(req + len, sizeof(req) - len,
-                              "GET /v1/models/treelstm HTTP/1.1\r\n"
+                              "GET /v1/models/treelstm HTTP/1.1\r\nHost: x\r\n"
                               "X-Request-Id: q-%d\r\n\r\n", i + 1);
     else
       len += (size_t)snprintf(req + len, sizeof(req) - len,
-                              "POST %s HTTP/1.1\r\nX-Request-Id: q-%d\r\n"
+                              "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: q-%d\r\n"
                               "Content-Length: %zu\r\n\r\n%s",
                               INFER, i + 1, strlen(ONE), ONE);
   }
   if (partial) /* a request the client had not finished: not answered */
     len += (size_t)snprintf(req + len, sizeof(req) - len,
-                            "POST %s HTTP/1.1\r\nX-Request-Id: q-cut\r\n"
+                            "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: q-cut\r\n"
                             "Content-Length: 100\r\n\r\n{", INFER);
   int fd = th_connect(d.port);
   cr_assert(fd >= 0);
@@ -215,7 +215,7 @@ Test(http, pipelined_request_cut_short_at_sigterm_is_dropped,
 static char *padded_infer(const char *id, size_t pad) {
   size_t blen = strlen(ONE) + pad;
   char *b = malloc(blen + 512);
-  int h = snprintf(b, 512, "POST %s HTTP/1.1\r\nX-Request-Id: %s\r\n"
+  int h = snprintf(b, 512, "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: %s\r\n"
                    "Content-Length: %zu\r\n\r\n%s", INFER, id, blen, ONE);
   memset(b + h, ' ', pad); /* JSON whitespace */
   b[h + pad] = '\0';

@@ -38,6 +38,17 @@ int cn__open_regular(const char *path, uint64_t max, int *fd,
  * which has *len bytes, then `extra` spare bytes and a NUL. */
 int cn__read_regular(const char *path, uint64_t max, size_t extra,
                      char **buf, size_t *len, cn_err *err);
+/* The same for rel, relative to the open directory dirfd (a model's,
+ * opened once: every file of one load comes from the same directory even
+ * if a symlink to it flips meanwhile) and never outside it: an absolute
+ * rel, '..' past dirfd or a symlink that leads out is refused (openat2
+ * RESOLVE_BENEATH, issue #39). path names the file in messages. dirfd
+ * AT_FDCWD: path as cn__open_regular opens it. */
+int cn__open_regular_at(int dirfd, const char *rel, const char *path,
+                        uint64_t max, int *fd, uint64_t *size, cn_err *err);
+int cn__read_regular_at(int dirfd, const char *rel, const char *path,
+                        uint64_t max, size_t extra, char **buf, size_t *len,
+                        cn_err *err);
 /* "a directory", "a FIFO", ... for a stat st_mode. */
 const char *cn__file_kind(unsigned mode);
 

@@ -7,10 +7,15 @@
  * and read up to a limit. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/openat2.h>
+#endif
 
 #include "base/base.h"
 
@@ -24,12 +29,58 @@ const char *cn__file_kind(unsigned mode) {
   return "not a file";
 }
 
-int cn__open_regular(const char *path, uint64_t max, int *fd_out,
-                     uint64_t *size, cn_err *err) {
+/* Does the open file fd lie inside the directory dirfd? Both as the
+ * kernel names them now (/proc/self/fd): the fallback of a kernel without
+ * openat2 (Linux < 5.6, or a seccomp filter that refuses it). */
+static bool fd_inside(int dirfd, int fd) {
+  char a[64], b[64], da[4096], fa[4096];
+  snprintf(a, sizeof(a), "/proc/self/fd/%d", dirfd);
+  snprintf(b, sizeof(b), "/proc/self/fd/%d", fd);
+  ssize_t nd = readlink(a, da, sizeof(da) - 1);
+  ssize_t nf = readlink(b, fa, sizeof(fa) - 1);
+  if (nd <= 0 || nf <= 0) return false;
+  da[nd] = fa[nf] = '\0';
+  if (nd == 1 && da[0] == '/') return true;
+  return nf > nd && strncmp(da, fa, (size_t)nd) == 0 && fa[nd] == '/';
+}
+
+/* rel opened below dirfd and never outside it: no absolute path, no ".."
+ * past it, no symlink that leads out (RESOLVE_BENEATH, openat2(2)). -1
+ * with errno EXDEV when it would leave. */
+static int open_beneath(int dirfd, const char *rel, int flags) {
+  if (rel[0] == '/') {
+    errno = EXDEV;
+    return -1;
+  }
+#if defined(__linux__) && defined(SYS_openat2)
+  struct open_how how = {.flags = (unsigned long long)flags,
+                         .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+  long fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
+  if (fd >= 0 || (errno != ENOSYS && errno != EPERM && errno != E2BIG))
+    return (int)fd;
+#endif
+  int f = openat(dirfd, rel, flags);
+  if (f >= 0 && !fd_inside(dirfd, f)) {
+    close(f);
+    errno = EXDEV;
+    return -1;
+  }
+  return f;
+}
+
+int cn__open_regular_at(int dirfd, const char *rel, const char *path,
+                        uint64_t max, int *fd_out, uint64_t *size,
+                        cn_err *err) {
   struct stat sb;
   *fd_out = -1;
   /* O_NONBLOCK: opening a FIFO for reading waits for a writer without it */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fl = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+  int fd = dirfd == AT_FDCWD ? open(path, fl) : open_beneath(dirfd, rel, fl);
+  if (fd < 0 && errno == EXDEV)
+    return cn_err_set(err, CN_E_BAD_MODEL, "'%s' leads outside the model "
+                      "directory (an absolute path or symlink, or '..' past "
+                      "it): every file of a model lies inside its directory",
+                      path);
   if (fd < 0 || fstat(fd, &sb) != 0) {
     int e = errno;
     if (fd >= 0) close(fd);
@@ -47,20 +98,31 @@ int cn__open_regular(const char *path, uint64_t max, int *fd_out,
                       "%llu are read", path, (long long)sb.st_size,
                       (unsigned long long)max);
   }
-  int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  int f = fcntl(fd, F_GETFL);
+  if (f >= 0) fcntl(fd, F_SETFL, f & ~O_NONBLOCK);
   *fd_out = fd;
   *size = (uint64_t)sb.st_size;
   return 0;
 }
 
+int cn__open_regular(const char *path, uint64_t max, int *fd_out,
+                     uint64_t *size, cn_err *err) {
+  return cn__open_regular_at(AT_FDCWD, path, path, max, fd_out, size, err);
+}
+
 int cn__read_regular(const char *path, uint64_t max, size_t extra,
                      char **buf, size_t *len, cn_err *err) {
+  return cn__read_regular_at(AT_FDCWD, path, path, max, extra, buf, len, err);
+}
+
+int cn__read_regular_at(int dirfd, const char *rel, const char *path,
+                        uint64_t max, size_t extra, char **buf, size_t *len,
+                        cn_err *err) {
   int fd;
   uint64_t size;
   *buf = NULL;
   *len = 0;
-  int rc = cn__open_regular(path, max, &fd, &size, err);
+  int rc = cn__open_regular_at(dirfd, rel, path, max, &fd, &size, err);
   if (rc != 0) return rc;
   char *b = malloc((size_t)size + extra + 1);
   if (b == NULL) {

@@ -52,6 +52,10 @@ void cn_tree_free(cn_tree *t);
  * One token a line; line k is id k; id 0 is <unk>. Open-addressing hash. */
 typedef struct cn_vocab cn_vocab;
 int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err);
+/* The same for rel below the open directory dirfd, never outside it
+ * (cn__open_regular_at); path names it in messages. */
+int cn_vocab_load_at(int dirfd, const char *rel, const char *path,
+                     cn_vocab **out, cn_err *err);
 /* Builds a vocabulary from an array of tokens (copied). */
 int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out);
 void cn_vocab_free(cn_vocab *v);
@@ -78,6 +82,8 @@ typedef struct cn_lexicon cn_lexicon;
 /* The lexicon is read whole into a trie; a bigger file is a mistake. */
 #define CN__MAX_LEXICON_BYTES (1ull << 30)
 int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err);
+int cn_lexicon_load_at(int dirfd, const char *rel, const char *path,
+                       cn_lexicon **out, cn_err *err);
 int cn_lexicon_from_list(const char *const *words, int n, cn_lexicon **out);
 void cn_lexicon_free(cn_lexicon *lx);
 /* Every span [b, e), e - b >= 2, whose joined characters (chars[i] of
@@ -111,6 +117,8 @@ typedef struct cn_safetensors {
 } cn_safetensors;
 
 int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err);
+int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
+                           cn_safetensors *st, cn_err *err);
 const cn_tensor *cn_safetensors_find(const cn_safetensors *st,
                                      const char *name);
 void cn_safetensors_close(cn_safetensors *st);

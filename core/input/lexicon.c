@@ -11,6 +11,7 @@
  * sorted by byte (first_child, next). Lexicons are small (tens of
  * thousands of words), so a sibling scan beats a hash here.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,11 @@ int cn_lexicon_from_list(const char *const *words, int n, cn_lexicon **out) {
 }
 
 int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err) {
+  return cn_lexicon_load_at(AT_FDCWD, path, path, out, err);
+}
+
+int cn_lexicon_load_at(int dirfd, const char *rel, const char *path,
+                       cn_lexicon **out, cn_err *err) {
   int rc = 0;
   char *line = NULL;
   size_t cap = 0;
@@ -97,7 +103,8 @@ int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err) {
   int fd;
   uint64_t size;
   cn_lexicon *lx = NULL;
-  rc = cn__open_regular(path, CN__MAX_LEXICON_BYTES, &fd, &size, err);
+  rc = cn__open_regular_at(dirfd, rel, path, CN__MAX_LEXICON_BYTES, &fd,
+                           &size, err);
   if (rc != 0) return rc;
   FILE *f = fdopen(fd, "r");
   if (f == NULL) {

@@ -162,13 +162,19 @@ static void sha256_hex(const void *p, size_t n, char out[65]) {
  * comment). On failure st is left empty (safe to close) and err names the
  * file and tensor. */
 int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err) {
+  return cn_safetensors_open_at(AT_FDCWD, path, path, st, err);
+}
+
+int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
+                           cn_safetensors *st, cn_err *err) {
   int rc = CN_E_BAD_MODEL;
   int fd = -1;
   json_t *hdr = NULL;
   span *spans = NULL;
   memset(st, 0, sizeof(*st));
   uint64_t fsize;
-  if ((rc = cn__open_regular(path, INT64_MAX, &fd, &fsize, err)) != 0)
+  if ((rc = cn__open_regular_at(dirfd, rel, path, INT64_MAX, &fd, &fsize,
+                                err)) != 0)
     goto out;
   rc = CN_E_BAD_MODEL;
   if (fsize < 8) {

@@ -4,6 +4,7 @@
  * open-addressing hash table over ids that hashes and compares the caller's
  * bytes in place, folding ASCII case on the fly when the model asks for it:
  * no allocation, no copy. Tokens live in one pool, NUL-terminated. */
+#include <fcntl.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,12 +138,18 @@ int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out) {
  * one line would shift every id after it: an empty line (other than the
  * final newline) or a NUL byte is an error naming the line. */
 int cn_vocab_load(const char *path, cn_vocab **out, cn_err *err) {
+  return cn_vocab_load_at(AT_FDCWD, path, path, out, err);
+}
+
+int cn_vocab_load_at(int dirfd, const char *rel, const char *path,
+                     cn_vocab **out, cn_err *err) {
   int rc = 0;
   char *buf = NULL;
   size_t len = 0;
   *out = NULL;
   /* one spare byte for a last '\n' */
-  if ((rc = cn__read_regular(path, MAX_VOCAB_BYTES, 1, &buf, &len, err)) != 0)
+  if ((rc = cn__read_regular_at(dirfd, rel, path, MAX_VOCAB_BYTES, 1, &buf,
+                                &len, err)) != 0)
     goto out;
   if (len == 0) {
     rc = cn_err_set(err, CN_E_BAD_MODEL,

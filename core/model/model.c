@@ -4,10 +4,12 @@
  * vocabulary and every tensor the family lists is checked here, and any
  * failure frees everything and says which file, key or tensor to fix. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/model.h"
 
@@ -24,9 +26,9 @@ const char *cn_input_kind_name(cn_input_kind k) {
   return "unknown";
 }
 
-/* dir + "/" + name (name as is when absolute); NULL when out of memory. */
+/* dir + "/" + name, for messages (every file is opened relative to the
+ * directory's descriptor); NULL when out of memory. */
 static char *join(const char *dir, const char *name) {
-  if (name[0] == '/') return strdup(name);
   size_t dl = strlen(dir);
   while (dl > 1 && dir[dl - 1] == '/') dl--;
   size_t nl = strlen(name);
@@ -121,6 +123,47 @@ void cn__family_needs(const cn_family *fam, bool *word, bool *tgt) {
     }
 }
 
+/* A file named by model.json key k must lie inside the model directory
+ * (issue #39: "tgt_vocab": "../../outside/secret.txt" served a secret's
+ * lines as tokens): no absolute path, no '..' that climbs out of it. A
+ * symlink is checked where the file is opened (cn__open_regular_at:
+ * one that leads out is refused). */
+static int inside_path(const char *file, const char *k, const char *name,
+                       cn_err *err) {
+  if (name[0] == '/')
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s': '%s' is an "
+                      "absolute path; a file a model names lies inside its "
+                      "directory (give a path relative to it)", file, k,
+                      name);
+  int depth = 0;
+  for (const char *p = name; *p != '\0';) {
+    size_t l = strcspn(p, "/");
+    if (l == 2 && p[0] == '.' && p[1] == '.') depth--;
+    else if (l > 0 && !(l == 1 && p[0] == '.')) depth++;
+    if (depth < 0)
+      return cn_err_set(err, CN_E_BAD_MODEL, "%s: key '%s': '%s' climbs "
+                        "out of the model directory with '..'; a file a "
+                        "model names lies inside its directory", file, k,
+                        name);
+    p += l;
+    while (*p == '/') p++;
+  }
+  return 0;
+}
+
+/* An error opening the file of key k that left the directory names k. */
+static int name_key(int rc, const char *file, const char *k, cn_err *err) {
+  if (rc == CN_E_BAD_MODEL && strstr(err->msg, "leads outside") != NULL) {
+    char msg[sizeof(err->msg) + 512];
+    snprintf(msg, sizeof(msg), "%s: key '%s': %s", file, k, err->msg);
+    size_t n = strlen(msg) < sizeof(err->msg) - 1 ? strlen(msg)
+                                                   : sizeof(err->msg) - 1;
+    memcpy(err->msg, msg, n);
+    err->msg[n] = '\0';
+  }
+  return rc;
+}
+
 static int vocab_key(cn_model *m, const char *file, const char *k,
                      bool required, cn_vocab **out, int64_t *size,
                      cn_err *err) {
@@ -132,9 +175,11 @@ static int vocab_key(cn_model *m, const char *file, const char *k,
                                  "missing (family %s needs a vocabulary file "
                                  "there)", file, k, m->fam->name)
                     : 0;
+  if ((rc = inside_path(file, k, name, err)) != 0) return rc;
   char *path = join(m->dir, name);
   if (path == NULL) return cn_err_set(err, CN_E_NOMEM, "out of memory");
-  rc = cn_vocab_load(path, out, err);
+  rc = name_key(cn_vocab_load_at(m->dirfd, name, path, out, err), file, k,
+                err);
   free(path);
   if (rc == 0) *size = cn_vocab_size(*out);
   return rc;
@@ -315,14 +360,24 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   size_t text_len = 0;
   cn_model *m = calloc(1, sizeof(*m));
   *out = NULL;
+  if (m != NULL) m->dirfd = -1;
   if (m == NULL || (m->dir = strdup(dir)) == NULL ||
       (file = join(dir, "model.json")) == NULL ||
       (wfile = join(dir, "weights.safetensors")) == NULL) {
     cn_err_set(err, rc, "%s: out of memory", dir);
     goto out;
   }
-  if ((rc = cn__read_regular(file, MAX_MODEL_JSON, 0, &text, &text_len,
-                             err)) != 0)
+  /* The directory is opened once (a symlink to it resolved once) and every
+   * file read relative to it: a load that a symlink flip races reads one
+   * version whole, never model.json of one and weights of another. */
+  m->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (m->dirfd < 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot open the model directory: %s",
+                    dir, strerror(errno));
+    goto out;
+  }
+  if ((rc = cn__read_regular_at(m->dirfd, "model.json", file, MAX_MODEL_JSON,
+                                0, &text, &text_len, err)) != 0)
     goto out;
   json_error_t je;
   m->json = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &je);
@@ -398,13 +453,17 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
                      &m->n_type_b_labels, err)) ||
       (rc = get_str(m->json, file, "lexicon", &lex, err)))
     goto out;
+  if (lex != NULL && (rc = inside_path(file, "lexicon", lex, err)) != 0)
+    goto out;
   if (lex != NULL && (m->lexicon_path = join(dir, lex)) == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
     goto out;
   }
   /* The lexicon becomes a trie once, here (lexicon.c). */
   if (m->lexicon_path != NULL &&
-      (rc = cn_lexicon_load(m->lexicon_path, &m->lexicon, err)) != 0)
+      (rc = name_key(cn_lexicon_load_at(m->dirfd, lex, m->lexicon_path,
+                                        &m->lexicon, err),
+                     file, "lexicon", err)) != 0)
     goto out;
   bool need_word, need_tgt;
   cn__family_needs(m->fam, &need_word, &need_tgt);
@@ -414,7 +473,8 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
       (rc = vocab_key(m, file, "tgt_vocab", need_tgt, &m->tgt_vocab,
                       &m->dims.Vt, err)))
     goto out;
-  if ((rc = cn_safetensors_open(wfile, &m->st, err)) != 0)
+  if ((rc = cn_safetensors_open_at(m->dirfd, "weights.safetensors", wfile,
+                                   &m->st, err)) != 0)
     goto out;
   /* Dw (latticelstm word_embed [Vw, Dw]) has no model.json key: it is
    * whatever the file holds, D when the tensor is absent. */
@@ -429,6 +489,8 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   answer_strings(m);
   rc = 0;
 out:
+  if (m != NULL && m->dirfd >= 0) close(m->dirfd);
+  if (m != NULL) m->dirfd = -1;
   free(text);
   free(file);
   free(wfile);

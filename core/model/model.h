@@ -109,6 +109,7 @@ void cn__family_needs(const cn_family *fam, bool *word, bool *tgt);
 
 struct cn_model {
   char *dir;
+  int dirfd;              /* the directory, open while it loads; else -1 */
   const cn_family *fam;
   json_t *json;           /* model.json, kept for describe() */
   cn_dims dims;

@@ -121,7 +121,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
                               b"Content-Length: 100000\r\n\r\n"
                               % path.encode())
                 else:
-                    s.sendall(b"POST %s HTTP/1.1\r\n" % path.encode())
+                    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n" % path.encode())
                 s.setblocking(False)
                 conns.append(s)
             except OSError:

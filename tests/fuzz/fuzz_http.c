@@ -97,6 +97,9 @@ static void setup(void) {
   snprintf(srv.cfg.serve.models_dir, sizeof(srv.cfg.serve.models_dir), "%s",
            models);
   srv.cfg.serve.max_body_bytes = 4096;
+  /* the repository routes answer (load waits, as an inference does) */
+  snprintf(srv.cfg.serve.model_control, sizeof(srv.cfg.serve.model_control),
+           "explicit");
   srv.cfg.serve.retrain_interval_s = 0;
   srv.cfg.serve.warmup = false; /* no worker threads run here to warm it */
   snprintf(srv.cfg.serve.policy_cache, sizeof(srv.cfg.serve.policy_cache),
@@ -114,6 +117,7 @@ static void setup(void) {
   CHECK(cn__metrics_init(&srv.metrics, CN__MAX_MODELS, names) == 0);
   CHECK(uv_loop_init(&srv.loop) == 0);
   CHECK(cn__repo_load_all(&srv, &e) == 0);
+  cn__repo_guard_init(&srv);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -1,0 +1,325 @@
+/* test_serve_repo.c - the model repository under attack and under races
+ * (issue #39), end to end against the real daemon with
+ * --model-control explicit: loads bounded and joined, unload cancelling a
+ * load, a SIGHUP during a load not lost, slots freed, names escaped in
+ * /metrics and the log, the routes guarded off loopback, and the signals
+ * a daemon meets at start-up. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "serve_harness.h"
+
+static th_daemon d;
+static const char *const tree_only[] = {"treelstm", NULL};
+
+static void teardown(void) { th_cleanup(&d); }
+
+static void sh(const char *fmt, const char *a, const char *b) {
+  char cmd[2048];
+  snprintf(cmd, sizeof(cmd), fmt, a, b);
+  cr_assert(system(cmd) == 0, "%s", cmd);
+}
+
+/* models/<name>: a copy of treelstm whose weights file ends in 128 MiB of
+ * zeros past its tensors: its load reads and hashes them (a few hundred
+ * ms), then serves. */
+static void slow_model(const char *name) {
+  char dst[512];
+  snprintf(dst, sizeof(dst), "%s/models/%s", d.dir, name);
+  sh("cp -r %s/models/treelstm %s", d.dir, dst);
+  sh("truncate -s 128M %s/weights.safetensors%s", dst, "");
+}
+
+static double loads(const char *model, const char *result) {
+  char s[256];
+  snprintf(s, sizeof(s), "canopy_model_loads_total{model=\"%s\",result=\"%s\"}",
+           model, result);
+  return th_metric_at(d.port, s);
+}
+
+static void post(int fd, const char *model, const char *what) {
+  char path[256];
+  snprintf(path, sizeof(path), "/v2/repository/models/%s/%s", model, what);
+  th_send(fd, "POST", path, NULL, NULL);
+}
+
+/* One load per model in flight: three requests for slow share one load
+ * (one more failure counted, not three); a load of another model beyond
+ * max-loads 1 gets 429. */
+Test(repo, loads_join_and_are_bounded, .fini = teardown, .timeout = 90) {
+  th_models(&d, tree_only);
+  slow_model("slow");
+  slow_model("slow2");
+  const char *flags[] = {"--model-control", "explicit", "--max-loads", "1",
+                         "--strict-startup", "false", NULL};
+  th_start(&d, flags);
+  double before = loads("slow", "ok");
+  cr_assert_eq(before, 1, "%g", before); /* at start-up */
+  int fd[4];
+  for (int i = 0; i < 4; i++) cr_assert((fd[i] = th_connect(d.port)) >= 0);
+  for (int i = 0; i < 3; i++) post(fd[i], "slow", "load");
+  post(fd[3], "slow2", "load");
+  th_resp r;
+  cr_assert_eq(th_read(fd[3], &r), 0);
+  cr_expect_eq(r.status, 429, "a second model's load beyond max-loads: %d %s",
+               r.status, r.body);
+  th_resp_free(&r);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(th_read(fd[i], &r), 0);
+    cr_expect_eq(r.status, 200, "%d %s", r.status, r.body);
+    th_resp_free(&r);
+    close(fd[i]);
+  }
+  close(fd[3]);
+  cr_expect_eq(loads("slow", "ok"), before + 1,
+               "three requests made more than one load");
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* An unload while a load is in flight cancels it: UNLOADED at once, the
+ * load's request is told, and its result is discarded (the model stays
+ * UNLOADED, no second load counted). */
+Test(repo, unload_cancels_a_load_in_flight, .fini = teardown,
+     .timeout = 90) {
+  th_models(&d, tree_only);
+  slow_model("slow");
+  const char *flags[] = {"--model-control", "explicit", "--strict-startup",
+                         "false", NULL};
+  th_start(&d, flags);
+  int a = th_connect(d.port);
+  post(a, "slow", "load");
+  usleep(50000);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/models/slow/unload",
+                       NULL, NULL, &r), 0);
+  cr_expect_eq(r.status, 200, "%d %s", r.status, r.body);
+  cr_expect(strstr(r.body, "UNLOADED") != NULL, "%s", r.body);
+  th_resp_free(&r);
+  cr_assert_eq(th_read(a, &r), 0);
+  cr_expect_eq(r.status, 503, "%d %s", r.status, r.body);
+  cr_expect(strstr(r.body, "unloaded while it loaded") != NULL, "%s", r.body);
+  th_resp_free(&r);
+  close(a);
+  usleep(800000); /* the cancelled load has ended by now */
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/index", NULL, NULL,
+                       &r), 0);
+  cr_expect(strstr(r.body, "{\"name\":\"slow\",\"state\":\"UNLOADED\"") !=
+                NULL, "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(loads("slow", "ok"), 1, "the discarded load counted: %g",
+               loads("slow", "ok"));
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* A SIGHUP while a model loads is not lost: the slot is looked at once
+ * more when the load ends, and the version now in the directory serves. */
+Test(repo, sighup_during_a_load_is_not_lost, .fini = teardown,
+     .timeout = 90) {
+  th_models(&d, tree_only);
+  char v1[512], v2[512], m[512];
+  snprintf(v1, sizeof(v1), "%s/v1", d.dir);
+  snprintf(v2, sizeof(v2), "%s/v2", d.dir);
+  snprintf(m, sizeof(m), "%s/models/m", d.dir);
+  sh("cp -r %s/models/treelstm %s", d.dir, v1);
+  sh("cp -r %s/models/treelstm %s", d.dir, v2);
+  /* v1 loads slowly (a 48 MB model.json string); v2 is version "two" */
+  sh("python3 -c \"import json,sys; p=sys.argv[1]+'/model.json'; "
+     "j=json.load(open(p)); j['version']='one'; j['pad']='x'*(48<<20); "
+     "json.dump(j,open(p,'w'))\" %s%s", v1, "");
+  sh("python3 -c \"import json,sys; p=sys.argv[1]+'/model.json'; "
+     "j=json.load(open(p)); j['version']='two'; "
+     "json.dump(j,open(p,'w'))\" %s%s", v2, "");
+  const char *flags[] = {"--model-control", "explicit", NULL};
+  th_start(&d, flags);
+  sh("ln -s %s %s", v1, m);
+  int a = th_connect(d.port);
+  post(a, "m", "load");
+  usleep(20000);
+  /* the directory changes to v2 and SIGHUP comes while v1 loads */
+  char cmd[2200];
+  snprintf(cmd, sizeof(cmd), "ln -sfn %s %s.new && mv -T %s.new %s", v2, m,
+           m, m);
+  cr_assert(system(cmd) == 0, "%s", cmd);
+  kill(d.pid, SIGHUP);
+  th_resp r;
+  cr_assert_eq(th_read(a, &r), 0);
+  th_resp_free(&r);
+  close(a);
+  bool two = false;
+  for (int i = 0; i < 200 && !two; i++) {
+    cr_assert_eq(th_http(d.port, "GET", "/v2/models/m/ready", NULL, NULL,
+                         &r), 0);
+    two = r.status == 200 && strstr(r.body, "\"version\":\"two\"") != NULL;
+    th_resp_free(&r);
+    if (!two) usleep(20000);
+  }
+  cr_expect(two, "the SIGHUP during the load was lost: v1 serves for good");
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Slots are freed: a model unloaded whose directory is gone frees its
+ * slot, so 300 names over the daemon's life load (the bound is 256 live
+ * models); before, the 257th name got 413 for good. */
+Test(repo, slots_are_freed_for_new_names, .fini = teardown,
+     .timeout = 120) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--model-control", "explicit", "--warmup", "false",
+                         NULL};
+  th_start(&d, flags);
+  for (int i = 0; i < 300; i++) {
+    char name[64], link[512], path[256], target[512];
+    snprintf(name, sizeof(name), "n%03d", i);
+    snprintf(link, sizeof(link), "%s/models/%s", d.dir, name);
+    snprintf(target, sizeof(target), "%s/models/treelstm", d.dir);
+    cr_assert_eq(symlink(target, link), 0);
+    th_resp r;
+    snprintf(path, sizeof(path), "/v2/repository/models/%s/load", name);
+    cr_assert_eq(th_http(d.port, "POST", path, NULL, NULL, &r), 0);
+    cr_assert_eq(r.status, 200, "load %d: %d %s", i, r.status, r.body);
+    th_resp_free(&r);
+    cr_assert_eq(unlink(link), 0);
+    snprintf(path, sizeof(path), "/v2/repository/models/%s/unload", name);
+    cr_assert_eq(th_http(d.port, "POST", path, NULL, NULL, &r), 0);
+    cr_assert_eq(r.status, 200, "unload %d: %d %s", i, r.status, r.body);
+    th_resp_free(&r);
+  }
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* Label values are escaped (Prometheus text format: backslash, quote,
+ * newline); a directory whose name holds a control character is refused
+ * with a reason, and its log line stays one line. */
+Test(repo, names_escaped_in_metrics_and_log, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  sh("cp -r %s/models/treelstm '%s/models/q\"x'", d.dir, d.dir);
+  sh("cp -r %s/models/treelstm '%s/models/a\\b'", d.dir, d.dir);
+  char nl[512];
+  snprintf(nl, sizeof(nl), "%s/models/l\nm", d.dir);
+  char src[512];
+  snprintf(src, sizeof(src), "%s/models/treelstm", d.dir);
+  cr_assert_eq(symlink(src, nl), 0);
+  const char *flags[] = {"--strict-startup", "false", NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect(strstr(r.body, "canopy_model_ready{model=\"q\\\"x\",") != NULL,
+            "%s", r.body);
+  cr_expect(strstr(r.body, "canopy_model_ready{model=\"a\\\\b\",") != NULL,
+            "%s", r.body);
+  cr_expect(strstr(r.body, "model=\"q\"x\"") == NULL, "unescaped quote");
+  /* every line is a comment or `name{...} value` */
+  for (char *line = strtok(r.body, "\n"); line; line = strtok(NULL, "\n"))
+    cr_expect(line[0] == '#' || strncmp(line, "canopy_", 7) == 0,
+              "a line that is not a sample: %s", line);
+  th_resp_free(&r);
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/index", NULL, NULL,
+                       &r), 0);
+  cr_expect(strstr(r.body, "control character (byte 0x0a)") != NULL, "%s",
+            r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "model=l\\nm") != NULL, "%s", log);
+  for (char *p = strchr(log, '\n'); p && p[1]; p = strchr(p + 1, '\n'))
+    cr_expect(strncmp(p + 1, "ts=", 3) == 0, "a log line split: %.80s", p + 1);
+  free(log);
+}
+
+/* With no repository-token on a non-loopback host the load and unload
+ * routes answer 403 (anyone on the network could load models), unless
+ * repository-insecure; the start-up log says which. */
+Test(repo, routes_need_a_token_off_loopback, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--model-control", "explicit", "--host", "0.0.0.0",
+                         NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST",
+                       "/v2/repository/models/treelstm/load", NULL, NULL,
+                       &r), 0);
+  cr_expect_eq(r.status, 403, "%d %s", r.status, r.body);
+  cr_expect(strstr(r.body, "repository-token") != NULL, "%s", r.body);
+  th_resp_free(&r);
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/index", NULL, NULL,
+                       &r), 0);
+  cr_expect_eq(r.status, 200, "the index only reads");
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+  char *log = th_read_file(d.log);
+  cr_expect(strstr(log, "msg=repository-routes state=refused") != NULL);
+  free(log);
+  const char *insecure[] = {"--model-control", "explicit", "--host",
+                            "0.0.0.0", "--repository-insecure", "true",
+                            NULL};
+  th_start(&d, insecure);
+  cr_assert_eq(th_http(d.port, "POST",
+                       "/v2/repository/models/treelstm/load", NULL, NULL,
+                       &r), 0);
+  cr_expect_eq(r.status, 200, "%d %s", r.status, r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
+/* SIGPIPE during start-up (its stderr a pipe nobody reads) no longer
+ * kills the daemon (141); SIGUSR1 and SIGUSR2 are ignored. */
+Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  int p[2];
+  cr_assert_eq(pipe(p), 0);
+  close(p[0]); /* every write to it is EPIPE, or SIGPIPE */
+  d.port = 0;
+  char models[300];
+  snprintf(models, sizeof(models), "%s/models", d.dir);
+  /* a free port: bind one and let it go */
+  th_daemon probe = d;
+  th_start(&probe, NULL);
+  int port = probe.port;
+  th_stop(&probe);
+  char ps[16];
+  snprintf(ps, sizeof(ps), "%d", port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(p[1], 2);
+    execl(th_bin(), th_bin(), "serve", "--port", ps, "--models-dir", models,
+          (char *)NULL);
+    _exit(127);
+  }
+  close(p[1]);
+  d.pid = pid;
+  d.port = port;
+  bool up = false;
+  for (int i = 0; i < 500 && !up; i++) {
+    th_resp r;
+    if (th_http(port, "GET", "/healthz", NULL, NULL, &r) == 0) {
+      up = true;
+      th_resp_free(&r);
+      break;
+    }
+    int st;
+    cr_assert(waitpid(pid, &st, WNOHANG) == 0,
+              "the daemon died at start-up: %s %d",
+              WIFSIGNALED(st) ? "signal" : "exit",
+              WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    usleep(10000);
+  }
+  cr_assert(up);
+  kill(pid, SIGUSR1);
+  kill(pid, SIGUSR2);
+  usleep(100000);
+  th_resp r;
+  cr_expect_eq(th_http(port, "GET", "/healthz", NULL, NULL, &r), 0,
+               "SIGUSR1/2 stopped the daemon");
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+}
