@@ -93,6 +93,11 @@ void cn_backend_release(cn_backend_ctx *bk) {
 
 long long cn_backend_kernels(const cn_backend_ctx *bk) { return bk->kernels; }
 
+void cn_backend_get_counters(const cn_backend_ctx *bk,
+                             cn_backend_counters *out) {
+  *out = bk->ctr;
+}
+
 void cn_backend_cpu_threads(int n) {
   if (n < 1) return;
   cn__gemm_set_threads(n);

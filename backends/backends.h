@@ -18,6 +18,11 @@ void cn_backend_close(cn_backend_ctx *bk);
 void cn_backend_release(cn_backend_ctx *bk);
 /* Kernel launches issued on this context so far. */
 long long cn_backend_kernels(const cn_backend_ctx *bk);
+/* The context's counters so far (syncs, bytes each way, allocations,
+ * launches; device_bytes: device memory it holds now). Zero on cpu. Read
+ * it from the context's own thread, or accept a torn value. */
+void cn_backend_get_counters(const cn_backend_ctx *bk,
+                             cn_backend_counters *out);
 /* Threads one product may use on the cpu backend (gemm.c's, and the
  * OpenBLAS pool's for what still calls it). */
 void cn_backend_cpu_threads(int n);

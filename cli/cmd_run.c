@@ -46,6 +46,8 @@ typedef struct run_opts {
 typedef struct totals {
   long long instances, errors, batches, lower_bound, kernels, vertices;
   size_t gather_bytes, cell_bytes, arena_peak;
+  /* the backend's counters (issue #33), summed over the runs */
+  long long runs, syncs, to_device, to_host, allocs, launches;
 } totals;
 
 static double now_s(void) {
@@ -304,6 +306,12 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   tot->gather_bytes += st.gather_bytes;
   tot->cell_bytes += st.cell_bytes;
   if (st.arena_bytes > tot->arena_peak) tot->arena_peak = st.arena_bytes;
+  tot->runs++;
+  tot->syncs += st.device_syncs;
+  tot->to_device += st.bytes_to_device;
+  tot->to_host += st.bytes_to_host;
+  tot->allocs += st.device_allocs;
+  tot->launches += st.launches;
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) {
       print_error(out, notes, &ls[i]);
@@ -383,6 +391,12 @@ static int chunk_emit(chunk *c, totals *tot) {
   tot->gather_bytes += c->tot.gather_bytes;
   tot->cell_bytes += c->tot.cell_bytes;
   if (c->tot.arena_peak > tot->arena_peak) tot->arena_peak = c->tot.arena_peak;
+  tot->runs += c->tot.runs;
+  tot->syncs += c->tot.syncs;
+  tot->to_device += c->tot.to_device;
+  tot->to_host += c->tot.to_host;
+  tot->allocs += c->tot.allocs;
+  tot->launches += c->tot.launches;
   return 0;
 }
 
@@ -568,12 +582,15 @@ int cn_cmd_run(int argc, char **argv) {
           "\"jobs\": %d, "
           "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
           "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
-          "\"arena_bytes_peak\": %zu}\n",
+          "\"arena_bytes_peak\": %zu, \"runs\": %lld, \"device_syncs\": %lld, "
+          "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
+          "\"device_allocs\": %lld, \"launches\": %lld}\n",
           tot.instances, tot.errors, tot.batches, tot.lower_bound, secs,
           secs > 0 ? (double)tot.instances / secs : 0.0,
           cn_policy_name(o.policy), o.batch, jobs, cn_layout_name(o.layout),
           tot.vertices, tot.kernels, tot.cell_bytes, tot.gather_bytes,
-          tot.arena_peak);
+          tot.arena_peak, tot.runs, tot.syncs, tot.to_device, tot.to_host,
+          tot.allocs, tot.launches);
   status = tot.errors > 0 ? 2 : 0;
 out:
   cn__pool_free(pool);

@@ -24,6 +24,7 @@ typedef struct cn_backend_vt cn_backend_vt;
 struct cn_backend_ctx {
   const cn_backend_vt *vt;
   long long kernels; /* compute calls issued, for run statistics */
+  cn_backend_counters ctr; /* kept by the backend */
 };
 
 /* ---- the fused elementwise program of a compiled vertex function ----
@@ -97,6 +98,15 @@ struct cn_backend_vt {
   void (*to_device)(cn_backend_ctx *bk, void *dst, const void *src, size_t n);
   void (*to_host)(cn_backend_ctx *bk, void *dst, const void *src, size_t n);
   void (*sync)(cn_backend_ctx *bk);
+  /* Brings n spans of backend memory to the host after all work issued so
+   * far: span k is len[k] floats at base + off[k] (off, len: host arrays),
+   * packed one after the other. Returns their host address: a buffer the
+   * backend owns and grows, valid until the next fetch_rows on this
+   * context, its release() or close. One wait for the device, whatever n
+   * (n = 0 just waits). NULL on failure (status() says why). Required
+   * when host_memory is false; core reads in place otherwise. */
+  const float *(*fetch_rows)(cn_backend_ctx *bk, const float *base,
+                             const int64_t *off, const int64_t *len, int n);
 
   /* ---- compute ---- */
   /* C[M,N] = A[M,K] · W[N,K]ᵀ + beta·C (+ bias[N] broadcast over rows when

@@ -253,10 +253,28 @@ typedef struct cn_run_stats {
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
   size_t cell_bytes;      /* bytes moved by copies inside vertex functions  */
+  /* the backend's counters over the run (issue #33; zero on cpu) */
+  long long device_syncs;    /* host waits for the device                  */
+  long long bytes_to_device; /* host -> device                             */
+  long long bytes_to_host;   /* device -> host: what the answers read      */
+  long long device_allocs;   /* device / pinned allocations                */
+  long long launches;        /* kernel launches                            */
 } cn_run_stats;
 
 typedef struct cn_backend_ctx cn_backend_ctx;
 typedef struct cn_run cn_run;
+
+/* What a backend counts as it works (issue #33): a run reports the
+ * difference over its execution, /metrics the totals. A host-memory
+ * backend (cpu) leaves them at zero. */
+typedef struct cn_backend_counters {
+  long long syncs;           /* waits of the host for the device           */
+  long long bytes_to_device; /* host -> device: indices, weights, states   */
+  long long bytes_to_host;   /* device -> host: results, argmax rows       */
+  long long allocs;          /* device and pinned-host allocations made    */
+  long long launches;        /* kernel launches (a cuBLAS call counts one) */
+  long long device_bytes;    /* device memory held now (not a difference)  */
+} cn_backend_counters;
 
 /* A run gathers many instances and executes them together. It borrows the
  * model, the backend context and the instances: all must outlive it. */
@@ -283,7 +301,9 @@ int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err);
 /* The per-instance output object of API.md (new reference). JSON holds no
  * NaN or infinity: a non-finite value the model computed is null there,
- * and cn_output_check finds it. */
+ * and cn_output_check finds it. On a device backend the rows it reads
+ * live in a host buffer the backend context reuses: read a run's outputs
+ * before the context executes another run. */
 json_t *cn_run_output(const cn_run *r, int slot);
 /* 0, or CN_E_NON_FINITE with err naming the first field of the output
  * object o (of cn_run_output or cn_decode_output) that holds a non-finite

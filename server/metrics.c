@@ -5,6 +5,7 @@
  * buckets and a final le="+Inf". `promtool check metrics` runs on this
  * output in the tests. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,28 @@ void cn__metrics_free(cn__metrics *m) {
   free(m->batch_instances);
   free(m->model_batches);
   free(m->model_lower_bound);
+  free(m->worker_dev);
   pthread_mutex_destroy(&m->mu);
 }
+
+int cn__metrics_workers(cn__metrics *m, int n) {
+  cn_backend_counters *p = calloc(n > 0 ? (size_t)n : 1, sizeof(*p));
+  if (p == NULL) return CN_E_NOMEM;
+  pthread_mutex_lock(&m->mu);
+  free(m->worker_dev);
+  m->worker_dev = p;
+  m->n_workers = n > 0 ? n : 0;
+  pthread_mutex_unlock(&m->mu);
+  return 0;
+}
+
+void cn__metrics_worker_backend(cn__metrics *m, int worker,
+                                const cn_backend_counters *c) {
+  pthread_mutex_lock(&m->mu);
+  if (worker >= 0 && worker < m->n_workers) m->worker_dev[worker] = *c;
+  pthread_mutex_unlock(&m->mu);
+}
+
 
 /* A model index as a slot (the last slot: no model). Under m->mu. */
 static int slot_of(const cn__metrics *m, int model) {
@@ -278,6 +299,18 @@ void cn__metrics_retrain(cn__metrics *m, int model, int result) {
   pthread_mutex_unlock(&m->mu);
 }
 
+/* One family with a worker label per worker: the backend's counters. */
+static void per_worker(sbuf *b, const char *name, const char *type,
+                       const char *help, const cn__metrics *m,
+                       size_t field) {
+  head(b, name, type, help);
+  for (int w = 0; w < m->n_workers; w++) {
+    long long v;
+    memcpy(&v, (const char *)&m->worker_dev[w] + field, sizeof(v));
+    sb_printf(b, "%s{worker=\"%d\"} %lld\n", name, w, v);
+  }
+}
+
 char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   sbuf b = {malloc(8192), 0, 8192, 0};
   if (b.p == NULL) return NULL;
@@ -377,6 +410,25 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
         (double)m->arena_bytes_last);
   gauge(&b, "canopy_arena_peak_bytes", "largest arena of any run",
         (double)m->arena_bytes_peak);
+  per_worker(&b, "canopy_device_syncs_total", "counter",
+             "host waits for the device, by worker (zero on cpu)", m,
+             offsetof(cn_backend_counters, syncs));
+  per_worker(&b, "canopy_device_bytes_to_device_total", "counter",
+             "bytes copied host to device, by worker", m,
+             offsetof(cn_backend_counters, bytes_to_device));
+  per_worker(&b, "canopy_device_bytes_to_host_total", "counter",
+             "bytes copied device to host, by worker", m,
+             offsetof(cn_backend_counters, bytes_to_host));
+  per_worker(&b, "canopy_device_allocs_total", "counter",
+             "device and pinned host allocations, by worker", m,
+             offsetof(cn_backend_counters, allocs));
+  per_worker(&b, "canopy_device_launches_total", "counter",
+             "kernel launches, by worker", m,
+             offsetof(cn_backend_counters, launches));
+  per_worker(&b, "canopy_device_memory_bytes", "gauge",
+             "device memory a worker's backend context holds (pool, "
+             "weights, staging); released when the worker is idle", m,
+             offsetof(cn_backend_counters, device_bytes));
   head(&b, "canopy_policy_retrains_total", "counter",
        "online retraining rounds of a model's learned batching policy, by "
        "result (swapped: the new policy launches fewer batches)");

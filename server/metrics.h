@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "canopy_core.h"
+
 #define CN__HIST_MAX 24
 
 typedef struct cn__hist {
@@ -41,6 +43,10 @@ typedef struct cn__metrics {
   uint64_t window_closes[6];  /* by cn__close_reason                      */
   /* decode sessions (decode.c) */
   uint64_t decode_sessions, decode_joined, decode_early;
+  /* per worker: its backend context's counters (issue #33), as the worker
+   * last copied them */
+  cn_backend_counters *worker_dev;
+  int n_workers;
   double start_time;
 } cn__metrics;
 
@@ -66,6 +72,11 @@ void cn__metrics_run(cn__metrics *m, int model, int instances,
                      long long lower_bound, long long vertices,
                      long long kernels, size_t gather_bytes, size_t cell_bytes,
                      size_t arena_bytes);
+/* The worker count, before the workers start (0 or a negative code). */
+int cn__metrics_workers(cn__metrics *m, int n);
+/* A worker's backend counters after a run or a release (totals). */
+void cn__metrics_worker_backend(cn__metrics *m, int worker,
+                                const cn_backend_counters *c);
 void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout);

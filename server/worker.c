@@ -176,6 +176,13 @@ done:
   free(slots);
 }
 
+/* The worker's backend counters into /metrics (issue #33). */
+static void report_backend(worker_arg *w) {
+  cn_backend_counters c;
+  cn_backend_get_counters(w->bk, &c);
+  cn__metrics_worker_backend(&w->s->metrics, w->index, &c);
+}
+
 static void *worker_main(void *arg) {
   worker_arg *w = arg;
   cn__server *s = w->s;
@@ -205,6 +212,7 @@ static void *worker_main(void *arg) {
           s->qhead == NULL && !s->stopping) {
         pthread_mutex_unlock(&s->qmu);
         cn_backend_release(w->bk);
+        report_backend(w);
         cn__malloc_trim();
         kept = false;
         pthread_mutex_lock(&s->qmu);
@@ -234,6 +242,7 @@ static void *worker_main(void *arg) {
     else
       run_job(w, j);
     kept = true;
+    report_backend(w);
     pthread_mutex_lock(&s->qmu);
     s->busy_workers--;
     pthread_mutex_unlock(&s->qmu);
@@ -249,7 +258,8 @@ static void *worker_main(void *arg) {
 int cn__workers_start(cn__server *s, cn_err *err) {
   int n = s->cfg.serve.workers;
   s->threads = calloc((size_t)n, sizeof(pthread_t));
-  if (s->threads == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
+  if (s->threads == NULL || cn__metrics_workers(&s->metrics, n) != 0)
+    return cn_err_set(err, CN_E_NOMEM, "no memory");
   for (int i = 0; i < n; i++) {
     worker_arg *w = calloc(1, sizeof(*w));
     if (w == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");

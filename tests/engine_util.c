@@ -91,6 +91,12 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
     tu_stats.cell_bytes += st.cell_bytes;
     tu_stats.gather_bytes += st.gather_bytes;
     tu_stats.batches += st.batches;
+    tu_stats.instances++; /* here: the runs */
+    tu_stats.device_syncs += st.device_syncs;
+    tu_stats.bytes_to_device += st.bytes_to_device;
+    tu_stats.bytes_to_host += st.bytes_to_host;
+    tu_stats.device_allocs += st.device_allocs;
+    tu_stats.launches += st.launches;
     for (size_t i = s; i < e; i++)
       json_array_append_new(outs, errs[i - s] ? errs[i - s]
                                               : cn_run_output(r, slot[i - s]));

@@ -21,7 +21,7 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
                   cn_policy_kind pol, int batch, unsigned flags,
                   long long *batches, long long *lower_bound);
 /* The layout tu_run_on's runs use (default fused), and the statistics of
- * its last call, summed over its runs. */
+ * its last call, summed over its runs (instances: the number of runs). */
 extern cn_layout tu_layout;
 extern cn_run_stats tu_stats;
 /* The same on a fresh cpu backend context. */

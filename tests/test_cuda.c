@@ -13,6 +13,38 @@
 #include "backends.h"
 #include "engine_util.h"
 
+/* Floats of states an output object prints (as test_devpath.c): logits
+ * rows, per node with "nodes", and hidden vectors. */
+static long long numbers(const json_t *v) {
+  if (json_is_array(v)) {
+    long long n = 0;
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) n += numbers(e);
+    return n;
+  }
+  return json_is_number(v) || json_is_null(v) ? 1 : 0;
+}
+
+static long long answer_floats(const json_t *outs) {
+  long long n = 0;
+  size_t k;
+  const json_t *o;
+  json_array_foreach(outs, k, o) {
+    const json_t *nodes = json_object_get(o, "nodes");
+    if (nodes != NULL) {
+      size_t i;
+      const json_t *e;
+      json_array_foreach(nodes, i, e) n +=
+          numbers(json_object_get(e, "logits"));
+    } else {
+      n += numbers(json_object_get(o, "logits"));
+    }
+    n += numbers(json_object_get(o, "h"));
+  }
+  return n;
+}
+
 static cn_backend_ctx *open_or_skip(const char *name) {
   cn_backend_ctx *bk = NULL;
   cn_err err;
@@ -80,6 +112,31 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
       cr_expect_leq(d, 1e-4, "%s policy %s batch %d: cuda differs by %g",
                     c->family, cn_policy_name((cn_policy_kind)p), sizes[s],
                     d);
+      /* #33: only what the answers print comes back, with one wait a run
+       * (lstm-nmt also brings each step's argmax, and waits for it) */
+      cn_run_stats st = tu_stats;
+      long long runs = st.instances;
+      if (strcmp(c->family, "lstm-nmt") != 0) {
+        cr_expect_eq(st.bytes_to_host, answer_floats(want) * 4,
+                     "%s policy %s batch %d: %lld bytes to host in %lld "
+                     "runs, the answers print %lld", c->family,
+                     cn_policy_name((cn_policy_kind)p), sizes[s],
+                     st.bytes_to_host, runs, answer_floats(want) * 4);
+        cr_expect_leq(st.device_syncs, 2 * runs,
+                      "%s policy %s batch %d: %lld waits in %lld runs",
+                      c->family, cn_policy_name((cn_policy_kind)p),
+                      sizes[s], st.device_syncs, runs);
+      } else {
+        cr_expect_geq(st.bytes_to_host, answer_floats(want) * 4);
+      }
+      cr_expect_geq(st.launches, st.batches, "%s: launches %lld < batches "
+                    "%lld", c->family, st.launches, st.batches);
+      if (p == CN_POLICY_AGENDA && sizes[s] == 128)
+        cr_log_info("%s batch 128: %lld runs, %lld batches, %lld launches "
+                    "(%.2f a batch), %lld waits, %lld bytes to host, %lld "
+                    "bytes to device", c->family, runs, st.batches,
+                    st.launches, (double)st.launches / (double)st.batches,
+                    st.device_syncs, st.bytes_to_host, st.bytes_to_device);
       json_decref(want);
       json_decref(got);
     }
@@ -94,6 +151,25 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
   cr_expect_eq(cn__backend_cuda_device_allocs(gpu), a0,
                "%s: %lld device allocations after warm-up", c->family,
                cn__backend_cuda_device_allocs(gpu) - a0);
+  cr_expect_eq(tu_stats.device_allocs, 0, "%s: the counters saw %lld "
+               "allocations after warm-up", c->family, tu_stats.device_allocs);
+  /* idle: the pool's unused blocks go back (#33 item 5) */
+  cn_backend_counters ctr;
+  cn_backend_get_counters(gpu, &ctr);
+  long long held = ctr.device_bytes;
+  cn_backend_release(gpu);
+  cn_backend_get_counters(gpu, &ctr);
+  cr_expect_lt(ctr.device_bytes, held, "%s: release kept all %lld bytes",
+               c->family, held);
+  cr_expect_gt(ctr.device_bytes, 0); /* the weights stay */
+  json_t *after = tu_run_on(gpu, m, in, CN_POLICY_AGENDA, 128, flags, NULL,
+                            NULL);
+  json_t *ref = tu_run_on(cpu, m, in, CN_POLICY_AGENDA, 128, flags, NULL,
+                          NULL);
+  cr_expect_leq(tu_json_maxdiff(ref, after), 1e-4,
+                "%s: differs after a release", c->family);
+  json_decref(after);
+  json_decref(ref);
   json_decref(in);
   cn_model_free(m);
   tu_rmdir(dir);

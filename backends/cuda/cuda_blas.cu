@@ -20,6 +20,7 @@ void cu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
     beta = 1.0f;
   }
   const float one = 1.0f;
+  c->base.ctr.launches++;
   CN_CUBLAS_CHECK(c, cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
                                  &one, W, ldw, A, lda, &beta, C, ldc));
 }
@@ -31,6 +32,7 @@ void cu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N, int K,
   cu_ctx *c = cu_of(bk);
   if (count <= 0 || M <= 0 || N <= 0 || !cu_enter(c)) return;
   const float one = 1.0f;
+  c->base.ctr.launches++;
   CN_CUBLAS_CHECK(c, cublasSgemmStridedBatched(
                          c->blas, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B,
                          ldb, sb, A, lda, sa, &beta, C, ldc, sc, count));
@@ -85,6 +87,7 @@ void cu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
   const float *const *dR = (const float *const *)(dev[0] + 4 * n);
   const float one = 1.0f, zero = 0.0f;
   /* P_rᵀ = A_rᵀ·WLᵀ, then P_rᵀ += B_rᵀ·WRᵀ. */
+  c->base.ctr.launches += 2;
   if (CN_CUBLAS_CHECK(c, cublasSgemmBatched(c->blas, CUBLAS_OP_N, CUBLAS_OP_N,
                                             H, H, H, &one, dA, H, dL, 2 * H,
                                             &zero, dC, H, n)))

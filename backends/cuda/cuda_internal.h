@@ -74,6 +74,17 @@ typedef struct cu_ctx {
   float *eye;
   int eye_H;
 
+  /* fetch_rows: the packed spans on the device (a pool block) and their
+   * pinned host copy, both grown to the largest fetch, kept until
+   * release() or close. */
+  float *fetch_dev, *fetch_host;
+  size_t fetch_cap; /* floats, both */
+
+  /* What the pool keeps beyond the blocks in use (bytes): above it, free
+   * blocks go back to the device before a new one is made
+   * (CANOPY_CUDA_POOL_MAX_MB, default 1024). */
+  size_t pool_keep_max;
+
   /* ew_program's per-row scratch when it does not fit in shared memory:
    * a pool block, grown (never shrunk) to the largest n · tmp_width. */
   float *ew_tmp;
@@ -112,8 +123,16 @@ static inline bool cu_check_blas(cu_ctx *c, cublasStatus_t s,
   return false;
 }
 
-/* Launch check: the configuration error of the last <<<>>>. */
-#define CN_CUDA_LAUNCHED(c) CN_CUDA_CHECK((c), cudaGetLastError())
+/* Launch check: the configuration error of the last <<<>>>; counts the
+ * launch (issue #33). */
+#define CN_CUDA_LAUNCHED(c)                                               \
+  ((c)->base.ctr.launches++, CN_CUDA_CHECK((c), cudaGetLastError()))
+
+/* Device memory the context holds: pool, weights, staging and argmax
+ * twins, kept in base.ctr.device_bytes. */
+static inline void cu_held(cu_ctx *c, long long delta) {
+  c->base.ctr.device_bytes += delta;
+}
 
 /* Enters a compute call: false when the context already failed (the call
  * is skipped) or its device cannot be made current on this thread. */

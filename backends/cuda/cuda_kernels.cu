@@ -427,8 +427,10 @@ void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
     size_t cap = c->am_cap ? c->am_cap : 1024;
     while (cap < (size_t)n) cap *= 2;
     ok = CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    c->base.ctr.syncs++;
     if (c->am_dev != NULL) CN_CUDA_CHECK(c, cudaFree(c->am_dev));
     if (c->am_host != NULL) CN_CUDA_CHECK(c, cudaFreeHost(c->am_host));
+    if (c->am_dev != NULL) cu_held(c, -(long long)c->am_cap * 4);
     c->am_dev = NULL;
     c->am_host = NULL;
     c->am_cap = 0;
@@ -439,6 +441,8 @@ void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
     if (ok) {
       c->am_cap = cap;
       c->device_allocs++;
+      c->base.ctr.allocs += 2;
+      cu_held(c, (long long)cap * 4);
     }
   }
   if (ok) {
@@ -450,6 +454,8 @@ void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
                                           cudaMemcpyDeviceToHost,
                                           c->stream)) &&
          CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+    c->base.ctr.syncs++;
+    c->base.ctr.bytes_to_host += (long long)n * 4;
   }
   /* The decoder reads out right away: after a failure it reads zeros (the
    * run then fails at status()). */

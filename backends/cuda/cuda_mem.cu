@@ -56,14 +56,21 @@ static size_t pool_class(size_t bytes) {
   return b;
 }
 
+/* Hands the unused blocks back to the device (out of device memory, over
+ * the bound, or idle): one wait for the stream, whose work may still use
+ * a block handed back to the pool. */
 static void pool_trim(cu_ctx *c) {
-  /* Out of device memory: hand the unused blocks back and try again. */
+  bool any = false;
+  for (int i = 0; i < c->n_blocks && !any; i++) any = !c->blocks[i].used;
+  if (!any) return;
   (void)cudaStreamSynchronize(c->stream);
+  c->base.ctr.syncs++;
   int k = 0;
   for (int i = 0; i < c->n_blocks; i++) {
     if (!c->blocks[i].used) {
       (void)cudaFree(c->blocks[i].p);
       c->pool_bytes -= c->blocks[i].bytes;
+      cu_held(c, -(long long)c->blocks[i].bytes);
     } else {
       c->blocks[k++] = c->blocks[i];
     }
@@ -86,6 +93,12 @@ void *cu_pool_get(cu_ctx *c, size_t bytes) {
     c->blocks = b;
     c->cap_blocks = cap;
   }
+  /* Bounded (#33): the blocks kept unused beyond pool_keep_max go back
+   * before the device gives a new one. */
+  size_t idle = 0;
+  for (int i = 0; i < c->n_blocks; i++)
+    if (!c->blocks[i].used) idle += c->blocks[i].bytes;
+  if (idle > 0 && idle + cls > c->pool_keep_max) pool_trim(c);
   void *p = NULL;
   cudaError_t e = cudaMalloc(&p, cls);
   if (e == cudaErrorMemoryAllocation) {
@@ -99,6 +112,8 @@ void *cu_pool_get(cu_ctx *c, size_t bytes) {
     return NULL;
   }
   c->device_allocs++;
+  c->base.ctr.allocs++;
+  cu_held(c, (long long)cls);
   c->pool_bytes += cls;
   cu_block *nb = &c->blocks[c->n_blocks++];
   nb->p = p;
@@ -163,6 +178,8 @@ static const float *cu_weights(cn_backend_ctx *bk, const float *host,
     if (!CN_CUDA_CHECK(c, cudaMalloc((void **)&d, (n ? n : 1) * 4)))
       return NULL;
     c->weight_allocs++;
+    c->base.ctr.allocs++;
+    cu_held(c, (long long)(n ? n : 1) * 4);
     w = &c->weights[c->n_weights++];
     w->host = host;
     w->n = n;
@@ -174,6 +191,7 @@ static const float *cu_weights(cn_backend_ctx *bk, const float *host,
                                                  cudaMemcpyHostToDevice,
                                                  c->stream)))
     return NULL;
+  c->base.ctr.bytes_to_device += (long long)n * 4;
   w->print = fp;
   return w->dev;
 }
@@ -185,8 +203,10 @@ static bool stage_grow(cu_ctx *c, size_t need) {
   while (cap / 2 < need) cap *= 2;
   if (c->stage_host != NULL) {
     if (!CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream))) return false;
+    c->base.ctr.syncs++;
     CN_CUDA_CHECK(c, cudaFreeHost(c->stage_host));
     CN_CUDA_CHECK(c, cudaFree(c->stage_dev));
+    cu_held(c, -(long long)c->stage_cap * 8);
     c->stage_host = NULL;
     c->stage_dev = NULL;
     c->stage_grows++;
@@ -197,6 +217,8 @@ static bool stage_grow(cu_ctx *c, size_t need) {
     c->stage_cap = 0;
     return false;
   }
+  c->base.ctr.allocs += 2;
+  cu_held(c, (long long)cap * 8);
   c->stage_cap = cap;
   c->stage_pos = 0;
   c->stage_half = 0;
@@ -218,8 +240,13 @@ bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
                                           c->stream)))
       return false;
     c->stage_half ^= 1;
-    if (!CN_CUDA_CHECK(c, cudaEventSynchronize(c->stage_ev[c->stage_half])))
-      return false;
+    if (cudaEventQuery(c->stage_ev[c->stage_half]) != cudaSuccess) {
+      (void)cudaGetLastError(); /* cudaErrorNotReady: a real wait */
+      c->base.ctr.syncs++;
+      if (!CN_CUDA_CHECK(c,
+                         cudaEventSynchronize(c->stage_ev[c->stage_half])))
+        return false;
+    }
     c->stage_pos = 0;
   }
   size_t at = (size_t)c->stage_half * half + c->stage_pos;
@@ -232,6 +259,7 @@ bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
 bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words) {
   if (host == NULL || words == 0) return true;
   size_t at = (size_t)(host - c->stage_host);
+  c->base.ctr.bytes_to_device += (long long)words * 8;
   return CN_CUDA_CHECK(c, cudaMemcpyAsync(c->stage_dev + at, host,
                                           words * 8, cudaMemcpyHostToDevice,
                                           c->stream));
@@ -266,6 +294,8 @@ static void cu_to_device(cn_backend_ctx *bk, void *dst, const void *src,
                          size_t n) {
   cu_ctx *c = cu_of(bk);
   if (n == 0 || !cu_enter(c)) return;
+  c->base.ctr.bytes_to_device += (long long)n;
+  c->base.ctr.syncs++;
   if (CN_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
                                        c->stream)))
     CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
@@ -275,6 +305,8 @@ static void cu_to_host(cn_backend_ctx *bk, void *dst, const void *src,
                        size_t n) {
   cu_ctx *c = cu_of(bk);
   if (n == 0 || !cu_enter(c)) return;
+  c->base.ctr.bytes_to_host += (long long)n;
+  c->base.ctr.syncs++;
   if (CN_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost,
                                        c->stream)))
     CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
@@ -283,7 +315,125 @@ static void cu_to_host(cn_backend_ctx *bk, void *dst, const void *src,
 static void cu_sync(cn_backend_ctx *bk) {
   cu_ctx *c = cu_of(bk);
   if (!cu_enter(c)) return;
+  c->base.ctr.syncs++;
   CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+/* ---- fetch_rows: what the answers read, and nothing else (#33) ---- */
+
+/* Span k (one block each, grid-stride over spans): tab[k] is its float
+ * offset in base, tab[n + k] .. tab[n + k + 1] its place in dst. */
+__global__ void k_fetch_rows(float *dst, const float *base,
+                             const int64_t *tab, int n) {
+  for (long long k = blockIdx.x; k < n; k += gridDim.x) {
+    const float *src = base + tab[k];
+    float *d = dst + tab[n + k];
+    long long len = tab[n + k + 1] - tab[n + k];
+    for (long long j = threadIdx.x; j < len; j += blockDim.x) d[j] = src[j];
+  }
+}
+
+static void fetch_free(cu_ctx *c) {
+  if (c->fetch_host != NULL) {
+    CN_CUDA_CHECK(c, cudaFreeHost(c->fetch_host));
+    cu_pool_put(c, c->fetch_dev);
+  }
+  c->fetch_host = NULL;
+  c->fetch_dev = NULL;
+  c->fetch_cap = 0;
+}
+
+/* Both buffers grown to at least `floats` (a power of two): the previous
+ * fetch's rows are no longer wanted (fetch_rows' contract), and the
+ * stream has been waited for since, so they go at once. */
+static bool fetch_grow(cu_ctx *c, size_t floats) {
+  if (floats <= c->fetch_cap) return true;
+  size_t cap = 1024;
+  while (cap < floats) cap <<= 1;
+  fetch_free(c);
+  c->fetch_dev = (float *)cu_pool_get(c, cap * sizeof(float));
+  if (c->fetch_dev == NULL) {
+    cu_fail(c, __FILE__, __LINE__, "cudaMalloc(fetch_rows)",
+            "out of device memory");
+    return false;
+  }
+  if (!CN_CUDA_CHECK(c, cudaHostAlloc((void **)&c->fetch_host,
+                                      cap * sizeof(float),
+                                      cudaHostAllocDefault))) {
+    c->fetch_host = NULL;
+    cu_pool_put(c, c->fetch_dev);
+    c->fetch_dev = NULL;
+    return false;
+  }
+  c->base.ctr.allocs++;
+  c->fetch_cap = cap;
+  return true;
+}
+
+/* One upload of the span table, one gather kernel, one copy into the
+ * pinned buffer, one wait. A single span needs no gather: it is copied
+ * as it is. */
+static const float *cu_fetch_rows(cn_backend_ctx *bk, const float *base,
+                                  const int64_t *off, const int64_t *len,
+                                  int n) {
+  static const float none[1] = {0.0f};
+  cu_ctx *c = cu_of(bk);
+  if (!cu_enter(c)) return NULL;
+  size_t total = 0;
+  for (int k = 0; k < n; k++) total += len[k] > 0 ? (size_t)len[k] : 0;
+  const float *src = NULL;
+  if (total > 0) {
+    if (!fetch_grow(c, total)) return NULL;
+    if (n == 1) {
+      src = base + off[0];
+    } else {
+      int64_t *hs, *ds;
+      if (!cu_stage_reserve(c, 2 * (size_t)n + 1, &hs, &ds)) return NULL;
+      int64_t at = 0;
+      for (int k = 0; k < n; k++) {
+        hs[k] = off[k];
+        hs[n + k] = at;
+        at += len[k] > 0 ? len[k] : 0;
+      }
+      hs[2 * n] = at;
+      if (!cu_stage_commit(c, hs, 2 * (size_t)n + 1)) return NULL;
+      unsigned grid = n < 65535 * 8 ? (unsigned)n : 65535u * 8u;
+      k_fetch_rows<<<grid, 128, 0, c->stream>>>(c->fetch_dev, base, ds, n);
+      if (!CN_CUDA_LAUNCHED(c)) return NULL;
+      src = c->fetch_dev;
+    }
+    if (!CN_CUDA_CHECK(c, cudaMemcpyAsync(c->fetch_host, src,
+                                          total * sizeof(float),
+                                          cudaMemcpyDeviceToHost, c->stream)))
+      return NULL;
+    c->base.ctr.bytes_to_host += (long long)(total * sizeof(float));
+  }
+  c->base.ctr.syncs++;
+  if (!CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream))) return NULL;
+  return total > 0 ? c->fetch_host : none;
+}
+
+/* Idle (#33 item 5): the pool's unused blocks and the fetch buffers go
+ * back to the device; weights, staging and cuBLAS's workspace stay. */
+static void cu_release(cn_backend_ctx *bk) {
+  cu_ctx *c = cu_of(bk);
+  if (c->device < 0 || !set_device(c)) return;
+  fetch_free(c);
+  if (c->ew_tmp != NULL) {
+    cu_pool_put(c, c->ew_tmp);
+    c->ew_tmp = NULL;
+    c->ew_tmp_bytes = 0;
+  }
+  pool_trim(c);
+  (void)cudaGetLastError();
+  if (getenv("CANOPY_CUDA_STATS") != NULL)
+    fprintf(stderr,
+            "canopy cuda: device %d: released; holds %lld bytes "
+            "(%lld syncs, %lld launches, %lld allocations, %lld bytes to "
+            "device, %lld bytes to host so far)\n",
+            c->device, c->base.ctr.device_bytes, c->base.ctr.syncs,
+            c->base.ctr.launches, c->base.ctr.allocs,
+            c->base.ctr.bytes_to_device, c->base.ctr.bytes_to_host);
 }
 
 /* ---- open / close ---- */
@@ -297,15 +447,21 @@ static void cu_close(cn_backend_ctx *bk) {
     if (getenv("CANOPY_CUDA_STATS") != NULL)
       fprintf(stderr,
               "canopy cuda: device %d: %lld pool allocations (%zu bytes), "
-              "%lld weight tensors, %lld staging grows, %lld launches\n",
+              "%lld weight tensors, %lld staging grows, %lld backend calls, "
+              "%lld launches, %lld syncs, %lld allocations, %lld bytes to "
+              "device, %lld bytes to host, %lld bytes held\n",
               c->device, c->device_allocs, c->pool_bytes, c->weight_allocs,
-              c->stage_grows, c->base.kernels);
+              c->stage_grows, c->base.kernels, c->base.ctr.launches,
+              c->base.ctr.syncs, c->base.ctr.allocs,
+              c->base.ctr.bytes_to_device, c->base.ctr.bytes_to_host,
+              c->base.ctr.device_bytes);
     if (c->blas != NULL) (void)cublasDestroy(c->blas);
     for (int i = 0; i < c->n_blocks; i++) (void)cudaFree(c->blocks[i].p);
     for (int i = 0; i < c->n_weights; i++) (void)cudaFree(c->weights[i].dev);
     if (c->stage_host != NULL) (void)cudaFreeHost(c->stage_host);
     if (c->stage_dev != NULL) (void)cudaFree(c->stage_dev);
     if (c->am_host != NULL) (void)cudaFreeHost(c->am_host);
+    if (c->fetch_host != NULL) (void)cudaFreeHost(c->fetch_host);
     if (c->am_dev != NULL) (void)cudaFree(c->am_dev);
     for (int h = 0; h < 2; h++)
       if (c->stage_ev[h] != NULL) (void)cudaEventDestroy(c->stage_ev[h]);
@@ -321,12 +477,14 @@ static const cn_backend_vt cuda_vt = {
     .name = "cuda",
     .host_memory = false,
     .close = cu_close,
+    .release = cu_release,
     .alloc = cu_alloc,
     .free = cu_free,
     .weights = cu_weights,
     .to_device = cu_to_device,
     .to_host = cu_to_host,
     .sync = cu_sync,
+    .fetch_rows = cu_fetch_rows,
     .gemm = cu_gemm,
     .gemm_strided = cu_gemm_strided,
     .gather = cu_gather,
@@ -391,6 +549,13 @@ extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
   if (c == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory for backend");
   c->base.vt = &cuda_vt;
   c->device = device;
+  c->pool_keep_max = (size_t)1024 << 20;
+  const char *keep = getenv("CANOPY_CUDA_POOL_MAX_MB");
+  if (keep != NULL && keep[0] != '\0') {
+    char *end;
+    unsigned long long mb = strtoull(keep, &end, 10);
+    if (*end == '\0') c->pool_keep_max = (size_t)mb << 20;
+  }
   void *ws = NULL;
   bool ok = set_device(c) &&
             CN_CUDA_CHECK(c, cudaStreamCreateWithFlags(

@@ -156,6 +156,17 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
 }
 
+static void reads(cn_run *r, int slot) {
+  const cn_run_slot *s = &r->slots[slot];
+  int H = (int)r->m->dims.H;
+  cn__tagger_reads(r, slot);
+  if (!(s->flags & CN_OUT_HIDDEN)) return;
+  for (int32_t t = 0; t < s->n_out; t++) { /* as hidden() */
+    cn__run_need(r, r->node_vertex[s->node_v0 + t], 0, H);
+    cn__run_need(r, r->node_vertex[s->node_v0 + s->n_out + t], 0, H);
+  }
+}
+
 static int64_t answer_bound(const cn_model *m, const cn_instance *in,
                             unsigned flags, int max_decode_len) {
   (void)max_decode_len;
@@ -186,6 +197,7 @@ const cn_family cn__fam_bilstm = {
     .exec = exec,
     .finish = finish,
     .output = output,
+    .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,
 };

@@ -103,18 +103,19 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 /* The "hidden" columns of a vertex's state. */
 static json_t *hidden_of(const cn_run *r, int32_t v) {
   const cn_cells *cl = cells_of(r->m);
-  return cn__json_floats(cn__run_state_host(r, v) + cl->h0, cl->hw);
+  return cn__json_floats(cn__run_state_host_at(r, v, cl->h0), cl->hw);
 }
 
 static void seq_hidden(const cn_run *r, int slot, int i, float *buf) {
   const cn_cells *cl = cells_of(r->m);
   const cn_run_slot *s = &r->slots[slot];
   int32_t n = s->inst->n;
-  memcpy(buf, cn__run_state_host(r, r->node_vertex[s->node_v0 + i]) + cl->h0,
+  memcpy(buf, cn__run_state_host_at(r, r->node_vertex[s->node_v0 + i], cl->h0),
          (size_t)cl->hw * sizeof(float));
   if (cl->structure == CN_CELLS_BISEQUENCE)
     memcpy(buf + cl->hw,
-           cn__run_state_host(r, r->node_vertex[s->node_v0 + n + i]) + cl->h0,
+           cn__run_state_host_at(r, r->node_vertex[s->node_v0 + n + i],
+                                 cl->h0),
            (size_t)cl->hw * sizeof(float));
 }
 
@@ -142,6 +143,31 @@ static json_t *output(const cn_run *r, int slot) {
                         hidden_of(r, r->node_vertex[s->node_v0 + node]));
   }
   return o;
+}
+
+static void reads(cn_run *r, int slot) { /* mirrors output() */
+  const cn_cells *cl = cells_of(r->m);
+  const cn_run_slot *s = &r->slots[slot];
+  int32_t n = s->inst->n;
+  int C = (int)r->m->dims.C;
+  if (cl->structure == CN_CELLS_SEQUENCE ||
+      cl->structure == CN_CELLS_BISEQUENCE) {
+    cn__tagger_reads(r, slot);
+    if (!(s->flags & CN_OUT_HIDDEN)) return;
+    for (int32_t i = 0; i < s->n_out; i++) { /* as seq_hidden() */
+      cn__run_need(r, r->node_vertex[s->node_v0 + i], cl->h0, cl->hw);
+      if (cl->structure == CN_CELLS_BISEQUENCE)
+        cn__run_need(r, r->node_vertex[s->node_v0 + n + i], cl->h0, cl->hw);
+    }
+    return;
+  }
+  cn__run_need(r, s->out_v0, 0, C);
+  if (cl->structure == CN_CELLS_TREE && (s->flags & CN_OUT_ALL))
+    for (int32_t i = 0; i < s->n_out; i++) cn__run_need(r, s->out_v0 + i, 0, C);
+  if (s->flags & CN_OUT_HIDDEN) {
+    int32_t node = cl->structure == CN_CELLS_TREE ? 0 : n - 1;
+    cn__run_need(r, r->node_vertex[s->node_v0 + node], cl->h0, cl->hw);
+  }
 }
 
 static int64_t answer_bound(const cn_model *m, const cn_instance *in,
@@ -177,6 +203,7 @@ const cn_family cn__fam_cells = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,
 };

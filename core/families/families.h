@@ -38,6 +38,11 @@ int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode);
 /* The per-instance object: logits/label/label_name of the root, "nodes"
  * for outputs=all, "h" (the first h_floats of the root's state). */
 json_t *cn__tree_output(const cn_run *r, int slot, int h_floats);
+/* reads() of the tree families (cn__tree_output, h_floats of the root). */
+void cn__tree_reads(cn_run *r, int slot, int h_floats);
+void cn__tree_reads_h(cn_run *r, int slot);
+/* The logits rows cn__tagger_output reads (hidden rows: the family's). */
+void cn__tagger_reads(cn_run *r, int slot);
 /* Standard output vertex: logits = out.W h + out.b, h = first H floats of
  * the input's state. */
 void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,

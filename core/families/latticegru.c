@@ -120,6 +120,14 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+static void reads(cn_run *r, int slot) { /* mirrors output() */
+  const cn_run_slot *s = &r->slots[slot];
+  cn__run_need(r, s->out_v0, 0, (int)r->m->dims.C);
+  if (s->flags & CN_OUT_HIDDEN)
+    cn__run_need(r, r->node_vertex[s->node_v0 + s->inst->n - 1], 0,
+                 (int)r->m->dims.H);
+}
+
 static int64_t answer_bound(const cn_model *m, const cn_instance *in,
                             unsigned flags, int max_decode_len) {
   (void)in, (void)max_decode_len;
@@ -152,6 +160,7 @@ const cn_family cn__fam_latticegru = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,
 };

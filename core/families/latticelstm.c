@@ -191,6 +191,14 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, (int)r->m->dims.H, hidden);
 }
 
+static void reads(cn_run *r, int slot) {
+  const cn_run_slot *s = &r->slots[slot];
+  cn__tagger_reads(r, slot);
+  if (s->flags & CN_OUT_HIDDEN) /* as hidden() */
+    for (int32_t j = 0; j < s->n_out; j++)
+      cn__run_need(r, r->node_vertex[s->node_v0 + j], 0, (int)r->m->dims.H);
+}
+
 static int64_t answer_bound(const cn_model *m, const cn_instance *in,
                             unsigned flags, int max_decode_len) {
   (void)max_decode_len;
@@ -242,6 +250,7 @@ const cn_family cn__fam_latticelstm = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,
 };

@@ -167,6 +167,14 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+/* The tokens are host data (argmax); only "h" reads a state. */
+static void reads(cn_run *r, int slot) {
+  const cn_run_slot *s = &r->slots[slot];
+  if ((s->flags & CN_OUT_HIDDEN) && s->n_out > 0)
+    cn__run_need(r, r->node_vertex[s->node_v0 + s->inst->n + s->n_out - 1],
+                 0, (int)r->m->dims.H); /* as output()'s d */
+}
+
 /* output() prints at most cap steps: a token (or "<unk>") and an id (or
  * null) each. */
 static int64_t answer_bound(const cn_model *m, const cn_instance *in,
@@ -206,6 +214,7 @@ const cn_family cn__fam_nmt = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = output,
+    .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,
 };

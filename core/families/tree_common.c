@@ -127,6 +127,28 @@ json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
   return o;
 }
 
+/* Mirrors cn__tree_output: the logits rows, the root's h. */
+void cn__tree_reads(cn_run *r, int slot, int h_floats) {
+  const cn_run_slot *s = &r->slots[slot];
+  int C = (int)r->m->dims.C;
+  cn__run_need(r, s->out_v0, 0, C);
+  if (s->flags & CN_OUT_ALL)
+    for (int32_t i = 0; i < s->n_out; i++) cn__run_need(r, s->out_v0 + i, 0, C);
+  if (s->flags & CN_OUT_HIDDEN)
+    cn__run_need(r, r->node_vertex[s->node_v0], 0, h_floats);
+}
+
+void cn__tree_reads_h(cn_run *r, int slot) {
+  cn__tree_reads(r, slot, (int)r->m->dims.H);
+}
+
+/* Mirrors cn__tagger_output's logits (and a CRF finish(): the same rows). */
+void cn__tagger_reads(cn_run *r, int slot) {
+  const cn_run_slot *s = &r->slots[slot];
+  for (int32_t i = 0; i < s->n_out; i++)
+    cn__run_need(r, s->out_v0 + i, 0, (int)r->m->dims.C);
+}
+
 json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
                           void (*hidden)(const cn_run *r, int slot, int i,
                                          float *buf)) {

@@ -122,6 +122,7 @@ const cn_family cn__fam_treegru = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,
     .cell = cell,
 };

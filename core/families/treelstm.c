@@ -149,6 +149,7 @@ const cn_family cn__fam_treelstm = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,
     .cell = cell,
 };
@@ -167,6 +168,7 @@ const cn_family cn__fam_treelstm_2type = {
     .scratch_floats = scratch_floats,
     .exec = exec,
     .output = cn__tree_output_h,
+    .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,
     .cell = cell,
 };

@@ -73,6 +73,10 @@ struct cn_family {
   int (*finish)(cn_run *r, cn_err *err);
   /* Writes the per-instance output object (API.md). */
   json_t *(*output)(const cn_run *r, int slot);
+  /* Names, with cn__run_need, every state span output() and finish()
+   * read for this slot: a device backend copies back exactly these
+   * (issue #33). It mirrors output() field by field, as answer_bound. */
+  void (*reads)(cn_run *r, int slot);
   /* An upper bound on the bytes of output()'s JSON for this instance,
    * flags and max_decode_len (cn_model_answer_bound); it mirrors output()
    * field by field, so the two change together. */

@@ -67,7 +67,8 @@ void cn_run_free(cn_run *r) {
   free(r->order);
   free(r->batches);
   free(r->idx_host);
-  free(r->host);
+  free(r->spans);
+  free(r->fetch_idx);
   free(r->out_tag);
   free(r->out_score);
   free(r);
@@ -200,8 +201,36 @@ const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
   return dst;
 }
 
-const float *cn__run_state_host(const cn_run *r, int32_t v) {
-  return (r->host != NULL ? r->host : r->arena) + r->state_off[v];
+const float *cn__run_state_host_at(const cn_run *r, int32_t v, int col) {
+  if (r->bk->vt->host_memory) return r->arena + r->state_off[v] + col;
+  /* the spans are sorted by vertex, one per vertex */
+  int64_t lo = 0, hi = r->n_spans;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (r->spans[mid].v < v)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (r->host == NULL || lo == r->n_spans || r->spans[lo].v != v ||
+      col < r->spans[lo].lo || col >= r->spans[lo].hi)
+    return NULL; /* not named by the family's reads(): its bug */
+  return r->host + r->spans[lo].at + (col - r->spans[lo].lo);
+}
+
+void cn__run_need(cn_run *r, int32_t v, int col, int width) {
+  if (width <= 0 || v < 0 || v >= r->nv) return;
+  if (r->n_spans == r->cap_spans) {
+    int64_t c = r->cap_spans ? 2 * r->cap_spans : 256;
+    cn_run_span *p = cn__xrealloc(r->spans, (size_t)c, sizeof(*p));
+    if (p == NULL) {
+      r->need_failed = true;
+      return;
+    }
+    r->spans = p;
+    r->cap_spans = c;
+  }
+  r->spans[r->n_spans++] = (cn_run_span){v, col, col + width, 0};
 }
 
 /* Sizes the arena from the plan: each type's buffer holds exactly its
@@ -265,9 +294,10 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
     r->idx_used = 0;
     cn__run_exec_batch(r, bt->type, r->order + bt->start, bt->n);
   }
-  r->bk->vt->sync(r->bk);
+  /* a device backend's fetch waits for the batches itself */
+  if (r->bk->vt->host_memory) r->bk->vt->sync(r->bk);
   r->kernels = r->bk->kernels - k0;
-  return cn__run_copy_back(r, err);
+  return cn__run_copy_back(r, NULL, 0, err);
 }
 
 /* Every batch, then the family's run-level host pass (finish), which sees
@@ -277,11 +307,23 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
   if (r->executed)
     return cn_err_set(err, CN_E_INTERNAL, "a run executes only once");
   r->executed = true;
+  r->ctr0 = r->bk->ctr;
   if (r->nv == 0) return 0;
   int rc = r->fam->dynamic ? cn__run_exec_dynamic(r, policy, err)
                            : exec_planned(r, policy, err);
   if (rc == 0 && r->fam->finish != NULL) rc = r->fam->finish(r, err);
+  cn__run_count(r);
   return rc;
+}
+
+void cn__run_count(cn_run *r) {
+  const cn_backend_counters *a = &r->ctr0, *b = &r->bk->ctr;
+  r->ctr.syncs = b->syncs - a->syncs;
+  r->ctr.bytes_to_device = b->bytes_to_device - a->bytes_to_device;
+  r->ctr.bytes_to_host = b->bytes_to_host - a->bytes_to_host;
+  r->ctr.allocs = b->allocs - a->allocs;
+  r->ctr.launches = b->launches - a->launches;
+  r->ctr.device_bytes = b->device_bytes;
 }
 
 
@@ -338,16 +380,70 @@ static int backend_status(cn_run *r, cn_err *err) {
   return r->bk->vt->status != NULL ? r->bk->vt->status(r->bk, err) : 0;
 }
 
-int cn__run_copy_back(cn_run *r, cn_err *err) {
+static int span_cmp(const void *a, const void *b) {
+  const cn_run_span *x = a, *y = b;
+  return (x->v > y->v) - (x->v < y->v);
+}
+
+/* Device backends (issue #33): the answers read a few rows of the run's
+ * states (root logits, requested hidden vectors, CRF emissions), so only
+ * those come back: the family's reads() names them, they are sorted and
+ * merged per vertex, and the backend gathers them on the device into its
+ * own host buffer in one transfer with one wait. No host memory of the
+ * arena's size, and nothing else crosses the bus. */
+int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err) {
   int rc = backend_status(r, err);
   if (rc != 0 || r->bk->vt->host_memory) return rc;
-  /* Results are read on the host: copy the state buffers back once. */
-  size_t bytes = (size_t)r->scratch_off * sizeof(float);
-  r->host = malloc(bytes ? bytes : 1);
-  if (r->host == NULL)
+  cn_backend_ctx *bk = r->bk;
+  r->host = NULL;
+  r->n_spans = 0;
+  r->need_failed = false;
+  int count = slots != NULL ? n : r->n_slots;
+  for (int i = 0; i < count; i++) {
+    int s = slots != NULL ? slots[i] : i;
+    if (s >= 0 && s < r->n_slots) r->fam->reads(r, s);
+  }
+  if (r->need_failed)
     return cn_err_set(err, CN_E_NOMEM, "no memory for the run's results");
-  r->bk->vt->to_host(r->bk, r->host, r->arena, bytes);
-  return backend_status(r, err);
+  if (r->n_spans > 1)
+    qsort(r->spans, (size_t)r->n_spans, sizeof(cn_run_span), span_cmp);
+  int64_t k = 0;
+  for (int64_t i = 0; i < r->n_spans; i++) {
+    cn_run_span sp = r->spans[i];
+    if (k > 0 && r->spans[k - 1].v == sp.v) { /* one span per vertex */
+      cn_run_span *q = &r->spans[k - 1];
+      if (sp.lo < q->lo) q->lo = sp.lo;
+      if (sp.hi > q->hi) q->hi = sp.hi;
+      continue;
+    }
+    r->spans[k++] = sp;
+  }
+  r->n_spans = k;
+  if (k > INT32_MAX / 2)
+    return cn_err_set(err, CN_E_TOO_LARGE, "too many result rows (%lld)",
+                      (long long)k);
+  if (2 * k > r->cap_fetch) {
+    int64_t *p = cn__xrealloc(r->fetch_idx, (size_t)(2 * k), sizeof(int64_t));
+    if (p == NULL)
+      return cn_err_set(err, CN_E_NOMEM, "no memory for the run's results");
+    r->fetch_idx = p;
+    r->cap_fetch = 2 * k;
+  }
+  int64_t *off = r->fetch_idx, *len = r->fetch_idx + k, at = 0;
+  for (int64_t i = 0; i < k; i++) {
+    cn_run_span *sp = &r->spans[i];
+    off[i] = r->state_off[sp->v] + sp->lo;
+    len[i] = sp->hi - sp->lo;
+    sp->at = at;
+    at += len[i];
+  }
+  const float *h = bk->vt->fetch_rows(bk, r->arena, off, len, (int)k);
+  rc = backend_status(r, err);
+  if (rc == 0 && h == NULL)
+    rc = cn_err_set(err, CN_E_BACKEND, "backend '%s' could not copy the "
+                    "run's results back", bk->vt->name);
+  if (rc == 0) r->host = h;
+  return rc;
 }
 
 json_t *cn_run_output(const cn_run *r, int slot) {
@@ -408,4 +504,9 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->gather_bytes = r->gather_bytes;
   s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;
+  s->device_syncs = r->ctr.syncs;
+  s->bytes_to_device = r->ctr.bytes_to_device;
+  s->bytes_to_host = r->ctr.bytes_to_host;
+  s->device_allocs = r->ctr.allocs;
+  s->launches = r->ctr.launches;
 }

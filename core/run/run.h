@@ -59,7 +59,14 @@ struct cn_run {
                                      NULL: agenda); set by cn_run_exec_fsm */
   /* memory */
   float *arena;          /* backend memory: states, then scratch           */
-  float *host;           /* host copy of the states (device backends only) */
+  /* what the answers read (device backends only): the spans the family's
+   * reads() named, sorted by vertex, and where fetch_rows put them */
+  const float *host;     /* backend-owned; valid until the next fetch      */
+  struct cn_run_span *spans;
+  int64_t n_spans, cap_spans;
+  int64_t *fetch_idx;    /* off and len arrays handed to fetch_rows        */
+  int64_t cap_fetch;
+  bool need_failed;      /* cn__run_need ran out of memory                 */
   int64_t arena_floats, scratch_off, scratch_floats;
   float *scratch;        /* the batch's scratch: inside the arena for a
                             planned run, its own block (grown) when dynamic */
@@ -84,7 +91,16 @@ struct cn_run {
   size_t gather_bytes;
   size_t input_bytes;   /* embedding rows gathered (not between vertices) */
   long long kernels;
+  cn_backend_counters ctr0; /* the backend's counters when the run began */
+  cn_backend_counters ctr;  /* their difference when it ended           */
 };
+
+/* A span of one vertex's state that an answer reads: floats [lo, hi),
+ * packed at `at` in the run's host copy. */
+typedef struct cn_run_span {
+  int32_t v, lo, hi;
+  int64_t at;
+} cn_run_span;
 
 /* Adds a vertex with the given inputs; returns its index or -1 (no memory). */
 int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
@@ -116,8 +132,15 @@ bool cn__rows_even(const int64_t *idx, int n, int width, int *stride);
  * them into dst (row stride ldd) and returns dst. Counts copied bytes. */
 const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
                           const int64_t *idx, int n, int width, int *ld);
-/* Host-readable view of a vertex's state after execution. */
-const float *cn__run_state_host(const cn_run *r, int32_t v);
+/* Host-readable view of a vertex's state after execution, from column
+ * col on: on a device backend only the spans the family's reads() named
+ * are there (NULL for any other). */
+const float *cn__run_state_host_at(const cn_run *r, int32_t v, int col);
+static inline const float *cn__run_state_host(const cn_run *r, int32_t v) {
+  return cn__run_state_host_at(r, v, 0);
+}
+/* For reads(): output() will read floats [col, col + width) of v's state. */
+void cn__run_need(cn_run *r, int32_t v, int col, int width);
 /* off[i] = state offset of input `which` of verts[i], or -1 if it has no
  * such input (a unary node's second child). Staged in the run's indices. */
 int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
@@ -142,7 +165,12 @@ int cn__run_ensure_scratch(cn_run *r, int64_t floats);
 int cn__run_ensure_idx(cn_run *r, int64_t n);
 /* Shared by run.c and run_dynamic.c. */
 void cn__run_bind_weights(cn_run *r);
-int cn__run_copy_back(cn_run *r, cn_err *err);
+/* After the last batch: checks the backend's status and, on a device
+ * backend, brings what the answers of slots[0..n) read (every slot when
+ * slots is NULL) to the host in one fetch. */
+int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err);
+/* The backend's counters since cn_run_exec began, into r->ctr. */
+void cn__run_count(cn_run *r);
 
 /* ---- scheduling a run (run_sched.c) ---------------------------------------
  * Fills r->order and r->batches for the policy, and r->lower_bound. With

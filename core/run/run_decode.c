@@ -58,6 +58,9 @@ struct cn_decode {
   int32_t low_slot;   /* every slot below it has been output */
   int32_t cleared_to; /* vertices below it have no row (state_off -1) */
   long long k0;
+  /* device backends: the slots whose rows the last fetch brought over */
+  int32_t *fetched;
+  int n_fetched, cap_fetched;
 };
 
 int cn_model_decodes(const cn_model *m) { return m->fam->dynamic; }
@@ -90,6 +93,7 @@ cn_decode *cn_decode_new(const cn_model *m, cn_backend_ctx *bk,
   cn__run_bind_weights(r);
   d->compact_at = MIN_COMPACT_FLOATS;
   d->k0 = bk->kernels;
+  r->ctr0 = bk->ctr;
   return d;
 }
 
@@ -168,43 +172,47 @@ static int compact(cn_decode *d, int64_t extra) {
   if (want < MIN_COMPACT_FLOATS) want = MIN_COMPACT_FLOATS;
   float *a = bk->vt->alloc(bk, (size_t)want * sizeof(float));
   if (a == NULL) return CN_E_NOMEM;
-  /* a device arena is copied through the host: states to host, the kept
-   * rows packed there, back in one transfer */
-  float *src = r->arena, *dst = a, *hsrc = NULL, *hdst = NULL;
-  if (!bk->vt->host_memory) {
-    hsrc = malloc((size_t)(d->used ? d->used : 1) * sizeof(float));
-    hdst = malloc((size_t)(keep ? keep : 1) * sizeof(float));
-    if (hsrc == NULL || hdst == NULL) {
-      free(hsrc);
-      free(hdst);
-      bk->vt->free(bk, a);
-      return CN_E_NOMEM;
-    }
-    bk->vt->sync(bk);
-    if (d->used > 0)
-      bk->vt->to_host(bk, hsrc, r->arena, (size_t)d->used * sizeof(float));
-    src = hsrc;
-    dst = hdst;
-  }
   /* below v0 every vertex is an output slot's */
   for (int32_t v = d->cleared_to; v < v0; v++) r->state_off[v] = -1;
   if (v0 > d->cleared_to) d->cleared_to = v0;
   int64_t at = 0;
-  for (int32_t v = v0; v < r->nv; v++) {
-    if (r->state_off[v] < 0) continue;
-    if (!slot_live(d, r->vslot[v])) {
-      r->state_off[v] = -1;
-      continue;
+  if (!bk->vt->host_memory) {
+    /* a device arena is packed on the device: one gather per type (rows
+     * of a type keep their order), no host copy of the states */
+    int64_t most = r->nv - v0;
+    if (cn__run_ensure_idx(r, most + 1) != 0) {
+      bk->vt->free(bk, a);
+      return CN_E_NOMEM;
     }
-    int64_t w = r->state_floats[r->vtype[v]];
-    if (w > 0) memcpy(dst + at, src + r->state_off[v], (size_t)w * 4);
-    r->state_off[v] = at;
-    at += w;
-  }
-  if (hdst != NULL) {
-    if (at > 0) bk->vt->to_device(bk, a, hdst, (size_t)at * sizeof(float));
-    free(hsrc);
-    free(hdst);
+    for (int t = 0; t < r->fam->n_types; t++) {
+      int64_t w = r->state_floats[t], n = 0;
+      int64_t *idx = r->idx_host;
+      for (int32_t v = v0; v < r->nv; v++) {
+        if (r->vtype[v] != t || r->state_off[v] < 0) continue;
+        if (!slot_live(d, r->vslot[v])) {
+          r->state_off[v] = -1;
+          continue;
+        }
+        idx[n] = r->state_off[v];
+        r->state_off[v] = at + n * w;
+        n++;
+      }
+      if (n > 0 && w > 0) CN_BK(bk, gather, a + at, (int)w, r->arena, idx,
+                                (int)n, (int)w);
+      at += n * w;
+    }
+  } else {
+    for (int32_t v = v0; v < r->nv; v++) {
+      if (r->state_off[v] < 0) continue;
+      if (!slot_live(d, r->vslot[v])) {
+        r->state_off[v] = -1;
+        continue;
+      }
+      int64_t w = r->state_floats[r->vtype[v]];
+      if (w > 0) memcpy(a + at, r->arena + r->state_off[v], (size_t)w * 4);
+      r->state_off[v] = at;
+      at += w;
+    }
   }
   if (r->arena != NULL) bk->vt->free(bk, r->arena);
   r->arena = a;
@@ -231,15 +239,14 @@ static int arena_room(cn_decode *d, int64_t floats) {
     if (bk->vt->host_memory) {
       memcpy(a, r->arena, (size_t)d->used * sizeof(float));
     } else {
-      float *h = malloc((size_t)(d->used ? d->used : 1) * sizeof(float));
-      if (h == NULL) {
-        bk->vt->free(bk, a);
-        return CN_E_NOMEM;
-      }
-      bk->vt->sync(bk);
-      bk->vt->to_host(bk, h, r->arena, (size_t)d->used * sizeof(float));
-      bk->vt->to_device(bk, a, h, (size_t)d->used * sizeof(float));
-      free(h);
+      /* device to device, in rows of at most 16M floats */
+      int64_t w = d->used < ((int64_t)1 << 24) ? d->used : (int64_t)1 << 24;
+      int64_t rows = w > 0 ? d->used / w : 0, rest = d->used - rows * w;
+      if (rows > 0)
+        CN_BK(bk, copy_rows, a, (int)w, r->arena, (int)w, (int)rows, (int)w);
+      if (rest > 0)
+        CN_BK(bk, copy_rows, a + rows * w, (int)rest, r->arena + rows * w,
+              (int)rest, 1, (int)rest);
     }
     bk->vt->free(bk, r->arena);
   }
@@ -329,6 +336,27 @@ int cn_decode_step(cn_decode *d, cn_err *err) {
   return 1;
 }
 
+/* Brings the rows the answers of slots[0..n) read to the host (device
+ * backends), remembering which slots they were. */
+static int fetch(cn_decode *d, const int *slots, int n) {
+  cn_run *r = d->r;
+  if (n > d->cap_fetched) {
+    int32_t *p = cn__xrealloc(d->fetched, (size_t)n, sizeof(int32_t));
+    if (p == NULL) return CN_E_NOMEM;
+    d->fetched = p;
+    d->cap_fetched = n;
+  }
+  d->n_fetched = 0;
+  r->scratch_off = d->used;
+  cn_err err;
+  cn_err_clear(&err);
+  int rc = cn__run_copy_back(r, slots, n, &err);
+  if (rc != 0) return rc;
+  for (int i = 0; i < n; i++) d->fetched[i] = slots[i];
+  d->n_fetched = n;
+  return 0;
+}
+
 int cn_decode_take_done(cn_decode *d, int *slots, int cap) {
   int n = d->n_done < cap ? d->n_done : cap;
   for (int i = 0; i < n; i++) slots[i] = d->done[i];
@@ -336,23 +364,28 @@ int cn_decode_take_done(cn_decode *d, int *slots, int cap) {
     memmove(d->done, d->done + n, (size_t)(d->n_done - n) * sizeof(int32_t));
   d->n_done -= n;
   if (n > 0 && !d->r->bk->vt->host_memory) {
-    /* the outputs read states on the host: bring them over */
-    cn_run *r = d->r;
-    free(r->host);
-    r->host = NULL;
-    r->scratch_off = d->used;
-    cn_err err;
-    cn_err_clear(&err);
-    if (cn__run_copy_back(r, &err) != 0) d->broken = err.code;
+    /* the outputs read states on the host: bring over what these slots'
+     * answers read, nothing else */
+    if (fetch(d, slots, n) != 0) d->broken = CN_E_BACKEND;
   }
   return n;
 }
 
 json_t *cn_decode_output(cn_decode *d, int slot) {
   cn_run *r = d->r;
-  if (slot < 0 || slot >= r->n_slots || d->sstate[slot] != SLOT_DONE ||
-      (!r->bk->vt->host_memory && r->host == NULL))
+  if (slot < 0 || slot >= r->n_slots || d->sstate[slot] != SLOT_DONE)
     return NULL;
+  if (!r->bk->vt->host_memory) {
+    /* taken before the last fetch: its rows are no longer in the host
+     * buffer, fetch them alone */
+    bool have = false;
+    for (int i = 0; r->host != NULL && i < d->n_fetched; i++)
+      if (d->fetched[i] == slot) {
+        have = true;
+        break;
+      }
+    if (!have && fetch(d, &slot, 1) != 0) return NULL;
+  }
   json_t *o = r->fam->output(r, slot);
   d->sstate[slot] = SLOT_OUTPUT;
   return o;
@@ -375,6 +408,12 @@ void cn_decode_get_stats(const cn_decode *d, cn_run_stats *s) {
   s->gather_bytes = r->gather_bytes;
   s->cell_bytes = r->cell_bytes;
   s->kernels = r->bk->kernels - d->k0;
+  cn__run_count(d->r);
+  s->device_syncs = r->ctr.syncs;
+  s->bytes_to_device = r->ctr.bytes_to_device;
+  s->bytes_to_host = r->ctr.bytes_to_host;
+  s->device_allocs = r->ctr.allocs;
+  s->launches = r->ctr.launches;
 }
 
 void cn_decode_free(cn_decode *d) {
@@ -386,5 +425,6 @@ void cn_decode_free(cn_decode *d) {
   free(d->left);
   free(d->sstate);
   free(d->done);
+  free(d->fetched);
   free(d);
 }

@@ -123,10 +123,10 @@ int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err) {
     }
     r->live = NULL;
   }
-  r->bk->vt->sync(r->bk);
+  if (r->bk->vt->host_memory) r->bk->vt->sync(r->bk); /* else: the fetch */
   r->kernels = r->bk->kernels - k0;
   r->lower_bound = cn__sched_lower_bound(r);
-  rc = cn__run_copy_back(r, err);
+  rc = cn__run_copy_back(r, NULL, 0, err);
 out:
   r->live = NULL;
   if (have_frontier) cn__frontier_free(&fr);

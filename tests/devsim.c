@@ -1,0 +1,410 @@
+/* devsim.c - the simulated device of devsim.h: the cpu backend's kernels
+ * on memory core must treat as a device's. */
+#include "devsim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends.h"
+
+/* Kernels the cuda backend launches for a product with a bias: the bias
+ * broadcast, then cuBLAS. */
+#define CN_GEMM_BIAS_LAUNCHES 2
+
+typedef struct sim_block {
+  void *p;
+  size_t bytes; /* a power of two */
+  bool used;
+} sim_block;
+
+typedef struct sim_weight {
+  const float *host;
+  size_t n;
+  float *copy;
+} sim_weight;
+
+typedef struct sim_ctx {
+  cn_backend_ctx base;
+  cn_backend_ctx *cpu; /* the kernels */
+  sim_block *blocks;
+  int n_blocks, cap_blocks;
+  sim_weight *w;
+  int n_w, cap_w;
+  float *fetch;
+  size_t fetch_cap;
+  long long argmax_bytes, argmax_calls, uploads;
+} sim_ctx;
+
+static sim_ctx *S(cn_backend_ctx *bk) { return (sim_ctx *)bk; }
+#define CPU(bk) (S(bk)->cpu)
+
+/* One upload of index words, as cu_stage makes per call. */
+static void upload(cn_backend_ctx *bk, long long words) {
+  if (words <= 0) return;
+  bk->ctr.bytes_to_device += words * 8;
+  S(bk)->uploads++;
+}
+
+/* ---- memory: a pool by power-of-two class, as the cuda backend's ---- */
+
+static void *sim_alloc(cn_backend_ctx *bk, size_t bytes) {
+  sim_ctx *s = S(bk);
+  size_t cls = 4096;
+  while (cls < bytes) cls <<= 1;
+  for (int i = 0; i < s->n_blocks; i++)
+    if (!s->blocks[i].used && s->blocks[i].bytes == cls) {
+      s->blocks[i].used = true;
+      return s->blocks[i].p;
+    }
+  if (s->n_blocks == s->cap_blocks) {
+    int c = s->cap_blocks ? 2 * s->cap_blocks : 32;
+    sim_block *b = realloc(s->blocks, (size_t)c * sizeof(*b));
+    if (b == NULL) return NULL;
+    s->blocks = b;
+    s->cap_blocks = c;
+  }
+  void *p = malloc(cls);
+  if (p == NULL) return NULL;
+  /* garbage, as fresh device memory: a read of an unwritten float shows */
+  memset(p, 0xff, cls);
+  s->blocks[s->n_blocks++] = (sim_block){p, cls, true};
+  bk->ctr.allocs++;
+  bk->ctr.device_bytes += (long long)cls;
+  return p;
+}
+
+static void sim_free(cn_backend_ctx *bk, void *p) {
+  sim_ctx *s = S(bk);
+  for (int i = 0; p != NULL && i < s->n_blocks; i++)
+    if (s->blocks[i].p == p) {
+      s->blocks[i].used = false;
+      return;
+    }
+}
+
+static void sim_release(cn_backend_ctx *bk) {
+  sim_ctx *s = S(bk);
+  int k = 0;
+  for (int i = 0; i < s->n_blocks; i++) {
+    if (s->blocks[i].used) {
+      s->blocks[k++] = s->blocks[i];
+      continue;
+    }
+    bk->ctr.device_bytes -= (long long)s->blocks[i].bytes;
+    free(s->blocks[i].p);
+  }
+  s->n_blocks = k;
+  free(s->fetch);
+  s->fetch = NULL;
+  s->fetch_cap = 0;
+}
+
+static const float *sim_weights(cn_backend_ctx *bk, const float *host,
+                                size_t n) {
+  sim_ctx *s = S(bk);
+  for (int i = 0; i < s->n_w; i++)
+    if (s->w[i].host == host && s->w[i].n == n) return s->w[i].copy;
+  if (s->n_w == s->cap_w) {
+    int c = s->cap_w ? 2 * s->cap_w : 64;
+    sim_weight *w = realloc(s->w, (size_t)c * sizeof(*w));
+    if (w == NULL) return NULL;
+    s->w = w;
+    s->cap_w = c;
+  }
+  float *copy = malloc((n ? n : 1) * sizeof(float));
+  if (copy == NULL) return NULL;
+  if (n > 0) memcpy(copy, host, n * sizeof(float));
+  s->w[s->n_w++] = (sim_weight){host, n, copy};
+  bk->ctr.allocs++;
+  bk->ctr.bytes_to_device += (long long)(n * sizeof(float));
+  bk->ctr.device_bytes += (long long)((n ? n : 1) * sizeof(float));
+  return copy;
+}
+
+static void sim_to_device(cn_backend_ctx *bk, void *dst, const void *src,
+                          size_t n) {
+  if (n == 0) return;
+  memcpy(dst, src, n);
+  bk->ctr.bytes_to_device += (long long)n;
+  bk->ctr.syncs++;
+}
+
+static void sim_to_host(cn_backend_ctx *bk, void *dst, const void *src,
+                        size_t n) {
+  if (n == 0) return;
+  memcpy(dst, src, n);
+  bk->ctr.bytes_to_host += (long long)n;
+  bk->ctr.syncs++;
+}
+
+static void sim_sync(cn_backend_ctx *bk) { bk->ctr.syncs++; }
+
+static const float *sim_fetch_rows(cn_backend_ctx *bk, const float *base,
+                                   const int64_t *off, const int64_t *len,
+                                   int n) {
+  static const float none[1] = {0.0f};
+  sim_ctx *s = S(bk);
+  size_t total = 0;
+  for (int k = 0; k < n; k++) total += len[k] > 0 ? (size_t)len[k] : 0;
+  if (total > s->fetch_cap) {
+    size_t cap = 1024;
+    while (cap < total) cap <<= 1;
+    float *p = realloc(s->fetch, cap * sizeof(float));
+    if (p == NULL) return NULL;
+    s->fetch = p;
+    s->fetch_cap = cap;
+    bk->ctr.allocs++;
+  }
+  if (n > 1) {
+    upload(bk, 2 * (long long)n + 1);
+    bk->ctr.launches++;
+  }
+  size_t at = 0;
+  for (int k = 0; k < n; k++) {
+    if (len[k] <= 0) continue;
+    memcpy(s->fetch + at, base + off[k], (size_t)len[k] * sizeof(float));
+    at += (size_t)len[k];
+  }
+  bk->ctr.bytes_to_host += (long long)(total * sizeof(float));
+  bk->ctr.syncs++;
+  return total > 0 ? s->fetch : none;
+}
+
+/* ---- compute: the cpu kernels, counted as the cuda backend launches ---- */
+
+static void sim_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
+                     int lda, const float *W, int ldw, const float *bias,
+                     float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  bk->ctr.launches += 1 + (bias != NULL && CN_GEMM_BIAS_LAUNCHES > 1);
+  CPU(bk)->vt->gemm(CPU(bk), M, N, K, A, lda, W, ldw, bias, beta, C, ldc);
+}
+
+static void sim_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
+                             int K, const float *A, int lda, long long sa,
+                             const float *B, int ldb, long long sb,
+                             float beta, float *C, int ldc, long long sc) {
+  bk->ctr.launches++;
+  CPU(bk)->vt->gemm_strided(CPU(bk), count, M, N, K, A, lda, sa, B, ldb, sb,
+                            beta, C, ldc, sc);
+}
+
+static void sim_gather(cn_backend_ctx *bk, float *dst, int ldd,
+                       const float *base, const int64_t *idx, int n,
+                       int width) {
+  if (n <= 0 || width <= 0) return;
+  upload(bk, n);
+  bk->ctr.launches++;
+  CPU(bk)->vt->gather(CPU(bk), dst, ldd, base, idx, n, width);
+}
+
+static void sim_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
+                           const float *base, const int64_t *idx,
+                           const int64_t *seg, int n, int width, int mean) {
+  if (n <= 0 || width <= 0) return;
+  upload(bk, n + 1 + seg[n]);
+  bk->ctr.launches++;
+  CPU(bk)->vt->gather_sum(CPU(bk), dst, ldd, base, idx, seg, n, width, mean);
+}
+
+static void sim_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
+                              const float *G, float *out, int ldo) {
+  bk->ctr.launches++;
+  CPU(bk)->vt->treelstm_leaf(CPU(bk), n, H, G, out, ldo);
+}
+
+static void sim_treelstm_internal(cn_backend_ctx *bk, int n, int H,
+                                  const float *G, const float *base,
+                                  const int64_t *off1, const int64_t *off2,
+                                  float *out, int ldo) {
+  upload(bk, 2 * (long long)n);
+  bk->ctr.launches++;
+  CPU(bk)->vt->treelstm_internal(CPU(bk), n, H, G, base, off1, off2, out,
+                                 ldo);
+}
+
+static void sim_treegru_gates(cn_backend_ctx *bk, int n, int H,
+                              const float *G, float *X) {
+  bk->ctr.launches++;
+  CPU(bk)->vt->treegru_gates(CPU(bk), n, H, G, X);
+}
+
+static void sim_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
+                            const float *N, const float *base,
+                            const int64_t *off1, const int64_t *off2,
+                            float *out, int ldo) {
+  upload(bk, 2 * (long long)n);
+  bk->ctr.launches++;
+  CPU(bk)->vt->treegru_out(CPU(bk), n, H, G, N, base, off1, off2, out, ldo);
+}
+
+static void sim_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
+                         const float *F, const int64_t *seg, const float *bf,
+                         const float *base, const int64_t *coff, float *out,
+                         int ldo) {
+  upload(bk, n + 1 + seg[n]);
+  bk->ctr.launches++;
+  CPU(bk)->vt->childsum(CPU(bk), n, H, G, F, seg, bf, base, coff, out, ldo);
+}
+
+static void sim_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
+                          const int64_t *off1, const int64_t *off2,
+                          float *X) {
+  upload(bk, 2 * (long long)n);
+  bk->ctr.launches++;
+  CPU(bk)->vt->mvrnn_vec(CPU(bk), n, H, base, off1, off2, X);
+}
+
+static void sim_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
+                          const float *base, const int64_t *off1,
+                          const int64_t *off2, float *out, int ldo) {
+  upload(bk, 5 * (long long)n); /* the pointer arrays */
+  bk->ctr.launches += 2;
+  CPU(bk)->vt->mvrnn_mat(CPU(bk), n, H, WM, base, off1, off2, out, ldo);
+}
+
+static void sim_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
+                          const float *b2, const float *base,
+                          const int64_t *coff, float *out, int ldo) {
+  upload(bk, n);
+  bk->ctr.launches++;
+  CPU(bk)->vt->lstm_cell(CPU(bk), n, H, G, b2, base, coff, out, ldo);
+}
+
+static void sim_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
+                         const float *GH, const float *Hp, float *out,
+                         int ldo) {
+  bk->ctr.launches++;
+  CPU(bk)->vt->gru_cell(CPU(bk), n, H, GI, GH, Hp, out, ldo);
+}
+
+static void sim_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
+                             const float *base, const int64_t *cprev,
+                             const int64_t *seg, const int64_t *cw,
+                             const int64_t *lk, float *out, int ldo) {
+  upload(bk, 2 * (long long)n + 1 + 2 * seg[n]);
+  bk->ctr.launches++;
+  CPU(bk)->vt->lattice_char(CPU(bk), n, H, G, base, cprev, seg, cw, lk, out,
+                            ldo);
+}
+
+static void sim_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
+                             const float *base, const int64_t *cb, float *out,
+                             int ldo) {
+  upload(bk, n);
+  bk->ctr.launches++;
+  CPU(bk)->vt->lattice_word(CPU(bk), n, H, G, base, cb, out, ldo);
+}
+
+static void sim_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
+                            int ld, int32_t *out) {
+  if (n <= 0) return;
+  bk->ctr.launches++;
+  bk->ctr.syncs++;
+  bk->ctr.bytes_to_host += (long long)n * 4;
+  S(bk)->argmax_bytes += (long long)n * 4;
+  S(bk)->argmax_calls++;
+  CPU(bk)->vt->argmax_rows(CPU(bk), n, w, X, ld, out);
+}
+
+static void sim_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
+                             int ld) {
+  bk->ctr.launches++;
+  CPU(bk)->vt->sigmoid_rows(CPU(bk), n, w, x, ld);
+}
+
+static void sim_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld) {
+  bk->ctr.launches++;
+  CPU(bk)->vt->tanh_rows(CPU(bk), n, w, x, ld);
+}
+
+static void sim_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
+                          const float *src, int lds, int n, int width) {
+  if (n <= 0 || width <= 0) return;
+  bk->ctr.launches++;
+  CPU(bk)->vt->copy_rows(CPU(bk), dst, ldd, src, lds, n, width);
+}
+
+static void sim_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
+                           const cn_ew_slot *slots, int n) {
+  if (n <= 0 || p == NULL || p->n_insn <= 0) return;
+  /* one staging block: slot table, off arrays, instructions */
+  long long words = (long long)(p->n_slots + 1) * 3;
+  for (int s = 0; s < p->n_slots; s++)
+    if (s != p->tmp_slot && slots[s].off != NULL) words += n;
+  words += ((long long)p->n_insn * (long long)sizeof(cn_ew_insn) + 7) / 8;
+  upload(bk, words);
+  bk->ctr.launches++;
+  CPU(bk)->vt->ew_program(CPU(bk), p, slots, n);
+}
+
+static void sim_close(cn_backend_ctx *bk) {
+  sim_ctx *s = S(bk);
+  for (int i = 0; i < s->n_blocks; i++) free(s->blocks[i].p);
+  for (int i = 0; i < s->n_w; i++) free(s->w[i].copy);
+  free(s->blocks);
+  free(s->w);
+  free(s->fetch);
+  cn_backend_close(s->cpu);
+  free(s);
+}
+
+static const cn_backend_vt sim_vt = {
+    .name = "devsim",
+    .host_memory = false,
+    .close = sim_close,
+    .release = sim_release,
+    .alloc = sim_alloc,
+    .free = sim_free,
+    .weights = sim_weights,
+    .to_device = sim_to_device,
+    .to_host = sim_to_host,
+    .sync = sim_sync,
+    .fetch_rows = sim_fetch_rows,
+    .gemm = sim_gemm,
+    .gemm_strided = sim_gemm_strided,
+    .gather = sim_gather,
+    .gather_sum = sim_gather_sum,
+    .treelstm_leaf = sim_treelstm_leaf,
+    .treelstm_internal = sim_treelstm_internal,
+    .treegru_gates = sim_treegru_gates,
+    .treegru_out = sim_treegru_out,
+    .childsum = sim_childsum,
+    .mvrnn_vec = sim_mvrnn_vec,
+    .mvrnn_mat = sim_mvrnn_mat,
+    .lstm_cell = sim_lstm_cell,
+    .gru_cell = sim_gru_cell,
+    .lattice_char = sim_lattice_char,
+    .lattice_word = sim_lattice_word,
+    .argmax_rows = sim_argmax_rows,
+    .sigmoid_rows = sim_sigmoid_rows,
+    .tanh_rows = sim_tanh_rows,
+    .copy_rows = sim_copy_rows,
+    .ew_program = sim_ew_program,
+    .status = NULL,
+};
+
+cn_backend_ctx *devsim_open(void) {
+  sim_ctx *s = calloc(1, sizeof(*s));
+  if (s == NULL) return NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  if (cn_backend_open("cpu", 0, &s->cpu, &err) != 0) {
+    free(s);
+    return NULL;
+  }
+  s->base.vt = &sim_vt;
+  return &s->base;
+}
+
+long long devsim_argmax_bytes(const cn_backend_ctx *bk) {
+  return ((const sim_ctx *)bk)->argmax_bytes;
+}
+
+long long devsim_argmax_calls(const cn_backend_ctx *bk) {
+  return ((const sim_ctx *)bk)->argmax_calls;
+}
+
+long long devsim_uploads(const cn_backend_ctx *bk) {
+  return ((const sim_ctx *)bk)->uploads;
+}
