@@ -8,7 +8,7 @@
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
-      libjansson-dev libopenblas-dev libuv1-dev libhttp-parser-dev libssl-dev \
+      libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -23,7 +23,7 @@ FROM debian:12-slim
 # policy cache (learned batching policies, written by the daemon) is the
 # one directory it may write.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends libjansson4 libopenblas0-pthread libgomp1 libuv1 \
+      --no-install-recommends libjansson4 libgomp1 libuv1 \
       libhttp-parser2.9 libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 canopy \

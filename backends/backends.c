@@ -2,7 +2,6 @@
  * cuda backend is a shared module loaded on first use (dlopen), so a
  * process that computes on the CPU maps no CUDA library: start-up and
  * memory as in a build without CUDA. */
-#include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -101,5 +100,4 @@ void cn_backend_get_counters(const cn_backend_ctx *bk,
 void cn_backend_cpu_threads(int n) {
   if (n < 1) return;
   cn__gemm_set_threads(n);
-  openblas_set_num_threads(n);
 }

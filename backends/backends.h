@@ -23,8 +23,7 @@ long long cn_backend_kernels(const cn_backend_ctx *bk);
  * it from the context's own thread, or accept a torn value. */
 void cn_backend_get_counters(const cn_backend_ctx *bk,
                              cn_backend_counters *out);
-/* Threads one product may use on the cpu backend (gemm.c's, and the
- * OpenBLAS pool's for what still calls it). */
+/* Threads one product may use on the cpu backend (gemm.c). */
 void cn_backend_cpu_threads(int n);
 
 /* internal */

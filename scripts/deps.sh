@@ -3,7 +3,8 @@
 # Skips apt-get entirely when everything is already installed.
 set -euo pipefail
 pkgs=(build-essential meson ninja-build pkg-config
-      libjansson-dev libopenblas-dev libuv1-dev libhttp-parser-dev libssl-dev
+      libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev
+      libopenblas0   # scripts/bench/run_bench.py: OpenBLAS sgemm, the peak it compares with
       libcriterion-dev python3 python3-numpy curl
       prometheus     # promtool; the deploy tests' Prometheus server
       nginx-light    # tests/deploy/test_nginx.py

@@ -6,7 +6,6 @@
  * mapped them, and core reads results in place. One context per worker
  * thread; gemm.c's threads (cn__gemm_set_threads) split each large product.
  */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +27,7 @@ typedef struct cpu_ctx {
   int n_zeros;
   float *ew;   /* ew_program: per-row scratch and constant rows */
   int64_t n_ew;
-  float *tr;   /* mvrnn_mat: a child's matrix, transposed */
+  float *tr;   /* a product's right operand, transposed (transposed()) */
   size_t n_tr;
 } cpu_ctx;
 
@@ -164,13 +163,32 @@ static void cpu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
   cn__gemm_nt(M, N, K, A, lda, W, ldw, bias, beta, C, ldc);
 }
 
+/* B[K,N] (rows ldb apart) transposed to [N,K], into the context's
+ * scratch: gemm.c multiplies by a transposed operand, and a product with
+ * B as it lies is A·(Bᵀ)ᵀ. */
+static const float *transposed(cpu_ctx *c, const float *B, int K, int N,
+                               int ldb) {
+  size_t need = (size_t)K * N;
+  if (need > c->n_tr) {
+    float *t = realloc(c->tr, need * sizeof(float));
+    if (t == NULL) abort(); /* a model's matrix: small */
+    c->tr = t;
+    c->n_tr = need;
+  }
+  for (int k = 0; k < K; k++)
+    for (int j = 0; j < N; j++)
+      c->tr[(size_t)j * K + k] = B[(size_t)k * ldb + j];
+  return c->tr;
+}
+
 static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
                              int K, const float *A, int lda, long long sa,
                              const float *B, int ldb, long long sb, float beta,
                              float *C, int ldc, long long sc) {
+  cpu_ctx *c = (cpu_ctx *)bk;
   for (int r = 0; r < count; r++)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f,
-                A + r * sa, lda, B + r * sb, ldb, beta, C + r * sc, ldc);
+    cn__gemm_nt(M, N, K, A + r * sa, lda, transposed(c, B + r * sb, K, N, ldb),
+                K, NULL, beta, C + r * sc, ldc);
 }
 
 static void cpu_gather(cn_backend_ctx *bk, float *dst, int ldd,
@@ -305,20 +323,6 @@ static void cpu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
   }
 }
 
-/* dst[H,H] = src[H,H]ᵀ, into the context's scratch. */
-static const float *transposed(cpu_ctx *c, const float *src, int H) {
-  size_t need = (size_t)H * H;
-  if (need > c->n_tr) {
-    float *t = realloc(c->tr, need * sizeof(float));
-    if (t == NULL) abort(); /* H² floats of a loaded model: small */
-    c->tr = t;
-    c->n_tr = need;
-  }
-  for (int i = 0; i < H; i++)
-    for (int j = 0; j < H; j++) c->tr[(size_t)j * H + i] = src[(size_t)i * H + j];
-  return c->tr;
-}
-
 static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
                           const float *base, const int64_t *off1,
                           const int64_t *off2, float *out, int ldo) {
@@ -327,16 +331,16 @@ static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
     const float *A = base + off1[r] + H;
     float *P = out + (size_t)r * ldo;
     /* P = WM[:, :H]·A (WM rows are 2H apart): A·Wᵀ with W = Aᵀ */
-    cn__gemm_nt(H, H, H, WM, 2 * H, transposed(c, A, H), H, NULL, 0.0f, P,
-                H);
+    cn__gemm_nt(H, H, H, WM, 2 * H, transposed(c, A, H, H, H), H, NULL,
+                0.0f, P, H);
     if (off2[r] < 0) { /* + WM[:, H:]·I */
       for (int i = 0; i < H; i++)
         for (int j = 0; j < H; j++)
           P[(size_t)i * H + j] += WM[(size_t)i * 2 * H + H + j];
     } else {
       const float *B = base + off2[r] + H;
-      cn__gemm_nt(H, H, H, WM + H, 2 * H, transposed(c, B, H), H, NULL,
-                  1.0f, P, H);
+      cn__gemm_nt(H, H, H, WM + H, 2 * H, transposed(c, B, H, H, H), H,
+                  NULL, 1.0f, P, H);
     }
   }
 }

@@ -77,7 +77,8 @@ def stats(xs):
 
 
 # --------------------------------------------------------------------------
-# sgemm through the OpenBLAS canopy links
+# sgemm through OpenBLAS: the peak a product reaches on this machine (canopy
+# itself computes its products with backends/cpu/gemm.c)
 # --------------------------------------------------------------------------
 
 def openblas_path(canopy):
