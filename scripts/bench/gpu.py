@@ -17,7 +17,8 @@ project tree: ../shared does not travel).
 
 usage: gpu.py --canopy BIN --data DIR [--families treelstm,latticelstm]
               [--hidden 128,512,1024] [--runs 64,256,1024,4096]
-              [--instances 4096] [--peak-tflops 67] [--no-daemon]
+              [--instances 4096] [--peak-tflops 67] [--jobs 1]
+              [--no-torch] [--no-daemon]
 """
 import argparse, http.client, json, os, socket, statistics, subprocess
 import sys, tempfile, threading, time
@@ -48,7 +49,8 @@ def canopy_run(a, model, inp, R):
     """Best of two `canopy run` (the first pays CUDA's start-up)."""
     best = None
     for _ in range(2):
-        p = subprocess.run([a.canopy, "run", "--backend", a.backend, "--jobs", "1",
+        p = subprocess.run([a.canopy, "run", "--backend", a.backend,
+                            "--jobs", str(a.jobs),
                             "--model", model, "--input", inp, "--batch", str(R)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            timeout=300)
@@ -160,6 +162,10 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=67.0,
                     help="the GPU's FP32 (non-tensor-core) peak")
     ap.add_argument("--no-daemon", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="canopy run --jobs: runs computed at once, each on "
+                    "its own host thread and stream")
+    ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--device", default="cuda",
                     help="cpu: a smoke test of this script without a GPU")
     a = ap.parse_args()
@@ -168,6 +174,7 @@ def main():
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "none (cpu)"
     log(f"GPU: {gpu}; torch {torch.__version__}; "
         f"FP32 peak taken as {a.peak_tflops} TFLOP/s")
+    log(f"canopy run --jobs {a.jobs}")
     log(f"{'family':<12}{'H':>5}{'run':>6}{'canopy/s':>11}{'torch/s':>11}"
         f"{'ratio':>7}{'canopy %peak':>13}{'torch %peak':>12}  canopy per run")
     for fam in a.families.split(","):
@@ -187,13 +194,19 @@ def main():
             for R in map(int, a.runs.split(",")):
                 try:
                     s = canopy_run(a, model, inp, R)
-                    t_ips, flops, _ = torch_run(model, instances, R, a.device)
+                    if a.no_torch:
+                        m = torch_models.Model(model)
+                        flops = sum(m.flops(m.prepare(i)) for i in instances)
+                        t_ips = float("nan")
+                    else:
+                        t_ips, flops, _ = torch_run(model, instances, R,
+                                                    a.device)
                 except Exception as e:  # a row, never the whole table
                     log(f"{fam:<12}{H:>5}{R:>6}  failed: {e}")
                     continue
                 c_ips = s["instances_per_s"]
                 per = flops / len(instances) / (a.peak_tflops * 1e12) * 100
-                runs = max(1, -(-len(instances) // R))
+                runs = s.get("runs") or max(1, -(-len(instances) // R))
                 cnt = " ".join(f"{k}={s[k] / runs:,.0f}" for k in COUNTERS
                                if k in s)
                 log(f"{fam:<12}{H:>5}{R:>6}{c_ips:>11,.0f}{t_ips:>11,.0f}"

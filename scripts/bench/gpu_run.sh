@@ -3,7 +3,7 @@
 # a timeout, logs under $OUT (or ./gpu-out). Build and bundle here first:
 #   meson setup build-cuda -Dcuda=enabled && ninja -C build-cuda
 #   TESTS="test_cuda" ../shared/gpu/bundle.sh build-cuda .gpu
-#   mkdir -p .gpu/data && cp ../shared/data/{trees-binary,lattices}.jsonl ../shared/data/lexicon.txt .gpu/data/
+#   mkdir -p .gpu/data && cp ../shared/data/* .gpu/data/
 # then, through the device tool, with carry [".gpu"]:
 #   source .gpu/env.sh && scripts/bench/gpu_run.sh [quick]
 # Steps: the GPU; test_cuda; batch invariance on cuda (canopy run --batch 1
@@ -17,7 +17,7 @@ step() { echo "== $* ($(date +%T))"; }
 step GPU
 timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
 step test_cuda
-timeout 150 .gpu/bin/test_cuda --verbose=0 >"$OUT/test_cuda.log" 2>&1
+CANOPY_DATA=$PWD/$D timeout 150 .gpu/bin/test_cuda >"$OUT/test_cuda.log" 2>&1
 echo "test_cuda exit $?"; tail -3 "$OUT/test_cuda.log"
 step "invariance on cuda"
 inv=$(mktemp -d)
@@ -56,5 +56,11 @@ if [ "${1:-}" = quick ]; then
 else
   timeout 420 python3 scripts/bench/gpu.py --canopy $B --data $D 2>&1 |
     tee "$OUT/gpu_bench.txt"
+  step "gpu.py, several jobs"
+  for j in 4 8; do
+    timeout 150 python3 scripts/bench/gpu.py --canopy $B --data $D --jobs $j \
+      --families treelstm --hidden 128,512 --runs 256,1024 --instances 16384 \
+      --no-torch --no-daemon 2>&1 | tee -a "$OUT/gpu_bench_jobs.txt"
+  done
 fi
 step done
