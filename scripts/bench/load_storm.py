@@ -1,0 +1,87 @@
+#!/usr/bin/python3
+"""Many concurrent loads of one model (issue 39 item 1): the daemon's peak
+memory (VmHWM) and what the load requests were answered.
+
+Starts `canopy serve --model-control explicit` on a free loopback port over
+one treelstm model (H=512 by default: ~17 MB of weights), sends N load
+requests for it at once from N threads, and prints VmHWM before and after
+and the count of each status. Run it against two binaries to compare.
+
+usage: load_storm.py CANOPY [--n 100] [--hidden 512] [--data DIR]
+"""
+import argparse, collections, http.client, os, socket, subprocess, sys
+import tempfile, threading, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("canopy")
+ap.add_argument("--n", type=int, default=100)
+ap.add_argument("--hidden", type=int, default=512)
+ap.add_argument("--data", default=os.environ.get(
+    "CANOPY_DATA", os.path.join(os.path.dirname(__file__), "../../../shared/data")))
+a = ap.parse_args()
+
+work = tempfile.mkdtemp(prefix="canopy-storm-")
+models = os.path.join(work, "models")
+os.makedirs(models)
+subprocess.run([a.canopy, "model", "init", "treelstm", os.path.join(models, "m"),
+                "--hidden", str(a.hidden), "--embed", str(a.hidden), "--vocab-from",
+                os.path.join(a.data, "trees-binary.jsonl")], check=True,
+               stderr=subprocess.DEVNULL)
+size = sum(os.path.getsize(os.path.join(models, "m", f))
+           for f in os.listdir(os.path.join(models, "m")))
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+port = s.getsockname()[1]
+s.close()
+log = open(os.path.join(work, "serve.log"), "w")
+srv = subprocess.Popen([a.canopy, "serve", "--models-dir", models, "--port",
+                        str(port), "--model-control", "explicit"],
+                       stdout=log, stderr=subprocess.STDOUT)
+
+
+def hwm():
+    with open(f"/proc/{srv.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) // 1024
+    return -1
+
+
+try:
+    for _ in range(300):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/readyz")
+            if c.getresponse().status == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    before = hwm()
+    got = collections.Counter()
+    go = threading.Event()
+
+    def load():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        go.wait()
+        try:
+            c.request("POST", "/v2/repository/models/m/load", b"{}",
+                      {"Content-Type": "application/json"})
+            got[c.getresponse().status] += 1
+        except OSError as e:
+            got[type(e).__name__] += 1
+
+    ts = [threading.Thread(target=load) for _ in range(a.n)]
+    for t in ts:
+        t.start()
+    t0 = time.time()
+    go.set()
+    for t in ts:
+        t.join()
+    dt = time.time() - t0
+    time.sleep(0.5)
+    print(f"{a.canopy}: model {size / 1e6:.1f} MB; {a.n} concurrent loads in "
+          f"{dt:.2f} s; answers {dict(got)}; VmHWM {before} MB before, "
+          f"{hwm()} MB after")
+finally:
+    srv.terminate()
+    srv.wait(timeout=30)
