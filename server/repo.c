@@ -809,6 +809,12 @@ json_t *cn__repo_index(cn__server *s) {
   for (int i = 0; i < m; i++) {
     cn__model_slot *sl = &s->models[i];
     if (!sl->used) continue;
+    pthread_mutex_lock(&sl->vmu);
+    bool has = sl->cur != NULL;
+    pthread_mutex_unlock(&sl->vmu);
+    /* unloaded and its directory gone: no longer in the repository, whether
+     * or not slot_free could free it yet (requests still holding it) */
+    if (!has && !cn__repo_busy(sl) && !dir_present(s, sl->name)) continue;
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(sl->name));
     pthread_mutex_lock(&sl->vmu);
