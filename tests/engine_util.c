@@ -208,3 +208,27 @@ int tu_brute_force_min(const cn_run *r) {
   free(q);
   return best;
 }
+
+static long long numbers(const json_t *v) {
+  if (json_is_array(v)) {
+    long long n = 0;
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) n += numbers(e);
+    return n;
+  }
+  return json_is_number(v) || json_is_null(v) ? 1 : 0;
+}
+
+long long tu_answer_floats(const json_t *o) {
+  long long n = 0;
+  const json_t *nodes = json_object_get(o, "nodes");
+  if (nodes != NULL) {
+    size_t i;
+    const json_t *e;
+    json_array_foreach(nodes, i, e) n += numbers(json_object_get(e, "logits"));
+  } else {
+    n += numbers(json_object_get(o, "logits"));
+  }
+  return n + numbers(json_object_get(o, "h"));
+}

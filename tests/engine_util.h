@@ -31,6 +31,10 @@ json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
 /* Largest absolute difference between numbers of two JSON values of the
  * same shape; returns 1e30 when the shapes differ. */
 double tu_json_maxdiff(const json_t *a, const json_t *b);
+/* Floats of states one output object prints: logits rows (per node with
+ * "nodes", the root's being nodes[0]) and hidden vectors ("h"); what a
+ * device must bring back for it (issue 33). */
+long long tu_answer_floats(const json_t *o);
 void tu_rmdir(const char *dir);
 
 /* Every family with the data file its instances come from. */

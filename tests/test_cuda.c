@@ -13,35 +13,12 @@
 #include "backends.h"
 #include "engine_util.h"
 
-/* Floats of states an output object prints (as test_devpath.c): logits
- * rows, per node with "nodes", and hidden vectors. */
-static long long numbers(const json_t *v) {
-  if (json_is_array(v)) {
-    long long n = 0;
-    size_t i;
-    const json_t *e;
-    json_array_foreach(v, i, e) n += numbers(e);
-    return n;
-  }
-  return json_is_number(v) || json_is_null(v) ? 1 : 0;
-}
-
+/* Floats of states the outputs of a run print (engine_util.c). */
 static long long answer_floats(const json_t *outs) {
   long long n = 0;
   size_t k;
   const json_t *o;
-  json_array_foreach(outs, k, o) {
-    const json_t *nodes = json_object_get(o, "nodes");
-    if (nodes != NULL) {
-      size_t i;
-      const json_t *e;
-      json_array_foreach(nodes, i, e) n +=
-          numbers(json_object_get(e, "logits"));
-    } else {
-      n += numbers(json_object_get(o, "logits"));
-    }
-    n += numbers(json_object_get(o, "h"));
-  }
+  json_array_foreach(outs, k, o) n += tu_answer_floats(o);
   return n;
 }
 

@@ -13,32 +13,6 @@
 #include "devsim.h"
 #include "engine_util.h"
 
-/* Floats of states an output object prints: logits rows (per node with
- * "nodes", the root's being nodes[0]) and hidden vectors. */
-static long long numbers(const json_t *v) {
-  if (json_is_array(v)) {
-    long long n = 0;
-    size_t i;
-    const json_t *e;
-    json_array_foreach(v, i, e) n += numbers(e);
-    return n;
-  }
-  return json_is_number(v) || json_is_null(v) ? 1 : 0;
-}
-
-static long long answer_floats(const json_t *o) {
-  long long n = 0;
-  const json_t *nodes = json_object_get(o, "nodes");
-  if (nodes != NULL) {
-    size_t i;
-    const json_t *e;
-    json_array_foreach(nodes, i, e) n += numbers(json_object_get(e, "logits"));
-  } else {
-    n += numbers(json_object_get(o, "logits"));
-  }
-  return n + numbers(json_object_get(o, "h"));
-}
-
 typedef struct one_run {
   json_t *outs;     /* per instance: json_dumps strings as JSON strings */
   cn_run_stats st;
@@ -123,7 +97,7 @@ ParameterizedTest(tu_family *c, devpath, family, .timeout = 300) {
                            "path answers differently", c->family, lay,
                            flag_sets[f], s + i);
           json_t *o = json_loads(a, 0, NULL);
-          floats += answer_floats(o);
+          floats += tu_answer_floats(o);
           json_decref(o);
         }
         cr_expect_eq(got.st.bytes_to_host - got.argmax_bytes, floats * 4,
