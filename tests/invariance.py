@@ -11,9 +11,9 @@ decoded tokens) whatever the batching:
 
 then again under each OpenBLAS kernel this CPU can run (OPENBLAS_CORETYPE
 Haswell, Zen, Sandybridge, and SkylakeX where AVX-512 exists), set for
-the child processes of this test only: no answer is computed by OpenBLAS
-(backends/cpu/gemm.c), so every kernel must print the same bytes as the
-machine's own setting. Last, `canopy serve` under concurrent clients,
+the child processes of this test only: Canopy no longer links OpenBLAS
+(its products are backends/cpu/gemm.c's), so every kernel must print the
+same bytes as the machine's own setting; the sweep keeps it that way. Last, `canopy serve` under concurrent clients,
 with requests of 1 to 8 instances sharing runs, answers each instance
 exactly as `canopy run --batch 1` does.
 
@@ -23,8 +23,12 @@ continuous decoding against decoding alone) once under each kernel.
 usage: invariance.py CANOPY DATA_DIR WORK_DIR [CELLS_DIR [TEST_BIN ...]]
 Prints the kernels it ran, one line per check, and "N passed, N failed".
 """
-import hashlib, json, os, random, shutil, signal, socket, subprocess, sys
-import threading, time, urllib.error, urllib.request
+import hashlib, json, os, random, shutil, signal, subprocess, sys
+import threading, time, urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "reference"))
+from compare_http import free_port, post  # noqa: E402
 
 canopy, data, work = sys.argv[1], sys.argv[2], sys.argv[3]
 cells = sys.argv[4] if len(sys.argv) > 4 else None
@@ -188,24 +192,6 @@ def check_cli(specs, ks):
                        f"{' '.join(flags)} equals the machine's --batch 1"
                        + (f" ({err})" if err else ""))
     return base
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()[:300]
 
 
 def check_daemon(specs, base):
