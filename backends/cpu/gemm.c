@@ -1,29 +1,27 @@
-/* gemm.c - C = A·Wᵀ with every element computed one fixed way (gemm.h).
+/* gemm.c - C = A·B with every element computed one fixed way (gemm.h).
  *
  * Why not OpenBLAS: its sgemm picks a kernel by shape (SkylakeX's
  * small-matrix kernel below M·N 1200, tail kernels for the last M % 16
  * rows, a split of M between threads), and those kernels round the same
  * row's sums differently. So a row's answer depended on how many rows
  * shared its product, differently under each OPENBLAS_CORETYPE (issue 32).
- * Padding rows past one kernel's threshold fixed one kernel only. Here the
- * arithmetic of an element is a function of K alone:
+ * Here the arithmetic of an element is a function of K alone: one running
+ * sum, k ascending, one fused multiply-add per k (gemm.h), then beta·C and
+ * the bias. FMA rounds once, so the AVX-512, AVX2 and portable paths give
+ * the same bits, and no element depends on which rows, or how many, are
+ * computed beside it: a block of rows shares loads of B, never sums.
  *
- *   16 running sums, lane l taking k ≡ l (mod 16) in ascending k by fused
- *   multiply-add (an AVX-512 register, two AVX2 registers, or 16 floats
- *   and fmaf); a zero-padded last chunk; one fixed pairwise tree
- *   (reduce_scalar) to one float; then beta·C and the bias.
- *
- * FMA rounds once, so all three code paths give the same bits, and none
- * depends on which rows, or how many, are computed beside the element:
- * blocks of 4 rows × 4 columns share loads, never sums. Rows and columns
- * missing from a block at the edge of C are computed from a copy of a
- * real row and thrown away.
- *
- * Speed: a 4×4 block loads 8 vectors for 16 FMAs, so the FMA units bound
- * it, not the loads; W is walked in panels that stay in L2 (PANEL_BYTES)
- * while every row of A passes over them; panels are split between threads
- * (OpenMP) when the product is large. docs/benchmarks.md has the figures
- * against OpenBLAS.
+ * Layout (issue 38): B is packed into strips of NR = 32 columns, k-major
+ * (strip s holds B[k, 32s .. 32s+31] for k = 0 .. K-1, zero past N), so a
+ * kernel step loads a row of the strip as vectors and broadcasts one
+ * element of each of MR rows of A: MR × 32 running sums in registers
+ * (AVX-512: 6 rows × 2 vectors, 12 FMAs per 2 loads and 6 broadcasts;
+ * AVX2: 2 rows × 4 vectors), no horizontal reduction. The earlier kernel
+ * (16 lane sums per element, reduced by a tree) spent a third of its
+ * instructions reducing at K = 128-256. Rows of A are taken in chunks that
+ * stay in L2 while every strip passes over them; strips are split between
+ * threads (OpenMP) when the product is large. docs/benchmarks.md has the
+ * figures against OpenBLAS and the earlier kernel.
  *
  * Built without the backend's fast-math flags (backends/meson.build):
  * nothing here may be reassociated or contracted. */
@@ -31,6 +29,8 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -40,232 +40,192 @@
 #define CN_X86 1
 #endif
 
-/* W rows per panel: a panel of W stays in L2 while all of A passes. */
-#define PANEL_BYTES (192 * 1024)
+#define NR CN_GEMM_NR
+/* Rows of A per chunk: a chunk stays in L2 while every strip passes. */
+#define A_CHUNK_BYTES (256 * 1024)
 /* Multiply-adds below which a product stays on the calling thread: waking
  * a second thread and joining it costs more than it saves below ~16M (a
  * run of 64 trees at H=128 on 2 cores: 4.5k trees/s split, 6.1k not). */
 #define PARALLEL_MIN ((int64_t)1 << 24)
 
-typedef struct nt_args {
+typedef struct job {
   int M, N, K;
   const float *A;
   int lda;
-  const float *W;
-  int ldw;
+  const float *P; /* packed B */
   const float *bias;
   float beta;
   float *C;
   int ldc;
-} nt_args;
+} job;
 
-/* out[i][j] for a block: sums s (see gemm.h) of rows a[i], w[j]. */
-typedef void (*block_fn)(const nt_args *p, const float *const *a, int mr,
-                         const float *const *w, float out[4][4]);
-
-/* The one epilogue: beta·C, then the bias. */
-static void store(const nt_args *p, int i0, int mr, int j0, int nr,
-                  float out[4][4]) {
-  for (int i = 0; i < mr; i++) {
-    float *c = p->C + (size_t)(i0 + i) * p->ldc + j0;
-    for (int j = 0; j < nr; j++) {
-      float t = out[i][j];
-      if (p->beta != 0.0f) {
-        float bc = p->beta * c[j];
-        t = bc + t;
-      }
-      if (p->bias != NULL) t = t + p->bias[j0 + j];
-      c[j] = t;
-    }
-  }
-}
+/* Rows i0 .. i0+mr-1 of C, columns j0 .. j0+nr-1 (nr ≤ NR), from the
+ * strip at P. */
+typedef void (*block_fn)(const job *p, int i0, int mr, int j0, int nr,
+                         const float *P);
 
 /* ---- the portable path: the definition the others must equal ---- */
 
-static float reduce_scalar(const float v[16]) {
-  float s8[8], s4[4], s2[2];
-  for (int l = 0; l < 8; l++) s8[l] = v[l] + v[l + 8];
-  for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
-  for (int l = 0; l < 2; l++) s2[l] = s4[l] + s4[l + 2];
-  return s2[0] + s2[1];
+static void store_row(const job *p, int i, int j0, int nr, const float *s) {
+  float *c = p->C + (size_t)i * p->ldc + j0;
+  for (int j = 0; j < nr; j++) {
+    float t = s[j];
+    if (p->beta != 0.0f) {
+      float bc = p->beta * c[j];
+      t = bc + t;
+    }
+    if (p->bias != NULL) t = t + p->bias[j0 + j];
+    c[j] = t;
+  }
 }
 
-static void block_portable(const nt_args *p, const float *const *a, int mr,
-                           const float *const *w, float out[4][4]) {
-  int K = p->K;
-  for (int i = 0; i < mr; i++)
-    for (int j = 0; j < 4; j++) {
-      float acc[16] = {0};
-      for (int k0 = 0; k0 < K; k0 += 16)
-        for (int l = 0; l < 16; l++) {
-          int k = k0 + l;
-          float x = k < K ? a[i][k] : 0.0f, y = k < K ? w[j][k] : 0.0f;
-          acc[l] = fmaf(x, y, acc[l]);
-        }
-      out[i][j] = reduce_scalar(acc);
+static void block_portable(const job *p, int i0, int mr, int j0, int nr,
+                           const float *P) {
+  for (int i = 0; i < mr; i++) {
+    const float *a = p->A + (size_t)(i0 + i) * p->lda;
+    float s[NR] = {0};
+    for (int k = 0; k < p->K; k++) {
+      const float *b = P + (size_t)k * NR;
+      for (int j = 0; j < NR; j++) s[j] = fmaf(a[k], b[j], s[j]);
     }
+    store_row(p, i0 + i, j0, nr, s);
+  }
 }
 
 #ifdef CN_X86
-/* ---- AVX2: a 16-lane sum is two registers, lanes 0-7 and 8-15 ---- */
+/* ---- AVX2: a row of a strip is four 8-float vectors ---- */
 #define CN_T_AVX2 __attribute__((target("avx2,fma")))
 
-/* Four 8-lane vectors (s8 of gemm.h's tree) to their four sums. */
-CN_T_AVX2 static inline void reduce8x4(__m256 a, __m256 b, __m256 c,
-                                       __m256 d, float *o) {
-  /* s4: lanes l and l+4 of each; [a | b] and [c | d] */
-  __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
-                            _mm256_permute2f128_ps(a, b, 0x31));
-  __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20),
-                            _mm256_permute2f128_ps(c, d, 0x31));
-  /* s2: lanes l and l+2 within each half */
-  ab = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0x4e));
-  cd = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0x4e));
-  /* s: lanes 0 and 1 */
-  ab = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0xb1));
-  cd = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0xb1));
-  float t[16];
-  _mm256_storeu_ps(t, ab);
-  _mm256_storeu_ps(t + 8, cd);
-  o[0] = t[0];
-  o[1] = t[4];
-  o[2] = t[8];
-  o[3] = t[12];
+/* Lanes j < n of 8 (n may be ≤ 0 or ≥ 8). */
+CN_T_AVX2 static inline __m256i mask8(int n) {
+  static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n),
+                            _mm256_loadu_si256((const void *)ramp));
 }
 
-/* Loads 16 floats as two halves, zeros past n (n < 16 in the last chunk). */
-CN_T_AVX2 static inline void load16_avx2(const float *x, int n, __m256 *lo,
-                                         __m256 *hi) {
-  if (n >= 16) {
-    *lo = _mm256_loadu_ps(x);
-    *hi = _mm256_loadu_ps(x + 8);
-    return;
+/* store_row on four vectors of sums. */
+CN_T_AVX2 static void store_avx2(const job *p, int i, int j0, int nr,
+                                 const __m256 s[4]) {
+  float *c = p->C + (size_t)i * p->ldc + j0;
+  for (int q = 0; q < 4; q++) {
+    int n = nr - 8 * q;
+    if (n <= 0) break;
+    __m256i m = mask8(n);
+    __m256 t = s[q];
+    if (p->beta != 0.0f)
+      t = _mm256_add_ps(
+          _mm256_mul_ps(_mm256_set1_ps(p->beta), _mm256_maskload_ps(c + 8 * q, m)),
+          t);
+    if (p->bias != NULL)
+      t = _mm256_add_ps(t, _mm256_maskload_ps(p->bias + j0 + 8 * q, m));
+    _mm256_maskstore_ps(c + 8 * q, m, t);
   }
-  static const int32_t ramp[16] = {0, 1, 2,  3,  4,  5,  6,  7,
-                                   8, 9, 10, 11, 12, 13, 14, 15};
-  __m256i nn = _mm256_set1_epi32(n);
-  __m256i m0 = _mm256_cmpgt_epi32(nn, _mm256_loadu_si256((const void *)ramp));
-  __m256i m1 =
-      _mm256_cmpgt_epi32(nn, _mm256_loadu_si256((const void *)(ramp + 8)));
-  *lo = _mm256_maskload_ps(x, m0);
-  *hi = _mm256_maskload_ps(x + 8, m1);
 }
 
-/* MR rows × 2 columns at a time: 2·MR·2 accumulators fit 16 registers
- * only for MR ≤ 2, so the 4 columns go in two passes. */
-#define AVX2_BLOCK(MR)                                                        \
-  CN_T_AVX2 static void block_avx2_##MR(const nt_args *p,                     \
-                                        const float *const *a, int mr,        \
-                                        const float *const *w,                \
-                                        float out[4][4]) {                    \
-    int K = p->K;                                                             \
-    for (int jp = 0; jp < 4; jp += 2) {                                       \
-      __m256 lo[MR][2], hi[MR][2];                                            \
-      for (int i = 0; i < MR; i++)                 \
-        for (int j = 0; j < 2; j++)                                           \
-          lo[i][j] = hi[i][j] = _mm256_setzero_ps();                          \
-      for (int k = 0; k < K; k += 16) {                                       \
-        __m256 al[MR], ah[MR], wl[2], wh[2];                                  \
-        for (int i = 0; i < MR; i++) load16_avx2(a[i] + k, K - k, &al[i], &ah[i]); \
-        for (int j = 0; j < 2; j++)                                           \
-          load16_avx2(w[jp + j] + k, K - k, &wl[j], &wh[j]);                  \
-        for (int i = 0; i < MR; i++)                                          \
-          for (int j = 0; j < 2; j++) {                                       \
-            lo[i][j] = _mm256_fmadd_ps(al[i], wl[j], lo[i][j]);               \
-            hi[i][j] = _mm256_fmadd_ps(ah[i], wh[j], hi[i][j]);               \
-          }                                                                   \
-      }                                                                       \
-      for (int i = 0; i < MR; i++) {                                          \
-        float o[4];                                                           \
-        reduce8x4(_mm256_add_ps(lo[i][0], hi[i][0]),                          \
-                  _mm256_add_ps(lo[i][1], hi[i][1]), _mm256_setzero_ps(),     \
-                  _mm256_setzero_ps(), o);                                    \
-        out[i][jp] = o[0];                                                    \
-        out[i][jp + 1] = o[1];                                                \
-      }                                                                       \
-    }                                                                         \
-    (void)mr;                                                                 \
+#define AVX2_BLOCK(MR)                                                       \
+  CN_T_AVX2 static void block_avx2_##MR(const job *p, int i0, int j0,         \
+                                        int nr, const float *P) {             \
+    __m256 s[MR][4];                                                         \
+    const float *a[MR];                                                      \
+    for (int i = 0; i < MR; i++) {                                           \
+      a[i] = p->A + (size_t)(i0 + i) * p->lda;                               \
+      for (int q = 0; q < 4; q++) s[i][q] = _mm256_setzero_ps();             \
+    }                                                                        \
+    for (int k = 0; k < p->K; k++) {                                         \
+      const float *b = P + (size_t)k * NR;                                   \
+      __m256 w[4];                                                           \
+      for (int q = 0; q < 4; q++) w[q] = _mm256_loadu_ps(b + 8 * q);         \
+      for (int i = 0; i < MR; i++) {                                         \
+        __m256 x = _mm256_broadcast_ss(a[i] + k);                            \
+        for (int q = 0; q < 4; q++) s[i][q] = _mm256_fmadd_ps(x, w[q], s[i][q]); \
+      }                                                                      \
+    }                                                                        \
+    for (int i = 0; i < MR; i++) store_avx2(p, i0 + i, j0, nr, s[i]);        \
   }
 AVX2_BLOCK(1)
 AVX2_BLOCK(2)
 
-CN_T_AVX2 static void block_avx2(const nt_args *p, const float *const *a,
-                                 int mr, const float *const *w,
-                                 float out[4][4]) {
-  if (mr == 1) {
-    block_avx2_1(p, a, mr, w, out);
-    return;
-  }
-  block_avx2_2(p, a, mr, w, out);
-  if (mr > 2) {
-    float o2[4][4];
-    block_avx2_2(p, a + 2, mr - 2, w, o2);
-    memcpy(out[2], o2[0], sizeof(o2[0]) * 2);
-  }
+CN_T_AVX2 static void block_avx2(const job *p, int i0, int mr, int j0,
+                                 int nr, const float *P) {
+  if (mr == 2)
+    block_avx2_2(p, i0, j0, nr, P);
+  else
+    block_avx2_1(p, i0, j0, nr, P);
 }
 
-/* ---- AVX-512: a 16-lane sum is one register ---- */
+/* ---- AVX-512: a row of a strip is two 16-float vectors ---- */
 #define CN_T_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-CN_T_AVX512 static inline __m256 half_sum(__m512 v) {
-  __m256 lo = _mm512_castps512_ps256(v);
-  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  return _mm256_add_ps(lo, hi);
+static inline __mmask16 mask16(int n) {
+  return n >= 16 ? (__mmask16)0xffff
+                 : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
-#define AVX512_BLOCK(MR)                                                      \
-  CN_T_AVX512 static void block_avx512_##MR(const nt_args *p,                 \
-                                            const float *const *a, int mr,    \
-                                            const float *const *w,            \
-                                            float out[4][4]) {                \
-    int K = p->K;                                                             \
-    __m512 acc[MR][4];                                                        \
-    for (int i = 0; i < MR; i++)                   \
-      for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();            \
-    int k = 0;                                                                \
-    for (; k + 16 <= K; k += 16) {                                            \
-      __m512 av[MR], wv[4];                                                   \
-      for (int i = 0; i < MR; i++) av[i] = _mm512_loadu_ps(a[i] + k);         \
-      for (int j = 0; j < 4; j++) wv[j] = _mm512_loadu_ps(w[j] + k);          \
-      for (int i = 0; i < MR; i++)                 \
-        for (int j = 0; j < 4; j++)                                           \
-          acc[i][j] = _mm512_fmadd_ps(av[i], wv[j], acc[i][j]);               \
-    }                                                                         \
-    if (k < K) {                                                              \
-      __mmask16 m = (__mmask16)((1u << (K - k)) - 1u);                        \
-      __m512 av[MR], wv[4];                                                   \
-      for (int i = 0; i < MR; i++) av[i] = _mm512_maskz_loadu_ps(m, a[i] + k); \
-      for (int j = 0; j < 4; j++) wv[j] = _mm512_maskz_loadu_ps(m, w[j] + k); \
-      for (int i = 0; i < MR; i++)                 \
-        for (int j = 0; j < 4; j++)                                           \
-          acc[i][j] = _mm512_fmadd_ps(av[i], wv[j], acc[i][j]);               \
-    }                                                                         \
-    for (int i = 0; i < MR; i++)                   \
-      reduce8x4(half_sum(acc[i][0]), half_sum(acc[i][1]),                     \
-                half_sum(acc[i][2]), half_sum(acc[i][3]), out[i]);            \
-    (void)mr;                                                                 \
+CN_T_AVX512 static void store_avx512(const job *p, int i, int j0, int nr,
+                                     __m512 s0, __m512 s1) {
+  float *c = p->C + (size_t)i * p->ldc + j0;
+  __mmask16 m0 = mask16(nr), m1 = mask16(nr - 16);
+  if (p->beta != 0.0f) {
+    __m512 b = _mm512_set1_ps(p->beta);
+    s0 = _mm512_add_ps(_mm512_mul_ps(b, _mm512_maskz_loadu_ps(m0, c)), s0);
+    s1 = _mm512_add_ps(_mm512_mul_ps(b, _mm512_maskz_loadu_ps(m1, c + 16)),
+                       s1);
+  }
+  if (p->bias != NULL) {
+    s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(m0, p->bias + j0));
+    s1 = _mm512_add_ps(s1, _mm512_maskz_loadu_ps(m1, p->bias + j0 + 16));
+  }
+  _mm512_mask_storeu_ps(c, m0, s0);
+  _mm512_mask_storeu_ps(c + 16, m1, s1);
+}
+
+#define AVX512_BLOCK(MR)                                                     \
+  CN_T_AVX512 static void block_avx512_##MR(const job *p, int i0, int j0,     \
+                                            int nr, const float *P) {         \
+    __m512 s0[MR], s1[MR];                                                   \
+    const float *a[MR];                                                      \
+    for (int i = 0; i < MR; i++) {                                           \
+      a[i] = p->A + (size_t)(i0 + i) * p->lda;                               \
+      s0[i] = s1[i] = _mm512_setzero_ps();                                   \
+    }                                                                        \
+    for (int k = 0; k < p->K; k++) {                                         \
+      const float *b = P + (size_t)k * NR;                                   \
+      __m512 w0 = _mm512_loadu_ps(b), w1 = _mm512_loadu_ps(b + 16);          \
+      for (int i = 0; i < MR; i++) {                                         \
+        __m512 x = _mm512_set1_ps(a[i][k]);                                  \
+        s0[i] = _mm512_fmadd_ps(x, w0, s0[i]);                               \
+        s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                               \
+      }                                                                      \
+    }                                                                        \
+    for (int i = 0; i < MR; i++)                                             \
+      store_avx512(p, i0 + i, j0, nr, s0[i], s1[i]);                         \
   }
 AVX512_BLOCK(1)
 AVX512_BLOCK(2)
+AVX512_BLOCK(3)
 AVX512_BLOCK(4)
+AVX512_BLOCK(5)
+AVX512_BLOCK(6)
 
-CN_T_AVX512 static void block_avx512(const nt_args *p, const float *const *a,
-                                     int mr, const float *const *w,
-                                     float out[4][4]) {
-  if (mr == 1)
-    block_avx512_1(p, a, mr, w, out);
-  else if (mr == 2)
-    block_avx512_2(p, a, mr, w, out);
-  else
-    block_avx512_4(p, a, mr, w, out);
+CN_T_AVX512 static void block_avx512(const job *p, int i0, int mr, int j0,
+                                     int nr, const float *P) {
+  switch (mr) {
+  case 6: block_avx512_6(p, i0, j0, nr, P); break;
+  case 5: block_avx512_5(p, i0, j0, nr, P); break;
+  case 4: block_avx512_4(p, i0, j0, nr, P); break;
+  case 3: block_avx512_3(p, i0, j0, nr, P); break;
+  case 2: block_avx512_2(p, i0, j0, nr, P); break;
+  default: block_avx512_1(p, i0, j0, nr, P); break;
+  }
 }
 #endif /* CN_X86 */
 
-/* ---- the driver: panels of W, blocks of 4 × 4 ---- */
+/* ---- paths ---- */
 
 typedef struct gemm_path {
   const char *name;
   block_fn block;
+  int mr; /* rows a block takes at most */
   int (*supported)(void);
 } gemm_path;
 
@@ -281,10 +241,10 @@ static int has_avx512(void) {
 
 static const gemm_path paths[] = {
 #ifdef CN_X86
-    {"avx512", block_avx512, has_avx512},
-    {"avx2", block_avx2, has_avx2},
+    {"avx512", block_avx512, 6, has_avx512},
+    {"avx2", block_avx2, 2, has_avx2},
 #endif
-    {"portable", block_portable, always},
+    {"portable", block_portable, 4, always},
 };
 enum { N_PATHS = sizeof(paths) / sizeof(paths[0]) };
 
@@ -327,54 +287,111 @@ int cn__gemm_force(const char *name) {
 void cn__gemm_set_threads(int n) { n_threads = n < 1 ? 1 : n; }
 int cn__gemm_threads(void) { return n_threads; }
 
-/* Columns [j0, j1) of C, every row. */
-static void panel(const nt_args *p, block_fn block, int j0, int j1) {
-  for (int i0 = 0; i0 < p->M; i0 += 4) {
-    int mr = p->M - i0 < 4 ? p->M - i0 : 4;
-    const float *a[4];
-    for (int i = 0; i < 4; i++)
-      a[i] = p->A + (size_t)(i0 + (i < mr ? i : mr - 1)) * p->lda;
-    for (int jb = j0; jb < j1; jb += 4) {
-      int nr = j1 - jb < 4 ? j1 - jb : 4;
-      const float *w[4];
-      for (int j = 0; j < 4; j++)
-        w[j] = p->W + (size_t)(jb + (j < nr ? j : nr - 1)) * p->ldw;
-      float out[4][4];
-      block(p, a, mr, w, out);
-      store(p, i0, mr, jb, nr, out);
+/* ---- packing ---- */
+
+static int n_strips(int N) { return (N + NR - 1) / NR; }
+
+size_t cn__gemm_packed_floats(int N, int K) {
+  return (size_t)n_strips(N > 0 ? N : 0) * NR * (size_t)(K > 0 ? K : 0);
+}
+
+void cn__gemm_pack_nt(int N, int K, const float *W, int ldw, float *P) {
+  for (int s = 0; s < n_strips(N); s++) {
+    float *d = P + (size_t)s * K * NR;
+    for (int j = 0; j < NR; j++) {
+      int col = s * NR + j;
+      if (col >= N) {
+        for (int k = 0; k < K; k++) d[(size_t)k * NR + j] = 0.0f;
+        continue;
+      }
+      const float *w = W + (size_t)col * ldw;
+      for (int k = 0; k < K; k++) d[(size_t)k * NR + j] = w[k];
     }
   }
+}
+
+void cn__gemm_pack_nn(int N, int K, const float *B, int ldb, float *P) {
+  for (int s = 0; s < n_strips(N); s++) {
+    float *d = P + (size_t)s * K * NR;
+    int j0 = s * NR, nr = N - j0 < NR ? N - j0 : NR;
+    for (int k = 0; k < K; k++) {
+      memcpy(d + (size_t)k * NR, B + (size_t)k * ldb + j0,
+             (size_t)nr * sizeof(float));
+      memset(d + (size_t)k * NR + nr, 0, (size_t)(NR - nr) * sizeof(float));
+    }
+  }
+}
+
+/* ---- the driver: chunks of rows × strips × blocks of MR rows ---- */
+
+static void strips(const job *p, const gemm_path *g, int s0, int s1) {
+  int64_t row_bytes = (int64_t)(p->K > 0 ? p->K : 1) * (int64_t)sizeof(float);
+  int chunk = (int)(A_CHUNK_BYTES / row_bytes) / g->mr * g->mr;
+  if (chunk < g->mr) chunk = g->mr;
+  for (int r0 = 0; r0 < p->M; r0 += chunk) {
+    int r1 = p->M - r0 < chunk ? p->M : r0 + chunk;
+    for (int s = s0; s < s1; s++) {
+      int j0 = s * NR, nr = p->N - j0 < NR ? p->N - j0 : NR;
+      const float *P = p->P + (size_t)s * p->K * NR;
+      for (int i = r0; i < r1; i += g->mr)
+        g->block(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, P);
+    }
+  }
+}
+
+void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
+                     const float *P, const float *bias, float beta, float *C,
+                     int ldc) {
+  if (M <= 0 || N <= 0) return;
+  job p = {M, N, K < 0 ? 0 : K, A, lda, P, bias, beta, C, ldc};
+  const gemm_path *g = cur_path();
+  int ns = n_strips(N);
+  int threads = n_threads;
+  if ((int64_t)M * N * K < PARALLEL_MIN || ns < 2) threads = 1;
+#ifdef _OPENMP
+  if (threads > 1) {
+    if (threads > ns) threads = ns;
+#pragma omp parallel num_threads(threads)
+    {
+      int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      strips(&p, g, (int)((int64_t)ns * t / nt),
+             (int)((int64_t)ns * (t + 1) / nt));
+    }
+    return;
+  }
+#endif
+  strips(&p, g, 0, ns);
+}
+
+/* A packed copy for one call; a caller that multiplies by the same matrix
+ * again keeps its own (cn__gemm_pack_*). */
+static float *pack_buffer(int N, int K) {
+  size_t bytes = cn__gemm_packed_floats(N, K) * sizeof(float);
+  bytes = (bytes + 63) / 64 * 64;
+  float *P = aligned_alloc(64, bytes ? bytes : 64);
+  if (P == NULL) {
+    fprintf(stderr, "canopy: gemm: no memory for a %d×%d operand\n", N, K);
+    abort(); /* a model's matrix or a child's state: small */
+  }
+  return P;
 }
 
 void cn__gemm_nt(int M, int N, int K, const float *A, int lda,
                  const float *W, int ldw, const float *bias, float beta,
                  float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
-  nt_args p = {M, N, K, A, lda, W, ldw, bias, beta, C, ldc};
-  block_fn block = cur_path()->block;
-  /* panel width: a multiple of 4 columns whose rows of W fill PANEL_BYTES */
-  int64_t row_bytes = (int64_t)(K > 0 ? K : 1) * (int64_t)sizeof(float);
-  int pw = (int)(PANEL_BYTES / row_bytes) & ~3;
-  if (pw < 4) pw = 4;
-  int n_panels = (N + pw - 1) / pw;
-  int threads = n_threads;
-  if ((int64_t)M * N * K < PARALLEL_MIN) threads = 1;
-  if (threads > 1 && n_panels < threads) { /* narrower panels, to share */
-    pw = ((N + threads - 1) / threads + 3) & ~3;
-    n_panels = (N + pw - 1) / pw;
-  }
-#ifdef _OPENMP
-  if (threads > 1 && n_panels > 1) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int q = 0; q < n_panels; q++) {
-      int j0 = q * pw, j1 = j0 + pw < N ? j0 + pw : N;
-      panel(&p, block, j0, j1);
-    }
-    return;
-  }
-#endif
-  for (int q = 0; q < n_panels; q++) {
-    int j0 = q * pw, j1 = j0 + pw < N ? j0 + pw : N;
-    panel(&p, block, j0, j1);
-  }
+  float *P = pack_buffer(N, K);
+  cn__gemm_pack_nt(N, K, W, ldw, P);
+  cn__gemm_packed(M, N, K, A, lda, P, bias, beta, C, ldc);
+  free(P);
+}
+
+void cn__gemm_nn(int M, int N, int K, const float *A, int lda,
+                 const float *B, int ldb, const float *bias, float beta,
+                 float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  float *P = pack_buffer(N, K);
+  cn__gemm_pack_nn(N, K, B, ldb, P);
+  cn__gemm_packed(M, N, K, A, lda, P, bias, beta, C, ldc);
+  free(P);
 }

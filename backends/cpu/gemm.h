@@ -7,24 +7,48 @@
  * An instance's answer therefore never depends on what it was batched
  * with, on any CPU and under any OPENBLAS_CORETYPE, which OpenBLAS cannot
  * promise: its kernels sum a row differently by product shape (small-matrix
- * kernels, M tails, thread splits). */
+ * kernels, M tails, thread splits).
+ *
+ * The right operand is first packed (strips of CN_GEMM_NR columns, k-major)
+ * so that the kernel reads it as vectors along N. A caller that multiplies
+ * by the same matrix many times packs it once (cn__gemm_pack_nt or _nn)
+ * and calls cn__gemm_packed; cn__gemm_nt and cn__gemm_nn pack per call. */
 #ifndef CANOPY_CPU_GEMM_H
 #define CANOPY_CPU_GEMM_H
 
-/* C[M,N] = A[M,K]·W[N,K]ᵀ, then + beta·C (when beta != 0), then + bias[N]
- * (when bias != NULL), each row of A lda floats apart, of W ldw, of C ldc.
- * Element (i, j) is, exactly:
- *   s_l  = Σ over k ≡ l (mod 16), k ascending, by fused multiply-add
- *          (l = 0..15; the last chunk of 16 zero-padded)
- *   s    = ((s_0+s_8 + s_4+s_12) + (s_2+s_10 + s_6+s_14))
- *        + ((s_1+s_9 + s_5+s_13) + (s_3+s_11 + s_7+s_15)),
- *          pairwise as in gemm.c's reduce_scalar
- *   C    = (beta != 0 ? beta·C + s : s) (+ bias[j])
- * Large products are split over column panels between up to
+#include <stddef.h>
+
+/* Columns per packed strip. */
+#define CN_GEMM_NR 32
+
+/* Element (i, j) of every product below is, exactly:
+ *   s    = 0; for k = 0 .. K-1 ascending: s = fma(A[i,k], B[k,j], s)
+ *          (one rounding per step; B = Wᵀ for the _nt forms)
+ *   C    = (beta != 0 ? beta·C + s : s), then + bias[j] when bias != NULL
+ * Large products are split over column strips between up to
  * cn__gemm_threads() threads; the split changes no element. */
+
+/* C[M,N] = A[M,K]·W[N,K]ᵀ (+ beta·C) (+ bias[N]); rows of A lda floats
+ * apart, of W ldw, of C ldc. Packs W per call. */
 void cn__gemm_nt(int M, int N, int K, const float *A, int lda,
                  const float *W, int ldw, const float *bias, float beta,
                  float *C, int ldc);
+
+/* C[M,N] = A[M,K]·B[K,N] (+ beta·C) (+ bias[N]); B not transposed, rows
+ * ldb floats apart. Packs B per call. */
+void cn__gemm_nn(int M, int N, int K, const float *A, int lda,
+                 const float *B, int ldb, const float *bias, float beta,
+                 float *C, int ldc);
+
+/* Floats a packed N×K operand takes (64-byte aligned storage is fastest). */
+size_t cn__gemm_packed_floats(int N, int K);
+/* Packs W[N,K] (the _nt operand) or B[K,N] (the _nn operand) into P. */
+void cn__gemm_pack_nt(int N, int K, const float *W, int ldw, float *P);
+void cn__gemm_pack_nn(int N, int K, const float *B, int ldb, float *P);
+/* C[M,N] = A[M,K]·(the packed operand) (+ beta·C) (+ bias[N]). */
+void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
+                     const float *P, const float *bias, float beta, float *C,
+                     int ldc);
 
 /* Threads one product may use (1: the calling thread only). */
 void cn__gemm_set_threads(int n);
