@@ -92,6 +92,11 @@ struct cn_backend_vt {
   /* Backend memory for a run arena; NULL on failure. */
   void *(*alloc)(cn_backend_ctx *bk, size_t bytes);
   void (*free)(cn_backend_ctx *bk, void *p);
+  /* Optional: a run (or decoding session) is about to bind its model's
+   * weights (weights() for each tensor). What the backend derived from the
+   * weights of earlier runs may be stale: their model may be freed and its
+   * memory another model's (cpu: the packed copies it made). */
+  void (*run_begins)(cn_backend_ctx *bk);
   /* A backend copy of a model tensor, made once per (context, tensor) and
    * kept until close (cpu: the host pointer itself). */
   const float *(*weights)(cn_backend_ctx *bk, const float *host, size_t n);

@@ -3,8 +3,11 @@
  * vectorises for gathers and the fused cells.
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
- * mapped them, and core reads results in place. One context per worker
- * thread; gemm.c's threads (cn__gemm_set_threads) split each large product.
+ * mapped them, and core reads results in place. A weight matrix is packed
+ * for gemm.c's kernel the first time a run multiplies by it, and the
+ * packed copy serves the rest of the run (see packed_weights). One context
+ * per worker thread; gemm.c's threads (cn__gemm_set_threads) split each
+ * large product.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,9 +30,27 @@ typedef struct cpu_ctx {
   int n_zeros;
   float *ew;   /* ew_program: per-row scratch and constant rows */
   int64_t n_ew;
-  float *tr;   /* a product's right operand, transposed (transposed()) */
+  float *tr;   /* a product's right operand packed for one call */
   size_t n_tr;
+  /* The run's weights (cpu_weights) and the packed copies made of them
+   * (packed_weights); both forgotten when the next run binds. */
+  struct cpu_range {
+    const float *lo, *hi;
+  } *ranges;
+  int n_ranges, cap_ranges;
+  struct cpu_pack {
+    const float *W; /* NULL: free for reuse */
+    int N, K, ldw;
+    float *P;
+    size_t cap; /* floats */
+  } *packs;
+  int n_packs, cap_packs;
+  size_t pack_bytes;
 } cpu_ctx;
+
+/* Packed copies kept past a run at most; above it the next run starts
+ * with none. */
+#define PACK_KEEP_BYTES ((size_t)256 << 20)
 
 /* A row of at least n zeros, so the fused loops need no branch for a
  * missing input (and vectorise). */
@@ -65,8 +86,11 @@ static size_t block_size(void *p) {
   return *(size_t *)((char *)p - BLOCK_HEAD);
 }
 
+static void drop_packs(cpu_ctx *c);
+
 static void cpu_release(cn_backend_ctx *bk) {
   cpu_ctx *c = (cpu_ctx *)bk;
+  drop_packs(c);
   for (int i = 0; i < SPARE_BLOCKS; i++) {
     if (c->spare[i] != NULL) free((char *)c->spare[i] - BLOCK_HEAD);
     c->spare[i] = NULL;
@@ -74,8 +98,17 @@ static void cpu_release(cn_backend_ctx *bk) {
   c->spare_bytes = 0;
 }
 
+static void drop_packs(cpu_ctx *c) {
+  for (int i = 0; i < c->n_packs; i++) free(c->packs[i].P);
+  c->n_packs = 0;
+  c->pack_bytes = 0;
+}
+
 static void cpu_close(cn_backend_ctx *bk) {
   cpu_release(bk);
+  drop_packs((cpu_ctx *)bk);
+  free(((cpu_ctx *)bk)->packs);
+  free(((cpu_ctx *)bk)->ranges);
   free(((cpu_ctx *)bk)->zeros);
   free(((cpu_ctx *)bk)->ew);
   free(((cpu_ctx *)bk)->tr);
@@ -143,9 +176,87 @@ static void cpu_free(cn_backend_ctx *bk, void *p) {
   free((char *)p - BLOCK_HEAD);
 }
 
+/* A run is binding its model's weights: what was packed for an earlier
+ * run may belong to a model since freed, its memory now another's. The
+ * buffers stay for reuse (up to PACK_KEEP_BYTES). */
+static void cpu_run_begins(cn_backend_ctx *bk) {
+  cpu_ctx *c = (cpu_ctx *)bk;
+  c->n_ranges = 0;
+  if (c->pack_bytes > PACK_KEEP_BYTES) drop_packs(c);
+  for (int i = 0; i < c->n_packs; i++) c->packs[i].W = NULL;
+}
+
+/* The weights are used where they lie; the context notes where they are,
+ * so that products by them may keep a packed copy for the run. */
 static const float *cpu_weights(cn_backend_ctx *bk, const float *host,
                                 size_t n) {
+  cpu_ctx *c = (cpu_ctx *)bk;
+  for (int i = 0; i < c->n_ranges; i++)
+    if (c->ranges[i].lo == host && c->ranges[i].hi == host + n) return host;
+  if (c->n_ranges == c->cap_ranges) {
+    int cap = c->cap_ranges ? 2 * c->cap_ranges : 32;
+    struct cpu_range *r = realloc(c->ranges, (size_t)cap * sizeof(*r));
+    if (r == NULL) return host; /* products by it pack per call */
+    c->ranges = r;
+    c->cap_ranges = cap;
+  }
+  c->ranges[c->n_ranges++] = (struct cpu_range){host, host + n};
   return host;
+}
+
+/* W[N,K] (rows ldw apart) packed for gemm.c, or NULL when W is not one of
+ * the run's weights (an activation, a child's state: packed per call). A
+ * treelstm run multiplies by the same 5H × 2H matrix once per level, the
+ * lstm-nmt decoder by its projection once per step: packing once per run
+ * takes the copy out of every product but the first (issue 38). */
+static const float *packed_weights(cpu_ctx *c, int N, int K, const float *W,
+                                   int ldw) {
+  const float *end = W + (size_t)(N - 1) * ldw + K;
+  bool known = false;
+  for (int i = 0; i < c->n_ranges && !known; i++)
+    known = W >= c->ranges[i].lo && end <= c->ranges[i].hi;
+  if (!known) return NULL;
+  struct cpu_pack *free_pack = NULL;
+  size_t need = cn__gemm_packed_floats(N, K);
+  for (int i = 0; i < c->n_packs; i++) {
+    struct cpu_pack *q = &c->packs[i];
+    if (q->W == W && q->N == N && q->K == K && q->ldw == ldw) return q->P;
+    if (q->W == NULL && q->cap >= need &&
+        (free_pack == NULL || q->cap < free_pack->cap))
+      free_pack = q;
+  }
+  if (free_pack == NULL) {
+    if (c->n_packs == c->cap_packs) {
+      int cap = c->cap_packs ? 2 * c->cap_packs : 16;
+      struct cpu_pack *a = realloc(c->packs, (size_t)cap * sizeof(*a));
+      if (a == NULL) return NULL;
+      c->packs = a;
+      c->cap_packs = cap;
+    }
+    size_t bytes = (need * sizeof(float) + 63) / 64 * 64;
+    float *P = aligned_alloc(64, bytes ? bytes : 64);
+    if (P == NULL) return NULL;
+    free_pack = &c->packs[c->n_packs++];
+    *free_pack = (struct cpu_pack){NULL, 0, 0, 0, P, bytes / sizeof(float)};
+    c->pack_bytes += bytes;
+  }
+  cn__gemm_pack_nt(N, K, W, ldw, free_pack->P);
+  free_pack->W = W;
+  free_pack->N = N;
+  free_pack->K = K;
+  free_pack->ldw = ldw;
+  return free_pack->P;
+}
+
+/* The context's scratch, at least n floats. */
+static float *scratch(cpu_ctx *c, size_t n) {
+  if (n > c->n_tr) {
+    float *t = realloc(c->tr, (n ? n : 1) * sizeof(float));
+    if (t == NULL) abort(); /* a model's matrix: small */
+    c->tr = t;
+    c->n_tr = n;
+  }
+  return c->tr;
 }
 
 static void cpu_copy(cn_backend_ctx *bk, void *dst, const void *src,
@@ -160,25 +271,15 @@ static void cpu_sync(cn_backend_ctx *bk) {}
 static void cpu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
                      int lda, const float *W, int ldw, const float *bias,
                      float beta, float *C, int ldc) {
-  cn__gemm_nt(M, N, K, A, lda, W, ldw, bias, beta, C, ldc);
-}
-
-/* B[K,N] (rows ldb apart) transposed to [N,K], into the context's
- * scratch: gemm.c multiplies by a transposed operand, and a product with
- * B as it lies is A·(Bᵀ)ᵀ. */
-static const float *transposed(cpu_ctx *c, const float *B, int K, int N,
-                               int ldb) {
-  size_t need = (size_t)K * N;
-  if (need > c->n_tr) {
-    float *t = realloc(c->tr, need * sizeof(float));
-    if (t == NULL) abort(); /* a model's matrix: small */
-    c->tr = t;
-    c->n_tr = need;
+  cpu_ctx *c = (cpu_ctx *)bk;
+  if (M <= 0 || N <= 0) return;
+  const float *P = packed_weights(c, N, K, W, ldw);
+  if (P == NULL) {
+    float *t = scratch(c, cn__gemm_packed_floats(N, K));
+    cn__gemm_pack_nt(N, K, W, ldw, t);
+    P = t;
   }
-  for (int k = 0; k < K; k++)
-    for (int j = 0; j < N; j++)
-      c->tr[(size_t)j * K + k] = B[(size_t)k * ldb + j];
-  return c->tr;
+  cn__gemm_packed(M, N, K, A, lda, P, bias, beta, C, ldc);
 }
 
 static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
@@ -186,9 +287,12 @@ static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
                              const float *B, int ldb, long long sb, float beta,
                              float *C, int ldc, long long sc) {
   cpu_ctx *c = (cpu_ctx *)bk;
-  for (int r = 0; r < count; r++)
-    cn__gemm_nt(M, N, K, A + r * sa, lda, transposed(c, B + r * sb, K, N, ldb),
-                K, NULL, beta, C + r * sc, ldc);
+  if (M <= 0 || N <= 0) return;
+  float *P = scratch(c, cn__gemm_packed_floats(N, K));
+  for (int r = 0; r < count; r++) {
+    cn__gemm_pack_nn(N, K, B + r * sb, ldb, P);
+    cn__gemm_packed(M, N, K, A + r * sa, lda, P, NULL, beta, C + r * sc, ldc);
+  }
 }
 
 static void cpu_gather(cn_backend_ctx *bk, float *dst, int ldd,
@@ -318,8 +422,11 @@ static void cpu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
     }
     const float *b = base + off2[r], *B = b + H;
     /* x[:H] = B·a, x[H:] = A·b: one row of A·Wᵀ each, W = B, A */
-    cn__gemm_nt(1, H, H, a, H, B, H, NULL, 0.0f, x, H);
-    cn__gemm_nt(1, H, H, b, H, A, H, NULL, 0.0f, x + H, H);
+    float *P = scratch((cpu_ctx *)bk, cn__gemm_packed_floats(H, H));
+    cn__gemm_pack_nt(H, H, B, H, P);
+    cn__gemm_packed(1, H, H, a, H, P, NULL, 0.0f, x, H);
+    cn__gemm_pack_nt(H, H, A, H, P);
+    cn__gemm_packed(1, H, H, b, H, P, NULL, 0.0f, x + H, H);
   }
 }
 
@@ -330,17 +437,18 @@ static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
   for (int r = 0; r < n; r++) {
     const float *A = base + off1[r] + H;
     float *P = out + (size_t)r * ldo;
-    /* P = WM[:, :H]·A (WM rows are 2H apart): A·Wᵀ with W = Aᵀ */
-    cn__gemm_nt(H, H, H, WM, 2 * H, transposed(c, A, H, H, H), H, NULL,
-                0.0f, P, H);
+    float *pk = scratch(c, cn__gemm_packed_floats(H, H));
+    /* P = WM[:, :H]·A (WM rows are 2H apart) */
+    cn__gemm_pack_nn(H, H, A, H, pk);
+    cn__gemm_packed(H, H, H, WM, 2 * H, pk, NULL, 0.0f, P, H);
     if (off2[r] < 0) { /* + WM[:, H:]·I */
       for (int i = 0; i < H; i++)
         for (int j = 0; j < H; j++)
           P[(size_t)i * H + j] += WM[(size_t)i * 2 * H + H + j];
     } else {
       const float *B = base + off2[r] + H;
-      cn__gemm_nt(H, H, H, WM + H, 2 * H, transposed(c, B, H, H, H), H,
-                  NULL, 1.0f, P, H);
+      cn__gemm_pack_nn(H, H, B, H, pk);
+      cn__gemm_packed(H, H, H, WM + H, 2 * H, pk, NULL, 1.0f, P, H);
     }
   }
 }
@@ -569,6 +677,7 @@ static const cn_backend_vt cpu_vt = {
     .release = cpu_release,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .run_begins = cpu_run_begins,
     .weights = cpu_weights,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
