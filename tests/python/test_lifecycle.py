@@ -311,7 +311,13 @@ class Lifecycle(unittest.TestCase):
         time.sleep(0.3)
         os.remove(os.path.join(self.models, "b"))
         d.p.send_signal(signal.SIGHUP)
-        time.sleep(0.4)
+        # the rescan's time depends on the machine's load: wait for it
+        # (the clients keep asking meanwhile), then a little more traffic
+        for _ in range(1000):
+            if 404 in statuses:
+                break
+            time.sleep(0.01)
+        time.sleep(0.1)
         stop.set()
         for t in threads:
             t.join()
@@ -323,7 +329,11 @@ class Lifecycle(unittest.TestCase):
                                    self.lines[0])[0], 404)
         # b's directory is gone: no longer in the repository's index (its
         # slot is freed once no request holds it, issue 39)
-        st, index = d.post("/v2/repository/index", token=None)
+        for _ in range(500):  # once the last request has let go of b
+            st, index = d.post("/v2/repository/index", token=None)
+            if len(index) == 1:
+                break
+            time.sleep(0.01)
         self.assertEqual({e["name"]: e["state"] for e in index},
                          {"a": "READY"})
         self.assertGreater(first404, 0)
@@ -385,7 +395,11 @@ class Lifecycle(unittest.TestCase):
                                    token=None)[0], 403)
         os.symlink(self.versions[1], os.path.join(self.models, "c"))
         none.p.send_signal(signal.SIGHUP)
-        time.sleep(0.3)
+        for _ in range(500):  # the signal handled, however loaded
+            with open(none.log_path) as f:
+                if "msg=sighup action=ignored" in f.read():
+                    break
+            time.sleep(0.01)
         self.assertEqual(none.get("/v2/models/c/ready")[0], 404)
         with open(none.log_path) as f:
             self.assertIn("msg=sighup action=ignored", f.read())
