@@ -92,11 +92,13 @@ struct cn_backend_vt {
   /* Backend memory for a run arena; NULL on failure. */
   void *(*alloc)(cn_backend_ctx *bk, size_t bytes);
   void (*free)(cn_backend_ctx *bk, void *p);
-  /* Optional: a run (or decoding session) is about to bind its model's
-   * weights (weights() for each tensor). What the backend derived from the
-   * weights of earlier runs may be stale: their model may be freed and its
-   * memory another model's (cpu: the packed copies it made). */
-  void (*run_begins)(cn_backend_ctx *bk);
+  /* Optional: a run (or decoding session) is about to bind the weights of
+   * model `uid` (weights() for each tensor). What the backend derived from
+   * the weights of another uid's runs may be stale: that model may be
+   * freed and its memory another model's. uid 0: a model of unknown
+   * identity, nothing derived from an earlier run may be used. (cpu: the
+   * packed copies it made.) */
+  void (*run_begins)(cn_backend_ctx *bk, uint64_t uid);
   /* A backend copy of a model tensor, made once per (context, tensor) and
    * kept until close (cpu: the host pointer itself). */
   const float *(*weights)(cn_backend_ctx *bk, const float *host, size_t n);

@@ -1,16 +1,20 @@
 /* test_cpu_pack.c - the cpu backend's packed weights (issue 38).
  *
  * The cpu backend packs a weight matrix for gemm.c the first time a run
- * multiplies by it and reuses the copy for the rest of the run. Checked
- * here through the backend's own interface:
+ * multiplies by it and keeps the copy for the model's later runs (a model
+ * has a uid no other model gets). Checked through the backend's interface:
  * - a product by a run's weight gives the bits of the same product by an
  *   operand the backend does not know (packed per call), for sub-blocks
  *   of the weight too (rows and columns of a larger matrix);
- * - a new run forgets the copies: a model freed and another one put at the
- *   same address (here: the same buffer rewritten) gets its own numbers;
+ * - another model's run never uses the copies: a model freed and another
+ *   put at the same address (here: the same buffer rewritten, a new uid)
+ *   gets its own numbers; a model of unknown identity (uid 0) neither;
+ * - the same model's next run does use them (shown by breaking the
+ *   contract: its weights rewritten in place still give the old numbers);
  * - gemm_strided (B not transposed) equals a double-precision product. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,12 +39,12 @@ static cn_backend_ctx *open_cpu(void) {
 }
 
 /* C = A·W[rows r0.., cols c0..]ᵀ + bias, W a run's weight when bind. */
-static void product(cn_backend_ctx *bk, bool bind, const float *W, int ldw,
-                    size_t w_floats, int M, int N, int K, const float *A,
-                    const float *bias, float *C) {
+static void product(cn_backend_ctx *bk, uint64_t uid, bool bind,
+                    const float *W, int ldw, size_t w_floats, int M, int N,
+                    int K, const float *A, const float *bias, float *C) {
   const float *w = W;
   if (bind) {
-    bk->vt->run_begins(bk);
+    bk->vt->run_begins(bk, uid);
     w = bk->vt->weights(bk, W, w_floats);
   }
   bk->vt->gemm(bk, M, N, K, A, K, w, ldw, bias, 0.0f, C, N);
@@ -63,7 +67,7 @@ Test(cpu_pack, a_run_weight_gives_the_per_call_bits) {
       /* a copy the backend never saw: packed per call */
       float *Wc = malloc((size_t)rows * cols * sizeof(float));
       memcpy(Wc, W, (size_t)rows * cols * sizeof(float));
-      bk->vt->run_begins(bk);
+      bk->vt->run_begins(bk, 1);
       (void)bk->vt->weights(bk, W, (size_t)rows * cols);
       bk->vt->gemm(bk, M, N, K, A, K, w, cols, bias, 0.0f, C1, N);
       bk->vt->gemm(bk, M, N, K, A, K, w, cols, bias, 0.0f, C1, N); /* again */
@@ -77,21 +81,37 @@ Test(cpu_pack, a_run_weight_gives_the_per_call_bits) {
   cn_backend_close(bk);
 }
 
-Test(cpu_pack, a_new_run_forgets_the_last_models_weights) {
+static bool same(const float *x, const float *y, size_t n) {
+  return memcmp(x, y, n * sizeof(float)) == 0;
+}
+
+Test(cpu_pack, another_models_run_never_uses_the_copies) {
   cn_backend_ctx *bk = open_cpu();
   int M = 5, N = 70, K = 48;
-  float *W = rnd((size_t)N * K, 10), *A = rnd((size_t)M * K, 11);
-  float *C1 = malloc((size_t)M * N * sizeof(float));
-  float *C2 = malloc((size_t)M * N * sizeof(float));
-  product(bk, true, W, K, (size_t)N * K, M, N, K, A, NULL, C1);
-  /* the model is freed; another is loaded at the same address */
-  float *W2 = rnd((size_t)N * K, 12);
-  memcpy(W, W2, (size_t)N * K * sizeof(float));
-  product(bk, true, W, K, (size_t)N * K, M, N, K, A, NULL, C1);
-  product(bk, false, W2, K, (size_t)N * K, M, N, K, A, NULL, C2);
-  cr_assert_eq(memcmp(C1, C2, (size_t)M * N * sizeof(float)), 0,
-               "a run used the packed copy of the previous model's weights");
-  free(W), free(W2), free(A), free(C1), free(C2);
+  size_t nw = (size_t)N * K, nc = (size_t)M * N;
+  float *W = rnd(nw, 10), *A = rnd((size_t)M * K, 11), *W2 = rnd(nw, 12);
+  float *C1 = malloc(nc * sizeof(float)), *C2 = malloc(nc * sizeof(float));
+  float *old = malloc(nc * sizeof(float));
+  product(bk, 7, true, W, K, nw, M, N, K, A, NULL, old);
+  /* model 7 freed; model 8 loaded at the same address */
+  memcpy(W, W2, nw * sizeof(float));
+  product(bk, 8, true, W, K, nw, M, N, K, A, NULL, C1);
+  product(bk, 0, false, W2, K, nw, M, N, K, A, NULL, C2);
+  cr_assert(same(C1, C2, nc), "model 8 used model 7's packed weights");
+  /* uid 0: nothing kept from one run to the next */
+  product(bk, 0, true, W, K, nw, M, N, K, A, NULL, C1);
+  float *W3 = rnd(nw, 13);
+  memcpy(W, W3, nw * sizeof(float));
+  product(bk, 0, true, W, K, nw, M, N, K, A, NULL, C1);
+  product(bk, 0, false, W3, K, nw, M, N, K, A, NULL, C2);
+  cr_assert(same(C1, C2, nc), "a uid-0 run used an earlier run's copy");
+  /* the same model's next run: the copy serves again (the contract broken
+   * on purpose, to see it) */
+  product(bk, 9, true, W, K, nw, M, N, K, A, NULL, old);
+  for (size_t i = 0; i < nw; i++) W[i] = -W[i];
+  product(bk, 9, true, W, K, nw, M, N, K, A, NULL, C1);
+  cr_assert(same(C1, old, nc), "model 9's second run packed again");
+  free(W), free(W2), free(W3), free(A), free(C1), free(C2), free(old);
   cn_backend_close(bk);
 }
 

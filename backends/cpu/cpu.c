@@ -38,8 +38,10 @@ typedef struct cpu_ctx {
     const float *lo, *hi;
   } *ranges;
   int n_ranges, cap_ranges;
+  uint64_t uid; /* the model of the run (run_begins) */
   struct cpu_pack {
     const float *W; /* NULL: free for reuse */
+    uint64_t uid;   /* the model it was packed for */
     int N, K, ldw;
     float *P;
     size_t cap; /* floats */
@@ -48,9 +50,9 @@ typedef struct cpu_ctx {
   size_t pack_bytes;
 } cpu_ctx;
 
-/* Packed copies kept past a run at most; above it the next run starts
- * with none. */
-#define PACK_KEEP_BYTES ((size_t)256 << 20)
+/* Packed copies kept past a run at most: above it the next run drops
+ * those of other models, then all. */
+#define PACK_KEEP_BYTES ((size_t)128 << 20)
 
 /* A row of at least n zeros, so the fused loops need no branch for a
  * missing input (and vectorise). */
@@ -176,14 +178,27 @@ static void cpu_free(cn_backend_ctx *bk, void *p) {
   free((char *)p - BLOCK_HEAD);
 }
 
-/* A run is binding its model's weights: what was packed for an earlier
- * run may belong to a model since freed, its memory now another's. The
- * buffers stay for reuse (up to PACK_KEEP_BYTES). */
-static void cpu_run_begins(cn_backend_ctx *bk) {
+/* A run is binding the weights of model uid. Copies packed for the same
+ * model serve again: a uid is never reused, and a model's weights do not
+ * change while it is loaded. Those of other models may be of a model since
+ * freed, its memory now another's: never used, and dropped when the
+ * copies outgrow PACK_KEEP_BYTES. uid 0 (unknown) keeps nothing. */
+static void cpu_run_begins(cn_backend_ctx *bk, uint64_t uid) {
   cpu_ctx *c = (cpu_ctx *)bk;
   c->n_ranges = 0;
-  if (c->pack_bytes > PACK_KEEP_BYTES) drop_packs(c);
-  for (int i = 0; i < c->n_packs; i++) c->packs[i].W = NULL;
+  c->uid = uid;
+  bool over = c->pack_bytes > PACK_KEEP_BYTES;
+  for (int i = 0; i < c->n_packs; i++) {
+    struct cpu_pack *q = &c->packs[i];
+    if (q->uid == 0 || (over && q->uid != uid)) q->W = NULL;
+  }
+  if (over) {
+    size_t live = 0;
+    for (int i = 0; i < c->n_packs; i++)
+      if (c->packs[i].W != NULL) live += c->packs[i].cap * sizeof(float);
+    if (live > PACK_KEEP_BYTES || c->pack_bytes > 2 * PACK_KEEP_BYTES)
+      drop_packs(c);
+  }
 }
 
 /* The weights are used where they lie; the context notes where they are,
@@ -220,7 +235,9 @@ static const float *packed_weights(cpu_ctx *c, int N, int K, const float *W,
   size_t need = cn__gemm_packed_floats(N, K);
   for (int i = 0; i < c->n_packs; i++) {
     struct cpu_pack *q = &c->packs[i];
-    if (q->W == W && q->N == N && q->K == K && q->ldw == ldw) return q->P;
+    if (q->W == W && q->uid == c->uid && q->N == N && q->K == K &&
+        q->ldw == ldw)
+      return q->P;
     if (q->W == NULL && q->cap >= need &&
         (free_pack == NULL || q->cap < free_pack->cap))
       free_pack = q;
@@ -237,11 +254,13 @@ static const float *packed_weights(cpu_ctx *c, int N, int K, const float *W,
     float *P = aligned_alloc(64, bytes ? bytes : 64);
     if (P == NULL) return NULL;
     free_pack = &c->packs[c->n_packs++];
-    *free_pack = (struct cpu_pack){NULL, 0, 0, 0, P, bytes / sizeof(float)};
+    *free_pack =
+        (struct cpu_pack){NULL, 0, 0, 0, 0, P, bytes / sizeof(float)};
     c->pack_bytes += bytes;
   }
   cn__gemm_pack_nt(N, K, W, ldw, free_pack->P);
   free_pack->W = W;
+  free_pack->uid = c->uid;
   free_pack->N = N;
   free_pack->K = K;
   free_pack->ldw = ldw;

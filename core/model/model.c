@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,9 +359,13 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   int rc = CN_E_NOMEM;
   char *file = NULL, *wfile = NULL, *text = NULL;
   size_t text_len = 0;
+  static atomic_uint_fast64_t last_uid;
   cn_model *m = calloc(1, sizeof(*m));
   *out = NULL;
-  if (m != NULL) m->dirfd = -1;
+  if (m != NULL) {
+    m->dirfd = -1;
+    m->uid = atomic_fetch_add(&last_uid, 1) + 1;
+  }
   if (m == NULL || (m->dir = strdup(dir)) == NULL ||
       (file = join(dir, "model.json")) == NULL ||
       (wfile = join(dir, "weights.safetensors")) == NULL) {

@@ -112,6 +112,9 @@ void cn__family_needs(const cn_family *fam, bool *word, bool *tgt);
 /* ---- models (model.c) ---------------------------------------------------*/
 
 struct cn_model {
+  /* unique among the models this process loads (never 0 once loaded): a
+   * backend may keep what it derives from the weights under it */
+  uint64_t uid;
   char *dir;
   int dirfd;              /* the directory, open while it loads; else -1 */
   const cn_family *fam;

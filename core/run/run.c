@@ -371,7 +371,7 @@ int cn_layout_parse(const char *name, cn_layout *out) {
 }
 
 void cn__run_bind_weights(cn_run *r) {
-  if (r->bk->vt->run_begins != NULL) r->bk->vt->run_begins(r->bk);
+  if (r->bk->vt->run_begins != NULL) r->bk->vt->run_begins(r->bk, r->m->uid);
   for (int i = 0; i < r->m->n_tensors; i++)
     r->wb[i] = r->bk->vt->weights(r->bk, r->m->w[i]->data,
                                   (size_t)r->m->w[i]->numel);
