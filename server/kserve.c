@@ -254,7 +254,8 @@ static int parse_elements(const json_t *data, json_t *insts, cn_err *e) {
   json_array_foreach(data, i, v) {
     json_error_t je;
     json_t *inst = json_loadb(json_string_value(v), json_string_length(v),
-                              JSON_REJECT_DUPLICATES, &je);
+                              JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+                              &je);
     if (inst == NULL || !json_is_object(inst)) {
       json_decref(inst);
       int rc = cn_err_set(e, inst ? CN_E_BAD_INSTANCE : CN_E_BAD_JSON,
