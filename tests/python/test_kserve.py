@@ -194,15 +194,17 @@ class KServe(unittest.TestCase):
             [BIN, "serve", "--models-dir", models, "--port", str(cls.port),
              "--workers", "2"], stderr=cls.log, env=env)
         cls.c = Client(cls.port)
-        for _ in range(1000):
+        for _ in range(3000):  # 60 s: ten models to warm up under ASan
             try:
                 if cls.c.call("GET", "/v2/health/ready")[0] == 200:
-                    break
+                    return
             except OSError:
                 pass
             if cls.daemon.poll() is not None:
-                raise RuntimeError("canopy serve exited; see its log")
+                break
             time.sleep(0.02)
+        cls.tearDownClass()
+        raise RuntimeError("canopy serve was not ready within 60 s")
 
     @classmethod
     def init(cls, fam, d, data, hidden, embed, extra):
@@ -213,10 +215,18 @@ class KServe(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.daemon.terminate()
-        cls.daemon.wait(timeout=30)
+        """SIGTERM; the daemon must drain and exit 0 (under ASan a leak or
+        an error exits otherwise, and fails the test)."""
+        if cls.daemon.poll() is None:
+            cls.daemon.terminate()
+            cls.daemon.wait(timeout=60)
         cls.log.close()
+        with open(os.path.join(cls.tmp, "serve.log")) as f:
+            log = f.read()
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        if cls.daemon.returncode != 0:
+            raise AssertionError("canopy serve exited %d; its log ends:\n%s"
+                                 % (cls.daemon.returncode, log[-4000:]))
 
     def v1(self, model, instances, options):
         body = dict(options, instances=instances)
