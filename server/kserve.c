@@ -11,49 +11,35 @@
  * a JSON string. Outputs: LOGITS FP32, LABEL BYTES, PATH_SCORE FP32,
  * OUTPUT_TOKENS BYTES, HIDDEN FP32 and OFFSETS INT64 [N + 1], whose rows
  * i are OFFSETS[i] .. OFFSETS[i + 1] of every per-node or per-token
- * tensor. */
+ * tensor (laid out by kserve_answer.c). */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bodyscan.h"
+#include "kserve_impl.h"
 #include "serve_impl.h"
 
 #ifndef CANOPY_VERSION
 #define CANOPY_VERSION "dev"
 #endif
 
-#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
-
-static const struct {
-  const char *name, *dtype;
-  unsigned bit;
-} OUTPUTS[] = {{"LOGITS", "FP32", CN__V2_LOGITS},
-               {"LABEL", "BYTES", CN__V2_LABEL},
-               {"PATH_SCORE", "FP32", CN__V2_PATH_SCORE},
-               {"OUTPUT_TOKENS", "BYTES", CN__V2_OUTPUT_TOKENS},
-               {"HIDDEN", "FP32", CN__V2_HIDDEN},
-               {"OFFSETS", "INT64", CN__V2_OFFSETS}};
-enum { N_OUTPUTS = sizeof(OUTPUTS) / sizeof(OUTPUTS[0]) };
+const cn__v2_output cn__v2_outputs[CN__V2_N_OUTPUTS] = {
+    {"LOGITS", "FP32", CN__V2_LOGITS},
+    {"LABEL", "BYTES", CN__V2_LABEL},
+    {"PATH_SCORE", "FP32", CN__V2_PATH_SCORE},
+    {"OUTPUT_TOKENS", "BYTES", CN__V2_OUTPUT_TOKENS},
+    {"HIDDEN", "FP32", CN__V2_HIDDEN},
+    {"OFFSETS", "INT64", CN__V2_OFFSETS}};
 
 /* ---- metadata ---------------------------------------------------------- */
-
-/* What a model's answers hold, from its description (cn_model_describe). */
-typedef struct sig {
-  const char *family, *input;
-  long long classes;  /* LOGITS' width                                   */
-  long long hidden;   /* HIDDEN's: "hidden", twice where the input is read
-                         both ways (bilstm-tagger, cells "bisequence"); a
-                         test checks it against the answers              */
-  unsigned outputs;   /* CN__V2_* the model can answer                   */
-} sig;
 
 static const char *dstr(const json_t *d, const char *key) {
   const char *v = json_string_value(json_object_get(d, key));
   return v ? v : "";
 }
 
-static void model_sig(const cn__model_entry *me, sig *g) {
+void cn__v2_model_sig(const cn__model_entry *me, cn__v2_sig *g) {
   const json_t *d = me->describe;
   g->family = dstr(d, "family");
   g->input = dstr(d, "input");
@@ -74,7 +60,7 @@ static void model_sig(const cn__model_entry *me, sig *g) {
   if (strcmp(g->input, "dag") != 0) g->outputs |= CN__V2_OFFSETS;
 }
 
-static json_t *tensor_meta(const char *name, const char *dtype, long long d0,
+json_t *cn__v2_tensor_meta(const char *name, const char *dtype, long long d0,
                            long long d1) {
   json_t *shape = json_array();
   json_array_append_new(shape, json_integer(d0));
@@ -99,17 +85,17 @@ json_t *cn__kserve_server_meta(void) {
 /* GET /v2/models/{m}: rows are -1 (they follow the instances), widths are
  * the model's. */
 json_t *cn__kserve_model_meta(const cn__model_entry *me) {
-  sig g;
-  model_sig(me, &g);
+  cn__v2_sig g;
+  cn__v2_model_sig(me, &g);
   json_t *ins = json_array(), *outs = json_array(), *vers = json_array();
-  json_array_append_new(ins, tensor_meta("INSTANCE", "BYTES", -1, -1));
-  for (int i = 0; i < N_OUTPUTS; i++) {
-    unsigned b = OUTPUTS[i].bit;
+  json_array_append_new(ins, cn__v2_tensor_meta("INSTANCE", "BYTES", -1, -1));
+  for (int i = 0; i < CN__V2_N_OUTPUTS; i++) {
+    unsigned b = cn__v2_outputs[i].bit;
     if (!(g.outputs & b)) continue;
     long long w = b == CN__V2_LOGITS ? g.classes
                   : b == CN__V2_HIDDEN ? g.hidden : -1;
-    json_array_append_new(outs, tensor_meta(OUTPUTS[i].name, OUTPUTS[i].dtype,
-                                            -1, w));
+    const cn__v2_output *d = &cn__v2_outputs[i];
+    json_array_append_new(outs, cn__v2_tensor_meta(d->name, d->dtype, -1, w));
   }
   json_array_append_new(vers, json_string(me->version));
   char platform[96];
@@ -143,10 +129,10 @@ static int request_id(const json_t *j, cn__parsed *p, cn_err *e) {
 /* The names the model answers, for a message: "LOGITS, LABEL, ...". */
 static void output_names(unsigned outputs, char *buf, size_t cap) {
   buf[0] = '\0';
-  for (int i = 0; i < N_OUTPUTS; i++)
-    if (outputs & OUTPUTS[i].bit)
+  for (int i = 0; i < CN__V2_N_OUTPUTS; i++)
+    if (outputs & cn__v2_outputs[i].bit)
       snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s",
-               buf[0] ? ", " : "", OUTPUTS[i].name);
+               buf[0] ? ", " : "", cn__v2_outputs[i].name);
 }
 
 /* "outputs": [{"name": ...}]: which tensors to answer (*want, 0: all). */
@@ -154,8 +140,8 @@ static int requested_outputs(const cn__model_entry *me, const json_t *j,
                              unsigned *want, cn_err *e) {
   const json_t *outs = json_object_get(j, "outputs"), *o;
   size_t i;
-  sig g;
-  model_sig(me, &g);
+  cn__v2_sig g;
+  cn__v2_model_sig(me, &g);
   if (outs == NULL) return 0;
   if (!json_is_array(outs))
     return BAD(e, "\"outputs\" must be an array of {\"name\": ...}");
@@ -167,8 +153,9 @@ static int requested_outputs(const cn__model_entry *me, const json_t *j,
     if (json_is_true(json_object_get(par, "binary_data")))
       return BAD(e, "output %.64s: binary tensor data is not supported", name);
     unsigned bit = 0;
-    for (int k = 0; k < N_OUTPUTS; k++)
-      if (strcmp(name, OUTPUTS[k].name) == 0) bit = OUTPUTS[k].bit;
+    for (int k = 0; k < CN__V2_N_OUTPUTS; k++)
+      if (strcmp(name, cn__v2_outputs[k].name) == 0)
+        bit = cn__v2_outputs[k].bit;
     if (!(bit & g.outputs)) {
       char names[128];
       output_names(g.outputs, names, sizeof(names));
@@ -316,195 +303,6 @@ int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
   return 0;
 }
 
-/* ---- the answer -------------------------------------------------------- */
-
-/* One output tensor being laid out: data flattened row-major. */
-typedef struct tensor {
-  json_t *data;
-  size_t rows;
-  size_t width;   /* of each row (LOGITS, HIDDEN)                      */
-  bool present;   /* some instance has it                              */
-  bool missing;   /* some instance lacks it: not answered              */
-  bool per_row;   /* rows per node or token (OFFSETS), else one an
-                     instance                                          */
-  bool ragged;    /* rows of different widths: a bug                   */
-} tensor;
-
-typedef struct answer {
-  tensor t[N_OUTPUTS]; /* in OUTPUTS' order */
-  json_t *offsets;
-} answer;
-
-static tensor *tens(answer *a, unsigned bit) {
-  for (int i = 0; i < N_OUTPUTS; i++)
-    if (OUTPUTS[i].bit == bit) return &a->t[i];
-  return &a->t[N_OUTPUTS - 1];
-}
-
-/* A row of numbers (one logits or h vector). */
-static void put_row(tensor *t, const json_t *row) {
-  size_t w = json_array_size(row), k;
-  json_t *v;
-  if (!json_is_array(row)) {
-    t->missing = true;
-    return;
-  }
-  if (t->rows > 0 && w != t->width) t->ragged = true;
-  t->width = w;
-  t->present = true;
-  json_array_foreach(row, k, v) json_array_append(t->data, v);
-  t->rows++;
-}
-
-/* One element (a label name, a path score, a token). */
-static void put_item(tensor *t, json_t *v) {
-  if (v == NULL) {
-    t->missing = true;
-    return;
-  }
-  t->present = true;
-  json_array_append(t->data, v);
-  t->rows++;
-}
-
-/* Rows per token: an array of rows, or of elements. */
-static void put_rows(tensor *t, const json_t *rows, bool numbers) {
-  json_t *row;
-  size_t k;
-  if (!json_is_array(rows)) {
-    t->missing = true;
-    return;
-  }
-  t->per_row = t->present = true;
-  json_array_foreach(rows, k, row) {
-    if (numbers) put_row(t, row);
-    else put_item(t, row);
-  }
-}
-
-/* One instance's /v1 output object (docs/api.md) into the tensors;
- * returns its rows. */
-static size_t put_instance(answer *a, const json_t *o) {
-  const json_t *toks = json_object_get(o, "output_tokens");
-  const json_t *nodes = json_object_get(o, "nodes");
-  const json_t *logits = json_object_get(o, "logits");
-  const json_t *h = json_object_get(o, "h");
-  if (json_is_array(json_array_get(h, 0))) /* per token */
-    put_rows(tens(a, CN__V2_HIDDEN), h, true);
-  else if (h != NULL) /* the root's, the sink's, the decoder's last */
-    put_row(tens(a, CN__V2_HIDDEN), h);
-  if (toks != NULL) { /* a decoder */
-    put_rows(tens(a, CN__V2_OUTPUT_TOKENS), toks, false);
-    return json_array_size(toks);
-  }
-  if (nodes != NULL) { /* a tree, outputs "all": pre-order */
-    tensor *tl = tens(a, CN__V2_LOGITS), *tn = tens(a, CN__V2_LABEL);
-    const json_t *n;
-    size_t k;
-    tl->per_row = tn->per_row = true;
-    json_array_foreach(nodes, k, n) {
-      put_row(tl, json_object_get(n, "logits"));
-      put_item(tn, json_object_get(n, "label_name"));
-    }
-    return json_array_size(nodes);
-  }
-  if (json_is_array(json_array_get(logits, 0))) { /* per token */
-    put_rows(tens(a, CN__V2_LOGITS), logits, true);
-    put_rows(tens(a, CN__V2_LABEL), json_object_get(o, "tag_names"), false);
-    json_t *ps = json_object_get(o, "path_score");
-    if (ps != NULL) put_item(tens(a, CN__V2_PATH_SCORE), ps);
-    return json_array_size(logits);
-  }
-  put_row(tens(a, CN__V2_LOGITS), logits); /* the root's, the sink's */
-  put_item(tens(a, CN__V2_LABEL), json_object_get(o, "label_name"));
-  return 1;
-}
-
-static json_t *tensor_json(const char *name, const char *dtype, size_t rows,
-                           long long width, json_t *data) {
-  json_t *t = tensor_meta(name, dtype, (long long)rows, width);
-  json_object_set(t, "data", data);
-  return t;
-}
-
-/* The tensors that answer: those asked for (all by default) that every
- * instance has, then OFFSETS beside any tensor of rows per node or token
- * (or when asked for). Returns -1 on rows that do not add up. */
-static int emit(answer *a, unsigned want, size_t n, size_t total,
-                const sig *g, json_t *outs) {
-  bool need_offsets = (want & CN__V2_OFFSETS) != 0;
-  for (int i = 0; i < N_OUTPUTS; i++) {
-    tensor *t = &a->t[i];
-    unsigned b = OUTPUTS[i].bit;
-    if (b == CN__V2_OFFSETS || !t->present || t->missing) continue;
-    if (t->ragged || t->rows != (t->per_row ? total : n)) return -1;
-    if (want != 0 && !(want & b)) continue;
-    need_offsets |= t->per_row;
-    long long w = b == CN__V2_LOGITS   ? (t->rows ? (long long)t->width
-                                                  : g->classes)
-                  : b == CN__V2_HIDDEN ? (t->rows ? (long long)t->width
-                                                  : g->hidden)
-                                       : -1;
-    json_array_append_new(outs, tensor_json(OUTPUTS[i].name, OUTPUTS[i].dtype,
-                                            t->rows, w, t->data));
-  }
-  if (need_offsets)
-    json_array_append_new(outs, tensor_json("OFFSETS", "INT64", n + 1, -1,
-                                            a->offsets));
-  return 0;
-}
-
-static void answer_free(answer *a) {
-  for (int i = 0; i < N_OUTPUTS; i++) json_decref(a->t[i].data);
-  json_decref(a->offsets);
-}
-
-static char *internal_error(const char *model, int *status) {
-  cn_err e;
-  cn_err_clear(&e);
-  cn_err_set(&e, CN_E_INTERNAL, "the outputs of model '%s' do not lay out "
-             "as v2 tensors (rows that do not add up): a bug", model);
-  CN_LOG(CN_LOG_ERROR, "msg=v2-layout model=%s", model);
-  json_t *j = cn_err_to_json(&e);
-  char *b = json_dumps(j, DUMP_FLAGS);
-  json_decref(j);
-  *status = cn_err_http_status(e.code);
-  return b;
-}
-
-/* Workers: the v2 answer of r from /v1's outputs, one object an instance
- * (takes outs and stats; the stats become "parameters"). */
-char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
-                        json_t *outs, json_t *stats, int *status) {
-  answer a;
-  sig g;
-  size_t n = json_array_size(outs), total = 0, i;
-  const json_t *o;
-  memset(&a, 0, sizeof(a));
-  model_sig(me, &g);
-  for (int k = 0; k < N_OUTPUTS; k++) a.t[k].data = json_array();
-  a.offsets = json_array();
-  json_array_append_new(a.offsets, json_integer(0));
-  json_array_foreach(outs, i, o) {
-    total += put_instance(&a, o);
-    json_array_append_new(a.offsets, json_integer((json_int_t)total));
-  }
-  json_t *tensors = json_array(), *v2 = json_object();
-  int rc = emit(&a, r->v2_outputs, n, total, &g, tensors);
-  json_object_set_new(v2, "model_name", json_string(me->name));
-  json_object_set_new(v2, "model_version", json_string(me->version));
-  if (r->v2_id != NULL) json_object_set_new(v2, "id", json_string(r->v2_id));
-  json_object_set_new(v2, "parameters", stats);
-  json_object_set_new(v2, "outputs", tensors);
-  answer_free(&a);
-  json_decref(outs);
-  char *b = rc == 0 ? json_dumps(v2, DUMP_FLAGS)
-                    : internal_error(me->name, status);
-  json_decref(v2);
-  if (rc == 0) *status = 200;
-  return b;
-}
-
 /* The loop: /v1's {"error": {"code", "message", "instance"?, ...}} as
  * v2's {"error": message}, the message naming the INSTANCE element where
  * /v1 said it in a field of its own (takes body). */
@@ -518,14 +316,15 @@ char *cn__kserve_error(char *body) {
     return body;
   }
   bool named = strncmp(msg, "INSTANCE[", 9) == 0 ||
-               (strncmp(msg, "instance ", 9) == 0 && isdigit((unsigned char)msg[9]));
+               (strncmp(msg, "instance ", 9) == 0 &&
+                isdigit((unsigned char)msg[9]));
   json_t *o = json_object();
   if (json_is_integer(inst) && !named)
     json_object_set_new(o, "error", json_sprintf("INSTANCE[%lld]: %s",
                         (long long)json_integer_value(inst), msg));
   else
     json_object_set_new(o, "error", json_string(msg));
-  char *b = json_dumps(o, DUMP_FLAGS);
+  char *b = json_dumps(o, JSON_COMPACT);
   json_decref(o);
   json_decref(j);
   if (b == NULL) return body;
