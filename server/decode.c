@@ -76,15 +76,13 @@ static int grow(void **p, int *cap, int need, size_t elem) {
   return 0;
 }
 
-/* The request's answer, as worker.c's format_answer; stats.batches: the
- * session's batches while the request was in it. */
-static char *format(session *ss, dreq *q, double now) {
+/* The request's answer, as worker.c's format_answer (v2's too);
+ * stats.batches: the session's batches while the request was in it. */
+static char *format(session *ss, dreq *q, double now, int *status) {
   cn__req *r = q->r;
-  json_t *o = json_object();
-  json_object_set_new(o, "model", json_string(ss->me->name));
-  json_object_set_new(o, "model_version", json_string(ss->me->version));
-  json_object_set_new(o, "outputs", q->outs);
+  json_t *outs = q->outs;
   q->outs = NULL;
+  *status = 200;
   r->compute_ms = (now - q->t_join) * 1e3;
   json_t *st = json_object();
   json_object_set_new(st, "queue_ms", json_real(r->queue_ms));
@@ -95,6 +93,11 @@ static char *format(session *ss, dreq *q, double now) {
   json_object_set_new(st, "continuous", json_true());
   /* the session's number: its first run's */
   json_object_set_new(st, "run", json_integer((json_int_t)ss->jobs[0]->id));
+  if (r->v2) return cn__kserve_answer(r, ss->me, outs, st, status);
+  json_t *o = json_object();
+  json_object_set_new(o, "model", json_string(ss->me->name));
+  json_object_set_new(o, "model_version", json_string(ss->me->version));
+  json_object_set_new(o, "outputs", outs);
   json_object_set_new(o, "stats", st);
   char *body = json_dumps(o, DUMP_FLAGS);
   json_decref(o);
@@ -278,8 +281,7 @@ static void collect(session *ss) {
                          o ? o : json_null());
       if (--q->left > 0) continue;
       cn__req *r = q->r;
-      r->result = format(ss, q, now);
-      r->result_status = 200;
+      r->result = format(ss, q, now, &r->result_status);
       ss->active_inst -= r->n_inst;
       ss->active_vertices -= r->vertices;
       if (cn_decode_active(ss->d) > 0) ss->early += r->n_inst;

@@ -47,6 +47,7 @@ static void req_free(cn__req *r) {
   free(r->inst);
   cn__req_body_free(r);
   free(r->result);
+  free(r->v2_id);
   free(r);
 }
 
@@ -100,6 +101,7 @@ static void send_body(cn__req *r, int status, char *body, const char *ctype) {
     body = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of "
                   "memory\"}}");
   }
+  if (r->v2 && status >= 400) body = cn__kserve_error(body);
   const char *allow = NULL;
   if (status == 405)
     allow = strstr(r->path, "/infer") || strstr(r->path, "/repository")
@@ -318,6 +320,20 @@ static bool repo_allowed(cn__req *r) {
   return true;
 }
 
+/* A path's /versions/{v} that is not the version serving: 404 saying
+ * which one is (true: answered). */
+static bool answer_bad_version(cn__req *r, const cn__model_entry *me) {
+  if (r->want_version[0] == '\0' ||
+      (!r->version_bad && strcmp(r->want_version, me->version) == 0))
+    return false;
+  char msg[640];
+  snprintf(msg, sizeof(msg), "model '%s' has no version '%.80s': it serves "
+           "version '%s' (GET /v2/models/%s)", me->name, r->want_version,
+           me->version, me->name);
+  answer_err(r, CN_E_NO_SUCH_MODEL, msg);
+  return true;
+}
+
 static char *ready_body(cn__model_entry *me) {
   json_t *o = json_object();
   json_object_set_new(o, "name", json_string(me->name));
@@ -364,10 +380,12 @@ static void answer_route(cn__req *r) {
                                                       : "use GET");
     return;
   }
-  if ((rt == CN__RT_MODEL || rt == CN__RT_INFER) && me == NULL) {
+  if ((rt == CN__RT_MODEL || rt == CN__RT_INFER || rt == CN__RT_V2_MODEL) &&
+      me == NULL) {
     answer_no_model(r);
     return;
   }
+  if (me != NULL && answer_bad_version(r, me)) return;
   if (rt == CN__RT_MODEL_READY) {
     cn__model_entry *cur = cn__model_retain(r->slot);
     if (cur == NULL) {
@@ -379,6 +397,10 @@ static void answer_route(cn__req *r) {
       snprintf(msg, sizeof(msg), "model '%s' is not ready",
                r->slot->name);
       answer_err(r, CN_E_UNAVAILABLE, msg);
+      return;
+    }
+    if (answer_bad_version(r, cur)) {
+      cn__model_release(cur);
       return;
     }
     char *b = ready_body(cur);
@@ -423,7 +445,7 @@ static void answer_route(cn__req *r) {
 }
 
 static bool wants_body(const cn__req *r) {
-  return r->route == CN__RT_INFER && r->me != NULL &&
+  return r->route == CN__RT_INFER && r->me != NULL && !r->version_bad &&
          strcmp(r->method, "POST") == 0;
 }
 
@@ -443,24 +465,33 @@ cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
   /* logged as decoded, or as sent where that names nothing (%00, %2F) */
   cn__req *r = req_new(s, c, decoded ? path : url, method);
   if (r == NULL) return NULL;
-  cn__model_slot *sl;
-  const char *name;
-  size_t len;
-  cn__route rt = cn__route_find(s, path, &sl, &name, &len);
-  r->slot = sl;
+  cn__route_match m;
+  cn__route rt = cn__route_find(s, path, &m);
+  r->slot = m.slot;
   r->route = rt;
-  if (name != NULL) {
+  r->v2 = m.v2;
+  if (m.name != NULL) {
     /* a name too long to be a model's is kept only for messages (cut),
      * never looked up or loaded cut */
-    r->model_name_len = len;
+    r->model_name_len = m.len;
     snprintf(r->model_name, sizeof(r->model_name), "%.*s",
-             (int)(len < sizeof(r->model_name) ? len
-                                               : sizeof(r->model_name) - 1),
-             name);
+             (int)(m.len < sizeof(r->model_name) ? m.len
+                                                 : sizeof(r->model_name) - 1),
+             m.name);
+  }
+  if (m.version != NULL) { /* a version too long to be one never matches */
+    r->version_bad = m.vlen >= sizeof(r->want_version);
+    snprintf(r->want_version, sizeof(r->want_version), "%.*s",
+             (int)(r->version_bad ? sizeof(r->want_version) - 1 : m.vlen),
+             m.version);
   }
   /* the version this request will use, held until it is freed: a reload
    * meanwhile does not change it */
-  if (rt == CN__RT_INFER || rt == CN__RT_MODEL) r->me = cn__model_retain(sl);
+  if (rt == CN__RT_INFER || rt == CN__RT_MODEL || rt == CN__RT_V2_MODEL)
+    r->me = cn__model_retain(m.slot);
+  if (r->me != NULL && r->want_version[0] != '\0' &&
+      strcmp(r->want_version, r->me->version) != 0)
+    r->version_bad = true; /* the body is not read: answered 404 */
   return r;
 }
 

@@ -1,7 +1,9 @@
 /* infer.c - the body of POST /v1/models/{model}/infer (API.md): options
  * and instances, validated against the configured limits before anything
  * of the request is queued. A single INSTANCE object (no "instances") is
- * one instance; its option fields sit beside the instance's own. */
+ * one instance; its option fields sit beside the instance's own. A v2
+ * request (POST /v2/models/{model}/infer) is first made into the /v1
+ * request it asks for (kserve.c), then parsed here alike. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,36 +36,47 @@ static int too_many_instances(cn_err *e, size_t n, int max) {
                     n, max);
 }
 
-/* Refuses, from counts alone, a body jansson should not build. */
-static int check_counts(const cn__server *s, const char *body, size_t len,
-                        cn_err *e) {
+/* Refuses, from counts alone, a body jansson should not build (also a v2
+ * request's instances, kserve.c). */
+int cn__infer_check_counts(const cn__server *s, const cn__body_counts *k,
+                           cn_err *e) {
   const cn_serve_config *sc = &s->cfg.serve;
-  cn__body_counts k;
-  cn__body_scan(body, len, &k);
-  if (k.instances > (size_t)sc->max_instances_per_request)
-    return too_many_instances(e, k.instances, sc->max_instances_per_request);
-  size_t n = k.instances, mv = (size_t)sc->max_vertices;
+  if (k->instances > (size_t)sc->max_instances_per_request)
+    return too_many_instances(e, k->instances, sc->max_instances_per_request);
+  size_t n = k->instances, mv = (size_t)sc->max_vertices;
   size_t max_obj = 1 + n + mv + CONTAINER_SLACK;
   size_t max_arr = 1 + 2 * n + mv + CONTAINER_SLACK;
-  if (k.objects > max_obj || k.arrays > max_arr) {
-    bool obj = k.objects > max_obj;
+  if (k->objects > max_obj || k->arrays > max_arr) {
+    bool obj = k->objects > max_obj;
     return cn_err_set(e, CN_E_TOO_LARGE,
                       "the body holds %zu JSON %s; a request of %zu "
                       "instances holds at most %zu (one an instance, tree "
                       "node, lattice word or DAG node: max-vertices + "
                       "instances)",
-                      obj ? k.objects : k.arrays, obj ? "objects" : "arrays",
+                      obj ? k->objects : k->arrays, obj ? "objects" : "arrays",
                       n, obj ? max_obj : max_arr);
   }
   return 0;
 }
 
+static int check_counts(const cn__server *s, const char *body, size_t len,
+                        cn_err *e) {
+  cn__body_counts k;
+  cn__body_scan(body, len, &k);
+  return cn__infer_check_counts(s, &k, e);
+}
+
 /* The answer's envelope beside its outputs (worker.c format_answer):
  * {"model":..,"model_version":..,"outputs":[..],"stats":{..}} with two
- * reals and five integers in "stats". */
-static int64_t envelope_bound(const cn__req *r) {
+ * reals and five integers in "stats". A v2 answer (kserve.c) holds the
+ * same values less the per-instance keys, plus its "id", six tensors'
+ * names, datatypes and shapes, and an offset an instance. */
+static int64_t envelope_bound(const cn__req *r, const cn__parsed *p) {
   int64_t strs = 6 * (int64_t)(strlen(r->me->name) +
                                strlen(r->me->version)) + 4;
+  if (r->v2)
+    strs += 6 * (int64_t)(p->v2_id ? strlen(p->v2_id) : 0) + 1024 +
+            24 * (int64_t)p->n_inst;
   return 256 + strs;
 }
 
@@ -73,7 +86,7 @@ static int64_t envelope_bound(const cn__req *r) {
  * once asked for a 227 MB answer). */
 static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
   int64_t max = r->srv->cfg.serve.max_answer_bytes;
-  int64_t b = envelope_bound(r);
+  int64_t b = envelope_bound(r, p);
   for (int i = 0; i < p->n_inst; i++)
     b += cn_model_answer_bound(r->me->model, p->inst[i], p->flags,
                                p->max_decode_len) + 1;
@@ -95,8 +108,10 @@ static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
 static void parsed_free(cn__parsed *p) {
   for (int i = 0; i < p->n_inst; i++) cn_instance_free(p->inst[i]);
   free(p->inst);
+  free(p->v2_id);
   p->inst = NULL;
   p->n_inst = 0;
+  p->v2_id = NULL;
 }
 
 /* Reads the options and instances of r's body into p (any thread: it
@@ -124,6 +139,12 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   if (!json_is_object(j)) {
     rc = cn_err_set(e, CN_E_BAD_JSON, "the body must be a JSON object");
     goto out;
+  }
+  if (r->v2) { /* the /v1 request it asks for, parsed as /v1's below */
+    json_t *v1;
+    if ((rc = cn__kserve_request(r, j, &v1, p, e)) != 0) goto out;
+    json_decref(j);
+    j = v1;
   }
   json_t *insts = json_object_get(j, "instances");
   json_t *v;
@@ -220,6 +241,8 @@ void cn__infer_commit(cn__req *r, cn__parsed *p) {
   r->flags = p->flags;
   r->max_decode_len = p->max_decode_len;
   r->timeout_ms = p->timeout_ms;
+  r->v2_id = p->v2_id;
+  r->v2_outputs = p->v2_outputs;
   memset(p, 0, sizeof(*p));
 }
 

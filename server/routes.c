@@ -7,62 +7,89 @@
 #include "routes.h"
 #include "serve_impl.h"
 
-/* A path with a model name: prefix, one segment, then suffix exactly. */
+/* One path segment at p: its length up to the next '/' or the end. */
+static size_t segment(const char *p) {
+  const char *slash = strchr(p, '/');
+  return slash ? (size_t)(slash - p) : strlen(p);
+}
+
+/* A path with a model name: prefix, one segment, then (versioned)
+ * "/versions/" and one more segment, then suffix exactly. */
 static bool named(const char *path, const char *pre, const char *suffix,
-                  const char **name, size_t *len) {
-  size_t np = strlen(pre), ns = strlen(suffix);
+                  bool versioned, cn__route_match *m) {
+  static const char VER[] = "/versions/";
+  size_t np = strlen(pre);
   if (strncmp(path, pre, np) != 0) return false;
-  const char *n = path + np;
-  const char *slash = strchr(n, '/');
-  size_t l = slash ? (size_t)(slash - n) : strlen(n);
-  if (l == 0 || strcmp(n + l, suffix) != 0 || (ns == 0 && slash != NULL))
-    return false;
-  *name = n;
-  *len = l;
+  const char *n = path + np, *rest = n + segment(n);
+  const char *v = NULL;
+  size_t vl = 0;
+  if (rest == n) return false;
+  if (versioned) {
+    if (strncmp(rest, VER, sizeof(VER) - 1) != 0) return false;
+    v = rest + sizeof(VER) - 1;
+    vl = segment(v);
+    if (vl == 0) return false;
+    rest = v + vl;
+  }
+  if (strcmp(rest, suffix) != 0) return false;
+  m->name = n;
+  m->len = (size_t)(segment(n));
+  m->version = v;
+  m->vlen = vl;
   return true;
 }
 
 cn__route cn__route_find(cn__server *s, const char *path,
-                         cn__model_slot **sl, const char **mname,
-                         size_t *mlen) {
+                         cn__route_match *m) {
   static const struct {
     const char *path;
     cn__route rt;
-  } fixed[] = {{"/healthz", CN__RT_LIVE},
-               {"/v2/health/live", CN__RT_LIVE},
-               {"/readyz", CN__RT_READY},
-               {"/v2/health/ready", CN__RT_READY},
-               {"/metrics", CN__RT_METRICS},
-               {"/v1/models", CN__RT_MODELS},
-               {"/v1/models/", CN__RT_MODELS},
-               {"/v2/repository/index", CN__RT_REPO_INDEX}};
+    bool v2;
+  } fixed[] = {{"/healthz", CN__RT_LIVE, false},
+               {"/v2/health/live", CN__RT_LIVE, false},
+               {"/readyz", CN__RT_READY, false},
+               {"/v2/health/ready", CN__RT_READY, false},
+               {"/metrics", CN__RT_METRICS, false},
+               {"/v1/models", CN__RT_MODELS, false},
+               {"/v1/models/", CN__RT_MODELS, false},
+               {"/v2/repository/index", CN__RT_REPO_INDEX, false},
+               {"/v2", CN__RT_V2_SERVER, true}};
+  /* the Open Inference Protocol's paths name a version or not */
   static const struct {
     const char *pre, *suffix;
     cn__route rt;
-  } withname[] = {{"/v1/models/", "", CN__RT_MODEL},
-                  {"/v1/models/", "/infer", CN__RT_INFER},
-                  {"/v2/models/", "/ready", CN__RT_MODEL_READY},
-                  {"/v2/repository/models/", "/load", CN__RT_REPO_LOAD},
-                  {"/v2/repository/models/", "/unload", CN__RT_REPO_UNLOAD}};
-  *sl = NULL;
-  *mname = NULL;
-  *mlen = 0;
+    bool v2, versioned;
+  } withname[] = {
+      {"/v1/models/", "", CN__RT_MODEL, false, false},
+      {"/v1/models/", "/infer", CN__RT_INFER, false, false},
+      {"/v2/models/", "/ready", CN__RT_MODEL_READY, false, false},
+      {"/v2/models/", "/ready", CN__RT_MODEL_READY, false, true},
+      {"/v2/models/", "", CN__RT_V2_MODEL, true, false},
+      {"/v2/models/", "", CN__RT_V2_MODEL, true, true},
+      {"/v2/models/", "/infer", CN__RT_INFER, true, false},
+      {"/v2/models/", "/infer", CN__RT_INFER, true, true},
+      {"/v2/repository/models/", "/load", CN__RT_REPO_LOAD, false, false},
+      {"/v2/repository/models/", "/unload", CN__RT_REPO_UNLOAD, false,
+       false}};
+  memset(m, 0, sizeof(*m));
   for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-    if (strcmp(path, fixed[i].path) == 0) return fixed[i].rt;
+    if (strcmp(path, fixed[i].path) == 0) {
+      m->v2 = fixed[i].v2;
+      return m->rt = fixed[i].rt;
+    }
   for (size_t i = 0; i < sizeof(withname) / sizeof(withname[0]); i++) {
-    const char *name;
-    size_t len;
-    if (!named(path, withname[i].pre, withname[i].suffix, &name, &len))
+    if (!named(path, withname[i].pre, withname[i].suffix,
+               withname[i].versioned, m))
       continue;
-    *sl = cn__repo_find(s, name, len);
-    *mname = name;
-    *mlen = len;
-    return withname[i].rt;
+    m->slot = cn__repo_find(s, m->name, m->len);
+    m->v2 = withname[i].v2;
+    return m->rt = withname[i].rt;
   }
   return CN__RT_NONE;
 }
 
 static char *dump(json_t *j) {
+  if (j == NULL) return NULL;
   char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
   json_decref(j);
   return s;
@@ -153,6 +180,12 @@ int cn__route_get(cn__server *s, cn__route rt, cn__model_entry *me,
       break;
     case CN__RT_REPO_INDEX:
       *body = dump(cn__repo_index(s));
+      break;
+    case CN__RT_V2_SERVER:
+      *body = dump(cn__kserve_server_meta());
+      break;
+    case CN__RT_V2_MODEL:
+      *body = dump(cn__kserve_model_meta(me));
       break;
     case CN__RT_MODEL: {
       json_t *o = json_deep_copy(me->describe);

@@ -144,6 +144,8 @@ typedef struct cn__parsed {
   unsigned flags;
   int max_decode_len;
   long long timeout_ms;
+  char *v2_id;          /* a v2 request's "id", owned (NULL: none)      */
+  unsigned v2_outputs;  /* a v2 request's "outputs" (CN__V2_*; 0: all)  */
 } cn__parsed;
 
 typedef struct cn__req {
@@ -160,6 +162,10 @@ typedef struct cn__req {
   size_t model_name_len;    /* its length; >= CN__NAME_MAX: too long    */
   cn__model_entry *me;      /* its version, held (infer and model GET)  */
   int route;                /* cn__route */
+  bool v2;                  /* an Open Inference Protocol route (kserve.c):
+                               v2 answers and errors                      */
+  char want_version[72];    /* the path's /versions/{v} ("": none)       */
+  bool version_bad;         /* {v} is not the version of me              */
   cn__conn *conn;           /* NULL once answered or disconnected     */
   cn_instance **inst;
   int n_inst;
@@ -167,6 +173,8 @@ typedef struct cn__req {
   unsigned flags;
   int max_decode_len;
   long long timeout_ms;
+  char *v2_id;              /* v2: the request's "id", echoed (owned)    */
+  unsigned v2_outputs;      /* v2: the outputs asked for (0: all)        */
   double t_arrive;          /* first byte of the request seen (s)        */
   char *body;               /* the upload, bounded by max-body-bytes     */
   size_t body_len, body_cap;
@@ -342,6 +350,36 @@ int cn__infer_parse(cn__req *r, cn_err *e);
 int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
 void cn__infer_commit(cn__req *r, cn__parsed *p);
 void cn__parsed_free(cn__parsed *p);
+/* The limits on a body's JSON containers and instances, from counts
+ * (bodyscan.h): 413 too_large naming the limit, else 0. */
+struct cn__body_counts;
+int cn__infer_check_counts(const cn__server *s,
+                           const struct cn__body_counts *k, cn_err *e);
+
+/* kserve.c: the Open Inference Protocol (KServe v2) as a mapping onto /v1
+ * (docs/api.md). Output tensors, as bits of a request's "outputs": */
+enum {
+  CN__V2_LOGITS = 1u << 0,
+  CN__V2_LABEL = 1u << 1,
+  CN__V2_PATH_SCORE = 1u << 2,
+  CN__V2_OUTPUT_TOKENS = 1u << 3,
+  CN__V2_HIDDEN = 1u << 4,
+  CN__V2_OFFSETS = 1u << 5
+};
+/* GET /v2 and GET /v2/models/{model} bodies (new references). */
+json_t *cn__kserve_server_meta(void);
+json_t *cn__kserve_model_meta(const cn__model_entry *me);
+/* Any thread: the v2 body j as the /v1 request it asks for (*v1, a new
+ * reference: {"instances": [...], options}); sets p's v2_id and
+ * v2_outputs. On failure *v1 is NULL and e says why (400, or 413 as /v1). */
+int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
+                       cn__parsed *p, cn_err *e);
+/* Workers: r's v2 answer from /v1's per-instance outputs (takes outs and
+ * stats, which become "parameters"); *status 200, or 500 with the error. */
+char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
+                        json_t *outs, json_t *stats, int *status);
+/* Loop: a /v1 error body as v2's {"error": message} (takes body). */
+char *cn__kserve_error(char *body);
 
 /* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
  * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to

@@ -81,9 +81,6 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
     }
     json_array_append_new(outs, out);
   }
-  json_object_set_new(o, "model", json_string(j->me->name));
-  json_object_set_new(o, "model_version", json_string(j->me->version));
-  json_object_set_new(o, "outputs", outs);
   json_t *st = json_object();
   json_object_set_new(st, "queue_ms", json_real(r->queue_ms));
   json_object_set_new(st, "compute_ms", json_real(r->compute_ms));
@@ -93,6 +90,13 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
   json_object_set_new(st, "run", json_integer((json_int_t)j->id));
   json_object_set_new(st, "run_requests", json_integer(j->n));
   json_object_set_new(st, "run_instances", json_integer(j->instances));
+  if (r->v2) { /* the same outputs as v2 tensors (kserve.c) */
+    json_decref(o);
+    return cn__kserve_answer(r, j->me, outs, st, status);
+  }
+  json_object_set_new(o, "model", json_string(j->me->name));
+  json_object_set_new(o, "model_version", json_string(j->me->version));
+  json_object_set_new(o, "outputs", outs);
   json_object_set_new(o, "stats", st);
   char *s = json_dumps(o, DUMP_FLAGS);
   json_decref(o);

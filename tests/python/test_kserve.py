@@ -1,0 +1,532 @@
+"""The Open Inference Protocol (KServe v2) over HTTP (issue 37 item 1,
+docs/api.md "Open Inference Protocol") against a real `canopy serve` on a
+free port, with a client written from the protocol's text (http.client and
+json only): server and model metadata, inference for every family the
+tests build compared instance by instance with /v1's answers (the same
+floats, bit for bit: the cpu backend is batch-invariant), the request id,
+versions in the path, asked-for outputs, and the protocol's errors.
+
+Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_kserve.py
+(env CANOPY_BIN, CANOPY_DATA, CANOPY_CELLS as for the other tests).
+"""
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
+DATA = os.environ.get("CANOPY_DATA",
+                      os.path.join(os.path.dirname(ROOT), "shared", "data"))
+CELLS = os.environ.get("CANOPY_CELLS", os.path.join(ROOT, "tests", "cells"))
+
+# name: (family, data file, extra `model init` flags, /v1 options sent)
+MODELS = {
+    "treelstm": ("treelstm", "trees-binary.jsonl", [], {}),
+    "childsum": ("childsum-treelstm", "trees-nary.jsonl", [],
+                 {"outputs": "all"}),
+    "mvrnn": ("mvrnn", "trees-binary.jsonl", [], {}),
+    "tagger": ("bilstm-tagger", "sequences.jsonl", [], {}),
+    "crf": ("bilstm-tagger", "sequences.jsonl", ["--crf"], {}),
+    "latticelstm": ("latticelstm", "lattices.jsonl", ["--lexicon"], {}),
+    "latticegru": ("latticegru", "dags.jsonl", [], {}),
+    "nmt": ("lstm-nmt", "sequences.jsonl", [], {"max_decode_len": 8}),
+}
+# described by cells (tests/cells) on a built-in's weights, H 16, D 12
+CELL_MODELS = {"cells-bilstm": ("bilstm-tagger", "sequences.jsonl",
+                                "bilstm-tagger.json"),
+               "cells-treelstm": ("treelstm", "trees-binary.jsonl",
+                                  "treelstm.json")}
+N = 5  # instances a request
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def head(path, n):
+    with open(path) as f:
+        return [json.loads(next(f)) for _ in range(n)]
+
+
+class Client:
+    """A v2 REST client from the protocol's text: JSON bodies, the HTTP
+    status, {"error": string} on failure."""
+
+    def __init__(self, port):
+        self.port = port
+
+    def call(self, method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        c.request(method, path, body=body,
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        raw = r.read()
+        c.close()
+        return r.status, json.loads(raw) if raw else None
+
+    def infer(self, model, instances, parameters=None, outputs=None,
+              request_id=None, version=None):
+        """instances: /v1 INSTANCE objects, sent as BYTES elements."""
+        body = {"inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                            "shape": [len(instances)],
+                            "data": [json.dumps(i) for i in instances]}]}
+        if parameters:
+            body["parameters"] = parameters
+        if outputs is not None:
+            body["outputs"] = [{"name": o} for o in outputs]
+        if request_id is not None:
+            body["id"] = request_id
+        path = "/v2/models/" + model
+        if version is not None:
+            path += "/versions/" + version
+        return self.call("POST", path + "/infer", body)
+
+
+def per_row_names(family, input_kind, options):
+    """Which tensors follow OFFSETS (docs/api.md): a decoder's tokens;
+    LOGITS and LABEL of per-token models (sequences, lattices) and of trees
+    with outputs "all"; HIDDEN of per-token models. The rest: one row an
+    instance."""
+    if family == "lstm-nmt":
+        return {"OUTPUT_TOKENS"}
+    if input_kind in ("sequence", "lattice"):
+        return {"LOGITS", "LABEL", "HIDDEN"}
+    if input_kind == "tree" and options.get("outputs") == "all":
+        return {"LOGITS", "LABEL"}
+    return set()
+
+
+def split(resp, n, per_row):
+    """A v2 answer's tensors cut back into instances: the rows of instance
+    i of a tensor in per_row are OFFSETS[i] .. OFFSETS[i+1] (a list of
+    rows), of any other its row i. A row is a list when the tensor is
+    2-D, else one element."""
+    outs = {t["name"]: t for t in resp["outputs"]}
+    offs = outs.pop("OFFSETS", None)
+    per = [dict() for _ in range(n)]
+    for name, t in outs.items():
+        shape, data = t["shape"], t["data"]
+        assert len(data) == (shape[0] * shape[1] if len(shape) == 2
+                             else shape[0]), name
+        rows = ([data[r * shape[1]:(r + 1) * shape[1]]
+                 for r in range(shape[0])] if len(shape) == 2 else data)
+        if name in per_row:
+            o = offs["data"]
+            assert offs["shape"] == [n + 1] and o[-1] == shape[0], name
+            for i in range(n):
+                per[i][name] = rows[o[i]:o[i + 1]]
+        else:
+            assert shape[0] == n, (name, shape, n)
+            for i in range(n):
+                per[i][name] = rows[i]
+    return per
+
+
+def expected(v1):
+    """What docs/api.md's mapping makes of one /v1 output object."""
+    e = {}
+    if "output_tokens" in v1:
+        e["OUTPUT_TOKENS"] = v1["output_tokens"]
+    elif "nodes" in v1:
+        e["LOGITS"] = [n["logits"] for n in v1["nodes"]]
+        if all("label_name" in n for n in v1["nodes"]):
+            e["LABEL"] = [n["label_name"] for n in v1["nodes"]]
+    elif "tags" in v1:
+        e["LOGITS"] = v1["logits"]
+        if "tag_names" in v1:
+            e["LABEL"] = v1["tag_names"]
+        if "path_score" in v1:
+            e["PATH_SCORE"] = v1["path_score"]
+    else:
+        e["LOGITS"] = v1["logits"]
+        if "label_name" in v1:
+            e["LABEL"] = v1["label_name"]
+    if "h" in v1:
+        e["HIDDEN"] = v1["h"]
+    return e
+
+
+class KServe(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="canopy-kserve-")
+        models = os.path.join(cls.tmp, "models")
+        lex = os.path.join(cls.tmp, "lexicon.txt")
+        with open(os.path.join(DATA, "lexicon.txt")) as f, \
+                open(lex, "w") as g:
+            g.writelines(next(f) for _ in range(3000))
+        cls.inputs = {}
+        for name, (fam, data, extra, _) in MODELS.items():
+            extra = ["--lexicon", lex] if extra == ["--lexicon"] else extra
+            cls.init(fam, os.path.join(models, name), data, 8, 8, extra)
+            cls.inputs[name] = head(os.path.join(DATA, data), N)
+        for name, (fam, data, desc) in CELL_MODELS.items():
+            d = os.path.join(models, name)
+            cls.init(fam, d, data, 16, 12, [])
+            with open(os.path.join(d, "model.json")) as f:
+                labels = json.load(f).get("labels")
+            with open(os.path.join(CELLS, desc)) as f:
+                j = json.load(f)
+            if labels and "labels" not in j:
+                j["labels"] = labels
+            with open(os.path.join(d, "model.json"), "w") as f:
+                json.dump(j, f)
+            cls.inputs[name] = head(os.path.join(DATA, data), N)
+        cls.port = free_port()
+        env = dict(os.environ,
+                   CANOPY_POLICY_CACHE=os.path.join(cls.tmp, "policies"))
+        cls.log = open(os.path.join(cls.tmp, "serve.log"), "w")
+        cls.daemon = subprocess.Popen(
+            [BIN, "serve", "--models-dir", models, "--port", str(cls.port),
+             "--workers", "2"], stderr=cls.log, env=env)
+        cls.c = Client(cls.port)
+        for _ in range(3000):  # 60 s: ten models to warm up under ASan
+            try:
+                if cls.c.call("GET", "/v2/health/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if cls.daemon.poll() is not None:
+                break
+            time.sleep(0.02)
+        cls.tearDownClass()
+        raise RuntimeError("canopy serve was not ready within 60 s")
+
+    @classmethod
+    def init(cls, fam, d, data, hidden, embed, extra):
+        subprocess.run([BIN, "model", "init", fam, d, "--hidden", str(hidden),
+                        "--embed", str(embed), "--vocab-from",
+                        os.path.join(DATA, data), "--seed", "5"] + extra,
+                       check=True, capture_output=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        """SIGTERM; the daemon must drain and exit 0 (under ASan a leak or
+        an error exits otherwise, and fails the test)."""
+        if cls.daemon.poll() is None:
+            cls.daemon.terminate()
+            cls.daemon.wait(timeout=60)
+        cls.log.close()
+        with open(os.path.join(cls.tmp, "serve.log")) as f:
+            log = f.read()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        if cls.daemon.returncode != 0:
+            raise AssertionError("canopy serve exited %d; its log ends:\n%s"
+                                 % (cls.daemon.returncode, log[-4000:]))
+
+    def v1(self, model, instances, options):
+        body = dict(options, instances=instances)
+        st, r = self.c.call("POST", "/v1/models/%s/infer" % model, body)
+        self.assertEqual(st, 200, r)
+        return r
+
+    def meta(self, model):
+        st, m = self.c.call("GET", "/v2/models/" + model)
+        self.assertEqual(st, 200, m)
+        return m
+
+    def assert_error(self, st_body, status, *words):
+        st, body = st_body
+        self.assertEqual(st, status, body)
+        self.assertEqual(list(body), ["error"], body)
+        self.assertIsInstance(body["error"], str)
+        for w in words:
+            self.assertIn(w, body["error"])
+
+    # ---- metadata ------------------------------------------------------
+
+    def test_server_metadata(self):
+        st, m = self.c.call("GET", "/v2")
+        self.assertEqual(st, 200)
+        self.assertEqual(m["name"], "canopy")
+        self.assertIsInstance(m["version"], str)
+        self.assertIn("model_repository", m["extensions"])
+
+    def test_model_metadata(self):
+        want = {
+            "treelstm": ["LOGITS", "LABEL", "HIDDEN", "OFFSETS"],
+            "mvrnn": ["LOGITS", "LABEL", "HIDDEN", "OFFSETS"],
+            "tagger": ["LOGITS", "LABEL", "HIDDEN", "OFFSETS"],
+            "crf": ["LOGITS", "LABEL", "PATH_SCORE", "HIDDEN", "OFFSETS"],
+            "latticelstm": ["LOGITS", "LABEL", "HIDDEN", "OFFSETS"],
+            "latticegru": ["LOGITS", "LABEL", "HIDDEN"],
+            "nmt": ["OUTPUT_TOKENS", "HIDDEN", "OFFSETS"],
+            "cells-bilstm": ["LOGITS", "LABEL", "HIDDEN", "OFFSETS"],
+        }
+        for model, names in want.items():
+            m = self.meta(model)
+            info = self.c.call("GET", "/v1/models/" + model)[1]
+            self.assertEqual(m["name"], model)
+            self.assertEqual(m["versions"], [info["version"]])
+            self.assertEqual(m["platform"], "canopy_" + info["family"])
+            self.assertEqual(m["inputs"], [{"name": "INSTANCE",
+                                            "datatype": "BYTES",
+                                            "shape": [-1]}])
+            self.assertEqual([o["name"] for o in m["outputs"]], names, model)
+            for o in m["outputs"]:
+                if o["name"] == "LOGITS":
+                    self.assertEqual(o["shape"], [-1, info["classes"]])
+                    self.assertEqual(o["datatype"], "FP32")
+                elif o["name"] == "OFFSETS":
+                    self.assertEqual(o["datatype"], "INT64")
+            # the version in the path: the one serving, or 404
+            st, mv = self.c.call("GET", "/v2/models/%s/versions/%s"
+                                 % (model, info["version"]))
+            self.assertEqual((st, mv), (200, m))
+            self.assert_error(self.c.call(
+                "GET", "/v2/models/%s/versions/0000" % model), 404,
+                "no version '0000'", info["version"])
+
+    def test_metadata_widths_are_the_answers(self):
+        """HIDDEN's and LOGITS' widths in the metadata are those the
+        answers have, for every model (bilstm and bisequence cells read
+        both ways: twice "hidden")."""
+        for model in list(MODELS) + list(CELL_MODELS):
+            widths = {o["name"]: o["shape"][1:]
+                      for o in self.meta(model)["outputs"]}
+            st, r = self.c.infer(model, self.inputs[model][:2],
+                                 dict(MODELS.get(model, (0, 0, 0, {}))[3],
+                                      return_hidden=True))
+            self.assertEqual(st, 200, r)
+            for t in r["outputs"]:
+                self.assertEqual(t["shape"][1:], widths[t["name"]],
+                                 (model, t["name"]))
+
+    # ---- inference against /v1 -----------------------------------------
+
+    def check_family(self, model, options):
+        insts = self.inputs[model]
+        ref = self.v1(model, insts, options)
+        st, r = self.c.infer(model, insts, options, request_id="req-" + model)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["id"], "req-" + model)
+        self.assertEqual(r["model_name"], model)
+        self.assertEqual(r["model_version"], ref["model_version"])
+        m = self.meta(model)
+        per = split(r, len(insts), per_row_names(
+            m["parameters"]["family"], m["parameters"]["input"], options))
+        for i, (got, v1) in enumerate(zip(per, ref["outputs"])):
+            self.assertEqual(got, expected(v1), "%s instance %d" % (model, i))
+        for t in r["outputs"]:
+            self.assertEqual(t["datatype"],
+                             {"LOGITS": "FP32", "HIDDEN": "FP32",
+                              "PATH_SCORE": "FP32", "LABEL": "BYTES",
+                              "OUTPUT_TOKENS": "BYTES",
+                              "OFFSETS": "INT64"}[t["name"]])
+        return r
+
+    def test_every_family_equals_v1(self):
+        for model, (_, _, _, options) in MODELS.items():
+            for hidden in (False, True):
+                with self.subTest(model=model, hidden=hidden):
+                    opts = dict(options, return_hidden=hidden)
+                    r = self.check_family(model, opts)
+                    names = [t["name"] for t in r["outputs"]]
+                    self.assertEqual("HIDDEN" in names, hidden)
+        for model in CELL_MODELS:
+            with self.subTest(model=model):
+                self.check_family(model, {"return_hidden": True})
+
+    def test_tree_root_and_all(self):
+        """outputs "root": LOGITS [N, C], no OFFSETS; "all": every node in
+        pre-order, LOGITS [total, C] with OFFSETS [N + 1]."""
+        insts = self.inputs["treelstm"]
+        st, r = self.c.infer("treelstm", insts)
+        shapes = {t["name"]: t["shape"] for t in r["outputs"]}
+        self.assertEqual(shapes, {"LOGITS": [N, 5], "LABEL": [N]})
+        st, r = self.c.infer("treelstm", insts, {"outputs": "all"})
+        t = {t["name"]: t for t in r["outputs"]}
+        ref = self.v1("treelstm", insts, {"outputs": "all"})["outputs"]
+        nodes = [len(o["nodes"]) for o in ref]
+        offs = [0]
+        for k in nodes:
+            offs.append(offs[-1] + k)
+        self.assertEqual(t["OFFSETS"]["data"], offs)
+        self.assertEqual(t["OFFSETS"]["shape"], [N + 1])
+        self.assertEqual(t["LOGITS"]["shape"], [offs[-1], 5])
+        self.assertEqual(t["LABEL"]["shape"], [offs[-1]])
+        self.check_family("treelstm", {"outputs": "all",
+                                       "return_hidden": True})
+
+    def test_tagger_rows_and_offsets(self):
+        insts = self.inputs["tagger"]
+        st, r = self.c.infer("tagger", insts)
+        t = {t["name"]: t for t in r["outputs"]}
+        lens = [len(i["tokens"]) for i in insts]
+        self.assertEqual(t["OFFSETS"]["data"],
+                         [sum(lens[:k]) for k in range(N + 1)])
+        self.assertEqual(t["LOGITS"]["shape"], [sum(lens), 5])
+        self.assertEqual(t["LABEL"]["shape"], [sum(lens)])
+
+    def test_decoder_tokens(self):
+        insts = self.inputs["nmt"]
+        opts = {"max_decode_len": 8, "return_hidden": True}
+        st, r = self.c.infer("nmt", insts, opts)
+        t = {t["name"]: t for t in r["outputs"]}
+        ref = self.v1("nmt", insts, opts)["outputs"]
+        flat = [tok for o in ref for tok in o["output_tokens"]]
+        self.assertEqual(t["OUTPUT_TOKENS"]["data"], flat)
+        self.assertEqual(t["OUTPUT_TOKENS"]["shape"], [len(flat)])
+        self.assertEqual(t["HIDDEN"]["shape"], [N, 8])
+        self.assertEqual(t["OFFSETS"]["data"][-1], len(flat))
+
+    def test_version_in_the_path(self):
+        v = self.meta("tagger")["versions"][0]
+        insts = self.inputs["tagger"][:2]
+        st, r = self.c.infer("tagger", insts, version=v)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["model_version"], v)
+        self.assertEqual(r["outputs"], self.c.infer("tagger", insts)[1]
+                         ["outputs"])
+        self.assert_error(self.c.infer("tagger", insts, version="v9"), 404,
+                          "no version 'v9'", v)
+        st, b = self.c.call("GET", "/v2/models/tagger/versions/%s/ready" % v)
+        self.assertEqual((st, b["ready"]), (200, True))
+        self.assertEqual(self.c.call(
+            "GET", "/v2/models/tagger/versions/v9/ready")[0], 404)
+        self.assertEqual(self.c.call("GET", "/v2/models/tagger/ready")[0],
+                         200)
+
+    def test_asked_for_outputs(self):
+        insts = self.inputs["tagger"]
+        st, r = self.c.infer("tagger", insts, outputs=["LABEL"])
+        self.assertEqual(st, 200, r)
+        self.assertEqual([t["name"] for t in r["outputs"]],
+                         ["LABEL", "OFFSETS"])
+        # HIDDEN asked for is return_hidden
+        st, r = self.c.infer("treelstm", self.inputs["treelstm"],
+                             outputs=["HIDDEN"])
+        self.assertEqual(st, 200, r)
+        self.assertEqual([t["name"] for t in r["outputs"]], ["HIDDEN"])
+        self.assertEqual(r["outputs"][0]["shape"], [N, 8])
+        self.assert_error(self.c.infer("treelstm", self.inputs["treelstm"],
+                                       outputs=["OUTPUT_TOKENS"]), 400,
+                          "unknown output 'OUTPUT_TOKENS'", "LOGITS")
+
+    def test_concurrent_v1_and_v2_alike(self):
+        """v2 and /v1 requests batched together: every answer the same."""
+        insts = self.inputs["crf"]
+        ref = [self.v1("crf", [i], {})["outputs"][0] for i in insts]
+        bad = []
+
+        def client(k):
+            for j in range(6):
+                i = (k + j) % N
+                if (k + j) % 2:
+                    got = self.v1("crf", [insts[i]], {})["outputs"][0]
+                    ok = got == ref[i]
+                else:
+                    st, r = self.c.infer("crf", [insts[i]])
+                    rows = {"LOGITS", "LABEL", "HIDDEN"}
+                    ok = st == 200 and split(r, 1, rows)[0] == \
+                        expected(ref[i])
+                if not ok:
+                    bad.append((k, j))
+        ts = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(bad, [])
+
+    def test_metrics_count_v2(self):
+        def count():
+            st, _ = self.c.call("GET", "/v2")
+            c = http.client.HTTPConnection("127.0.0.1", self.port)
+            c.request("GET", "/metrics")
+            text = c.getresponse().read().decode()
+            c.close()
+            for line in text.splitlines():
+                if line.startswith('canopy_requests_total{model="latticegru",'
+                                   'status="200"}'):
+                    return int(float(line.split()[-1]))
+            return 0
+        before = count()
+        st, r = self.c.infer("latticegru", self.inputs["latticegru"][:1])
+        self.assertEqual(st, 200, r)
+        self.assertEqual(count(), before + 1)
+
+    # ---- errors --------------------------------------------------------
+
+    def body(self, **tensor):
+        t = {"name": "INSTANCE", "datatype": "BYTES", "shape": [1],
+             "data": [json.dumps(self.inputs["treelstm"][0])]}
+        t.update(tensor)
+        return {"inputs": [t]}
+
+    def post(self, body, model="treelstm"):
+        return self.c.call("POST", "/v2/models/%s/infer" % model, body)
+
+    def test_errors(self):
+        self.assert_error(self.post(self.body(name="TEXT")), 400,
+                          "unknown input 'TEXT'", "INSTANCE")
+        self.assert_error(self.post(self.body(datatype="FP32")), 400,
+                          "datatype FP32", "BYTES")
+        self.assert_error(self.post(b'{"inputs": [{"name": "INSTANCE"'),
+                          400, "not valid JSON")
+        self.assert_error(self.post(self.body(), model="no-such"), 404,
+                          "no-such")
+        self.assert_error(self.post(self.body(shape=[2])), 400,
+                          "shape [2]", "1 elements")
+        self.assert_error(self.post(self.body(shape=[1, 1])), 400,
+                          "shape must be [N]")
+        self.assert_error(self.post(self.body(data=[7])), 400,
+                          "INSTANCE[0] is not a string")
+        self.assert_error(self.post(self.body(data=["{\"tree\": "])), 400,
+                          "INSTANCE[0] is not valid JSON")
+        self.assert_error(self.post(self.body(data=["\"(a b)\""])), 400,
+                          "INSTANCE[0] must hold a JSON object")
+        self.assert_error(self.post({"inputs": []}), 400, "INSTANCE")
+        self.assert_error(self.post(self.body(shape=[0], data=[])), 400,
+                          "empty")
+        self.assert_error(self.post({"id": 3, **self.body()}), 400, "\"id\"")
+        two = self.body(shape=[2], data=[json.dumps({"tree": "(a b)"}),
+                                         json.dumps({"tree": "(a b"})])
+        self.assert_error(self.post(two), 400, "INSTANCE[1]:")
+        self.assert_error(self.post({"inputs": [
+            {"name": "INSTANCE", "datatype": "BYTES", "shape": [1],
+             "data": [json.dumps({"tokens": ["a"]})]}]}), 400,
+            "INSTANCE[0]:", "tree")
+        # /v1's option checks, on the parameters that carry them
+        self.assert_error(self.post(dict(self.body(),
+                                         parameters={"timeout_ms": 0})),
+                          400, "timeout_ms")
+        self.assert_error(self.post(dict(self.body(),
+                                         parameters={"outputs": "some"})),
+                          400, "outputs")
+        self.assert_error(self.post(dict(
+            self.body(), parameters={"binary_data_output": True})),
+            400, "binary")
+        st, _ = self.c.call("GET", "/v2/models/treelstm/infer")
+        self.assertEqual(st, 405)
+
+    def test_limits_as_v1(self):
+        many = 1025  # over max-instances-per-request (1,024)
+        body = self.body(shape=[many],
+                         data=[json.dumps({"tree": "(a b)"})] * many)
+        self.assert_error(self.post(body), 413, "max-instances-per-request")
+        # a tree deeper than max-depth (512), as /v1 refuses it
+        deep = "(a " * 600 + "b" + ")" * 600
+        st, v1 = self.c.call("POST", "/v1/models/treelstm/infer",
+                             {"tree": deep})
+        self.assertEqual(st, 413)
+        self.assert_error(self.post(self.body(
+            data=[json.dumps({"tree": deep})])), 413, "max-depth")
+
+
+if __name__ == "__main__":
+    unittest.main()
