@@ -168,7 +168,7 @@ def verify(conv, args, canopy, model_dir, insts):
     look = Lookup(conv.vocab, args.lowercase)
     cap = min(CHECK_CAP, args.max_decode_len or CHECK_CAP)
     ids = []
-    for k, inst in enumerate(insts):
+    for k, inst in V.each(insts):
         try:
             ids.append([look(t) for t in tokens_of(inst)])
         except ValueError as e:

@@ -277,7 +277,7 @@ def verify(conv, args, canopy, model_dir, insts):
     m = Tagger(conv)
     look = Lookup(conv.vocab, args.lowercase)
     refs = []
-    for k, inst in enumerate(insts):
+    for k, inst in V.each(insts):
         try:
             toks = tokens_of(inst)
         except ValueError as e:
