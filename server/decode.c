@@ -95,6 +95,7 @@ static char *format(session *ss, dreq *q, double now) {
   json_object_set_new(st, "continuous", json_true());
   /* the session's number: its first run's */
   json_object_set_new(st, "run", json_integer((json_int_t)ss->jobs[0]->id));
+  cn__stats_unknown(st, r);
   json_object_set_new(o, "stats", st);
   char *body = json_dumps(o, DUMP_FLAGS);
   json_decref(o);
