@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backends.h"
 #include "canopy_core.h"
@@ -371,9 +373,55 @@ static void chunk_work(void *arg, int thread, void *item) {
   if (notes != NULL) fclose(notes);
 }
 
+/* A progress line on stderr for a long run (issue 37), only when stderr
+ * is a terminal (a log or a pipe reads as before): from `after` seconds
+ * in (1, or $CANOPY_PROGRESS_AFTER_S), at most 4 times a second, '\r'
+ * rewriting it; erased before a note and before the summary line. */
+typedef struct progress {
+  bool tty, shown;
+  double t0, last, after;
+  long long size;  /* the input's bytes when it is a regular file, else 0 */
+  FILE *in;
+} progress;
+
+static void progress_init(progress *p, FILE *in) {
+  memset(p, 0, sizeof(*p));
+  p->tty = isatty(STDERR_FILENO);
+  p->t0 = now_s();
+  p->after = 1.0;
+  const char *a = getenv("CANOPY_PROGRESS_AFTER_S");
+  if (a != NULL && a[0] != '\0') p->after = atof(a);
+  p->in = in;
+  struct stat st;
+  if (fstat(fileno(in), &st) == 0 && S_ISREG(st.st_mode))
+    p->size = (long long)st.st_size;
+}
+
+static void progress_clear(progress *p) {
+  if (p->shown) fputs("\r\033[K", stderr);
+  p->shown = false;
+}
+
+static void progress_show(progress *p, const totals *t) {
+  double now = now_s();
+  if (!p->tty || now - p->t0 < p->after || now - p->last < 0.25) return;
+  p->last = now;
+  char pct[32] = "";
+  long pos = p->size > 0 ? ftell(p->in) : -1;
+  if (pos >= 0)
+    snprintf(pct, sizeof(pct), ", %.0f%% read", 100.0 * (double)pos /
+             (double)p->size);
+  fprintf(stderr, "\r\033[Kcanopy run: %lld instances, %lld errors, "
+          "%.0f/s%s", t->instances, t->errors,
+          (double)t->instances / (now - p->t0), pct);
+  fflush(stderr);
+  p->shown = true;
+}
+
 /* Prints a computed chunk and adds its totals; returns its status. */
-static int chunk_emit(chunk *c, totals *tot) {
+static int chunk_emit(chunk *c, totals *tot, progress *pg) {
   if (c->out != NULL) fwrite(c->out, 1, c->out_len, stdout);
+  if (c->notes != NULL && c->notes_len > 0) progress_clear(pg);
   if (c->notes != NULL) {
     fflush(stdout);
     fwrite(c->notes, 1, c->notes_len, stderr);
@@ -552,6 +600,8 @@ int cn_cmd_run(int argc, char **argv) {
   }
 
   totals tot = {0};
+  progress pg;
+  progress_init(&pg, in);
   double t0 = now_s();
   long long lineno = 0;
   bool failed = false;
@@ -559,8 +609,9 @@ int cn_cmd_run(int argc, char **argv) {
     chunk *c = &cs[seq % n_cs];
     if (seq >= n_cs) { /* the slot's last chunk is the oldest pending */
       chunk *done = cn__pool_take(pool);
-      if (chunk_emit(done, &tot) != 0) failed = true;
+      if (chunk_emit(done, &tot, &pg) != 0) failed = true;
       if (failed) break;
+      progress_show(&pg, &tot);
     }
     int n = chunk_fill(c, in, o.batch, &buf, &cap, &lineno);
     if (n < 0) {
@@ -570,8 +621,11 @@ int cn_cmd_run(int argc, char **argv) {
     if (n <= 0) break;
     cn__pool_submit(pool, c);
   }
-  for (chunk *c; (c = cn__pool_take(pool)) != NULL;)
-    if (!failed && chunk_emit(c, &tot) != 0) failed = true;
+  for (chunk *c; (c = cn__pool_take(pool)) != NULL;) {
+    if (!failed && chunk_emit(c, &tot, &pg) != 0) failed = true;
+    if (!failed) progress_show(&pg, &tot);
+  }
+  progress_clear(&pg);
   double secs = now_s() - t0;
   if (failed) goto out;
   fflush(stdout);

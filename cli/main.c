@@ -3,11 +3,23 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "canopy_version.h"
 #include "cli.h"
 
 #ifndef CANOPY_VERSION
 #define CANOPY_VERSION "dev"
 #endif
+
+/* "canopy 0.1.0 (git e509e55-dirty)": meson's project version and the
+ * checkout's `git describe` at build time (cli/meson.build); empty when
+ * the tree had no .git or git failed. */
+static int version(void) {
+  if (CANOPY_GIT_DESCRIBE[0] != '\0')
+    printf("canopy %s (git %s)\n", CANOPY_VERSION, CANOPY_GIT_DESCRIBE);
+  else
+    printf("canopy %s (not built from a git checkout)\n", CANOPY_VERSION);
+  return 0;
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -35,6 +47,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *cmd = argv[1];
+  /* `canopy serve --version` (what a service manager or an image runs) is
+   * `canopy --version`, whatever the command */
+  for (int i = 2; i < argc; i++)
+    if (strcmp(argv[i], "--version") == 0) return version();
   if (strcmp(cmd, "run") == 0) return cn_cmd_run(argc - 1, argv + 1);
   if (strcmp(cmd, "model") == 0) return cn_cmd_model(argc - 1, argv + 1);
   if (strcmp(cmd, "policy") == 0) return cn_cmd_policy(argc - 1, argv + 1);
@@ -44,10 +60,7 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
-  if (strcmp(cmd, "--version") == 0) {
-    printf("canopy %s\n", CANOPY_VERSION);
-    return 0;
-  }
+  if (strcmp(cmd, "--version") == 0) return version();
   fprintf(stderr, "canopy: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return 1;

@@ -27,7 +27,7 @@ import urllib.parse
 
 
 class CanopyError(Exception):
-    """An error answer: status, the API.md error object, and the request id."""
+    """An error answer: status, the docs/api.md error object, and the request id."""
 
     def __init__(self, status, error, request_id):
         self.status, self.error, self.request_id = status, error, request_id

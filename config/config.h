@@ -55,9 +55,24 @@ typedef struct cn_serve_config {
   bool warmup;             /* each worker runs a version once before it serves */
 } cn_serve_config;
 
+#define CN_CONFIG_MAX_KEYS 128
+
+/* Where a key's value came from: --print-config says it beside each. */
+typedef enum {
+  CN_CFG_FROM_DEFAULT = 0,
+  CN_CFG_FROM_FILE,      /* line: the config file's line                 */
+  CN_CFG_FROM_ENV,       /* CANOPY_<KEY>                                 */
+  CN_CFG_FROM_FLAG       /* --key (or cn_config_set)                     */
+} cn_config_from;
+
 typedef struct cn_config {
+  /* the values */
   cn_limits limits;
   cn_serve_config serve;
+  /* where each key's value came from, by index in cn_config_keys (set by
+   * the parsers below; not a setting) */
+  unsigned char from[CN_CONFIG_MAX_KEYS];
+  int line[CN_CONFIG_MAX_KEYS];
 } cn_config;
 
 typedef enum { CN_CFG_INT, CN_CFG_STRING, CN_CFG_BOOL } cn_config_type;
@@ -88,7 +103,6 @@ int cn_config_set(cn_config *c, const char *name, const char *value,
 /* Flags: as cn_config_set, but a key given as a flag before through the
  * same seen (zeroed by the caller) is refused, as a key set twice in a
  * config file is. */
-#define CN_CONFIG_MAX_KEYS 128
 typedef struct cn_config_flags {
   unsigned char set[CN_CONFIG_MAX_KEYS];
 } cn_config_flags;
@@ -107,5 +121,12 @@ void cn_config_usage_group(FILE *f, const char *group);
 /* Writes a self-documenting config file with every key at its default
  * (config/canopy.conf is this output). */
 void cn_config_write_sample(FILE *f);
+/* Records that name's value came from `from` (a key set outside the
+ * parsers above: serve's --config / CANOPY_CONFIG). */
+void cn_config_mark(cn_config *c, const char *name, cn_config_from from);
+/* Writes c as a config file: every key with its value and, in a comment,
+ * where the value came from (default, the file and line, CANOPY_<KEY>,
+ * --key). A repository-token is not shown, only whether it is set. */
+void cn_config_write_effective(FILE *f, const cn_config *c);
 
 #endif

@@ -171,6 +171,12 @@ const char *cn_instance_form_in(const json_t *o);
  * serves (docs/daemon.md "Warm-up"). New reference; parse it with
  * cn_instance_parse like a request's. */
 json_t *cn_model_warmup_instance(const cn_model *m);
+/* Words of the instance that are not in the model's vocabulary (looked up
+ * as id 0, '<unk>'): tree leaves, sequence tokens, lattice characters, DAG
+ * nodes. Returns how many; writes the first cap positions to pos (may be
+ * NULL): a tree leaf's position among the leaves left to right, a token's,
+ * a character's or a DAG node's index. */
+int cn_instance_unknown(const cn_instance *inst, int32_t *pos, int cap);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object
@@ -241,7 +247,9 @@ typedef struct cn_cell_bench {
 /* Per-instance request options. */
 enum {
   CN_OUT_ALL = 1u << 0,       /* outputs: "all" (every tree node)          */
-  CN_OUT_HIDDEN = 1u << 1     /* return_hidden                              */
+  CN_OUT_HIDDEN = 1u << 1,    /* return_hidden                              */
+  CN_OUT_UNKNOWN = 1u << 2    /* unknown_positions: the daemon's stats list
+                                 them (cn_instance_unknown)                 */
 };
 
 typedef struct cn_run_stats {

@@ -1,19 +1,51 @@
 #!/usr/bin/env bash
-# The main job (README): installs the Debian packages, builds, creates one
-# demo model per family under models/, and runs the daemon on them in the
-# foreground (127.0.0.1:8080 unless CANOPY_PORT / --port say otherwise).
-# Extra arguments go to `canopy serve`. Ctrl-C drains and exits.
+# The README's first command: serves the demo models on 127.0.0.1:8080 in
+# the foreground; Ctrl-C drains and exits. Each step is skipped when it is
+# already done, so a second start takes a moment, not a build:
+#   1. installs the Debian packages building needs, only those missing
+#      (scripts/deps.sh --demo: build-essential meson ninja-build
+#      pkg-config libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev;
+#      apt-get, with sudo unless root). Nothing for the tests or PyTorch:
+#      scripts/test.sh installs those.
+#   2. configures build/ once (meson setup) and brings it up to date
+#      (ninja: nothing to do when no source changed).
+#   3. creates the demo models that are missing (scripts/models.sh) under
+#      models/, which git ignores; FORCE=1 remakes them.
+#   4. runs `canopy serve` on them.
+# Environment:
+#   CANOPY_PORT=P        port to serve on (default 8080)
+#   CANOPY_MODELS_DIR=D  where the demo models are made and served from
+#                        (default models/ in the checkout; relative to it)
+#   CANOPY_BUILD_DIR=B   the build directory to use or make (default build)
+# Extra arguments go to `canopy serve` (scripts/demo.sh --workers 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
-[ -f build/build.ninja ] || meson setup build >/dev/null
-ninja -C build >/dev/null
-scripts/models.sh build
+case "${1:-}" in -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d;s/^# \{0,1\}//'; exit 0;; esac
 port=${CANOPY_PORT:-8080}
+build=${CANOPY_BUILD_DIR:-build}
+models=${CANOPY_MODELS_DIR:-models}
+say() { echo "demo: $*" >&2; }
+scripts/deps.sh --demo
+if [ -f "$build/build.ninja" ]; then
+  say "reusing $build/"
+else
+  say "configuring $build/ (meson setup, once)"
+  meson setup "$build" >/dev/null
+fi
+ninja -C "$build" >&2   # prints what it compiles; nothing has changed: none
+count() { find "$models" -maxdepth 2 -name model.json 2>/dev/null | wc -l; }
+before=$(count || true)
+CANOPY_MODELS_DIR=$models scripts/models.sh "$build" >/dev/null
+after=$(count)
+if [ "$before" -eq "$after" ]; then
+  say "reusing the $after models under $models/ (FORCE=1 scripts/models.sh remakes them)"
+else
+  say "made $((after - before)) demo models under $models/"
+fi
 cat >&2 <<MSG
-canopy: serving $(ls models | tr '\n' ' ')on http://127.0.0.1:$port
+canopy: serving $(ls "$models" | tr '\n' ' ')on http://127.0.0.1:$port (CANOPY_PORT)
   try:  curl -s -d '{"text": "The cat sat on the mat ."}' http://127.0.0.1:$port/v1/models/tagger/infer
         CANOPY_URL=http://127.0.0.1:$port clients/curl-examples.sh
         /usr/bin/python3 clients/loadgen.py --url http://127.0.0.1:$port --model treelstm --input scripts/demo-data/trees-binary.jsonl --concurrency 16 --duration 10
 MSG
-exec build/canopy serve --models-dir models --port "$port" "$@"
+exec "$build/canopy" serve --models-dir "$models" --port "$port" "$@"

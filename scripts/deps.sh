@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages Canopy builds, runs and tests with.
 # Skips apt-get entirely when everything is already installed.
+# usage: scripts/deps.sh [--demo] [EXTRA_PACKAGE ...]
+#   --demo: only what building and serving need (scripts/demo.sh)
 set -euo pipefail
-pkgs=(build-essential meson ninja-build pkg-config
-      libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev
+build_pkgs=(build-essential meson ninja-build pkg-config
+            libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev)
+if [ "${1:-}" = "--demo" ]; then
+  shift
+  pkgs=("${build_pkgs[@]}")
+else
+pkgs=("${build_pkgs[@]}"
       libopenblas0   # scripts/bench/run_bench.py: OpenBLAS sgemm, the peak it compares with
       libcriterion-dev python3 python3-numpy curl
       prometheus     # promtool; the deploy tests' Prometheus server
@@ -11,7 +18,10 @@ pkgs=(build-essential meson ninja-build pkg-config
       systemd        # systemd-analyze, tests/deploy/test_systemd.py
       python3-yaml   # tests/deploy/test_k8s.py
       wrk            # scripts/bench_daemon.sh: the daemon under load
-      python3-torch)  # canopy_torch and canopy-import, and their tests
+      python3-torch   # canopy_torch and canopy-import, and their tests
+      # `pip install ./clients` into a venv, offline (tests/python/test_install.py)
+      python3-venv python3-pip python3-setuptools python3-wheel)
+fi
 pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Creates one demo model per family under models/ (generated, not
-# committed), with vocabularies from the evaluation data beside the
+# Creates one demo model per family under models/ (generated, ignored by
+# git; $CANOPY_MODELS_DIR, the daemon's models-dir variable, puts them
+# elsewhere), with vocabularies from the evaluation data beside the
 # checkout (../shared/data) or the small sample bundled in scripts/.
 # usage: scripts/models.sh [BUILD_DIR]   (idempotent; FORCE=1 rebuilds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 canopy=$build/canopy
+models=${CANOPY_MODELS_DIR:-models}
+mkdir -p "$models"
 data=../shared/data
 [ -f "$data/trees-binary.jsonl" ] || data=scripts/demo-data
 mk() { # family dir data-file [options]
-  local fam=$1 dir=models/$2 src=$data/$3
+  local fam=$1 dir=$models/$2 src=$data/$3
   shift 3
   [ -f "$src" ] || src=scripts/demo-data/$(basename "$src")
   if [ -f "$dir/model.json" ] && [ -z "${FORCE:-}" ]; then return; fi
@@ -35,8 +38,8 @@ fi
 # committed under scripts/demo-models/): served as `tagger` and `phrases`.
 for d in scripts/demo-models/*/; do
   n=$(basename "$d")
-  if [ ! -f "models/$n/model.json" ] || [ -n "${FORCE:-}" ]; then
-    rm -rf "models/$n"
-    cp -r "$d" "models/$n"
+  if [ ! -f "$models/$n/model.json" ] || [ -n "${FORCE:-}" ]; then
+    rm -rf "${models:?}/$n"
+    cp -r "$d" "$models/$n"
   fi
 done

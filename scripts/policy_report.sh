@@ -128,7 +128,7 @@ L = ["# Batching policies: batches against the lower bound", "",
      "models (hidden/embed 64, mvrnn 32); policies learned on the first 200 "
      "lines of each data file in `../shared/data`, every policy run on the "
      "other 200 (held out), `--outputs all`, `--batch 64`. Cells: batches "
-     "launched / lower bound Σ_t depth_t (MODELS.md), summed over the runs. "
+     "launched / lower bound Σ_t depth_t (docs/models.md), summed over the runs. "
      "`fsm-E` is what `canopy run --policy fsm --encoding E` executes: the "
      "learned FSM, or, marked †, the heuristic (named) that launched fewer "
      "batches on the training graphs. `plan` plans each run by beam search "

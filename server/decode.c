@@ -93,6 +93,7 @@ static char *format(session *ss, dreq *q, double now, int *status) {
   json_object_set_new(st, "continuous", json_true());
   /* the session's number: its first run's */
   json_object_set_new(st, "run", json_integer((json_int_t)ss->jobs[0]->id));
+  cn__stats_unknown(st, r);
   if (r->v2) return cn__kserve_answer(r, ss->me, outs, st, status);
   json_t *o = json_object();
   json_object_set_new(o, "model", json_string(ss->me->name));

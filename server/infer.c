@@ -68,7 +68,8 @@ static int check_counts(const cn__server *s, const char *body, size_t len,
 
 /* The answer's envelope beside its outputs (worker.c format_answer):
  * {"model":..,"model_version":..,"outputs":[..],"stats":{..}} with two
- * reals and five integers in "stats". A v2 answer (kserve.c) holds the
+ * reals and six integers in "stats" (unknown_tokens the sixth), and with
+ * unknown_positions its key and brackets. A v2 answer (kserve.c) holds the
  * same values less the per-instance keys, plus its "id", six tensors'
  * names, datatypes and shapes, and an offset an instance. */
 static int64_t envelope_bound(const cn__req *r, const cn__parsed *p) {
@@ -77,7 +78,7 @@ static int64_t envelope_bound(const cn__req *r, const cn__parsed *p) {
   if (r->v2)
     strs += 6 * (int64_t)(p->v2_id ? strlen(p->v2_id) : 0) + 1024 +
             24 * (int64_t)p->n_inst;
-  return 256 + strs;
+  return 320 + strs;
 }
 
 /* Refuses a request whose answer could pass max-answer-bytes: the bound
@@ -89,7 +90,11 @@ static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
   int64_t b = envelope_bound(r, p);
   for (int i = 0; i < p->n_inst; i++)
     b += cn_model_answer_bound(r->me->model, p->inst[i], p->flags,
-                               p->max_decode_len) + 1;
+                               p->max_decode_len) + 1 +
+         /* unknown_positions: [p,...], an int32 and a comma each */
+         ((p->flags & CN_OUT_UNKNOWN)
+              ? 3 + 12 * (int64_t)cn_instance_unknown(p->inst[i], NULL, 0)
+              : 0);
   if (b <= max) return 0;
   return cn_err_set(e, CN_E_TOO_LARGE,
                     "the answer could be %lld bytes (a bound from the "
@@ -186,6 +191,14 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
       goto out;
     }
     if (json_is_true(v)) p->flags |= CN_OUT_HIDDEN;
+  }
+  if ((v = json_object_get(j, "unknown_positions")) != NULL) {
+    if (!json_is_boolean(v)) {
+      rc = cn_err_set(e, CN_E_BAD_INSTANCE,
+                      "\"unknown_positions\" must be a boolean");
+      goto out;
+    }
+    if (json_is_true(v)) p->flags |= CN_OUT_UNKNOWN;
   }
   if ((v = json_object_get(j, "max_decode_len")) != NULL) {
     if (!json_is_integer(v) || json_integer_value(v) < 1 ||

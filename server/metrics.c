@@ -363,7 +363,7 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   counter(&b, "canopy_batches_total",
           "batched vertex launches of all runs", m->batches);
   counter(&b, "canopy_lower_bound_batches_total",
-          "sum over runs of the lower bound on batches (MODELS.md)",
+          "sum over runs of the lower bound on batches (docs/models.md)",
           m->lower_bound);
   head(&b, "canopy_model_batches_total", "counter",
        "batched vertex launches, by model");

@@ -308,12 +308,16 @@ static const char *file_kind(mode_t mode) {
 
 /* A subdirectory of models-dir that looks like a model but cannot be
  * served: its name is too long (CN__NAME_MAX bytes or more: the model's
- * name is its directory's), or its model.json is not a regular file (a
- * directory, a FIFO, a device). Each is a load that failed. */
+ * name is its directory's), its model.json is not a regular file (a
+ * directory, a FIFO, a device), or the daemon cannot reach it (a
+ * directory it may not enter: mkdtemp's 0700 under another user, issue
+ * 37; a dangling symbolic link). Each is a load that failed. A directory
+ * with no model.json at all is no model: only logged (not_model). */
 typedef struct {
   char *name;
-  char why[160];   /* "the directory's name has 130 bytes; ..." */
-  char fix[24];    /* what strict-startup's message tells a person to do */
+  char why[300];   /* "the directory's name has 130 bytes; ..." */
+  char fix[48];    /* what strict-startup's message tells a person to do */
+  bool not_model;  /* no model.json: a warning, not a failed load */
 } unservable;
 
 static void free_unservable(unservable *b, int n) {
@@ -345,13 +349,20 @@ static int list_dirs(cn__server *s, char ***out, unservable **bad,
          n < CN__MAX_MODELS * 4) {
     char p[4400];
     struct stat st;
-    if (de->d_name[0] == '.') continue;
+    /* hidden (a write in progress: canopy-import's .NAME.xxxx), and the
+     * lost+found of a volume's root (root's 0700, never a model) */
+    if (de->d_name[0] == '.' || strcmp(de->d_name, "lost+found") == 0)
+      continue;
     snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
     /* stat follows a symlink to a regular file, and never blocks */
-    if (stat(p, &st) != 0) continue;
+    int serr = stat(p, &st) != 0 ? errno : 0;
+    struct stat ls;
+    bool dangling = serr == ENOENT && lstat(p, &ls) == 0;
+    /* a plain file beside the models (a README) is no directory */
+    if (serr == ENOTDIR) continue;
     size_t len = strlen(de->d_name);
     int cc = control_char(de->d_name);
-    if (len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
+    if (serr == 0 && len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
       names[n++] = strdup(de->d_name);
       continue;
     }
@@ -362,7 +373,19 @@ static int list_dirs(cn__server *s, char ***out, unservable **bad,
     unservable *u = &t[*n_bad];
     if ((u->name = strdup(de->d_name)) == NULL) continue;
     (*n_bad)++;
-    if (len >= CN__NAME_MAX) {
+    u->not_model = false;
+    if (serr == ENOENT && !dangling) {
+      u->not_model = true;
+      snprintf(u->why, sizeof(u->why), "'%.200s' holds no model.json: not "
+               "a model", p);
+      snprintf(u->fix, sizeof(u->fix), "move it out of models-dir");
+    } else if (serr != 0) {
+      snprintf(u->why, sizeof(u->why), "cannot read '%.200s': %s", p,
+               dangling ? "a symbolic link to nothing" : strerror(serr));
+      snprintf(u->fix, sizeof(u->fix), serr == EACCES
+               ? "let the daemon's user read it (chmod 0755 the directory)"
+               : "fix it");
+    } else if (len >= CN__NAME_MAX) {
       snprintf(u->why, sizeof(u->why), "the directory's name has %zu bytes; "
                "a model name has at most %d", len, CN__NAME_MAX - 1);
       snprintf(u->fix, sizeof(u->fix), "rename it");
@@ -389,11 +412,16 @@ static int list_dirs(cn__server *s, char ***out, unservable **bad,
 /* "model=NAME" for the log, a long name cut to 60 bytes and "...", its
  * control characters, quotes and backslashes escaped (one line a record) */
 static void log_unservable(const unservable *u) {
-  char cut[64], esc[260];
+  char cut[64], esc[260], why[620];
   snprintf(cut, sizeof(cut), "%.60s", u->name);
   cn__log_escape(esc, sizeof(esc), cut);
-  CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s%s error=\"%s\"",
-         esc, strlen(u->name) > 60 ? "..." : "", u->why);
+  cn__log_escape(why, sizeof(why), u->why);
+  if (u->not_model)
+    CN_LOG(CN_LOG_WARN, "msg=not-a-model model=%s%s reason=\"%s\"", esc,
+           strlen(u->name) > 60 ? "..." : "", why);
+  else
+    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s%s error=\"%s\"",
+           esc, strlen(u->name) > 60 ? "..." : "", why);
 }
 
 static void free_names(char **names, int n) {
@@ -413,7 +441,7 @@ int cn__repo_load_all(cn__server *s, cn_err *err) {
   /* a directory that cannot be served is a model that failed to load */
   for (int i = 0; i < n_bad; i++) {
     log_unservable(&bad[i]);
-    if (sc->strict_startup && rc == 0)
+    if (sc->strict_startup && rc == 0 && !bad[i].not_model)
       rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: the directory "
                       "'%.60s%s': %s (%s, or set strict-startup false)",
                       bad[i].name, strlen(bad[i].name) > 60 ? "..." : "",
@@ -833,10 +861,11 @@ json_t *cn__repo_index(cn__server *s) {
   int n_bad;
   int n = list_dirs(s, &names, &bad, &n_bad);
   for (int i = 0; n >= 0 && i < n_bad; i++) {
+    if (bad[i].not_model) continue;
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(bad[i].name));
     json_object_set_new(o, "state", json_string("UNAVAILABLE"));
-    char why[200];
+    char why[360];
     snprintf(why, sizeof(why), "%s: %s", bad[i].why, bad[i].fix);
     json_object_set_new(o, "reason", json_string(why));
     json_array_append_new(arr, o);

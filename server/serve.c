@@ -42,8 +42,15 @@ static void serve_usage(FILE *f) {
           "  Model directories:       docs/models.md (families, tensor names, "
           "model.json)\n"
           "  Keys, drain, metrics:    docs/daemon.md\n\n"
-          "  --print-config                print a config file of every key "
-          "at its default\n\ndaemon:\n");
+          "  --print-config                print the effective configuration "
+          "(defaults < file <\n"
+          "                                environment < flags) as a config "
+          "file, each value\n"
+          "                                with its source, and exit\n"
+          "  --print-sample-config         print the self-documenting config "
+          "file of every key\n"
+          "                                at its default "
+          "(config/canopy.conf)\n\ndaemon:\n");
   cn_config_usage_group(f, "serve");
   fprintf(f, "input limits:\n");
   cn_config_usage_group(f, "limits");
@@ -59,14 +66,19 @@ static int parse_config(int argc, char **argv, cn_config *c) {
   cn_config_flags seen;
   memset(&seen, 0, sizeof(seen));
   int config_flags = 0;
+  bool print = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       serve_usage(stdout);
       return 1;
     }
-    if (strcmp(argv[i], "--print-config") == 0) {
+    if (strcmp(argv[i], "--print-sample-config") == 0) {
       cn_config_write_sample(stdout);
       return 1;
+    }
+    if (strcmp(argv[i], "--print-config") == 0) {
+      print = true;
+      continue;
     }
     const char *v;
     int m = cn__flag_value(argc, argv, &i, "--config", &v);
@@ -79,12 +91,17 @@ static int parse_config(int argc, char **argv, cn_config *c) {
     if (m > 0) file = v;
   }
   if (file != NULL && file[0] != '\0') {
+    snprintf(c->serve.config, sizeof(c->serve.config), "%s", file);
+    cn_config_mark(c, "config", config_flags ? CN_CFG_FROM_FLAG
+                                              : CN_CFG_FROM_ENV);
     if (cn_config_load_file(c, file, &err) != 0) goto bad;
+    /* a `config` line in the file names no other file */
     snprintf(c->serve.config, sizeof(c->serve.config), "%s", file);
   }
   if (cn_config_from_env(c, &err) != 0) goto bad;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
+    if (strcmp(a, "--print-config") == 0) continue;
     if (strncmp(a, "--", 2) != 0) {
       fprintf(stderr, "canopy serve: unexpected argument '%s'\n", a);
       return -1;
@@ -116,6 +133,10 @@ static int parse_config(int argc, char **argv, cn_config *c) {
                "max-body-bytes (%d): a body of the largest size could never "
                "be held", c->serve.max_body_memory, c->serve.max_body_bytes);
     goto bad;
+  }
+  if (print) {
+    cn_config_write_effective(stdout, c);
+    return 1;
   }
   return 0;
 bad:

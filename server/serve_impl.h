@@ -473,6 +473,9 @@ void cn__warmup_abandon(cn__server *s, int worker);
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);
 void cn__workers_push(cn__server *s, cn__job *j);
+/* Adds unknown_tokens (and, asked for, unknown_positions) to an answer's
+ * stats (worker.c; decode.c's answers too). */
+void cn__stats_unknown(json_t *st, const cn__req *r);
 void cn__workers_stop(cn__server *s);
 void cn__job_free(cn__job *j);
 /* A worker hands a job back to the loop (the done queue). */

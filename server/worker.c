@@ -54,6 +54,30 @@ void cn__workers_done(cn__server *s, cn__job *j) {
 /* The request's answer. An instance whose output holds a non-finite value
  * (JSON has no NaN) fails its request with 500 non_finite, naming the
  * instance and field; the run's other requests are answered as usual. */
+/* stats.unknown_tokens: the request's words that are not in the model's
+ * vocabulary (read as '<unk>', issue 37: a client learns that its
+ * tokenisation or casing does not match the model's); with
+ * "unknown_positions": true, stats.unknown_positions lists them, one
+ * array an instance (cn_instance_unknown's positions). */
+void cn__stats_unknown(json_t *st, const cn__req *r) {
+  long long total = 0;
+  json_t *all = (r->flags & CN_OUT_UNKNOWN) ? json_array() : NULL;
+  for (int i = 0; i < r->n_inst; i++) {
+    int n = cn_instance_unknown(r->inst[i], NULL, 0);
+    total += n;
+    if (all == NULL) continue;
+    int32_t *pos = n > 0 ? malloc((size_t)n * sizeof(*pos)) : NULL;
+    json_t *a = json_array();
+    if (pos != NULL) cn_instance_unknown(r->inst[i], pos, n);
+    for (int k = 0; pos != NULL && k < n; k++)
+      json_array_append_new(a, json_integer(pos[k]));
+    free(pos);
+    json_array_append_new(all, a);
+  }
+  json_object_set_new(st, "unknown_tokens", json_integer(total));
+  if (all != NULL) json_object_set_new(st, "unknown_positions", all);
+}
+
 static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
                            int *status) {
   json_t *o = json_object();
@@ -90,6 +114,7 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
   json_object_set_new(st, "run", json_integer((json_int_t)j->id));
   json_object_set_new(st, "run_requests", json_integer(j->n));
   json_object_set_new(st, "run_instances", json_integer(j->instances));
+  cn__stats_unknown(st, r);
   if (r->v2) { /* the same outputs as v2 tensors (kserve.c) */
     json_decref(o);
     return cn__kserve_answer(r, j->me, outs, st, status);

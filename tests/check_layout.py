@@ -108,6 +108,11 @@ def scan(root):
                         for base in [d] + [os.path.join(root, i)
                                            for i in INCLUDE_DIRS]:
                             cand = os.path.normpath(os.path.join(base, inc))
+                            # or meson's template of a generated header
+                            # (cli/canopy_version.h.in: vcs_tag)
+                            if not os.path.isfile(cand) and \
+                                    os.path.isfile(cand + ".in"):
+                                cand += ".in"
                             if os.path.isfile(cand):
                                 hit = os.path.relpath(cand, root)
                                 break

@@ -2,6 +2,7 @@
  * every key appears in config/canopy.conf, the file parses, precedence
  * is defaults < file < environment < flags, errors name the key. */
 #include <criterion/criterion.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,7 @@ Test(config, every_key_in_sample) {
   cr_expect_eq(cn_config_load_file(&c, path, &err), 0, "%s", err.msg);
   cn_config dflt;
   cn_config_defaults(&dflt);
-  cr_expect(memcmp(&c, &dflt, sizeof(c)) == 0,
+  cr_expect(memcmp(&c, &dflt, offsetof(cn_config, from)) == 0,
             "the sample's values are not the defaults");
 }
 
@@ -315,4 +316,78 @@ Test(config, byte_order_mark_is_skipped) {
   cr_expect_eq(cn_config_load_file(&c, path, &err), CN_E_BAD_CONFIG);
   cr_expect(strstr(err.msg, ":2:") != NULL, "%s", err.msg);
   remove(path);
+}
+
+/* issue 37 3c: --print-config prints the effective configuration, each
+ * value with where it came from (defaults < file < environment < flags),
+ * as a config file that reads back to the same values; the token is not
+ * printed. --print-sample-config is the self-documenting sample. */
+Test(config, print_config_says_each_source) {
+  const char *bin = getenv("CANOPY_BIN");
+  cr_assert_not_null(bin);
+  char path[] = "/tmp/canopy-conf-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  fprintf(f, "workers 3\n# comment\nmax-delay-us 500\nqueue-depth 7\n"
+          "port 9001\n");
+  fclose(f);
+  char cmd[1024], out[16384];
+  snprintf(cmd, sizeof(cmd), "CANOPY_QUEUE_DEPTH=100 CANOPY_PORT=9002 %s "
+           "serve --config %s --port 9003 --repository-token s3cr3t "
+           "--print-config 2>&1", bin, path);
+  cr_assert_eq(run_cmd(cmd, out, sizeof(out)), 0, "%s", out);
+  char want[4][256];
+  snprintf(want[0], sizeof(want[0]), "\nworkers 3 ");
+  snprintf(want[1], sizeof(want[1]), "# config %s:1\n", path);
+  cr_expect(strstr(out, want[0]) != NULL, "%s", out);
+  cr_expect(strstr(out, want[1]) != NULL, "%s", out);
+  static const char *const lines[][2] = {
+      {"\nmax-delay-us 500 ", "config "},
+      {"\nqueue-depth 100 ", "# environment CANOPY_QUEUE_DEPTH\n"},
+      {"\nport 9003 ", "# flag --port\n"},
+      {"\nmax-nodes 4096 ", "# default\n"},
+      {"\n# repository-token (set, not shown) ", "# flag --repository-token"},
+  };
+  for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+    const char *l = strstr(out, lines[i][0]);
+    cr_expect(l != NULL, "no line '%s' in %s", lines[i][0] + 1, out);
+    if (l == NULL) continue;
+    const char *eol = strchr(l + 1, '\n');
+    const char *src = strstr(l, lines[i][1]);
+    cr_expect(src != NULL && eol != NULL && src < eol + 1,
+              "line '%s' lacks source '%s'", lines[i][0] + 1, lines[i][1]);
+  }
+  cr_expect(strstr(out, "s3cr3t") == NULL, "the token was printed");
+  /* the output is a config file: it reads back to those values */
+  char back[] = "/tmp/canopy-conf-XXXXXX";
+  fd = mkstemp(back);
+  cr_assert(fd >= 0);
+  f = fdopen(fd, "w");
+  fputs(out, f);
+  fclose(f);
+  cn_config c;
+  cn_config_defaults(&c);
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_eq(cn_config_load_file(&c, back, &err), 0, "%s", err.msg);
+  cr_expect_eq(c.serve.workers, 3);
+  cr_expect_eq(c.serve.queue_depth, 100);
+  cr_expect_eq(c.serve.port, 9003);
+  cr_expect_eq(c.serve.max_delay_us, 500);
+  unlink(back);
+  /* a bad value is still an error, not a printout */
+  snprintf(cmd, sizeof(cmd), "CANOPY_WORKERS=lots %s serve --config %s "
+           "--print-config 2>&1", bin, path);
+  cr_expect_eq(run_cmd(cmd, out, sizeof(out)), 1, "%s", out);
+  cr_expect(strstr(out, "CANOPY_WORKERS workers: 'lots'") != NULL, "%s", out);
+  unlink(path);
+  /* the sample is config/canopy.conf, byte for byte */
+  snprintf(cmd, sizeof(cmd), "%s serve --print-sample-config", bin);
+  static char sample[65536];
+  cr_assert_eq(run_cmd(cmd, sample, sizeof(sample)), 0);
+  const char *conf = getenv("CANOPY_CONF_SAMPLE");
+  cr_assert_not_null(conf);
+  cr_expect_str_eq(sample, slurp(conf), "config/canopy.conf is not "
+                   "`canopy serve --print-sample-config`: regenerate it");
 }

@@ -260,3 +260,72 @@ Test(serve_outputs, non_finite_output_is_an_error, .fini = teardown,
   cr_expect(strstr(line, "\"non_finite\"") != NULL, "%s", line);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* issue 37 3d: every /v1 answer says how many of its words the model did
+ * not know (stats.unknown_tokens: read as '<unk>'), and where with
+ * "unknown_positions": true: one array an instance, a tree's leaves
+ * counted left to right. Trees, a tagger's tokens, and lstm-nmt, whose
+ * answers come from the continuous decoder (decode.c). */
+static json_t *post_json(const char *model, const char *body, int want) {
+  char path[128];
+  snprintf(path, sizeof(path), "/v1/models/%s/infer", model);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", path, body, NULL, &r), 0);
+  cr_assert_eq(r.status, want, "%s: %d %s", body, r.status, r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_assert_not_null(j, "%s", r.body);
+  th_resp_free(&r);
+  return j;
+}
+
+Test(serve_outputs, unknown_tokens, .fini = teardown, .timeout = 60) {
+  th_models(&d, (const char *const[]){"treelstm", "bilstm-tagger", NULL});
+  char cmd[1400]; /* th_models' lstm-nmt has a vocabulary of trees: none */
+  snprintf(cmd, sizeof(cmd), "%s model init lstm-nmt %s/models/nmt "
+           "--vocab-from %s/sequences.jsonl >/dev/null 2>&1", th_bin(),
+           d.dir, th_data());
+  cr_assert_eq(system(cmd), 0, "%s", cmd);
+  th_start(&d, NULL);
+  json_t *j = post_json("treelstm", "{\"instances\": ["
+                        "{\"tree\": \"(S (W zzqx) (S (W your) (W qqqz)))\"},"
+                        "{\"tree\": \"(S (W your) (W dreams))\"}],"
+                        "\"unknown_positions\": true}", 200);
+  json_t *st = json_object_get(j, "stats");
+  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 2);
+  char *pos = json_dumps(json_object_get(st, "unknown_positions"),
+                         JSON_COMPACT);
+  cr_expect_str_eq(pos, "[[0,2],[]]");
+  free(pos);
+  json_decref(j);
+  /* without the option: the count only */
+  j = post_json("bilstm-tagger", "{\"tokens\": [\"zzqx\", \"your\", "
+                "\"QQQZ\", \"dreams\"]}", 200);
+  st = json_object_get(j, "stats");
+  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 2);
+  cr_expect_null(json_object_get(st, "unknown_positions"));
+  json_decref(j);
+  j = post_json("bilstm-tagger", "{\"tokens\": [\"your\", \"dreams\"], "
+                "\"unknown_positions\": true}", 200);
+  st = json_object_get(j, "stats");
+  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 0);
+  pos = json_dumps(json_object_get(st, "unknown_positions"), JSON_COMPACT);
+  cr_expect_str_eq(pos, "[[]]");
+  free(pos);
+  json_decref(j);
+  j = post_json("nmt", "{\"tokens\": [\"your\", \"zzqx\"], "
+                "\"unknown_positions\": true}", 200);
+  st = json_object_get(j, "stats");
+  cr_expect(json_is_true(json_object_get(st, "continuous")));
+  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 1);
+  pos = json_dumps(json_object_get(st, "unknown_positions"), JSON_COMPACT);
+  cr_expect_str_eq(pos, "[[1]]");
+  free(pos);
+  json_decref(j);
+  j = post_json("treelstm", "{\"tree\": \"(S (W a) (W b))\", "
+                "\"unknown_positions\": 1}", 400);
+  cr_expect(strstr(json_string_value(json_object_get(
+                       json_object_get(j, "error"), "message")),
+                   "unknown_positions") != NULL);
+  json_decref(j);
+  cr_expect_eq(th_stop(&d), 0);
+}

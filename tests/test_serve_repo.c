@@ -323,3 +323,82 @@ Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
 }
+
+/* issue 37 3a: a subdirectory the daemon cannot read is reported, not
+ * skipped in silence: its model.json a dangling symbolic link or a link
+ * loop (and, when not root, a 0700 directory of another mode's making:
+ * chmod 000), each in the log with its path and reason, UNAVAILABLE with
+ * a reason in the index, and a start-up failure under strict-startup. A
+ * directory with no model.json at all is a warning in the log only. */
+Test(repo, unreadable_directories_reported, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  char p[600];
+  snprintf(p, sizeof(p), "%s/models/dangling", d.dir);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  snprintf(p, sizeof(p), "%s/models/dangling/model.json", d.dir);
+  cr_assert_eq(symlink("gone.json", p), 0);
+  snprintf(p, sizeof(p), "%s/models/loop", d.dir);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  snprintf(p, sizeof(p), "%s/models/loop/model.json", d.dir);
+  cr_assert_eq(symlink("model.json", p), 0);
+  snprintf(p, sizeof(p), "%s/models/empty", d.dir);
+  cr_assert_eq(mkdir(p, 0755), 0);
+  bool root = geteuid() == 0; /* root enters a 000 directory */
+  if (!root) {
+    sh("cp -r %s/models/treelstm %s/models/private", d.dir, d.dir);
+    sh("chmod 000 %s/models/private%s", d.dir, "");
+  }
+  /* strict-startup (the default): start-up fails naming the directory */
+  char cmd[1200], err[400];
+  snprintf(err, sizeof(err), "%s/strict.err", d.dir);
+  snprintf(cmd, sizeof(cmd), "timeout 30 %s serve --models-dir %s/models "
+           "--port 0 2>%s", th_bin(), d.dir, err);
+  int st = system(cmd);
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
+  char *e = th_read_file(err);
+  cr_assert_not_null(e);
+  cr_expect(strstr(e, "the directory 'dangling'") != NULL, "%s", e);
+  cr_expect(strstr(e, "strict-startup false") != NULL, "%s", e);
+  free(e);
+  const char *flags[] = {"--strict-startup", "false", NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/index", NULL, NULL,
+                       &r), 0);
+  json_error_t je;
+  json_t *idx = json_loads(r.body, 0, &je);
+  cr_assert_not_null(idx, "%s", r.body);
+  const char *want[] = {"dangling", "loop", root ? NULL : "private", NULL};
+  for (int w = 0; want[w] != NULL; w++) {
+    json_t *hit = NULL, *o;
+    size_t i;
+    json_array_foreach(idx, i, o) {
+      if (strcmp(json_string_value(json_object_get(o, "name")), want[w]) == 0)
+        hit = o;
+    }
+    cr_assert_not_null(hit, "%s not in the index: %s", want[w], r.body);
+    cr_expect_str_eq(json_string_value(json_object_get(hit, "state")),
+                     "UNAVAILABLE");
+    const char *why = json_string_value(json_object_get(hit, "reason"));
+    cr_expect(why != NULL && strstr(why, "cannot read") != NULL &&
+              strstr(why, want[w]) != NULL, "%s: %s", want[w], why);
+  }
+  cr_expect(strstr(r.body, "\"empty\"") == NULL, "%s", r.body);
+  cr_expect(strstr(r.body, "Too many levels of symbolic links") != NULL,
+            "%s", r.body);
+  cr_expect(strstr(r.body, "a symbolic link to nothing") != NULL, "%s",
+            r.body);
+  json_decref(idx);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+  if (!root) sh("chmod 755 %s/models/private%s", d.dir, "");
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "level=warn msg=not-a-model model=empty") != NULL,
+            "%s", log);
+  cr_expect(strstr(log, "models/loop/model.json") != NULL, "%s", log);
+  cr_expect(strstr(log, "msg=model-load-failed model=dangling") != NULL,
+            "%s", log);
+  free(log);
+}

@@ -18,6 +18,11 @@ of words) are written as files next to model.json.
 Nothing is written half: the directory is assembled under a temporary
 name beside ``out_dir`` and renamed into place at the end (an existing
 ``out_dir`` is replaced only then).
+
+The directory is 0755 and its files 0644 whatever the umask, as ``cp -r``
+of a model would make them: a daemon running as another user (systemd's
+DynamicUser, a container's) must read them, and ``tempfile.mkdtemp``
+alone gave 0700, which such a daemon cannot enter (issue 37).
 """
 import json
 import os
@@ -26,7 +31,9 @@ import tempfile
 
 from .safetensors import save_file
 
-__all__ = ["write_model_dir", "FAMILIES"]
+__all__ = ["write_model_dir", "FAMILIES", "DIR_MODE", "FILE_MODE"]
+
+DIR_MODE, FILE_MODE = 0o755, 0o644
 
 FAMILIES = ("treelstm", "treelstm-2type", "treegru", "childsum-treelstm",
             "mvrnn", "bilstm-tagger", "lstm-nmt", "latticelstm", "latticegru")
@@ -120,6 +127,9 @@ def write_model_dir(out_dir, family, tensors, *, vocab, hidden=None,
         with open(os.path.join(tmp, "model.json"), "w",
                   encoding="utf-8") as f:
             f.write(_pretty(meta) + "\n")
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), FILE_MODE)
+        os.chmod(tmp, DIR_MODE)
         if os.path.isdir(out_dir):
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

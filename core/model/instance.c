@@ -168,6 +168,21 @@ out:
   return 0;
 }
 
+int cn_instance_unknown(const cn_instance *in, int32_t *pos, int cap) {
+  int n = 0, word = 0;
+  for (int32_t i = 0; i < in->n; i++) {
+    /* a tree's internal nodes read row 0 too, but hold no word */
+    if (in->kind == CN_INPUT_TREE && in->tree.nodes[i].n_children > 0)
+      continue;
+    if (in->ids[i] == 0) {
+      if (pos != NULL && n < cap) pos[n] = word;
+      n++;
+    }
+    word++;
+  }
+  return n;
+}
+
 void cn_instance_free(cn_instance *in) {
   if (in == NULL) return;
   cn_tree_free(&in->tree);

@@ -212,6 +212,16 @@ def build_stage(procs, src):
     for x in ["canopy"] + names:
         check(os.access(os.path.join(prefix, "bin", x), os.X_OK),
               f"installed tree: bin/{x} missing")
+    # issue 37 3e: the context has no .git (nor the build stage git), and
+    # the build still says which version it is, and that it has no commit
+    with open(os.path.join(src, "meson.build")) as f:
+        pv = re.search(r"version\s*:\s*'([^']+)'", f.read()).group(1)
+    for argv in (["--version"], ["serve", "--version"]):
+        r = subprocess.run([os.path.join(prefix, "bin", "canopy")] + argv,
+                           capture_output=True, text=True)
+        check(r.returncode == 0 and r.stdout == f"canopy {pv} (not built "
+              "from a git checkout)\n", f"installed canopy {argv}: "
+              f"{r.returncode} {r.stdout!r} {r.stderr!r}")
     check(re.search(r"^USER \d+", runtime, re.M), "USER should be numeric")
     cache = re.search(r"CANOPY_POLICY_CACHE=(\S+)", runtime)
     check(cache and re.search(rf"chown -R \S+ {os.path.dirname(cache.group(1))}",

@@ -60,7 +60,7 @@ def subset(sel, labels, what):
 
 
 def daemon_keys():
-    out = subprocess.run([canopy_bin(), "serve", "--print-config"],
+    out = subprocess.run([canopy_bin(), "serve", "--print-sample-config"],
                          capture_output=True, text=True, check=True).stdout
     keys = set()
     for line in out.splitlines():
@@ -68,7 +68,7 @@ def daemon_keys():
         if m and not line.startswith("# ---"):
             keys.add(m.group(1))
     check("drain-grace-ms" in keys and "models-dir" in keys,
-          f"cannot read keys from --print-config: {sorted(keys)[:10]}")
+          f"cannot read keys from --print-sample-config: {sorted(keys)[:10]}")
     return keys
 
 

@@ -563,6 +563,75 @@ class TestEngineMadeModels(EngineCase):
                         self.compare_any(m, mo, co, f"engine-made {family} instance {i}")
 
 
+
+class TestModes(unittest.TestCase):
+    """issue 37 3a: a model directory written by canopy_torch.save,
+    save_cells or canopy-import is 0755 with 0644 files, whatever the
+    umask (tempfile.mkdtemp made it 0700: a daemon running as another
+    user could not enter it). Written here under umask 077, the strictest
+    a user may have, so the modes cannot come from the umask."""
+
+    def assert_modes(self, d):
+        import stat
+        self.assertEqual(stat.S_IMODE(os.stat(d).st_mode), 0o755, d)
+        names = sorted(os.listdir(d))
+        self.assertIn("model.json", names)
+        self.assertIn("weights.safetensors", names)
+        for n in names:
+            m = stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)
+            self.assertEqual(m, 0o644, f"{d}/{n}: {oct(m)}")
+
+    def test_written_dirs_are_0755_files_0644(self):
+        old = os.umask(0o077)
+        tmp = tempfile.mkdtemp(prefix="canopy-modes-")
+        try:
+            vocab = ["<unk>", "a", "b"]
+            m = ct.TreeLSTM(vocab, hidden=4, embed=4, classes=2)
+            self.assert_modes(ct.save(m, os.path.join(tmp, "saved")))
+            leaf, internal = torch.nn.Linear(4, 4), torch.nn.Linear(8, 4)
+            d = ct.save_cells(os.path.join(tmp, "cells"), "tree",
+                              {"leaf": _Leaf(leaf), "internal":
+                               _Internal(internal)}, state=4,
+                              output=torch.nn.Linear(4, 2),
+                              embed=torch.nn.Embedding(3, 4), vocab=vocab)
+            self.assert_modes(d)
+            ckpt = os.path.join(tmp, "ckpt.pt")
+            torch.save(m.state_dict(), ckpt)
+            vfile = os.path.join(tmp, "vocab.txt")
+            with open(vfile, "w") as f:
+                f.write("\n".join(vocab) + "\n")
+            out = os.path.join(tmp, "imported")
+            p = subprocess.run(
+                [sys.executable, os.path.join(ROOT, "clients",
+                                              "canopy-import"),
+                 "canopy", ckpt, out, "--vocab", vfile, "--canopy", BIN],
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("(verified)", p.stderr)
+            self.assert_modes(out)
+        finally:
+            os.umask(old)
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Leaf(torch.nn.Module):
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class _Internal(torch.nn.Module):
+    def __init__(self, lin):
+        super().__init__()
+        self.lin = lin
+
+    def forward(self, s1, s2):
+        return torch.tanh(self.lin(torch.cat([s1, s2], -1)))
+
 def tearDownModule():
     if MAXDIFF:
         sys.stderr.write("\nmax |module - canopy| per family: " + ", ".join(

@@ -468,6 +468,32 @@ class TestTorchTagger(ImportTest):
                                    "lstm.weight_ih_l0_reverse")
         self.assertIn("bidirectional=True", err)
 
+    def gru_tagger(self, name):
+        """nn.Embedding + bidirectional nn.GRU + nn.Linear: the keys of an
+        LSTM tagger, with 3 gate blocks instead of 4."""
+        m = self.model()
+        g = S.randomize(torch.nn.GRU(6, 8, bidirectional=True), 2)
+        sd = {k: v for k, v in m.state_dict().items()
+              if not k.startswith("lstm.") and not k.startswith("hidden2")}
+        sd.update({name + "." + k: v for k, v in g.state_dict().items()})
+        sd["hidden2tag.weight"] = torch.randn(5, 16)
+        sd["hidden2tag.bias"] = torch.randn(5)
+        return sd
+
+    def test_gru_named_as_gru(self):
+        """issue 37 3b: 3H = 24 rows were read as 4H (H = 6), and the error
+        was a shape mismatch or "found no nn.Linear ([T, 12] with bias)";
+        now it names the GRU it found and the LSTM the format takes."""
+        for name in ("gru", "lstm"):
+            out = self.path("out")
+            rc, err = self.importer("torch-tagger", self.save(self.gru_tagger(
+                name)), out)
+            self.assertEqual(rc, 2, err)
+            self.assertIn(f"'{name}' is an nn.GRU", err)
+            self.assertIn("takes an nn.LSTM", err)
+            self.assertNotIn("found no nn.Linear", err)
+            self.assertFalse(os.path.exists(out))
+
     def crf_binary(self):
         b = crf_binary(self)
         if b is None:

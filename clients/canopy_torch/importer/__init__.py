@@ -100,7 +100,7 @@ def build_parser():
                    help="canopy binary to verify with (default $CANOPY_BIN, "
                    "else <repo>/build/canopy, else canopy on PATH)")
     g.add_argument("--check", metavar="FILE.jsonl",
-                   help="inputs (API.md instances) to verify on")
+                   help="inputs (instances of docs/api.md) to verify on")
     g.add_argument("--no-check", action="store_true",
                    help="write without verifying")
     g.add_argument("--tolerance", type=float, default=1e-4,

@@ -214,7 +214,7 @@ def verify(conv, args, canopy, model_dir, insts):
 
     if fam in TREES:
         refs = []
-        for k, inst in enumerate(insts):
+        for k, inst in V.each(insts):
             out = run(inst, k)
             tree = data.instance_to_input(fam, inst, mod)[0]
             refs.append({"logits": out["logits"].tolist(),
@@ -227,7 +227,7 @@ def verify(conv, args, canopy, model_dir, insts):
         return rep, V.tree_suspects(rep, names)
     if fam == "bilstm-tagger":
         refs = []
-        for k, inst in enumerate(insts):
+        for k, inst in V.each(insts):
             out = run(inst, k)
             refs.append({"logits": out["logits"].tolist(),
                          "h": out["h"].tolist(), "H": conv.H,

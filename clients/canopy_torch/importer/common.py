@@ -190,6 +190,36 @@ def dim_of(sd, key, axis, fmt, what, ndim=None, divisor=1):
     return n // divisor
 
 
+# torch's recurrent layers by their gate count: weight_hh_l0 is [G*H, H]
+RECURRENT = {4: "nn.LSTM", 3: "nn.GRU", 1: "nn.RNN"}
+
+
+def check_recurrent(sd, prefix, fmt, want="nn.LSTM"):
+    """The recurrent layer at prefix (keys PREFIX.weight_hh_l0 ...) must be
+    a `want`: nn.LSTM, nn.GRU and nn.RNN share their key names and differ
+    only in the gate blocks of weight_hh_l0 ([4H, H], [3H, H], [H, H]). A
+    GRU handed to an LSTM format would otherwise fail later and far away
+    ("found no nn.Linear [T, 2H]" with a wrong H), so the layer found is
+    named here."""
+    t = sd.get(prefix + ".weight_hh_l0")
+    if t is None or t.dim() != 2 or int(t.shape[1]) == 0:
+        return
+    rows, H = int(t.shape[0]), int(t.shape[1])
+    found = RECURRENT.get(rows // H) if rows % H == 0 else None
+    if found == want:
+        return
+    shape = shape_str(t.shape)
+    what = (f"an {found}" if found else
+            f"a recurrent layer of {rows / H:g} gate blocks")
+    raise ImportFailure(
+        f"{fmt}: '{prefix}' is {what} ({prefix}.weight_hh_l0 {shape} = "
+        f"[{rows // H if rows % H == 0 else rows}*H, H], H={H}); "
+        f"the {fmt} format takes an {want} (weight_hh_l0 "
+        f"[{next(g for g, n in RECURRENT.items() if n == want)}*H, H]); "
+        "another cell can be served as a model described by its cells "
+        "(docs/cells.md, canopy_torch.save_cells)")
+
+
 def blocks(t, n):
     """Split rows (axis 0) into n equal consecutive blocks."""
     return list(torch.chunk(t, n, dim=0))

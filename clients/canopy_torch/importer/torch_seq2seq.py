@@ -9,7 +9,8 @@ import re
 
 import torch
 
-from .common import Dim, ImportFailure, KeyCheck, check_rows, dim_of, f32, \
+from .common import Dim, ImportFailure, KeyCheck, check_recurrent, \
+    check_rows, dim_of, f32, \
     read_vocab, sample_sentences, tokens_of, Lookup
 from . import verify as V
 
@@ -28,6 +29,7 @@ One unidirectional layer each; encoder and decoder share H and D.
 
 
 def _lstm_checks(sd, p):
+    check_recurrent(sd, p, NAME)
     for k in sd:
         m = re.match(re.escape(p) + r"\.(weight|bias)_\w\w_l(\d+)(_reverse)?$",
                      k)
@@ -166,7 +168,7 @@ def verify(conv, args, canopy, model_dir, insts):
     look = Lookup(conv.vocab, args.lowercase)
     cap = min(CHECK_CAP, args.max_decode_len or CHECK_CAP)
     ids = []
-    for k, inst in enumerate(insts):
+    for k, inst in V.each(insts):
         try:
             ids.append([look(t) for t in tokens_of(inst)])
         except ValueError as e:

@@ -12,8 +12,8 @@ import re
 
 import torch
 
-from .common import Dim, ImportFailure, KeyCheck, check_rows, dim_of, f32, \
-    read_lines, sample_sentences, tokens_of, Lookup
+from .common import Dim, ImportFailure, KeyCheck, check_recurrent, \
+    check_rows, dim_of, f32, read_lines, sample_sentences, tokens_of, Lookup
 from . import verify as V
 
 NAME = "torch-tagger"
@@ -55,6 +55,7 @@ def find_modules(sd, args):
     lstm = args.lstm or ("lstm" if "lstm.weight_ih_l0" in sd else _one(
         [p for p in _prefixes(sd, ".weight_ih_l0")], "nn.LSTM (a key "
         "'NAME.weight_ih_l0')", "--lstm"))
+    check_recurrent(sd, lstm, NAME)
     for k in sd:
         m = re.match(re.escape(lstm) + r"\.(weight|bias)_\w\w_l(\d+)", k)
         if m and m.group(2) != "0":
@@ -276,7 +277,7 @@ def verify(conv, args, canopy, model_dir, insts):
     m = Tagger(conv)
     look = Lookup(conv.vocab, args.lowercase)
     refs = []
-    for k, inst in enumerate(insts):
+    for k, inst in V.each(insts):
         try:
             toks = tokens_of(inst)
         except ValueError as e:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from .common import EXIT_MISMATCH, ImportFailure
 
@@ -40,6 +41,55 @@ def locate_canopy(opt, script_dir):
         status=EXIT_MISMATCH)
 
 
+class Progress(object):
+    """A progress line on stderr for a long import (issue 37), only when
+    stderr is a terminal (a log or a pipe reads as before): from `after`
+    seconds in (1, or $CANOPY_PROGRESS_AFTER_S, as `canopy run`'s), at
+    most 4 times a second, '\\r' rewriting it; erased by done()."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        try:
+            self.after = float(os.environ.get("CANOPY_PROGRESS_AFTER_S", 1))
+        except ValueError:
+            self.after = 1.0
+        self.t0 = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def show(self, text, force=False):
+        now = time.monotonic()
+        if not self.tty or now - self.t0 < self.after or \
+                (not force and now - self.last < 0.25):
+            return
+        self.last = now
+        self.stream.write("\r\033[Kcanopy-import: " + text)
+        self.stream.flush()
+        self.shown = True
+
+    def done(self):
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+        self.shown = False
+
+
+PROGRESS = Progress()
+
+
+def each(insts, what="the PyTorch reference"):
+    """enumerate(insts), with a progress line (PROGRESS) while it runs."""
+    n = len(insts)
+    for k, inst in enumerate(insts):
+        PROGRESS.show(f"{what}: {k}/{n} instances")
+        yield k, inst
+    PROGRESS.done()
+
+
 def run_canopy(canopy, model_dir, insts, extra=(), timeout=300):
     """One output object per instance (canopy run --outputs all
     --return-hidden)."""
@@ -50,12 +100,14 @@ def run_canopy(canopy, model_dir, insts, extra=(), timeout=300):
                 f.write(json.dumps(inst, ensure_ascii=False) + "\n")
         cmd = [canopy, "run", "--model", model_dir, "--input", path,
                "--outputs", "all", "--return-hidden"] + list(extra)
+        PROGRESS.show(f"canopy run on {len(insts)} instances", force=True)
         try:
             p = subprocess.run(cmd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ImportFailure(f"canopy run failed: {e}", status=EXIT_MISMATCH)
     finally:
+        PROGRESS.done()
         os.unlink(path)
     err = p.stderr.decode("utf-8", "replace").strip()
     if p.returncode != 0 and not p.stdout:
@@ -331,7 +383,7 @@ def verify_trees(conv, canopy, model_dir, insts, tolerance, node_states,
     -> logits. Returns (report, suspects)."""
     from .common import tree_of
     refs = []
-    for k, inst in enumerate(insts):
+    for k, inst in each(insts):
         try:
             t = tree_of(inst)
             hs = node_states(t)
