@@ -28,6 +28,12 @@ static inline uint64_t cn__splitmix64(uint64_t *s) {
 void *cn__xcalloc(size_t n, size_t size);
 void *cn__xrealloc(void *p, size_t n, size_t size);
 
+/* CLOCK_MONOTONIC in seconds, milliseconds, microseconds (util.c): for
+ * durations only (training limits, compile and cell timings). */
+double cn__now_s(void);
+double cn__now_ms(void);
+double cn__now_us(void);
+
 /* The files of a model directory (file.c). cn__open_regular opens path
  * without blocking and checks with fstat that it is a regular file (a
  * symlink to one is fine) of at most max bytes: otherwise err says
