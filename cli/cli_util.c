@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "flags.h"
 
 int cn__flag_value(int argc, char **argv, int *i, const char *name,
                    const char **value) {
