@@ -9,6 +9,6 @@
 int cn_cmd_run(int argc, char **argv);
 int cn_cmd_model(int argc, char **argv);
 int cn_cmd_policy(int argc, char **argv);
-int cn_cmd_serve(int argc, char **argv);
+/* `canopy serve` is the daemon's: server/serve.h. */
 
 #endif

@@ -1,4 +1,5 @@
-/* cli_util.c - flag parsing shared by the subcommands. */
+/* flags.c - flag parsing shared by the subcommands (cli/) and `canopy
+ * serve` (server/serve.c). */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
