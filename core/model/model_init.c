@@ -1,11 +1,11 @@
 /* model_init.c - write a fresh model directory with random weights.
  *
  * `canopy init` and the tests need models without a training pipeline: the
- * vocabulary comes from a JSONL file of API.md instances (or a tiny built-in
- * list), the weights from a deterministic PRNG scaled so activations do not
- * saturate. model.json is removed first and written last (tmp + rename), so
- * a crash part-way leaves a directory that does not load rather than one
- * that loads mismatched files. */
+ * vocabulary comes from a JSONL file of docs/api.md instances (or a tiny
+ * built-in list), the weights from a deterministic PRNG scaled so
+ * activations do not saturate. model.json is removed first and written
+ * last (tmp + rename), so a crash part-way leaves a directory that does not
+ * load rather than one that loads mismatched files. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
