@@ -4,19 +4,11 @@
 #ifndef CANOPY_CLI_H
 #define CANOPY_CLI_H
 
+#include "flags.h" /* the flag helpers the subcommands share */
+
 int cn_cmd_run(int argc, char **argv);
 int cn_cmd_model(int argc, char **argv);
 int cn_cmd_policy(int argc, char **argv);
-int cn_cmd_serve(int argc, char **argv);
-
-/* Small flag helpers shared by the subcommands. */
-/* If argv[*i] is --name, takes argv[*i + 1] as its value (or fails with a
- * message); returns 1 if matched, 0 if not, -1 on a missing value. */
-int cn__flag_value(int argc, char **argv, int *i, const char *name,
-                   const char **value);
-int cn__parse_int(const char *flag, const char *s, long long min,
-                  long long max, long long *out);
-/* The cores this process may run on (its affinity mask, e.g. taskset). */
-int cn__cpu_count(void);
+/* `canopy serve` is the daemon's: server/serve.h. */
 
 #endif

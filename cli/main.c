@@ -5,6 +5,7 @@
 
 #include "canopy_version.h"
 #include "cli.h"
+#include "server/serve.h"
 
 #ifndef CANOPY_VERSION
 #define CANOPY_VERSION "dev"

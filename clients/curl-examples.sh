@@ -27,12 +27,12 @@ run -d '{"text": "the film was good", "max_decode_len": 20}' "$U/v1/models/lstm-
 run -d '{"text": "南京市长江大桥"}' "$U/v1/models/latticelstm/infer" || true
 run -d '{"nodes": [{"token": "a", "prev": []}, {"token": "b", "prev": [0]}]}' "$U/v1/models/latticegru/infer" || true
 # the Open Inference Protocol (KServe v2): metadata, and INSTANCE as BYTES,
-# each element a /v1 instance as a JSON string (API.md)
+# each element a /v1 instance as a JSON string (docs/api.md)
 run "$U/v2"
 run "$U/v2/models/bilstm-tagger"
 run -d '{"id": "demo-2", "inputs": [{"name": "INSTANCE", "datatype": "BYTES", "shape": [1], "data": ["{\"tokens\": [\"the\", \"film\"]}"]}]}' \
   "$U/v2/models/bilstm-tagger/infer" || true
-# errors are JSON objects with a code (API.md)
+# errors are JSON objects with a code (docs/api.md)
 run -d '{"tree": "(3 (2 It)"}' "$U/v1/models/treelstm/infer"
 run -d '{"tree": "(2 a)", "timeout_ms": 1}' "$U/v1/models/treelstm/infer"
 run "$U/metrics" | head -n 20

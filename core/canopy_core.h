@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 /* ---- errors ------------------------------------------------------------
- * One table: enum value, wire code (API.md), HTTP status (the one place it
+ * One table: enum value, wire code (docs/api.md), HTTP status (the one place it
  * is decided), and a default message. libuv UV_ERRNO_MAP style. New codes
  * go at the end: the values are shared with the dlopen'd CUDA module,
  * which may be built apart. */
@@ -156,8 +156,9 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err);
  * refers to the model it was parsed for (which must outlive it). */
 typedef struct cn_instance cn_instance;
 
-/* Parses one INSTANCE object of API.md for model m. index is the instance's
- * position in its request, copied into err->instance on failure. */
+/* Parses one INSTANCE object of docs/api.md for model m. index is the
+ * instance's position in its request, copied into err->instance on
+ * failure. */
 int cn_instance_parse(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, int index, cn_instance **out,
                       cn_err *err);
@@ -165,7 +166,7 @@ void cn_instance_free(cn_instance *inst);
 /* The first key of object o that is an instance's form, of any input kind
  * ("tree", "tokens", "text", "chars", "words", "nodes"); NULL when none. */
 const char *cn_instance_form_in(const json_t *o);
-/* A small synthetic INSTANCE object of m's input kind (API.md), made from
+/* A small synthetic INSTANCE object of m's input kind (docs/api.md), made from
  * m's own vocabularies, that touches every vertex type a real input of
  * that kind touches: what a daemon runs on each worker before a version
  * serves (docs/daemon.md "Warm-up"). New reference; parse it with
@@ -180,7 +181,7 @@ int cn_instance_unknown(const cn_instance *inst, int32_t *pos, int cap);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object
- * (API.md) as the daemon prints it (compact, JSON_REAL_PRECISION(9)), for
+ * (docs/api.md) as the daemon prints it (compact, JSON_REAL_PRECISION(9)), for
  * the request's flags (CN_OUT_*) and max_decode_len (0: the model's):
  * from the model's dimensions, its label and token strings and the
  * instance's size alone, before anything runs (the daemon's
@@ -256,7 +257,7 @@ typedef struct cn_run_stats {
   int instances;
   long long vertices;
   long long batches;      /* batched vertex launches                        */
-  long long lower_bound;  /* sum over types of depth_t (MODELS.md)          */
+  long long lower_bound;  /* sum over types of depth_t (docs/models.md)     */
   size_t arena_bytes;     /* bytes of the run's planned arena               */
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
@@ -307,7 +308,7 @@ int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
                int max_decode_len);
 /* Plans the arena, schedules with the policy, executes every batch. */
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err);
-/* The per-instance output object of API.md (new reference). JSON holds no
+/* The per-instance output object of docs/api.md (new reference). JSON holds no
  * NaN or infinity: a non-finite value the model computed is null there,
  * and cn_output_check finds it. On a device backend the rows it reads
  * live in a host buffer the backend context reuses: read a run's outputs
@@ -319,7 +320,7 @@ json_t *cn_run_output(const cn_run *r, int slot);
 int cn_output_check(const json_t *o, cn_err *err);
 void cn_run_get_stats(const cn_run *r, cn_run_stats *s);
 /* Batches and lower bound of the instance's own vertices alone are not
- * meaningful under batching; API.md reports the run's. */
+ * meaningful under batching; docs/api.md reports the run's. */
 void cn_run_free(cn_run *r);
 
 /* ---- learned batching policies (ED-Batch §2) -----------------------------
@@ -390,7 +391,7 @@ long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
  * of that width. policy[p]: batches of depth, agenda, sufficient,
  * lookahead, lookahead2 and plan (indexed by cn_policy_kind). */
 typedef struct cn_optimum {
-  long long lower_bound; /* Σ_t depth_t (MODELS.md)                       */
+  long long lower_bound; /* Σ_t depth_t (docs/models.md)                  */
   long long lower, upper;
   int exact;
   long long nodes;       /* states the search expanded                    */

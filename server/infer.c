@@ -1,4 +1,4 @@
-/* infer.c - the body of POST /v1/models/{model}/infer (API.md): options
+/* infer.c - the body of POST /v1/models/{model}/infer (docs/api.md): options
  * and instances, validated against the configured limits before anything
  * of the request is queued. A single INSTANCE object (no "instances") is
  * one instance; its option fields sit beside the instance's own. A v2

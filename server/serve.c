@@ -19,9 +19,10 @@
 #include <unistd.h>
 
 #include "backends.h"
-#include "cli.h"
+#include "flags.h"
 #include "notify.h"
 #include "routes.h"
+#include "serve.h"
 #include "serve_impl.h"
 
 double cn__now(void) {

@@ -1,4 +1,4 @@
-/* test_crf.c - the linear-chain CRF of bilstm-tagger (MODELS.md "crf").
+/* test_crf.c - the linear-chain CRF of bilstm-tagger (docs/models.md "crf").
  *
  * The Viterbi decoder against brute force over all C^n tag paths (exact
  * dyadic scores, where ties are common and the tie rule decides, and

@@ -1,6 +1,6 @@
 /* test_sched.c - the batching policies and the lower bound against brute
  * force on small graphs, and the bound on hand-made graphs whose value is
- * known (MODELS.md "Batching granularity"). */
+ * known (docs/models.md "Batching granularity"). */
 #include <criterion/criterion.h>
 #include <stdarg.h>
 #include <stdlib.h>

@@ -1,6 +1,7 @@
 /* test_seq.c - sequences, lattices and DAGs: every validation error, text
  * splitting, lexicon matching against brute force, and tiny hand-checked
- * lattice and DAG cases computed here from MODELS.md in double precision. */
+ * lattice and DAG cases computed here from docs/models.md in double
+ * precision. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* test_serve.c - `canopy serve` end to end over real HTTP: every route,
- * error code and status of API.md, X-Request-Id, limits, 429, 504,
+ * error code and status of docs/api.md, X-Request-Id, limits, 429, 504,
  * client disconnect, drain, and promtool on /metrics. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -19,7 +19,7 @@ static const char *ONE =
 
 static void teardown(void) { th_cleanup(&d); }
 
-/* Checks status and, for errors, the API.md error object and its code. */
+/* Checks status and, for errors, the docs/api.md error object and its code. */
 static void expect(int port, const char *method, const char *path,
                    const char *body, int status, const char *code) {
   th_resp r;

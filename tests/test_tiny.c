@@ -1,5 +1,5 @@
 /* test_tiny.c - one-leaf and two-leaf trees per family against values
- * computed here, in double precision, straight from MODELS.md's equations
+ * computed here, in double precision, straight from docs/models.md's equations
  * and the weights file (independently of the engine's kernels). */
 #include <criterion/criterion.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* test_tree_json.c - the JSON tree parser (core/tree_json.c): API.md's
+/* test_tree_json.c - the JSON tree parser (core/tree_json.c): docs/api.md's
  * examples, errors naming the node, limits, adversarial depth; and the 800
  * real trees of shared/data through both parsers, checked against the
  * numbers the data's README states. */

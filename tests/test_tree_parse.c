@@ -1,5 +1,5 @@
 /* test_tree_parse.c - the bracketed tree parser (core/tree_parse.c) against
- * API.md's examples, every error path with its byte offset, the limits and
+ * docs/api.md's examples, every error path with its byte offset, the limits and
  * adversarial depth; cn_tree_free. The JSON form and the real data are in
  * test_tree_json.c. */
 #include <criterion/criterion.h>
@@ -9,7 +9,7 @@
 
 #include "tree_test_util.h"
 
-/* ---- bracketed: API.md examples and grammar decisions ------------------ */
+/* ---- bracketed: docs/api.md examples and grammar decisions ------------- */
 
 Test(bracketed, api_example_sst) {
   cn_tree t;

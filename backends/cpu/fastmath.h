@@ -8,7 +8,7 @@
  * Cephes degree-6 polynomial for e^r (relative error about 1e-7), scaled by
  * 2^n built in the exponent bits. tanh(x) = 2σ(2x) - 1, whose absolute
  * error stays near float epsilon around 0 (the contract is absolute,
- * MODELS.md: 1e-4).
+ * docs/models.md: 1e-4).
  */
 #ifndef CANOPY_FASTMATH_H
 #define CANOPY_FASTMATH_H

@@ -1,6 +1,6 @@
 """canopy_torch: PyTorch modules for Canopy's model families, and export.
 
-Every family of shared/MODELS.md has an ``nn.Module`` here whose
+Every family of docs/models.md has an ``nn.Module`` here whose
 ``state_dict()`` keys are exactly the family's tensor names, so a model
 trained with it is served by Canopy unchanged: ``canopy_torch.save(module,
 out_dir, vocab=..., labels=...)`` writes the model directory, and

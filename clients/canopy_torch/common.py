@@ -1,5 +1,5 @@
 """Pieces shared by the family modules: named parameter containers, the
-LSTMCell / GRUCell math of MODELS.md, and the base class that carries a
+LSTMCell / GRUCell math of docs/models.md, and the base class that carries a
 module's vocabularies and model.json options."""
 import math
 
@@ -22,7 +22,8 @@ class Params(nn.Module):
 
 
 def split(v, n):
-    """MODELS.md "split (a, b, ...)": n equal consecutive parts of the last dim."""
+    """docs/models.md "split (a, b, ...)": n equal consecutive parts of the
+    last dim."""
     return v.chunk(n, dim=-1)
 
 

@@ -1,4 +1,4 @@
-"""Input handling that matches the Canopy engine (shared/API.md).
+"""Input handling that matches the Canopy engine (docs/api.md).
 
 - ``load_vocab(path)`` / ``Vocab(tokens, lowercase=False)``: id = line
   index, first occurrence wins, an unknown token is id 0 (``<unk>``);
@@ -129,8 +129,8 @@ def _flatten(root):
 
 
 def parse_tree(s):
-    """Parses one bracketed tree (API.md): ``(X w)`` is a leaf labelled X with
-    word w, ``(X child ...)`` an internal node labelled X, a bracket whose
+    """Parses one bracketed tree (docs/api.md): ``(X w)`` is a leaf labelled X
+    with word w, ``(X child ...)`` an internal node labelled X, a bracket whose
     first item is a bracket is unlabelled, a bare word among children is an
     unlabelled leaf. ``(w)``, ``()``, text outside the one top-level tree or
     a string not starting with ``(`` are ValueErrors (with the offset)."""

@@ -1,5 +1,5 @@
 """Model directories <-> modules: ``save``, ``load``, ``from_state_dict``,
-and the tensor names and shapes every family must have (MODELS.md)."""
+and the tensor names and shapes every family must have (docs/models.md)."""
 import json
 import os
 
@@ -34,7 +34,7 @@ def _lstm(prefix, H, D):
 def expected_shapes(family, hidden, embed, classes=None, *, vocab_size,
                     tgt_vocab_size=None, word_vocab_size=None, word_embed=None,
                     matrices=None, crf=False):
-    """Tensor name -> shape (tuple) that ``family`` needs, per MODELS.md."""
+    """Tensor name -> shape (tuple) that ``family`` needs (docs/models.md)."""
     H, D, C, V = int(hidden), int(embed), classes, vocab_size
     if family in ("treelstm", "treelstm-2type"):
         s = {"embed": (V, D), "leaf.W": (3 * H, D), "leaf.b": (3 * H,)}

@@ -1,5 +1,5 @@
-"""Sequence and lattice families of MODELS.md: bilstm-tagger (optionally with
-a CRF), lstm-nmt, latticelstm, latticegru.
+"""Sequence and lattice families of docs/models.md: bilstm-tagger (optionally
+with a CRF), lstm-nmt, latticelstm, latticegru.
 
 These modules take ids (LongTensors) rather than strings; the vocabularies
 they carry turn tokens into ids: ``m.vocab.ids(tokens)``, or

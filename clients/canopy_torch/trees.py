@@ -1,4 +1,4 @@
-"""Tree families of MODELS.md: treelstm, treelstm-2type, treegru,
+"""Tree families of docs/models.md: treelstm, treelstm-2type, treegru,
 childsum-treelstm, mvrnn.
 
 Every tree module takes the vocabulary (a list of tokens, id 0 = ``<unk>``)

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "canopy_core.h"
 
@@ -26,6 +27,12 @@ static inline uint64_t cn__splitmix64(uint64_t *s) {
 /* Checked allocation helpers: NULL on overflow or failure. */
 void *cn__xcalloc(size_t n, size_t size);
 void *cn__xrealloc(void *p, size_t n, size_t size);
+
+/* CLOCK_MONOTONIC in seconds, milliseconds, microseconds (util.c): for
+ * durations only (training limits, compile and cell timings). */
+double cn__now_s(void);
+double cn__now_ms(void);
+double cn__now_us(void);
 
 /* The files of a model directory (file.c). cn__open_regular opens path
  * without blocking and checks with fstat that it is a regular file (a
@@ -51,5 +58,26 @@ int cn__read_regular_at(int dirfd, const char *rel, const char *path,
                         cn_err *err);
 /* "a directory", "a FIFO", ... for a stat st_mode. */
 const char *cn__file_kind(unsigned mode);
+
+/* Where cn__file_write_atomic stopped: the caller words the message. */
+typedef enum {
+  CN__FW_OK = 0,
+  CN__FW_CREATE, /* tmp could not be created */
+  CN__FW_WRITE,  /* fill, fflush or fsync of tmp failed */
+  CN__FW_CLOSE,  /* fclose of tmp failed */
+  CN__FW_RENAME, /* tmp could not be renamed over path */
+} cn__fw_step;
+
+/* Writes path once and whole: fill(f, ctx) writes the temporary file tmp
+ * (named by the caller: path.tmp, or with a pid), which is flushed,
+ * fsynced, closed and renamed over path, so a reader sees the old file or
+ * the new one, never half of it. fill returns 0 or -1 (errno set). fresh:
+ * whatever has the name tmp (a FIFO would block the open for ever) is
+ * unlinked and tmp created anew (O_EXCL, 0644); otherwise fopen "wb".
+ * Returns CN__FW_OK or the step that failed, with errno as that step left
+ * it; tmp is removed on failure. */
+cn__fw_step cn__file_write_atomic(const char *path, const char *tmp,
+                                  bool fresh, int (*fill)(FILE *f, void *ctx),
+                                  void *ctx);
 
 #endif /* CANOPY_BASE_H */

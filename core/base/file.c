@@ -29,6 +29,44 @@ const char *cn__file_kind(unsigned mode) {
   return "not a file";
 }
 
+/* One writer for the four files core writes whole (model.json, weights,
+ * vocabularies, cached policies): each had its own copy of tmp + fsync +
+ * rename. */
+cn__fw_step cn__file_write_atomic(const char *path, const char *tmp,
+                                  bool fresh, int (*fill)(FILE *f, void *ctx),
+                                  void *ctx) {
+  FILE *f;
+  if (fresh) {
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (f == NULL && fd >= 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+    }
+  } else {
+    f = fopen(tmp, "wb");
+  }
+  if (f == NULL) return CN__FW_CREATE;
+  cn__fw_step step = CN__FW_OK;
+  if (fill(f, ctx) != 0 || fflush(f) != 0 || ferror(f) ||
+      fsync(fileno(f)) != 0)
+    step = CN__FW_WRITE;
+  int e = errno;
+  if (fclose(f) != 0 && step == CN__FW_OK) {
+    step = CN__FW_CLOSE;
+    e = errno;
+  }
+  if (step == CN__FW_OK && rename(tmp, path) != 0) {
+    step = CN__FW_RENAME;
+    e = errno;
+  }
+  if (step != CN__FW_OK) unlink(tmp);
+  errno = e;
+  return step;
+}
+
 /* Does the open file fd lie inside the directory dirfd? Both as the
  * kernel names them now (/proc/self/fd): the fallback of a kernel without
  * openat2 (Linux < 5.6, or a seccomp filter that refuses it). */

@@ -6,7 +6,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cell/cell.h"
 #include "cell/cell_impl.h"
@@ -536,16 +535,10 @@ static int pack_gemm(compiler *cp, int j) {
   return 0;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
                              int type, const char *type_name, const cn_ir *g,
                              int layout, cn_cell **out, cn_err *err) {
-  double t0 = now_ms();
+  double t0 = cn__now_ms();
   /* what a failure means, for the message (a described cell can ask for
    * more than the fixed-size cell holds) */
   const char *why = "";
@@ -635,7 +628,7 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
       goto out;
   }
   cn__cell_count_costs(c);
-  c->compile_ms = now_ms() - t0;
+  c->compile_ms = cn__now_ms() - t0;
   *out = c;
   c = NULL;
   rc = 0;

@@ -1,4 +1,4 @@
-/* bilstm.c - BiLSTM sequence tagger (Huang et al. 2015), MODELS.md
+/* bilstm.c - BiLSTM sequence tagger (Huang et al. 2015), docs/models.md
  * "bilstm-tagger", with the optional CRF layer of its §2.4 (crf.c).
  *
  * Per token t: fwd_t reads fwd_(t-1), bwd_t reads bwd_(t+1), output_t reads

@@ -1,6 +1,6 @@
 /* cells.c - the vertex functions shared by several families, as op IR
  * (core/cell/cell.h): the output layer, nn.LSTMCell and nn.GRUCell, written
- * from MODELS.md's equations. */
+ * from docs/models.md's equations. */
 #include "cell/cell.h"
 #include "families/families.h"
 
@@ -14,7 +14,7 @@ int cn__ir_output_layer(const cn_model *m, cn_ir *g, int n_in, int W, int B) {
   return 0;
 }
 
-/* MODELS.md (nn.LSTMCell): rows (i, f, g, o); g = W_ih x + b_ih + W_hh h +
+/* docs/models.md (nn.LSTMCell): rows (i, f, g, o); g = W_ih x + b_ih + W_hh h +
  * b_hh; c' = σ(f) ⊙ c + σ(i) ⊙ tanh(g); h' = σ(o) ⊙ tanh(c'). The
  * previous state [h | c] is input edge 0 (zero when there is none). */
 int cn__ir_lstm_cell(const cn_model *m, cn_ir *g, int E, int Wih, int Whh,
@@ -42,7 +42,7 @@ int cn__ir_lstm_cell(const cn_model *m, cn_ir *g, int E, int Wih, int Whh,
   return 0;
 }
 
-/* MODELS.md (nn.GRUCell): rows (r, z, n); r = σ(W_ir x + b_ir + W_hr h +
+/* docs/models.md (nn.GRUCell): rows (r, z, n); r = σ(W_ir x + b_ir + W_hr h +
  * b_hr), z likewise, n = tanh(W_in x + b_in + r ⊙ (W_hn h + b_hn)),
  * h' = (1 - z) ⊙ n + z ⊙ h. h is the source hp (any kind). */
 int cn__ir_gru_cell(const cn_model *m, cn_ir *g, int x, int hp, int Wih,

@@ -1,4 +1,4 @@
-/* childsum.c - Child-Sum Tree-LSTM (Tai et al. 2015), any arity, MODELS.md
+/* childsum.c - Child-Sum Tree-LSTM (Tai et al. 2015), any arity, docs/models.md
  * "childsum-treelstm".
  *
  * State of every node vertex: [h | c], 2H floats. cell.W, cell.U, cell.b

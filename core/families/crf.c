@@ -1,6 +1,6 @@
 /* crf.c - linear-chain CRF decoding (Lafferty et al. 2001) on top of a
  * tagger's emissions, as in the BiLSTM-CRF of Huang et al. 2015 §2.4:
- * MODELS.md bilstm-tagger "crf".
+ * docs/models.md bilstm-tagger "crf".
  *
  * With emissions e_t (the per-token logits) and crf.start [C], crf.end [C],
  * crf.trans [C, C] (trans[i, j]: tag j follows tag i, pytorch-crf's
@@ -24,7 +24,7 @@
 
 #include "families/families.h"
 
-/* Path score in double, then float (MODELS.md: path_score). */
+/* Path score in double, then float (docs/models.md: path_score). */
 static float path_score(int C, const float *trans, const float *start,
                         const float *end, int32_t n, const float *const *e,
                         const int32_t *y) {
@@ -77,7 +77,7 @@ int cn__crf_viterbi(int C, const float *trans, const float *start,
       float *d = delta + (int64_t)a * C;
       int32_t *b = bp + (first[i] + t) * C;
       /* k outer, j inner: a row of trans at a time; a strict > keeps the
-       * lowest k among equal maxima (MODELS.md tie rule). */
+       * lowest k among equal maxima (docs/models.md tie rule). */
       for (int j = 0; j < C; j++) next[j] = d[0] + trans[j], b[j] = 0;
       for (int k = 1; k < C; k++) {
         const float *tr = trans + (int64_t)k * C;

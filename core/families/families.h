@@ -64,7 +64,7 @@ void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
                         const float *E, const float *Wih, const float *Whh,
                         const float *bih, const float *bhh);
 /* ---- linear-chain CRF decoding (crf.c) ---- */
-/* Viterbi over n instances at once (MODELS.md bilstm-tagger "crf"):
+/* Viterbi over n instances at once (docs/models.md bilstm-tagger "crf"):
  * instance i has len[i] ≥ 0 tokens whose emissions (C floats each) are
  * rows[first_i + t], first_i = Σ_{k<i} len[k]. trans is [C, C] row-major,
  * trans[a·C + b] the score of tag b following tag a; start, end [C].

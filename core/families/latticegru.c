@@ -1,5 +1,5 @@
 /* latticegru.c - word-lattice GRU encoder (Su et al. 2017, pooled
- * predecessors), MODELS.md "latticegru".
+ * predecessors), docs/models.md "latticegru".
  *
  * Vertices: node_j per DAG node (inputs: its predecessors) and one output
  * for the sink. State of a node: h, H floats. Per batch of n nodes:

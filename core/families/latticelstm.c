@@ -1,4 +1,4 @@
-/* latticelstm.c - character lattice LSTM (Zhang & Yang 2018), MODELS.md
+/* latticelstm.c - character lattice LSTM (Zhang & Yang 2018), docs/models.md
  * "latticelstm".
  *
  * Vertices per instance: char_j for every character, word_(b,e) and
@@ -205,7 +205,7 @@ static int64_t answer_bound(const cn_model *m, const cn_instance *in,
   return cn__bound_tagger(m, in->n, flags, m->dims.H); /* one per char */
 }
 
-/* The word and link cells as op IR (core/cell/cell.h), MODELS.md
+/* The word and link cells as op IR (core/cell/cell.h), docs/models.md
  * "latticelstm": cw = σ(f)⊙c_b + σ(i)⊙tanh(u) with (i, f, u) =
  * word.W [xw; h_b] + word.b; l = σ(link.W [x; cw] + link.b). The char cell
  * (a variable number of words, exp-normalised) stays hand-written. */

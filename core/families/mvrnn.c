@@ -1,4 +1,4 @@
-/* mvrnn.c - Matrix-Vector RNN (Socher et al. 2012), MODELS.md "mvrnn".
+/* mvrnn.c - Matrix-Vector RNN (Socher et al. 2012), docs/models.md "mvrnn".
  *
  * State of every node vertex: [a | A], H + H·H floats (vector, then the
  * H×H matrix row-major). Per batch of n vertices:

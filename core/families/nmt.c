@@ -1,4 +1,4 @@
-/* nmt.c - LSTM encoder-decoder with greedy decoding, MODELS.md "lstm-nmt".
+/* nmt.c - LSTM encoder-decoder with greedy decoding, docs/models.md "lstm-nmt".
  *
  * Vertices: enc_t per source token (reads enc_(t-1)); dec_1 reads the
  * encoder's last state and <s>; proj_t reads dec_t and picks y_t; dec_(t+1)
@@ -7,7 +7,7 @@
  * step of every instance that neither emitted </s> nor hit its cap
  * (run_dynamic.c). States: enc/dec [h | c] 2H; proj none (its logits live
  * in scratch; the argmax becomes the vertex's aux). One instance's lower
- * bound is n + 2T (MODELS.md).
+ * bound is n + 2T (docs/models.md).
  */
 #include <stdlib.h>
 
@@ -39,7 +39,7 @@ static int spec(const cn_dims *d, cn_tensor_spec *t) {
   return 12;
 }
 
-/* min(request cap, model cap); API.md: each defaults to 50. */
+/* min(request cap, model cap); docs/api.md: each defaults to 50. */
 static int cap_of(const cn_model *m, int request) {
   int model = m->max_decode_len > 0 ? m->max_decode_len : 50;
   return request > 0 && request < model ? request : model;

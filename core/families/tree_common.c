@@ -1,6 +1,6 @@
 /* tree_common.c - what the tree families share: building a tree instance's
  * vertices, index arrays for batched kernels, the output layer, and the
- * per-instance JSON object of API.md. */
+ * per-instance JSON object of docs/api.md. */
 #include <math.h>
 #include <stdlib.h>
 

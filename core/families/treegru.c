@@ -1,4 +1,4 @@
-/* treegru.c - binary Tree-GRU, MODELS.md "treegru".
+/* treegru.c - binary Tree-GRU, docs/models.md "treegru".
  *
  * State of every node vertex: h, H floats. Per batch of n vertices:
  *   leaf:     h = tanh(X·leaf.Wᵀ + leaf.b) written straight into the rows.
@@ -72,7 +72,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The cells as op IR (core/cell/cell.h), MODELS.md "treegru":
+/* The cells as op IR (core/cell/cell.h), docs/models.md "treegru":
  *   leaf: h = tanh(leaf.W x + leaf.b).
  *   internal: (r1, r2, z) = σ(Ug [h1; h2] + bg);
  *         n = tanh(Un [r1⊙h1; r2⊙h2] + bn); h = z⊙(h1 + h2)/2 + (1-z)⊙n. */

@@ -1,5 +1,5 @@
 /* treelstm.c - binary constituency Tree-LSTM (Tai et al. 2015, N-ary with
- * N = 2) and its two-internal-type variant, MODELS.md "treelstm" and
+ * N = 2) and its two-internal-type variant, docs/models.md "treelstm" and
  * "treelstm-2type".
  *
  * State of every node vertex: [h | c], 2H floats. Per batch of n vertices:
@@ -95,7 +95,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
 }
 
 
-/* The cells as op IR (core/cell/cell.h), MODELS.md "treelstm":
+/* The cells as op IR (core/cell/cell.h), docs/models.md "treelstm":
  *   leaf: g = leaf.W x + leaf.b, (i, o, u); c = σ(i)⊙tanh(u);
  *         h = σ(o)⊙tanh(c).
  *   internal: g = U [h1; h2] + b, (i, f1, f2, o, u);

@@ -35,7 +35,7 @@ typedef struct cn_tree {
   int32_t height;      /* max node depth */
 } cn_tree;
 
-/* Parse a bracketed (Penn / SST) tree string of len bytes (API.md "Details
+/* Parse a bracketed (Penn / SST) tree string of len bytes (docs/api.md "Details
  * that are part of the contract"). Iterative: no recursion, so deep input
  * cannot overflow the stack. Limits: max_nodes, max_depth, max_token_len.
  * On error returns CN_E_BAD_TREE (or CN_E_TOO_LARGE for a limit) with

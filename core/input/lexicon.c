@@ -1,7 +1,7 @@
 /* lexicon.c - finding the lexicon's words in a character lattice.
  *
  * A request for a lattice model may send raw characters and no word spans
- * (API.md); the spans are then every [b, e), e - b >= 2, whose joined
+ * (docs/api.md); the spans are then every [b, e), e - b >= 2, whose joined
  * characters are a lexicon word. The lexicon becomes a byte trie once, at
  * model load; matching walks the trie from each start position and stops
  * as soon as no word continues, so the work is O(n · longest word) —

@@ -271,6 +271,28 @@ static int write_all(FILE *f, const void *p, size_t n) {
   return n == 0 || fwrite(p, 1, n, f) == n ? 0 : -1;
 }
 
+/* What cn_safetensors_write puts in its file, for fill_tensors. */
+typedef struct {
+  const unsigned char *lenb;
+  const char *text;
+  size_t hlen, pad;
+  const cn_tensor_out *t;
+  int n;
+} st_fill;
+
+/* The length, the header padded with spaces, then each tensor's data. */
+static int fill_tensors(FILE *f, void *ctx) {
+  const st_fill *s = ctx;
+  int bad = write_all(f, s->lenb, 8) || write_all(f, s->text, s->hlen);
+  for (size_t i = 0; i < s->pad && !bad; i++) bad = fputc(' ', f) == EOF;
+  for (int i = 0; i < s->n && !bad; i++) {
+    int64_t numel = 1;
+    for (int d = 0; d < s->t[i].ndim; d++) numel *= s->t[i].shape[d];
+    bad = write_all(f, s->t[i].data, (size_t)numel * 4);
+  }
+  return bad ? -1 : 0;
+}
+
 /* Writes tensors in the order given, their data back to back. The header is
  * padded with spaces so the data section starts at a multiple of 8, which
  * keeps every F32 tensor aligned when mapped. path.tmp is renamed over
@@ -280,7 +302,6 @@ int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
   int rc = CN_E_INTERNAL;
   json_t *hdr = json_object();
   char *text = NULL, *tmp = NULL;
-  FILE *f = NULL;
   int64_t off = 0;
   for (int i = 0; i < n && hdr != NULL; i++) {
     int64_t numel = 1;
@@ -330,35 +351,26 @@ int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
   unsigned char lenb[8];
   for (int i = 0; i < 8; i++)
     lenb[i] = (unsigned char)((hlen + pad) >> (8 * i));
-  f = fopen(tmp, "wb");
-  if (f == NULL) {
+  st_fill fill = {lenb, text, hlen, pad, t, n};
+  switch (cn__file_write_atomic(path, tmp, false, fill_tensors, &fill)) {
+  case CN__FW_OK:
+    rc = 0;
+    break;
+  case CN__FW_CREATE:
     rc = cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
                     strerror(errno));
-    goto out;
-  }
-  int bad = write_all(f, lenb, 8) || write_all(f, text, hlen);
-  for (size_t i = 0; i < pad && !bad; i++) bad = fputc(' ', f) == EOF;
-  for (int i = 0; i < n && !bad; i++) {
-    int64_t numel = 1;
-    for (int d = 0; d < t[i].ndim; d++) numel *= t[i].shape[d];
-    bad = write_all(f, t[i].data, (size_t)numel * 4);
-  }
-  if (bad || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    break;
+  case CN__FW_WRITE:
     rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
                     strerror(errno));
-    goto out;
-  }
-  int cr = fclose(f);
-  f = NULL;
-  if (cr != 0 || rename(tmp, path) != 0) {
+    break;
+  case CN__FW_CLOSE:
+  case CN__FW_RENAME:
     rc = cn_err_set(err, CN_E_IO, "%s: cannot write: %s", path,
                     strerror(errno));
-    goto out;
+    break;
   }
-  rc = 0;
 out:
-  if (f != NULL) fclose(f);
-  if (rc != 0 && tmp != NULL) unlink(tmp);
   json_decref(hdr);
   free(text);
   free(tmp);

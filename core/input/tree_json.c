@@ -1,4 +1,4 @@
-/* tree_json.c - the JSON form of a tree (API.md: {"word"} or {"label",
+/* tree_json.c - the JSON form of a tree (docs/api.md: {"word"} or {"label",
  * "type", "children"}), parsed iteratively like the bracketed form; see
  * tree_parse.c for the conventions both parsers share. */
 #include <stdio.h>
@@ -189,7 +189,7 @@ out:
 }
 
 /* Why: clients that already hold a tree as a data structure send it as JSON
- * NODE objects instead of a bracketed string (API.md). Same result type,
+ * NODE objects instead of a bracketed string (docs/api.md). Same result type,
  * same limits; errors name the node by pre-order index and its path. On
  * failure *out is zeroed. */
 int cn_tree_parse_json(const json_t *root, const cn_limits *lim, cn_tree *out,

@@ -4,7 +4,7 @@
  * grows with the nesting depth (and never past lim->max_depth), so a
  * 100000-deep adversarial tree costs memory, not the C stack.
  *
- * Bracketed grammar (API.md "Details that are part of the contract"), as
+ * Bracketed grammar (docs/api.md "Details that are part of the contract"), as
  * implemented here:
  *   - whitespace is ASCII space, \t, \n, \r; any is allowed before and after
  *     the one top-level tree; anything else outside it is bad_tree;

@@ -209,6 +209,20 @@ const char *cn_vocab_token(const cn_vocab *v, int id) {
   return v->pool + v->off[id];
 }
 
+typedef struct {
+  const char *const *tokens;
+  int n;
+} vocab_fill;
+
+/* One token a line; a write error shows in ferror (cn__file_write_atomic
+ * checks it). */
+static int fill_tokens(FILE *f, void *ctx) {
+  const vocab_fill *v = ctx;
+  for (int i = 0; i < v->n; i++)
+    if (fputs(v->tokens[i], f) == EOF || fputc('\n', f) == EOF) break;
+  return 0;
+}
+
 /* Writes path.tmp and renames it over path, so a reader never sees half a
  * vocabulary. A token that cannot round-trip through the line format
  * (empty, or holding a newline) is refused, naming its id. */
@@ -216,7 +230,6 @@ int cn_vocab_write(const char *path, const char *const *tokens, int n,
                    cn_err *err) {
   int rc = 0;
   char *tmp = NULL;
-  FILE *f = NULL;
   for (int i = 0; i < n; i++) {
     const char *t = tokens[i];
     if (t == NULL || t[0] == '\0' || strpbrk(t, "\r\n") != NULL) {
@@ -233,29 +246,25 @@ int cn_vocab_write(const char *path, const char *const *tokens, int n,
   }
   memcpy(tmp, path, pl);
   memcpy(tmp + pl, ".tmp", 5);
-  f = fopen(tmp, "wb");
-  if (f == NULL) {
+  vocab_fill fill = {tokens, n};
+  switch (cn__file_write_atomic(path, tmp, false, fill_tokens, &fill)) {
+  case CN__FW_OK:
+    break;
+  case CN__FW_CREATE:
     rc = cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
                     strerror(errno));
-    goto out;
-  }
-  for (int i = 0; i < n; i++)
-    if (fputs(tokens[i], f) == EOF || fputc('\n', f) == EOF) break;
-  if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
+    break;
+  case CN__FW_WRITE:
     rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
                     strerror(errno));
-    goto out;
-  }
-  int cr = fclose(f);
-  f = NULL;
-  if (cr != 0 || rename(tmp, path) != 0) {
+    break;
+  case CN__FW_CLOSE:
+  case CN__FW_RENAME:
     rc = cn_err_set(err, CN_E_IO, "%s: cannot write: %s", path,
                     strerror(errno));
-    goto out;
+    break;
   }
 out:
-  if (f != NULL) fclose(f);
-  if (rc != 0 && tmp != NULL) unlink(tmp);
   free(tmp);
   return rc;
 }

@@ -1,4 +1,4 @@
-/* instance.c - one API.md INSTANCE object, parsed and validated for a
+/* instance.c - one docs/api.md INSTANCE object, parsed and validated for a
  * model: a tree with vocabulary ids and per-node cell kinds. Everything a
  * run needs later is checked here, so a bad instance is refused before it
  * can join (and harm) a run. */
@@ -50,7 +50,7 @@ static int tree_finish(const cn_model *m, const cn_limits *lim,
         in->node_type[i] = (uint8_t)cn__cells_tree_type(m, nd);
         continue;
       }
-      /* MODELS.md treelstm-2type: a bracket label listed in type_b_labels,
+      /* docs/models.md treelstm-2type: a bracket label listed in type_b_labels,
        * or in JSON input the node's "type". */
       bool b = from_json ? nd->type == 'b' : label_in(m, nd);
       in->node_type[i] = b ? 'b' : 'a';

@@ -416,7 +416,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
                     1 << 20, &c, err)) ||
       (rc = get_int(m->json, file, "max_decode_len", 50, 1 << 20, &mdl, err)))
     goto out;
-  /* MODELS.md mvrnn: a = embed[w] is the node vector, so D must equal H.
+  /* docs/models.md mvrnn: a = embed[w] is the node vector, so D must equal H.
    * No other family constrains D, hence a named special case. */
   if (strcmp(m->fam->name, "mvrnn") == 0 && d != h) {
     rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: family mvrnn needs 'embed' == "
@@ -432,7 +432,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
     goto out;
   }
   m->lowercase = json_is_true(lc);
-  /* "crf" adds the family's CRF tensors (MODELS.md bilstm-tagger); the key
+  /* "crf" adds the family's CRF tensors (docs/models.md bilstm-tagger); the key
    * means nothing to other families, so there it is a mistake to report. */
   json_t *crf = json_object_get(m->json, "crf");
   if (crf != NULL && !json_is_boolean(crf)) {

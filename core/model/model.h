@@ -20,7 +20,7 @@ typedef struct cn_dims {
   int64_t H, D, C, V;     /* hidden, embed, classes, vocab                  */
   int64_t Vw, Dw, Vt, K;  /* word vocab/embed, target vocab, mvrnn matrices */
   bool crf;               /* model.json "crf": the family's CRF tensors too
-                             (bilstm-tagger, MODELS.md)                    */
+                             (bilstm-tagger, docs/models.md)               */
 } cn_dims;
 
 enum {
@@ -45,7 +45,8 @@ struct cn_family {
   int n_types;
   const char *type_names[CN_MAX_TYPES];
   bool has_classes; /* has an output layer with C classes */
-  bool crf;         /* accepts model.json "crf" (MODELS.md bilstm-tagger)  */
+  /* accepts model.json "crf" (docs/models.md, bilstm-tagger) */
+  bool crf;
   int max_arity;    /* trees: most children per node (0: lim->max_children) */
   /* The tensors of the family at these sizes, in binding order; returns
    * their number (≤ CN_MAX_TENSORS). */
@@ -71,7 +72,7 @@ struct cn_family {
    * bilstm-tagger's CRF decoding of every instance together. Fills
    * r->out_tag / r->out_score; returns 0 or an error. NULL: none. */
   int (*finish)(cn_run *r, cn_err *err);
-  /* Writes the per-instance output object (API.md). */
+  /* Writes the per-instance output object (docs/api.md). */
   json_t *(*output)(const cn_run *r, int slot);
   /* Names, with cn__run_need, every state span output() and finish()
    * read for this slot: a device backend copies back exactly these
@@ -227,7 +228,7 @@ struct cn_instance {
 };
 
 /* ---- sequences, lattices, DAGs (seq_parse.c) ----------------------------
- * Parse the non-tree INSTANCE forms of API.md into *in (kind already set).
+ * Parse the non-tree INSTANCE forms of docs/api.md into *in (kind already set).
  * Errors: CN_E_BAD_INSTANCE / CN_E_BAD_LATTICE / CN_E_TOO_LARGE with the
  * offending token, span or node in err->node. */
 int cn__parse_sequence(const cn_model *m, const json_t *inst,

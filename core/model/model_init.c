@@ -1,11 +1,11 @@
 /* model_init.c - write a fresh model directory with random weights.
  *
  * `canopy init` and the tests need models without a training pipeline: the
- * vocabulary comes from a JSONL file of API.md instances (or a tiny built-in
- * list), the weights from a deterministic PRNG scaled so activations do not
- * saturate. model.json is removed first and written last (tmp + rename), so
- * a crash part-way leaves a directory that does not load rather than one
- * that loads mismatched files. */
+ * vocabulary comes from a JSONL file of docs/api.md instances (or a tiny
+ * built-in list), the weights from a deterministic PRNG scaled so
+ * activations do not saturate. model.json is removed first and written
+ * last (tmp + rename), so a crash part-way leaves a directory that does not
+ * load rather than one that loads mismatched files. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -82,29 +82,32 @@ static int path_in(char *buf, size_t cap, const char *dir, const char *name,
   return 0;
 }
 
+static int fill_text(FILE *f, void *ctx) {
+  const char *text = ctx;
+  size_t n = strlen(text);
+  return fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF ? -1 : 0;
+}
+
 /* Writes text and a newline to path.tmp, syncs it and renames it over
- * path. */
+ * path (cn__file_write_atomic). */
 static int write_atomic(const char *path, const char *text, cn_err *err) {
   char tmp[4096 + 8];
-  int rc = 0;
   snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (f == NULL)
+  switch (cn__file_write_atomic(path, tmp, false, fill_text, (void *)text)) {
+  case CN__FW_OK:
+    return 0;
+  case CN__FW_CREATE:
     return cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
                       strerror(errno));
-  size_t n = strlen(text);
-  if (fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF || fflush(f) != 0 ||
-      fsync(fileno(f)) != 0)
-    rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
+  case CN__FW_WRITE:
+  case CN__FW_CLOSE:
+    return cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
+                      strerror(errno));
+  case CN__FW_RENAME:
+    break;
+  }
+  return cn_err_set(err, CN_E_IO, "%s: cannot rename to %s: %s", tmp, path,
                     strerror(errno));
-  if (fclose(f) != 0 && rc == 0)
-    rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
-                    strerror(errno));
-  if (rc == 0 && rename(tmp, path) != 0)
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot rename to %s: %s", tmp, path,
-                    strerror(errno));
-  if (rc != 0) unlink(tmp);
-  return rc;
 }
 
 /* Writes the family's tensors at dims d, in spec order. */

@@ -1,4 +1,4 @@
-/* seq_parse.c - the non-tree INSTANCE forms of API.md: token sequences,
+/* seq_parse.c - the non-tree INSTANCE forms of docs/api.md: token sequences,
  * character lattices with word spans, and word DAGs.
  *
  * Everything a family's build() relies on is checked here, so a run never

@@ -1,5 +1,5 @@
 /* warmup.c - a small synthetic INSTANCE for a model, in the form a client
- * would send (API.md), so a daemon can run it through the same path as a
+ * would send (docs/api.md), so a daemon can run it through the same path as a
  * request before a version serves (docs/daemon.md "Warm-up").
  *
  * The instance touches every vertex type a real input of the model's kind
@@ -78,7 +78,7 @@ static json_t *tokens(const cn_vocab *v, int n, const char *fallback) {
 }
 
 /* Six characters and two word spans of the model's word vocabulary, one
- * overlapping the other, as a lattice of MODELS.md latticelstm. */
+ * overlapping the other, as a lattice of docs/models.md latticelstm. */
 static json_t *lattice(const cn_model *m) {
   json_t *o = json_object();
   json_object_set_new(o, "chars", tokens(m->vocab, 6, "a"));

@@ -14,7 +14,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "run/run.h"
 
@@ -241,12 +240,6 @@ json_t *cn_model_describe_cells(const cn_model *m) {
   return o;
 }
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
 /* Re-runs the first n vertices of the run's largest batch of `type` (their
  * inputs are ready: the run has executed), iters times after one warm-up,
  * with the layout's cell; the outputs are rewritten with the same values.
@@ -319,13 +312,13 @@ int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
   out->kernels = r->bk->kernels - k0;
   out->cell_bytes = r->cell_bytes - cb;
   out->gather_bytes = r->gather_bytes - gb;
-  double t0 = now_us();
+  double t0 = cn__now_us();
   for (int it = 0; it < iters; it++) {
     r->idx_used = 0;
     cn__run_exec_batch(r, type, verts, n);
   }
   r->bk->vt->sync(r->bk);
-  out->us = iters > 0 ? (now_us() - t0) / iters : 0;
+  out->us = iters > 0 ? (cn__now_us() - t0) / iters : 0;
 out:
   r->layout = saved;
   r->scratch = saved_scratch;

@@ -176,7 +176,7 @@ void cn__run_count(cn_run *r);
  * Fills r->order and r->batches for the policy, and r->lower_bound. With
  * CN_POLICY_FSM the policy object is r->sched_fsm (NULL: agenda). */
 int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err);
-/* Σ_t depth_t over the run (MODELS.md lower bound). */
+/* Σ_t depth_t over the run (docs/models.md lower bound). */
 int64_t cn__sched_lower_bound(const cn_run *r);
 
 /* The run's graph as the scheduler sees it (borrowed arrays). */

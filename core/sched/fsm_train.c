@@ -21,7 +21,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "model/model.h"
 #include "sched/fsm_impl.h"
@@ -39,12 +38,6 @@ static uint64_t rng_next(rng *r) { /* xorshift64* */
 
 static double rng_unit(rng *r) {
   return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Q(S, a) for choosing: 0 when never updated. */
@@ -283,7 +276,7 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
                     m->fam->name);
     goto out;
   }
-  double t0 = now_s();
+  double t0 = cn__now_s();
   snprintf(p->family, sizeof(p->family), "%s", m->fam->name);
   for (int t = 0; t < T; t++)
     snprintf(p->type_names[t], sizeof(p->type_names[t]), "%s",
@@ -339,7 +332,7 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
     if ((rc = episode(&p->tab, &fs[it % nf], &o, eps, &g, w, scratch)) != 0)
       goto out;
     it++;
-    bool timeout = o.time_limit_s > 0 && now_s() - t0 > o.time_limit_s;
+    bool timeout = o.time_limit_s > 0 && cn__now_s() - t0 > o.time_limit_s;
     if (it % o.eval_every == 0 || it == o.iterations || timeout) {
       long long b = evaluate(p, fs, nf, scratch, NULL);
       if (b < 0) goto fail_rc;
@@ -390,7 +383,7 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
       win = fb[i];
       p->executes = fk[i];
     }
-  st->seconds = now_s() - t0;
+  st->seconds = cn__now_s() - t0;
   rc = 0;
   goto out;
 fail_rc:

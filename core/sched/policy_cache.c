@@ -259,10 +259,13 @@ out:
   return 0;
 }
 
+static int fill_json(FILE *f, void *ctx) {
+  return json_dumpf(ctx, f, DUMP) != 0 || fputc('\n', f) == EOF ? -1 : 0;
+}
+
 int cn_fsm_save(const cn_fsm *p, const char *path, cn_err *err) {
   int rc = 0;
   char tmp[PATH_MAX + 32];
-  FILE *f = NULL;
   json_t *j = to_json(p);
   if (j == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory");
   char sum[17];
@@ -271,31 +274,19 @@ int cn_fsm_save(const cn_fsm *p, const char *path, cn_err *err) {
   snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
   /* a fresh regular file: whatever had the name (a FIFO would block the
    * open for ever) is replaced */
-  unlink(tmp);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (f == NULL && fd >= 0) close(fd);
-  if (f == NULL) {
+  switch (cn__file_write_atomic(path, tmp, true, fill_json, j)) {
+  case CN__FW_OK:
+    break;
+  case CN__FW_CREATE:
+  case CN__FW_WRITE:
+  case CN__FW_CLOSE:
     rc = cn_err_set(err, CN_E_IO, "cannot write %s: %s", tmp, strerror(errno));
-    goto out;
-  }
-  if (json_dumpf(j, f, DUMP) != 0 || fputc('\n', f) == EOF || fflush(f) ||
-      fsync(fileno(f)) != 0) {
-    rc = cn_err_set(err, CN_E_IO, "cannot write %s: %s", tmp, strerror(errno));
-    goto out;
-  }
-  if (fclose(f) != 0) {
-    f = NULL;
-    rc = cn_err_set(err, CN_E_IO, "cannot write %s: %s", tmp, strerror(errno));
-    goto out;
-  }
-  f = NULL;
-  if (rename(tmp, path) != 0)
+    break;
+  case CN__FW_RENAME:
     rc = cn_err_set(err, CN_E_IO, "cannot rename %s to %s: %s", tmp, path,
                     strerror(errno));
-out:
-  if (f != NULL) fclose(f);
-  if (rc != 0) unlink(tmp);
+    break;
+  }
   json_decref(j);
   return rc;
 }

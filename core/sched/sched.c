@@ -34,7 +34,7 @@
  *   fsm    - ED-Batch §2: Alg. 1 with a learned FSM in line 3 (fsm.c).
  * agenda, sufficient and fsm only look at the frontier (frontier.c), so a
  * dynamic executor can drive them one step at a time.
- * The lower bound Σ_t depth_t is MODELS.md "Batching granularity".
+ * The lower bound Σ_t depth_t is docs/models.md "Batching granularity".
  */
 #include <stdlib.h>
 #include <string.h>

@@ -182,7 +182,7 @@ double cn__frontier_ratio(const cn_frontier *f, int t);
  * Vertices added later count only themselves. */
 int cn__frontier_tails(cn_frontier *f);
 /* drop[t], for each ready type t: how much committing t now lowers the
- * lower bound Σ_t depth_t of what is left (MODELS.md), 0 for types not
+ * lower bound Σ_t depth_t of what is left (docs/models.md), 0 for types not
  * ready or without tails. Returns the bound now. O(ready × types + the
  * edges out of the ready vertices). */
 int64_t cn__frontier_drops(const cn_frontier *f, int64_t *drop);

@@ -9,7 +9,7 @@
  * an exact search with a budget, for measuring policies, not for serving:
  *
  *   IDA* (Korf 1985) over done-sets, with
- *   - h(s) = Σ_t max over ready v of tail_t(v): the bound of MODELS.md on
+ *   - h(s) = Σ_t max over ready v of tail_t(v): the bound of docs/models.md on
  *     what is left (tail_t(v) = most type-t vertices on a path from v to a
  *     sink; every undone vertex has a ready ancestor, so the ready vertices
  *     carry the maximum). Admissible, as the bound is.

@@ -19,7 +19,7 @@
  *
  * The beam keeps, after each step, the `width` states of least
  *   f = g + Σ_t max_c dep_t(c)        (batches so far + the bound of what is
- *                                      left: MODELS.md's, on the remainder)
+ *                                      left, docs/models.md's, on the rest)
  * ties broken by the smaller Σ_c D_c³, D_c = Σ_t dep_t(c) the instance's own
  * bound: a soft maximum, favouring the state whose most loaded instances
  * have the least left (measured on the held-out latticelstm runs at width

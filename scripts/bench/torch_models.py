@@ -3,7 +3,7 @@
 
 Loads a Canopy model directory (model.json + weights.safetensors, parsed
 directly) and runs treelstm, treegru, childsum-treelstm, bilstm-tagger or
-latticelstm (docs: ../shared/MODELS.md) in one of two modes:
+latticelstm (docs/models.md) in one of two modes:
 
   per-instance   one instance at a time, one vertex at a time: the way a
                  PyTorch model of a dynamic network is usually written.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent float32 reference implementation of the Canopy model families.
 
-Written only from shared/MODELS.md and shared/API.md.  Plain, slow and
+Written only from docs/models.md and docs/api.md.  Plain, slow and
 obviously correct: one node at a time, numpy float32 arithmetic, matrices
 stored [out, in] and applied as y = W @ x + b.
 
@@ -9,7 +9,7 @@ CLI:
   canopy_ref.py --model DIR --input FILE.jsonl [--outputs root|all]
                 [--return-hidden] [--max-decode-len N] [--margins]
       prints one JSON object per input line (the per-instance output object
-      of API.md, or {"error": {...}} for an instance the API rejects).
+      of docs/api.md, or {"error": {...}} for an instance the API rejects).
 
   canopy_ref.py --make-model DIR --family F [--hidden H] [--embed D]
                 [--classes C] [--seed S] [--vocab-from FILE.jsonl]
@@ -261,7 +261,8 @@ def _tokenize_bracketed(s):
 
 
 def parse_bracketed(s):
-    """Parse one bracketed tree (API.md contract). Raises RefError('bad_tree')."""
+    """Parse one bracketed tree (docs/api.md contract).
+    Raises RefError('bad_tree')."""
     if not isinstance(s, str):
         raise RefError("bad_tree", "tree must be a string or an object")
     toks = _tokenize_bracketed(s)
@@ -471,7 +472,7 @@ def expected_shapes(family, cfg, t):
 
 
 # ---------------------------------------------------------------------------
-# linear-chain CRF (MODELS.md bilstm-tagger "crf")
+# linear-chain CRF (docs/models.md bilstm-tagger "crf")
 # ---------------------------------------------------------------------------
 
 def crf_path_score(p, emissions, tags):

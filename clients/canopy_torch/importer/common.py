@@ -292,7 +292,7 @@ def read_labels(path, classes, what="--labels"):
 
 
 # ---------------------------------------------------------------------------
-# inputs: trees and sequences (API.md)
+# inputs: trees and sequences (docs/api.md)
 # ---------------------------------------------------------------------------
 
 class Tree(object):

@@ -1,4 +1,5 @@
-/* cli_util.c - flag parsing shared by the subcommands. */
+/* flags.c - flag parsing shared by the subcommands (cli/) and `canopy
+ * serve` (server/serve.c). */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -6,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "flags.h"
 
 int cn__flag_value(int argc, char **argv, int *i, const char *name,
                    const char **value) {
