@@ -21,14 +21,13 @@ import inspect
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 import unittest
 import urllib.request
+from daemon_util import free_port, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients"))
@@ -897,14 +896,6 @@ class TestStructures(Case):
         self.check("dag", m, insts, cmp)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 class TestDaemon(Case):
     """The Elman tagger served by `canopy serve`, asked over HTTP by eight
     clients at once (their instances batched together)."""
@@ -926,12 +917,7 @@ class TestDaemon(Case):
             [BIN, "serve", "--models-dir", os.path.join(cls.tmp, "models"),
              "--port", str(cls.port)], stderr=cls.log, env=env)
         cls.url = "http://127.0.0.1:%d" % cls.port
-        for _ in range(500):
-            try:
-                urllib.request.urlopen(cls.url + "/readyz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.02)
+        wait_ready(cls.url, cls.daemon, 10.0)
 
     @classmethod
     def tearDownClass(cls):

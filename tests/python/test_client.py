@@ -11,14 +11,11 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 import unittest
-import urllib.request
+from daemon_util import free_port, wait_ready
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -27,14 +24,6 @@ BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
 DATA = os.environ.get("CANOPY_DATA",
                       os.path.join(os.path.dirname(ROOT), "shared", "data"))
 PY = "/usr/bin/python3"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def run_client(args, stdin=None):
@@ -67,14 +56,8 @@ class AgainstDaemon(unittest.TestCase):
         cls.daemon = subprocess.Popen(
             [BIN, "serve", "--models-dir", os.path.join(cls.tmp, "models"),
              "--port", str(cls.port)], stderr=cls.log, env=env)
-        for _ in range(300):
-            try:
-                urllib.request.urlopen("http://127.0.0.1:%d/readyz"
-                                       % cls.port, timeout=1)
-                break
-            except OSError:
-                time.sleep(0.02)
         cls.url = "http://127.0.0.1:%d" % cls.port
+        wait_ready(cls.url, cls.daemon, 6.0)
 
     @classmethod
     def tearDownClass(cls):

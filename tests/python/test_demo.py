@@ -11,26 +11,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 import unittest
 import urllib.request
+from daemon_util import free_port, wait_ready
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BIN = os.path.abspath(os.environ.get("CANOPY_BIN",
                                      os.path.join(ROOT, "build", "canopy")))
 DEMO = os.path.join(ROOT, "scripts", "demo.sh")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Demo(unittest.TestCase):
@@ -53,13 +44,8 @@ class Demo(unittest.TestCase):
                              stdout=subprocess.DEVNULL, stderr=err)
         try:
             url = f"http://127.0.0.1:{port}"
-            for _ in range(3000):
-                self.assertIsNone(p.poll(), "the demo exited")
-                try:
-                    urllib.request.urlopen(url + "/readyz", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            wait_ready(url, p, 60.0)
+            self.assertIsNone(p.poll(), "the demo exited")
             req = urllib.request.Request(
                 url + "/v1/models/tagger/infer",
                 data=b'{"text": "The cat sat on the mat ."}')

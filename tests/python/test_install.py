@@ -20,12 +20,10 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import unittest
-import urllib.request
+from daemon_util import free_port, wait_ready
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -34,14 +32,6 @@ BIN = os.path.abspath(os.environ.get("CANOPY_BIN",
 DATA = os.environ.get("CANOPY_DATA",
                       os.path.join(os.path.dirname(ROOT), "shared", "data"))
 PY = "/usr/bin/python3"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Installed(unittest.TestCase):
@@ -132,12 +122,7 @@ class Installed(unittest.TestCase):
                               str(port)], stderr=log)
         try:
             url = f"http://127.0.0.1:{port}"
-            for _ in range(500):
-                try:
-                    urllib.request.urlopen(url + "/readyz", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            wait_ready(url, d, 10.0)
             inp = os.path.join(work, "in.jsonl")
             trees = ["(S (W the) (N cat))", "(S (W the) (S (V sat) (PU .)))",
                      "(S (W on) (S (W the) (N mat)))"]

@@ -13,12 +13,12 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
 import time
 import unittest
+from daemon_util import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -45,14 +45,6 @@ CELL_MODELS = {"cells-bilstm": ("bilstm-tagger", "sequences.jsonl",
                "cells-treelstm": ("treelstm", "trees-binary.jsonl",
                                   "treelstm.json")}
 N = 5  # instances a request
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def head(path, n):

@@ -12,13 +12,13 @@ import os
 import random
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import tempfile
 import threading
 import time
 import unittest
+from daemon_util import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -26,14 +26,6 @@ BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
 DATA = os.environ.get("CANOPY_DATA",
                       os.path.join(os.path.dirname(ROOT), "shared", "data"))
 TOKEN = "t0ken"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def init_model(path, seed):
