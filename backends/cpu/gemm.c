@@ -387,13 +387,3 @@ void cn__gemm_nt(int M, int N, int K, const float *A, int lda,
   cn__gemm_packed(M, N, K, A, lda, P, bias, beta, C, ldc);
   free(P);
 }
-
-void cn__gemm_nn(int M, int N, int K, const float *A, int lda,
-                 const float *B, int ldb, const float *bias, float beta,
-                 float *C, int ldc) {
-  if (M <= 0 || N <= 0) return;
-  float *P = pack_buffer(N, K);
-  cn__gemm_pack_nn(N, K, B, ldb, P);
-  cn__gemm_packed(M, N, K, A, lda, P, bias, beta, C, ldc);
-  free(P);
-}

@@ -12,7 +12,7 @@
  * The right operand is first packed (strips of CN_GEMM_NR columns, k-major)
  * so that the kernel reads it as vectors along N. A caller that multiplies
  * by the same matrix many times packs it once (cn__gemm_pack_nt or _nn)
- * and calls cn__gemm_packed; cn__gemm_nt and cn__gemm_nn pack per call. */
+ * and calls cn__gemm_packed; cn__gemm_nt packs per call. */
 #ifndef CANOPY_CPU_GEMM_H
 #define CANOPY_CPU_GEMM_H
 
@@ -23,7 +23,7 @@
 
 /* Element (i, j) of every product below is, exactly:
  *   s    = 0; for k = 0 .. K-1 ascending: s = fma(A[i,k], B[k,j], s)
- *          (one rounding per step; B = Wᵀ for the _nt forms)
+ *          (one rounding per step; B = Wᵀ when packed from W)
  *   C    = (beta != 0 ? beta·C + s : s), then + bias[j] when bias != NULL
  * Large products are split over column strips between up to
  * cn__gemm_threads() threads; the split changes no element. */
@@ -34,15 +34,9 @@ void cn__gemm_nt(int M, int N, int K, const float *A, int lda,
                  const float *W, int ldw, const float *bias, float beta,
                  float *C, int ldc);
 
-/* C[M,N] = A[M,K]·B[K,N] (+ beta·C) (+ bias[N]); B not transposed, rows
- * ldb floats apart. Packs B per call. */
-void cn__gemm_nn(int M, int N, int K, const float *A, int lda,
-                 const float *B, int ldb, const float *bias, float beta,
-                 float *C, int ldc);
-
 /* Floats a packed N×K operand takes (64-byte aligned storage is fastest). */
 size_t cn__gemm_packed_floats(int N, int K);
-/* Packs W[N,K] (the _nt operand) or B[K,N] (the _nn operand) into P. */
+/* Packs W[N,K] (to multiply by Wᵀ) or B[K,N] (by B as it lies) into P. */
 void cn__gemm_pack_nt(int N, int K, const float *W, int ldw, float *P);
 void cn__gemm_pack_nn(int N, int K, const float *B, int ldb, float *P);
 /* C[M,N] = A[M,K]·(the packed operand) (+ beta·C) (+ bias[N]). */
