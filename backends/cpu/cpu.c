@@ -4,8 +4,8 @@
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
  * mapped them, and core reads results in place. A weight matrix is packed
- * for gemm.c's kernel the first time a run multiplies by it, and the
- * packed copy serves the rest of the run (see packed_weights). One context
+ * for gemm.c's kernel the first time a model's run multiplies by it, and
+ * the copy serves that model's later products (packs.h). One context
  * per worker thread; gemm.c's threads (cn__gemm_set_threads) split each
  * large product.
  */
@@ -17,6 +17,7 @@
 #include "backends.h"
 #include "fastmath.h"
 #include "gemm.h"
+#include "packs.h"
 
 /* Freed blocks kept for the context's next runs (see cpu_alloc). */
 enum { SPARE_BLOCKS = 4 };
@@ -32,27 +33,8 @@ typedef struct cpu_ctx {
   int64_t n_ew;
   float *tr;   /* a product's right operand packed for one call */
   size_t n_tr;
-  /* The run's weights (cpu_weights) and the packed copies made of them
-   * (packed_weights); both forgotten when the next run binds. */
-  struct cpu_range {
-    const float *lo, *hi;
-  } *ranges;
-  int n_ranges, cap_ranges;
-  uint64_t uid; /* the model of the run (run_begins) */
-  struct cpu_pack {
-    const float *W; /* NULL: free for reuse */
-    uint64_t uid;   /* the model it was packed for */
-    int N, K, ldw;
-    float *P;
-    size_t cap; /* floats */
-  } *packs;
-  int n_packs, cap_packs;
-  size_t pack_bytes;
+  cn__packs packs; /* the models' weights packed for gemm.c */
 } cpu_ctx;
-
-/* Packed copies kept past a run at most: above it the next run drops
- * those of other models, then all. */
-#define PACK_KEEP_BYTES ((size_t)128 << 20)
 
 /* A row of at least n zeros, so the fused loops need no branch for a
  * missing input (and vectorise). */
@@ -88,11 +70,9 @@ static size_t block_size(void *p) {
   return *(size_t *)((char *)p - BLOCK_HEAD);
 }
 
-static void drop_packs(cpu_ctx *c);
-
 static void cpu_release(cn_backend_ctx *bk) {
   cpu_ctx *c = (cpu_ctx *)bk;
-  drop_packs(c);
+  cn__packs_drop(&c->packs);
   for (int i = 0; i < SPARE_BLOCKS; i++) {
     if (c->spare[i] != NULL) free((char *)c->spare[i] - BLOCK_HEAD);
     c->spare[i] = NULL;
@@ -100,17 +80,9 @@ static void cpu_release(cn_backend_ctx *bk) {
   c->spare_bytes = 0;
 }
 
-static void drop_packs(cpu_ctx *c) {
-  for (int i = 0; i < c->n_packs; i++) free(c->packs[i].P);
-  c->n_packs = 0;
-  c->pack_bytes = 0;
-}
-
 static void cpu_close(cn_backend_ctx *bk) {
   cpu_release(bk);
-  drop_packs((cpu_ctx *)bk);
-  free(((cpu_ctx *)bk)->packs);
-  free(((cpu_ctx *)bk)->ranges);
+  cn__packs_free(&((cpu_ctx *)bk)->packs);
   free(((cpu_ctx *)bk)->zeros);
   free(((cpu_ctx *)bk)->ew);
   free(((cpu_ctx *)bk)->tr);
@@ -178,93 +150,18 @@ static void cpu_free(cn_backend_ctx *bk, void *p) {
   free((char *)p - BLOCK_HEAD);
 }
 
-/* A run is binding the weights of model uid. Copies packed for the same
- * model serve again: a uid is never reused, and a model's weights do not
- * change while it is loaded. Those of other models may be of a model since
- * freed, its memory now another's: never used, and dropped when the
- * copies outgrow PACK_KEEP_BYTES. uid 0 (unknown) keeps nothing. */
+/* A run binds its model's weights: copies packed for that model serve
+ * again, never another's (packs.h). */
 static void cpu_run_begins(cn_backend_ctx *bk, uint64_t uid) {
-  cpu_ctx *c = (cpu_ctx *)bk;
-  c->n_ranges = 0;
-  c->uid = uid;
-  bool over = c->pack_bytes > PACK_KEEP_BYTES;
-  for (int i = 0; i < c->n_packs; i++) {
-    struct cpu_pack *q = &c->packs[i];
-    if (q->uid == 0 || (over && q->uid != uid)) q->W = NULL;
-  }
-  if (over) {
-    size_t live = 0;
-    for (int i = 0; i < c->n_packs; i++)
-      if (c->packs[i].W != NULL) live += c->packs[i].cap * sizeof(float);
-    if (live > PACK_KEEP_BYTES || c->pack_bytes > 2 * PACK_KEEP_BYTES)
-      drop_packs(c);
-  }
+  cn__packs_begin(&((cpu_ctx *)bk)->packs, uid);
 }
 
 /* The weights are used where they lie; the context notes where they are,
- * so that products by them may keep a packed copy for the run. */
+ * so that products by them may use a packed copy. */
 static const float *cpu_weights(cn_backend_ctx *bk, const float *host,
                                 size_t n) {
-  cpu_ctx *c = (cpu_ctx *)bk;
-  for (int i = 0; i < c->n_ranges; i++)
-    if (c->ranges[i].lo == host && c->ranges[i].hi == host + n) return host;
-  if (c->n_ranges == c->cap_ranges) {
-    int cap = c->cap_ranges ? 2 * c->cap_ranges : 32;
-    struct cpu_range *r = realloc(c->ranges, (size_t)cap * sizeof(*r));
-    if (r == NULL) return host; /* products by it pack per call */
-    c->ranges = r;
-    c->cap_ranges = cap;
-  }
-  c->ranges[c->n_ranges++] = (struct cpu_range){host, host + n};
+  cn__packs_note(&((cpu_ctx *)bk)->packs, host, n);
   return host;
-}
-
-/* W[N,K] (rows ldw apart) packed for gemm.c, or NULL when W is not one of
- * the run's weights (an activation, a child's state: packed per call). A
- * treelstm run multiplies by the same 5H × 2H matrix once per level, the
- * lstm-nmt decoder by its projection once per step: packing once per run
- * takes the copy out of every product but the first (issue 38). */
-static const float *packed_weights(cpu_ctx *c, int N, int K, const float *W,
-                                   int ldw) {
-  const float *end = W + (size_t)(N - 1) * ldw + K;
-  bool known = false;
-  for (int i = 0; i < c->n_ranges && !known; i++)
-    known = W >= c->ranges[i].lo && end <= c->ranges[i].hi;
-  if (!known) return NULL;
-  struct cpu_pack *free_pack = NULL;
-  size_t need = cn__gemm_packed_floats(N, K);
-  for (int i = 0; i < c->n_packs; i++) {
-    struct cpu_pack *q = &c->packs[i];
-    if (q->W == W && q->uid == c->uid && q->N == N && q->K == K &&
-        q->ldw == ldw)
-      return q->P;
-    if (q->W == NULL && q->cap >= need &&
-        (free_pack == NULL || q->cap < free_pack->cap))
-      free_pack = q;
-  }
-  if (free_pack == NULL) {
-    if (c->n_packs == c->cap_packs) {
-      int cap = c->cap_packs ? 2 * c->cap_packs : 16;
-      struct cpu_pack *a = realloc(c->packs, (size_t)cap * sizeof(*a));
-      if (a == NULL) return NULL;
-      c->packs = a;
-      c->cap_packs = cap;
-    }
-    size_t bytes = (need * sizeof(float) + 63) / 64 * 64;
-    float *P = aligned_alloc(64, bytes ? bytes : 64);
-    if (P == NULL) return NULL;
-    free_pack = &c->packs[c->n_packs++];
-    *free_pack =
-        (struct cpu_pack){NULL, 0, 0, 0, 0, P, bytes / sizeof(float)};
-    c->pack_bytes += bytes;
-  }
-  cn__gemm_pack_nt(N, K, W, ldw, free_pack->P);
-  free_pack->W = W;
-  free_pack->uid = c->uid;
-  free_pack->N = N;
-  free_pack->K = K;
-  free_pack->ldw = ldw;
-  return free_pack->P;
 }
 
 /* The context's scratch, at least n floats. */
@@ -292,7 +189,7 @@ static void cpu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
                      float beta, float *C, int ldc) {
   cpu_ctx *c = (cpu_ctx *)bk;
   if (M <= 0 || N <= 0) return;
-  const float *P = packed_weights(c, N, K, W, ldw);
+  const float *P = cn__packs_get(&c->packs, N, K, W, ldw);
   if (P == NULL) {
     float *t = scratch(c, cn__gemm_packed_floats(N, K));
     cn__gemm_pack_nt(N, K, W, ldw, t);
