@@ -20,10 +20,11 @@
  * Threads: slots are created on the loop thread (or at start-up, before
  * it runs); `cur`, `state` and `reason` are read under the slot's mutex
  * from any thread (the loop, workers, loader threads, the retrainer).
+ *
+ * Reading the models directory is repo_dirs.c's; the index and the
+ * repository's metrics series are repo_report.c's.
  */
 #include <arpa/inet.h>
-#include <dirent.h>
-#include <errno.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include <sys/stat.h>
 
 #include "notify.h"
+#include "repo_dirs.h"
 #include "routes.h"
 #include "serve_impl.h"
 
@@ -44,43 +46,13 @@ struct cn__load {
   unsigned gen;         /* the slot's gen when it started */
 };
 
-static const char *state_name(int st) {
-  switch (st) {
-    case CN__MODEL_LOADING: return "LOADING";
-    case CN__MODEL_READY: return "READY";
-    case CN__MODEL_UNAVAILABLE: return "UNAVAILABLE";
-    default: return "UNLOADED";
-  }
-}
-
-/* The files a rescan watches: model.json and the weights. An atomic
- * rename of a new directory, or a rewrite of either file, changes them. */
-static void signature(const char *dir, struct stat sig[2]) {
-  char p[2200];
-  memset(sig, 0, 2 * sizeof(struct stat));
-  snprintf(p, sizeof(p), "%s/model.json", dir);
-  if (stat(p, &sig[0]) != 0) memset(&sig[0], 0, sizeof(sig[0]));
-  snprintf(p, sizeof(p), "%s/weights.safetensors", dir);
-  if (stat(p, &sig[1]) != 0) memset(&sig[1], 0, sizeof(sig[1]));
-}
-
 /* The slot's directory as it is now: recorded when a load of it starts,
  * compared by the next rescan (loop thread, or start-up). */
 static void slot_signature(cn__server *s, cn__model_slot *sl,
                            struct stat sig[2]) {
   char dir[2048];
   snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
-  signature(dir, sig);
-}
-
-static bool same_signature(const struct stat a[2], const struct stat b[2]) {
-  for (int i = 0; i < 2; i++)
-    if (a[i].st_dev != b[i].st_dev || a[i].st_ino != b[i].st_ino ||
-        a[i].st_size != b[i].st_size ||
-        a[i].st_mtim.tv_sec != b[i].st_mtim.tv_sec ||
-        a[i].st_mtim.tv_nsec != b[i].st_mtim.tv_nsec)
-      return false;
-  return true;
+  cn__dirs_signature(dir, sig);
 }
 
 cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len) {
@@ -90,39 +62,6 @@ cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len) {
         strncmp(s->models[i].name, name, len) == 0)
       return &s->models[i];
   return NULL;
-}
-
-/* name as a Prometheus label value (text format 0.0.4: backslash, double
- * quote and line feed escaped). */
-static void label_escape(char *out, size_t cap, const char *in) {
-  size_t n = 0;
-  for (; *in != '\0' && n + 3 < cap; in++) {
-    if (*in == '\\' || *in == '"') out[n++] = '\\';
-    if (*in == '\n') {
-      out[n++] = '\\';
-      out[n++] = 'n';
-      continue;
-    }
-    out[n++] = *in;
-  }
-  out[n] = '\0';
-}
-
-/* Does name hold a control character (a byte below 0x20, or 0x7f)? Such a
- * name would split a log line or a metrics series: it names no model. */
-static int control_char(const char *name) {
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-    if (*p < 0x20 || *p == 0x7f) return *p;
-  return -1;
-}
-
-/* Does models-dir/name hold a model.json (a file, or anything)? */
-static bool dir_present(cn__server *s, const char *name) {
-  char mj[1200];
-  struct stat st;
-  snprintf(mj, sizeof(mj), "%s/%s/model.json", s->cfg.serve.models_dir,
-           name);
-  return stat(mj, &st) == 0;
 }
 
 bool cn__repo_busy(const cn__model_slot *sl) {
@@ -153,7 +92,7 @@ static int live_slots(cn__server *s, bool reclaim) {
   int n = atomic_load(&s->n_models), live = 0;
   for (int i = 0; i < n; i++) {
     cn__model_slot *sl = &s->models[i];
-    if (sl->used && reclaim && !dir_present(s, sl->name) && slot_free(s, sl))
+    if (sl->used && reclaim && !cn__dirs_present(s->cfg.serve.models_dir, sl->name) && slot_free(s, sl))
       continue;
     live += sl->used;
   }
@@ -181,7 +120,7 @@ static cn__model_slot *slot_get(cn__server *s, const char *name) {
     pthread_mutex_unlock(&sl->vmu);
     sl->rescan_owed = sl->queued = false;
     snprintf(sl->name, sizeof(sl->name), "%s", name);
-    label_escape(sl->label, sizeof(sl->label), name);
+    cn__repo_label_escape(sl->label, sizeof(sl->label), name);
     sl->used = true;
     return sl;
   }
@@ -189,7 +128,7 @@ static cn__model_slot *slot_get(cn__server *s, const char *name) {
   sl = &s->models[n];
   memset(sl, 0, sizeof(*sl));
   snprintf(sl->name, sizeof(sl->name), "%s", name);
-  label_escape(sl->label, sizeof(sl->label), name);
+  cn__repo_label_escape(sl->label, sizeof(sl->label), name);
   sl->index = n;
   sl->srv = s;
   sl->used = true;
@@ -291,163 +230,25 @@ static void load_failed(cn__model_slot *sl, const cn_err *err) {
          "error=\"%s\"", sl->label, serving, err->msg);
 }
 
-static int cmp_names(const void *a, const void *b) {
-  return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* What a model.json that is not a regular file is, in words (core's
- * loader says the same of the files it opens). */
-static const char *file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
-}
-
-/* A subdirectory of models-dir that looks like a model but cannot be
- * served: its name is too long (CN__NAME_MAX bytes or more: the model's
- * name is its directory's), its model.json is not a regular file (a
- * directory, a FIFO, a device), or the daemon cannot reach it (a
- * directory it may not enter: mkdtemp's 0700 under another user, issue
- * 37; a dangling symbolic link). Each is a load that failed. A directory
- * with no model.json at all is no model: only logged (not_model). */
-typedef struct {
-  char *name;
-  char why[300];   /* "the directory's name has 130 bytes; ..." */
-  char fix[48];    /* what strict-startup's message tells a person to do */
-  bool not_model;  /* no model.json: a warning, not a failed load */
-} unservable;
-
-static void free_unservable(unservable *b, int n) {
-  for (int i = 0; i < n; i++) free(b[i].name);
-  free(b);
-}
-
-static int cmp_unservable(const void *a, const void *b) {
-  return strcmp(((const unservable *)a)->name,
-                ((const unservable *)b)->name);
-}
-
-/* The subdirectories of models-dir that hold a model.json, sorted. Those
- * that cannot be served go to *bad (sorted) when it is not NULL. */
-static int list_dirs(cn__server *s, char ***out, unservable **bad,
-                     int *n_bad) {
-  const char *dir = s->cfg.serve.models_dir;
-  *out = NULL;
-  if (bad != NULL) {
-    *bad = NULL;
-    *n_bad = 0;
-  }
-  DIR *d = opendir(dir);
-  if (d == NULL) return -1;
-  char **names = calloc(CN__MAX_MODELS * 4, sizeof(char *));
-  int n = 0;
-  struct dirent *de;
-  while (names != NULL && (de = readdir(d)) != NULL &&
-         n < CN__MAX_MODELS * 4) {
-    char p[4400];
-    struct stat st;
-    /* hidden (a write in progress: canopy-import's .NAME.xxxx), and the
-     * lost+found of a volume's root (root's 0700, never a model) */
-    if (de->d_name[0] == '.' || strcmp(de->d_name, "lost+found") == 0)
-      continue;
-    snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
-    /* stat follows a symlink to a regular file, and never blocks */
-    int serr = stat(p, &st) != 0 ? errno : 0;
-    struct stat ls;
-    bool dangling = serr == ENOENT && lstat(p, &ls) == 0;
-    /* a plain file beside the models (a README) is no directory */
-    if (serr == ENOTDIR) continue;
-    size_t len = strlen(de->d_name);
-    int cc = control_char(de->d_name);
-    if (serr == 0 && len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
-      names[n++] = strdup(de->d_name);
-      continue;
-    }
-    if (bad == NULL) continue;
-    unservable *t = realloc(*bad, (size_t)(*n_bad + 1) * sizeof(*t));
-    if (t == NULL) continue;
-    *bad = t;
-    unservable *u = &t[*n_bad];
-    if ((u->name = strdup(de->d_name)) == NULL) continue;
-    (*n_bad)++;
-    u->not_model = false;
-    if (serr == ENOENT && !dangling) {
-      u->not_model = true;
-      snprintf(u->why, sizeof(u->why), "'%.200s' holds no model.json: not "
-               "a model", p);
-      snprintf(u->fix, sizeof(u->fix), "move it out of models-dir");
-    } else if (serr != 0) {
-      snprintf(u->why, sizeof(u->why), "cannot read '%.200s': %s", p,
-               dangling ? "a symbolic link to nothing" : strerror(serr));
-      snprintf(u->fix, sizeof(u->fix), serr == EACCES
-               ? "let the daemon's user read it (chmod 0755 the directory)"
-               : "fix it");
-    } else if (len >= CN__NAME_MAX) {
-      snprintf(u->why, sizeof(u->why), "the directory's name has %zu bytes; "
-               "a model name has at most %d", len, CN__NAME_MAX - 1);
-      snprintf(u->fix, sizeof(u->fix), "rename it");
-    } else if (cc >= 0) {
-      snprintf(u->why, sizeof(u->why), "the directory's name holds a "
-               "control character (byte 0x%02x); a model name has none "
-               "(it would split log lines and metrics)", cc);
-      snprintf(u->fix, sizeof(u->fix), "rename it");
-    } else {
-      snprintf(u->why, sizeof(u->why), "'model.json' is not a regular file "
-               "(%s)", file_kind(st.st_mode));
-      snprintf(u->fix, sizeof(u->fix), "replace it");
-    }
-  }
-  closedir(d);
-  if (names == NULL) return -1;
-  qsort(names, (size_t)n, sizeof(char *), cmp_names);
-  if (bad != NULL && *n_bad > 1)
-    qsort(*bad, (size_t)*n_bad, sizeof(**bad), cmp_unservable);
-  *out = names;
-  return n;
-}
-
-/* "model=NAME" for the log, a long name cut to 60 bytes and "...", its
- * control characters, quotes and backslashes escaped (one line a record) */
-static void log_unservable(const unservable *u) {
-  char cut[64], esc[260], why[620];
-  snprintf(cut, sizeof(cut), "%.60s", u->name);
-  cn__log_escape(esc, sizeof(esc), cut);
-  cn__log_escape(why, sizeof(why), u->why);
-  if (u->not_model)
-    CN_LOG(CN_LOG_WARN, "msg=not-a-model model=%s%s reason=\"%s\"", esc,
-           strlen(u->name) > 60 ? "..." : "", why);
-  else
-    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s%s error=\"%s\"",
-           esc, strlen(u->name) > 60 ? "..." : "", why);
-}
-
-static void free_names(char **names, int n) {
-  for (int i = 0; i < n; i++) free(names[i]);
-  free(names);
-}
-
 int cn__repo_load_all(cn__server *s, cn_err *err) {
   const cn_serve_config *sc = &s->cfg.serve;
   char **names;
-  unservable *bad;
+  cn__unservable *bad;
   int n_bad;
-  int n = list_dirs(s, &names, &bad, &n_bad), rc = 0, loaded = 0;
+  int n = cn__dirs_list(s->cfg.serve.models_dir, &names, &bad, &n_bad), rc = 0, loaded = 0;
   if (n < 0)
     return cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: cannot open '%s'",
                       sc->models_dir);
   /* a directory that cannot be served is a model that failed to load */
   for (int i = 0; i < n_bad; i++) {
-    log_unservable(&bad[i]);
+    cn__dirs_log_unservable(&bad[i]);
     if (sc->strict_startup && rc == 0 && !bad[i].not_model)
       rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: the directory "
                       "'%.60s%s': %s (%s, or set strict-startup false)",
                       bad[i].name, strlen(bad[i].name) > 60 ? "..." : "",
                       bad[i].why, bad[i].fix);
   }
-  free_unservable(bad, n_bad);
+  cn__dirs_free_unservable(bad, n_bad);
   if (rc != 0) goto out;
   if (n == 0 && strcmp(sc->model_control, "none") == 0) {
     rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: no subdirectory of "
@@ -482,7 +283,7 @@ int cn__repo_load_all(cn__server *s, cn_err *err) {
   if (n > 0 && loaded == 0)
     CN_LOG(CN_LOG_WARN, "msg=no-model-loaded models=%d", n);
 out:
-  free_names(names, n);
+  cn__dirs_free_names(names, n);
   return rc;
 }
 
@@ -589,13 +390,13 @@ static void start_queued(cn__server *s) {
 void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
   cn_err e;
   cn_err_clear(&e);
-  int cc = control_char(name);
+  int cc = cn__dirs_control_char(name);
   /* A load asked for by name makes a slot only for a directory that
    * holds a model.json (or a model already known): junk names would
    * otherwise fill the repository's CN__MAX_MODELS slots. */
   bool wanted = cc < 0 && (r == NULL ||
                            cn__repo_find(s, name, strlen(name)) != NULL ||
-                           dir_present(s, name));
+                           cn__dirs_present(s->cfg.serve.models_dir, name));
   cn__model_slot *sl = wanted ? slot_get(s, name) : NULL;
   if (r != NULL) { /* a waiting request, answered by answer_load */
     atomic_fetch_add(&r->refs, 1);
@@ -706,7 +507,7 @@ void cn__repo_on_loaded(uv_async_t *a) {
       sl->rescan_owed = false;
       struct stat now[2];
       slot_signature(s, sl, now);
-      if (!same_signature(now, sl->tried) && dir_present(s, sl->name))
+      if (!cn__dirs_same(now, sl->tried) && cn__dirs_present(s->cfg.serve.models_dir, sl->name))
         cn__repo_load_async(s, sl->name, NULL);
     }
     free(L);
@@ -745,7 +546,7 @@ void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
          cancelled ? "true" : "false");
   cn__model_release(old); /* its requests finish on it */
   /* its directory gone: the slot is free for another name */
-  if (!dir_present(s, sl->name)) slot_free(s, sl);
+  if (!cn__dirs_present(s->cfg.serve.models_dir, sl->name)) slot_free(s, sl);
 }
 
 /* Has the directory changed since its last load was tried? A version
@@ -754,7 +555,7 @@ void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
 static bool slot_changed(cn__server *s, cn__model_slot *sl) {
   struct stat now[2];
   slot_signature(s, sl, now);
-  return !same_signature(now, sl->tried);
+  return !cn__dirs_same(now, sl->tried);
 }
 
 void cn__repo_rescan(cn__server *s, const char *why) {
@@ -770,9 +571,9 @@ void cn__repo_rescan(cn__server *s, const char *why) {
     cn__notify(msg);
   }
   char **names;
-  unservable *bad;
+  cn__unservable *bad;
   int n_bad;
-  int n = list_dirs(s, &names, &bad, &n_bad);
+  int n = cn__dirs_list(s->cfg.serve.models_dir, &names, &bad, &n_bad);
   if (n < 0) {
     CN_LOG(CN_LOG_ERROR, "msg=rescan-failed why=%s models_dir=\"%s\"", why,
            s->cfg.serve.models_dir);
@@ -819,9 +620,9 @@ void cn__repo_rescan(cn__server *s, const char *why) {
     CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
            "unloads=%d", why, n, loads, unloads);
   for (int i = 0; i < n_bad && strcmp(why, "poll") != 0; i++)
-    log_unservable(&bad[i]);
-  free_unservable(bad, n_bad);
-  free_names(names, n);
+    cn__dirs_log_unservable(&bad[i]);
+  cn__dirs_free_unservable(bad, n_bad);
+  cn__dirs_free_names(names, n);
   if (reload) {
     s->reload_notify = true;
     if (s->loads_pending == 0) {
@@ -831,107 +632,6 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   }
 }
 
-json_t *cn__repo_index(cn__server *s) {
-  json_t *arr = json_array();
-  int m = atomic_load(&s->n_models);
-  for (int i = 0; i < m; i++) {
-    cn__model_slot *sl = &s->models[i];
-    if (!sl->used) continue;
-    pthread_mutex_lock(&sl->vmu);
-    bool has = sl->cur != NULL;
-    pthread_mutex_unlock(&sl->vmu);
-    /* unloaded and its directory gone: no longer in the repository, whether
-     * or not slot_free could free it yet (requests still holding it) */
-    if (!has && !cn__repo_busy(sl) && !dir_present(s, sl->name)) continue;
-    json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(sl->name));
-    pthread_mutex_lock(&sl->vmu);
-    if (sl->cur != NULL)
-      json_object_set_new(o, "version", json_string(sl->cur->version));
-    json_object_set_new(o, "state", json_string(state_name(sl->state)));
-    if (sl->reason[0] != '\0')
-      json_object_set_new(o, "reason", json_string(sl->reason));
-    pthread_mutex_unlock(&sl->vmu);
-    json_array_append_new(arr, o);
-  }
-  /* directories the daemon has not loaded (model-control none, or not yet
-   * rescanned) */
-  char **names;
-  unservable *bad;
-  int n_bad;
-  int n = list_dirs(s, &names, &bad, &n_bad);
-  for (int i = 0; n >= 0 && i < n_bad; i++) {
-    if (bad[i].not_model) continue;
-    json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(bad[i].name));
-    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
-    char why[360];
-    snprintf(why, sizeof(why), "%s: %s", bad[i].why, bad[i].fix);
-    json_object_set_new(o, "reason", json_string(why));
-    json_array_append_new(arr, o);
-  }
-  if (n >= 0) free_unservable(bad, n_bad);
-  for (int i = 0; i < n; i++) {
-    if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
-    json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(names[i]));
-    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
-    json_object_set_new(o, "reason", json_string("not loaded: new since the "
-                                                 "last scan of models-dir"));
-    json_array_append_new(arr, o);
-  }
-  if (n >= 0) free_names(names, n);
-  return arr;
-}
-
-char *cn__repo_metrics(cn__server *s) {
-  size_t cap = 4096, len = 0;
-  char *b = malloc(cap);
-  if (b == NULL) return NULL;
-  int m = atomic_load(&s->n_models);
-#define APPEND(...)                                                          \
-  do {                                                                       \
-    int k_ = snprintf(b + len, cap - len, __VA_ARGS__);                     \
-    while (k_ >= 0 && (size_t)k_ >= cap - len) {                             \
-      char *nb = realloc(b, cap *= 2);                                       \
-      if (nb == NULL) { free(b); return NULL; }                              \
-      b = nb;                                                                \
-      k_ = snprintf(b + len, cap - len, __VA_ARGS__);                        \
-    }                                                                        \
-    len += (size_t)k_;                                                       \
-  } while (0)
-  APPEND("# HELP canopy_model_ready 1 for the version a model serves\n"
-         "# TYPE canopy_model_ready gauge\n");
-  for (int i = 0; i < m; i++) {
-    cn__model_slot *sl = &s->models[i];
-    if (!sl->used) continue;
-    pthread_mutex_lock(&sl->vmu);
-    char ver[160];
-    if (sl->cur != NULL) label_escape(ver, sizeof(ver), sl->cur->version);
-    if (sl->cur != NULL)
-      APPEND("canopy_model_ready{model=\"%s\",version=\"%s\"} 1\n", sl->label,
-             ver);
-    else
-      APPEND("canopy_model_ready{model=\"%s\",version=\"\"} 0\n", sl->label);
-    pthread_mutex_unlock(&sl->vmu);
-  }
-  APPEND("# HELP canopy_model_loads_total model loads (start-up, reloads) "
-         "by result\n# TYPE canopy_model_loads_total counter\n");
-  for (int i = 0; i < m; i++) {
-    cn__model_slot *sl = &s->models[i];
-    if (!sl->used) continue;
-    pthread_mutex_lock(&sl->vmu);
-    long long ok = sl->loads_ok, bad = sl->loads_failed;
-    pthread_mutex_unlock(&sl->vmu);
-    APPEND("canopy_model_loads_total{model=\"%s\",result=\"ok\"} %lld\n"
-           "canopy_model_loads_total{model=\"%s\",result=\"failed\"} %lld\n",
-           sl->label, ok, sl->label, bad);
-  }
-#undef APPEND
-  return b;
-}
-
-/* Is host (the listen address, an IP literal or a name) loopback only? */
 static bool host_is_loopback(const char *host) {
   struct in_addr a4;
   struct in6_addr a6;

@@ -434,6 +434,8 @@ cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
 void cn__repo_guard_init(cn__server *s);
 /* Loop: is a load or its queue under way for sl (an unload cancels it)? */
 bool cn__repo_busy(const cn__model_slot *sl);
+/* name as a Prometheus label value, cut to cap (repo_report.c). */
+void cn__repo_label_escape(char *out, size_t cap, const char *in);
 /* A reference to the version new requests get (NULL: none loaded). */
 cn__model_entry *cn__model_retain(cn__model_slot *sl);
 void cn__model_release(cn__model_entry *me);

@@ -1,0 +1,173 @@
+/* repo_dirs.c - the models directory as the repository reads it
+ * (repo_dirs.h). */
+#include "repo_dirs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "serve_impl.h"
+
+/* The files a rescan watches: model.json and the weights. An atomic
+ * rename of a new directory, or a rewrite of either file, changes them. */
+void cn__dirs_signature(const char *dir, struct stat sig[2]) {
+  char p[2200];
+  memset(sig, 0, 2 * sizeof(struct stat));
+  snprintf(p, sizeof(p), "%s/model.json", dir);
+  if (stat(p, &sig[0]) != 0) memset(&sig[0], 0, sizeof(sig[0]));
+  snprintf(p, sizeof(p), "%s/weights.safetensors", dir);
+  if (stat(p, &sig[1]) != 0) memset(&sig[1], 0, sizeof(sig[1]));
+}
+
+bool cn__dirs_same(const struct stat a[2], const struct stat b[2]) {
+  for (int i = 0; i < 2; i++)
+    if (a[i].st_dev != b[i].st_dev || a[i].st_ino != b[i].st_ino ||
+        a[i].st_size != b[i].st_size ||
+        a[i].st_mtim.tv_sec != b[i].st_mtim.tv_sec ||
+        a[i].st_mtim.tv_nsec != b[i].st_mtim.tv_nsec)
+      return false;
+  return true;
+}
+
+/* The first control character of name (a byte below 0x20, or 0x7f)? Such a
+ * name would split a log line or a metrics series: it names no model. */
+int cn__dirs_control_char(const char *name) {
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    if (*p < 0x20 || *p == 0x7f) return *p;
+  return -1;
+}
+
+/* Does models-dir/name hold a model.json (a file, or anything)? */
+bool cn__dirs_present(const char *models_dir, const char *name) {
+  char mj[1200];
+  struct stat st;
+  snprintf(mj, sizeof(mj), "%s/%s/model.json", models_dir, name);
+  return stat(mj, &st) == 0;
+}
+
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* What a model.json that is not a regular file is, in words (core's
+ * loader says the same of the files it opens). */
+static const char *file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a file";
+}
+
+void cn__dirs_free_unservable(cn__unservable *b, int n) {
+  for (int i = 0; i < n; i++) free(b[i].name);
+  free(b);
+}
+
+static int cmp_unservable(const void *a, const void *b) {
+  return strcmp(((const cn__unservable *)a)->name,
+                ((const cn__unservable *)b)->name);
+}
+
+/* The subdirectories of models-dir that hold a model.json, sorted. Those
+ * that cannot be served go to *bad (sorted) when it is not NULL. */
+int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
+                  int *n_bad) {
+  *out = NULL;
+  if (bad != NULL) {
+    *bad = NULL;
+    *n_bad = 0;
+  }
+  DIR *d = opendir(dir);
+  if (d == NULL) return -1;
+  char **names = calloc(CN__MAX_MODELS * 4, sizeof(char *));
+  int n = 0;
+  struct dirent *de;
+  while (names != NULL && (de = readdir(d)) != NULL &&
+         n < CN__MAX_MODELS * 4) {
+    char p[4400];
+    struct stat st;
+    /* hidden (a write in progress: canopy-import's .NAME.xxxx), and the
+     * lost+found of a volume's root (root's 0700, never a model) */
+    if (de->d_name[0] == '.' || strcmp(de->d_name, "lost+found") == 0)
+      continue;
+    snprintf(p, sizeof(p), "%s/%s/model.json", dir, de->d_name);
+    /* stat follows a symlink to a regular file, and never blocks */
+    int serr = stat(p, &st) != 0 ? errno : 0;
+    struct stat ls;
+    bool dangling = serr == ENOENT && lstat(p, &ls) == 0;
+    /* a plain file beside the models (a README) is no directory */
+    if (serr == ENOTDIR) continue;
+    size_t len = strlen(de->d_name);
+    int cc = cn__dirs_control_char(de->d_name);
+    if (serr == 0 && len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
+      names[n++] = strdup(de->d_name);
+      continue;
+    }
+    if (bad == NULL) continue;
+    cn__unservable *t = realloc(*bad, (size_t)(*n_bad + 1) * sizeof(*t));
+    if (t == NULL) continue;
+    *bad = t;
+    cn__unservable *u = &t[*n_bad];
+    if ((u->name = strdup(de->d_name)) == NULL) continue;
+    (*n_bad)++;
+    u->not_model = false;
+    if (serr == ENOENT && !dangling) {
+      u->not_model = true;
+      snprintf(u->why, sizeof(u->why), "'%.200s' holds no model.json: not "
+               "a model", p);
+      snprintf(u->fix, sizeof(u->fix), "move it out of models-dir");
+    } else if (serr != 0) {
+      snprintf(u->why, sizeof(u->why), "cannot read '%.200s': %s", p,
+               dangling ? "a symbolic link to nothing" : strerror(serr));
+      snprintf(u->fix, sizeof(u->fix), serr == EACCES
+               ? "let the daemon's user read it (chmod 0755 the directory)"
+               : "fix it");
+    } else if (len >= CN__NAME_MAX) {
+      snprintf(u->why, sizeof(u->why), "the directory's name has %zu bytes; "
+               "a model name has at most %d", len, CN__NAME_MAX - 1);
+      snprintf(u->fix, sizeof(u->fix), "rename it");
+    } else if (cc >= 0) {
+      snprintf(u->why, sizeof(u->why), "the directory's name holds a "
+               "control character (byte 0x%02x); a model name has none "
+               "(it would split log lines and metrics)", cc);
+      snprintf(u->fix, sizeof(u->fix), "rename it");
+    } else {
+      snprintf(u->why, sizeof(u->why), "'model.json' is not a regular file "
+               "(%s)", file_kind(st.st_mode));
+      snprintf(u->fix, sizeof(u->fix), "replace it");
+    }
+  }
+  closedir(d);
+  if (names == NULL) return -1;
+  qsort(names, (size_t)n, sizeof(char *), cmp_names);
+  if (bad != NULL && *n_bad > 1)
+    qsort(*bad, (size_t)*n_bad, sizeof(**bad), cmp_unservable);
+  *out = names;
+  return n;
+}
+
+/* "model=NAME" for the log, a long name cut to 60 bytes and "...", its
+ * control characters, quotes and backslashes escaped (one line a record) */
+void cn__dirs_log_unservable(const cn__unservable *u) {
+  char cut[64], esc[260], why[620];
+  snprintf(cut, sizeof(cut), "%.60s", u->name);
+  cn__log_escape(esc, sizeof(esc), cut);
+  cn__log_escape(why, sizeof(why), u->why);
+  if (u->not_model)
+    CN_LOG(CN_LOG_WARN, "msg=not-a-model model=%s%s reason=\"%s\"", esc,
+           strlen(u->name) > 60 ? "..." : "", why);
+  else
+    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s%s error=\"%s\"",
+           esc, strlen(u->name) > 60 ? "..." : "", why);
+}
+
+void cn__dirs_free_names(char **names, int n) {
+  for (int i = 0; i < n; i++) free(names[i]);
+  free(names);
+}
+

@@ -1,0 +1,136 @@
+/* repo_report.c - what the repository says of itself: the index
+ * (POST /v2/repository/index) and its metrics series. Any thread: a
+ * slot's version and state are read under its mutex. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "repo_dirs.h"
+#include "serve_impl.h"
+
+static const char *state_name(int st) {
+  switch (st) {
+    case CN__MODEL_LOADING: return "LOADING";
+    case CN__MODEL_READY: return "READY";
+    case CN__MODEL_UNAVAILABLE: return "UNAVAILABLE";
+    default: return "UNLOADED";
+  }
+}
+
+/* name as a Prometheus label value (text format 0.0.4: backslash, double
+ * quote and line feed escaped). */
+void cn__repo_label_escape(char *out, size_t cap, const char *in) {
+  size_t n = 0;
+  for (; *in != '\0' && n + 3 < cap; in++) {
+    if (*in == '\\' || *in == '"') out[n++] = '\\';
+    if (*in == '\n') {
+      out[n++] = '\\';
+      out[n++] = 'n';
+      continue;
+    }
+    out[n++] = *in;
+  }
+  out[n] = '\0';
+}
+
+json_t *cn__repo_index(cn__server *s) {
+  json_t *arr = json_array();
+  int m = atomic_load(&s->n_models);
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
+    pthread_mutex_lock(&sl->vmu);
+    bool has = sl->cur != NULL;
+    pthread_mutex_unlock(&sl->vmu);
+    /* unloaded and its directory gone: no longer in the repository, whether
+     * or not slot_free could free it yet (requests still holding it) */
+    if (!has && !cn__repo_busy(sl) && !cn__dirs_present(s->cfg.serve.models_dir, sl->name)) continue;
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(sl->name));
+    pthread_mutex_lock(&sl->vmu);
+    if (sl->cur != NULL)
+      json_object_set_new(o, "version", json_string(sl->cur->version));
+    json_object_set_new(o, "state", json_string(state_name(sl->state)));
+    if (sl->reason[0] != '\0')
+      json_object_set_new(o, "reason", json_string(sl->reason));
+    pthread_mutex_unlock(&sl->vmu);
+    json_array_append_new(arr, o);
+  }
+  /* directories the daemon has not loaded (model-control none, or not yet
+   * rescanned) */
+  char **names;
+  cn__unservable *bad;
+  int n_bad;
+  int n = cn__dirs_list(s->cfg.serve.models_dir, &names, &bad, &n_bad);
+  for (int i = 0; n >= 0 && i < n_bad; i++) {
+    if (bad[i].not_model) continue;
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(bad[i].name));
+    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
+    char why[360];
+    snprintf(why, sizeof(why), "%s: %s", bad[i].why, bad[i].fix);
+    json_object_set_new(o, "reason", json_string(why));
+    json_array_append_new(arr, o);
+  }
+  if (n >= 0) cn__dirs_free_unservable(bad, n_bad);
+  for (int i = 0; i < n; i++) {
+    if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
+    json_t *o = json_object();
+    json_object_set_new(o, "name", json_string(names[i]));
+    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
+    json_object_set_new(o, "reason", json_string("not loaded: new since the "
+                                                 "last scan of models-dir"));
+    json_array_append_new(arr, o);
+  }
+  if (n >= 0) cn__dirs_free_names(names, n);
+  return arr;
+}
+
+char *cn__repo_metrics(cn__server *s) {
+  size_t cap = 4096, len = 0;
+  char *b = malloc(cap);
+  if (b == NULL) return NULL;
+  int m = atomic_load(&s->n_models);
+#define APPEND(...)                                                          \
+  do {                                                                       \
+    int k_ = snprintf(b + len, cap - len, __VA_ARGS__);                     \
+    while (k_ >= 0 && (size_t)k_ >= cap - len) {                             \
+      char *nb = realloc(b, cap *= 2);                                       \
+      if (nb == NULL) { free(b); return NULL; }                              \
+      b = nb;                                                                \
+      k_ = snprintf(b + len, cap - len, __VA_ARGS__);                        \
+    }                                                                        \
+    len += (size_t)k_;                                                       \
+  } while (0)
+  APPEND("# HELP canopy_model_ready 1 for the version a model serves\n"
+         "# TYPE canopy_model_ready gauge\n");
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
+    pthread_mutex_lock(&sl->vmu);
+    char ver[160];
+    if (sl->cur != NULL) cn__repo_label_escape(ver, sizeof(ver), sl->cur->version);
+    if (sl->cur != NULL)
+      APPEND("canopy_model_ready{model=\"%s\",version=\"%s\"} 1\n", sl->label,
+             ver);
+    else
+      APPEND("canopy_model_ready{model=\"%s\",version=\"\"} 0\n", sl->label);
+    pthread_mutex_unlock(&sl->vmu);
+  }
+  APPEND("# HELP canopy_model_loads_total model loads (start-up, reloads) "
+         "by result\n# TYPE canopy_model_loads_total counter\n");
+  for (int i = 0; i < m; i++) {
+    cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
+    pthread_mutex_lock(&sl->vmu);
+    long long ok = sl->loads_ok, bad = sl->loads_failed;
+    pthread_mutex_unlock(&sl->vmu);
+    APPEND("canopy_model_loads_total{model=\"%s\",result=\"ok\"} %lld\n"
+           "canopy_model_loads_total{model=\"%s\",result=\"failed\"} %lld\n",
+           sl->label, ok, sl->label, bad);
+  }
+#undef APPEND
+  return b;
+}
+
+/* Is host (the listen address, an IP literal or a name) loopback only? */
