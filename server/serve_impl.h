@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <uv.h>
 
@@ -294,7 +295,12 @@ struct cn__server {
   cn__metrics metrics;
 };
 
-double cn__now(void);
+/* The monotonic clock, in seconds: every timing of the daemon. */
+static inline double cn__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* http.c: requests and answers (called by conn.c) */
 cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
