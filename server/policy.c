@@ -97,16 +97,6 @@ void cn__policy_init(cn__server *s, cn__model_entry *me) {
                                     sc->reservoir_graphs);
 }
 
-void cn__policy_destroy(cn__model_entry *me) {
-  cn__policy *p = &me->pol;
-  cn_fsm_free(p->fsm);
-  p->fsm = NULL;
-  cn_graph_set_free(p->reservoir);
-  p->reservoir = NULL;
-  pthread_mutex_destroy(&p->mu);
-  pthread_mutex_destroy(&p->rmu);
-}
-
 json_t *cn__policy_describe(cn__server *s, cn__model_entry *me) {
   cn__policy *p = &me->pol;
   if (s->policy != CN_POLICY_FSM) {

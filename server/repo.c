@@ -142,26 +142,6 @@ static cn__model_slot *slot_get(cn__server *s, const char *name) {
   return sl;
 }
 
-cn__model_entry *cn__model_retain(cn__model_slot *sl) {
-  if (sl == NULL) return NULL;
-  pthread_mutex_lock(&sl->vmu);
-  cn__model_entry *me = sl->cur;
-  if (me != NULL) atomic_fetch_add(&me->refs, 1);
-  pthread_mutex_unlock(&sl->vmu);
-  return me;
-}
-
-void cn__model_release(cn__model_entry *me) {
-  if (me == NULL || atomic_fetch_sub(&me->refs, 1) != 1) return;
-  CN_LOG(CN_LOG_INFO, "msg=model-version-freed model=%s version=%s",
-         me->name, me->version);
-  json_decref(me->describe);
-  cn__policy_destroy(me);
-  cn_model_free(me->model);
-  if (me->slot != NULL) atomic_fetch_sub(&me->slot->entries, 1);
-  free(me);
-}
-
 /* Loads one version of slot sl's directory, with every start-up check.
  * Any thread: touches nothing shared but the policy cache (files). */
 static int version_load(cn__server *s, cn__model_slot *sl,

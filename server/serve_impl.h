@@ -420,7 +420,6 @@ int cn__retry_after_s(cn__server *s);
 
 /* policy.c: learned policies per model, and the online retrainer */
 void cn__policy_init(cn__server *s, cn__model_entry *me);
-void cn__policy_destroy(cn__model_entry *me);
 /* The policy object of GET /v1/models/{name} (new reference). */
 json_t *cn__policy_describe(cn__server *s, cn__model_entry *me);
 /* Workers: executes run with the model's policy; then keeps its graph. */
@@ -442,9 +441,6 @@ void cn__repo_guard_init(cn__server *s);
 bool cn__repo_busy(const cn__model_slot *sl);
 /* name as a Prometheus label value, cut to cap (repo_report.c). */
 void cn__repo_label_escape(char *out, size_t cap, const char *in);
-/* A reference to the version new requests get (NULL: none loaded). */
-cn__model_entry *cn__model_retain(cn__model_slot *sl);
-void cn__model_release(cn__model_entry *me);
 /* Start-up: every model directory, loaded in name order. */
 int cn__repo_load_all(cn__server *s, cn_err *err);
 void cn__repo_free_all(cn__server *s);
@@ -458,6 +454,11 @@ void cn__repo_on_loaded(uv_async_t *a);
 json_t *cn__repo_index(cn__server *s);
 /* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
 char *cn__repo_metrics(cn__server *s);
+
+/* models.c: versions are reference counted. A reference to the version
+ * new requests get (NULL: none loaded); the last release frees it. */
+cn__model_entry *cn__model_retain(cn__model_slot *sl);
+void cn__model_release(cn__model_entry *me);
 
 /* decode.c (workers): continuous decoding */
 bool cn__decode_wants(cn__server *s, const cn__job *j);
