@@ -35,8 +35,6 @@
 #include "routes.h"
 #include "serve_impl.h"
 
-void cn__handle_unref_cb(uv_handle_t *h) { cn__req_unref(h->data); }
-
 int cn__retry_after_s(cn__server *s) {
   double compute_s = (double)atomic_load(&s->ewma_compute_us) / 1e6;
   int queued;

@@ -12,7 +12,6 @@
  * OUTPUT_TOKENS BYTES, HIDDEN FP32 and OFFSETS INT64 [N + 1], whose rows
  * i are OFFSETS[i] .. OFFSETS[i + 1] of every per-node or per-token
  * tensor (laid out by kserve_answer.c). */
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -301,33 +300,4 @@ int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
   }
   *v1 = o;
   return 0;
-}
-
-/* The loop: /v1's {"error": {"code", "message", "instance"?, ...}} as
- * v2's {"error": message}, the message naming the INSTANCE element where
- * /v1 said it in a field of its own (takes body). */
-char *cn__kserve_error(char *body) {
-  json_t *j = body ? json_loads(body, 0, NULL) : NULL;
-  const json_t *err = json_object_get(j, "error");
-  const char *msg = json_string_value(json_object_get(err, "message"));
-  const json_t *inst = json_object_get(err, "instance");
-  if (msg == NULL) {
-    json_decref(j);
-    return body;
-  }
-  bool named = strncmp(msg, "INSTANCE[", 9) == 0 ||
-               (strncmp(msg, "instance ", 9) == 0 &&
-                isdigit((unsigned char)msg[9]));
-  json_t *o = json_object();
-  if (json_is_integer(inst) && !named)
-    json_object_set_new(o, "error", json_sprintf("INSTANCE[%lld]: %s",
-                        (long long)json_integer_value(inst), msg));
-  else
-    json_object_set_new(o, "error", json_string(msg));
-  char *b = json_dumps(o, JSON_COMPACT);
-  json_decref(o);
-  json_decref(j);
-  if (b == NULL) return body;
-  free(body);
-  return b;
 }

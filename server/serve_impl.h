@@ -309,10 +309,6 @@ int cn__http_head_done(cn__req *r, unsigned long long body_len);
 int cn__http_body(cn__req *r, const char *data, size_t n);
 void cn__http_complete(cn__req *r);
 void cn__http_fail(cn__req *r, int code, const char *msg);
-void cn__req_unref(cn__req *r);
-/* Frees the body, giving its bytes back to max-body-memory (any thread). */
-void cn__req_body_free(cn__req *r);
-void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
 
 /* listen.c: the listening socket and the file descriptor limit */
 /* Binds the port (before the models load: a port in use fails at once). */
@@ -344,9 +340,20 @@ void cn__conn_tick(cn__conn *c, double now);
 void cn__conn_eof(cn__conn *c);
 bool cn__conn_closed(const cn__conn *c);
 void cn__conn_free_mem(cn__conn *c);
+
+/* request.c: a request's life after its handler (any layer above the
+ * connections answers through it) */
+void cn__req_unref(cn__req *r);
+/* Frees the body, giving its bytes back to max-body-memory (any thread). */
+void cn__req_body_free(cn__req *r);
+void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
 /* Answers a waiting request from the loop: closes its handles, records
  * metrics and the log line, writes the answer. Takes over body. */
 void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
+/* Answers a request that never waited (its handler decided at once). */
+void cn__req_answer_now(cn__req *r, int status, char *body,
+                        const char *ctype);
+/* /v1's error body {"error": {...}} (instance < 0: none). */
 char *cn__error_body(int code, const char *msg, int instance);
 
 /* infer.c: parses r->body (and frees it) into r's options and instances */
@@ -384,8 +391,6 @@ int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
  * stats, which become "parameters"); *status 200, or 500 with the error. */
 char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
                         json_t *outs, json_t *stats, int *status);
-/* Loop: a /v1 error body as v2's {"error": message} (takes body). */
-char *cn__kserve_error(char *body);
 
 /* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
  * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
