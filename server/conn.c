@@ -27,7 +27,6 @@
 #include <strings.h>
 
 #include "conn_impl.h"
-#include "routes.h"
 
 /* ---- answers --------------------------------------------------------- */
 
@@ -116,7 +115,7 @@ static void on_written(uv_write_t *w, int status) {
   }
   if (c->writes > 0) return;
   if (c->phase == PH_LINGER) conn_shutdown(c);
-  else cn__conn_pump(c);
+  else c->srv->conn_proto->resume(c);
 }
 
 /* Writes buf (taken over) out: at once where the socket takes it, else
@@ -180,7 +179,7 @@ static void release_req(cn__conn *c) {
   c->hlen = 0;
   r->conn = NULL;
   atomic_fetch_sub(&c->srv->in_flight, 1);
-  cn__req_unref(r);
+  c->srv->http->release(r);
 }
 
 /* One answer: status line, headers, body (HEAD: none), in one buffer. */
@@ -230,7 +229,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
                                           : "");
   if (status == 429 || status == 503)
     n += snprintf(out + n, cap - (size_t)n, "Retry-After: %d\r\n",
-                  cn__retry_after_s(s));
+                  s->http->retry_after_s(s));
   n += snprintf(out + n, cap - (size_t)n, "\r\n");
   if (!head && blen > 0) memcpy(out + n, body, blen);
   size_t len = (size_t)n + (head ? 0 : blen);
@@ -252,7 +251,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
   if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);
-  else if (!c->pumping) cn__conn_pump(c); /* an answer that waited */
+  else if (!c->pumping) s->conn_proto->resume(c); /* an answer waited */
 }
 
 /* Draining, with the connection kept for what its client still sends:
@@ -271,9 +270,8 @@ void cn__conn_drain_quiet(cn__conn *c) {
 /* The client closed its side (or the socket failed). */
 void cn__conn_eof(cn__conn *c) {
   if (c->phase == PH_CLOSED) return;
-  cn__req *r = c->r;
-  if (r != NULL && r->state == CN__REQ_WAITING && r->route == CN__RT_INFER) {
-    cn__batcher_cancel(r, "disconnect", 499); /* closes c */
+  if (c->r != NULL) {
+    c->srv->http->hangup(c->r); /* a waiting request: closes c */
     if (c->phase == PH_CLOSED) return;
   }
   cn__conn_close(c);
@@ -306,7 +304,7 @@ void cn__conn_tick(cn__conn *c, double now) {
                head ? "header-timeout-s" : "body-timeout-s");
       c->deadline = 0;
       if (c->r != NULL && c->r->state != CN__REQ_RECEIVING) break;
-      cn__conn_answer_error(c, CN_E_REQUEST_TIMEOUT, m);
+      c->srv->conn_proto->fail(c, CN_E_REQUEST_TIMEOUT, m);
       break;
     }
     case PH_IDLE:
@@ -332,7 +330,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
     cn__conn_eof(c);
     return;
   }
-  if (n > 0) cn__conn_feed(c, b->base, (size_t)n);
+  if (n > 0) c->srv->conn_proto->feed(c, b->base, (size_t)n);
 }
 
 /* Reading is on while there is room ahead and no answer unwritten. */
@@ -361,8 +359,7 @@ void cn__conn_close(cn__conn *c) {
   cn__server *s = c->srv;
   cn__req *r = c->r;
   c->phase = PH_CLOSED;
-  if (r != NULL && r->state == CN__REQ_WAITING && r->route == CN__RT_INFER)
-    cn__batcher_cancel(r, "disconnect", 499);
+  if (r != NULL) s->http->hangup(r);
   release_req(c);
   if (c->prev) c->prev->next = c->next;
   else if (s->conns == c) s->conns = c->next;
@@ -397,7 +394,6 @@ static void list_add(cn__server *s, cn__conn *c) {
 }
 
 cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud) {
-  cn__conn_settings_init();
   cn__conn *c = conn_new(s);
   if (c == NULL) return NULL;
   c->sink = sink;
@@ -427,7 +423,7 @@ static void refuse_conn(cn__conn *c) {
            "later", s->cfg.serve.max_connections);
   c->phase = PH_HEAD;
   c->hlen = 0;
-  cn__conn_answer_error(c, CN_E_UNAVAILABLE, m);
+  s->conn_proto->fail(c, CN_E_UNAVAILABLE, m);
 }
 
 /* At max-connections a new connection takes the place of an open one
@@ -551,7 +547,6 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int cn__conn_listen(cn__server *s, int fd, cn_err *err) {
-  cn__conn_settings_init();
   uv_tcp_init(&s->loop, &s->listener);
   s->listener.data = s;
   int rc = uv_tcp_open(&s->listener, fd);

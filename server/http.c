@@ -51,7 +51,7 @@ static void answer_err(cn__req *r, int code, const char *msg) {
 
 /* An error of the front end (framing, limits, deadlines, max-connections):
  * conn.c closes the connection after it. */
-void cn__http_fail(cn__req *r, int code, const char *msg) {
+static void http_fail(cn__req *r, int code, const char *msg) {
   answer_err(r, code, msg);
 }
 
@@ -352,8 +352,8 @@ static bool wants_body(const cn__req *r) {
 }
 
 /* conn.c: a request head is in (the connection holds the reference). */
-cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
-                        const char *url) {
+static cn__req *http_begin(cn__server *s, cn__conn *c, const char *method,
+                           const char *url) {
   /* RFC 9112 §3.2.2: a server accepts the absolute form of a target
    * (http://host/path, what a request to a proxy carries) */
   if (strncasecmp(url, "http://", 7) == 0 ||
@@ -408,7 +408,7 @@ static void too_large(cn__req *r) {
  * none). A body declared over max-body-bytes is refused before it is read,
  * whatever the route: none takes more, and reading it only to drop it
  * would hold the connection (returns 1: answered). */
-int cn__http_head_done(cn__req *r, unsigned long long body_len) {
+static int http_head_done(cn__req *r, unsigned long long body_len) {
   if (body_len > (unsigned long long)r->srv->cfg.serve.max_body_bytes) {
     too_large(r);
     return 1;
@@ -418,7 +418,7 @@ int cn__http_head_done(cn__req *r, unsigned long long body_len) {
 
 /* A piece of the body: kept for an inference, dropped otherwise. Over
  * max-body-bytes it is refused at once (returns 1: answered). */
-int cn__http_body(cn__req *r, const char *data, size_t n) {
+static int http_body(cn__req *r, const char *data, size_t n) {
   if (!wants_body(r)) return 0;
   size_t max = (size_t)r->srv->cfg.serve.max_body_bytes;
   if (r->body_len + n > max) {
@@ -464,8 +464,19 @@ int cn__http_body(cn__req *r, const char *data, size_t n) {
 }
 
 /* The request is complete: answered now, or handed over to wait. */
-void cn__http_complete(cn__req *r) {
+static void http_complete(cn__req *r) {
   if (r->state != CN__REQ_RECEIVING) return;
   if (wants_body(r)) infer_ready(r);
   else answer_route(r);
 }
+
+/* The client hung up: a request waiting for its run leaves it (the
+ * batcher answers it 499, which closes the connection). */
+static void http_hangup(cn__req *r) {
+  if (r->state == CN__REQ_WAITING && r->route == CN__RT_INFER)
+    cn__batcher_cancel(r, "disconnect", 499);
+}
+
+const cn__http_hooks cn__http_handlers = {
+    http_begin, http_head_done, http_body,       http_complete,
+    http_fail,  http_hangup,    cn__req_unref,   cn__retry_after_s};

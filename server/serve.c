@@ -277,6 +277,7 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_err err;
   cn_err_clear(&err);
   memset(s, 0, sizeof(*s));
+  s->http = &cn__http_handlers; /* what the connections hand up */
   s->listen_fd = -1;
   /* a start-up that fails before the loop's handles exist (a model that
    * fails to load, a backend that cannot open) still drains the done

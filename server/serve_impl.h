@@ -242,6 +242,8 @@ struct cn__server {
   cn__conn *conns;           /* every client connection (loop thread)  */
   int refused_conns;         /* beyond max-connections, being answered */
   uv_async_t done_async;
+  const struct cn__http_hooks *http;     /* what the connections call    */
+  const struct cn__conn_proto *conn_proto; /* conn.c -> conn_parse.c    */
   /* Where a request that waits goes (cn__batcher_dispatch; the HTTP fuzz
    * target answers them itself, with no loop running). */
   void (*hand_over)(cn__server *s, cn__req *r);
@@ -302,13 +304,25 @@ static inline double cn__now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* http.c: requests and answers (called by conn.c) */
-cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
-                        const char *url);
-int cn__http_head_done(cn__req *r, unsigned long long body_len);
-int cn__http_body(cn__req *r, const char *data, size_t n);
-void cn__http_complete(cn__req *r);
-void cn__http_fail(cn__req *r, int code, const char *msg);
+/* What the connections (conn.c, conn_parse.c) hand up: a request head,
+ * its body, its end, an error of the front end, a client that hung up,
+ * the connection done with a request, and the Retry-After of a 429/503.
+ * The daemon's entry sets it to http.c's handlers (cn__http_handlers); the
+ * connections call nothing above them by name. */
+typedef struct cn__http_hooks {
+  cn__req *(*begin)(cn__server *s, cn__conn *c, const char *method,
+                    const char *url);
+  int (*head_done)(cn__req *r, unsigned long long body_len);
+  int (*body)(cn__req *r, const char *data, size_t n);
+  void (*complete)(cn__req *r);
+  void (*fail)(cn__req *r, int code, const char *msg);
+  void (*hangup)(cn__req *r);
+  void (*release)(cn__req *r);
+  int (*retry_after_s)(cn__server *s);
+} cn__http_hooks;
+
+/* http.c: requests and answers */
+extern const cn__http_hooks cn__http_handlers;
 
 /* listen.c: the listening socket and the file descriptor limit */
 /* Binds the port (before the models load: a port in use fails at once). */
@@ -324,6 +338,9 @@ void cn__http_close_handles(cn__server *s);
 int cn__conn_listen(cn__server *s, int fd, cn_err *err);
 void cn__conn_quiesce(cn__server *s);
 void cn__conn_close_all(cn__server *s);
+/* conn_parse.c: HTTP/1.1 over the server's connections (before listening,
+ * or before cn__conn_new_mem). */
+void cn__http1_attach(cn__server *s);
 const char *cn__conn_header(const cn__conn *c, const char *name);
 /* The answer to r (body taken over; extra: more header lines, each
  * ending in CRLF); 499 writes nothing and closes. */

@@ -111,6 +111,8 @@ static void setup(void) {
   pthread_mutex_init(&srv.lmu, NULL);
   srv.n_threads = 1;
   srv.hand_over = keep_waiting;
+  srv.http = &cn__http_handlers;
+  cn__http1_attach(&srv);
   const char **names = calloc(CN__MAX_MODELS + 1, sizeof(char *));
   srv.models = calloc(CN__MAX_MODELS, sizeof(cn__model_slot));
   CHECK(names && srv.models);
