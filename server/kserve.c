@@ -230,7 +230,7 @@ static int check_element_counts(const cn__server *s, const json_t *data,
     k.objects += c.objects;
     k.arrays += c.arrays;
   }
-  return cn__infer_check_counts(s, &k, e);
+  return cn__limits_check_counts(s, &k, e);
 }
 
 /* Each element's JSON text, parsed as /v1 parses a body. */

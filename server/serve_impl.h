@@ -373,6 +373,13 @@ void cn__req_answer_now(cn__req *r, int status, char *body,
 /* /v1's error body {"error": {...}} (instance < 0: none). */
 char *cn__error_body(int code, const char *msg, int instance);
 
+/* limits.c: the limits on a body's JSON containers and instances, from
+ * counts (bodyscan.h): 413 too_large naming the limit, else 0. */
+struct cn__body_counts;
+int cn__limits_check_counts(const cn__server *s,
+                            const struct cn__body_counts *k, cn_err *e);
+int cn__limits_too_many_instances(cn_err *e, size_t n, int max);
+
 /* infer.c: parses r->body (and frees it) into r's options and instances */
 int cn__infer_parse(cn__req *r, cn_err *e);
 /* The same in two steps: the parse (any thread; writes only p; p holds
@@ -380,12 +387,6 @@ int cn__infer_parse(cn__req *r, cn_err *e);
 int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
 void cn__infer_commit(cn__req *r, cn__parsed *p);
 void cn__parsed_free(cn__parsed *p);
-/* The limits on a body's JSON containers and instances, from counts
- * (bodyscan.h): 413 too_large naming the limit, else 0. */
-struct cn__body_counts;
-int cn__infer_check_counts(const cn__server *s,
-                           const struct cn__body_counts *k, cn_err *e);
-
 /* kserve.c: the Open Inference Protocol (KServe v2) as a mapping onto /v1
  * (docs/api.md). Output tensors, as bits of a request's "outputs": */
 enum {
