@@ -124,9 +124,9 @@ static void window_close(cn__model_slot *sl, cn__close_reason why) {
   for (int c = nc - 1; c >= 0; c--) {
     cn__job *t = job_split_tail(j, cut[c]);
     if (t == NULL) break; /* no memory: what is left goes as one run */
-    cn__workers_push(s, t);
+    cn__jobs_push(s, t);
   }
-  cn__workers_push(s, j);
+  cn__jobs_push(s, j);
 }
 
 /* End of a loop turn in which requests arrived: windows go to the workers

@@ -123,7 +123,7 @@ static void answer_now(session *ss, cn__req *r) {
   t->n = t->cap = 1;
   t->instances = r->n_inst;
   t->vertices = r->vertices;
-  cn__workers_done(ss->s, t);
+  cn__jobs_done(ss->s, t);
 }
 
 static void fail_request(dreq *q, const cn_err *err) {
@@ -243,7 +243,7 @@ static int take_queued(session *ss, cn_err *err) {
                   sizeof(*ss->jobs)) == 0)
       ss->jobs[ss->n_jobs++] = j; /* answered with the error at the end */
     else
-      cn__workers_done(s, j); /* answered "no result" by the loop */
+      cn__jobs_done(s, j); /* answered "no result" by the loop */
   }
   return rc;
 }
@@ -356,7 +356,7 @@ failed:
   cn_fsm_free(fsm);
   /* the first run goes back through worker_main; the others from here */
   for (int k = 0; k < ss.n_jobs; k++)
-    if (ss.jobs[k] != j) cn__workers_done(s, ss.jobs[k]);
+    if (ss.jobs[k] != j) cn__jobs_done(s, ss.jobs[k]);
   for (int i = 0; i < ss.n_reqs; i++) json_decref(ss.reqs[i].outs);
   if (ss.jobs != &j) free(ss.jobs);
   free(ss.reqs);

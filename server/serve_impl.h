@@ -483,6 +483,16 @@ char *cn__repo_metrics(cn__server *s);
 cn__model_entry *cn__model_retain(cn__model_slot *sl);
 void cn__model_release(cn__model_entry *me);
 
+/* jobs.c: closed runs to the workers (the job queue), finished ones back
+ * to the loop (the done queue, done_async) */
+void cn__jobs_push(cn__server *s, cn__job *j);
+void cn__jobs_done(cn__server *s, cn__job *j);
+void cn__job_free(cn__job *j);
+
+/* answer.c: adds unknown_tokens (and, asked for, unknown_positions) to an
+ * answer's stats (worker.c's and decode.c's answers) */
+void cn__stats_unknown(json_t *st, const cn__req *r);
+
 /* decode.c (workers): continuous decoding */
 bool cn__decode_wants(cn__server *s, const cn__job *j);
 /* Runs j as a decode session that takes the model's queued runs at step
@@ -504,13 +514,6 @@ void cn__warmup_part(cn__server *s, cn__warmup *w, int worker,
 void cn__warmup_abandon(cn__server *s, int worker);
 /* worker.c */
 int cn__workers_start(cn__server *s, cn_err *err);
-void cn__workers_push(cn__server *s, cn__job *j);
-/* Adds unknown_tokens (and, asked for, unknown_positions) to an answer's
- * stats (worker.c; decode.c's answers too). */
-void cn__stats_unknown(json_t *st, const cn__req *r);
 void cn__workers_stop(cn__server *s);
-void cn__job_free(cn__job *j);
-/* A worker hands a job back to the loop (the done queue). */
-void cn__workers_done(cn__server *s, cn__job *j);
 
 #endif
