@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "routes.h"
 #include "serve_impl.h"
 
 int cn__retry_after_s(cn__server *s) {
@@ -352,11 +351,6 @@ void cn__batcher_on_done(uv_async_t *a) {
   }
   /* work-conserving: the freed workers take what gathered meanwhile */
   close_for_idle(s, CN__CLOSE_WORKER_FREED);
-}
-
-void cn__batcher_dispatch(cn__server *s, cn__req *r) {
-  if (r->route == CN__RT_REPO_LOAD) cn__repo_load_async(s, r->model_name, r);
-  else cn__batcher_submit(s, r);
 }
 
 void cn__batcher_flush_all(cn__server *s) {

@@ -67,7 +67,9 @@ static void answer_cn_err(cn__req *r, const cn_err *e) {
 static void hand_over(cn__req *r) {
   cn__server *s = r->srv;
   if (s->hand_over != NULL) s->hand_over(s, r);
-  else cn__batcher_dispatch(s, r);
+  else if (r->route == CN__RT_REPO_LOAD)
+    cn__repo_load_async(s, r->model_name, r);
+  else cn__batcher_submit(s, r);
 }
 
 /* The body is complete: validate, then suspend and hand over. A big body

@@ -244,8 +244,9 @@ struct cn__server {
   uv_async_t done_async;
   const struct cn__http_hooks *http;     /* what the connections call    */
   const struct cn__conn_proto *conn_proto; /* conn.c -> conn_parse.c    */
-  /* Where a request that waits goes (cn__batcher_dispatch; the HTTP fuzz
-   * target answers them itself, with no loop running). */
+  /* Where a request that waits goes instead of its window or loader
+   * thread (http.c hand_over): the HTTP fuzz target answers them itself,
+   * with no loop running. */
   void (*hand_over)(cn__server *s, cn__req *r);
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
@@ -432,9 +433,6 @@ void cn__batcher_submit(cn__server *s, cn__req *r);
 /* The queue has no room for one instance: msg says so (for a 429), and
  * the refusal is counted. */
 bool cn__batcher_full(cn__server *s, char *msg, size_t cap);
-/* A suspended request, on the loop: an inference to its window, a
- * repository load to a loader thread. */
-void cn__batcher_dispatch(cn__server *s, cn__req *r);
 void cn__batcher_cancel(cn__req *r, const char *reason, int status);
 void cn__batcher_on_done(uv_async_t *a);
 void cn__batcher_flush_all(cn__server *s);
