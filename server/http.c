@@ -72,6 +72,8 @@ static void hand_over(cn__req *r) {
   else cn__batcher_submit(s, r);
 }
 
+static void http_parsed(cn__req *r);
+
 /* The body is complete: validate, then suspend and hand over. A big body
  * is parsed on the threadpool first (bigparse.c), except with no loop
  * running (the HTTP fuzz target answers requests itself). */
@@ -87,7 +89,7 @@ static void infer_ready(cn__req *r) {
     return;
   }
   if (r->body_len > CN__BIG_BODY_BYTES && s->hand_over == NULL) {
-    cn__bigparse_submit(r);
+    cn__bigparse_submit(r, http_parsed);
     return;
   }
   cn_err e;
@@ -100,7 +102,9 @@ static void infer_ready(cn__req *r) {
   hand_over(r);
 }
 
-void cn__http_parsed(cn__req *r) {
+/* r's big body is parsed (r->prc, r->perr, r->parsed): answer or hand
+ * over. */
+static void http_parsed(cn__req *r) {
   if (r->prc != 0) {
     answer_cn_err(r, &r->perr);
     return;

@@ -198,6 +198,7 @@ typedef struct cn__req {
   uv_work_t pwork;
   struct cn__req *pnext;    /* loop: the FIFO of bodies waiting to parse */
   bool pbig;                /* in the huge lane (one parse at a time)    */
+  void (*parsed_cb)(struct cn__req *r); /* the loop, once it is parsed  */
   cn__parsed parsed;
   cn_err perr;
   int prc;
@@ -415,16 +416,14 @@ char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
  * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
  * CN__MEDIUM_BODY_BYTES) CN__MEDIUM_PARSES at a time, huge ones
  * CN__BIG_PARSES at a time. The request is WAITING (on s->waiting)
- * meanwhile; cn__http_parsed(r) runs on the loop once its parse ended,
- * unless it was answered (disconnect, drain) meanwhile. */
+ * meanwhile; `parsed`(r) runs on the loop once its parse ended (r->prc,
+ * r->perr, r->parsed), unless it was answered (disconnect, drain)
+ * meanwhile. */
 #define CN__BIG_BODY_BYTES (16 * 1024)
 #define CN__MEDIUM_BODY_BYTES (1024 * 1024)
 #define CN__MEDIUM_PARSES 3
 #define CN__BIG_PARSES 1
-void cn__bigparse_submit(cn__req *r);
-/* http.c: r's big body is parsed (r->prc, r->perr, r->parsed): answer or
- * hand over. */
-void cn__http_parsed(cn__req *r);
+void cn__bigparse_submit(cn__req *r, void (*parsed)(cn__req *r));
 
 /* routes.h: the routes and the GET bodies */
 
