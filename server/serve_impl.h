@@ -459,8 +459,6 @@ cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
 void cn__repo_guard_init(cn__server *s);
 /* Loop: is a load or its queue under way for sl (an unload cancels it)? */
 bool cn__repo_busy(const cn__model_slot *sl);
-/* name as a Prometheus label value, cut to cap (repo_report.c). */
-void cn__repo_label_escape(char *out, size_t cap, const char *in);
 /* Start-up: every model directory, loaded in name order. */
 int cn__repo_load_all(cn__server *s, cn_err *err);
 void cn__repo_free_all(cn__server *s);
