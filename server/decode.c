@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve_impl.h"
+#include "server.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 

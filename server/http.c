@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "routes.h"
-#include "serve_impl.h"
+#include "server.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "bodyscan.h"
-#include "serve_impl.h"
+#include "server.h"
 
 static int check_counts(const cn__server *s, const char *body, size_t len,
                         cn_err *e) {

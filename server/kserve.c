@@ -17,7 +17,7 @@
 
 #include "bodyscan.h"
 #include "kserve_impl.h"
-#include "serve_impl.h"
+#include "server.h"
 
 #ifndef CANOPY_VERSION
 #define CANOPY_VERSION "dev"

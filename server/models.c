@@ -7,7 +7,7 @@
  */
 #include <stdlib.h>
 
-#include "serve_impl.h"
+#include "server.h"
 
 /* The version's batching policy (policy.c made it): its FSM and its
  * reservoir of run graphs. */

@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "serve_impl.h"
+#include "server.h"
 
 #define RETRAIN_TIME_LIMIT_S 2.0
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "repo_dirs.h"
-#include "serve_impl.h"
+#include "server.h"
 
 static const char *state_name(int st) {
   switch (st) {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "routes.h"
-#include "serve_impl.h"
+#include "server.h"
 
 /* One path segment at p: its length up to the next '/' or the end. */
 static size_t segment(const char *p) {

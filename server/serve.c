@@ -23,7 +23,7 @@
 #include "notify.h"
 #include "routes.h"
 #include "serve.h"
-#include "serve_impl.h"
+#include "server.h"
 
 static void serve_usage(FILE *f) {
   fprintf(f,

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve_impl.h"
+#include "server.h"
 
 struct cn__warmup {
   cn__model_entry *me;

@@ -15,7 +15,7 @@
  * in flight and no connection open. */
 #include "fuzz_common.h"
 #include "routes.h"
-#include "serve_impl.h"
+#include "server.h"
 
 #include <jansson.h>
 #include <strings.h>

@@ -1,4 +1,4 @@
-/* serve_impl.h - internal declarations shared by the daemon's files.
+/* server.h - internal declarations shared by the daemon's files.
  *
  * Threads and who touches what:
  *   loop thread   owns every uv handle, the client connections (conn.c:
@@ -11,8 +11,8 @@
  * has taken the run back, and each open uv handle holds one until its
  * close callback (nothing is freed inside its own callback).
  */
-#ifndef CANOPY_SERVE_IMPL_H
-#define CANOPY_SERVE_IMPL_H
+#ifndef CANOPY_SERVER_SERVER_H
+#define CANOPY_SERVER_SERVER_H
 
 #include <malloc.h>
 #include <pthread.h>
