@@ -3,7 +3,7 @@
  */
 #include <stdlib.h>
 
-#include "server.h"
+#include "work.h"
 
 /* stats.unknown_tokens: the request's words that are not in the model's
  * vocabulary (read as '<unk>', issue 37: a client learns that its

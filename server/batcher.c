@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server.h"
+#include "work.h"
 
 int cn__retry_after_s(cn__server *s) {
   double compute_s = (double)atomic_load(&s->ewma_compute_us) / 1e6;

@@ -40,7 +40,7 @@
  * once, atomically, long before: the config and models are JSON). */
 #include <stdlib.h>
 
-#include "server.h"
+#include "handlers.h"
 
 static void link_waiting(cn__server *s, cn__req *r) {
   r->wnext = s->waiting;

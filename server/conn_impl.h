@@ -28,7 +28,7 @@
 
 #include <http_parser.h>
 
-#include "server.h"
+#include "net.h"
 
 /* Limits of a request head (not configurable: they bound memory, not
  * what clients need): the URL, the whole head, the header lines. */

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server.h"
+#include "work.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 

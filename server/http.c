@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "routes.h"
-#include "server.h"
+#include "handlers.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 

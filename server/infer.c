@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "bodyscan.h"
-#include "server.h"
+#include "handlers.h"
 
 static int check_counts(const cn__server *s, const char *body, size_t len,
                         cn_err *e) {

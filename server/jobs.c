@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "server.h"
+#include "work.h"
 
 void cn__job_free(cn__job *j) {
   for (int i = 0; i < j->n; i++) cn__req_unref(j->reqs[i]);

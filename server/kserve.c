@@ -17,7 +17,7 @@
 
 #include "bodyscan.h"
 #include "kserve_impl.h"
-#include "server.h"
+#include "handlers.h"
 
 #ifndef CANOPY_VERSION
 #define CANOPY_VERSION "dev"

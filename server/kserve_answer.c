@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kserve_impl.h"
-#include "server.h"
+#include "work.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 

@@ -4,7 +4,7 @@
 #ifndef CANOPY_SERVER_KSERVE_IMPL_H
 #define CANOPY_SERVER_KSERVE_IMPL_H
 
-#include "server.h"
+#include "work.h"
 
 /* The output tensors, in the order they are answered (CN__V2_* bits). */
 typedef struct cn__v2_output {

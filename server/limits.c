@@ -3,7 +3,7 @@
  * request's instances (kserve.c) alike.
  */
 #include "bodyscan.h"
-#include "server.h"
+#include "handlers.h"
 
 /* How many JSON objects and arrays a request of n instances may hold
  * (bodyscan.c counts them before jansson runs). In a request of the forms

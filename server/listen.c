@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "server.h"
+#include "net.h"
 
 /* Descriptors kept for everything but client connections: models, logs,
  * the loop's own, workers, loader threads, refused connections. */

@@ -7,7 +7,7 @@
  */
 #include <stdlib.h>
 
-#include "server.h"
+#include "request.h"
 
 /* The version's batching policy (policy.c made it): its FSM and its
  * reservoir of run graphs. */

@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server.h"
+#include "work.h"
 
 #define RETRAIN_TIME_LIMIT_S 2.0
 

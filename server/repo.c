@@ -34,7 +34,7 @@
 #include "notify.h"
 #include "repo_dirs.h"
 #include "routes.h"
-#include "server.h"
+#include "handlers.h"
 
 /* A finished load, handed from a loader thread to the loop. */
 struct cn__load {

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "repo_dirs.h"
-#include "server.h"
+#include "handlers.h"
 
 static const char *state_name(int st) {
   switch (st) {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "routes.h"
-#include "server.h"
+#include "handlers.h"
 
 /* One path segment at p: its length up to the next '/' or the end. */
 static size_t segment(const char *p) {

@@ -23,7 +23,7 @@
 #include "notify.h"
 #include "routes.h"
 #include "serve.h"
-#include "server.h"
+#include "handlers.h"
 
 static void serve_usage(FILE *f) {
   fprintf(f,

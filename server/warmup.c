@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server.h"
+#include "work.h"
 
 struct cn__warmup {
   cn__model_entry *me;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backends.h"
-#include "server.h"
+#include "work.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 

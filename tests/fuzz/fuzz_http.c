@@ -15,7 +15,7 @@
  * in flight and no connection open. */
 #include "fuzz_common.h"
 #include "routes.h"
-#include "server.h"
+#include "handlers.h"
 
 #include <jansson.h>
 #include <strings.h>
