@@ -1,4 +1,4 @@
-/* sched_opt.c - the fewest batches a typed DAG can run in, by search.
+/* dag_optimum.c - the fewest batches a typed DAG can run in, by search.
  *
  * The problem of ED-Batch §2.1: find the shortest sequence of types such
  * that batching, at each step, every ready vertex of the step's type runs

@@ -7,7 +7,7 @@
  * (fsm_train.c) and a dynamic executor that adds vertices while it runs
  * (lstm-nmt decoding): everything here looks at the frontier, never at the
  * future. Line 3, the policy's pick, is frontier_policy.c's: it sits above
- * this file, lookahead2 (frontier_la2.c) and the FSM (fsm.c), which all
+ * this file, lookahead2 (frontier_lookahead2.c) and the FSM (fsm.c), which all
  * read the frontier, so none of them calls back into a file that calls it.
  *
  * Besides the ready counts |Frontier_t(G)|, the frontier can keep

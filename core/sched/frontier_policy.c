@@ -1,6 +1,6 @@
 /* frontier_policy.c - which type the frontier batches next (ED-Batch
  * Alg. 1, line 3), per policy: agenda and lookahead over the frontier
- * (frontier.c), lookahead2 (frontier_la2.c), a learned FSM (fsm.c), or the
+ * (frontier.c), lookahead2 (frontier_lookahead2.c), a learned FSM (fsm.c), or the
  * heuristic an FSM lost to on its sample. Above all three, so none of them
  * calls back: what the static plans (sched.c), FSM training (fsm_train.c)
  * and a growing run (run/run_dynamic.c) call for the next batch.

@@ -20,14 +20,14 @@
  *            smaller batch, then agenda). Needs the graph's future, so it
  *            sees more than the frontier: each vertex's "tail", the most
  *            type-t vertices on a path from it to a sink (frontier.c). It
- *            is the one-step greedy form of the exact search (sched_opt.c).
+ *            is the one-step greedy form of the exact search (dag_optimum.c).
  *   lookahead2 - lookahead two batches deep (the best second type after
  *            each first), ties to the instances furthest behind by their own
  *            bounds (Σ_c B_c³): the greedy form of the beam search
- *            (sched_plan.c). For a type worth nothing until its consumers
+ *            (dag_beam.c). For a type worth nothing until its consumers
  *            follow (a lattice's word, then link). Reads tails too.
  *   plan   - not a frontier policy: before the run, a beam search over the
- *            whole run graph (sched_plan.c, cn_run_set_plan_width), kept
+ *            whole run graph (dag_beam.c, cn_run_set_plan_width), kept
  *            where it beats lookahead2's schedule. It pays only where a
  *            batch costs more than the search (README); lstm-nmt's growing
  *            graph gets lookahead2.
@@ -136,7 +136,7 @@ static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
   return rc;
 }
 
-/* plan: lookahead2's schedule, then the beam search's (sched_plan.c) where
+/* plan: lookahead2's schedule, then the beam search's (dag_beam.c) where
  * it launches fewer batches; so never more batches than lookahead2, and
  * the beam is skipped where lookahead2 already meets the lower bound. */
 static int plan_beam(const cn_dag *g, int width, plan *p) {

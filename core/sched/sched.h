@@ -58,7 +58,7 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy,
                   const struct cn_fsm *fsm, int plan_width, int32_t *order,
                   cn_run_batch *batches, int32_t *n_batches);
 
-/* sched_opt.c: the fewest batches g can run in (ED-Batch §2.1's problem),
+/* dag_optimum.c: the fewest batches g can run in (ED-Batch §2.1's problem),
  * by IDA* over done-sets with at most `budget` expanded states. exact = 1:
  * lower == upper is the optimum and schedule (malloc'd, `upper` types; the
  * caller frees it) reaches it. exact = 0: the budget ran out; lower is
@@ -79,7 +79,7 @@ static inline uint32_t cn__dag_branch_types(uint32_t live, int forced,
   return live & feeds ? live & feeds : live;
 }
 
-/* sched_plan.c: a schedule by beam search over the product of the graph's
+/* dag_beam.c: a schedule by beam search over the product of the graph's
  * instance automata (width states kept per step, ranked by batches so far
  * plus the bound on what is left): an upper bound on the optimum where the
  * exact search runs out of budget, and the schedule of CN_POLICY_PLAN.
@@ -144,7 +144,7 @@ typedef struct cn_frontier {
                                     a weakly connected component; a vertex
                                     added later joins its first input's  */
   int32_t n_comp;
-  /* The lookahead2 policy's (frontier_la2.c), with the instances. */
+  /* The lookahead2 policy's (frontier_lookahead2.c), with the instances. */
   int32_t *cm;                   /* [c][a][t]: max tail_t over instance c's
                                     ready type-a vertices (kept like mt)  */
   int32_t *cin[CN_MAX_TYPES];    /* instances with ready type-a vertices   */
