@@ -71,6 +71,12 @@ const char *cn_err_code(int err);   /* "bad_tree"; "internal" if unknown  */
 int cn_err_http_status(int err);    /* 400, 404, ...; 500 if unknown      */
 const char *cn_err_default_msg(int err);
 
+/* Written once in core/base for the daemon and the commands too: the
+ * CLOCK_MONOTONIC clock in seconds, for durations only (util.c), and a
+ * stat(2) st_mode in words: "a directory", "a FIFO", ... (file.c). */
+double cn_now_s(void);
+const char *cn_file_kind(unsigned mode);
+
 /* Error detail: what and where. instance/node/offset are -1 when unknown. */
 typedef struct cn_err {
   int code;            /* CN_E_* */
