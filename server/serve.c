@@ -25,12 +25,6 @@
 #include "serve.h"
 #include "serve_impl.h"
 
-double cn__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void serve_usage(FILE *f) {
   fprintf(f,
           "usage: canopy serve [--models-dir DIR] [--port P] [options]\n"

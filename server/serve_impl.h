@@ -294,7 +294,9 @@ struct cn__server {
   cn__metrics metrics;
 };
 
-double cn__now(void);
+/* The daemon's clock: core's monotonic seconds (cn_now_s, core/base),
+ * under the name the daemon's files call. */
+static inline double cn__now(void) { return cn_now_s(); }
 
 /* http.c: requests and answers (called by conn.c) */
 cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
