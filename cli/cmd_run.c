@@ -52,12 +52,6 @@ typedef struct totals {
   long long runs, syncs, to_device, to_host, allocs, launches;
 } totals;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void run_usage(FILE *f) {
   fprintf(f,
           "usage: canopy run --model DIR --input FILE.jsonl [options]\n"
@@ -387,7 +381,7 @@ typedef struct progress {
 static void progress_init(progress *p, FILE *in) {
   memset(p, 0, sizeof(*p));
   p->tty = isatty(STDERR_FILENO);
-  p->t0 = now_s();
+  p->t0 = cn_now_s();
   p->after = 1.0;
   const char *a = getenv("CANOPY_PROGRESS_AFTER_S");
   if (a != NULL && a[0] != '\0') p->after = atof(a);
@@ -403,7 +397,7 @@ static void progress_clear(progress *p) {
 }
 
 static void progress_show(progress *p, const totals *t) {
-  double now = now_s();
+  double now = cn_now_s();
   if (!p->tty || now - p->t0 < p->after || now - p->last < 0.25) return;
   p->last = now;
   char pct[32] = "";
@@ -602,7 +596,7 @@ int cn_cmd_run(int argc, char **argv) {
   totals tot = {0};
   progress pg;
   progress_init(&pg, in);
-  double t0 = now_s();
+  double t0 = cn_now_s();
   long long lineno = 0;
   bool failed = false;
   for (long long seq = 0; !failed; seq++) {
@@ -626,7 +620,7 @@ int cn_cmd_run(int argc, char **argv) {
     if (!failed) progress_show(&pg, &tot);
   }
   progress_clear(&pg);
-  double secs = now_s() - t0;
+  double secs = cn_now_s() - t0;
   if (failed) goto out;
   fflush(stdout);
   fprintf(stderr,

@@ -71,6 +71,12 @@ const char *cn_err_code(int err);   /* "bad_tree"; "internal" if unknown  */
 int cn_err_http_status(int err);    /* 400, 404, ...; 500 if unknown      */
 const char *cn_err_default_msg(int err);
 
+/* Written once in core/base for the daemon and the commands too: the
+ * CLOCK_MONOTONIC clock in seconds, for durations only (util.c), and a
+ * stat(2) st_mode in words: "a directory", "a FIFO", ... (file.c). */
+double cn_now_s(void);
+const char *cn_file_kind(unsigned mode);
+
 /* Error detail: what and where. instance/node/offset are -1 when unknown. */
 typedef struct cn_err {
   int code;            /* CN_E_* */
@@ -204,7 +210,7 @@ typedef enum {
                            instances furthest behind (frontier.c)          */
   CN_POLICY_PLAN,     /* a beam search over the whole run graph before it
                          runs, never more batches than lookahead2
-                         (sched_plan.c); a graph that grows: lookahead2    */
+                         (dag_beam.c); a graph that grows: lookahead2    */
   CN_POLICY_FSM,      /* ED-Batch §2: a learned FSM (cn_run_exec_fsm); with
                          no policy object, the agenda choice                */
   CN_POLICY__COUNT
@@ -384,7 +390,7 @@ long long cn_graph_set_batches(const cn_graph_set *s, cn_policy_kind policy,
                                const cn_fsm *fsm, long long *lower_bound);
 
 /* The fewest batches graph i of the set can run in: an exact search
- * (IDA*, sched_opt.c) expanding at most `budget` states, for measuring how
+ * (IDA*, dag_optimum.c) expanding at most `budget` states, for measuring how
  * far policies are from the best possible, not for serving. exact = 1:
  * lower == upper is the optimum; else lower is proven and upper is the
  * best schedule known: the heuristics' and, with beam > 0, a beam search

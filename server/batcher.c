@@ -247,7 +247,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
     j->me = r->me;
     j->slot = sl;
     atomic_fetch_add(&j->me->refs, 1); /* the run holds its version */
-    j->t_open = cn__now();
+    j->t_open = cn_now_s();
     j->id = ++s->runs_opened;
     sl->window = j;
     uv_timer_start(&sl->timer, on_window_timer,

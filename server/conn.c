@@ -69,7 +69,7 @@ static void conn_shutdown(cn__conn *c) {
 
 void cn__conn_progress_start(cn__conn *c) {
   c->credit = EVICT_RATE * EVICT_GRACE_S;
-  c->credit_at = cn__now();
+  c->credit_at = cn_now_s();
 }
 
 static double credit_at(const cn__conn *c, double now) {
@@ -77,7 +77,7 @@ static double credit_at(const cn__conn *c, double now) {
 }
 
 void cn__conn_progress(cn__conn *c, size_t n) {
-  double now = cn__now(), v = credit_at(c, now) + (double)n;
+  double now = cn_now_s(), v = credit_at(c, now) + (double)n;
   c->credit = v < EVICT_RATE * EVICT_AHEAD_S ? v : EVICT_RATE * EVICT_AHEAD_S;
   c->credit_at = now;
 }
@@ -92,7 +92,7 @@ static void write_progress(cn__conn *c) {
     /* idle-timeout-s is for an answer the client does not read: one it
      * reads, however big, is not cut (fourth probe: a 53 MB answer read
      * at 1 MB/s was cut at 30 s) */
-    c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
+    c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
   }
   c->wq_seen = q;
 }
@@ -166,7 +166,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   }
   if (c->writes++ == 0) cn__conn_progress_start(c);
   c->wq_seen = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-  c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
+  c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
   cn__conn_reads(c);
 }
 
@@ -242,10 +242,10 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   }
   if (!keep) c->must_close = true;
   c->phase = keep ? PH_IDLE : PH_LINGER;
-  if (keep) c->since = cn__now();
+  if (keep) c->since = cn_now_s();
   if (keep) c->served = true;
-  c->deadline = keep ? cn__now() + s->cfg.serve.idle_timeout_s
-                     : cn__now() + LINGER_S;
+  c->deadline = keep ? cn_now_s() + s->cfg.serve.idle_timeout_s
+                     : cn_now_s() + LINGER_S;
   if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
   cn__conn_write(c, out, len);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
@@ -260,7 +260,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
  * serve.c's drain_check that a client is still talking). */
 void cn__conn_drain_quiet(cn__conn *c) {
   cn__server *s = c->srv;
-  double now = cn__now();
+  double now = cn_now_s();
   double end = s->drain_started + s->cfg.serve.drain_grace_ms / 1e3;
   c->quiet_until = now + DRAIN_QUIET_S < end ? now + DRAIN_QUIET_S : end;
   if (c->quiet_until <= now) c->quiet_until = now + 1e-3;
@@ -383,7 +383,7 @@ static cn__conn *conn_new(cn__server *s) {
   http_parser_init(&c->p, HTTP_REQUEST);
   c->p.data = c;
   c->phase = PH_IDLE;
-  c->since = cn__now();
+  c->since = cn_now_s();
   return c;
 }
 
@@ -400,7 +400,7 @@ cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud) {
   c->sink_ud = ud;
   c->counted = true;
   atomic_fetch_add(&s->open_conns, 1);
-  c->deadline = cn__now() + s->cfg.serve.idle_timeout_s;
+  c->deadline = cn_now_s() + s->cfg.serve.idle_timeout_s;
   list_add(s, c);
   return c;
 }
@@ -471,7 +471,7 @@ static int evictable(cn__conn *c, double now) {
 }
 
 static cn__conn *eviction_victim(cn__server *s) {
-  double now = cn__now();
+  double now = cn_now_s();
   cn__conn *v = NULL;
   int vk = 2;
   for (cn__conn *c = s->conns; c != NULL; c = c->next) {
@@ -512,7 +512,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
       (victim = eviction_victim(s)) != NULL) {
     CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
-           victim_what(victim), cn__now() - victim->since);
+           victim_what(victim), cn_now_s() - victim->since);
     cn__conn_close(victim);
     cn__metrics_conn_evicted(&s->metrics);
   }
@@ -530,7 +530,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   c->counted = true;
   atomic_fetch_add(&s->open_conns, 1);
-  c->deadline = cn__now() + (s->cfg.serve.header_timeout_s <
+  c->deadline = cn_now_s() + (s->cfg.serve.header_timeout_s <
                                      s->cfg.serve.idle_timeout_s
                                  ? s->cfg.serve.header_timeout_s
                                  : s->cfg.serve.idle_timeout_s);
@@ -539,7 +539,7 @@ static void on_connection(uv_stream_t *ls, int status) {
 
 static void on_tick(uv_timer_t *t) {
   cn__server *s = t->data;
-  double now = cn__now();
+  double now = cn_now_s();
   for (cn__conn *c = s->conns, *next; c != NULL; c = next) {
     next = c->next; /* c may leave the list */
     cn__conn_tick(c, now);

@@ -75,7 +75,7 @@ struct cn__conn {
   cn__conn *prev, *next;    /* s->conns                                */
   http_parser p;
   int phase;
-  double deadline;          /* cn__now() seconds; 0: none              */
+  double deadline;          /* cn_now_s() seconds; 0: none              */
   double quiet_until;       /* draining: close when no byte came by then */
   double since;             /* since when without a whole request head
                              * (accept, or the last keep-alive answer):

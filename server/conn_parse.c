@@ -58,7 +58,7 @@ const char *cn__conn_header(const cn__conn *c, const char *name) {
 static int on_message_begin(http_parser *p) {
   cn__conn *c = p->data;
   c->phase = PH_HEAD;
-  c->deadline = cn__now() + c->srv->cfg.serve.header_timeout_s;
+  c->deadline = cn_now_s() + c->srv->cfg.serve.header_timeout_s;
   c->hlen = 0;
   c->part = 0;
   c->url_len = 0;
@@ -192,7 +192,7 @@ static int on_headers_complete(http_parser *p) {
                           p->content_length != ULLONG_MAX);
   if (body) {
     c->phase = PH_BODY;
-    c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
+    c->deadline = cn_now_s() + s->cfg.serve.body_timeout_s;
     cn__conn_progress_start(c);
     c->trailer_len = 0;
     c->trailer_lines = 0;

@@ -145,7 +145,7 @@ static int take_job(session *ss, cn__job *j, cn_err *err) {
            sizeof(*ss->jobs)))
     return cn_err_set(err, CN_E_NOMEM, "no memory for the session");
   ss->jobs[ss->n_jobs++] = j;
-  double now = cn__now();
+  double now = cn_now_s();
   bool in_flight = cn_decode_batches(ss->d) > 0 && cn_decode_active(ss->d) > 0;
   int dropped = 0;
   for (int i = 0; i < j->n; i++) {
@@ -252,7 +252,7 @@ static int take_queued(session *ss, cn_err *err) {
 static void collect(session *ss) {
   int done[128], n;
   while ((n = cn_decode_take_done(ss->d, done, 128)) > 0) {
-    double now = cn__now();
+    double now = cn_now_s();
     for (int i = 0; i < n; i++) {
       dreq *q = &ss->reqs[ss->owner[done[i]]];
       json_t *o = cn_decode_output(ss->d, done[i]);
@@ -302,7 +302,7 @@ void cn__decode_job(cn__server *s, cn_backend_ctx *bk, cn__job *j) {
     pthread_mutex_unlock(&j->me->pol.mu);
   }
   atomic_fetch_add(&ss.me->slot->decoding, 1);
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   ss.d = cn_decode_new(j->me->model, bk, s->policy, fsm);
   int rc;
   if (ss.d == NULL) {
@@ -344,7 +344,7 @@ failed:
   if (ss.d != NULL) {
     cn_run_stats st;
     cn_decode_get_stats(ss.d, &st);
-    double sec = cn__now() - t0;
+    double sec = cn_now_s() - t0;
     cn__metrics_run(&s->metrics, ss.me->index, st.instances, 0, sec,
                     st.batches, st.lower_bound, st.vertices, st.kernels,
                     st.gather_bytes, st.cell_bytes, st.arena_bytes);

@@ -156,7 +156,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   atomic_init(&r->cancelled, 0);
   r->srv = s;
   r->conn = c;
-  r->t_arrive = cn__now();
+  r->t_arrive = cn_now_s();
   r->timeout_ms = s->cfg.serve.timeout_ms;
   snprintf(r->method, sizeof(r->method), "%s", method);
   /* logged inside quotes: keep it printable and quote-free */
@@ -166,7 +166,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   set_id(s, r, cn__conn_header(c, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
   atomic_fetch_add(&s->requests_seen, 1);
-  atomic_store(&s->last_request_us, (long long)(cn__now() * 1e6));
+  atomic_store(&s->last_request_us, (long long)(cn_now_s() * 1e6));
   return r;
 }
 

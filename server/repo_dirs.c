@@ -52,17 +52,6 @@ static int cmp_names(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* What a model.json that is not a regular file is, in words (core's
- * loader says the same of the files it opens). */
-static const char *file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
-}
-
 void cn__dirs_free_unservable(cn__unservable *b, int n) {
   for (int i = 0; i < n; i++) free(b[i].name);
   free(b);
@@ -138,7 +127,7 @@ int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
       snprintf(u->fix, sizeof(u->fix), "rename it");
     } else {
       snprintf(u->why, sizeof(u->why), "'model.json' is not a regular file "
-               "(%s)", file_kind(st.st_mode));
+               "(%s)", cn_file_kind(st.st_mode));
       snprintf(u->fix, sizeof(u->fix), "replace it");
     }
   }

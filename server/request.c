@@ -83,7 +83,7 @@ static char *v2_error(char *body) {
 /* Counts and logs a request once, when its status is decided. */
 static void account(cn__req *r, int status, const char *reason) {
   cn__server *s = r->srv;
-  double secs = cn__now() - r->t_arrive;
+  double secs = cn_now_s() - r->t_arrive;
   int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
   if (status != 499)
     cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);

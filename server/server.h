@@ -261,7 +261,7 @@ struct cn__server {
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
   atomic_llong body_bytes;       /* request bodies held (max-body-memory) */
-  atomic_llong last_request_us;  /* cn__now() of the newest request (or,
+  atomic_llong last_request_us;  /* cn_now_s() of the newest request (or,
                                   * draining, byte read), µs              */
   atomic_int waiting_instances; /* in windows or queued, not yet running */
   atomic_int in_flight;         /* requests submitted and not answered   */
@@ -299,12 +299,6 @@ struct cn__server {
   cn__metrics metrics;
 };
 
-/* The monotonic clock, in seconds: every timing of the daemon. */
-static inline double cn__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The output tensors of the Open Inference Protocol (kserve.c), as bits of
  * a request's "outputs" (cn__req.v2_outputs). */

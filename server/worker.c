@@ -87,7 +87,7 @@ static void run_job(worker_arg *w, cn__job *j) {
     cn_run_set_layout(run, s->layout);
     cn_run_set_plan_width(run, s->cfg.serve.plan_width);
   }
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   int live = 0, dropped = 0;
   cn_err err;
   cn_err_clear(&err);
@@ -120,7 +120,7 @@ static void run_job(worker_arg *w, cn__job *j) {
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
   if (live == 0) goto done;
   if (cn__policy_exec(s, j->me, run, &err) != 0) goto fail;
-  double ms = (cn__now() - t0) * 1e3;
+  double ms = (cn_now_s() - t0) * 1e3;
   cn_run_get_stats(run, &j->st);
   j->compute_ms = ms;
   cn__policy_observe(s, j->me, run); /* after the timing: not compute */

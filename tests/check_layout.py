@@ -17,9 +17,21 @@ of one core/ folder's archive (libcanopy_<folder>.a) takes from another
 folder's must come from a folder below, per `nm`; LINK_EXCEPTIONS names
 the only references allowed upward.
 
+With --calls, it checks calls between the files of one folder: from the
+build's compile_commands.json it finds the object of every C and CUDA file
+under core/, cli/, server/, backends/, config/ and tools/, reads which
+symbols each defines and which it takes from elsewhere (`nm`), and fails,
+naming the files and the symbols, on any cycle of files within a folder
+(a file may not call a file of its folder that calls it back, directly or
+round a longer circle). CALL_CYCLE_EXCEPTIONS names the folders whose
+circle is known and not yet cut; it, too, is checked on a made-up case
+first, and an exception whose folder has no circle any more fails too.
+
 usage: check_layout.py [SOURCE_ROOT]
        check_layout.py --archives LIBCANOPY_BASE.a ... LIBCANOPY_FAMILIES.a
+       check_layout.py --calls BUILD_ROOT [SOURCE_ROOT]
 """
+import json
 import os
 import re
 import subprocess
@@ -64,6 +76,13 @@ EXTRA = {
 # descriptors (data, defined in core/families/) by extern declaration; it
 # never includes families/ and calls no family code itself.
 LINK_EXCEPTIONS = {("core/model", "cn__fam_")}
+
+# Folders whose files still call each other in a circle, each with its
+# reason; --calls fails on a circle in any other folder, and on an entry
+# here whose folder has none any more (delete the entry then).
+CALL_CYCLE_EXCEPTIONS = {
+    "server": "server/ layers: issue #36 item 1, not done yet",
+}
 
 # Where meson looks for a quoted include after the file's own folder
 # (meson.build `inc`, server/ and tests/ add backends/ and config/).
@@ -253,7 +272,189 @@ def check_archives(archives):
     return problems
 
 
+# The folders --calls reads objects of (tools/ too: its programs are C).
+CALL_SCAN = SCAN + ["tools"]
+# nm's letters for a symbol an object defines (functions and data, never a
+# weak or common one, which several objects may each hold).
+NM_DEFINED = "TDBRGS"
+
+
+def nm_parse(text):
+    """(defined, undefined) symbol sets of one object, from `nm -P`."""
+    d, u = set(), set()
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 2 or len(f[1]) != 1:
+            continue
+        if f[1] in NM_DEFINED:
+            d.add(f[0])
+        elif f[1] == "U":
+            u.add(f[0])
+    return d, u
+
+
+def call_graph(symbols):
+    """{folder: {file: {file it calls: [symbols]}}} from {file: (d, u)},
+    counting only calls between two files of the same folder."""
+    folders = {}
+    for f in symbols:
+        folders.setdefault(os.path.dirname(f), {}).setdefault(f, {})
+    for folder, files in folders.items():
+        owner = {}
+        for f in files:
+            for sym in symbols[f][0]:
+                owner.setdefault(sym, f)
+        for f in files:
+            for sym in sorted(symbols[f][1]):
+                g = owner.get(sym)
+                if g is not None and g != f:
+                    files[f].setdefault(g, []).append(sym)
+    return folders
+
+
+def circles(edges):
+    """The strongly connected sets of more than one node of {u: {v: ..}}
+    (Tarjan), each a sorted list, in sorted order."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+
+    def visit(u):
+        index[u] = low[u] = len(index)
+        stack.append(u)
+        on.add(u)
+        for v in sorted(edges.get(u, ())):
+            if v not in index:
+                visit(v)
+                low[u] = min(low[u], low[v])
+            elif v in on:
+                low[u] = min(low[u], index[v])
+        if low[u] == index[u]:
+            comp = []
+            while True:
+                v = stack.pop()
+                on.discard(v)
+                comp.append(v)
+                if v == u:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for u in sorted(edges):
+        if u not in index:
+            visit(u)
+    return sorted(out)
+
+
+def check_calls(symbols, exceptions):
+    """Problems (strings) and notes of the file-level call graph."""
+    problems, notes = [], []
+    folders = call_graph(symbols)
+    for folder in sorted(exceptions):
+        if folder not in folders:  # not built here (backends/cuda)
+            notes.append(f"{folder}/: in CALL_CYCLE_EXCEPTIONS, no object "
+                         "of it built: not checked")
+    for folder, files in sorted(folders.items()):
+        found = circles(files)
+        if folder in exceptions:
+            if not found:
+                problems.append(f"{folder}/: no circle of calls any more: "
+                                "delete its CALL_CYCLE_EXCEPTIONS entry")
+            for comp in found:
+                notes.append(f"{folder}/: known circle of {len(comp)} files "
+                             f"({exceptions[folder]}): " +
+                             ", ".join(os.path.basename(f) for f in comp))
+            continue
+        for comp in found:
+            ring = set(comp)
+            lines = [f"  {os.path.basename(f)} -> {os.path.basename(g)}: "
+                     f"{', '.join(syms[:4])}{' ...' if len(syms) > 4 else ''}"
+                     for f in comp for g, syms in sorted(files[f].items())
+                     if g in ring]
+            problems.append(f"{folder}/: {len(comp)} files call each other "
+                            f"in a circle: {', '.join(comp)}\n" +
+                            "\n".join(lines))
+    return problems, notes
+
+
+def calls_self_test():
+    """--calls must see a made-up circle, pass a known one, and fail a
+    stale exception."""
+    nm = {"x/a.c": "f T 0 1\ng U\nprintf U\n",
+          "x/b.c": "g T 0 1\nh U\n",
+          "x/c.c": "h T 0 1\nf U\n",
+          "x/d.c": "k T 0 1\nf U\n",      # calls into the circle: fine
+          "y/e.c": "m T 0 1\nf U\nn U\n",  # another folder's f: ignored
+          "y/g.c": "n D 0 1\nm U\n",       # a circle through data
+          "z/h.c": "p T 0 1\n"}
+    symbols = {f: nm_parse(t) for f, t in nm.items()}
+    problems, notes = check_calls(symbols, {"y": "made up", "z": "stale"})
+    ok = (len(problems) == 2 and
+          problems[0].startswith("x/: 3 files call each other in a "
+                                 "circle: x/a.c, x/b.c, x/c.c") and
+          "a.c -> b.c: g" in problems[0] and "d.c" not in problems[0] and
+          "z/: no circle" in problems[1] and
+          len(notes) == 1 and "e.c, g.c" in notes[0])
+    if not ok:
+        print("check_layout.py --calls self-test failed: got "
+              f"{problems} and {notes}")
+    return ok
+
+
+def object_symbols(build, root):
+    """{source file: (defined, undefined)} for every object the build
+    compiled from a file of CALL_SCAN (the first, where a file is compiled
+    into several targets)."""
+    with open(os.path.join(build, "compile_commands.json")) as f:
+        commands = json.load(f)
+    objs = {}
+    for e in commands:
+        src = os.path.relpath(os.path.normpath(
+            os.path.join(e["directory"], e["file"])), root)
+        if src.split("/")[0] in CALL_SCAN and "output" in e:
+            objs.setdefault(src, os.path.join(e["directory"], e["output"]))
+    symbols, missing = {}, []
+    for src, obj in sorted(objs.items()):
+        r = subprocess.run(["nm", "-P", obj], capture_output=True, text=True)
+        if r.returncode != 0:
+            missing.append(f"{src}: its object {obj} could not be read "
+                           f"(nm: {r.stderr.strip()}): build first")
+            continue
+        symbols[src] = nm_parse(r.stdout)
+    return symbols, missing
+
+
+def main_calls(build, root):
+    if not calls_self_test():
+        return 1
+    symbols, missing = object_symbols(build, root)
+    problems, notes = check_calls(symbols, CALL_CYCLE_EXCEPTIONS)
+    problems = missing + problems
+    read = {f.split("/")[0] for f in symbols}
+    for top in CALL_SCAN:
+        if top not in read:
+            problems.append(f"{top}/: no object read: not checked")
+    folders = call_graph(symbols)
+    n = sum(len(g) for files in folders.values() for g in files.values())
+    if n == 0:
+        problems.append("no call between two files of a folder: nothing "
+                        "checked")
+    for p in problems:
+        print(p)
+    for p in notes:
+        print(p)
+    if problems:
+        print(f"{len(problems)} folder(s) with files calling in a circle")
+        return 1
+    print(f"calls ok: {len(symbols)} files in {len(folders)} folders, {n} "
+          "calls between files of a folder, no circle but "
+          + ", ".join(f"{f}/" for f in sorted(CALL_CYCLE_EXCEPTIONS)))
+    return 0
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--calls":
+        root = os.path.abspath(sys.argv[3] if len(sys.argv) > 3 else
+                               os.path.join(os.path.dirname(__file__), ".."))
+        return main_calls(os.path.abspath(sys.argv[2]), root)
     if len(sys.argv) > 1 and sys.argv[1] == "--archives":
         problems = check_archives(sys.argv[2:])
         for p in problems:

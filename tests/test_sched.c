@@ -168,7 +168,7 @@ Test(sched, random_dags_against_brute_force, .timeout = 60) {
       cn_run *r = random_graph(n, 1000u + (unsigned)trial);
       if (opt < 0) {
         opt = tu_brute_force_min(r);
-        /* The IDA* search (sched_opt.c) finds the same optimum, and its
+        /* The IDA* search (dag_optimum.c) finds the same optimum, and its
          * schedule runs the graph in that many maximal batches. */
         cn_dag g = cn__run_dag(r);
         cn_dag_optimum o;
@@ -317,7 +317,7 @@ static int plan_against_lookahead2(unsigned seed, int parts, int n, int opt) {
   return nb[0] - nb[1];
 }
 
-/* The beam search (sched_plan.c): its schedule runs the graph in the
+/* The beam search (dag_beam.c): its schedule runs the graph in the
  * batches it reports, never fewer than the optimum; a wide beam finds the
  * optimum on nearly every small graph. Runs of several disjoint instances
  * exercise the per-instance automata: a state is a vector of them. */

@@ -1,11 +1,13 @@
 /* cuda_internal.h - the CUDA backend's context and helpers, shared by its
- * four translation units (docs/cuda.md):
- *   cuda_mem.cu     open/close, the device pool, weights, index staging,
- *                   copies, errors, the vtable;
- *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, mvrnn_mat);
+ * five translation units (docs/cuda.md), lowest first (a file calls only
+ * files before it):
+ *   cuda_mem.cu     errors, the device made current, the device pool,
+ *                   index staging;
  *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise, row
  *                   copies;
- *   cuda_ew.cu      the fused elementwise programs of compiled cells.
+ *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, mvrnn_mat);
+ *   cuda_ew.cu      the fused elementwise programs of compiled cells;
+ *   cuda_backend.cu open/close, the vtable, weights, copies, the fetch.
  * Only backends/cuda includes CUDA headers.
  */
 #ifndef CANOPY_CUDA_INTERNAL_H
@@ -137,6 +139,10 @@ static inline void cu_held(cu_ctx *c, long long delta) {
 /* Enters a compute call: false when the context already failed (the call
  * is skipped) or its device cannot be made current on this thread. */
 bool cu_enter(cu_ctx *c);
+/* Makes the context's device current on this thread (once per thread and
+ * device); false on failure, recorded. _quiet: records nothing (closing). */
+bool cu_set_device(cu_ctx *c);
+bool cu_set_device_quiet(cu_ctx *c);
 
 /* Copies k host index arrays (lengths len[i], NULL when 0) to the device
  * through the pinned ring with one asynchronous copy on the stream; dev[i]
@@ -155,6 +161,11 @@ bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words);
 /* A scratch block from the pool (stream-ordered reuse); NULL on failure. */
 void *cu_pool_get(cu_ctx *c, size_t bytes);
 void cu_pool_put(cu_ctx *c, void *p);
+/* Hands the pool's unused blocks back to the device (one wait for the
+ * stream first). */
+void cu_pool_trim(cu_ctx *c);
+/* Grows the pinned staging ring to hold at least `need` words. */
+bool cu_stage_grow(cu_ctx *c, size_t need);
 
 /* Grid size for n threads of `threads` per block. */
 static inline unsigned cu_blocks(long long n, int threads) {

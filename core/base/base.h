@@ -28,9 +28,9 @@ static inline uint64_t cn__splitmix64(uint64_t *s) {
 void *cn__xcalloc(size_t n, size_t size);
 void *cn__xrealloc(void *p, size_t n, size_t size);
 
-/* CLOCK_MONOTONIC in seconds, milliseconds, microseconds (util.c): for
- * durations only (training limits, compile and cell timings). */
-double cn__now_s(void);
+/* CLOCK_MONOTONIC in milliseconds, microseconds (util.c; in seconds:
+ * canopy_core.h's cn_now_s): for durations only (training limits, compile
+ * and cell timings). */
 double cn__now_ms(void);
 double cn__now_us(void);
 
@@ -56,8 +56,8 @@ int cn__open_regular_at(int dirfd, const char *rel, const char *path,
 int cn__read_regular_at(int dirfd, const char *rel, const char *path,
                         uint64_t max, size_t extra, char **buf, size_t *len,
                         cn_err *err);
-/* "a directory", "a FIFO", ... for a stat st_mode. */
-const char *cn__file_kind(unsigned mode);
+/* "a directory", "a FIFO", ... for a stat st_mode: canopy_core.h's
+ * cn_file_kind. */
 
 /* Where cn__file_write_atomic stopped: the caller words the message. */
 typedef enum {

@@ -19,7 +19,7 @@
 
 #include "base/base.h"
 
-const char *cn__file_kind(unsigned mode) {
+const char *cn_file_kind(unsigned mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
@@ -128,7 +128,7 @@ int cn__open_regular_at(int dirfd, const char *rel, const char *path,
   if (!S_ISREG(sb.st_mode)) {
     close(fd);
     return cn_err_set(err, CN_E_BAD_MODEL, "'%s' is not a regular file (%s)",
-                      path, cn__file_kind(sb.st_mode));
+                      path, cn_file_kind(sb.st_mode));
   }
   if ((uint64_t)sb.st_size > max) {
     close(fd);

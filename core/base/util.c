@@ -16,7 +16,7 @@ void *cn__xrealloc(void *p, size_t n, size_t size) {
   return realloc(p, (n != 0 && size != 0) ? n * size : 1);
 }
 
-double cn__now_s(void) {
+double cn_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;

@@ -13,7 +13,7 @@ extern const cn_family cn__fam_bilstm;
 extern const cn_family cn__fam_latticelstm;
 extern const cn_family cn__fam_latticegru;
 extern const cn_family cn__fam_nmt;
-extern const cn_family cn__fam_cells; /* the template (described.c) */
+extern const cn_family cn__fam_cells; /* the template (cells_family.c) */
 
 /* ---- tree families (tree_common.c) ---- */
 typedef struct cn_tree_types {
@@ -81,7 +81,7 @@ int cn__crf_viterbi(int C, const float *trans, const float *start,
 int cn__crf_decode_run(cn_run *r, int start, int end, int trans,
                        cn_err *err);
 
-/* ---- vertex functions as op IR (cells.c, core/cell/cell.h) ---- */
+/* ---- vertex functions as op IR (ir_common.c, core/cell/cell.h) ---- */
 struct cn_ir;
 /* logits = out.W [h_1; ...; h_n_in] + out.b, h_k = first H floats of
  * input edge k. */

@@ -30,7 +30,7 @@ static int64_t count(const cn_instance *in, unsigned flags, int max_decode) {
 
 /* A DAG's nodes in order, each with its predecessors as inputs, and one
  * output vertex at the sink (the last node); shared with cells models of
- * structure dag (described.c). */
+ * structure dag (cells_family.c). */
 int cn__dag_build(cn_run *r, int slot, int node_type, int out_type) {
   const cn_instance *in = r->slots[slot].inst;
   int32_t n = in->n;

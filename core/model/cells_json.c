@@ -156,7 +156,7 @@ static int parse_type(cn_model *m, int t, const json_t *o, const char *file,
 }
 
 /* logits = W · [s[from] of each direction] + b, as the built-ins' output
- * layer (families/cells.c cn__ir_output_layer). */
+ * layer (families/ir_common.c cn__ir_output_layer). */
 static int parse_output(cn_model *m, const json_t *o, const char *file,
                         jop *ops, cn_err *err) {
   cn_cells *cl = m->cells;

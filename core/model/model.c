@@ -1,6 +1,6 @@
 /* model.c - load a model directory into one immutable cn_model.
  *
- * A model is served whole or not at all (DESIGN.md): model.json, every
+ * A model is served whole or not at all (docs/daemon.md): model.json, every
  * vocabulary and every tensor the family lists is checked here, and any
  * failure frees everything and says which file, key or tensor to fix. */
 #include <errno.h>

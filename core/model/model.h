@@ -97,7 +97,7 @@ int64_t cn__json_string_bound(const char *s);
 /* registry.c: the family of a model.json "family" name (NULL: none), and
  * the registered families by index. */
 const cn_family *cn__family_find(const char *name);
-/* registry.c: the template of "family": "cells" (core/families/described.c):
+/* registry.c: the template of "family": "cells" (core/families/cells_family.c):
  * its callbacks read the model's cn_cells; the loader copies it into the
  * model with the types the model.json names. Not among the families by
  * index (it has no tensors of its own to init). */

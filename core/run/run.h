@@ -13,7 +13,11 @@
 #include "model/model.h"
 #include "sched/sched.h"
 
-/* ---- runs (run.c) -------------------------------------------------------
+/* ---- runs -----------------------------------------------------------------
+ * Files, lowest first (each calls only files before it): run_graph.c (the
+ * graph, index staging), cell_exec.c (compiled cells), run_batch.c (one
+ * batch), run_output.c (the answers' states), run_sched.c (the plan),
+ * run_dynamic.c (a growing graph), run.c (cn_run_exec), run_decode.c.
  * A run's graph is kept as arrays (struct of arrays), grown per run, never
  * per vertex. Vertices are added in a topological order: a vertex's inputs
  * exist before it. Each vertex gets, when its batch is planned, a row in its
@@ -149,7 +153,8 @@ int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
 /* off[i] = vaux[verts[i]] · stride (an embedding row). */
 int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 
-/* Executes one batch with the run's layout: the compiled cell when the
+/* ---- one batch (run_batch.c) ----------------------------------------------
+ * Executes one batch with the run's layout: the compiled cell when the
  * model has one for the type, else the family's exec(). */
 void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n);
 /* Scratch floats and index entries that batch needs. */
@@ -163,13 +168,13 @@ int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
  * much (run_dynamic.c; decode sessions too). */
 int cn__run_ensure_scratch(cn_run *r, int64_t floats);
 int cn__run_ensure_idx(cn_run *r, int64_t n);
-/* Shared by run.c and run_dynamic.c. */
+/* Binds the model's tensors to the run's backend (run_batch.c). */
 void cn__run_bind_weights(cn_run *r);
-/* After the last batch: checks the backend's status and, on a device
+/* After the last batch (run_output.c): checks the backend's status and, on a device
  * backend, brings what the answers of slots[0..n) read (every slot when
  * slots is NULL) to the host in one fetch. */
 int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err);
-/* The backend's counters since cn_run_exec began, into r->ctr. */
+/* The backend's counters since cn_run_exec began, into r->ctr (run.c). */
 void cn__run_count(cn_run *r);
 
 /* ---- scheduling a run (run_sched.c) ---------------------------------------

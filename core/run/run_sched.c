@@ -1,7 +1,9 @@
 /* run_sched.c - what a run asks of the scheduler (core/sched): the run
  * hands its typed DAG (cn__run_dag) to the scheduler and writes the plan
  * back into its own arrays. The scheduler works on cn_dag only and never
- * sees a run, so the dependency points one way: run -> sched.
+ * sees a run, so the dependency points one way: run -> sched. Calls no
+ * other file of run/; cn_run_exec_fsm, which sets the learned policy and
+ * executes, is run.c's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,15 +37,6 @@ out:
     cn_err_set(err, rc, "could not plan the run's batches (%s)",
                cn_err_default_msg(rc));
   return rc;
-}
-
-int cn_run_exec_fsm(cn_run *r, const cn_fsm *p, cn_err *err) {
-  if (p != NULL && cn__fsm_n_types(p) != r->fam->n_types)
-    return cn_err_set(err, CN_E_INTERNAL,
-                      "the policy has %d vertex types, model %s has %d",
-                      cn__fsm_n_types(p), r->fam->name, r->fam->n_types);
-  r->sched_fsm = p;
-  return cn_run_exec(r, CN_POLICY_FSM, err);
 }
 
 int cn_graph_set_add_run(cn_graph_set *s, const cn_run *r) {

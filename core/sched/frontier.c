@@ -4,8 +4,11 @@
  * type (line 3), every ready vertex of that type forms the batch (line 4),
  * the batch runs (line 5) and the frontier is updated (line 6). This file
  * is that loop's state, shared by the static plans (sched.c), FSM training
- * (fsm.c) and a dynamic executor that adds vertices while it runs (lstm-nmt
- * decoding): everything here looks at the frontier, never at the future.
+ * (fsm_train.c) and a dynamic executor that adds vertices while it runs
+ * (lstm-nmt decoding): everything here looks at the frontier, never at the
+ * future. Line 3, the policy's pick, is frontier_policy.c's: it sits above
+ * this file, lookahead2 (frontier_lookahead2.c) and the FSM (fsm.c), which all
+ * read the frontier, so none of them calls back into a file that calls it.
  *
  * Besides the ready counts |Frontier_t(G)|, the frontier can keep
  * |Frontier(G^t)| (ED-Batch §2.3): the type-t vertices left with no type-t
@@ -268,24 +271,6 @@ double cn__frontier_ratio(const cn_frontier *f, int t) {
   return (double)f->n_ready[t] / (double)f->n_sub[t];
 }
 
-/* ED-Batch §5.3: the ready type maximising eq. 1's ratio; ties go to the
- * agenda's order (least average depth, then lowest type). */
-static int next_sufficient(const cn_frontier *f) {
-  int best = -1;
-  double br = -1, bavg = 0;
-  for (int t = 0; t < f->n_types; t++) {
-    if (f->n_ready[t] == 0) continue;
-    double r = cn__frontier_ratio(f, t);
-    double avg = f->depth_sum[t] / (double)f->n_of_type[t];
-    if (best < 0 || r > br + 1e-12 || (r > br - 1e-12 && avg < bavg)) {
-      best = t;
-      br = r;
-      bavg = avg;
-    }
-  }
-  return best;
-}
-
 /* The ready type whose batch lowers the bound on what is left the most;
  * ties: the smaller batch (it leaves the larger ones to grow), then the
  * agenda's order. Without tails: agenda. */
@@ -307,39 +292,6 @@ int cn__frontier_next_lookahead(const cn_frontier *f) {
     }
   }
   return best;
-}
-
-bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm) {
-  if (policy == CN_POLICY_LOOKAHEAD || policy == CN_POLICY_LOOKAHEAD2 ||
-      policy == CN_POLICY_PLAN)
-    return true;
-  return policy == CN_POLICY_FSM && fsm != NULL && cn__fsm_needs_tails(fsm);
-}
-
-int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
-                      const struct cn_fsm *fsm) {
-  if (f->n_done == f->nv) return -1;
-  switch (policy) {
-    case CN_POLICY_SUFFICIENT:
-      return f->track_sub ? next_sufficient(f) : cn__frontier_agenda(f);
-    case CN_POLICY_LOOKAHEAD: return cn__frontier_next_lookahead(f);
-    case CN_POLICY_LOOKAHEAD2:
-    case CN_POLICY_PLAN: /* a graph that grows cannot be planned ahead */
-      return cn__frontier_next_lookahead2(f);
-    case CN_POLICY_FSM:
-      if (fsm == NULL) return cn__frontier_agenda(f);
-      /* A policy that lost to a heuristic on its sample runs that one. */
-      if (cn__fsm_executes(fsm) == CN_POLICY_SUFFICIENT && f->track_sub)
-        return next_sufficient(f);
-      if (cn__fsm_executes(fsm) == CN_POLICY_LOOKAHEAD)
-        return cn__frontier_next_lookahead(f);
-      if (cn__fsm_executes(fsm) == CN_POLICY_LOOKAHEAD2)
-        return cn__frontier_next_lookahead2(f);
-      if (cn__fsm_executes(fsm) != CN_POLICY_FSM)
-        return cn__frontier_agenda(f);
-      return cn__fsm_choose(fsm, f);
-    default: return cn__frontier_agenda(f);
-  }
 }
 
 /* Every ready type-t vertex was committed: no instance has one now. */

@@ -1,4 +1,4 @@
-/* frontier_impl.h - what frontier.c shares with frontier_la2.c. */
+/* frontier_impl.h - what frontier.c shares with frontier_lookahead2.c. */
 #ifndef CANOPY_FRONTIER_IMPL_H
 #define CANOPY_FRONTIER_IMPL_H
 

@@ -276,7 +276,7 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
                     m->fam->name);
     goto out;
   }
-  double t0 = cn__now_s();
+  double t0 = cn_now_s();
   snprintf(p->family, sizeof(p->family), "%s", m->fam->name);
   for (int t = 0; t < T; t++)
     snprintf(p->type_names[t], sizeof(p->type_names[t]), "%s",
@@ -332,7 +332,7 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
     if ((rc = episode(&p->tab, &fs[it % nf], &o, eps, &g, w, scratch)) != 0)
       goto out;
     it++;
-    bool timeout = o.time_limit_s > 0 && cn__now_s() - t0 > o.time_limit_s;
+    bool timeout = o.time_limit_s > 0 && cn_now_s() - t0 > o.time_limit_s;
     if (it % o.eval_every == 0 || it == o.iterations || timeout) {
       long long b = evaluate(p, fs, nf, scratch, NULL);
       if (b < 0) goto fail_rc;
@@ -383,7 +383,7 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
       win = fb[i];
       p->executes = fk[i];
     }
-  st->seconds = cn__now_s() - t0;
+  st->seconds = cn_now_s() - t0;
   rc = 0;
   goto out;
 fail_rc:

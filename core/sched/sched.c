@@ -20,14 +20,14 @@
  *            smaller batch, then agenda). Needs the graph's future, so it
  *            sees more than the frontier: each vertex's "tail", the most
  *            type-t vertices on a path from it to a sink (frontier.c). It
- *            is the one-step greedy form of the exact search (sched_opt.c).
+ *            is the one-step greedy form of the exact search (dag_optimum.c).
  *   lookahead2 - lookahead two batches deep (the best second type after
  *            each first), ties to the instances furthest behind by their own
  *            bounds (Σ_c B_c³): the greedy form of the beam search
- *            (sched_plan.c). For a type worth nothing until its consumers
+ *            (dag_beam.c). For a type worth nothing until its consumers
  *            follow (a lattice's word, then link). Reads tails too.
  *   plan   - not a frontier policy: before the run, a beam search over the
- *            whole run graph (sched_plan.c, cn_run_set_plan_width), kept
+ *            whole run graph (dag_beam.c, cn_run_set_plan_width), kept
  *            where it beats lookahead2's schedule. It pays only where a
  *            batch costs more than the search (README); lstm-nmt's growing
  *            graph gets lookahead2.
@@ -40,30 +40,6 @@
 #include <string.h>
 
 #include "sched/fsm_impl.h"
-
-int64_t cn__dag_lower_bound(const cn_dag *g) {
-  int T = g->n_types;
-  if (g->nv == 0) return 0;
-  /* cnt[v][t]: most type-t vertices on any path ending at v. */
-  int32_t *cnt = cn__xcalloc((size_t)g->nv * (size_t)T, sizeof(int32_t));
-  if (cnt == NULL) return -1;
-  int32_t best[CN_MAX_TYPES] = {0};
-  for (int32_t v = 0; v < g->nv; v++) {
-    int32_t *c = cnt + (size_t)v * T;
-    for (int32_t i = g->in_start[v]; i < g->in_start[v + 1]; i++) {
-      const int32_t *p = cnt + (size_t)g->in_edges[i] * T;
-      for (int t = 0; t < T; t++)
-        if (p[t] > c[t]) c[t] = p[t];
-    }
-    c[g->vtype[v]]++;
-    for (int t = 0; t < T; t++)
-      if (c[t] > best[t]) best[t] = c[t];
-  }
-  free(cnt);
-  int64_t lb = 0;
-  for (int t = 0; t < T; t++) lb += best[t];
-  return lb;
-}
 
 /* The plan being written: order and batches may be NULL (count only). */
 typedef struct plan {
@@ -160,7 +136,7 @@ static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
   return rc;
 }
 
-/* plan: lookahead2's schedule, then the beam search's (sched_plan.c) where
+/* plan: lookahead2's schedule, then the beam search's (dag_beam.c) where
  * it launches fewer batches; so never more batches than lookahead2, and
  * the beam is skipped where lookahead2 already meets the lower bound. */
 static int plan_beam(const cn_dag *g, int width, plan *p) {
@@ -201,21 +177,4 @@ int cn__sched_dag(const cn_dag *g, cn_policy_kind policy, const cn_fsm *fsm,
   }
   *n_batches = p.n;
   return rc;
-}
-
-static const char *const policy_names[CN_POLICY__COUNT] = {
-    "none",      "depth",      "agenda", "sufficient",
-    "lookahead", "lookahead2", "plan",   "fsm"};
-
-const char *cn_policy_name(cn_policy_kind p) {
-  return p >= 0 && p < CN_POLICY__COUNT ? policy_names[p] : "?";
-}
-
-int cn_policy_parse(const char *name, cn_policy_kind *out) {
-  for (int p = 0; p < CN_POLICY__COUNT; p++)
-    if (strcmp(name, policy_names[p]) == 0) {
-      *out = (cn_policy_kind)p;
-      return 0;
-    }
-  return CN_E_BAD_CONFIG;
 }

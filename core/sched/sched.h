@@ -26,27 +26,10 @@ typedef struct cn_run_batch {
   int32_t start, n;      /* into order[] */
 } cn_run_batch;
 
+/* ---- facts of a typed DAG (dag.c: the lowest file of sched/, which
+ * every other may call) ------------------------------------------------- */
+/* Σ_t depth_t: no schedule of g has fewer batches (docs/models.md). */
 int64_t cn__dag_lower_bound(const cn_dag *g);
-/* Schedules g with a policy. order (g->nv entries) and batches (g->nv) may
- * be NULL to count only; *n_batches gets the count. fsm: CN_POLICY_FSM's
- * learned policy (NULL: agenda); plan_width: CN_POLICY_PLAN's beam width.
- * Returns 0 or CN_E_NOMEM/CN_E_INTERNAL. */
-int cn__sched_dag(const cn_dag *g, cn_policy_kind policy,
-                  const struct cn_fsm *fsm, int plan_width, int32_t *order,
-                  cn_run_batch *batches, int32_t *n_batches);
-
-/* sched_opt.c: the fewest batches g can run in (ED-Batch §2.1's problem),
- * by IDA* over done-sets with at most `budget` expanded states. exact = 1:
- * lower == upper is the optimum and schedule (malloc'd, `upper` types; the
- * caller frees it) reaches it. exact = 0: the budget ran out; lower is
- * proven (≥ the bound), upper is 0 (unknown). Returns 0 or CN_E_NOMEM. */
-typedef struct cn_dag_optimum {
-  int64_t lower, upper;
-  int exact;
-  long long nodes;   /* states expanded */
-  uint8_t *schedule;
-} cn_dag_optimum;
-int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res);
 /* The consumers of every vertex: v's at out_edges[out_start[v] ..
  * out_start[v + 1]), ascending. Both malloc'd (the caller frees them, also
  * on error); returns 0 or CN_E_NOMEM. */
@@ -58,6 +41,35 @@ int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
  * every other batch as it was. The searches branch on it only when no
  * feeding type is ready, which keeps an optimal schedule in reach. */
 uint32_t cn__dag_feeding_types(const cn_dag *g);
+/* tail[v × n_types + t]: the most type-t vertices on a path from v to a
+ * sink (v included), from g's consumers; malloc'd, NULL when out of
+ * memory. cn__dag_fill_tails writes them into a zeroed array of the
+ * caller's. */
+int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
+                       const int32_t *out_edges);
+void cn__dag_fill_tails(const cn_dag *g, const int32_t *out_start,
+                        const int32_t *out_edges, int32_t *tail);
+
+/* sched.c: schedules g with a policy. order (g->nv entries) and batches (g->nv) may
+ * be NULL to count only; *n_batches gets the count. fsm: CN_POLICY_FSM's
+ * learned policy (NULL: agenda); plan_width: CN_POLICY_PLAN's beam width.
+ * Returns 0 or CN_E_NOMEM/CN_E_INTERNAL. */
+int cn__sched_dag(const cn_dag *g, cn_policy_kind policy,
+                  const struct cn_fsm *fsm, int plan_width, int32_t *order,
+                  cn_run_batch *batches, int32_t *n_batches);
+
+/* dag_optimum.c: the fewest batches g can run in (ED-Batch §2.1's problem),
+ * by IDA* over done-sets with at most `budget` expanded states. exact = 1:
+ * lower == upper is the optimum and schedule (malloc'd, `upper` types; the
+ * caller frees it) reaches it. exact = 0: the budget ran out; lower is
+ * proven (≥ the bound), upper is 0 (unknown). Returns 0 or CN_E_NOMEM. */
+typedef struct cn_dag_optimum {
+  int64_t lower, upper;
+  int exact;
+  long long nodes;   /* states expanded */
+  uint8_t *schedule;
+} cn_dag_optimum;
+int cn__dag_optimum(const cn_dag *g, long long budget, cn_dag_optimum *res);
 /* The types a search branches on, from the ready types (bits of live):
  * the forced one if any (-1: none), else the ready types that feed
  * something, else every ready type. */
@@ -66,13 +78,8 @@ static inline uint32_t cn__dag_branch_types(uint32_t live, int forced,
   if (forced >= 0) return 1u << forced;
   return live & feeds ? live & feeds : live;
 }
-/* tail[v × n_types + t]: the most type-t vertices on a path from v to a
- * sink (v included), from g's consumers; malloc'd, NULL when out of
- * memory. */
-int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
-                       const int32_t *out_edges);
 
-/* sched_plan.c: a schedule by beam search over the product of the graph's
+/* dag_beam.c: a schedule by beam search over the product of the graph's
  * instance automata (width states kept per step, ranked by batches so far
  * plus the bound on what is left): an upper bound on the optimum where the
  * exact search runs out of budget, and the schedule of CN_POLICY_PLAN.
@@ -137,7 +144,7 @@ typedef struct cn_frontier {
                                     a weakly connected component; a vertex
                                     added later joins its first input's  */
   int32_t n_comp;
-  /* The lookahead2 policy's (frontier_la2.c), with the instances. */
+  /* The lookahead2 policy's (frontier_lookahead2.c), with the instances. */
   int32_t *cm;                   /* [c][a][t]: max tail_t over instance c's
                                     ready type-a vertices (kept like mt)  */
   int32_t *cin[CN_MAX_TYPES];    /* instances with ready type-a vertices   */
@@ -164,14 +171,15 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
 int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g);
 /* Back to nothing committed (same vertices): FSM training episodes. */
 int cn__frontier_reset(cn_frontier *f);
-/* The policy's next type (ED-Batch Alg. 1 line 3), -1 when nothing is
- * ready. Frontier policies: agenda, sufficient (needs track_sub; without it
- * agenda), fsm (fsm NULL: agenda). none/depth are static plans, not
- * frontier policies: they answer agenda here. */
+/* frontier_policy.c: the policy's next type (ED-Batch Alg. 1 line 3), -1
+ * when nothing is ready. Frontier policies: agenda, sufficient (needs
+ * track_sub; without it agenda), fsm (fsm NULL: agenda). none/depth are
+ * static plans, not frontier policies: they answer agenda here. */
 int cn__frontier_next(const cn_frontier *f, cn_policy_kind policy,
                       const struct cn_fsm *fsm);
-/* Whether the policy (with fsm for CN_POLICY_FSM) reads drops(), so the
- * driver should call cn__frontier_tails once the graph is added. */
+/* frontier_policy.c: whether the policy (with fsm for CN_POLICY_FSM)
+ * reads drops(), so the driver should call cn__frontier_tails once the
+ * graph is added. */
 bool cn__policy_needs_tails(cn_policy_kind policy, const struct cn_fsm *fsm);
 int cn__frontier_agenda(const cn_frontier *f);
 /* ED-Batch eq. 1's ratio for type t: |Frontier_t(G)| / |Frontier(G^t)|,

@@ -76,7 +76,7 @@ static void close_cb(uv_handle_t *h) {
   ld_conn *c = h->data;
   c->state = LD_CLOSED;
   c->L->closed[c->L->n_closed++] = c->idx;
-  ld_on_closed(c->L, c);
+  c->L->on_closed(c->L, c);
 }
 
 /* Close c whatever it is doing; a request in flight is the caller's to
@@ -134,13 +134,13 @@ static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   if (!c->done) return;
   c->done = 0;
-  ld_record(L, c, c->status, uv_hrtime());
+  L->on_response(L, c, c->status, uv_hrtime());
   L->n_busy--;
   c->state = LD_IDLE;
   L->idle[L->n_idle] = c->idx;
   c->idle_pos = L->n_idle++;
   if (!c->keep || n < 0) ld_conn_close(L, c);
-  else ld_on_idle(L, c);
+  else L->on_idle(L, c);
 }
 
 static void connect_cb(uv_connect_t *req, int status) {
@@ -161,7 +161,7 @@ static void connect_cb(uv_connect_t *req, int status) {
     fail(L, c, LD_E_CONNECT);
     return;
   }
-  ld_on_idle(L, c);
+  L->on_idle(L, c);
 }
 
 /* Open a closed connection (the caller popped it from L->closed). */

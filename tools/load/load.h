@@ -79,6 +79,13 @@ typedef struct ld_load {
   uint64_t errors[LD_E_COUNT];
   uint64_t *lat200; /* ns, one per 200 */
   size_t n_lat, lat_cap;
+  /* news from conn.c for main.c, which sets them before ld_conns_init:
+   * a connection became idle or closed, a response arrived. conn.c calls
+   * them and never main.c itself (check_layout_calls). */
+  void (*on_idle)(struct ld_load *L, ld_conn *c);
+  void (*on_closed)(struct ld_load *L, ld_conn *c);
+  void (*on_response)(struct ld_load *L, ld_conn *c, int status,
+                      uint64_t now);
 } ld_load;
 
 /* conn.c */
@@ -87,11 +94,5 @@ void ld_conn_connect(ld_load *L, ld_conn *c);
 void ld_conn_send(ld_load *L, ld_conn *c, uint64_t t_due);
 void ld_conn_close(ld_load *L, ld_conn *c);
 void ld_conns_check_timeouts(ld_load *L, uint64_t now);
-
-/* main.c: conn.c calls these as connections change state */
-void ld_dispatch(ld_load *L);
-void ld_on_idle(ld_load *L, ld_conn *c);
-void ld_on_closed(ld_load *L, ld_conn *c);
-void ld_record(ld_load *L, ld_conn *c, int status, uint64_t now);
 
 #endif

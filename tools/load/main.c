@@ -92,7 +92,7 @@ static void advance(ld_load *L) {
 
 /* Send queued requests on idle connections; open closed ones while more
  * requests wait than connections are opening. */
-void ld_dispatch(ld_load *L) {
+static void ld_dispatch(ld_load *L) {
   if (!L->started || L->finished) return;
   uint64_t now = uv_hrtime();
   if (now >= L->t_end) return; /* what is still queued was not sent */
@@ -152,17 +152,18 @@ static void start(ld_load *L) {
   uv_timer_start(&L->tick, on_tick, 0, 1);
 }
 
-void ld_on_idle(ld_load *L, ld_conn *c) {
+static void ld_on_idle(ld_load *L, ld_conn *c) {
   if (!L->started && L->n_connecting == 0) start(L);
   ld_dispatch(L);
 }
 
-void ld_on_closed(ld_load *L, ld_conn *c) {
+static void ld_on_closed(ld_load *L, ld_conn *c) {
   if (!L->started && L->n_connecting == 0 && !L->finished) start(L);
   ld_dispatch(L);
 }
 
-void ld_record(ld_load *L, ld_conn *c, int status, uint64_t now) {
+static void ld_record(ld_load *L, ld_conn *c, int status,
+                      uint64_t now) {
   L->responses++;
   if (status < 0 || status >= 600) status = 0;
   L->status[status]++;
@@ -388,6 +389,9 @@ int main(int argc, char **argv) {
   }
   if (load_bodies(&L, bodies, path) != 0) return 2;
   L.loop = uv_default_loop();
+  L.on_idle = ld_on_idle;
+  L.on_closed = ld_on_closed;
+  L.on_response = ld_record;
   if (ld_conns_init(&L) != 0) {
     fprintf(stderr, "canopy-load: out of memory\n");
     return 1;

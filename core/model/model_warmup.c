@@ -1,4 +1,4 @@
-/* warmup.c - a small synthetic INSTANCE for a model, in the form a client
+/* model_warmup.c - a small synthetic INSTANCE for a model, in the form a client
  * would send (docs/api.md), so a daemon can run it through the same path as a
  * request before a version serves (docs/daemon.md "Warm-up").
  *

@@ -1,4 +1,4 @@
-/* described.c - the family of models described by cells (model.json
+/* cells_family.c - the family of models described by cells (model.json
  * "family": "cells", docs/cells.md). This record is a template: the loader
  * (core/model/cells_json.c) copies it into each model with the types the
  * model names, and these callbacks read the model's cn_cells. The vertex

@@ -1,4 +1,4 @@
-/* frontier_la2.c - the lookahead2 policy over the frontier (frontier.c).
+/* frontier_lookahead2.c - the lookahead2 policy over the frontier (frontier.c).
  * Split from frontier.c, which keeps the frontier itself and the
  * one-batch policies. */
 #include <string.h>
@@ -20,7 +20,7 @@
  * bound: a run is a disjoint union of instances and a batch advances each
  * on its own, so the run takes at least max_c B_c more batches, and the
  * soft maximum favours progress on the instances furthest behind, the ones
- * that will decide when the run ends. The beam search (sched_plan.c) ranks
+ * that will decide when the run ends. The beam search (dag_beam.c) ranks
  * its states the same way. On the training lines of ../shared/data (runs
  * of 64, outputs=all) it launches 1,147 batches for latticelstm against
  * 1,187 for lookahead (bound 988), 127 against 137 for treelstm-2type

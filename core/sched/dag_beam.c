@@ -1,7 +1,7 @@
-/* sched_plan.c - a short schedule for a static run, by beam search over the
+/* dag_beam.c - a short schedule for a static run, by beam search over the
  * product of its instances' automata.
  *
- * The problem is ED-Batch §2.1's (sched_opt.c): the fewest steps "run every
+ * The problem is ED-Batch §2.1's (dag_optimum.c): the fewest steps "run every
  * ready vertex of type t" that run the whole graph. A run's graph is a
  * disjoint union of instance graphs, and a step acts on each instance on its
  * own: an instance's done-set goes to the same successor under type t
@@ -11,10 +11,10 @@
  *     lazily: a state is the instance's done-set, its successor under t is
  *     computed once and memoised, along with dep_t, the most type-t
  *     vertices on any path of what is left of it (the largest tail_t over
- *     its ready vertices, as in sched_opt.c's heuristic);
+ *     its ready vertices, as in dag_optimum.c's heuristic);
  *   - a search state is the vector of its instances' automaton states, so
  *     expanding one costs a table look-up per instance and type, not a copy
- *     of the run's pending counts (sched_opt.c's first beam did that). A
+ *     of the run's pending counts (dag_optimum.c's first beam did that). A
  *     width of thousands fits in a second on a run of 64 lattices.
  *
  * The beam keeps, after each step, the `width` states of least

@@ -1,4 +1,4 @@
-/* sched_opt.c - the fewest batches a typed DAG can run in, by search.
+/* dag_optimum.c - the fewest batches a typed DAG can run in, by search.
  *
  * The problem of ED-Batch §2.1: find the shortest sequence of types such
  * that batching, at each step, every ready vertex of the step's type runs
@@ -201,54 +201,6 @@ static int dfs(opt_search *s, int32_t g, int32_t L, int32_t placed) {
   return NOT_FOUND;
 }
 
-/* tail[v×T + t]: the most type-t vertices on a path from v to a sink,
- * consumers after v (inputs come first). */
-static void fill_tails(const cn_dag *g, const int32_t *out_start,
-                       const int32_t *out_edges, int32_t *tail) {
-  int T = g->n_types;
-  for (int32_t v = g->nv - 1; v >= 0; v--) {
-    int32_t *tv = tail + (size_t)v * T;
-    for (int32_t e = out_start[v]; e < out_start[v + 1]; e++) {
-      const int32_t *tu = tail + (size_t)out_edges[e] * T;
-      for (int t = 0; t < T; t++)
-        if (tu[t] > tv[t]) tv[t] = tu[t];
-    }
-    tv[g->vtype[v]]++;
-  }
-}
-
-uint32_t cn__dag_feeding_types(const cn_dag *g) {
-  uint32_t m = 0;
-  for (int32_t e = 0; e < g->in_start[g->nv]; e++)
-    m |= 1u << g->vtype[g->in_edges[e]];
-  return m;
-}
-
-int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
-                      int32_t **out_edges) {
-  int32_t nv = g->nv;
-  size_t ne = (size_t)g->in_start[nv];
-  int32_t *start = cn__xcalloc((size_t)nv + 2, sizeof(int32_t));
-  int32_t *edges = cn__xcalloc(ne + 1, sizeof(int32_t));
-  *out_start = start;
-  *out_edges = edges;
-  if (start == NULL || edges == NULL) return CN_E_NOMEM;
-  for (size_t e = 0; e < ne; e++) start[g->in_edges[e] + 2]++;
-  for (int32_t v = 0; v < nv; v++) start[v + 2] += start[v + 1];
-  for (int32_t v = 0; v < nv; v++) /* start[u + 1]: u's fill cursor */
-    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
-      edges[start[g->in_edges[e] + 1]++] = v;
-  return 0;
-}
-
-int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
-                       const int32_t *out_edges) {
-  int32_t *tail = cn__xcalloc((size_t)g->nv * (size_t)g->n_types + 1,
-                              sizeof(int32_t));
-  if (tail != NULL) fill_tails(g, out_start, out_edges, tail);
-  return tail;
-}
-
 static void opt_free(opt_search *s) {
   free(s->out_start);
   free(s->out_edges);
@@ -300,7 +252,7 @@ static int opt_init(opt_search *s, const cn_dag *g, size_t tt_cap) {
     s->z1[v] = cn__splitmix64(&seed);
     s->z2[v] = cn__splitmix64(&seed);
   }
-  fill_tails(g, s->out_start, s->out_edges, s->tail);
+  cn__dag_fill_tails(g, s->out_start, s->out_edges, s->tail);
   s->feeds = cn__dag_feeding_types(g);
   return 0;
 }

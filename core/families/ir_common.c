@@ -1,4 +1,4 @@
-/* cells.c - the vertex functions shared by several families, as op IR
+/* ir_common.c - the vertex functions shared by several families, as op IR
  * (core/cell/cell.h): the output layer, nn.LSTMCell and nn.GRUCell, written
  * from docs/models.md's equations. */
 #include "cell/cell.h"

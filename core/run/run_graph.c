@@ -1,0 +1,224 @@
+/* run_graph.c - a run's vertex graph and the index staging of a batch.
+ *
+ * cn_run_add() appends each instance's vertices (the family's build()):
+ * the graph lives in a handful of arrays grown geometrically, never one
+ * allocation per vertex. While a batch is launched, its index arrays (the
+ * state rows of its inputs, its embedding rows) are staged in the run's
+ * index room (cn__run_idx), which the plan sized. The lowest file of run/:
+ * it calls no other file of the folder.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "run/run.h"
+
+static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  int32_t c = *cap ? *cap : 64;
+  while (c < need) {
+    if (c > INT32_MAX / 2) return -1;
+    c *= 2;
+  }
+  void *q = cn__xrealloc(*p, (size_t)c, elem);
+  if (q == NULL) return -1;
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+static int resize(void **p, size_t n, size_t elem) {
+  void *q = cn__xrealloc(*p, n, elem);
+  if (q == NULL) return -1;
+  *p = q;
+  return 0;
+}
+
+cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
+  cn_run *r = calloc(1, sizeof(*r));
+  if (r == NULL) return NULL;
+  r->m = m;
+  r->fam = m->fam;
+  r->bk = bk;
+  r->plan_width = CN_PLAN_WIDTH_DEFAULT;
+  r->in_start = malloc(sizeof(int32_t));
+  if (r->in_start == NULL) {
+    free(r);
+    return NULL;
+  }
+  r->in_start[0] = 0;
+  return r;
+}
+
+void cn_run_free(cn_run *r) {
+  if (r == NULL) return;
+  if (r->arena != NULL) r->bk->vt->free(r->bk, r->arena);
+  if (r->own_scratch && r->scratch != NULL) r->bk->vt->free(r->bk, r->scratch);
+  free(r->slots);
+  free(r->vtype);
+  free(r->vslot);
+  free(r->vnode);
+  free(r->vaux);
+  free(r->in_start);
+  free(r->in_edges);
+  free(r->node_vertex);
+  free(r->state_off);
+  free(r->order);
+  free(r->batches);
+  free(r->idx_host);
+  free(r->spans);
+  free(r->fetch_idx);
+  free(r->out_tag);
+  free(r->out_score);
+  free(r);
+}
+
+int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
+                           const int32_t *inputs, int n_inputs) {
+  int32_t v = r->nv;
+  if (v + 1 > r->cap_v) {
+    /* All per-vertex arrays share one capacity, doubled when full. */
+    size_t c = r->cap_v ? (size_t)r->cap_v * 2 : 256;
+    if (c > INT32_MAX / 2 || resize((void **)&r->vtype, c, 1) ||
+        resize((void **)&r->vslot, c, 4) || resize((void **)&r->vnode, c, 4) ||
+        resize((void **)&r->vaux, c, 4) ||
+        resize((void **)&r->in_start, c + 1, 4))
+      return -1;
+    r->cap_v = (int32_t)c;
+  }
+  if (grow((void **)&r->in_edges, &r->cap_e, r->ne + n_inputs,
+           sizeof(int32_t)))
+    return -1;
+  r->vtype[v] = (uint8_t)type;
+  r->vslot[v] = slot;
+  r->vnode[v] = node;
+  r->vaux[v] = aux;
+  if (n_inputs > 0)
+    memcpy(r->in_edges + r->ne, inputs, (size_t)n_inputs * sizeof(int32_t));
+  r->ne += n_inputs;
+  r->in_start[v + 1] = r->ne;
+  r->nv = v + 1;
+  r->n_of_type[type]++;
+  if (r->live != NULL) { /* a dynamic run: the frontier sees it too */
+    if (v >= r->cap_state_off) {
+      /* a decode session (run_decode.c) grows as instances join; a run
+       * planned up front (run_dynamic.c) never gets here */
+      int64_t c = r->cap_state_off ? r->cap_state_off * 2 : 256;
+      int64_t *p = cn__xrealloc(r->state_off, (size_t)c, sizeof(int64_t));
+      if (p == NULL) return -1;
+      for (int64_t i = r->cap_state_off; i < c; i++) p[i] = -1;
+      r->state_off = p;
+      r->cap_state_off = c;
+    }
+    if (cn__frontier_add(r->live, type, inputs, n_inputs) != v) return -1;
+    r->state_off[v] = -1;
+  }
+  return v;
+}
+
+/* Reserves the node -> vertex map of a slot (n nodes, filled by build()). */
+int32_t cn__run_reserve_nodes(cn_run *r, int32_t n) {
+  int32_t at = r->n_nodev;
+  if (grow((void **)&r->node_vertex, &r->cap_nodev, at + n, sizeof(int32_t)))
+    return -1;
+  r->n_nodev = at + n;
+  return at;
+}
+
+int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
+               int max_decode_len) {
+  if (r->executed) return CN_E_INTERNAL;
+  if (inst->m != r->m) return CN_E_INTERNAL;
+  if (r->n_slots == r->cap_slots) {
+    int32_t c = r->cap_slots;
+    if (grow((void **)&r->slots, &c, r->n_slots + 1, sizeof(cn_run_slot)))
+      return CN_E_NOMEM;
+    r->cap_slots = c;
+  }
+  int slot = r->n_slots;
+  cn_run_slot *s = &r->slots[slot];
+  memset(s, 0, sizeof(*s));
+  s->inst = inst;
+  s->flags = flags;
+  s->max_decode_len = max_decode_len;
+  s->v0 = r->nv;
+  r->n_slots++;
+  int rc = r->fam->build(r, slot);
+  if (rc != 0) return rc;
+  s = &r->slots[slot];
+  s->nv = r->nv - s->v0;
+  return slot;
+}
+
+int64_t *cn__run_idx(cn_run *r, int64_t n) {
+  if (r->idx_used + n > r->idx_cap) abort(); /* planned in cn_run_exec */
+  int64_t *p = r->idx_host + r->idx_used;
+  r->idx_used += n;
+  return p;
+}
+
+int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    off[i] = which < k ? r->state_off[in[which]] : -1;
+  }
+  return off;
+}
+
+int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) off[i] = r->state_off[verts[i]] + add;
+  return off;
+}
+
+int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride) {
+  int64_t *off = cn__run_idx(r, n);
+  for (int i = 0; i < n; i++) off[i] = (int64_t)r->vaux[verts[i]] * stride;
+  return off;
+}
+
+bool cn__rows_even(const int64_t *idx, int n, int width, int *stride) {
+  if (n < 1 || idx[0] < 0) return false;
+  int64_t s = n > 1 ? idx[1] - idx[0] : width;
+  if (s < width || s > INT32_MAX) return false;
+  for (int i = 1; i < n; i++)
+    if (idx[i] - idx[i - 1] != s) return false;
+  *stride = (int)s;
+  return true;
+}
+
+const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
+                          const int64_t *idx, int n, int width, int *ld) {
+  /* Evenly spaced rows: read them in place (the common case once a
+   * batch's inputs are a previous batch's consecutive outputs). */
+  if (cn__rows_even(idx, n, width, ld)) return base + idx[0];
+  CN_BK(r->bk, gather, dst, ldd, base, idx, n, width);
+  r->gather_bytes += (size_t)n * (size_t)width * sizeof(float);
+  *ld = ldd;
+  return dst;
+}
+
+void cn_run_set_layout(cn_run *r, cn_layout layout) {
+  if ((int)layout >= 0 && layout < CN_LAYOUT__COUNT) r->layout = layout;
+}
+
+void cn_run_set_plan_width(cn_run *r, int width) {
+  r->plan_width = width < 1 ? 1 : width;
+}
+
+static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",
+                                                           "pq"};
+
+const char *cn_layout_name(cn_layout l) {
+  return (int)l >= 0 && l < CN_LAYOUT__COUNT ? layout_names[l] : "?";
+}
+
+int cn_layout_parse(const char *name, cn_layout *out) {
+  for (int i = 0; i < CN_LAYOUT__COUNT; i++)
+    if (strcmp(name, layout_names[i]) == 0) {
+      *out = (cn_layout)i;
+      return 0;
+    }
+  return CN_E_BAD_CONFIG;
+}

@@ -1,0 +1,98 @@
+/* dag.c - what the scheduler knows of a typed DAG before it schedules it:
+ * the lower bound on its batches, its consumers, the tails the look-ahead
+ * policies and searches read; and the names of the batching policies. The
+ * lowest file of sched/: it calls no other file of the folder.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/sched.h"
+
+int64_t cn__dag_lower_bound(const cn_dag *g) {
+  int T = g->n_types;
+  if (g->nv == 0) return 0;
+  /* cnt[v][t]: most type-t vertices on any path ending at v. */
+  int32_t *cnt = cn__xcalloc((size_t)g->nv * (size_t)T, sizeof(int32_t));
+  if (cnt == NULL) return -1;
+  int32_t best[CN_MAX_TYPES] = {0};
+  for (int32_t v = 0; v < g->nv; v++) {
+    int32_t *c = cnt + (size_t)v * T;
+    for (int32_t i = g->in_start[v]; i < g->in_start[v + 1]; i++) {
+      const int32_t *p = cnt + (size_t)g->in_edges[i] * T;
+      for (int t = 0; t < T; t++)
+        if (p[t] > c[t]) c[t] = p[t];
+    }
+    c[g->vtype[v]]++;
+    for (int t = 0; t < T; t++)
+      if (c[t] > best[t]) best[t] = c[t];
+  }
+  free(cnt);
+  int64_t lb = 0;
+  for (int t = 0; t < T; t++) lb += best[t];
+  return lb;
+}
+
+/* tail[v×T + t]: the most type-t vertices on a path from v to a sink,
+ * consumers after v (inputs come first). */
+void cn__dag_fill_tails(const cn_dag *g, const int32_t *out_start,
+                        const int32_t *out_edges, int32_t *tail) {
+  int T = g->n_types;
+  for (int32_t v = g->nv - 1; v >= 0; v--) {
+    int32_t *tv = tail + (size_t)v * T;
+    for (int32_t e = out_start[v]; e < out_start[v + 1]; e++) {
+      const int32_t *tu = tail + (size_t)out_edges[e] * T;
+      for (int t = 0; t < T; t++)
+        if (tu[t] > tv[t]) tv[t] = tu[t];
+    }
+    tv[g->vtype[v]]++;
+  }
+}
+
+uint32_t cn__dag_feeding_types(const cn_dag *g) {
+  uint32_t m = 0;
+  for (int32_t e = 0; e < g->in_start[g->nv]; e++)
+    m |= 1u << g->vtype[g->in_edges[e]];
+  return m;
+}
+
+int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
+                      int32_t **out_edges) {
+  int32_t nv = g->nv;
+  size_t ne = (size_t)g->in_start[nv];
+  int32_t *start = cn__xcalloc((size_t)nv + 2, sizeof(int32_t));
+  int32_t *edges = cn__xcalloc(ne + 1, sizeof(int32_t));
+  *out_start = start;
+  *out_edges = edges;
+  if (start == NULL || edges == NULL) return CN_E_NOMEM;
+  for (size_t e = 0; e < ne; e++) start[g->in_edges[e] + 2]++;
+  for (int32_t v = 0; v < nv; v++) start[v + 2] += start[v + 1];
+  for (int32_t v = 0; v < nv; v++) /* start[u + 1]: u's fill cursor */
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      edges[start[g->in_edges[e] + 1]++] = v;
+  return 0;
+}
+
+int32_t *cn__dag_tails(const cn_dag *g, const int32_t *out_start,
+                       const int32_t *out_edges) {
+  int32_t *tail = cn__xcalloc((size_t)g->nv * (size_t)g->n_types + 1,
+                              sizeof(int32_t));
+  if (tail != NULL) cn__dag_fill_tails(g, out_start, out_edges, tail);
+  return tail;
+}
+
+static const char *const policy_names[CN_POLICY__COUNT] = {
+    "none",      "depth",      "agenda", "sufficient",
+    "lookahead", "lookahead2", "plan",   "fsm"};
+
+const char *cn_policy_name(cn_policy_kind p) {
+  return p >= 0 && p < CN_POLICY__COUNT ? policy_names[p] : "?";
+}
+
+int cn_policy_parse(const char *name, cn_policy_kind *out) {
+  for (int p = 0; p < CN_POLICY__COUNT; p++)
+    if (strcmp(name, policy_names[p]) == 0) {
+      *out = (cn_policy_kind)p;
+      return 0;
+    }
+  return CN_E_BAD_CONFIG;
+}
