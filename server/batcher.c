@@ -32,10 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "routes.h"
-#include "serve_impl.h"
-
-void cn__handle_unref_cb(uv_handle_t *h) { cn__req_unref(h->data); }
+#include "work.h"
 
 int cn__retry_after_s(cn__server *s) {
   double compute_s = (double)atomic_load(&s->ewma_compute_us) / 1e6;
@@ -126,9 +123,9 @@ static void window_close(cn__model_slot *sl, cn__close_reason why) {
   for (int c = nc - 1; c >= 0; c--) {
     cn__job *t = job_split_tail(j, cut[c]);
     if (t == NULL) break; /* no memory: what is left goes as one run */
-    cn__workers_push(s, t);
+    cn__jobs_push(s, t);
   }
-  cn__workers_push(s, j);
+  cn__jobs_push(s, j);
 }
 
 /* End of a loop turn in which requests arrived: windows go to the workers
@@ -250,7 +247,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
     j->me = r->me;
     j->slot = sl;
     atomic_fetch_add(&j->me->refs, 1); /* the run holds its version */
-    j->t_open = cn__now();
+    j->t_open = cn_now_s();
     j->id = ++s->runs_opened;
     sl->window = j;
     uv_timer_start(&sl->timer, on_window_timer,
@@ -354,11 +351,6 @@ void cn__batcher_on_done(uv_async_t *a) {
   }
   /* work-conserving: the freed workers take what gathered meanwhile */
   close_for_idle(s, CN__CLOSE_WORKER_FREED);
-}
-
-void cn__batcher_dispatch(cn__server *s, cn__req *r) {
-  if (r->route == CN__RT_REPO_LOAD) cn__repo_load_async(s, r->model_name, r);
-  else cn__batcher_submit(s, r);
 }
 
 void cn__batcher_flush_all(cn__server *s) {

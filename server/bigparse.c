@@ -40,7 +40,7 @@
  * once, atomically, long before: the config and models are JSON). */
 #include <stdlib.h>
 
-#include "serve_impl.h"
+#include "handlers.h"
 
 static void link_waiting(cn__server *s, cn__req *r) {
   r->wnext = s->waiting;
@@ -87,7 +87,7 @@ static void after_parse(uv_work_t *w, int status) {
   if (r->state == CN__REQ_WAITING) {
     unlink_waiting(s, r);
     r->state = CN__REQ_RECEIVING;
-    cn__http_parsed(r);
+    r->parsed_cb(r);
   } else {
     cn__parsed_free(&r->parsed); /* answered meanwhile */
   }
@@ -140,7 +140,8 @@ static void pump(cn__server *s) {
     start(s, pop(&s->phead, &s->ptail));
 }
 
-void cn__bigparse_submit(cn__req *r) {
+void cn__bigparse_submit(cn__req *r, void (*parsed)(cn__req *r)) {
+  r->parsed_cb = parsed;
   cn__server *s = r->srv;
   r->state = CN__REQ_WAITING;
   link_waiting(s, r);

@@ -27,7 +27,6 @@
 #include <strings.h>
 
 #include "conn_impl.h"
-#include "routes.h"
 
 /* ---- answers --------------------------------------------------------- */
 
@@ -70,7 +69,7 @@ static void conn_shutdown(cn__conn *c) {
 
 void cn__conn_progress_start(cn__conn *c) {
   c->credit = EVICT_RATE * EVICT_GRACE_S;
-  c->credit_at = cn__now();
+  c->credit_at = cn_now_s();
 }
 
 static double credit_at(const cn__conn *c, double now) {
@@ -78,7 +77,7 @@ static double credit_at(const cn__conn *c, double now) {
 }
 
 void cn__conn_progress(cn__conn *c, size_t n) {
-  double now = cn__now(), v = credit_at(c, now) + (double)n;
+  double now = cn_now_s(), v = credit_at(c, now) + (double)n;
   c->credit = v < EVICT_RATE * EVICT_AHEAD_S ? v : EVICT_RATE * EVICT_AHEAD_S;
   c->credit_at = now;
 }
@@ -93,7 +92,7 @@ static void write_progress(cn__conn *c) {
     /* idle-timeout-s is for an answer the client does not read: one it
      * reads, however big, is not cut (fourth probe: a 53 MB answer read
      * at 1 MB/s was cut at 30 s) */
-    c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
+    c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
   }
   c->wq_seen = q;
 }
@@ -116,7 +115,7 @@ static void on_written(uv_write_t *w, int status) {
   }
   if (c->writes > 0) return;
   if (c->phase == PH_LINGER) conn_shutdown(c);
-  else cn__conn_pump(c);
+  else c->srv->conn_proto->resume(c);
 }
 
 /* Writes buf (taken over) out: at once where the socket takes it, else
@@ -167,7 +166,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   }
   if (c->writes++ == 0) cn__conn_progress_start(c);
   c->wq_seen = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-  c->write_deadline = cn__now() + c->srv->cfg.serve.idle_timeout_s;
+  c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
   cn__conn_reads(c);
 }
 
@@ -180,7 +179,7 @@ static void release_req(cn__conn *c) {
   c->hlen = 0;
   r->conn = NULL;
   atomic_fetch_sub(&c->srv->in_flight, 1);
-  cn__req_unref(r);
+  c->srv->http->release(r);
 }
 
 /* One answer: status line, headers, body (HEAD: none), in one buffer. */
@@ -230,7 +229,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
                                           : "");
   if (status == 429 || status == 503)
     n += snprintf(out + n, cap - (size_t)n, "Retry-After: %d\r\n",
-                  cn__retry_after_s(s));
+                  s->http->retry_after_s(s));
   n += snprintf(out + n, cap - (size_t)n, "\r\n");
   if (!head && blen > 0) memcpy(out + n, body, blen);
   size_t len = (size_t)n + (head ? 0 : blen);
@@ -243,16 +242,16 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   }
   if (!keep) c->must_close = true;
   c->phase = keep ? PH_IDLE : PH_LINGER;
-  if (keep) c->since = cn__now();
+  if (keep) c->since = cn_now_s();
   if (keep) c->served = true;
-  c->deadline = keep ? cn__now() + s->cfg.serve.idle_timeout_s
-                     : cn__now() + LINGER_S;
+  c->deadline = keep ? cn_now_s() + s->cfg.serve.idle_timeout_s
+                     : cn_now_s() + LINGER_S;
   if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
   cn__conn_write(c, out, len);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
   if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);
-  else if (!c->pumping) cn__conn_pump(c); /* an answer that waited */
+  else if (!c->pumping) s->conn_proto->resume(c); /* an answer waited */
 }
 
 /* Draining, with the connection kept for what its client still sends:
@@ -261,7 +260,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
  * serve.c's drain_check that a client is still talking). */
 void cn__conn_drain_quiet(cn__conn *c) {
   cn__server *s = c->srv;
-  double now = cn__now();
+  double now = cn_now_s();
   double end = s->drain_started + s->cfg.serve.drain_grace_ms / 1e3;
   c->quiet_until = now + DRAIN_QUIET_S < end ? now + DRAIN_QUIET_S : end;
   if (c->quiet_until <= now) c->quiet_until = now + 1e-3;
@@ -271,9 +270,8 @@ void cn__conn_drain_quiet(cn__conn *c) {
 /* The client closed its side (or the socket failed). */
 void cn__conn_eof(cn__conn *c) {
   if (c->phase == PH_CLOSED) return;
-  cn__req *r = c->r;
-  if (r != NULL && r->state == CN__REQ_WAITING && r->route == CN__RT_INFER) {
-    cn__batcher_cancel(r, "disconnect", 499); /* closes c */
+  if (c->r != NULL) {
+    c->srv->http->hangup(c->r); /* a waiting request: closes c */
     if (c->phase == PH_CLOSED) return;
   }
   cn__conn_close(c);
@@ -306,7 +304,7 @@ void cn__conn_tick(cn__conn *c, double now) {
                head ? "header-timeout-s" : "body-timeout-s");
       c->deadline = 0;
       if (c->r != NULL && c->r->state != CN__REQ_RECEIVING) break;
-      cn__conn_answer_error(c, CN_E_REQUEST_TIMEOUT, m);
+      c->srv->conn_proto->fail(c, CN_E_REQUEST_TIMEOUT, m);
       break;
     }
     case PH_IDLE:
@@ -332,7 +330,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
     cn__conn_eof(c);
     return;
   }
-  if (n > 0) cn__conn_feed(c, b->base, (size_t)n);
+  if (n > 0) c->srv->conn_proto->feed(c, b->base, (size_t)n);
 }
 
 /* Reading is on while there is room ahead and no answer unwritten. */
@@ -361,8 +359,7 @@ void cn__conn_close(cn__conn *c) {
   cn__server *s = c->srv;
   cn__req *r = c->r;
   c->phase = PH_CLOSED;
-  if (r != NULL && r->state == CN__REQ_WAITING && r->route == CN__RT_INFER)
-    cn__batcher_cancel(r, "disconnect", 499);
+  if (r != NULL) s->http->hangup(r);
   release_req(c);
   if (c->prev) c->prev->next = c->next;
   else if (s->conns == c) s->conns = c->next;
@@ -386,7 +383,7 @@ static cn__conn *conn_new(cn__server *s) {
   http_parser_init(&c->p, HTTP_REQUEST);
   c->p.data = c;
   c->phase = PH_IDLE;
-  c->since = cn__now();
+  c->since = cn_now_s();
   return c;
 }
 
@@ -397,14 +394,13 @@ static void list_add(cn__server *s, cn__conn *c) {
 }
 
 cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud) {
-  cn__conn_settings_init();
   cn__conn *c = conn_new(s);
   if (c == NULL) return NULL;
   c->sink = sink;
   c->sink_ud = ud;
   c->counted = true;
   atomic_fetch_add(&s->open_conns, 1);
-  c->deadline = cn__now() + s->cfg.serve.idle_timeout_s;
+  c->deadline = cn_now_s() + s->cfg.serve.idle_timeout_s;
   list_add(s, c);
   return c;
 }
@@ -427,7 +423,7 @@ static void refuse_conn(cn__conn *c) {
            "later", s->cfg.serve.max_connections);
   c->phase = PH_HEAD;
   c->hlen = 0;
-  cn__conn_answer_error(c, CN_E_UNAVAILABLE, m);
+  s->conn_proto->fail(c, CN_E_UNAVAILABLE, m);
 }
 
 /* At max-connections a new connection takes the place of an open one
@@ -475,7 +471,7 @@ static int evictable(cn__conn *c, double now) {
 }
 
 static cn__conn *eviction_victim(cn__server *s) {
-  double now = cn__now();
+  double now = cn_now_s();
   cn__conn *v = NULL;
   int vk = 2;
   for (cn__conn *c = s->conns; c != NULL; c = c->next) {
@@ -516,7 +512,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
       (victim = eviction_victim(s)) != NULL) {
     CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
-           victim_what(victim), cn__now() - victim->since);
+           victim_what(victim), cn_now_s() - victim->since);
     cn__conn_close(victim);
     cn__metrics_conn_evicted(&s->metrics);
   }
@@ -534,7 +530,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   c->counted = true;
   atomic_fetch_add(&s->open_conns, 1);
-  c->deadline = cn__now() + (s->cfg.serve.header_timeout_s <
+  c->deadline = cn_now_s() + (s->cfg.serve.header_timeout_s <
                                      s->cfg.serve.idle_timeout_s
                                  ? s->cfg.serve.header_timeout_s
                                  : s->cfg.serve.idle_timeout_s);
@@ -543,7 +539,7 @@ static void on_connection(uv_stream_t *ls, int status) {
 
 static void on_tick(uv_timer_t *t) {
   cn__server *s = t->data;
-  double now = cn__now();
+  double now = cn_now_s();
   for (cn__conn *c = s->conns, *next; c != NULL; c = next) {
     next = c->next; /* c may leave the list */
     cn__conn_tick(c, now);
@@ -551,7 +547,6 @@ static void on_tick(uv_timer_t *t) {
 }
 
 int cn__conn_listen(cn__server *s, int fd, cn_err *err) {
-  cn__conn_settings_init();
   uv_tcp_init(&s->loop, &s->listener);
   s->listener.data = s;
   int rc = uv_tcp_open(&s->listener, fd);

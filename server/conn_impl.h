@@ -28,7 +28,7 @@
 
 #include <http_parser.h>
 
-#include "serve_impl.h"
+#include "net.h"
 
 /* Limits of a request head (not configurable: they bound memory, not
  * what clients need): the URL, the whole head, the header lines. */
@@ -75,7 +75,7 @@ struct cn__conn {
   cn__conn *prev, *next;    /* s->conns                                */
   http_parser p;
   int phase;
-  double deadline;          /* cn__now() seconds; 0: none              */
+  double deadline;          /* cn_now_s() seconds; 0: none              */
   double quiet_until;       /* draining: close when no byte came by then */
   double since;             /* since when without a whole request head
                              * (accept, or the last keep-alive answer):
@@ -118,8 +118,16 @@ struct cn__conn {
   void *sink_ud;
 };
 
+/* What the transport (conn.c) hands up to the HTTP/1.1 framing above it
+ * (conn_parse.c), which puts it on the server (cn__http1_attach): conn.c
+ * calls nothing above itself by name. */
+struct cn__conn_proto {
+  void (*feed)(cn__conn *c, const char *data, size_t n); /* bytes read    */
+  void (*resume)(cn__conn *c); /* an answer is out: parse what waits     */
+  void (*fail)(cn__conn *c, int code, const char *msg); /* 408, 503, ... */
+};
+
 /* conn_parse.c */
-void cn__conn_settings_init(void);
 /* Parses what was read, one request at a time. */
 void cn__conn_pump(cn__conn *c);
 /* An error of the front end itself: one JSON answer, then close. */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <pthread.h>
 
 #include "conn_impl.h"
 
@@ -57,7 +58,7 @@ const char *cn__conn_header(const cn__conn *c, const char *name) {
 static int on_message_begin(http_parser *p) {
   cn__conn *c = p->data;
   c->phase = PH_HEAD;
-  c->deadline = cn__now() + c->srv->cfg.serve.header_timeout_s;
+  c->deadline = cn_now_s() + c->srv->cfg.serve.header_timeout_s;
   c->hlen = 0;
   c->part = 0;
   c->url_len = 0;
@@ -184,21 +185,21 @@ static int on_headers_complete(http_parser *p) {
   char method[16];
   snprintf(method, sizeof(method), "%s",
            http_method_str((enum http_method)p->method));
-  c->r = cn__http_begin(s, c, method, c->hb);
+  c->r = s->http->begin(s, c, method, c->hb);
   if (c->r == NULL) return refuse(c, CN_E_NOMEM, "out of memory");
   bool chunked = te != NULL;
   bool body = chunked || (p->content_length > 0 &&
                           p->content_length != ULLONG_MAX);
   if (body) {
     c->phase = PH_BODY;
-    c->deadline = cn__now() + s->cfg.serve.body_timeout_s;
+    c->deadline = cn_now_s() + s->cfg.serve.body_timeout_s;
     cn__conn_progress_start(c);
     c->trailer_len = 0;
     c->trailer_lines = 0;
     c->part = 0;
   }
   /* a body declared too large is refused before it is sent */
-  if (cn__http_head_done(c->r, body && !chunked ? p->content_length : 0)) {
+  if (c->srv->http->head_done(c->r, body && !chunked ? p->content_length : 0)) {
     c->must_close = true;
     return -1;
   }
@@ -218,7 +219,7 @@ static int on_body(http_parser *p, const char *at, size_t n) {
   cn__conn *c = p->data;
   if (c->r == NULL) return -1;
   cn__conn_progress(c, n);
-  if (cn__http_body(c->r, at, n)) { /* answered (too large): stop here */
+  if (c->srv->http->body(c->r, at, n)) { /* answered (too large): stop here */
     c->must_close = true;
     return -1;
   }
@@ -234,7 +235,7 @@ static int on_message_complete(http_parser *p) {
   return 0;
 }
 
-void cn__conn_settings_init(void) {
+static void settings_init(void) {
   settings.on_message_begin = on_message_begin;
   settings.on_url = on_url;
   settings.on_header_field = on_header_field;
@@ -345,13 +346,13 @@ void cn__conn_answer_error(cn__conn *c, int code, const char *msg) {
   c->must_close = true;
   if (c->r == NULL) {
     const char *url = c->phase == PH_HEAD && c->hlen > 0 ? c->hb : "-";
-    c->r = cn__http_begin(c->srv, c, "-", url);
+    c->r = c->srv->http->begin(c->srv, c, "-", url);
     if (c->r == NULL) {
       cn__conn_close(c);
       return;
     }
   }
-  cn__http_fail(c->r, code, msg);
+  c->srv->http->fail(c->r, code, msg);
 }
 
 /* Why http_parser stopped, as one of docs/api.md's errors. */
@@ -426,7 +427,7 @@ void cn__conn_pump(cn__conn *c) {
     if (c->complete) {
       c->complete = false;
       if (c->p.upgrade) c->must_close = true; /* not HTTP after this */
-      cn__http_complete(c->r); /* answers now, or later (waiting) */
+      c->srv->http->complete(c->r); /* answers now or later */
     }
   }
   c->pumping = false;
@@ -459,4 +460,15 @@ void cn__conn_feed(cn__conn *c, const char *data, size_t n) {
     c->in = NULL;
     c->in_cap = 0;
   }
+}
+
+/* ---- the protocol the transport hands up to --------------------------- */
+
+static const struct cn__conn_proto http1 = {cn__conn_feed, cn__conn_pump,
+                                     cn__conn_answer_error};
+
+void cn__http1_attach(cn__server *s) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, settings_init);
+  s->conn_proto = &http1;
 }

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve_impl.h"
+#include "work.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 
@@ -123,7 +123,7 @@ static void answer_now(session *ss, cn__req *r) {
   t->n = t->cap = 1;
   t->instances = r->n_inst;
   t->vertices = r->vertices;
-  cn__workers_done(ss->s, t);
+  cn__jobs_done(ss->s, t);
 }
 
 static void fail_request(dreq *q, const cn_err *err) {
@@ -145,7 +145,7 @@ static int take_job(session *ss, cn__job *j, cn_err *err) {
            sizeof(*ss->jobs)))
     return cn_err_set(err, CN_E_NOMEM, "no memory for the session");
   ss->jobs[ss->n_jobs++] = j;
-  double now = cn__now();
+  double now = cn_now_s();
   bool in_flight = cn_decode_batches(ss->d) > 0 && cn_decode_active(ss->d) > 0;
   int dropped = 0;
   for (int i = 0; i < j->n; i++) {
@@ -243,7 +243,7 @@ static int take_queued(session *ss, cn_err *err) {
                   sizeof(*ss->jobs)) == 0)
       ss->jobs[ss->n_jobs++] = j; /* answered with the error at the end */
     else
-      cn__workers_done(s, j); /* answered "no result" by the loop */
+      cn__jobs_done(s, j); /* answered "no result" by the loop */
   }
   return rc;
 }
@@ -252,7 +252,7 @@ static int take_queued(session *ss, cn_err *err) {
 static void collect(session *ss) {
   int done[128], n;
   while ((n = cn_decode_take_done(ss->d, done, 128)) > 0) {
-    double now = cn__now();
+    double now = cn_now_s();
     for (int i = 0; i < n; i++) {
       dreq *q = &ss->reqs[ss->owner[done[i]]];
       json_t *o = cn_decode_output(ss->d, done[i]);
@@ -302,7 +302,7 @@ void cn__decode_job(cn__server *s, cn_backend_ctx *bk, cn__job *j) {
     pthread_mutex_unlock(&j->me->pol.mu);
   }
   atomic_fetch_add(&ss.me->slot->decoding, 1);
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   ss.d = cn_decode_new(j->me->model, bk, s->policy, fsm);
   int rc;
   if (ss.d == NULL) {
@@ -344,7 +344,7 @@ failed:
   if (ss.d != NULL) {
     cn_run_stats st;
     cn_decode_get_stats(ss.d, &st);
-    double sec = cn__now() - t0;
+    double sec = cn_now_s() - t0;
     cn__metrics_run(&s->metrics, ss.me->index, st.instances, 0, sec,
                     st.batches, st.lower_bound, st.vertices, st.kernels,
                     st.gather_bytes, st.cell_bytes, st.arena_bytes);
@@ -356,7 +356,7 @@ failed:
   cn_fsm_free(fsm);
   /* the first run goes back through worker_main; the others from here */
   for (int k = 0; k < ss.n_jobs; k++)
-    if (ss.jobs[k] != j) cn__workers_done(s, ss.jobs[k]);
+    if (ss.jobs[k] != j) cn__jobs_done(s, ss.jobs[k]);
   for (int i = 0; i < ss.n_reqs; i++) json_decref(ss.reqs[i].outs);
   if (ss.jobs != &j) free(ss.jobs);
   free(ss.reqs);

@@ -16,44 +16,9 @@
 #include <unistd.h>
 
 #include "routes.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
-
-char *cn__error_body(int code, const char *msg, int instance) {
-  cn_err e;
-  cn_err_clear(&e);
-  cn_err_set(&e, code, "%s", msg);
-  e.instance = instance;
-  json_t *j = cn_err_to_json(&e);
-  char *s = json_dumps(j, DUMP_FLAGS);
-  json_decref(j);
-  return s;
-}
-
-/* Frees the body and gives its bytes back to max-body-memory; any thread
- * (bigparse.c frees it on the pool thread that parsed it). */
-void cn__req_body_free(cn__req *r) {
-  if (r->body_cap > 0)
-    atomic_fetch_sub(&r->srv->body_bytes, (long long)r->body_cap);
-  free(r->body);
-  r->body = NULL;
-  r->body_len = r->body_cap = 0;
-}
-
-static void req_free(cn__req *r) {
-  for (int i = 0; i < r->n_inst; i++) cn_instance_free(r->inst[i]);
-  cn__model_release(r->me);
-  free(r->inst);
-  cn__req_body_free(r);
-  free(r->result);
-  free(r->v2_id);
-  free(r);
-}
-
-void cn__req_unref(cn__req *r) {
-  if (atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
-}
 
 /* A request id: the client's X-Request-Id when it is short and plain
  * (letters, digits and - _ . : / + = @: a UUID, a hex id, nginx's
@@ -74,47 +39,9 @@ static void set_id(cn__server *s, cn__req *r, const char *given) {
            (unsigned long long)s->metrics.start_time & 0xffffffffULL, n);
 }
 
-/* Counts and logs a request once, when its status is decided. */
-static void account(cn__req *r, int status, const char *reason) {
-  cn__server *s = r->srv;
-  double secs = cn__now() - r->t_arrive;
-  int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
-  if (status != 499)
-    cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);
-  CN_LOG(status >= 500 && status != 503 && status != 504 ? CN_LOG_ERROR
-                                                         : CN_LOG_INFO,
-         "msg=request id=%s method=%s path=\"%s\" model=%s version=%s "
-         "status=%d instances=%d queue_ms=%.3f compute_ms=%.3f "
-         "total_ms=%.3f%s%s",
-         r->id, r->method, r->path,
-         r->me ? r->me->name : r->slot ? r->slot->name : "-",
-         r->me ? r->me->version : "-", status, r->n_inst, r->queue_ms,
-         r->compute_ms, secs * 1e3, reason ? " reason=" : "",
-         reason ? reason : "");
-}
-
-/* Sends body (taking it over) on the request's connection (conn.c adds
- * the headers every answer carries). */
-static void send_body(cn__req *r, int status, char *body, const char *ctype) {
-  if (body == NULL) {
-    status = 500;
-    body = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of "
-                  "memory\"}}");
-  }
-  if (r->v2 && status >= 400) body = cn__kserve_error(body);
-  const char *allow = NULL;
-  if (status == 405)
-    allow = strstr(r->path, "/infer") || strstr(r->path, "/repository")
-                ? "Allow: POST\r\n"
-                : "Allow: GET, HEAD\r\n";
-  cn__conn_respond(r, status, body, body ? strlen(body) : 0, ctype, allow);
-}
-
 static void answer_now(cn__req *r, int status, char *body,
                        const char *ctype) {
-  r->state = CN__REQ_ANSWERED;
-  account(r, status, NULL);
-  send_body(r, status, body, ctype ? ctype : "application/json");
+  cn__req_answer_now(r, status, body, ctype);
 }
 
 static void answer_err(cn__req *r, int code, const char *msg) {
@@ -124,7 +51,7 @@ static void answer_err(cn__req *r, int code, const char *msg) {
 
 /* An error of the front end (framing, limits, deadlines, max-connections):
  * conn.c closes the connection after it. */
-void cn__http_fail(cn__req *r, int code, const char *msg) {
+static void http_fail(cn__req *r, int code, const char *msg) {
   answer_err(r, code, msg);
 }
 
@@ -135,38 +62,17 @@ static void answer_cn_err(cn__req *r, const cn_err *e) {
   answer_now(r, cn_err_http_status(e->code), s, NULL);
 }
 
-void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
-  cn__server *s = r->srv;
-  if (r->state != CN__REQ_WAITING) {
-    free(body);
-    return;
-  }
-  r->state = CN__REQ_ANSWERED;
-  atomic_store(&r->cancelled, 1);
-  r->status = status;
-  r->reason = reason;
-  if (r->tmo_open) {
-    r->tmo_open = false;
-    uv_close((uv_handle_t *)&r->tmo, cn__handle_unref_cb);
-  }
-  if (r->wprev) r->wprev->wnext = r->wnext;
-  else s->waiting = r->wnext;
-  if (r->wnext) r->wnext->wprev = r->wprev;
-  r->wprev = r->wnext = NULL;
-  account(r, status, reason);
-  /* the answer goes out now, on this (the loop) thread; a client that
-   * hung up (499) gets nothing */
-  if (status == 499) cn__conn_respond(r, 499, body, 0, NULL, NULL);
-  else send_body(r, status, body, "application/json");
-}
-
 /* A request that waits (an inference for its run, a load for its loader
  * thread) goes to the batcher; cn__req_answer answers it. */
 static void hand_over(cn__req *r) {
   cn__server *s = r->srv;
   if (s->hand_over != NULL) s->hand_over(s, r);
-  else cn__batcher_dispatch(s, r);
+  else if (r->route == CN__RT_REPO_LOAD)
+    cn__repo_load_async(s, r->model_name, r);
+  else cn__batcher_submit(s, r);
 }
+
+static void http_parsed(cn__req *r);
 
 /* The body is complete: validate, then suspend and hand over. A big body
  * is parsed on the threadpool first (bigparse.c), except with no loop
@@ -183,7 +89,7 @@ static void infer_ready(cn__req *r) {
     return;
   }
   if (r->body_len > CN__BIG_BODY_BYTES && s->hand_over == NULL) {
-    cn__bigparse_submit(r);
+    cn__bigparse_submit(r, http_parsed);
     return;
   }
   cn_err e;
@@ -196,7 +102,9 @@ static void infer_ready(cn__req *r) {
   hand_over(r);
 }
 
-void cn__http_parsed(cn__req *r) {
+/* r's big body is parsed (r->prc, r->perr, r->parsed): answer or hand
+ * over. */
+static void http_parsed(cn__req *r) {
   if (r->prc != 0) {
     answer_cn_err(r, &r->perr);
     return;
@@ -248,7 +156,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   atomic_init(&r->cancelled, 0);
   r->srv = s;
   r->conn = c;
-  r->t_arrive = cn__now();
+  r->t_arrive = cn_now_s();
   r->timeout_ms = s->cfg.serve.timeout_ms;
   snprintf(r->method, sizeof(r->method), "%s", method);
   /* logged inside quotes: keep it printable and quote-free */
@@ -258,7 +166,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   set_id(s, r, cn__conn_header(c, "X-Request-Id"));
   atomic_fetch_add(&s->in_flight, 1);
   atomic_fetch_add(&s->requests_seen, 1);
-  atomic_store(&s->last_request_us, (long long)(cn__now() * 1e6));
+  atomic_store(&s->last_request_us, (long long)(cn_now_s() * 1e6));
   return r;
 }
 
@@ -450,8 +358,8 @@ static bool wants_body(const cn__req *r) {
 }
 
 /* conn.c: a request head is in (the connection holds the reference). */
-cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
-                        const char *url) {
+static cn__req *http_begin(cn__server *s, cn__conn *c, const char *method,
+                           const char *url) {
   /* RFC 9112 §3.2.2: a server accepts the absolute form of a target
    * (http://host/path, what a request to a proxy carries) */
   if (strncasecmp(url, "http://", 7) == 0 ||
@@ -506,7 +414,7 @@ static void too_large(cn__req *r) {
  * none). A body declared over max-body-bytes is refused before it is read,
  * whatever the route: none takes more, and reading it only to drop it
  * would hold the connection (returns 1: answered). */
-int cn__http_head_done(cn__req *r, unsigned long long body_len) {
+static int http_head_done(cn__req *r, unsigned long long body_len) {
   if (body_len > (unsigned long long)r->srv->cfg.serve.max_body_bytes) {
     too_large(r);
     return 1;
@@ -516,7 +424,7 @@ int cn__http_head_done(cn__req *r, unsigned long long body_len) {
 
 /* A piece of the body: kept for an inference, dropped otherwise. Over
  * max-body-bytes it is refused at once (returns 1: answered). */
-int cn__http_body(cn__req *r, const char *data, size_t n) {
+static int http_body(cn__req *r, const char *data, size_t n) {
   if (!wants_body(r)) return 0;
   size_t max = (size_t)r->srv->cfg.serve.max_body_bytes;
   if (r->body_len + n > max) {
@@ -562,8 +470,19 @@ int cn__http_body(cn__req *r, const char *data, size_t n) {
 }
 
 /* The request is complete: answered now, or handed over to wait. */
-void cn__http_complete(cn__req *r) {
+static void http_complete(cn__req *r) {
   if (r->state != CN__REQ_RECEIVING) return;
   if (wants_body(r)) infer_ready(r);
   else answer_route(r);
 }
+
+/* The client hung up: a request waiting for its run leaves it (the
+ * batcher answers it 499, which closes the connection). */
+static void http_hangup(cn__req *r) {
+  if (r->state == CN__REQ_WAITING && r->route == CN__RT_INFER)
+    cn__batcher_cancel(r, "disconnect", 499);
+}
+
+const cn__http_hooks cn__http_handlers = {
+    http_begin, http_head_done, http_body,       http_complete,
+    http_fail,  http_hangup,    cn__req_unref,   cn__retry_after_s};

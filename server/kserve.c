@@ -12,65 +12,18 @@
  * OUTPUT_TOKENS BYTES, HIDDEN FP32 and OFFSETS INT64 [N + 1], whose rows
  * i are OFFSETS[i] .. OFFSETS[i + 1] of every per-node or per-token
  * tensor (laid out by kserve_answer.c). */
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bodyscan.h"
 #include "kserve_impl.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 #ifndef CANOPY_VERSION
 #define CANOPY_VERSION "dev"
 #endif
 
-const cn__v2_output cn__v2_outputs[CN__V2_N_OUTPUTS] = {
-    {"LOGITS", "FP32", CN__V2_LOGITS},
-    {"LABEL", "BYTES", CN__V2_LABEL},
-    {"PATH_SCORE", "FP32", CN__V2_PATH_SCORE},
-    {"OUTPUT_TOKENS", "BYTES", CN__V2_OUTPUT_TOKENS},
-    {"HIDDEN", "FP32", CN__V2_HIDDEN},
-    {"OFFSETS", "INT64", CN__V2_OFFSETS}};
-
 /* ---- metadata ---------------------------------------------------------- */
-
-static const char *dstr(const json_t *d, const char *key) {
-  const char *v = json_string_value(json_object_get(d, key));
-  return v ? v : "";
-}
-
-void cn__v2_model_sig(const cn__model_entry *me, cn__v2_sig *g) {
-  const json_t *d = me->describe;
-  g->family = dstr(d, "family");
-  g->input = dstr(d, "input");
-  g->classes = json_integer_value(json_object_get(d, "classes"));
-  g->hidden = json_integer_value(json_object_get(d, "hidden"));
-  if (strcmp(g->family, "bilstm-tagger") == 0 ||
-      strcmp(dstr(d, "structure"), "bisequence") == 0)
-    g->hidden *= 2;
-  if (cn_model_decodes(me->model)) {
-    g->outputs = CN__V2_OUTPUT_TOKENS | CN__V2_HIDDEN | CN__V2_OFFSETS;
-    return;
-  }
-  g->outputs = CN__V2_LOGITS | CN__V2_HIDDEN;
-  if (json_object_get(d, "labels") != NULL) g->outputs |= CN__V2_LABEL;
-  if (json_is_true(json_object_get(d, "crf")))
-    g->outputs |= CN__V2_PATH_SCORE;
-  /* per token (sequences, lattices) or per node (trees, outputs "all") */
-  if (strcmp(g->input, "dag") != 0) g->outputs |= CN__V2_OFFSETS;
-}
-
-json_t *cn__v2_tensor_meta(const char *name, const char *dtype, long long d0,
-                           long long d1) {
-  json_t *shape = json_array();
-  json_array_append_new(shape, json_integer(d0));
-  if (d1 >= 0) json_array_append_new(shape, json_integer(d1));
-  json_t *t = json_object();
-  json_object_set_new(t, "name", json_string(name));
-  json_object_set_new(t, "datatype", json_string(dtype));
-  json_object_set_new(t, "shape", shape);
-  return t;
-}
 
 json_t *cn__kserve_server_meta(void) {
   json_t *ext = json_array();
@@ -231,7 +184,7 @@ static int check_element_counts(const cn__server *s, const json_t *data,
     k.objects += c.objects;
     k.arrays += c.arrays;
   }
-  return cn__infer_check_counts(s, &k, e);
+  return cn__limits_check_counts(s, &k, e);
 }
 
 /* Each element's JSON text, parsed as /v1 parses a body. */
@@ -301,33 +254,4 @@ int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
   }
   *v1 = o;
   return 0;
-}
-
-/* The loop: /v1's {"error": {"code", "message", "instance"?, ...}} as
- * v2's {"error": message}, the message naming the INSTANCE element where
- * /v1 said it in a field of its own (takes body). */
-char *cn__kserve_error(char *body) {
-  json_t *j = body ? json_loads(body, 0, NULL) : NULL;
-  const json_t *err = json_object_get(j, "error");
-  const char *msg = json_string_value(json_object_get(err, "message"));
-  const json_t *inst = json_object_get(err, "instance");
-  if (msg == NULL) {
-    json_decref(j);
-    return body;
-  }
-  bool named = strncmp(msg, "INSTANCE[", 9) == 0 ||
-               (strncmp(msg, "instance ", 9) == 0 &&
-                isdigit((unsigned char)msg[9]));
-  json_t *o = json_object();
-  if (json_is_integer(inst) && !named)
-    json_object_set_new(o, "error", json_sprintf("INSTANCE[%lld]: %s",
-                        (long long)json_integer_value(inst), msg));
-  else
-    json_object_set_new(o, "error", json_string(msg));
-  char *b = json_dumps(o, JSON_COMPACT);
-  json_decref(o);
-  json_decref(j);
-  if (b == NULL) return body;
-  free(body);
-  return b;
 }

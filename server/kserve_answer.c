@@ -10,9 +10,59 @@
 #include <string.h>
 
 #include "kserve_impl.h"
-#include "serve_impl.h"
+#include "work.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+/* ---- what a model answers (kserve.c's metadata says the same) ---- */
+
+const cn__v2_output cn__v2_outputs[CN__V2_N_OUTPUTS] = {
+    {"LOGITS", "FP32", CN__V2_LOGITS},
+    {"LABEL", "BYTES", CN__V2_LABEL},
+    {"PATH_SCORE", "FP32", CN__V2_PATH_SCORE},
+    {"OUTPUT_TOKENS", "BYTES", CN__V2_OUTPUT_TOKENS},
+    {"HIDDEN", "FP32", CN__V2_HIDDEN},
+    {"OFFSETS", "INT64", CN__V2_OFFSETS}};
+
+static const char *dstr(const json_t *d, const char *key) {
+  const char *v = json_string_value(json_object_get(d, key));
+  return v ? v : "";
+}
+
+void cn__v2_model_sig(const cn__model_entry *me, cn__v2_sig *g) {
+  const json_t *d = me->describe;
+  g->family = dstr(d, "family");
+  g->input = dstr(d, "input");
+  g->classes = json_integer_value(json_object_get(d, "classes"));
+  g->hidden = json_integer_value(json_object_get(d, "hidden"));
+  if (strcmp(g->family, "bilstm-tagger") == 0 ||
+      strcmp(dstr(d, "structure"), "bisequence") == 0)
+    g->hidden *= 2;
+  if (cn_model_decodes(me->model)) {
+    g->outputs = CN__V2_OUTPUT_TOKENS | CN__V2_HIDDEN | CN__V2_OFFSETS;
+    return;
+  }
+  g->outputs = CN__V2_LOGITS | CN__V2_HIDDEN;
+  if (json_object_get(d, "labels") != NULL) g->outputs |= CN__V2_LABEL;
+  if (json_is_true(json_object_get(d, "crf")))
+    g->outputs |= CN__V2_PATH_SCORE;
+  /* per token (sequences, lattices) or per node (trees, outputs "all") */
+  if (strcmp(g->input, "dag") != 0) g->outputs |= CN__V2_OFFSETS;
+}
+
+json_t *cn__v2_tensor_meta(const char *name, const char *dtype, long long d0,
+                           long long d1) {
+  json_t *shape = json_array();
+  json_array_append_new(shape, json_integer(d0));
+  if (d1 >= 0) json_array_append_new(shape, json_integer(d1));
+  json_t *t = json_object();
+  json_object_set_new(t, "name", json_string(name));
+  json_object_set_new(t, "datatype", json_string(dtype));
+  json_object_set_new(t, "shape", shape);
+  return t;
+}
+
+/* ---- the answer ---- */
 
 /* One output tensor being laid out: data flattened row-major. */
 typedef struct tensor {

@@ -1,9 +1,10 @@
-/* kserve_impl.h - what kserve.c (metadata, requests) and kserve_answer.c
- * (answers) share: the output tensors and what a model answers. */
+/* kserve_impl.h - what kserve_answer.c (answers, on the workers) gives
+ * kserve.c (metadata, requests): the output tensors and what a model
+ * answers. */
 #ifndef CANOPY_SERVER_KSERVE_IMPL_H
 #define CANOPY_SERVER_KSERVE_IMPL_H
 
-#include "serve_impl.h"
+#include "work.h"
 
 /* The output tensors, in the order they are answered (CN__V2_* bits). */
 typedef struct cn__v2_output {

@@ -10,7 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "serve_impl.h"
+#include "net.h"
 
 /* Descriptors kept for everything but client connections: models, logs,
  * the loop's own, workers, loader threads, refused connections. */
@@ -127,6 +127,7 @@ int cn__http_start(cn__server *s, cn_err *err) {
                       "port: cannot listen on %s:%d: %s%s", sc->host,
                       sc->port, strerror(e), in_use_hint(e));
   }
+  cn__http1_attach(s);
   if (cn__conn_listen(s, fd, err) != 0) {
     cn__http_unbind(s);
     return err->code;

@@ -37,6 +37,22 @@ static void hist_add(cn__hist *h, double v) {
   h->count++;
 }
 
+/* name as a Prometheus label value (text format 0.0.4: backslash, double
+ * quote and line feed escaped). */
+void cn__metrics_label_escape(char *out, size_t cap, const char *in) {
+  size_t n = 0;
+  for (; *in != '\0' && n + 3 < cap; in++) {
+    if (*in == '\\' || *in == '"') out[n++] = '\\';
+    if (*in == '\n') {
+      out[n++] = '\\';
+      out[n++] = 'n';
+      continue;
+    }
+    out[n++] = *in;
+  }
+  out[n] = '\0';
+}
+
 int cn__metrics_init(cn__metrics *m, int cap, const char **names) {
   memset(m, 0, sizeof(*m));
   pthread_mutex_init(&m->mu, NULL);

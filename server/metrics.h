@@ -57,6 +57,9 @@ typedef struct cn__gauges {
   long long body_bytes;
 } cn__gauges;
 
+/* in as a Prometheus label value, cut to cap (text format 0.0.4). */
+void cn__metrics_label_escape(char *out, size_t cap, const char *in);
+
 int cn__metrics_init(cn__metrics *m, int cap, const char **names);
 /* Model slots 0..n-1 are in use (names filled in first). */
 void cn__metrics_set_models(cn__metrics *m, int n);

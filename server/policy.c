@@ -36,7 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "serve_impl.h"
+#include "work.h"
 
 #define RETRAIN_TIME_LIMIT_S 2.0
 
@@ -73,10 +73,10 @@ void cn__policy_init(cn__server *s, cn__model_entry *me) {
   cn_policy_cache_path(me->model, cache_dir(s), path, sizeof(path));
   cn_err err;
   cn_err_clear(&err);
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   int st = cn_policy_cache_load(me->model, cache_dir(s), encoding(s), &p->fsm,
                                 &err);
-  double ms = (cn__now() - t0) * 1e3;
+  double ms = (cn_now_s() - t0) * 1e3;
   if (st == CN_CACHE_HIT) {
     p->source = "cache";
     from_describe(p);
@@ -95,16 +95,6 @@ void cn__policy_init(cn__server *s, cn__model_entry *me) {
   if (sc->retrain_interval_s > 0)
     p->reservoir = cn_graph_set_new(cn_model_n_types(me->model),
                                     sc->reservoir_graphs);
-}
-
-void cn__policy_destroy(cn__model_entry *me) {
-  cn__policy *p = &me->pol;
-  cn_fsm_free(p->fsm);
-  p->fsm = NULL;
-  cn_graph_set_free(p->reservoir);
-  p->reservoir = NULL;
-  pthread_mutex_destroy(&p->mu);
-  pthread_mutex_destroy(&p->rmu);
 }
 
 json_t *cn__policy_describe(cn__server *s, cn__model_entry *me) {
@@ -213,10 +203,10 @@ static void retrain_one(cn__server *s, cn__model_entry *me) {
   o.encoding = encoding(s);
   o.time_limit_s = RETRAIN_TIME_LIMIT_S;
   o.seed = (uint64_t)seed;
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   int rc = snap == NULL ? cn_err_set(&err, CN_E_NOMEM, "no memory")
                         : cn_fsm_train(me->model, snap, &o, &cand, &err);
-  double train_s = cn__now() - t0;
+  double train_s = cn_now_s() - t0;
   long long lb = 0, before = -1, after = -1, agenda = -1;
   if (rc == 0) {
     pthread_mutex_lock(&p->mu);
@@ -359,9 +349,9 @@ void cn__retrainer_signal_stop(cn__server *s) {
 void cn__retrainer_join(cn__server *s) {
   if (!s->rt_started) return;
   cn__retrainer_signal_stop(s);
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   pthread_join(s->rt_thread, NULL);
   s->rt_started = false;
   CN_LOG(CN_LOG_INFO, "msg=retrainer-stopped join_ms=%.1f",
-         (cn__now() - t0) * 1e3);
+         (cn_now_s() - t0) * 1e3);
 }

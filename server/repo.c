@@ -34,7 +34,7 @@
 #include "notify.h"
 #include "repo_dirs.h"
 #include "routes.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 /* A finished load, handed from a loader thread to the loop. */
 struct cn__load {
@@ -120,7 +120,7 @@ static cn__model_slot *slot_get(cn__server *s, const char *name) {
     pthread_mutex_unlock(&sl->vmu);
     sl->rescan_owed = sl->queued = false;
     snprintf(sl->name, sizeof(sl->name), "%s", name);
-    cn__repo_label_escape(sl->label, sizeof(sl->label), name);
+    cn__metrics_label_escape(sl->label, sizeof(sl->label), name);
     sl->used = true;
     return sl;
   }
@@ -128,7 +128,7 @@ static cn__model_slot *slot_get(cn__server *s, const char *name) {
   sl = &s->models[n];
   memset(sl, 0, sizeof(*sl));
   snprintf(sl->name, sizeof(sl->name), "%s", name);
-  cn__repo_label_escape(sl->label, sizeof(sl->label), name);
+  cn__metrics_label_escape(sl->label, sizeof(sl->label), name);
   sl->index = n;
   sl->srv = s;
   sl->used = true;
@@ -142,24 +142,15 @@ static cn__model_slot *slot_get(cn__server *s, const char *name) {
   return sl;
 }
 
-cn__model_entry *cn__model_retain(cn__model_slot *sl) {
-  if (sl == NULL) return NULL;
-  pthread_mutex_lock(&sl->vmu);
-  cn__model_entry *me = sl->cur;
-  if (me != NULL) atomic_fetch_add(&me->refs, 1);
-  pthread_mutex_unlock(&sl->vmu);
-  return me;
-}
-
-void cn__model_release(cn__model_entry *me) {
-  if (me == NULL || atomic_fetch_sub(&me->refs, 1) != 1) return;
-  CN_LOG(CN_LOG_INFO, "msg=model-version-freed model=%s version=%s",
-         me->name, me->version);
-  json_decref(me->describe);
-  cn__policy_destroy(me);
-  cn_model_free(me->model);
-  if (me->slot != NULL) atomic_fetch_sub(&me->slot->entries, 1);
-  free(me);
+/* GET /v1/models/{name}: cn_model_describe plus the name, built once at
+ * start-up; the "policy" object (which changes when the retrainer swaps
+ * policies) is added per request by cn__policy_describe. */
+static json_t *describe_full(const cn__model_entry *me) {
+  json_t *o = cn_model_describe(me->model);
+  json_object_set_new(o, "name", json_string(me->name));
+  json_object_set_new(o, "version", json_string(me->version));
+  json_object_set_new(o, "ready", json_true());
+  return o;
 }
 
 /* Loads one version of slot sl's directory, with every start-up check.
@@ -185,7 +176,7 @@ static int version_load(cn__server *s, cn__model_slot *sl,
   atomic_fetch_add(&sl->entries, 1);
   atomic_init(&me->refs, 1);
   cn__policy_init(s, me); /* a cache read at most: never trains */
-  me->describe = cn__model_describe_full(s, me);
+  me->describe = describe_full(me);
   /* every worker runs it once before it serves: a version that computes
    * NaN or Inf fails here, like NaN weights */
   if ((rc = cn__warmup_run(s, me, err)) != 0) {

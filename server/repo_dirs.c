@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "serve_impl.h"
+#include "server.h"
 
 /* The files a rescan watches: model.json and the weights. An atomic
  * rename of a new directory, or a rewrite of either file, changes them. */

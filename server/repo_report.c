@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "repo_dirs.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 static const char *state_name(int st) {
   switch (st) {
@@ -15,22 +15,6 @@ static const char *state_name(int st) {
     case CN__MODEL_UNAVAILABLE: return "UNAVAILABLE";
     default: return "UNLOADED";
   }
-}
-
-/* name as a Prometheus label value (text format 0.0.4: backslash, double
- * quote and line feed escaped). */
-void cn__repo_label_escape(char *out, size_t cap, const char *in) {
-  size_t n = 0;
-  for (; *in != '\0' && n + 3 < cap; in++) {
-    if (*in == '\\' || *in == '"') out[n++] = '\\';
-    if (*in == '\n') {
-      out[n++] = '\\';
-      out[n++] = 'n';
-      continue;
-    }
-    out[n++] = *in;
-  }
-  out[n] = '\0';
 }
 
 json_t *cn__repo_index(cn__server *s) {
@@ -109,7 +93,7 @@ char *cn__repo_metrics(cn__server *s) {
     if (!sl->used) continue;
     pthread_mutex_lock(&sl->vmu);
     char ver[160];
-    if (sl->cur != NULL) cn__repo_label_escape(ver, sizeof(ver), sl->cur->version);
+    if (sl->cur != NULL) cn__metrics_label_escape(ver, sizeof(ver), sl->cur->version);
     if (sl->cur != NULL)
       APPEND("canopy_model_ready{model=\"%s\",version=\"%s\"} 1\n", sl->label,
              ver);

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "routes.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 /* One path segment at p: its length up to the next '/' or the end. */
 static size_t segment(const char *p) {
@@ -116,17 +116,6 @@ static char *models_list(cn__server *s) {
   json_t *root = json_object();
   json_object_set_new(root, "models", arr);
   return dump(root);
-}
-
-/* GET /v1/models/{name}: cn_model_describe plus the name, built once at
- * start-up; the "policy" object (which changes when the retrainer swaps
- * policies) is added per request by cn__policy_describe. */
-json_t *cn__model_describe_full(cn__server *s, cn__model_entry *me) {
-  json_t *o = cn_model_describe(me->model);
-  json_object_set_new(o, "name", json_string(me->name));
-  json_object_set_new(o, "version", json_string(me->version));
-  json_object_set_new(o, "ready", json_true());
-  return o;
 }
 
 static cn__gauges gauges(cn__server *s) {

@@ -51,7 +51,5 @@ cn__route cn__route_find(struct cn__server *s, const char *path,
 int cn__route_get(struct cn__server *s, cn__route rt,
                   struct cn__model_entry *me, int *status, char **body,
                   const char **ctype);
-json_t *cn__model_describe_full(struct cn__server *s,
-                                struct cn__model_entry *me);
 
 #endif

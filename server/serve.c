@@ -23,7 +23,7 @@
 #include "notify.h"
 #include "routes.h"
 #include "serve.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 static void serve_usage(FILE *f) {
   fprintf(f,
@@ -143,7 +143,7 @@ enum { DRAIN_QUIET_MS = 250 };
 
 static void drain_check(uv_timer_t *t) {
   cn__server *s = t->data;
-  double waited_ms = (cn__now() - s->drain_started) * 1e3;
+  double waited_ms = (cn_now_s() - s->drain_started) * 1e3;
   if (waited_ms > s->cfg.serve.drain_grace_ms && s->waiting != NULL) {
     CN_LOG(CN_LOG_WARN, "msg=drain-grace-expired in_flight=%d",
            atomic_load(&s->in_flight));
@@ -158,7 +158,7 @@ static void drain_check(uv_timer_t *t) {
    * beyond DRAIN_QUIET_MS without a request. Past the grace, stop anyway
    * (answered requests get a moment to be written out). */
   double quiet_ms =
-      cn__now() * 1e3 - (double)atomic_load(&s->last_request_us) / 1e3;
+      cn_now_s() * 1e3 - (double)atomic_load(&s->last_request_us) / 1e3;
   bool idle = atomic_load(&s->open_conns) == 0 || quiet_ms >= DRAIN_QUIET_MS;
   bool done = (atomic_load(&s->in_flight) == 0 && idle) ||
               waited_ms > s->cfg.serve.drain_grace_ms + 1000;
@@ -176,7 +176,7 @@ static void on_signal(uv_signal_t *h, int signum) {
   if (atomic_exchange(&s->draining, 1)) return;
   CN_LOG(CN_LOG_INFO, "msg=draining signal=%d in_flight=%d grace_ms=%d",
          signum, atomic_load(&s->in_flight), s->cfg.serve.drain_grace_ms);
-  s->drain_started = cn__now();
+  s->drain_started = cn_now_s();
   cn__notify("STOPPING=1\nSTATUS=draining");
   cn__http_quiesce(s);
   cn__retrainer_signal_stop(s);
@@ -277,12 +277,13 @@ int cn_cmd_serve(int argc, char **argv) {
   cn_err err;
   cn_err_clear(&err);
   memset(s, 0, sizeof(*s));
+  s->http = &cn__http_handlers; /* what the connections hand up */
   s->listen_fd = -1;
   /* a start-up that fails before the loop's handles exist (a model that
    * fails to load, a backend that cannot open) still drains the done
    * queue at `stop`, through this handle's data */
   s->done_async.data = s;
-  double t_start = cn__now();
+  double t_start = cn_now_s();
   rc = parse_config(argc, argv, &s->cfg);
   if (rc != 0) return rc > 0 ? 0 : 1;
   set_malloc_thresholds(); /* before the models load and threads start */
@@ -357,7 +358,7 @@ int cn_cmd_serve(int argc, char **argv) {
          "startup_ms=%.1f",
          atomic_load(&s->n_models), sc->workers, blas < 1 ? 1 : blas,
          cn_policy_name(s->policy), sc->max_delay_us, sc->max_instances,
-         sc->queue_depth, (cn__now() - t_start) * 1e3);
+         sc->queue_depth, (cn_now_s() - t_start) * 1e3);
   cn__notify("READY=1\nSTATUS=serving"); /* systemd Type=notify */
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = 0;

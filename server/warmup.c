@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve_impl.h"
+#include "work.h"
 
 struct cn__warmup {
   cn__model_entry *me;
@@ -135,7 +135,7 @@ void cn__warmup_part(cn__server *s, cn__warmup *w, int worker,
                      cn_backend_ctx *bk) {
   cn_err e;
   cn_err_clear(&e);
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   if (part(s, w->me, bk, &e) != 0) {
     char msg[sizeof(e.msg)];
     snprintf(msg, sizeof(msg), "warm-up on worker %d: the synthetic %s "
@@ -144,7 +144,7 @@ void cn__warmup_part(cn__server *s, cn__warmup *w, int worker,
     snprintf(e.msg, sizeof(e.msg), "%s", msg);
     if (e.code == 0) e.code = CN_E_INTERNAL;
   }
-  w->ms[worker] = (cn__now() - t0) * 1e3;
+  w->ms[worker] = (cn_now_s() - t0) * 1e3;
   pthread_mutex_lock(&s->qmu);
   part_done(s, w, &e);
   pthread_mutex_unlock(&s->qmu);
@@ -160,7 +160,7 @@ void cn__warmup_abandon(cn__server *s, int worker) {
 
 int cn__warmup_run(cn__server *s, cn__model_entry *me, cn_err *err) {
   if (!s->cfg.serve.warmup) return 0;
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   cn__warmup w;
   memset(&w, 0, sizeof(w));
   w.me = me;
@@ -201,7 +201,7 @@ int cn__warmup_run(cn__server *s, cn__model_entry *me, cn_err *err) {
                               i ? "," : "", w.ms[i]);
     CN_LOG(CN_LOG_INFO, "msg=model-warmed model=%s version=%s workers=%d "
            "ms=%.1f worker_ms=%s", me->name, me->version, n,
-           (cn__now() - t0) * 1e3, len ? list : "-");
+           (cn_now_s() - t0) * 1e3, len ? list : "-");
   }
   free(w.taken);
   free(w.ms);

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backends.h"
-#include "serve_impl.h"
+#include "work.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 
@@ -25,59 +25,9 @@ typedef struct worker_arg {
   cn_backend_ctx *bk;
 } worker_arg;
 
-void cn__job_free(cn__job *j) {
-  for (int i = 0; i < j->n; i++) cn__req_unref(j->reqs[i]);
-  cn__model_release(j->me);
-  free(j->reqs);
-  free(j);
-}
-
-void cn__workers_push(cn__server *s, cn__job *j) {
-  pthread_mutex_lock(&s->qmu);
-  j->next = NULL;
-  if (s->qtail) s->qtail->next = j;
-  else s->qhead = j;
-  s->qtail = j;
-  s->queued_jobs++;
-  pthread_cond_signal(&s->qcv);
-  pthread_mutex_unlock(&s->qmu);
-}
-
-void cn__workers_done(cn__server *s, cn__job *j) {
-  pthread_mutex_lock(&s->dmu);
-  j->next = s->dhead;
-  s->dhead = j;
-  pthread_mutex_unlock(&s->dmu);
-  uv_async_send(&s->done_async);
-}
-
 /* The request's answer. An instance whose output holds a non-finite value
  * (JSON has no NaN) fails its request with 500 non_finite, naming the
  * instance and field; the run's other requests are answered as usual. */
-/* stats.unknown_tokens: the request's words that are not in the model's
- * vocabulary (read as '<unk>', issue 37: a client learns that its
- * tokenisation or casing does not match the model's); with
- * "unknown_positions": true, stats.unknown_positions lists them, one
- * array an instance (cn_instance_unknown's positions). */
-void cn__stats_unknown(json_t *st, const cn__req *r) {
-  long long total = 0;
-  json_t *all = (r->flags & CN_OUT_UNKNOWN) ? json_array() : NULL;
-  for (int i = 0; i < r->n_inst; i++) {
-    int n = cn_instance_unknown(r->inst[i], NULL, 0);
-    total += n;
-    if (all == NULL) continue;
-    int32_t *pos = n > 0 ? malloc((size_t)n * sizeof(*pos)) : NULL;
-    json_t *a = json_array();
-    if (pos != NULL) cn_instance_unknown(r->inst[i], pos, n);
-    for (int k = 0; pos != NULL && k < n; k++)
-      json_array_append_new(a, json_integer(pos[k]));
-    free(pos);
-    json_array_append_new(all, a);
-  }
-  json_object_set_new(st, "unknown_tokens", json_integer(total));
-  if (all != NULL) json_object_set_new(st, "unknown_positions", all);
-}
-
 static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
                            int *status) {
   json_t *o = json_object();
@@ -137,7 +87,7 @@ static void run_job(worker_arg *w, cn__job *j) {
     cn_run_set_layout(run, s->layout);
     cn_run_set_plan_width(run, s->cfg.serve.plan_width);
   }
-  double t0 = cn__now();
+  double t0 = cn_now_s();
   int live = 0, dropped = 0;
   cn_err err;
   cn_err_clear(&err);
@@ -170,7 +120,7 @@ static void run_job(worker_arg *w, cn__job *j) {
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
   if (live == 0) goto done;
   if (cn__policy_exec(s, j->me, run, &err) != 0) goto fail;
-  double ms = (cn__now() - t0) * 1e3;
+  double ms = (cn_now_s() - t0) * 1e3;
   cn_run_get_stats(run, &j->st);
   j->compute_ms = ms;
   cn__policy_observe(s, j->me, run); /* after the timing: not compute */
@@ -275,7 +225,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_lock(&s->qmu);
     s->busy_workers--;
     pthread_mutex_unlock(&s->qmu);
-    cn__workers_done(s, j);
+    cn__jobs_done(s, j);
   }
   cn_backend_close(w->bk);
   free(w);

@@ -24,8 +24,10 @@ symbols each defines and which it takes from elsewhere (`nm`), and fails,
 naming the files and the symbols, on any cycle of files within a folder
 (a file may not call a file of its folder that calls it back, directly or
 round a longer circle). CALL_CYCLE_EXCEPTIONS names the folders whose
-circle is known and not yet cut; it, too, is checked on a made-up case
-first, and an exception whose folder has no circle any more fails too.
+circle is known and not yet cut (none now); it, too, is checked on a
+made-up case first, and an exception whose folder has no circle any more
+fails too. server/'s files are also checked against SERVER_LAYERS: no
+call from a file of one layer into a file of a layer above it.
 
 usage: check_layout.py [SOURCE_ROOT]
        check_layout.py --archives LIBCANOPY_BASE.a ... LIBCANOPY_FAMILIES.a
@@ -80,9 +82,24 @@ LINK_EXCEPTIONS = {("core/model", "cn__fam_")}
 # Folders whose files still call each other in a circle, each with its
 # reason; --calls fails on a circle in any other folder, and on an entry
 # here whose folder has none any more (delete the entry then).
-CALL_CYCLE_EXCEPTIONS = {
-    "server": "server/ layers: issue #36 item 1, not done yet",
-}
+CALL_CYCLE_EXCEPTIONS = {}
+
+# server/'s layers (docs/architecture.md, "server/ in layers"), top first:
+# a file takes symbols only from files of its own layer or a layer below.
+# "base" files (logs, metrics, systemd, the body scan) call no other
+# server file and may be called from every layer. A server file that is in
+# none fails the check: a new file is placed here when it is added.
+SERVER_LAYERS = [
+    ("entry", ["serve.c"]),
+    ("handlers", ["http.c", "routes.c", "infer.c", "limits.c",
+                  "bigparse.c", "kserve.c", "repo.c", "repo_report.c",
+                  "repo_dirs.c"]),
+    ("work", ["batcher.c", "jobs.c", "worker.c", "decode.c", "warmup.c",
+              "policy.c", "answer.c", "kserve_answer.c"]),
+    ("request", ["request.c", "models.c"]),
+    ("net", ["listen.c", "conn_parse.c", "conn.c"]),
+    ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c"]),
+]
 
 # Where meson looks for a quoted include after the file's own folder
 # (meson.build `inc`, server/ and tests/ add backends/ and config/).
@@ -375,6 +392,32 @@ def check_calls(symbols, exceptions):
     return problems, notes
 
 
+def check_server_layers(folders, layers, folder="server"):
+    """Problems: a call from a file of one layer up into a higher layer's
+    file, and a file of `folder` that no layer names."""
+    rank = {}
+    for i, (name, files) in enumerate(layers):
+        for f in files:
+            rank[f] = (i, name)
+    problems = []
+    files = folders.get(folder, {})
+    for f in sorted(files):
+        b = os.path.basename(f)
+        if b not in rank:
+            problems.append(f"{f}: in no layer of SERVER_LAYERS: place it "
+                            "(docs/architecture.md, server/ in layers)")
+            continue
+        for g, syms in sorted(files[f].items()):
+            gb = os.path.basename(g)
+            if gb not in rank:
+                continue
+            (fi, fname), (gi, gname) = rank[b], rank[gb]
+            if gi < fi:
+                problems.append(f"{f} ({fname}) calls up into {g} ({gname}):"
+                                f" {', '.join(syms[:4])}")
+    return problems
+
+
 def calls_self_test():
     """--calls must see a made-up circle, pass a known one, and fail a
     stale exception."""
@@ -393,9 +436,17 @@ def calls_self_test():
           "a.c -> b.c: g" in problems[0] and "d.c" not in problems[0] and
           "z/: no circle" in problems[1] and
           len(notes) == 1 and "e.c, g.c" in notes[0])
+    layers = [("top", ["t.c"]), ("low", ["l.c"])]
+    up = check_server_layers(
+        call_graph({f: nm_parse(t) for f, t in {
+            "s/t.c": "a T 0 1\nb U\n",   # down: fine
+            "s/l.c": "b T 0 1\na U\n",   # up: a problem
+            "s/new.c": "c T 0 1\n"}.items()}), layers, "s")
+    ok = ok and len(up) == 2 and "s/l.c (low) calls up into s/t.c" in up[0] \
+        and "s/new.c: in no layer" in up[1]
     if not ok:
         print("check_layout.py --calls self-test failed: got "
-              f"{problems} and {notes}")
+              f"{problems}, {notes} and {up}")
     return ok
 
 
@@ -433,6 +484,7 @@ def main_calls(build, root):
         if top not in read:
             problems.append(f"{top}/: no object read: not checked")
     folders = call_graph(symbols)
+    problems += check_server_layers(folders, SERVER_LAYERS)
     n = sum(len(g) for files in folders.values() for g in files.values())
     if n == 0:
         problems.append("no call between two files of a folder: nothing "
@@ -442,11 +494,12 @@ def main_calls(build, root):
     for p in notes:
         print(p)
     if problems:
-        print(f"{len(problems)} folder(s) with files calling in a circle")
+        print(f"{len(problems)} problem(s) of calls between files")
         return 1
     print(f"calls ok: {len(symbols)} files in {len(folders)} folders, {n} "
-          "calls between files of a folder, no circle but "
-          + ", ".join(f"{f}/" for f in sorted(CALL_CYCLE_EXCEPTIONS)))
+          "calls between files of a folder, no circle"
+          + "".join(f" but {f}/" for f in sorted(CALL_CYCLE_EXCEPTIONS))
+          + f"; server/ in {len(SERVER_LAYERS)} layers, no call up")
     return 0
 
 

@@ -15,7 +15,7 @@
  * in flight and no connection open. */
 #include "fuzz_common.h"
 #include "routes.h"
-#include "serve_impl.h"
+#include "handlers.h"
 
 #include <jansson.h>
 #include <strings.h>
@@ -111,6 +111,8 @@ static void setup(void) {
   pthread_mutex_init(&srv.lmu, NULL);
   srv.n_threads = 1;
   srv.hand_over = keep_waiting;
+  srv.http = &cn__http_handlers;
+  cn__http1_attach(&srv);
   const char **names = calloc(CN__MAX_MODELS + 1, sizeof(char *));
   srv.models = calloc(CN__MAX_MODELS, sizeof(cn__model_slot));
   CHECK(names && srv.models);
@@ -140,7 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         answer_pending(x >> 4);
         break;
       case 4:
-        cn__conn_tick(c, cn__now() + 1e6); /* every deadline passed */
+        cn__conn_tick(c, cn_now_s() + 1e6); /* every deadline passed */
         break;
       default:
         break;

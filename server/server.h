@@ -1,4 +1,4 @@
-/* serve_impl.h - internal declarations shared by the daemon's files.
+/* server.h - internal declarations shared by the daemon's files.
  *
  * Threads and who touches what:
  *   loop thread   owns every uv handle, the client connections (conn.c:
@@ -11,14 +11,15 @@
  * has taken the run back, and each open uv handle holds one until its
  * close callback (nothing is freed inside its own callback).
  */
-#ifndef CANOPY_SERVE_IMPL_H
-#define CANOPY_SERVE_IMPL_H
+#ifndef CANOPY_SERVER_SERVER_H
+#define CANOPY_SERVER_SERVER_H
 
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <uv.h>
 
@@ -197,6 +198,7 @@ typedef struct cn__req {
   uv_work_t pwork;
   struct cn__req *pnext;    /* loop: the FIFO of bodies waiting to parse */
   bool pbig;                /* in the huge lane (one parse at a time)    */
+  void (*parsed_cb)(struct cn__req *r); /* the loop, once it is parsed  */
   cn__parsed parsed;
   cn_err perr;
   int prc;
@@ -241,8 +243,11 @@ struct cn__server {
   cn__conn *conns;           /* every client connection (loop thread)  */
   int refused_conns;         /* beyond max-connections, being answered */
   uv_async_t done_async;
-  /* Where a request that waits goes (cn__batcher_dispatch; the HTTP fuzz
-   * target answers them itself, with no loop running). */
+  const struct cn__http_hooks *http;     /* what the connections call    */
+  const struct cn__conn_proto *conn_proto; /* conn.c -> conn_parse.c    */
+  /* Where a request that waits goes instead of its window or loader
+   * thread (http.c hand_over): the HTTP fuzz target answers them itself,
+   * with no loop running. */
   void (*hand_over)(cn__server *s, cn__req *r);
   uv_signal_t sigterm, sigint, sighup;
   uv_timer_t drain_timer;
@@ -256,7 +261,7 @@ struct cn__server {
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
   atomic_llong body_bytes;       /* request bodies held (max-body-memory) */
-  atomic_llong last_request_us;  /* cn__now() of the newest request (or,
+  atomic_llong last_request_us;  /* cn_now_s() of the newest request (or,
                                   * draining, byte read), µs              */
   atomic_int waiting_instances; /* in windows or queued, not yet running */
   atomic_int in_flight;         /* requests submitted and not answered   */
@@ -294,72 +299,9 @@ struct cn__server {
   cn__metrics metrics;
 };
 
-/* The daemon's clock: core's monotonic seconds (cn_now_s, core/base),
- * under the name the daemon's files call. */
-static inline double cn__now(void) { return cn_now_s(); }
 
-/* http.c: requests and answers (called by conn.c) */
-cn__req *cn__http_begin(cn__server *s, cn__conn *c, const char *method,
-                        const char *url);
-int cn__http_head_done(cn__req *r, unsigned long long body_len);
-int cn__http_body(cn__req *r, const char *data, size_t n);
-void cn__http_complete(cn__req *r);
-void cn__http_fail(cn__req *r, int code, const char *msg);
-void cn__req_unref(cn__req *r);
-/* Frees the body, giving its bytes back to max-body-memory (any thread). */
-void cn__req_body_free(cn__req *r);
-void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
-
-/* listen.c: the listening socket and the file descriptor limit */
-/* Binds the port (before the models load: a port in use fails at once). */
-int cn__http_bind(cn__server *s, cn_err *err);
-/* Closes a port bound and not yet listening (a start-up that failed). */
-void cn__http_unbind(cn__server *s);
-/* Listens on it and accepts connections. */
-int cn__http_start(cn__server *s, cn_err *err);
-void cn__http_quiesce(cn__server *s); /* stop accepting connections */
-void cn__http_close_handles(cn__server *s);
-
-/* conn.c: HTTP/1.1 connections */
-int cn__conn_listen(cn__server *s, int fd, cn_err *err);
-void cn__conn_quiesce(cn__server *s);
-void cn__conn_close_all(cn__server *s);
-const char *cn__conn_header(const cn__conn *c, const char *name);
-/* The answer to r (body taken over; extra: more header lines, each
- * ending in CRLF); 499 writes nothing and closes. */
-void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
-                      const char *ctype, const char *extra);
-void cn__conn_write(cn__conn *c, char *buf, size_t len);
-/* In memory (tests/fuzz/fuzz_http.c): a connection without a socket whose
- * output goes to sink; bytes in with cn__conn_feed, deadlines with
- * cn__conn_tick, the client's EOF with cn__conn_eof. */
-typedef void (*cn__conn_sink)(void *ud, const char *data, size_t n);
-cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud);
-void cn__conn_feed(cn__conn *c, const char *data, size_t n);
-void cn__conn_tick(cn__conn *c, double now);
-void cn__conn_eof(cn__conn *c);
-bool cn__conn_closed(const cn__conn *c);
-void cn__conn_free_mem(cn__conn *c);
-/* Answers a waiting request from the loop: closes its handles, records
- * metrics and the log line, writes the answer. Takes over body. */
-void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
-char *cn__error_body(int code, const char *msg, int instance);
-
-/* infer.c: parses r->body (and frees it) into r's options and instances */
-int cn__infer_parse(cn__req *r, cn_err *e);
-/* The same in two steps: the parse (any thread; writes only p; p holds
- * nothing on failure), then, on the loop, p becomes r's. */
-int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
-void cn__infer_commit(cn__req *r, cn__parsed *p);
-void cn__parsed_free(cn__parsed *p);
-/* The limits on a body's JSON containers and instances, from counts
- * (bodyscan.h): 413 too_large naming the limit, else 0. */
-struct cn__body_counts;
-int cn__infer_check_counts(const cn__server *s,
-                           const struct cn__body_counts *k, cn_err *e);
-
-/* kserve.c: the Open Inference Protocol (KServe v2) as a mapping onto /v1
- * (docs/api.md). Output tensors, as bits of a request's "outputs": */
+/* The output tensors of the Open Inference Protocol (kserve.c), as bits of
+ * a request's "outputs" (cn__req.v2_outputs). */
 enum {
   CN__V2_LOGITS = 1u << 0,
   CN__V2_LABEL = 1u << 1,
@@ -368,121 +310,5 @@ enum {
   CN__V2_HIDDEN = 1u << 4,
   CN__V2_OFFSETS = 1u << 5
 };
-/* GET /v2 and GET /v2/models/{model} bodies (new references). */
-json_t *cn__kserve_server_meta(void);
-json_t *cn__kserve_model_meta(const cn__model_entry *me);
-/* Any thread: the v2 body j as the /v1 request it asks for (*v1, a new
- * reference: {"instances": [...], options}); sets p's v2_id and
- * v2_outputs. On failure *v1 is NULL and e says why (400, or 413 as /v1). */
-int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
-                       cn__parsed *p, cn_err *e);
-/* Workers: r's v2 answer from /v1's per-instance outputs (takes outs and
- * stats, which become "parameters"); *status 200, or 500 with the error. */
-char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
-                        json_t *outs, json_t *stats, int *status);
-/* Loop: a /v1 error body as v2's {"error": message} (takes body). */
-char *cn__kserve_error(char *body);
-
-/* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
- * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
- * CN__MEDIUM_BODY_BYTES) CN__MEDIUM_PARSES at a time, huge ones
- * CN__BIG_PARSES at a time. The request is WAITING (on s->waiting)
- * meanwhile; cn__http_parsed(r) runs on the loop once its parse ended,
- * unless it was answered (disconnect, drain) meanwhile. */
-#define CN__BIG_BODY_BYTES (16 * 1024)
-#define CN__MEDIUM_BODY_BYTES (1024 * 1024)
-#define CN__MEDIUM_PARSES 3
-#define CN__BIG_PARSES 1
-void cn__bigparse_submit(cn__req *r);
-/* http.c: r's big body is parsed (r->prc, r->perr, r->parsed): answer or
- * hand over. */
-void cn__http_parsed(cn__req *r);
-
-/* routes.h: the routes and the GET bodies */
-
-/* batcher.c (loop thread) */
-void cn__batcher_submit(cn__server *s, cn__req *r);
-/* The queue has no room for one instance: msg says so (for a 429), and
- * the refusal is counted. */
-bool cn__batcher_full(cn__server *s, char *msg, size_t cap);
-/* A suspended request, on the loop: an inference to its window, a
- * repository load to a loader thread. */
-void cn__batcher_dispatch(cn__server *s, cn__req *r);
-void cn__batcher_cancel(cn__req *r, const char *reason, int status);
-void cn__batcher_on_done(uv_async_t *a);
-void cn__batcher_flush_all(cn__server *s);
-void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
-int cn__retry_after_s(cn__server *s);
-
-/* policy.c: learned policies per model, and the online retrainer */
-void cn__policy_init(cn__server *s, cn__model_entry *me);
-void cn__policy_destroy(cn__model_entry *me);
-/* The policy object of GET /v1/models/{name} (new reference). */
-json_t *cn__policy_describe(cn__server *s, cn__model_entry *me);
-/* Workers: executes run with the model's policy; then keeps its graph. */
-int cn__policy_exec(cn__server *s, cn__model_entry *me, cn_run *run,
-                    cn_err *err);
-void cn__policy_observe(cn__server *s, cn__model_entry *me,
-                        const cn_run *run);
-int cn__retrainer_start(cn__server *s);
-void cn__retrainer_signal_stop(cn__server *s); /* any thread, idempotent */
-void cn__retrainer_join(cn__server *s);
-
-/* repo.c: the model repository: versions, loads, rescans, the index */
-cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
-/* Start-up: may the load and unload routes run (repo_open), said in the
- * log: with a repository-token, on a loopback host, or with
- * repository-insecure (issue #39: anyone on the network could load). */
-void cn__repo_guard_init(cn__server *s);
-/* Loop: is a load or its queue under way for sl (an unload cancels it)? */
-bool cn__repo_busy(const cn__model_slot *sl);
-/* name as a Prometheus label value, cut to cap (repo_report.c). */
-void cn__repo_label_escape(char *out, size_t cap, const char *in);
-/* A reference to the version new requests get (NULL: none loaded). */
-cn__model_entry *cn__model_retain(cn__model_slot *sl);
-void cn__model_release(cn__model_entry *me);
-/* Start-up: every model directory, loaded in name order. */
-int cn__repo_load_all(cn__server *s, cn_err *err);
-void cn__repo_free_all(cn__server *s);
-/* Loop: load (or reload) a model directory on a loader thread; r, if not
- * NULL, is a suspended POST .../load answered when it is done. */
-void cn__repo_load_async(cn__server *s, const char *name, cn__req *r);
-void cn__repo_unload(cn__server *s, cn__model_slot *sl);
-/* Loop: new directories load, changed ones reload, removed ones unload. */
-void cn__repo_rescan(cn__server *s, const char *why);
-void cn__repo_on_loaded(uv_async_t *a);
-json_t *cn__repo_index(cn__server *s);
-/* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
-char *cn__repo_metrics(cn__server *s);
-
-/* decode.c (workers): continuous decoding */
-bool cn__decode_wants(cn__server *s, const cn__job *j);
-/* Runs j as a decode session that takes the model's queued runs at step
- * boundaries, answering each request as its instances finish. */
-void cn__decode_job(cn__server *s, cn_backend_ctx *bk, cn__job *j);
-/* warmup.c: a version's warm-up on every worker (docs/daemon.md). */
-/* Loader or start-up thread (never a worker): with the warmup key on,
- * each worker runs one synthetic instance of me before it returns; a part
- * that fails (NaN or Inf outputs, a shutdown) fails it, err naming the
- * warm-up. Logs msg=model-warmed. */
-int cn__warmup_run(cn__server *s, cn__model_entry *me, cn_err *err);
-/* Workers, under qmu: a warm-up whose part this worker has not taken
- * (marked taken), or NULL. */
-cn__warmup *cn__warmup_next(cn__server *s, int worker);
-/* Workers, no lock held: executes the part, then reports it (takes qmu). */
-void cn__warmup_part(cn__server *s, cn__warmup *w, int worker,
-                     cn_backend_ctx *bk);
-/* A worker that exits, under qmu: its parts not taken fail (draining). */
-void cn__warmup_abandon(cn__server *s, int worker);
-/* worker.c */
-int cn__workers_start(cn__server *s, cn_err *err);
-void cn__workers_push(cn__server *s, cn__job *j);
-/* Adds unknown_tokens (and, asked for, unknown_positions) to an answer's
- * stats (worker.c; decode.c's answers too). */
-void cn__stats_unknown(json_t *st, const cn__req *r);
-void cn__workers_stop(cn__server *s);
-void cn__job_free(cn__job *j);
-/* A worker hands a job back to the loop (the done queue). */
-void cn__workers_done(cn__server *s, cn__job *j);
 
 #endif

@@ -1,0 +1,30 @@
+/* answer.c - parts of a /v1 answer that both a run's answers (worker.c)
+ * and a decode session's (decode.c) hold.
+ */
+#include <stdlib.h>
+
+#include "work.h"
+
+/* stats.unknown_tokens: the request's words that are not in the model's
+ * vocabulary (read as '<unk>', issue 37: a client learns that its
+ * tokenisation or casing does not match the model's); with
+ * "unknown_positions": true, stats.unknown_positions lists them, one
+ * array an instance (cn_instance_unknown's positions). */
+void cn__stats_unknown(json_t *st, const cn__req *r) {
+  long long total = 0;
+  json_t *all = (r->flags & CN_OUT_UNKNOWN) ? json_array() : NULL;
+  for (int i = 0; i < r->n_inst; i++) {
+    int n = cn_instance_unknown(r->inst[i], NULL, 0);
+    total += n;
+    if (all == NULL) continue;
+    int32_t *pos = n > 0 ? malloc((size_t)n * sizeof(*pos)) : NULL;
+    json_t *a = json_array();
+    if (pos != NULL) cn_instance_unknown(r->inst[i], pos, n);
+    for (int k = 0; pos != NULL && k < n; k++)
+      json_array_append_new(a, json_integer(pos[k]));
+    free(pos);
+    json_array_append_new(all, a);
+  }
+  json_object_set_new(st, "unknown_tokens", json_integer(total));
+  if (all != NULL) json_object_set_new(st, "unknown_positions", all);
+}

@@ -1,0 +1,73 @@
+/* handlers.h - the routes' handlers: requests routed and
+ * validated (http.c), infer bodies (infer.c, limits.c, bigparse.c), the
+ * Open Inference Protocol (kserve.c) and the model repository (repo.c).
+ * They call down into work.h, request.h and net.h; the connections reach
+ * them only through cn__http_handlers. */
+#ifndef CANOPY_SERVER_HANDLERS_H
+#define CANOPY_SERVER_HANDLERS_H
+
+#include "work.h"
+
+/* http.c: requests and answers */
+extern const cn__http_hooks cn__http_handlers;
+
+/* limits.c: the limits on a body's JSON containers and instances, from
+ * counts (bodyscan.h): 413 too_large naming the limit, else 0. */
+struct cn__body_counts;
+int cn__limits_check_counts(const cn__server *s,
+                            const struct cn__body_counts *k, cn_err *e);
+int cn__limits_too_many_instances(cn_err *e, size_t n, int max);
+
+/* infer.c: parses r->body (and frees it) into r's options and instances */
+int cn__infer_parse(cn__req *r, cn_err *e);
+/* The same in two steps: the parse (any thread; writes only p; p holds
+ * nothing on failure), then, on the loop, p becomes r's. */
+int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
+void cn__infer_commit(cn__req *r, cn__parsed *p);
+void cn__parsed_free(cn__parsed *p);
+/* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
+ * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
+ * CN__MEDIUM_BODY_BYTES) CN__MEDIUM_PARSES at a time, huge ones
+ * CN__BIG_PARSES at a time. The request is WAITING (on s->waiting)
+ * meanwhile; `parsed`(r) runs on the loop once its parse ended (r->prc,
+ * r->perr, r->parsed), unless it was answered (disconnect, drain)
+ * meanwhile. */
+#define CN__BIG_BODY_BYTES (16 * 1024)
+#define CN__MEDIUM_BODY_BYTES (1024 * 1024)
+#define CN__MEDIUM_PARSES 3
+#define CN__BIG_PARSES 1
+void cn__bigparse_submit(cn__req *r, void (*parsed)(cn__req *r));
+
+/* kserve.c: the Open Inference Protocol (KServe v2) as a mapping onto /v1
+ * (docs/api.md) */
+/* GET /v2 and GET /v2/models/{model} bodies (new references). */
+json_t *cn__kserve_server_meta(void);
+json_t *cn__kserve_model_meta(const cn__model_entry *me);
+/* Any thread: the v2 body j as the /v1 request it asks for (*v1, a new
+ * reference: {"instances": [...], options}); sets p's v2_id and
+ * v2_outputs. On failure *v1 is NULL and e says why (400, or 413 as /v1). */
+int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
+                       cn__parsed *p, cn_err *e);
+/* repo.c: the model repository: versions, loads, rescans, the index */
+cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
+/* Start-up: may the load and unload routes run (repo_open), said in the
+ * log: with a repository-token, on a loopback host, or with
+ * repository-insecure (issue #39: anyone on the network could load). */
+void cn__repo_guard_init(cn__server *s);
+/* Loop: is a load or its queue under way for sl (an unload cancels it)? */
+bool cn__repo_busy(const cn__model_slot *sl);
+/* Start-up: every model directory, loaded in name order. */
+int cn__repo_load_all(cn__server *s, cn_err *err);
+void cn__repo_free_all(cn__server *s);
+/* Loop: load (or reload) a model directory on a loader thread; r, if not
+ * NULL, is a suspended POST .../load answered when it is done. */
+void cn__repo_load_async(cn__server *s, const char *name, cn__req *r);
+void cn__repo_unload(cn__server *s, cn__model_slot *sl);
+/* Loop: new directories load, changed ones reload, removed ones unload. */
+void cn__repo_rescan(cn__server *s, const char *why);
+void cn__repo_on_loaded(uv_async_t *a);
+json_t *cn__repo_index(cn__server *s);
+/* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
+char *cn__repo_metrics(cn__server *s);
+
+#endif

@@ -1,0 +1,149 @@
+/* request.c - a request's life after its handler: the reference count
+ * and the free, the body's bytes given back to max-body-memory, the
+ * account (metrics and the log line, once), and the answer written on its
+ * connection (conn.c), in /v1's error form or, for a v2 route, the Open
+ * Inference Protocol's. Called by the handlers (http.c, repo.c,
+ * bigparse.c) and the batching side (batcher.c, worker.c), never calling
+ * them: it sits below both, above the connections.
+ */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "request.h"
+
+#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+char *cn__error_body(int code, const char *msg, int instance) {
+  cn_err e;
+  cn_err_clear(&e);
+  cn_err_set(&e, code, "%s", msg);
+  e.instance = instance;
+  json_t *j = cn_err_to_json(&e);
+  char *s = json_dumps(j, DUMP_FLAGS);
+  json_decref(j);
+  return s;
+}
+
+/* Frees the body and gives its bytes back to max-body-memory; any thread
+ * (bigparse.c frees it on the pool thread that parsed it). */
+void cn__req_body_free(cn__req *r) {
+  if (r->body_cap > 0)
+    atomic_fetch_sub(&r->srv->body_bytes, (long long)r->body_cap);
+  free(r->body);
+  r->body = NULL;
+  r->body_len = r->body_cap = 0;
+}
+
+static void req_free(cn__req *r) {
+  for (int i = 0; i < r->n_inst; i++) cn_instance_free(r->inst[i]);
+  cn__model_release(r->me);
+  free(r->inst);
+  cn__req_body_free(r);
+  free(r->result);
+  free(r->v2_id);
+  free(r);
+}
+
+void cn__req_unref(cn__req *r) {
+  if (atomic_fetch_sub(&r->refs, 1) == 1) req_free(r);
+}
+
+void cn__handle_unref_cb(uv_handle_t *h) { cn__req_unref(h->data); }
+
+/* The loop: /v1's {"error": {"code", "message", "instance"?, ...}} as
+ * v2's {"error": message}, the message naming the INSTANCE element where
+ * /v1 said it in a field of its own (takes body). */
+static char *v2_error(char *body) {
+  json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+  const json_t *err = json_object_get(j, "error");
+  const char *msg = json_string_value(json_object_get(err, "message"));
+  const json_t *inst = json_object_get(err, "instance");
+  if (msg == NULL) {
+    json_decref(j);
+    return body;
+  }
+  bool named = strncmp(msg, "INSTANCE[", 9) == 0 ||
+               (strncmp(msg, "instance ", 9) == 0 &&
+                isdigit((unsigned char)msg[9]));
+  json_t *o = json_object();
+  if (json_is_integer(inst) && !named)
+    json_object_set_new(o, "error", json_sprintf("INSTANCE[%lld]: %s",
+                        (long long)json_integer_value(inst), msg));
+  else
+    json_object_set_new(o, "error", json_string(msg));
+  char *b = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  json_decref(j);
+  if (b == NULL) return body;
+  free(body);
+  return b;
+}
+
+/* Counts and logs a request once, when its status is decided. */
+static void account(cn__req *r, int status, const char *reason) {
+  cn__server *s = r->srv;
+  double secs = cn_now_s() - r->t_arrive;
+  int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
+  if (status != 499)
+    cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);
+  CN_LOG(status >= 500 && status != 503 && status != 504 ? CN_LOG_ERROR
+                                                         : CN_LOG_INFO,
+         "msg=request id=%s method=%s path=\"%s\" model=%s version=%s "
+         "status=%d instances=%d queue_ms=%.3f compute_ms=%.3f "
+         "total_ms=%.3f%s%s",
+         r->id, r->method, r->path,
+         r->me ? r->me->name : r->slot ? r->slot->name : "-",
+         r->me ? r->me->version : "-", status, r->n_inst, r->queue_ms,
+         r->compute_ms, secs * 1e3, reason ? " reason=" : "",
+         reason ? reason : "");
+}
+
+/* Sends body (taking it over) on the request's connection (conn.c adds
+ * the headers every answer carries). */
+static void send_body(cn__req *r, int status, char *body, const char *ctype) {
+  if (body == NULL) {
+    status = 500;
+    body = strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of "
+                  "memory\"}}");
+  }
+  if (r->v2 && status >= 400) body = v2_error(body);
+  const char *allow = NULL;
+  if (status == 405)
+    allow = strstr(r->path, "/infer") || strstr(r->path, "/repository")
+                ? "Allow: POST\r\n"
+                : "Allow: GET, HEAD\r\n";
+  cn__conn_respond(r, status, body, body ? strlen(body) : 0, ctype, allow);
+}
+
+void cn__req_answer_now(cn__req *r, int status, char *body,
+                        const char *ctype) {
+  r->state = CN__REQ_ANSWERED;
+  account(r, status, NULL);
+  send_body(r, status, body, ctype ? ctype : "application/json");
+}
+
+void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
+  cn__server *s = r->srv;
+  if (r->state != CN__REQ_WAITING) {
+    free(body);
+    return;
+  }
+  r->state = CN__REQ_ANSWERED;
+  atomic_store(&r->cancelled, 1);
+  r->status = status;
+  r->reason = reason;
+  if (r->tmo_open) {
+    r->tmo_open = false;
+    uv_close((uv_handle_t *)&r->tmo, cn__handle_unref_cb);
+  }
+  if (r->wprev) r->wprev->wnext = r->wnext;
+  else s->waiting = r->wnext;
+  if (r->wnext) r->wnext->wprev = r->wprev;
+  r->wprev = r->wnext = NULL;
+  account(r, status, reason);
+  /* the answer goes out now, on this (the loop) thread; a client that
+   * hung up (499) gets nothing */
+  if (status == 499) cn__conn_respond(r, 499, body, 0, NULL, NULL);
+  else send_body(r, status, body, "application/json");
+}

@@ -1,0 +1,30 @@
+/* request.h - a request's life after its handler (request.c)
+ * and the reference-counted model versions requests and runs hold
+ * (models.c): the layer above the connections that both the batching side
+ * and the handlers answer through. */
+#ifndef CANOPY_SERVER_REQUEST_H
+#define CANOPY_SERVER_REQUEST_H
+
+#include "net.h"
+
+/* request.c: a request's life after its handler (any layer above the
+ * connections answers through it) */
+void cn__req_unref(cn__req *r);
+/* Frees the body, giving its bytes back to max-body-memory (any thread). */
+void cn__req_body_free(cn__req *r);
+void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
+/* Answers a waiting request from the loop: closes its handles, records
+ * metrics and the log line, writes the answer. Takes over body. */
+void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
+/* Answers a request that never waited (its handler decided at once). */
+void cn__req_answer_now(cn__req *r, int status, char *body,
+                        const char *ctype);
+/* /v1's error body {"error": {...}} (instance < 0: none). */
+char *cn__error_body(int code, const char *msg, int instance);
+
+/* models.c: versions are reference counted. A reference to the version
+ * new requests get (NULL: none loaded); the last release frees it. */
+cn__model_entry *cn__model_retain(cn__model_slot *sl);
+void cn__model_release(cn__model_entry *me);
+
+#endif
