@@ -42,6 +42,12 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   r->fam = m->fam;
   r->bk = bk;
   r->plan_width = CN_PLAN_WIDTH_DEFAULT;
+  /* memory by liveness unless CANOPY_ARENA_REUSE=0; poisoning for tests
+   * (docs/memory.md, docs/testing.md) */
+  const char *e = getenv("CANOPY_ARENA_REUSE");
+  r->reuse = e == NULL || strcmp(e, "0") != 0;
+  e = getenv("CANOPY_POISON_FREED");
+  r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
   r->in_start = malloc(sizeof(int32_t));
   if (r->in_start == NULL) {
     free(r);
@@ -71,6 +77,7 @@ void cn_run_free(cn_run *r) {
   free(r->fetch_idx);
   free(r->out_tag);
   free(r->out_score);
+  free(r->frees);
   free(r);
 }
 
@@ -233,8 +240,31 @@ void cn__run_need(cn_run *r, int32_t v, int col, int width) {
   r->spans[r->n_spans++] = (cn_run_span){v, col, col + width, 0};
 }
 
-/* Sizes the arena from the plan: each type's buffer holds exactly its
- * vertices; the scratch holds the largest batch's needs. */
+/* The rows the answers read after the run, as the family's reads() names
+ * them for a device's fetch (cn__run_need): kept alive to the end. NULL
+ * (nothing may be reused) when the family cannot say or memory ran out;
+ * the spans are dropped again, cn__run_copy_back collects its own. */
+static uint8_t *rows_read_after(cn_run *r) {
+  if (r->fam->reads == NULL) return NULL;
+  uint8_t *keep = calloc((size_t)r->nv + 1, 1);
+  if (keep == NULL) return NULL;
+  r->n_spans = 0;
+  r->need_failed = false;
+  for (int s = 0; s < r->n_slots; s++) r->fam->reads(r, s);
+  for (int64_t i = 0; i < r->n_spans; i++) keep[r->spans[i].v] = 1;
+  bool failed = r->need_failed;
+  r->n_spans = 0;
+  r->need_failed = false;
+  if (failed) {
+    free(keep);
+    return NULL;
+  }
+  return keep;
+}
+
+/* Sizes the arena from the plan: the state rows, placed by liveness
+ * (run_arena.c) or, without reuse, one buffer per type holding exactly
+ * its vertices; then the scratch the largest batch needs. */
 static int plan_arena(cn_run *r, cn_err *err) {
   const cn_family *f = r->fam;
   int64_t off = 0, scratch = 0, idx = 0;
@@ -244,6 +274,7 @@ static int plan_arena(cn_run *r, cn_err *err) {
     off += r->n_of_type[t] * r->state_floats[t];
     off = (off + 15) & ~(int64_t)15; /* 64-byte aligned buffers */
   }
+  r->state_floats_total = off;
   /* Scratch and index staging: the most any single batch needs. */
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];
@@ -258,6 +289,33 @@ static int plan_arena(cn_run *r, cn_err *err) {
     if (s > scratch) scratch = s;
     if (need > idx) idx = need;
   }
+  r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
+  if (r->state_off == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
+                      "vertices", (long long)r->nv);
+  r->reused = false;
+  uint8_t *keep = r->reuse ? rows_read_after(r) : NULL;
+  if (keep != NULL) {
+    int64_t states;
+    int rc = cn__run_plan_live(r, keep, &states);
+    free(keep);
+    if (rc != 0)
+      return cn_err_set(err, CN_E_NOMEM, "no memory to plan the arena of a "
+                        "run of %lld vertices", (long long)r->nv);
+    off = states;
+    r->reused = true;
+  } else {
+    /* Rows in batch order: a batch's outputs are consecutive rows. */
+    int64_t next[CN_MAX_TYPES] = {0};
+    for (int32_t b = 0; b < r->n_batches; b++) {
+      int t = r->batches[b].type;
+      for (int32_t i = 0; i < r->batches[b].n; i++) {
+        int32_t v = r->order[r->batches[b].start + i];
+        r->state_off[v] = r->type_base[t] + next[t]++ * r->state_floats[t];
+      }
+    }
+    r->state_floats_live = off;
+  }
   r->scratch_off = off;
   r->scratch_floats = scratch;
   r->arena_floats = off + scratch + 16;
@@ -265,20 +323,10 @@ static int plan_arena(cn_run *r, cn_err *err) {
   r->scratch = r->arena ? r->arena + r->scratch_off : NULL;
   r->idx_host = malloc((size_t)(idx + 1) * sizeof(int64_t));
   r->idx_cap = idx + 1;
-  r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
-  if (r->arena == NULL || r->idx_host == NULL || r->state_off == NULL)
+  if (r->arena == NULL || r->idx_host == NULL)
     return cn_err_set(err, CN_E_NOMEM,
                       "run arena of %lld bytes could not be allocated",
                       (long long)r->arena_floats * 4);
-  /* Rows in batch order: a batch's outputs are consecutive rows. */
-  int64_t next[CN_MAX_TYPES] = {0};
-  for (int32_t b = 0; b < r->n_batches; b++) {
-    int t = r->batches[b].type;
-    for (int32_t i = 0; i < r->batches[b].n; i++) {
-      int32_t v = r->order[r->batches[b].start + i];
-      r->state_off[v] = r->type_base[t] + next[t]++ * r->state_floats[t];
-    }
-  }
   return 0;
 }
 
@@ -293,6 +341,7 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
     const cn_run_batch *bt = &r->batches[b];
     r->idx_used = 0;
     cn__run_exec_batch(r, bt->type, r->order + bt->start, bt->n);
+    if (r->poison) cn__run_poison(r, b);
   }
   /* a device backend's fetch waits for the batches itself */
   if (r->bk->vt->host_memory) r->bk->vt->sync(r->bk);
@@ -353,6 +402,10 @@ void cn_run_set_layout(cn_run *r, cn_layout layout) {
 void cn_run_set_plan_width(cn_run *r, int width) {
   r->plan_width = width < 1 ? 1 : width;
 }
+
+void cn_run_set_arena_reuse(cn_run *r, int reuse) { r->reuse = reuse != 0; }
+
+void cn_run_set_poison(cn_run *r, int poison) { r->poison = poison != 0; }
 
 static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",
                                                            "pq"};
@@ -502,6 +555,12 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->batches = r->n_batches;
   s->lower_bound = r->lower_bound;
   s->arena_bytes = (size_t)r->arena_floats * sizeof(float);
+  /* the state region: the live high-water mark of a planned run (all the
+   * states without reuse, and for a growing graph) */
+  s->state_bytes = (size_t)r->scratch_off * sizeof(float);
+  s->state_bytes_total = (size_t)(r->state_floats_total > 0
+                                      ? r->state_floats_total
+                                      : r->scratch_off) * sizeof(float);
   s->gather_bytes = r->gather_bytes;
   s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;
