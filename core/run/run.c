@@ -302,9 +302,14 @@ static int plan_arena(cn_run *r, cn_err *err) {
     if (rc != 0)
       return cn_err_set(err, CN_E_NOMEM, "no memory to plan the arena of a "
                         "run of %lld vertices", (long long)r->nv);
-    off = states;
-    r->reused = true;
-  } else {
+    /* Blocks are rounded to 64 bytes per batch, buffers once per type:
+     * when little dies early (a tagger keeping its hidden rows) the
+     * rounding can cost more than reuse saves, and then it is not used. */
+    r->reused = states < off;
+    if (r->reused) off = states;
+    else r->n_frees = 0; /* nothing is freed in the arena used instead */
+  }
+  if (!r->reused) {
     /* Rows in batch order: a batch's outputs are consecutive rows. */
     int64_t next[CN_MAX_TYPES] = {0};
     for (int32_t b = 0; b < r->n_batches; b++) {
