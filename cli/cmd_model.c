@@ -195,6 +195,7 @@ static int cmd_bench(int argc, char **argv) {
   }
   if (read_instances(m, input, (int)runsize, in, &n) != 0) goto out;
   r = cn_run_new(m, bk);
+  if (r != NULL) cn_run_set_arena_reuse(r, 0); /* the batches run again */
   for (int i = 0; r != NULL && i < n; i++)
     if (cn_run_add(r, in[i], CN_OUT_ALL, 0) < 0) goto out;
   if (r == NULL || cn_run_exec(r, CN_POLICY_AGENDA, &err) != 0) {

@@ -40,6 +40,7 @@ typedef struct run_opts {
   const char *policy_cache;  /* --policy-cache (NULL: the default)       */
   cn_fsm_encoding encoding;  /* --encoding, for --policy fsm            */
   bool no_learn;             /* --no-learn: a cache miss is an error     */
+  bool no_reuse;             /* --no-arena-reuse: every row to the end   */
   cn_fsm *fsm;               /* --policy fsm: cached or learned here    */
   char *slurped;             /* stdin, kept to learn from and then run  */
   cn_config cfg;
@@ -48,6 +49,7 @@ typedef struct run_opts {
 typedef struct totals {
   long long instances, errors, batches, lower_bound, kernels, vertices;
   size_t gather_bytes, cell_bytes, arena_peak;
+  size_t state_peak, state_total; /* docs/memory.md: the largest run's */
   /* the backend's counters (issue #33), summed over the runs */
   long long runs, syncs, to_device, to_host, allocs, launches;
 } totals;
@@ -102,6 +104,12 @@ static void run_usage(FILE *f) {
           "                        cores / jobs))\n"
           "  --max-decode-len N    lstm-nmt: decode at most N steps (below the "
           "model's cap)\n"
+          "  --no-arena-reuse      keep every vertex's state row to the end of "
+          "its run\n"
+          "                        instead of reusing it after its last reader "
+          "(the\n"
+          "                        arena before docs/memory.md; also "
+          "CANOPY_ARENA_REUSE=0)\n"
           "limits:\n");
   cn_config_usage(f);
   fprintf(f,
@@ -136,6 +144,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       o->flags |= CN_OUT_HIDDEN;
     } else if (strcmp(a, "--no-learn") == 0) {
       o->no_learn = true;
+    } else if (strcmp(a, "--no-arena-reuse") == 0) {
+      o->no_reuse = true;
     } else if ((m = cn__flag_value(argc, argv, &i, "--model", &v)) != 0) {
       if (m < 0) return -1;
       o->model = v;
@@ -276,6 +286,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   }
   cn_run_set_layout(r, o->layout);
   cn_run_set_plan_width(r, o->cfg.serve.plan_width);
+  if (o->no_reuse) cn_run_set_arena_reuse(r, 0);
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) continue;
     ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, (int)o->max_decode_len);
@@ -302,6 +313,9 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   tot->gather_bytes += st.gather_bytes;
   tot->cell_bytes += st.cell_bytes;
   if (st.arena_bytes > tot->arena_peak) tot->arena_peak = st.arena_bytes;
+  if (st.state_bytes > tot->state_peak) tot->state_peak = st.state_bytes;
+  if (st.state_bytes_total > tot->state_total)
+    tot->state_total = st.state_bytes_total;
   tot->runs++;
   tot->syncs += st.device_syncs;
   tot->to_device += st.bytes_to_device;
@@ -433,6 +447,9 @@ static int chunk_emit(chunk *c, totals *tot, progress *pg) {
   tot->gather_bytes += c->tot.gather_bytes;
   tot->cell_bytes += c->tot.cell_bytes;
   if (c->tot.arena_peak > tot->arena_peak) tot->arena_peak = c->tot.arena_peak;
+  if (c->tot.state_peak > tot->state_peak) tot->state_peak = c->tot.state_peak;
+  if (c->tot.state_total > tot->state_total)
+    tot->state_total = c->tot.state_total;
   tot->runs += c->tot.runs;
   tot->syncs += c->tot.syncs;
   tot->to_device += c->tot.to_device;
@@ -630,14 +647,16 @@ int cn_cmd_run(int argc, char **argv) {
           "\"jobs\": %d, "
           "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
           "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
-          "\"arena_bytes_peak\": %zu, \"runs\": %lld, \"device_syncs\": %lld, "
+          "\"arena_bytes_peak\": %zu, \"state_bytes_peak\": %zu, "
+          "\"state_bytes_total\": %zu, "
+          "\"runs\": %lld, \"device_syncs\": %lld, "
           "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
           "\"device_allocs\": %lld, \"launches\": %lld}\n",
           tot.instances, tot.errors, tot.batches, tot.lower_bound, secs,
           secs > 0 ? (double)tot.instances / secs : 0.0,
           cn_policy_name(o.policy), o.batch, jobs, cn_layout_name(o.layout),
           tot.vertices, tot.kernels, tot.cell_bytes, tot.gather_bytes,
-          tot.arena_peak, tot.runs, tot.syncs, tot.to_device, tot.to_host,
+          tot.arena_peak, tot.state_peak, tot.state_total, tot.runs, tot.syncs, tot.to_device, tot.to_host,
           tot.allocs, tot.launches);
   status = tot.errors > 0 ? 2 : 0;
 out:

@@ -264,7 +264,11 @@ typedef struct cn_run_stats {
   long long vertices;
   long long batches;      /* batched vertex launches                        */
   long long lower_bound;  /* sum over types of depth_t (docs/models.md)     */
-  size_t arena_bytes;     /* bytes of the run's planned arena               */
+  size_t arena_bytes;     /* bytes of the run's planned arena: the states'
+                             live high-water mark plus the scratch        */
+  size_t state_bytes;     /* of which states (docs/memory.md)              */
+  size_t state_bytes_total; /* every vertex's state at once: the state
+                               region without reuse                       */
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
   size_t cell_bytes;      /* bytes moved by copies inside vertex functions  */
@@ -302,6 +306,16 @@ void cn_run_set_layout(cn_run *r, cn_layout layout);
  * schedules for more CPU time. Before cn_run_exec. */
 #define CN_PLAN_WIDTH_DEFAULT 16
 void cn_run_set_plan_width(cn_run *r, int width);
+/* Memory by liveness (docs/memory.md): a planned run reuses a state row's
+ * space after the last batch that reads it (default 1; the
+ * environment's CANOPY_ARENA_REUSE=0 makes it 0). Off, every vertex
+ * keeps its row to the end, as a run that is benchmarked afterwards
+ * (cn_run_bench_type) needs. Before cn_run_exec. */
+void cn_run_set_arena_reuse(cn_run *r, int reuse);
+/* Tests (docs/testing.md): fill rows with NaN when their space is freed,
+ * so a read after reuse cannot pass unnoticed (default: the environment's
+ * CANOPY_POISON_FREED=1). Before cn_run_exec. */
+void cn_run_set_poison(cn_run *r, int poison);
 /* After cn_run_exec: re-executes n vertices of one of the run's batches of
  * `type` iters times with `layout` and measures them (the ED-Batch Table 2
  * style report; the run's outputs are unchanged). out->n is 0 when the run

@@ -16,8 +16,31 @@
 
 #include "run/run.h"
 
-/* Sizes the arena from the plan: each type's buffer holds exactly its
- * vertices; the scratch holds the largest batch's needs. */
+/* The rows the answers read after the run, as the family's reads() names
+ * them for a device's fetch (cn__run_need): kept alive to the end. NULL
+ * (nothing may be reused) when the family cannot say or memory ran out;
+ * the spans are dropped again, cn__run_copy_back collects its own. */
+static uint8_t *rows_read_after(cn_run *r) {
+  if (r->fam->reads == NULL) return NULL;
+  uint8_t *keep = calloc((size_t)r->nv + 1, 1);
+  if (keep == NULL) return NULL;
+  r->n_spans = 0;
+  r->need_failed = false;
+  for (int s = 0; s < r->n_slots; s++) r->fam->reads(r, s);
+  for (int64_t i = 0; i < r->n_spans; i++) keep[r->spans[i].v] = 1;
+  bool failed = r->need_failed;
+  r->n_spans = 0;
+  r->need_failed = false;
+  if (failed) {
+    free(keep);
+    return NULL;
+  }
+  return keep;
+}
+
+/* Sizes the arena from the plan: the state rows, placed by liveness
+ * (run_arena.c) or, without reuse, one buffer per type holding exactly
+ * its vertices; then the scratch the largest batch needs. */
 static int plan_arena(cn_run *r, cn_err *err) {
   const cn_family *f = r->fam;
   int64_t off = 0, scratch = 0, idx = 0;
@@ -27,6 +50,7 @@ static int plan_arena(cn_run *r, cn_err *err) {
     off += r->n_of_type[t] * r->state_floats[t];
     off = (off + 15) & ~(int64_t)15; /* 64-byte aligned buffers */
   }
+  r->state_floats_total = off;
   /* Scratch and index staging: the most any single batch needs. */
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];
@@ -41,6 +65,38 @@ static int plan_arena(cn_run *r, cn_err *err) {
     if (s > scratch) scratch = s;
     if (need > idx) idx = need;
   }
+  r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
+  if (r->state_off == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
+                      "vertices", (long long)r->nv);
+  r->reused = false;
+  uint8_t *keep = r->reuse ? rows_read_after(r) : NULL;
+  if (keep != NULL) {
+    int64_t states;
+    int rc = cn__run_plan_live(r, keep, &states);
+    free(keep);
+    if (rc != 0)
+      return cn_err_set(err, CN_E_NOMEM, "no memory to plan the arena of a "
+                        "run of %lld vertices", (long long)r->nv);
+    /* Blocks are rounded to 64 bytes per batch, buffers once per type:
+     * when little dies early (a tagger keeping its hidden rows) the
+     * rounding can cost more than reuse saves, and then it is not used. */
+    r->reused = states < off;
+    if (r->reused) off = states;
+    else r->n_frees = 0; /* nothing is freed in the arena used instead */
+  }
+  if (!r->reused) {
+    /* Rows in batch order: a batch's outputs are consecutive rows. */
+    int64_t next[CN_MAX_TYPES] = {0};
+    for (int32_t b = 0; b < r->n_batches; b++) {
+      int t = r->batches[b].type;
+      for (int32_t i = 0; i < r->batches[b].n; i++) {
+        int32_t v = r->order[r->batches[b].start + i];
+        r->state_off[v] = r->type_base[t] + next[t]++ * r->state_floats[t];
+      }
+    }
+    r->state_floats_live = off;
+  }
   r->scratch_off = off;
   r->scratch_floats = scratch;
   r->arena_floats = off + scratch + 16;
@@ -48,20 +104,10 @@ static int plan_arena(cn_run *r, cn_err *err) {
   r->scratch = r->arena ? r->arena + r->scratch_off : NULL;
   r->idx_host = malloc((size_t)(idx + 1) * sizeof(int64_t));
   r->idx_cap = idx + 1;
-  r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
-  if (r->arena == NULL || r->idx_host == NULL || r->state_off == NULL)
+  if (r->arena == NULL || r->idx_host == NULL)
     return cn_err_set(err, CN_E_NOMEM,
                       "run arena of %lld bytes could not be allocated",
                       (long long)r->arena_floats * 4);
-  /* Rows in batch order: a batch's outputs are consecutive rows. */
-  int64_t next[CN_MAX_TYPES] = {0};
-  for (int32_t b = 0; b < r->n_batches; b++) {
-    int t = r->batches[b].type;
-    for (int32_t i = 0; i < r->batches[b].n; i++) {
-      int32_t v = r->order[r->batches[b].start + i];
-      r->state_off[v] = r->type_base[t] + next[t]++ * r->state_floats[t];
-    }
-  }
   return 0;
 }
 
@@ -76,6 +122,7 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
     const cn_run_batch *bt = &r->batches[b];
     r->idx_used = 0;
     cn__run_exec_batch(r, bt->type, r->order + bt->start, bt->n);
+    if (r->poison) cn__run_poison(r, b);
   }
   /* a device backend's fetch waits for the batches itself */
   if (r->bk->vt->host_memory) r->bk->vt->sync(r->bk);
@@ -116,6 +163,12 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->batches = r->n_batches;
   s->lower_bound = r->lower_bound;
   s->arena_bytes = (size_t)r->arena_floats * sizeof(float);
+  /* the state region: the live high-water mark of a planned run (all the
+   * states without reuse, and for a growing graph) */
+  s->state_bytes = (size_t)r->scratch_off * sizeof(float);
+  s->state_bytes_total = (size_t)(r->state_floats_total > 0
+                                      ? r->state_floats_total
+                                      : r->scratch_off) * sizeof(float);
   s->gather_bytes = r->gather_bytes;
   s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;

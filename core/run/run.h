@@ -97,6 +97,18 @@ struct cn_run {
   long long kernels;
   cn_backend_counters ctr0; /* the backend's counters when the run began */
   cn_backend_counters ctr;  /* their difference when it ended           */
+  /* memory by liveness (run_arena.c, docs/memory.md): set before exec */
+  bool reuse;            /* planned runs: rows reused after their last
+                            reader batch (default; CANOPY_ARENA_REUSE=0) */
+  bool poison;           /* freed rows become NaN when freed (tests;
+                            CANOPY_POISON_FREED=1)                        */
+  /* ... and what the plan made of them */
+  bool reused;           /* this run's rows share space                   */
+  int64_t state_floats_total; /* every vertex's state (the arena without
+                                 reuse, less scratch); 0: not planned     */
+  int64_t state_floats_live;  /* the most floats held at once (no holes) */
+  struct cn_arena_free *frees; /* ranges freed, by the batch after which */
+  int64_t n_frees, poison_next;
 };
 
 /* A span of one vertex's state that an answer reads: floats [lo, hi),
@@ -176,6 +188,40 @@ void cn__run_bind_weights(cn_run *r);
 int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err);
 /* The backend's counters since cn_run_exec began, into r->ctr (run.c). */
 void cn__run_count(cn_run *r);
+
+/* ---- memory by liveness (run_arena.c) -------------------------------------
+ * An offset allocator over floats (free ranges kept sorted and merged,
+ * best fit, else the top grows), simulated over a planned run's batches. */
+typedef struct cn_offset_alloc {
+  int64_t *lo, *len;   /* free ranges below top, by offset, never adjacent */
+  int n, cap;
+  int64_t top;         /* everything from here up is free                 */
+  int64_t peak;        /* the highest top: the memory the plan needs      */
+  int64_t live;        /* floats held now                                 */
+  int64_t peak_live;   /* the most held at once (peak minus holes)        */
+} cn_offset_alloc;
+/* Takes size floats; *off its offset. 0, or -1 with no memory. */
+int cn__oalloc_alloc(cn_offset_alloc *a, int64_t size, int64_t *off);
+/* Gives [off, off + size) back (it must be held). 0, or -1 (no memory). */
+int cn__oalloc_free(cn_offset_alloc *a, int64_t off, int64_t size);
+void cn__oalloc_done(cn_offset_alloc *a);
+
+/* A range of the arena freed after batch `at` (poisoning). */
+typedef struct cn_arena_free {
+  int32_t at;
+  int64_t off, len;
+} cn_arena_free;
+
+/* Places every state row of a planned run by liveness: reorders the rows
+ * within each batch (by the batch that reads them last, then in their
+ * readers' order), gives each batch one block of the simulated allocator,
+ * and frees rows after their last reader batch; rows with keep[v] (read
+ * after the run; keep NULL: all) are never freed. Fills r->state_off and
+ * r->frees; *states: the floats the state region needs. 0, or -1 with no
+ * memory. */
+int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states);
+/* Poisons (NaN) the ranges freed after batch b that are not yet. */
+void cn__run_poison(cn_run *r, int32_t b);
 
 /* ---- scheduling a run (run_sched.c) ---------------------------------------
  * Fills r->order and r->batches for the policy, and r->lower_bound. With

@@ -45,6 +45,9 @@ int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
   if (!r->executed || r->batches == NULL || r->fam->dynamic)
     return cn_err_set(err, CN_E_INTERNAL,
                       "bench needs an executed run of a static family");
+  if (r->reused) /* its inputs' rows may hold other vertices by now */
+    return cn_err_set(err, CN_E_INTERNAL, "bench needs a run whose arena "
+                      "keeps every row (cn_run_set_arena_reuse(r, 0))");
   /* The batch with the most inputs present (a chain's first step has no
    * previous state, and a hand-written kernel may skip its product), then
    * the largest. */

@@ -40,6 +40,12 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   r->fam = m->fam;
   r->bk = bk;
   r->plan_width = CN_PLAN_WIDTH_DEFAULT;
+  /* memory by liveness unless CANOPY_ARENA_REUSE=0; poisoning for tests
+   * (docs/memory.md, docs/testing.md) */
+  const char *e = getenv("CANOPY_ARENA_REUSE");
+  r->reuse = e == NULL || strcmp(e, "0") != 0;
+  e = getenv("CANOPY_POISON_FREED");
+  r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
   r->in_start = malloc(sizeof(int32_t));
   if (r->in_start == NULL) {
     free(r);
@@ -69,6 +75,7 @@ void cn_run_free(cn_run *r) {
   free(r->fetch_idx);
   free(r->out_tag);
   free(r->out_score);
+  free(r->frees);
   free(r);
 }
 
@@ -206,6 +213,10 @@ void cn_run_set_layout(cn_run *r, cn_layout layout) {
 void cn_run_set_plan_width(cn_run *r, int width) {
   r->plan_width = width < 1 ? 1 : width;
 }
+
+void cn_run_set_arena_reuse(cn_run *r, int reuse) { r->reuse = reuse != 0; }
+
+void cn_run_set_poison(cn_run *r, int poison) { r->poison = poison != 0; }
 
 static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",
                                                            "pq"};

@@ -1,0 +1,296 @@
+/* run_arena.c - memory by liveness for planned runs (issue #35 items 1, 5;
+ * docs/memory.md).
+ *
+ * A planned run knows its whole batch sequence before it starts, so each
+ * vertex's last reader batch is known too (Serenity §3.1: a node's output
+ * is deallocated once its out-degree reaches zero). The state rows of a
+ * batch are taken as ONE contiguous block (the batched kernels keep
+ * writing consecutive rows in place) from an offset allocator simulated
+ * over the batch sequence, and handed back, range by range, after their
+ * last reader batch; the arena's state region is the allocator's
+ * high-water mark instead of every vertex's state.
+ *
+ * Within a batch the rows are ordered by the batch that reads them last,
+ * so what dies together is one range and the block is freed from its
+ * front; rows that die in the same batch follow their readers' order
+ * there, so the reader batch still finds its inputs evenly spaced
+ * (cn__rows_even) and reads them in place. Rows read after the run (the
+ * family's reads()) are freed never.
+ *
+ * This file calls nothing in the other files of run/: run.c hands it the
+ * rows that must outlive the run.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "run/run.h"
+
+/* Every block and every freed range is a multiple of this many floats
+ * (64 bytes), so every block starts aligned as the per-type buffers did. */
+#define GRAIN 16
+
+static int64_t round_up(int64_t x) { return (x + GRAIN - 1) & ~(int64_t)(GRAIN - 1); }
+
+/* ---- the offset allocator ------------------------------------------------ */
+
+static int fl_reserve(cn_offset_alloc *a, int need) {
+  if (need <= a->cap) return 0;
+  int c = a->cap ? 2 * a->cap : 64;
+  while (c < need) c *= 2;
+  int64_t *lo = cn__xrealloc(a->lo, (size_t)c, sizeof(int64_t));
+  if (lo == NULL) return -1;
+  a->lo = lo;
+  int64_t *len = cn__xrealloc(a->len, (size_t)c, sizeof(int64_t));
+  if (len == NULL) return -1;
+  a->len = len;
+  a->cap = c;
+  return 0;
+}
+
+static void fl_remove(cn_offset_alloc *a, int i) {
+  memmove(a->lo + i, a->lo + i + 1, (size_t)(a->n - i - 1) * sizeof(int64_t));
+  memmove(a->len + i, a->len + i + 1,
+          (size_t)(a->n - i - 1) * sizeof(int64_t));
+  a->n--;
+}
+
+/* Best fit among the free ranges below the top (the smallest that holds
+ * size; the lowest of equals); else the top grows, starting at the free
+ * range that touches it when there is one. Block starts stay where they
+ * are: nothing moves once placed. */
+int cn__oalloc_alloc(cn_offset_alloc *a, int64_t size, int64_t *off) {
+  int best = -1;
+  for (int i = 0; i < a->n; i++)
+    if (a->len[i] >= size && (best < 0 || a->len[i] < a->len[best])) best = i;
+  if (best >= 0) {
+    *off = a->lo[best];
+    a->lo[best] += size;
+    a->len[best] -= size;
+    if (a->len[best] == 0) fl_remove(a, best);
+  } else if (a->n > 0 && a->lo[a->n - 1] + a->len[a->n - 1] == a->top) {
+    *off = a->lo[a->n - 1]; /* the last free range, extended */
+    a->top = *off + size;
+    fl_remove(a, a->n - 1);
+  } else {
+    *off = a->top;
+    a->top += size;
+  }
+  if (a->top > a->peak) a->peak = a->top;
+  a->live += size;
+  if (a->live > a->peak_live) a->peak_live = a->live;
+  return 0;
+}
+
+/* Gives [off, off + size) back, merged with its free neighbours; a range
+ * that reaches the top lowers the top. */
+int cn__oalloc_free(cn_offset_alloc *a, int64_t off, int64_t size) {
+  if (size <= 0) return 0;
+  a->live -= size;
+  int i = 0; /* first free range above off */
+  int lo = 0, hi = a->n;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (a->lo[mid] < off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  i = lo;
+  bool left = i > 0 && a->lo[i - 1] + a->len[i - 1] == off;
+  bool right = i < a->n && off + size == a->lo[i];
+  if (left && right) {
+    a->len[i - 1] += size + a->len[i];
+    fl_remove(a, i);
+    i--;
+  } else if (left) {
+    a->len[--i] += size;
+  } else if (right) {
+    a->lo[i] = off;
+    a->len[i] += size;
+  } else {
+    if (fl_reserve(a, a->n + 1)) return -1;
+    memmove(a->lo + i + 1, a->lo + i, (size_t)(a->n - i) * sizeof(int64_t));
+    memmove(a->len + i + 1, a->len + i, (size_t)(a->n - i) * sizeof(int64_t));
+    a->lo[i] = off;
+    a->len[i] = size;
+    a->n++;
+  }
+  if (a->lo[i] + a->len[i] == a->top) { /* the top comes down */
+    a->top = a->lo[i];
+    fl_remove(a, i);
+  }
+  return 0;
+}
+
+void cn__oalloc_done(cn_offset_alloc *a) {
+  free(a->lo);
+  free(a->len);
+  memset(a, 0, sizeof(*a));
+}
+
+/* ---- planning a run's rows ---------------------------------------------- */
+
+typedef struct row_key {
+  int32_t death; /* the batch that reads the row last (n_batches: never) */
+  int64_t key;   /* within one death: the reader's row, edge; else the
+                    row's place in the scheduler's order */
+  int32_t v;
+} row_key;
+
+static int key_cmp(const void *a, const void *b) {
+  const row_key *x = a, *y = b;
+  if (x->death != y->death) return (x->death > y->death) - (x->death < y->death);
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+/* A freed range, relative to its batch's block, freed after batch `at`. */
+typedef struct rel_free {
+  int32_t at, batch;
+  int64_t lo, len;
+} rel_free;
+
+int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
+  const int32_t B = r->n_batches, nv = r->nv;
+  int rc = -1;
+  int32_t *batch_of = malloc((size_t)nv * sizeof(int32_t) + 1);
+  int32_t *death = malloc((size_t)nv * sizeof(int32_t) + 1);
+  int64_t *rkey = malloc((size_t)nv * sizeof(int64_t) + 1);
+  int64_t *block = malloc((size_t)B * sizeof(int64_t) + 1);
+  int32_t *n_at = calloc((size_t)B + 1, sizeof(int32_t));
+  rel_free *rel = NULL, *sorted = NULL;
+  row_key *keys = NULL;
+  cn_offset_alloc a = {0};
+  int64_t n_rel = 0, cap_rel = 0, max_n = 0, max_in = 1;
+  if (!batch_of || !death || !rkey || !block || !n_at) goto out;
+  for (int32_t b = 0; b < B; b++) {
+    const cn_run_batch *bt = &r->batches[b];
+    if (bt->n > max_n) max_n = bt->n;
+    for (int32_t i = 0; i < bt->n; i++) {
+      int32_t v = r->order[bt->start + i];
+      batch_of[v] = b;
+      death[v] = b;
+      rkey[v] = -1;
+    }
+  }
+  /* the last reader of each row (Serenity §3.1's out-degree count, as the
+   * batch of the last consumer) */
+  for (int32_t v = 0; v < nv; v++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, v, &k);
+    if (k + 1 > max_in) max_in = k + 1;
+    for (int q = 0; q < k; q++)
+      if (batch_of[v] > death[in[q]]) death[in[q]] = batch_of[v];
+  }
+  for (int32_t v = 0; v < nv; v++)
+    if (keep == NULL || keep[v]) death[v] = B;
+  keys = malloc((size_t)max_n * sizeof(row_key) + 1);
+  if (keys == NULL) goto out;
+  /* Rows in each batch, from the last batch back: by death, then in the
+   * order their last reader batch (already ordered) reads them. */
+  for (int32_t b = B - 1; b >= 0; b--) {
+    const cn_run_batch *bt = &r->batches[b];
+    int32_t *ord = r->order + bt->start;
+    for (int32_t i = 0; i < bt->n; i++) {
+      int32_t v = ord[i];
+      bool by_reader = death[v] > b && death[v] < B && rkey[v] >= 0;
+      keys[i] = (row_key){death[v], by_reader ? rkey[v] : i, v};
+    }
+    qsort(keys, (size_t)bt->n, sizeof(row_key), key_cmp);
+    for (int32_t i = 0; i < bt->n; i++) {
+      int32_t v = ord[i] = keys[i].v;
+      int k;
+      const int32_t *in = cn__run_inputs(r, v, &k);
+      for (int q = 0; q < k; q++) /* the first (row, edge) reading it */
+        if (death[in[q]] == b && rkey[in[q]] < 0)
+          rkey[in[q]] = (int64_t)i * max_in + q;
+    }
+    /* the block's frees: its front, group by group, as rows die */
+    int64_t w = r->state_floats[bt->type], size = round_up(bt->n * w);
+    int64_t done = 0;
+    for (int32_t i = 0; i < bt->n;) {
+      int32_t d = keys[i].death, j = i;
+      while (j < bt->n && keys[j].death == d) j++;
+      int64_t end = j == bt->n ? size : (j * w) & ~(int64_t)(GRAIN - 1);
+      if (d < B && end > done) {
+        if (n_rel == cap_rel) {
+          cap_rel = cap_rel ? 2 * cap_rel : 256;
+          rel_free *p = cn__xrealloc(rel, (size_t)cap_rel, sizeof(*p));
+          if (p == NULL) goto out;
+          rel = p;
+        }
+        rel[n_rel++] = (rel_free){d, b, done, end - done};
+        n_at[d]++;
+        done = end;
+      }
+      i = j;
+    }
+  }
+  /* the frees by the batch after which they happen (counting sort) */
+  sorted = malloc((size_t)n_rel * sizeof(rel_free) + 1);
+  if (sorted == NULL) goto out;
+  for (int32_t b = 0, s = 0; b <= B; b++) {
+    int32_t c = n_at[b];
+    n_at[b] = s;
+    s += c;
+  }
+  for (int64_t i = 0; i < n_rel; i++) sorted[n_at[rel[i].at]++] = rel[i];
+  /* n_at[b] is now the end of batch b's frees */
+  free(r->frees);
+  r->frees = malloc((size_t)n_rel * sizeof(cn_arena_free) + 1);
+  r->n_frees = 0;
+  if (r->frees == NULL) goto out;
+  /* The simulation: batch b's block is taken after the frees of batches
+   * before b (its inputs, dying at b, are still held). */
+  int64_t f = 0;
+  for (int32_t b = 0; b < B; b++) {
+    for (; b > 0 && f < n_at[b - 1]; f++) {
+      const rel_free *e = &sorted[f];
+      int64_t off = block[e->batch] + e->lo;
+      if (cn__oalloc_free(&a, off, e->len)) goto out;
+      r->frees[r->n_frees++] = (cn_arena_free){e->at, off, e->len};
+    }
+    const cn_run_batch *bt = &r->batches[b];
+    int64_t w = r->state_floats[bt->type], size = round_up(bt->n * w);
+    block[b] = 0;
+    if (size > 0 && cn__oalloc_alloc(&a, size, &block[b])) goto out;
+    for (int32_t i = 0; i < bt->n; i++)
+      r->state_off[r->order[bt->start + i]] = block[b] + i * w;
+  }
+  for (; f < n_rel; f++) { /* freed after the last batches: poisoned too */
+    const rel_free *e = &sorted[f];
+    r->frees[r->n_frees++] =
+        (cn_arena_free){e->at, block[e->batch] + e->lo, e->len};
+  }
+  *states = a.peak;
+  r->state_floats_live = a.peak_live;
+  rc = 0;
+out:
+  cn__oalloc_done(&a);
+  free(batch_of);
+  free(death);
+  free(rkey);
+  free(block);
+  free(n_at);
+  free(rel);
+  free(sorted);
+  free(keys);
+  return rc;
+}
+
+/* Poisoning (docs/testing.md): the ranges freed after batch b become NaN
+ * now, so a row read after its space was reused reads NaN, which the
+ * answers' finite check (cn_output_check) reports. Through to_device from
+ * a host buffer of NaNs: host memory (cpu) and device backends alike. */
+void cn__run_poison(cn_run *r, int32_t b) {
+  if (r->poison_next >= r->n_frees || r->frees[r->poison_next].at > b) return;
+  float nan_buf[4096];
+  for (int i = 0; i < 4096; i++) nan_buf[i] = __builtin_nanf("");
+  while (r->poison_next < r->n_frees && r->frees[r->poison_next].at <= b) {
+    const cn_arena_free *e = &r->frees[r->poison_next++];
+    for (int64_t x = 0; x < e->len; x += 4096) {
+      int64_t n = e->len - x < 4096 ? e->len - x : 4096;
+      r->bk->vt->to_device(r->bk, r->arena + e->off + x, nan_buf,
+                           (size_t)n * sizeof(float));
+    }
+  }
+}
