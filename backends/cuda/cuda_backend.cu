@@ -277,6 +277,9 @@ static const cn_backend_vt cuda_vt = {
     .release = cu_release,
     .alloc = cu_alloc,
     .free = cu_free,
+    /* no per-model state to set up: device weights are cached by content
+     * (cu_weights) */
+    .run_begins = NULL,
     .weights = cu_weights,
     .to_device = cu_to_device,
     .to_host = cu_to_host,
