@@ -344,7 +344,7 @@ Test(arena, crf_poisoned_equals_no_reuse) {
   tu_rmdir(dir);
 }
 
-/* Models described by cells (described.c): a tree, a sequence, a DAG. */
+/* Models described by cells (cells_family.c): a tree, a sequence, a DAG. */
 Test(arena, cells_poisoned_equals_no_reuse, .timeout = 300) {
   static const struct {
     const char *family, *data;
