@@ -216,7 +216,8 @@ static const cn_family *fake_fam; /* run_all: a family to swap in */
  * strings (9 significant digits: a float exactly). */
 static outcome run_all(const cn_model *m, const json_t *insts,
                        cn_policy_kind pol, unsigned flags, cn_layout layout,
-                       bool reuse, bool poison, const char *what) {
+                       bool reuse, bool poison, int64_t slice,
+                       const char *what) {
   outcome o = {json_array(), {0}, true};
   cn_backend_ctx *bk = NULL;
   cn_err err;
@@ -229,6 +230,7 @@ static outcome run_all(const cn_model *m, const json_t *insts,
   cn_run_set_layout(r, layout);
   cn_run_set_arena_reuse(r, reuse);
   cn_run_set_poison(r, poison);
+  r->scratch_slice = slice; /* a batch's rows a few at a time */
   for (size_t i = 0; i < n; i++) {
     cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
                                    &in[i], &err),
@@ -279,10 +281,13 @@ static double compare_all(const cn_model *m, const json_t *in,
         snprintf(what, sizeof(what), "%s policy %s flags %u layout %s", name,
                  cn_policy_name(policies[p]), flag_sets[f],
                  cn_layout_name(layouts[l]));
+        /* want: every row kept, each batch at once; got: rows reused,
+         * freed ones poisoned, and every batch executed a few rows at a
+         * time (CN__SCRATCH_SLICE_* made tiny) */
         outcome want = run_all(m, in, policies[p], flag_sets[f], layouts[l],
-                               false, false, what);
+                               false, false, 0, what);
         outcome got = run_all(m, in, policies[p], flag_sets[f], layouts[l],
-                              true, true, what);
+                              true, true, 256, what);
         cr_expect(want.finite, "%s: a non-finite answer without reuse", what);
         cr_expect(got.finite, "%s: a non-finite answer with reuse and "
                   "poisoning: a row was read after its space was reused",
@@ -386,12 +391,12 @@ Test(arena, poisoning_catches_a_read_after_free) {
   fake.reads = reads_nothing;
   fake_fam = &fake;
   outcome quiet = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_FUSED, true,
-                          false, "reads nothing");
+                          false, 0, "reads nothing");
   outcome loud = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_FUSED, true,
-                         true, "reads nothing, poisoned");
+                         true, 0, "reads nothing, poisoned");
   fake_fam = NULL;
   outcome want = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_FUSED, false,
-                         false, "reference");
+                         false, 0, "reference");
   cr_expect(quiet.finite, "unpoisoned, the freed rows still look fine");
   cr_expect(want.finite);
   cr_expect(!loud.finite, "poisoned, the freed output rows read NaN");
@@ -411,10 +416,24 @@ Test(arena, trees_need_less_than_all_states) {
                          sizeof(dir));
   json_t *in = tu_data_lines("trees-binary.jsonl", 200);
   outcome o = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED, true,
-                      false, "treelstm x200");
+                      false, 0, "treelstm x200");
   cr_expect_lt(o.st.state_bytes, o.st.state_bytes_total * 3 / 4,
                "%zu of %zu state bytes", o.st.state_bytes,
                o.st.state_bytes_total);
+  /* with batches a few rows at a time the scratch shrinks to a slice's,
+   * and the answers stay byte for byte */
+  outcome s = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED, true,
+                      false, 256, "treelstm x200, sliced");
+  cr_expect_lt(s.st.arena_bytes - s.st.state_bytes,
+               o.st.arena_bytes - o.st.state_bytes,
+               "sliced scratch %zu, whole %zu",
+               s.st.arena_bytes - s.st.state_bytes,
+               o.st.arena_bytes - o.st.state_bytes);
+  for (size_t i = 0; i < json_array_size(o.outs); i++)
+    cr_expect_str_eq(json_string_value(json_array_get(s.outs, i)),
+                     json_string_value(json_array_get(o.outs, i)),
+                     "instance %zu: slicing answers differently", i);
+  json_decref(s.outs);
   json_decref(o.outs);
   json_decref(in);
   cn_model_free(m);

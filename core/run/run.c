@@ -38,9 +38,46 @@ static uint8_t *rows_read_after(cn_run *r) {
   return keep;
 }
 
+/* Inputs of the vertices [v0, v0 + n) of the run's order. */
+static int64_t edges_of(const cn_run *r, int32_t v0, int32_t n) {
+  int64_t edges = 0;
+  for (int32_t i = 0; i < n; i++) {
+    int k;
+    cn__run_inputs(r, r->order[v0 + i], &k);
+    edges += k;
+  }
+  return edges;
+}
+
+/* The rows of batch bt a launch executes at once (all of them unless its
+ * scratch would pass the backend's CN__SCRATCH_SLICE_*: then as many equal
+ * slices as it takes), and the most scratch and index staging one slice
+ * needs. */
+static int32_t slice_needs(const cn_run *r, const cn_run_batch *bt,
+                           int64_t *scratch, int64_t *idx) {
+  int64_t cap = r->scratch_slice > 0        ? r->scratch_slice
+                : r->bk->vt->host_memory ? CN__SCRATCH_SLICE_HOST
+                                         : CN__SCRATCH_SLICE_DEVICE;
+  cn__run_batch_needs(r, bt->type, bt->n, edges_of(r, bt->start, bt->n),
+                      scratch, idx);
+  if (*scratch <= cap || bt->n < 2) return bt->n;
+  int64_t k = (*scratch + cap - 1) / cap;
+  int32_t rows = (int32_t)((bt->n + k - 1) / k);
+  *scratch = *idx = 0;
+  for (int32_t i = 0; i < bt->n; i += rows) {
+    int32_t n = bt->n - i < rows ? bt->n - i : rows;
+    int64_t s, x;
+    cn__run_batch_needs(r, bt->type, n, edges_of(r, bt->start + i, n), &s,
+                        &x);
+    if (s > *scratch) *scratch = s;
+    if (x > *idx) *idx = x;
+  }
+  return rows;
+}
+
 /* Sizes the arena from the plan: the state rows, placed by liveness
  * (run_arena.c) or, without reuse, one buffer per type holding exactly
- * its vertices; then the scratch the largest batch needs. */
+ * its vertices; then the scratch the largest launch needs. */
 static int plan_arena(cn_run *r, cn_err *err) {
   const cn_family *f = r->fam;
   int64_t off = 0, scratch = 0, idx = 0;
@@ -51,17 +88,15 @@ static int plan_arena(cn_run *r, cn_err *err) {
     off = (off + 15) & ~(int64_t)15; /* 64-byte aligned buffers */
   }
   r->state_floats_total = off;
-  /* Scratch and index staging: the most any single batch needs. */
+  /* Scratch and index staging: the most any single launch needs, a batch
+   * over the backend's CN__SCRATCH_SLICE_* in slices (slice_needs). */
+  r->slice_rows = malloc((size_t)(r->n_batches + 1) * sizeof(int32_t));
+  if (r->slice_rows == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
+                      "batches", (long long)r->n_batches);
   for (int32_t b = 0; b < r->n_batches; b++) {
-    const cn_run_batch *bt = &r->batches[b];
-    int64_t edges = 0;
-    for (int32_t i = 0; i < bt->n; i++) {
-      int k;
-      cn__run_inputs(r, r->order[bt->start + i], &k);
-      edges += k;
-    }
     int64_t s, need;
-    cn__run_batch_needs(r, bt->type, bt->n, edges, &s, &need);
+    r->slice_rows[b] = slice_needs(r, &r->batches[b], &s, &need);
     if (s > scratch) scratch = s;
     if (need > idx) idx = need;
   }
@@ -120,8 +155,11 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
   long long k0 = r->bk->kernels;
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];
-    r->idx_used = 0;
-    cn__run_exec_batch(r, bt->type, r->order + bt->start, bt->n);
+    for (int32_t i = 0, rows = r->slice_rows[b]; i < bt->n; i += rows) {
+      r->idx_used = 0;
+      cn__run_exec_batch(r, bt->type, r->order + bt->start + i,
+                         bt->n - i < rows ? bt->n - i : rows);
+    }
     if (r->poison) cn__run_poison(r, b);
   }
   /* a device backend's fetch waits for the batches itself */

@@ -32,6 +32,18 @@ typedef struct cn_run_slot {
   int32_t out_v0, n_out; /* output vertices, in node pre-order             */
 } cn_run_slot;
 
+/* The scratch a planned run's batch may use at once, in floats: 8 MB on a
+ * host-memory backend, 256 MB on a device. A batch whose scratch would
+ * pass it (the leaves of a thousand trees: an embedding row and the gates
+ * a leaf) executes in slices of consecutive rows, each within it. Rows are
+ * independent and every product computes a row the same way whatever rows
+ * are beside it (backends/cpu/gemm.h), so a slice changes no output; on
+ * the CPU it keeps the arena from holding, for the whole run, the scratch
+ * of its largest batch alone (issue 35: 31 of treelstm's 51 MB at H=128,
+ * runs of 1,024). A device has the memory and pays a launch per slice. */
+#define CN__SCRATCH_SLICE_HOST ((int64_t)2 << 20)
+#define CN__SCRATCH_SLICE_DEVICE ((int64_t)64 << 20)
+
 struct cn_run {
   /* borrowed */
   const cn_model *m;
@@ -104,6 +116,9 @@ struct cn_run {
                             CANOPY_POISON_FREED=1)                        */
   /* ... and what the plan made of them */
   bool reused;           /* this run's rows share space                   */
+  int32_t *slice_rows;   /* per batch: rows a launch executes at once, so
+                            the scratch stays within CN__SCRATCH_SLICE_*  */
+  int64_t scratch_slice; /* tests: that limit instead (0: the backend's) */
   int64_t state_floats_total; /* every vertex's state (the arena without
                                  reuse, less scratch); 0: not planned     */
   int64_t state_floats_live;  /* the most floats held at once (no holes) */

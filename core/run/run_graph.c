@@ -76,6 +76,7 @@ void cn_run_free(cn_run *r) {
   free(r->out_tag);
   free(r->out_score);
   free(r->frees);
+  free(r->slice_rows);
   free(r);
 }
 
