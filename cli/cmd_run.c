@@ -543,6 +543,107 @@ static int load_policy(run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   return rc;
 }
 
+/* Product threads of a job: max(1, cores / jobs) unless asked (serve.c
+ * does the same per worker); --jobs 1 gets every core. */
+static void set_product_threads(const run_opts *o, int cores, int jobs) {
+  if (o->threads > 0)
+    cn_backend_cpu_threads((int)o->threads);
+  else
+    cn_backend_cpu_threads(cores / jobs > 1 ? cores / jobs : 1);
+}
+
+/* Every job's backend context opens before any input is read, so a
+ * backend that cannot open stops here with its error. Job 0 uses bk.
+ * *out is set as soon as it exists (the caller closes what opened). */
+static int open_job_backends(const run_opts *o, cn_backend_ctx *bk,
+                             int jobs, cn_backend_ctx ***out, cn_err *err) {
+  cn_backend_ctx **job_bk = calloc((size_t)jobs, sizeof(*job_bk));
+  *out = job_bk;
+  if (job_bk == NULL) return -1;
+  job_bk[0] = bk;
+  for (int i = 1; i < jobs; i++) {
+    if (cn_backend_open(o->backend, 0, &job_bk[i], err) != 0) {
+      fprintf(stderr, "canopy run: job %d: %s\n", i, err->msg);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Two chunks a job: one computing, one read ahead (or waiting to be
+ * printed behind a slower neighbour). *cs and *n_cs are set as soon as
+ * they exist (the caller frees them with chunks_free). */
+static int alloc_chunks(long long batch, int jobs, chunk **cs, int *n_cs) {
+  *n_cs = jobs > 1 ? 2 * jobs : 1;
+  *cs = calloc((size_t)*n_cs, sizeof(chunk));
+  if (*cs == NULL) return -1;
+  for (int i = 0; i < *n_cs; i++) {
+    (*cs)[i].off = calloc((size_t)batch, sizeof(size_t));
+    (*cs)[i].ls = calloc((size_t)batch, sizeof(line));
+    if ((*cs)[i].off == NULL || (*cs)[i].ls == NULL) return -1;
+  }
+  return 0;
+}
+
+/* Reads the input chunk by chunk into the pool and prints the computed
+ * chunks in input order: a slot is refilled only after its last chunk,
+ * the oldest pending, is taken back and printed. Then the pool is
+ * drained. True when a chunk failed or memory ran out. */
+static bool stream_chunks(cn__pool *pool, chunk *cs, int n_cs, FILE *in,
+                          long long batch, char **buf, size_t *cap,
+                          totals *tot, progress *pg) {
+  long long lineno = 0;
+  bool failed = false;
+  for (long long seq = 0; !failed; seq++) {
+    chunk *c = &cs[seq % n_cs];
+    if (seq >= n_cs) { /* the slot's last chunk is the oldest pending */
+      chunk *done = cn__pool_take(pool);
+      if (chunk_emit(done, tot, pg) != 0) failed = true;
+      if (failed) break;
+      progress_show(pg, tot);
+    }
+    int n = chunk_fill(c, in, batch, buf, cap, &lineno);
+    if (n < 0) {
+      fprintf(stderr, "canopy run: no memory for line %lld\n", lineno);
+      failed = true;
+    }
+    if (n <= 0) break;
+    cn__pool_submit(pool, c);
+  }
+  for (chunk *c; (c = cn__pool_take(pool)) != NULL;) {
+    if (!failed && chunk_emit(c, tot, pg) != 0) failed = true;
+    if (!failed) progress_show(pg, tot);
+  }
+  return failed;
+}
+
+/* The summary line on stderr: one JSON object of the totals. */
+static void print_summary(const run_opts *o, int jobs, const totals *tot,
+                          double secs) {
+  fprintf(stderr,
+          "{\"instances\": %lld, \"errors\": %lld, \"batches\": %lld, "
+          "\"lower_bound\": %lld, \"seconds\": %.6f, "
+          "\"instances_per_s\": %.1f, \"policy\": \"%s\", \"batch\": %lld, "
+          "\"jobs\": %d, "
+          "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
+          "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
+          "\"arena_bytes_peak\": %zu, \"state_bytes_peak\": %zu, "
+          "\"state_bytes_total\": %zu, "
+          "\"runs\": %lld, \"device_syncs\": %lld, "
+          "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
+          "\"device_allocs\": %lld, \"launches\": %lld}\n",
+          tot->instances, tot->errors, tot->batches, tot->lower_bound, secs,
+          secs > 0 ? (double)tot->instances / secs : 0.0,
+          cn_policy_name(o->policy), o->batch, jobs,
+          cn_layout_name(o->layout), tot->vertices, tot->kernels,
+          tot->cell_bytes, tot->gather_bytes, tot->arena_peak,
+          tot->state_peak, tot->state_total, tot->runs, tot->syncs,
+          tot->to_device, tot->to_host, tot->allocs, tot->launches);
+}
+
+/* `canopy run`: JSON lines in, one output line per input line, in order,
+ * computed by --jobs jobs; the summary on stderr. Exit status 0, 2 when
+ * any line was an error, 1 when the run could not go on. */
 int cn_cmd_run(int argc, char **argv) {
   run_opts o;
   memset(&o, 0, sizeof(o));
@@ -570,39 +671,15 @@ int cn_cmd_run(int argc, char **argv) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     goto out;
   }
-  /* Product threads of a job: max(1, cores / jobs) unless asked (serve.c
-   * does the same per worker); --jobs 1 gets every core. */
-  if (o.threads > 0)
-    cn_backend_cpu_threads((int)o.threads);
-  else
-    cn_backend_cpu_threads(cores / jobs > 1 ? cores / jobs : 1);
+  set_product_threads(&o, cores, jobs);
   in = strcmp(o.input, "-") == 0 ? stdin : fopen(o.input, "r");
   if (in == NULL) {
     fprintf(stderr, "canopy run: cannot open %s: %m\n", o.input);
     goto out;
   }
   if (o.policy == CN_POLICY_FSM && load_policy(&o, m, bk, &in) != 0) goto out;
-  /* Every job's backend context opens before any input is read, so a
-   * backend that cannot open stops here with its error. Job 0 uses bk. */
-  job_bk = calloc((size_t)jobs, sizeof(*job_bk));
-  if (job_bk == NULL) goto out;
-  job_bk[0] = bk;
-  for (int i = 1; i < jobs; i++) {
-    if (cn_backend_open(o.backend, 0, &job_bk[i], &err) != 0) {
-      fprintf(stderr, "canopy run: job %d: %s\n", i, err.msg);
-      goto out;
-    }
-  }
-  /* Two chunks a job: one computing, one read ahead (or waiting to be
-   * printed behind a slower neighbour). */
-  n_cs = jobs > 1 ? 2 * jobs : 1;
-  cs = calloc((size_t)n_cs, sizeof(chunk));
-  if (cs == NULL) goto out;
-  for (int i = 0; i < n_cs; i++) {
-    cs[i].off = calloc((size_t)o.batch, sizeof(size_t));
-    cs[i].ls = calloc((size_t)o.batch, sizeof(line));
-    if (cs[i].off == NULL || cs[i].ls == NULL) goto out;
-  }
+  if (open_job_backends(&o, bk, jobs, &job_bk, &err) != 0) goto out;
+  if (alloc_chunks(o.batch, jobs, &cs, &n_cs) != 0) goto out;
   jobs_ctx jc = {.o = &o, .m = m, .bk = job_bk};
   pool = cn__pool_new(jobs, n_cs, chunk_work, &jc);
   if (pool == NULL) {
@@ -614,50 +691,13 @@ int cn_cmd_run(int argc, char **argv) {
   progress pg;
   progress_init(&pg, in);
   double t0 = cn_now_s();
-  long long lineno = 0;
-  bool failed = false;
-  for (long long seq = 0; !failed; seq++) {
-    chunk *c = &cs[seq % n_cs];
-    if (seq >= n_cs) { /* the slot's last chunk is the oldest pending */
-      chunk *done = cn__pool_take(pool);
-      if (chunk_emit(done, &tot, &pg) != 0) failed = true;
-      if (failed) break;
-      progress_show(&pg, &tot);
-    }
-    int n = chunk_fill(c, in, o.batch, &buf, &cap, &lineno);
-    if (n < 0) {
-      fprintf(stderr, "canopy run: no memory for line %lld\n", lineno);
-      failed = true;
-    }
-    if (n <= 0) break;
-    cn__pool_submit(pool, c);
-  }
-  for (chunk *c; (c = cn__pool_take(pool)) != NULL;) {
-    if (!failed && chunk_emit(c, &tot, &pg) != 0) failed = true;
-    if (!failed) progress_show(&pg, &tot);
-  }
+  bool failed = stream_chunks(pool, cs, n_cs, in, o.batch, &buf, &cap, &tot,
+                              &pg);
   progress_clear(&pg);
   double secs = cn_now_s() - t0;
   if (failed) goto out;
   fflush(stdout);
-  fprintf(stderr,
-          "{\"instances\": %lld, \"errors\": %lld, \"batches\": %lld, "
-          "\"lower_bound\": %lld, \"seconds\": %.6f, "
-          "\"instances_per_s\": %.1f, \"policy\": \"%s\", \"batch\": %lld, "
-          "\"jobs\": %d, "
-          "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
-          "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
-          "\"arena_bytes_peak\": %zu, \"state_bytes_peak\": %zu, "
-          "\"state_bytes_total\": %zu, "
-          "\"runs\": %lld, \"device_syncs\": %lld, "
-          "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
-          "\"device_allocs\": %lld, \"launches\": %lld}\n",
-          tot.instances, tot.errors, tot.batches, tot.lower_bound, secs,
-          secs > 0 ? (double)tot.instances / secs : 0.0,
-          cn_policy_name(o.policy), o.batch, jobs, cn_layout_name(o.layout),
-          tot.vertices, tot.kernels, tot.cell_bytes, tot.gather_bytes,
-          tot.arena_peak, tot.state_peak, tot.state_total, tot.runs, tot.syncs, tot.to_device, tot.to_host,
-          tot.allocs, tot.launches);
+  print_summary(&o, jobs, &tot, secs);
   status = tot.errors > 0 ? 2 : 0;
 out:
   cn__pool_free(pool);

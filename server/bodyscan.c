@@ -41,134 +41,163 @@ static const char *simple_escape(unsigned char ch) {
   }
 }
 
-void cn__body_scan(const char *b, size_t n, cn__body_counts *out) {
-  size_t depth = 0;        /* containers open                          */
-  bool top_obj = false;    /* the first value is an object             */
-  bool in_str = false;
-  int esc = 0;             /* 0; 1 after '\'; 2..5: \u hex digits read */
-  unsigned u = 0;          /* the \u code point being read             */
+/* The scanner's state between bytes. */
+typedef struct scan {
+  size_t depth;            /* containers open                          */
+  bool top_obj;            /* the first value is an object             */
+  bool in_str;
+  int esc;                 /* 0; 1 after '\'; 2..5: \u hex digits read */
+  unsigned u;              /* the \u code point being read             */
   /* a string at depth 1 of the top object, decoded as it goes and
    * compared with "instances" (a key may spell it with escapes) */
-  bool kstr = false, kmatch = false;
-  size_t kpos = 0;
-  bool key_is_inst = false; /* the last such string was "instances"    */
-  bool pending = false;     /* after "instances": at depth 1           */
-  bool in_inst = false;     /* inside the instances array (depth 2)    */
-  bool inst_nonempty = false;
-  size_t inst_commas = 0;
-  bool found = false;
-  size_t instances = 0;
-  size_t objects = 0, arrays = 0;
+  bool kstr, kmatch;
+  size_t kpos;
+  bool key_is_inst;        /* the last such string was "instances"     */
+  bool pending;            /* after "instances": at depth 1            */
+  bool in_inst;            /* inside the instances array (depth 2)     */
+  bool inst_nonempty;
+  size_t inst_commas;
+  bool found;
+  size_t instances;
+  size_t objects, arrays;
+} scan;
 
+/* One decoded character c of a candidate key (-1: one that cannot be a
+ * character of "instances") compared with the next of KEY. */
+static inline void key_char(scan *s, int c) {
+  if (!s->kstr || !s->kmatch) return;
+  if (c >= 0 && s->kpos < KEY_LEN && (char)c == KEY[s->kpos]) s->kpos++;
+  else s->kmatch = false;
+}
+
+/* A byte inside a string: its end, an escape, or a character. */
+static inline void string_byte(scan *s, unsigned char ch) {
+  if (s->esc == 0) {
+    if (ch == '"') {
+      s->in_str = false;
+      if (s->kstr) s->key_is_inst = s->kmatch && s->kpos == KEY_LEN;
+      s->kstr = false;
+      return;
+    }
+    if (ch == '\\') {
+      s->esc = 1;
+      return;
+    }
+    key_char(s, ch);
+    return;
+  }
+  if (s->esc == 1) {
+    if (ch == 'u') {
+      s->esc = 2;
+      s->u = 0;
+      return;
+    }
+    s->esc = 0;
+    const char *d = simple_escape(ch);
+    key_char(s, d != NULL ? (unsigned char)d[0] : -1);
+    return;
+  }
+  /* esc 2..5: the four hex digits of \uXXXX */
+  int h = hexval(ch);
+  if (h < 0) { /* not JSON: jansson refuses it; go on as a plain byte */
+    s->esc = 0;
+    if (s->kstr) s->kmatch = false;
+    if (ch == '"') {
+      s->in_str = false;
+      s->kstr = false;
+      s->key_is_inst = false;
+    }
+    return;
+  }
+  s->u = s->u * 16 + (unsigned)h;
+  if (++s->esc == 6) {
+    s->esc = 0;
+    key_char(s, s->u < 0x80 ? (int)s->u : -1);
+  }
+}
+
+/* Inside the instances array, at its own depth: a comma separates two
+ * instances; anything else but its ']' means it has one. */
+static inline void instance_byte(scan *s, unsigned char ch) {
+  if (!s->in_inst || s->depth != 2) return;
+  if (ch == ',') s->inst_commas++;
+  else if (ch != ']') s->inst_nonempty = true;
+}
+
+/* At depth 1 of the top object: a ':' after the key "instances" makes
+ * the value pending, and a '[' as that value opens the instances array.
+ * True when the byte is used up (the ':'). */
+static inline bool top_key_byte(scan *s, unsigned char ch) {
+  if (s->depth != 1 || !s->top_obj) return false;
+  if (ch == ':') {
+    s->pending = s->key_is_inst;
+    return true;
+  }
+  if (ch == '[' && s->pending) {
+    s->in_inst = true;
+    s->inst_nonempty = false;
+    s->inst_commas = 0;
+  }
+  if (ch != '"') s->key_is_inst = false;
+  s->pending = false;
+  return false;
+}
+
+/* A string's start, or a container opened or closed (counted, and the
+ * instances array's count taken when it closes). */
+static inline void structure_byte(scan *s, unsigned char ch) {
+  switch (ch) {
+    case '"':
+      s->in_str = true;
+      s->esc = 0;
+      s->kstr = s->depth == 1 && s->top_obj;
+      s->kmatch = true;
+      s->kpos = 0;
+      break;
+    case '{':
+      if (s->depth == 0 && s->objects == 0 && s->arrays == 0)
+        s->top_obj = true;
+      s->objects++;
+      s->depth++;
+      break;
+    case '[':
+      s->arrays++;
+      s->depth++;
+      break;
+    case '}':
+    case ']':
+      if (s->depth > 0) s->depth--;
+      if (s->in_inst && s->depth == 1) {
+        size_t k = s->inst_nonempty ? s->inst_commas + 1 : 0;
+        /* a second "instances" is a duplicate key, which jansson
+         * refuses; keep the larger */
+        if (!s->found || k > s->instances) s->instances = k;
+        s->found = true;
+        s->in_inst = false;
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+/* One pass, each byte handed to the one step that reads it; the helpers
+ * are static inline, so this stays one loop with the state in registers. */
+void cn__body_scan(const char *b, size_t n, cn__body_counts *out) {
+  scan s = {0};
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = (unsigned char)b[i];
-    if (in_str) {
-      if (esc == 0) {
-        if (ch == '"') {
-          in_str = false;
-          if (kstr) key_is_inst = kmatch && kpos == KEY_LEN;
-          kstr = false;
-          continue;
-        }
-        if (ch == '\\') {
-          esc = 1;
-          continue;
-        }
-        if (kstr && kmatch) {
-          if (kpos < KEY_LEN && (char)ch == KEY[kpos]) kpos++;
-          else kmatch = false;
-        }
-        continue;
-      }
-      if (esc == 1) {
-        if (ch == 'u') {
-          esc = 2;
-          u = 0;
-          continue;
-        }
-        esc = 0;
-        const char *d = simple_escape(ch);
-        if (kstr && kmatch) {
-          if (d != NULL && kpos < KEY_LEN && d[0] == KEY[kpos]) kpos++;
-          else kmatch = false;
-        }
-        continue;
-      }
-      /* esc 2..5: the four hex digits of \uXXXX */
-      int h = hexval(ch);
-      if (h < 0) { /* not JSON: jansson refuses it; go on as a plain byte */
-        esc = 0;
-        if (kstr) kmatch = false;
-        if (ch == '"') {
-          in_str = false;
-          kstr = false;
-          key_is_inst = false;
-        }
-        continue;
-      }
-      u = u * 16 + (unsigned)h;
-      if (++esc == 6) {
-        esc = 0;
-        if (kstr && kmatch) {
-          if (u < 0x80 && kpos < KEY_LEN && (char)u == KEY[kpos]) kpos++;
-          else kmatch = false;
-        }
-      }
+    if (s.in_str) {
+      string_byte(&s, ch);
       continue;
     }
     if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') continue;
     /* a value or punctuation outside strings */
-    if (in_inst && depth == 2) {
-      if (ch == ',') inst_commas++;
-      else if (ch != ']') inst_nonempty = true;
-    }
-    if (depth == 1 && top_obj) {
-      if (ch == ':') {
-        pending = key_is_inst;
-        continue;
-      }
-      if (ch == '[' && pending) {
-        in_inst = true;
-        inst_nonempty = false;
-        inst_commas = 0;
-      }
-      if (ch != '"') key_is_inst = false;
-      pending = false;
-    }
-    switch (ch) {
-      case '"':
-        in_str = true;
-        esc = 0;
-        kstr = depth == 1 && top_obj;
-        kmatch = true;
-        kpos = 0;
-        break;
-      case '{':
-        if (depth == 0 && objects == 0 && arrays == 0) top_obj = true;
-        objects++;
-        depth++;
-        break;
-      case '[':
-        arrays++;
-        depth++;
-        break;
-      case '}':
-      case ']':
-        if (depth > 0) depth--;
-        if (in_inst && depth == 1) {
-          size_t k = inst_nonempty ? inst_commas + 1 : 0;
-          /* a second "instances" is a duplicate key, which jansson
-           * refuses; keep the larger */
-          if (!found || k > instances) instances = k;
-          found = true;
-          in_inst = false;
-        }
-        break;
-      default:
-        break;
-    }
+    instance_byte(&s, ch);
+    if (top_key_byte(&s, ch)) continue;
+    structure_byte(&s, ch);
   }
-  out->objects = objects;
-  out->arrays = arrays;
-  out->instances = found ? instances : 1;
+  out->objects = s.objects;
+  out->arrays = s.arrays;
+  out->instances = s.found ? s.instances : 1;
 }

@@ -327,11 +327,10 @@ static void per_worker(sbuf *b, const char *name, const char *type,
   }
 }
 
-char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
-  sbuf b = {malloc(8192), 0, 8192, 0};
-  if (b.p == NULL) return NULL;
-  pthread_mutex_lock(&m->mu);
-  head(&b, "canopy_requests_total", "counter",
+/* Under m->mu: requests by model and status, and the instances answered
+ * per model. */
+static void render_requests(sbuf *b, const cn__metrics *m) {
+  head(b, "canopy_requests_total", "counter",
        "HTTP requests answered, by model and status");
   for (int k = 0; k <= m->n_models; k++)
     for (int si = 0; si < CN__N_STATUS; si++) {
@@ -341,141 +340,188 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
       char st[8];
       if (statuses[si]) snprintf(st, sizeof(st), "%d", statuses[si]);
       else snprintf(st, sizeof(st), "other");
-      sb_printf(&b, "canopy_requests_total{model=\"%s\",status=\"%s\"} %llu\n",
+      sb_printf(b, "canopy_requests_total{model=\"%s\",status=\"%s\"} %llu\n",
                 mi < m->n_models ? m->model_names[mi] : "", st,
                 (unsigned long long)v);
     }
-  head(&b, "canopy_instances_total", "counter",
+  head(b, "canopy_instances_total", "counter",
        "instances answered with outputs, by model");
   for (int mi = 0; mi < m->n_models; mi++)
-    sb_printf(&b, "canopy_instances_total{model=\"%s\"} %llu\n",
+    sb_printf(b, "canopy_instances_total{model=\"%s\"} %llu\n",
               m->model_names[mi], (unsigned long long)m->instances[mi]);
-  hist(&b, "canopy_request_duration_seconds",
+}
+
+/* Under m->mu: the latency and batch-size histograms, runs, and why
+ * windows closed. */
+static void render_runs(sbuf *b, const cn__metrics *m) {
+  hist(b, "canopy_request_duration_seconds",
        "time from a request's arrival to its answer", m, m->request_s);
-  hist(&b, "canopy_queue_duration_seconds",
+  hist(b, "canopy_queue_duration_seconds",
        "time a request waited (window and queue) before its run started",
        m, m->queue_s);
-  hist(&b, "canopy_compute_duration_seconds",
+  hist(b, "canopy_compute_duration_seconds",
        "time a worker spent executing one run", m, m->compute_s);
-  hist(&b, "canopy_batch_size_instances", "instances per executed run",
+  hist(b, "canopy_batch_size_instances", "instances per executed run",
        m, m->batch_instances);
-  counter(&b, "canopy_runs_total", "runs executed", m->runs);
+  counter(b, "canopy_runs_total", "runs executed", m->runs);
   static const char *why[CN__N_CLOSE] = {"idle_worker", "worker_freed",
                                          "max_delay", "size", "flush",
                                          "join"};
-  head(&b, "canopy_window_closes_total", "counter",
+  head(b, "canopy_window_closes_total", "counter",
        "aggregation windows closed into runs, by reason (docs/daemon.md)");
   for (int i = 0; i < CN__N_CLOSE; i++)
-    sb_printf(&b, "canopy_window_closes_total{reason=\"%s\"} %llu\n", why[i],
+    sb_printf(b, "canopy_window_closes_total{reason=\"%s\"} %llu\n", why[i],
               (unsigned long long)m->window_closes[i]);
-  counter(&b, "canopy_decode_sessions_total",
+}
+
+/* Under m->mu: decode sessions, and the batches launched against their
+ * lower bound (docs/models.md), overall and by model. */
+static void render_batching(sbuf *b, const cn__metrics *m) {
+  counter(b, "canopy_decode_sessions_total",
           "decode sessions started (continuous-decoding)", m->decode_sessions);
-  counter(&b, "canopy_decode_joined_instances_total",
+  counter(b, "canopy_decode_joined_instances_total",
           "instances that joined a decode session in flight",
           m->decode_joined);
-  counter(&b, "canopy_decode_early_instances_total",
+  counter(b, "canopy_decode_early_instances_total",
           "instances answered while other instances of their session were "
           "still decoding", m->decode_early);
-  counter(&b, "canopy_batches_total",
+  counter(b, "canopy_batches_total",
           "batched vertex launches of all runs", m->batches);
-  counter(&b, "canopy_lower_bound_batches_total",
+  counter(b, "canopy_lower_bound_batches_total",
           "sum over runs of the lower bound on batches (docs/models.md)",
           m->lower_bound);
-  head(&b, "canopy_model_batches_total", "counter",
+  head(b, "canopy_model_batches_total", "counter",
        "batched vertex launches, by model");
   for (int mi = 0; mi < m->n_models; mi++)
-    sb_printf(&b, "canopy_model_batches_total{model=\"%s\"} %llu\n",
+    sb_printf(b, "canopy_model_batches_total{model=\"%s\"} %llu\n",
               m->model_names[mi], (unsigned long long)m->model_batches[mi]);
-  head(&b, "canopy_model_lower_bound_batches_total", "counter",
+  head(b, "canopy_model_lower_bound_batches_total", "counter",
        "the lower bound on batches of the runs, by model (docs/models.md)");
   for (int mi = 0; mi < m->n_models; mi++)
-    sb_printf(&b, "canopy_model_lower_bound_batches_total{model=\"%s\"} "
+    sb_printf(b, "canopy_model_lower_bound_batches_total{model=\"%s\"} "
               "%llu\n", m->model_names[mi],
               (unsigned long long)m->model_lower_bound[mi]);
-  counter(&b, "canopy_vertices_total", "vertices executed", m->vertices);
-  counter(&b, "canopy_backend_kernels_total", "backend calls", m->kernels);
-  counter(&b, "canopy_instances_dropped_total",
+  counter(b, "canopy_vertices_total", "vertices executed", m->vertices);
+  counter(b, "canopy_backend_kernels_total", "backend calls", m->kernels);
+}
+
+/* Under m->mu: work dropped, cancelled, rejected or refused, and connections
+ * refused or evicted at max-connections. */
+static void render_refusals(sbuf *b, const cn__metrics *m) {
+  counter(b, "canopy_instances_dropped_total",
           "instances dropped before running (timeout or disconnect)",
           m->instances_dropped);
-  head(&b, "canopy_requests_cancelled_total", "counter",
+  head(b, "canopy_requests_cancelled_total", "counter",
        "requests abandoned before their answer, by reason");
-  sb_printf(&b, "canopy_requests_cancelled_total{reason=\"timeout\"} %llu\n",
+  sb_printf(b, "canopy_requests_cancelled_total{reason=\"timeout\"} %llu\n",
             (unsigned long long)m->cancelled_timeout);
-  sb_printf(&b,
+  sb_printf(b,
             "canopy_requests_cancelled_total{reason=\"disconnect\"} %llu\n",
             (unsigned long long)m->cancelled_disconnect);
-  counter(&b, "canopy_requests_rejected_overloaded_total",
+  counter(b, "canopy_requests_rejected_overloaded_total",
           "requests refused with 429 because the queue was full",
           m->rejected_overloaded);
-  counter(&b, "canopy_connections_refused_total",
+  counter(b, "canopy_connections_refused_total",
           "connections answered 503 and closed because max-connections "
           "were open",
           m->conns_refused);
-  counter(&b, "canopy_connections_evicted_total",
+  counter(b, "canopy_connections_evicted_total",
           "connections without a request in progress closed, unanswered, "
           "to make room for a new one at max-connections",
           m->conns_evicted);
-  counter(&b, "canopy_gather_copied_bytes_total",
+}
+
+/* Under m->mu: bytes copied by gathers and cells, and the planned arenas. */
+static void render_memory(sbuf *b, const cn__metrics *m) {
+  counter(b, "canopy_gather_copied_bytes_total",
           "bytes moved by child gathers and scatters", m->gather_bytes);
-  counter(&b, "canopy_cell_copied_bytes_total",
+  counter(b, "canopy_cell_copied_bytes_total",
           "bytes moved by copies inside vertex functions (layout naive; "
           "zero with pq where the layout removes them)", m->cell_bytes);
-  counter(&b, "canopy_arena_allocated_bytes_total",
+  counter(b, "canopy_arena_allocated_bytes_total",
           "bytes of arenas planned for runs", m->arena_bytes_total);
-  gauge(&b, "canopy_arena_bytes", "arena bytes of the last run",
+  gauge(b, "canopy_arena_bytes", "arena bytes of the last run",
         (double)m->arena_bytes_last);
-  gauge(&b, "canopy_arena_peak_bytes", "largest arena of any run",
+  gauge(b, "canopy_arena_peak_bytes", "largest arena of any run",
         (double)m->arena_bytes_peak);
-  per_worker(&b, "canopy_device_syncs_total", "counter",
+}
+
+/* Under m->mu: each worker's backend counters. */
+static void render_devices(sbuf *b, const cn__metrics *m) {
+  per_worker(b, "canopy_device_syncs_total", "counter",
              "host waits for the device, by worker (zero on cpu)", m,
              offsetof(cn_backend_counters, syncs));
-  per_worker(&b, "canopy_device_bytes_to_device_total", "counter",
+  per_worker(b, "canopy_device_bytes_to_device_total", "counter",
              "bytes copied host to device, by worker", m,
              offsetof(cn_backend_counters, bytes_to_device));
-  per_worker(&b, "canopy_device_bytes_to_host_total", "counter",
+  per_worker(b, "canopy_device_bytes_to_host_total", "counter",
              "bytes copied device to host, by worker", m,
              offsetof(cn_backend_counters, bytes_to_host));
-  per_worker(&b, "canopy_device_allocs_total", "counter",
+  per_worker(b, "canopy_device_allocs_total", "counter",
              "device and pinned host allocations, by worker", m,
              offsetof(cn_backend_counters, allocs));
-  per_worker(&b, "canopy_device_launches_total", "counter",
+  per_worker(b, "canopy_device_launches_total", "counter",
              "kernel launches, by worker", m,
              offsetof(cn_backend_counters, launches));
-  per_worker(&b, "canopy_device_memory_bytes", "gauge",
+  per_worker(b, "canopy_device_memory_bytes", "gauge",
              "device memory a worker's backend context holds (pool, "
              "weights, staging); released when the worker is idle", m,
              offsetof(cn_backend_counters, device_bytes));
-  head(&b, "canopy_policy_retrains_total", "counter",
+}
+
+/* Under m->mu: the learned-policy retraining rounds by model and result. */
+static void render_retrains(sbuf *b, const cn__metrics *m) {
+  head(b, "canopy_policy_retrains_total", "counter",
        "online retraining rounds of a model's learned batching policy, by "
        "result (swapped: the new policy launches fewer batches)");
   for (int mi = 0; mi < m->n_models; mi++)
     for (int ri = 0; ri < CN__N_RETRAIN; ri++)
-      sb_printf(&b,
+      sb_printf(b,
                 "canopy_policy_retrains_total{model=\"%s\",result=\"%s\"} "
                 "%llu\n",
                 m->model_names[mi], retrain_results[ri],
                 (unsigned long long)m->retrains[mi * CN__N_RETRAIN + ri]);
-  double start = m->start_time;
-  pthread_mutex_unlock(&m->mu);
-  gauge(&b, "canopy_queue_depth_instances",
+}
+
+/* The server's gauges, read outside m->mu, and the start time. */
+static void render_gauges(sbuf *b, const cn__gauges *g, double start) {
+  gauge(b, "canopy_queue_depth_instances",
         "instances waiting in windows or the run queue",
         (double)g->queue_instances);
-  gauge(&b, "canopy_queue_depth_runs", "closed runs waiting for a worker",
+  gauge(b, "canopy_queue_depth_runs", "closed runs waiting for a worker",
         (double)g->queued_runs);
-  gauge(&b, "canopy_open_connections",
+  gauge(b, "canopy_open_connections",
         "client connections open (max-connections bounds them)",
         (double)g->open_connections);
-  gauge(&b, "canopy_body_bytes",
+  gauge(b, "canopy_body_bytes",
         "bytes of request bodies held (max-body-memory bounds them)",
         (double)g->body_bytes);
-  gauge(&b, "canopy_in_flight_requests",
+  gauge(b, "canopy_in_flight_requests",
         "requests accepted and not yet answered", (double)g->in_flight);
-  gauge(&b, "canopy_workers", "worker threads", (double)g->workers);
-  gauge(&b, "canopy_ready", "1 when /readyz answers 200", (double)g->ready);
-  gauge(&b, "canopy_draining", "1 while shutting down",
+  gauge(b, "canopy_workers", "worker threads", (double)g->workers);
+  gauge(b, "canopy_ready", "1 when /readyz answers 200", (double)g->ready);
+  gauge(b, "canopy_draining", "1 while shutting down",
         (double)g->draining);
-  gauge(&b, "canopy_start_time_seconds",
+  gauge(b, "canopy_start_time_seconds",
         "when the daemon started, seconds since the Unix epoch", start);
+}
+
+/* The whole /metrics page: the counters as one snapshot under m->mu, then
+ * the gauges the caller read. NULL when out of memory. */
+char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
+  sbuf b = {malloc(8192), 0, 8192, 0};
+  if (b.p == NULL) return NULL;
+  pthread_mutex_lock(&m->mu);
+  render_requests(&b, m);
+  render_runs(&b, m);
+  render_batching(&b, m);
+  render_refusals(&b, m);
+  render_memory(&b, m);
+  render_devices(&b, m);
+  render_retrains(&b, m);
+  double start = m->start_time;
+  pthread_mutex_unlock(&m->mu);
+  render_gauges(&b, g, start);
   if (b.oom) {
     free(b.p);
     return NULL;

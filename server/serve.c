@@ -260,70 +260,74 @@ static void close_walk(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
-int cn_cmd_serve(int argc, char **argv) {
-  static cn__server srv; /* static: signal handles point into it */
-  cn__server *s = &srv;
-  /* SIGHUP before the loop's handler exists (the configuration read,
-   * models still loading) would kill the daemon with its default action:
-   * ignored until then, from the first thing it does */
+/* SIGHUP before the loop's handler exists (the configuration read,
+ * models still loading) would kill the daemon with its default action:
+ * ignored until then, from the first thing it does. SIGPIPE is ignored
+ * by main() already; SIGUSR1 and SIGUSR2 have no meaning to the daemon
+ * (docs/daemon.md): ignored, not fatal, so a stray `kill -USR1` (a log
+ * rotator's habit) stops nothing. */
+static void ignore_early_signals(void) {
   signal(SIGHUP, SIG_IGN);
-  /* SIGPIPE is ignored by main() already; SIGUSR1 and SIGUSR2 have no
-   * meaning to the daemon (docs/daemon.md): ignored, not fatal, so a
-   * stray `kill -USR1` (a log rotator's habit) stops nothing */
   signal(SIGPIPE, SIG_IGN);
   signal(SIGUSR1, SIG_IGN);
   signal(SIGUSR2, SIG_IGN);
-  int status = 1, rc;
-  cn_err err;
-  cn_err_clear(&err);
+}
+
+/* The server as it is before any start-up step. A start-up that fails
+ * before the loop's handles exist (a model that fails to load, a backend
+ * that cannot open) still drains the done queue at `stop`, through
+ * done_async's data. */
+static void server_reset(cn__server *s) {
   memset(s, 0, sizeof(*s));
   s->http = &cn__http_handlers; /* what the connections hand up */
   s->listen_fd = -1;
-  /* a start-up that fails before the loop's handles exist (a model that
-   * fails to load, a backend that cannot open) still drains the done
-   * queue at `stop`, through this handle's data */
   s->done_async.data = s;
-  double t_start = cn_now_s();
-  rc = parse_config(argc, argv, &s->cfg);
-  if (rc != 0) return rc > 0 ? 0 : 1;
-  set_malloc_thresholds(); /* before the models load and threads start */
+}
+
+/* The configuration's settings that are not a start-up step: log level,
+ * batching policy, layout. */
+static void apply_settings(cn__server *s) {
   const cn_serve_config *sc = &s->cfg.serve;
   cn__log_level = cn__log_parse_level(sc->log_level);
   cn_policy_parse(sc->policy, &s->policy);
   cn_layout_parse(sc->layout, &s->layout);
+}
+
+/* The locks, condition variables and loop the threads share. */
+static void init_sync(cn__server *s) {
   pthread_mutex_init(&s->qmu, NULL);
   pthread_cond_init(&s->qcv, NULL);
   pthread_cond_init(&s->wcv, NULL);
   pthread_mutex_init(&s->dmu, NULL);
   uv_loop_init(&s->loop);
   pthread_mutex_init(&s->lmu, NULL);
+}
+
+/* The model slots and the metrics over their names; -1 when out of
+ * memory. */
+static int alloc_models(cn__server *s) {
   const char **names = calloc(CN__MAX_MODELS + 1, sizeof(char *));
   s->models = calloc(CN__MAX_MODELS, sizeof(cn__model_slot));
   if (names == NULL || s->models == NULL ||
       cn__metrics_init(&s->metrics, CN__MAX_MODELS, names)) {
     free(names);
-    goto out;
+    return -1;
   }
-  if (cn__http_bind(s, &err) != 0) {
-    fprintf(stderr, "canopy serve: %s\n", err.msg);
-    goto out;
-  }
-  int cores = cn__cpu_count(); /* the affinity mask: taskset, cpusets */
+  return 0;
+}
+
+/* BLAS threads per worker: blas-threads, or the cores of the affinity
+ * mask (taskset, cpusets) shared among the workers; at least 1. */
+static int blas_threads(const cn_serve_config *sc) {
+  int cores = cn__cpu_count();
   int blas = sc->blas_threads > 0 ? sc->blas_threads : cores / sc->workers;
-  cn_backend_cpu_threads(blas < 1 ? 1 : blas);
-  /* the workers first: each version warms up on every one of them
-   * before it is installed (warmup.c) */
-  if (cn__workers_start(s, &err) != 0) {
-    fprintf(stderr, "canopy serve: backend %s: %s\n", sc->backend, err.msg);
-    goto stop;
-  }
-  if (cn__repo_load_all(s, &err) != 0) {
-    fprintf(stderr, "canopy serve: %s\n", err.msg);
-    goto stop;
-  }
-  cn__repo_guard_init(s);
-  s->metrics.start_time = (double)time(NULL);
-  cn__retrainer_start(s); /* failure to start only loses retraining */
+  return blas < 1 ? 1 : blas;
+}
+
+/* The loop's handles: loaded models, model polling, finished runs,
+ * drain, memory trim, and the signals. */
+static void init_loop_handles(cn__server *s) {
+  const cn_serve_config *sc = &s->cfg.serve;
   uv_async_init(&s->loop, &s->load_async, cn__repo_on_loaded);
   s->load_async.data = s;
   uv_timer_init(&s->loop, &s->poll_timer);
@@ -349,20 +353,23 @@ int cn_cmd_serve(int argc, char **argv) {
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   uv_signal_start(&s->sighup, on_sighup, SIGHUP);
-  if (cn__http_start(s, &err) != 0) {
-    fprintf(stderr, "canopy serve: %s\n", err.msg);
-    goto stop;
-  }
+}
+
+/* The log line that says the daemon serves, with what it serves with. */
+static void log_ready(cn__server *s, int blas, double t_start) {
+  const cn_serve_config *sc = &s->cfg.serve;
   CN_LOG(CN_LOG_INFO, "msg=ready models=%d workers=%d blas_threads=%d "
          "policy=%s max_delay_us=%d max_instances=%d queue_depth=%d "
          "startup_ms=%.1f",
-         atomic_load(&s->n_models), sc->workers, blas < 1 ? 1 : blas,
+         atomic_load(&s->n_models), sc->workers, blas,
          cn_policy_name(s->policy), sc->max_delay_us, sc->max_instances,
          sc->queue_depth, (cn_now_s() - t_start) * 1e3);
-  cn__notify("READY=1\nSTATUS=serving"); /* systemd Type=notify */
-  uv_run(&s->loop, UV_RUN_DEFAULT);
-  status = 0;
-stop:
+}
+
+/* After the loop (or a failed start-up once the metrics exist): fail
+ * what still waits, close the handles, join the threads, answer the
+ * runs finished after the loop, free the metrics. */
+static void server_stop(cn__server *s) {
   cn__batcher_fail_waiting(s, CN_E_DRAINING, "the server shut down");
   cn__http_close_handles(s);
   uv_walk(&s->loop, close_walk, NULL);
@@ -372,10 +379,67 @@ stop:
   cn__batcher_on_done(&s->done_async); /* runs finished after the loop */
   free((void *)s->metrics.model_names);
   cn__metrics_free(&s->metrics);
-out:
+}
+
+/* The socket, the loop (unless its signal handles stay: close_walk) and
+ * the models. */
+static void server_free(cn__server *s) {
   cn__http_unbind(s);
   if (!uv_is_active((uv_handle_t *)&s->sigterm)) uv_loop_close(&s->loop);
   if (s->models != NULL) cn__repo_free_all(s);
   free(s->models);
+}
+
+/* `canopy serve`: start-up all or nothing (file comment), the loop until
+ * SIGTERM/SIGINT, then drain. Exit status 0 after a drain, 1 when
+ * start-up failed. */
+int cn_cmd_serve(int argc, char **argv) {
+  static cn__server srv; /* static: signal handles point into it */
+  cn__server *s = &srv;
+  ignore_early_signals();
+  int status = 1, rc;
+  cn_err err;
+  cn_err_clear(&err);
+  server_reset(s);
+  double t_start = cn_now_s();
+  rc = parse_config(argc, argv, &s->cfg);
+  if (rc != 0) return rc > 0 ? 0 : 1;
+  set_malloc_thresholds(); /* before the models load and threads start */
+  const cn_serve_config *sc = &s->cfg.serve;
+  apply_settings(s);
+  init_sync(s);
+  if (alloc_models(s) != 0) goto out;
+  if (cn__http_bind(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto out;
+  }
+  int blas = blas_threads(sc);
+  cn_backend_cpu_threads(blas);
+  /* the workers first: each version warms up on every one of them
+   * before it is installed (warmup.c) */
+  if (cn__workers_start(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: backend %s: %s\n", sc->backend, err.msg);
+    goto stop;
+  }
+  if (cn__repo_load_all(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto stop;
+  }
+  cn__repo_guard_init(s);
+  s->metrics.start_time = (double)time(NULL);
+  cn__retrainer_start(s); /* failure to start only loses retraining */
+  init_loop_handles(s);
+  if (cn__http_start(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto stop;
+  }
+  log_ready(s, blas, t_start);
+  cn__notify("READY=1\nSTATUS=serving"); /* systemd Type=notify */
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  status = 0;
+stop:
+  server_stop(s);
+out:
+  server_free(s);
   return status;
 }

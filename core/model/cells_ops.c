@@ -203,14 +203,10 @@ static int get_operand(cells_ctx *c, int i, const json_t *o, const char *key,
   return cn__cells_get_ref(c, i, v, key, out);
 }
 
-/* Reads op i; its width from its operands and tensors. */
-static int parse_op(cells_ctx *c, int i, const json_t *o) {
-  jop *p = &c->ops[i];
-  int state = c->m->cells->state, rc;
-  int kind = p->kind;
+/* Unknown keys are refused: a mistyped "bais" must not pass quietly. */
+static int check_keys(cells_ctx *c, int i, const json_t *o, int kind) {
   const char *key;
   json_t *v;
-  /* Unknown keys are refused: a mistyped "bais" must not pass quietly. */
   json_object_foreach((json_t *)o, key, v) {
     bool ok = strcmp(key, "op") == 0 || strcmp(key, "name") == 0 ||
               strcmp(key, "width") == 0;
@@ -218,136 +214,168 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
       ok = strcmp(key, op_defs[kind].keys[k]) == 0;
     if (!ok) return cn__cells_op_err(c, i, "unknown key '%s'", key);
   }
-  switch (kind) {
-  case OP_INPUT: {
-    const json_t *e = json_object_get(o, "edge");
-    if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-        json_integer_value(e) >= 64)
-      return cn__cells_op_err(c, i, "'edge' must be an integer from 0 to 63");
-    p->edge = (int)json_integer_value(e);
-    int ar = c->m->cells->arity;
-    if (c->m->cells->structure == CN_CELLS_TREE && ar > 0 && p->edge >= ar)
-      return cn__cells_op_err(
-          c, i, "'edge' %d: tree nodes have at most %d children", p->edge, ar);
-    if (c->m->cells->structure != CN_CELLS_TREE &&
-        c->m->cells->structure != CN_CELLS_DAG && p->edge > 0)
+  return 0;
+}
+
+/* input's 'edge': which child (tree, dag) or the previous step
+ * (sequence, edge 0) it reads. */
+static int parse_edge(cells_ctx *c, int i, const json_t *o, jop *p) {
+  const json_t *e = json_object_get(o, "edge");
+  if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+      json_integer_value(e) >= 64)
+    return cn__cells_op_err(c, i, "'edge' must be an integer from 0 to 63");
+  p->edge = (int)json_integer_value(e);
+  int ar = c->m->cells->arity;
+  if (c->m->cells->structure == CN_CELLS_TREE && ar > 0 && p->edge >= ar)
+    return cn__cells_op_err(
+        c, i, "'edge' %d: tree nodes have at most %d children", p->edge, ar);
+  if (c->m->cells->structure != CN_CELLS_TREE &&
+      c->m->cells->structure != CN_CELLS_DAG && p->edge > 0)
+    return cn__cells_op_err(c, i,
+                            "'edge' %d: a sequence step has one input (edge "
+                            "0, the previous step)",
+                            p->edge);
+  return 0;
+}
+
+/* input, input_sum, input_mean: 'cols' of the state. */
+static int parse_input_cols(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc = cn__cells_get_cols(c, i, o, "cols", c->m->cells->state, &p->c0,
+                              &p->c1);
+  if (rc) return rc;
+  p->width = p->c1 - p->c0;
+  return 0;
+}
+
+/* embed: a [V, D] tensor; the first one sets D. */
+static int parse_embed(cells_ctx *c, int i, const json_t *o, jop *p) {
+  if ((p->t = cn__cells_tensor(c, i, "tensor",
+                               json_object_get(o, "tensor"))) < 0)
+    return c->err->code;
+  if (T(c, p->t)->ndim != 2 || T(c, p->t)->shape[0] != c->m->dims.V)
+    return cn__cells_op_err(c, i,
+                            "tensor '%s' must be [V, D] with V = %lld (the "
+                            "vocabulary's size)",
+                            T(c, p->t)->name, (long long)c->m->dims.V);
+  p->width = (int)T(c, p->t)->shape[1];
+  if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
+  return 0;
+}
+
+/* param: 'cols' of a 1-D tensor. */
+static int parse_param(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  if ((p->t = cn__cells_tensor(c, i, "tensor",
+                               json_object_get(o, "tensor"))) < 0)
+    return c->err->code;
+  if (T(c, p->t)->ndim != 1)
+    return cn__cells_op_err(c, i, "tensor '%s' must be 1-D (a vector)",
+                            T(c, p->t)->name);
+  if ((rc = cn__cells_get_cols(c, i, o, "cols", (int)T(c, p->t)->shape[0],
+                               &p->c0, &p->c1)))
+    return rc;
+  p->width = p->c1 - p->c0;
+  return 0;
+}
+
+/* linear: operands 'x' times a [N, K] weight, K their total width, 'rows'
+ * of N, plus an optional [N] bias. */
+static int parse_linear(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
+  if ((p->t = cn__cells_tensor(c, i, "weight",
+                               json_object_get(o, "weight"))) < 0)
+    return c->err->code;
+  const cn_tensor *W = T(c, p->t);
+  int64_t K = 0;
+  for (int k = 0; k < p->nx; k++) K += c->ops[p->x[k]].width;
+  if (W->ndim != 2 || W->shape[1] != K)
+    return cn__cells_op_err(
+        c, i,
+        "weight '%s' must be [N, %lld] (its inputs are "
+        "%lld wide), not %s%lld%s%lld]",
+        W->name, (long long)K, (long long)K,
+        W->ndim == 2 ? "[" : "a tensor of rank ",
+        W->ndim == 2 ? (long long)W->shape[0] : (long long)W->ndim,
+        W->ndim == 2 ? ", " : " [.., ", (long long)W->shape[W->ndim - 1]);
+  int c1;
+  if ((rc = cn__cells_get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0,
+                               &c1)))
+    return rc;
+  p->width = c1 - p->r0;
+  p->bt = -1;
+  if (json_object_get(o, "bias") != NULL) {
+    p->bt = cn__cells_tensor(c, i, "bias", json_object_get(o, "bias"));
+    if (p->bt < 0) return c->err->code;
+    const cn_tensor *B = T(c, p->bt);
+    if (B->ndim != 1 || B->shape[0] != W->shape[0])
       return cn__cells_op_err(c, i,
-                              "'edge' %d: a sequence step has one input (edge "
-                              "0, the previous step)",
-                              p->edge);
-  } /* fall through */
-  case OP_INPUT_SUM:
-  case OP_INPUT_MEAN:
-    if ((rc = cn__cells_get_cols(c, i, o, "cols", state, &p->c0, &p->c1)))
-      return rc;
-    p->width = p->c1 - p->c0;
-    break;
-  case OP_EMBED:
-    if ((p->t = cn__cells_tensor(c, i, "tensor",
-                                 json_object_get(o, "tensor"))) < 0)
-      return c->err->code;
-    if (T(c, p->t)->ndim != 2 || T(c, p->t)->shape[0] != c->m->dims.V)
-      return cn__cells_op_err(c, i,
-                              "tensor '%s' must be [V, D] with V = %lld (the "
-                              "vocabulary's size)",
-                              T(c, p->t)->name, (long long)c->m->dims.V);
-    p->width = (int)T(c, p->t)->shape[1];
-    if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
-    break;
-  case OP_PARAM:
-    if ((p->t = cn__cells_tensor(c, i, "tensor",
-                                 json_object_get(o, "tensor"))) < 0)
-      return c->err->code;
-    if (T(c, p->t)->ndim != 1)
-      return cn__cells_op_err(c, i, "tensor '%s' must be 1-D (a vector)",
-                              T(c, p->t)->name);
-    if ((rc = cn__cells_get_cols(c, i, o, "cols", (int)T(c, p->t)->shape[0],
-                                 &p->c0, &p->c1)))
-      return rc;
-    p->width = p->c1 - p->c0;
-    break;
-  case OP_LINEAR: {
-    if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
-    if ((p->t = cn__cells_tensor(c, i, "weight",
-                                 json_object_get(o, "weight"))) < 0)
-      return c->err->code;
-    const cn_tensor *W = T(c, p->t);
-    int64_t K = 0;
-    for (int k = 0; k < p->nx; k++) K += c->ops[p->x[k]].width;
-    if (W->ndim != 2 || W->shape[1] != K)
-      return cn__cells_op_err(
-          c, i,
-          "weight '%s' must be [N, %lld] (its inputs are "
-          "%lld wide), not %s%lld%s%lld]",
-          W->name, (long long)K, (long long)K,
-          W->ndim == 2 ? "[" : "a tensor of rank ",
-          W->ndim == 2 ? (long long)W->shape[0] : (long long)W->ndim,
-          W->ndim == 2 ? ", " : " [.., ", (long long)W->shape[W->ndim - 1]);
-    int c1;
-    if ((rc = cn__cells_get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0,
-                                 &c1)))
-      return rc;
-    p->width = c1 - p->r0;
-    p->bt = -1;
-    if (json_object_get(o, "bias") != NULL) {
-      p->bt = cn__cells_tensor(c, i, "bias", json_object_get(o, "bias"));
-      if (p->bt < 0) return c->err->code;
-      const cn_tensor *B = T(c, p->bt);
-      if (B->ndim != 1 || B->shape[0] != W->shape[0])
-        return cn__cells_op_err(c, i,
-                                "bias '%s' must be [%lld] (the weight's rows)",
-                                B->name, (long long)W->shape[0]);
-    }
-    break;
+                              "bias '%s' must be [%lld] (the weight's rows)",
+                              B->name, (long long)W->shape[0]);
   }
-  case OP_ADD:
-  case OP_SUB:
-  case OP_MUL:
-  case OP_DIV:
-    if ((rc = get_operand(c, i, o, "a", &p->a)) ||
-        (rc = get_operand(c, i, o, "b", &p->b)))
-      return rc;
-    if (c->ops[p->a].width != c->ops[p->b].width)
-      return cn__cells_op_err(c, i,
-                              "width mismatch: 'a' (op %d) is %d wide, 'b' (op "
-                              "%d) %d",
-                              p->a, c->ops[p->a].width, p->b,
-                              c->ops[p->b].width);
-    p->width = c->ops[p->a].width;
-    break;
-  case OP_SCALE:
-  case OP_RSUB:
-  case OP_SHIFT: {
-    const json_t *k = json_object_get(o, "k");
-    if (!json_is_number(k) || !(fabs(json_number_value(k)) <= FLT_MAX))
-      return cn__cells_op_err(c, i,
-                              "'k' must be a number a float holds (finite, "
-                              "|k| <= %g)",
-                              (double)FLT_MAX);
-    p->k = (float)json_number_value(k);
-  } /* fall through */
-  case OP_SIGMOID:
-  case OP_TANH:
-  case OP_EXP:
-  case OP_RELU:
-    if ((rc = get_operand(c, i, o, "a", &p->a))) return rc;
-    p->width = c->ops[p->a].width;
-    break;
-  case OP_SLICE:
-    if ((rc = get_operand(c, i, o, "a", &p->a)) ||
-        (rc = cn__cells_get_cols(c, i, o, "cols", c->ops[p->a].width, &p->c0,
-                                 &p->c1)))
-      return rc;
-    if (json_object_get(o, "cols") == NULL)
-      return cn__cells_op_err(c, i, "'cols' is missing");
-    p->width = p->c1 - p->c0;
-    break;
-  case OP_CONCAT:
-    if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
-    p->width = 0;
-    for (int k = 0; k < p->nx; k++) p->width += c->ops[p->x[k]].width;
-    break;
-  }
+  return 0;
+}
+
+/* add, sub, mul, div: operands 'a' and 'b' of one width. */
+static int parse_binary(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  if ((rc = get_operand(c, i, o, "a", &p->a)) ||
+      (rc = get_operand(c, i, o, "b", &p->b)))
+    return rc;
+  if (c->ops[p->a].width != c->ops[p->b].width)
+    return cn__cells_op_err(c, i,
+                            "width mismatch: 'a' (op %d) is %d wide, 'b' (op "
+                            "%d) %d",
+                            p->a, c->ops[p->a].width, p->b,
+                            c->ops[p->b].width);
+  p->width = c->ops[p->a].width;
+  return 0;
+}
+
+/* scale, rsub, shift: the constant 'k', a number a float holds. */
+static int parse_k(cells_ctx *c, int i, const json_t *o, jop *p) {
+  const json_t *k = json_object_get(o, "k");
+  if (!json_is_number(k) || !(fabs(json_number_value(k)) <= FLT_MAX))
+    return cn__cells_op_err(c, i,
+                            "'k' must be a number a float holds (finite, "
+                            "|k| <= %g)",
+                            (double)FLT_MAX);
+  p->k = (float)json_number_value(k);
+  return 0;
+}
+
+/* The elementwise ops of one operand 'a': as wide as it. */
+static int parse_unary(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  if ((rc = get_operand(c, i, o, "a", &p->a))) return rc;
+  p->width = c->ops[p->a].width;
+  return 0;
+}
+
+/* slice: 'cols' (required) of operand 'a'. */
+static int parse_slice(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  if ((rc = get_operand(c, i, o, "a", &p->a)) ||
+      (rc = cn__cells_get_cols(c, i, o, "cols", c->ops[p->a].width, &p->c0,
+                               &p->c1)))
+    return rc;
+  if (json_object_get(o, "cols") == NULL)
+    return cn__cells_op_err(c, i, "'cols' is missing");
+  p->width = p->c1 - p->c0;
+  return 0;
+}
+
+/* concat: operands 'x' side by side. */
+static int parse_concat(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  if ((rc = get_refs(c, i, o, "x", p->x, &p->nx))) return rc;
+  p->width = 0;
+  for (int k = 0; k < p->nx; k++) p->width += c->ops[p->x[k]].width;
+  return 0;
+}
+
+/* An optional 'width' must agree with the width derived. */
+static int check_width(cells_ctx *c, int i, const json_t *o, const jop *p) {
   const json_t *w = json_object_get(o, "width");
   if (w != NULL && (!json_is_integer(w) || json_integer_value(w) != p->width))
     return cn__cells_op_err(
@@ -359,6 +387,40 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
                              "integer) ",
         json_is_integer(w) ? (long long)json_integer_value(w) : 0LL, p->width);
   return 0;
+}
+
+/* Reads op i; its width from its operands and tensors. */
+static int parse_op(cells_ctx *c, int i, const json_t *o) {
+  jop *p = &c->ops[i];
+  int rc;
+  if ((rc = check_keys(c, i, o, p->kind))) return rc;
+  switch (p->kind) {
+  case OP_INPUT:
+    if ((rc = parse_edge(c, i, o, p))) return rc;
+    /* fall through */
+  case OP_INPUT_SUM:
+  case OP_INPUT_MEAN: rc = parse_input_cols(c, i, o, p); break;
+  case OP_EMBED: rc = parse_embed(c, i, o, p); break;
+  case OP_PARAM: rc = parse_param(c, i, o, p); break;
+  case OP_LINEAR: rc = parse_linear(c, i, o, p); break;
+  case OP_ADD:
+  case OP_SUB:
+  case OP_MUL:
+  case OP_DIV: rc = parse_binary(c, i, o, p); break;
+  case OP_SCALE:
+  case OP_RSUB:
+  case OP_SHIFT:
+    if ((rc = parse_k(c, i, o, p))) return rc;
+    /* fall through */
+  case OP_SIGMOID:
+  case OP_TANH:
+  case OP_EXP:
+  case OP_RELU: rc = parse_unary(c, i, o, p); break;
+  case OP_SLICE: rc = parse_slice(c, i, o, p); break;
+  case OP_CONCAT: rc = parse_concat(c, i, o, p); break;
+  }
+  if (rc) return rc;
+  return check_width(c, i, o, p);
 }
 
 int cn__cells_parse_ops(cells_ctx *c, const json_t *arr) {

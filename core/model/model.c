@@ -323,8 +323,8 @@ static int compile_cells(cn_model *m, cn_err *err) {
   return rc;
 }
 
-/* The order of checks follows the order a person would fix things in:
- * model.json keys, then vocabularies, then the weights. */
+/* An upper bound on the bytes s takes as a JSON string, quotes and
+ * escapes included. */
 int64_t cn__json_string_bound(const char *s) {
   int64_t n = 2;
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -355,58 +355,73 @@ static void answer_strings(cn_model *m) {
   }
 }
 
-int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
-  int rc = CN_E_NOMEM;
-  char *file = NULL, *wfile = NULL, *text = NULL;
-  size_t text_len = 0;
+/* A model with nothing loaded yet: a uid of its own (never 0, never
+ * reused in this process) and no directory descriptor. NULL when out of
+ * memory. */
+static cn_model *model_new(void) {
   static atomic_uint_fast64_t last_uid;
   cn_model *m = calloc(1, sizeof(*m));
-  *out = NULL;
   if (m != NULL) {
     m->dirfd = -1;
     m->uid = atomic_fetch_add(&last_uid, 1) + 1;
   }
-  if (m == NULL || (m->dir = strdup(dir)) == NULL ||
-      (file = join(dir, "model.json")) == NULL ||
-      (wfile = join(dir, "weights.safetensors")) == NULL) {
-    cn_err_set(err, rc, "%s: out of memory", dir);
-    goto out;
-  }
-  /* The directory is opened once (a symlink to it resolved once) and every
-   * file read relative to it: a load that a symlink flip races reads one
-   * version whole, never model.json of one and weights of another. */
+  return m;
+}
+
+/* The directory is opened once (a symlink to it resolved once) and every
+ * file read relative to it: a load that a symlink flip races reads one
+ * version whole, never model.json of one and weights of another. */
+static int open_dir(cn_model *m, const char *dir, cn_err *err) {
   m->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (m->dirfd < 0) {
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot open the model directory: %s",
-                    dir, strerror(errno));
-    goto out;
+  if (m->dirfd < 0)
+    return cn_err_set(err, CN_E_IO, "%s: cannot open the model directory: "
+                      "%s", dir, strerror(errno));
+  return 0;
+}
+
+/* model.json, read and parsed: a JSON object without duplicate keys. */
+static int read_model_json(cn_model *m, const char *file, cn_err *err) {
+  char *text = NULL;
+  size_t text_len = 0;
+  int rc = cn__read_regular_at(m->dirfd, "model.json", file, MAX_MODEL_JSON,
+                               0, &text, &text_len, err);
+  if (rc != 0) {
+    free(text);
+    return rc;
   }
-  if ((rc = cn__read_regular_at(m->dirfd, "model.json", file, MAX_MODEL_JSON,
-                                0, &text, &text_len, err)) != 0)
-    goto out;
   json_error_t je;
   m->json = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &je);
-  rc = CN_E_BAD_MODEL;
-  if (m->json == NULL || !json_is_object(m->json)) {
-    if (m->json == NULL)
-      cn_err_set(err, rc, "%s: line %d: %s", file, je.line, je.text);
-    else
-      cn_err_set(err, rc, "%s: is not a JSON object", file);
-    goto out;
-  }
+  free(text);
+  if (m->json == NULL)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: line %d: %s", file, je.line,
+                      je.text);
+  if (!json_is_object(m->json))
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: is not a JSON object", file);
+  return 0;
+}
+
+/* Key 'family': a built-in family, or cells (*cells: described in
+ * model.json, docs/cells.md). */
+static int find_family(cn_model *m, const char *file, bool *cells,
+                       cn_err *err) {
   const char *fam = json_string_value(json_object_get(m->json, "family"));
   char known[300];
   cn__family_names(known, sizeof(known));
-  bool cells = fam != NULL && strcmp(fam, "cells") == 0;
-  if (cells) m->fam = cn__family_cells();
-  if (!cells && (m->fam = cn__family_find(fam)) == NULL) {
-    cn_err_set(err, rc, "%s: key 'family' %s%s%s; known families (see "
-               "docs/models.md): %s, or cells (docs/cells.md)", file,
-               fam ? "names unknown family '" : "is missing or not a string",
-               fam ? fam : "", fam ? "'" : "", known);
-    goto out;
-  }
-  int h = 0, d = 0, c = 0, mdl = 0;
+  *cells = fam != NULL && strcmp(fam, "cells") == 0;
+  if (*cells) m->fam = cn__family_cells();
+  if (!*cells && (m->fam = cn__family_find(fam)) == NULL)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'family' %s%s%s; known "
+                      "families (see docs/models.md): %s, or cells "
+                      "(docs/cells.md)", file,
+                      fam ? "names unknown family '"
+                          : "is missing or not a string",
+                      fam ? fam : "", fam ? "'" : "", known);
+  return 0;
+}
+
+/* Keys hidden, embed, classes and max_decode_len into m->dims. */
+static int read_dims(cn_model *m, const char *file, bool cells, cn_err *err) {
+  int rc, h = 0, d = 0, c = 0, mdl = 0;
   /* cells: the widths come from the cells and tensors (docs/cells.md) */
   if ((rc = get_int(m->json, file, "hidden", cells ? 0 : -1, MAX_SIZE, &h,
                     err)) ||
@@ -415,78 +430,124 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
       (rc = get_int(m->json, file, "classes", m->fam->has_classes ? -1 : 0,
                     1 << 20, &c, err)) ||
       (rc = get_int(m->json, file, "max_decode_len", 50, 1 << 20, &mdl, err)))
-    goto out;
+    return rc;
   /* docs/models.md mvrnn: a = embed[w] is the node vector, so D must equal H.
    * No other family constrains D, hence a named special case. */
-  if (strcmp(m->fam->name, "mvrnn") == 0 && d != h) {
-    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: family mvrnn needs 'embed' == "
-                    "'hidden' (embed=%d, hidden=%d)", file, d, h);
-    goto out;
-  }
+  if (strcmp(m->fam->name, "mvrnn") == 0 && d != h)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: family mvrnn needs 'embed' "
+                      "== 'hidden' (embed=%d, hidden=%d)", file, d, h);
   m->dims = (cn_dims){.H = h, .D = d, .C = c, .Dw = d};
   m->max_decode_len = mdl;
+  return 0;
+}
+
+/* The boolean keys lowercase and crf. */
+static int read_flags(cn_model *m, const char *file, cn_err *err) {
   json_t *lc = json_object_get(m->json, "lowercase");
-  if (lc != NULL && !json_is_boolean(lc)) {
-    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'lowercase' must be true "
-                    "or false", file);
-    goto out;
-  }
+  if (lc != NULL && !json_is_boolean(lc))
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'lowercase' must be "
+                      "true or false", file);
   m->lowercase = json_is_true(lc);
   /* "crf" adds the family's CRF tensors (docs/models.md bilstm-tagger); the key
    * means nothing to other families, so there it is a mistake to report. */
   json_t *crf = json_object_get(m->json, "crf");
-  if (crf != NULL && !json_is_boolean(crf)) {
-    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' must be true or "
-                    "false", file);
-    goto out;
-  }
-  if (crf != NULL && !m->fam->crf) {
-    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' is for family "
-                    "bilstm-tagger only, not %s", file, m->fam->name);
-    goto out;
-  }
+  if (crf != NULL && !json_is_boolean(crf))
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' must be true or "
+                      "false", file);
+  if (crf != NULL && !m->fam->crf)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'crf' is for family "
+                      "bilstm-tagger only, not %s", file, m->fam->name);
   m->dims.crf = json_is_true(crf);
-  if (!m->fam->has_classes && json_object_get(m->json, "labels") != NULL) {
-    rc = cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'labels' is given but "
-                    "family %s has no classes", file, m->fam->name);
-    goto out;
-  }
-  const char *lex;
-  if ((rc = get_strs(m->json, file, "labels", c, &m->labels, &m->n_labels,
-                     err)) ||
+  return 0;
+}
+
+/* Keys labels (one per class, for families with classes) and
+ * type_b_labels. */
+static int read_labels(cn_model *m, const char *file, cn_err *err) {
+  int rc;
+  if (!m->fam->has_classes && json_object_get(m->json, "labels") != NULL)
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: key 'labels' is given but "
+                      "family %s has no classes", file, m->fam->name);
+  if ((rc = get_strs(m->json, file, "labels", m->dims.C, &m->labels,
+                     &m->n_labels, err)) ||
       (rc = get_strs(m->json, file, "type_b_labels", -1, &m->type_b_labels,
-                     &m->n_type_b_labels, err)) ||
-      (rc = get_str(m->json, file, "lexicon", &lex, err)))
-    goto out;
+                     &m->n_type_b_labels, err)))
+    return rc;
+  return 0;
+}
+
+/* Key lexicon: a file inside the directory, made a trie once, here
+ * (lexicon.c). */
+static int read_lexicon(cn_model *m, const char *dir, const char *file,
+                        cn_err *err) {
+  const char *lex;
+  int rc;
+  if ((rc = get_str(m->json, file, "lexicon", &lex, err)) != 0) return rc;
   if (lex != NULL && (rc = inside_path(file, "lexicon", lex, err)) != 0)
-    goto out;
-  if (lex != NULL && (m->lexicon_path = join(dir, lex)) == NULL) {
-    rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
-    goto out;
-  }
-  /* The lexicon becomes a trie once, here (lexicon.c). */
+    return rc;
+  if (lex != NULL && (m->lexicon_path = join(dir, lex)) == NULL)
+    return cn_err_set(err, CN_E_NOMEM, "%s: out of memory", file);
   if (m->lexicon_path != NULL &&
       (rc = name_key(cn_lexicon_load_at(m->dirfd, lex, m->lexicon_path,
                                         &m->lexicon, err),
                      file, "lexicon", err)) != 0)
-    goto out;
+    return rc;
+  return 0;
+}
+
+/* The vocabularies: vocab always, word_vocab and tgt_vocab when the
+ * family needs them. */
+static int read_vocabs(cn_model *m, const char *file, cn_err *err) {
   bool need_word, need_tgt;
+  int rc;
   cn__family_needs(m->fam, &need_word, &need_tgt);
   if ((rc = vocab_key(m, file, "vocab", true, &m->vocab, &m->dims.V, err)) ||
       (rc = vocab_key(m, file, "word_vocab", need_word, &m->word_vocab,
                       &m->dims.Vw, err)) ||
       (rc = vocab_key(m, file, "tgt_vocab", need_tgt, &m->tgt_vocab,
                       &m->dims.Vt, err)))
-    goto out;
-  if ((rc = cn_safetensors_open_at(m->dirfd, "weights.safetensors", wfile,
-                                   &m->st, err)) != 0)
-    goto out;
-  /* Dw (latticelstm word_embed [Vw, Dw]) has no model.json key: it is
-   * whatever the file holds, D when the tensor is absent. */
+    return rc;
+  return 0;
+}
+
+/* weights.safetensors opened, and Dw (latticelstm word_embed [Vw, Dw]),
+ * which has no model.json key: whatever the file holds, D when the
+ * tensor is absent. */
+static int open_weights(cn_model *m, const char *wfile, cn_err *err) {
+  int rc = cn_safetensors_open_at(m->dirfd, "weights.safetensors", wfile,
+                                  &m->st, err);
+  if (rc != 0) return rc;
   const cn_tensor *we = cn_safetensors_find(&m->st, "word_embed");
   if (we != NULL && we->ndim == 2 && we->shape[1] >= 1 &&
       we->shape[1] <= MAX_SIZE)
     m->dims.Dw = we->shape[1];
+  return 0;
+}
+
+/* The order of the steps follows the order a person would fix things
+ * in: model.json keys, then vocabularies, then the weights. */
+int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
+  int rc = CN_E_NOMEM;
+  char *file = NULL, *wfile = NULL;
+  bool cells = false;
+  cn_model *m = model_new();
+  *out = NULL;
+  if (m == NULL || (m->dir = strdup(dir)) == NULL ||
+      (file = join(dir, "model.json")) == NULL ||
+      (wfile = join(dir, "weights.safetensors")) == NULL) {
+    cn_err_set(err, rc, "%s: out of memory", dir);
+    goto out;
+  }
+  if ((rc = open_dir(m, dir, err)) != 0 ||
+      (rc = read_model_json(m, file, err)) != 0 ||
+      (rc = find_family(m, file, &cells, err)) != 0 ||
+      (rc = read_dims(m, file, cells, err)) != 0 ||
+      (rc = read_flags(m, file, err)) != 0 ||
+      (rc = read_labels(m, file, err)) != 0 ||
+      (rc = read_lexicon(m, dir, file, err)) != 0 ||
+      (rc = read_vocabs(m, file, err)) != 0 ||
+      (rc = open_weights(m, wfile, err)) != 0)
+    goto out;
   if ((rc = cells ? cn__cells_load(m, file, err)
                   : bind_tensors(m, wfile, err)) != 0)
     goto out;
@@ -496,7 +557,6 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
 out:
   if (m != NULL && m->dirfd >= 0) close(m->dirfd);
   if (m != NULL) m->dirfd = -1;
-  free(text);
   free(file);
   free(wfile);
   if (rc != 0) cn_model_free(m);

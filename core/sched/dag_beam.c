@@ -379,6 +379,150 @@ static int child(planner *p, const int32_t *cs, int t, int32_t g,
   return 1;
 }
 
+/* The beam's buffers: up to W kept states of C instance states each (cur,
+ * nxt, with their keys), the candidates and their states (kids), and per
+ * step each kept state's parent slot and type (par, typ), for the path. */
+typedef struct beam {
+  size_t W, C;
+  int32_t *cur, *nxt, *kids;
+  uint64_t *ckey, *nkey;
+  pcand *cand;
+  int32_t *par;
+  uint8_t *typ;
+  size_t steps_cap;
+} beam;
+
+/* The buffers for width W, C instances, T types; the beam holds one
+ * state, every instance in state 0. */
+static int beam_alloc(beam *b, size_t W, size_t C, int T) {
+  b->W = W;
+  b->C = C;
+  b->cur = malloc(W * C * sizeof(int32_t));
+  b->nxt = malloc(W * C * sizeof(int32_t));
+  b->kids = malloc(W * (size_t)T * C * sizeof(int32_t));
+  b->ckey = malloc(W * sizeof(uint64_t));
+  b->nkey = malloc(W * sizeof(uint64_t));
+  b->cand = malloc(W * (size_t)T * sizeof(pcand));
+  if (!b->cur || !b->nxt || !b->kids || !b->ckey || !b->nkey || !b->cand)
+    return CN_E_NOMEM;
+  memset(b->cur, 0, C * sizeof(int32_t)); /* every instance in state 0 */
+  b->ckey[0] = 0;
+  return 0;
+}
+
+static void beam_free(beam *b) {
+  free(b->cur);
+  free(b->nxt);
+  free(b->kids);
+  free(b->ckey);
+  free(b->nkey);
+  free(b->cand);
+  free(b->par);
+  free(b->typ);
+}
+
+/* The types to branch on from the product state cs: the ready types,
+ * narrowed by cn__dag_branch_types, one of them forced when every
+ * type-t vertex left is ready. */
+static uint32_t allowed_types(const planner *p, const int32_t *cs) {
+  int T = p->T;
+  int64_t rd[CN_MAX_TYPES] = {0}, lf[CN_MAX_TYPES] = {0};
+  for (size_t k = 0; k < (size_t)p->ninst; k++) {
+    const inst *in = &p->in[k];
+    for (int t = 0; t < T; t++) {
+      rd[t] += in->ready[(size_t)cs[k] * T + t];
+      lf[t] += in->left[(size_t)cs[k] * T + t];
+    }
+  }
+  int forced = -1;
+  uint32_t live = 0; /* ready types */
+  for (int t = 0; t < T; t++) {
+    if (rd[t] > 0) live |= 1u << t;
+    if (forced < 0 && rd[t] > 0 && rd[t] == lf[t]) forced = t;
+  }
+  return cn__dag_branch_types(live, forced, p->feeds);
+}
+
+/* Every child of the ncur kept states, ranked, into b->cand and their
+ * states into b->kids; *nc says how many. */
+static int expand(planner *p, beam *b, size_t ncur, int32_t steps,
+                  size_t *nc) {
+  size_t C = b->C;
+  *nc = 0;
+  for (size_t i = 0; i < ncur; i++) {
+    const int32_t *cs = b->cur + i * C;
+    uint32_t allowed = allowed_types(p, cs);
+    for (int t = 0; t < p->T; t++) {
+      if (!(allowed >> t & 1)) continue;
+      pcand *c = &b->cand[*nc];
+      int r = child(p, cs, t, steps, b->kids + *nc * C, b->ckey[i], c);
+      if (r < 0) return CN_E_NOMEM;
+      if (r == 0) continue;
+      c->parent = (int32_t)i;
+      c->at = (int32_t)*nc;
+      ++*nc;
+    }
+  }
+  return 0;
+}
+
+/* Room in par and typ for step `steps` (doubling). */
+static int grow_steps(beam *b, int32_t steps) {
+  if ((size_t)steps != b->steps_cap) return 0;
+  b->steps_cap = b->steps_cap ? 2 * b->steps_cap : 256;
+  int32_t *np = realloc(b->par, b->steps_cap * b->W * sizeof(int32_t));
+  if (np != NULL) b->par = np;
+  uint8_t *nt = realloc(b->typ, b->steps_cap * b->W);
+  if (nt != NULL) b->typ = nt;
+  if (np == NULL || nt == NULL) return CN_E_NOMEM;
+  return 0;
+}
+
+/* The best W of the nc sorted candidates, a state reached twice kept
+ * once, into nxt with their parents and types at step `steps`; *goal is
+ * the first kept that is done (h = 0). Returns how many were kept. */
+static size_t keep_best(beam *b, size_t nc, int32_t steps, int32_t *goal) {
+  size_t W = b->W, C = b->C, nn = 0;
+  for (size_t c = 0; c < nc && nn < W; c++) {
+    const pcand *k = &b->cand[c];
+    if (nn > 0 && k->key == b->nkey[nn - 1]) continue; /* reached twice */
+    memcpy(b->nxt + nn * C, b->kids + (size_t)k->at * C,
+           C * sizeof(int32_t));
+    b->nkey[nn] = k->key;
+    b->par[(size_t)steps * W + nn] = k->parent;
+    b->typ[(size_t)steps * W + nn] = (uint8_t)k->t;
+    if (k->f == steps + 1 && *goal < 0) *goal = (int32_t)nn; /* h = 0 */
+    nn++;
+  }
+  return nn;
+}
+
+/* The kept states become the beam. */
+static void beam_swap(beam *b) {
+  int32_t *sw = b->cur;
+  b->cur = b->nxt;
+  b->nxt = sw;
+  uint64_t *sk = b->ckey;
+  b->ckey = b->nkey;
+  b->nkey = sk;
+}
+
+/* The types from the first step to the goal, following the parents back;
+ * malloc'd into *schedule. */
+static int trace_path(const beam *b, int32_t steps, int32_t goal,
+                      uint8_t **schedule) {
+  uint8_t *path = malloc((size_t)steps);
+  if (path == NULL) return CN_E_NOMEM;
+  for (int32_t s = steps - 1, at = goal; s >= 0; s--) {
+    path[s] = b->typ[(size_t)s * b->W + at];
+    at = b->par[(size_t)s * b->W + at];
+  }
+  *schedule = path;
+  return 0;
+}
+
+/* Beam search step by step: expand the kept states, rank the children,
+ * keep the best `width` until one is done. */
 int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
                  uint8_t **schedule) {
   *batches = 0;
@@ -386,112 +530,33 @@ int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
   if (g->nv == 0) return 0;
   if (width < 1) width = 1;
   planner p;
+  beam b = {0};
   int rc = planner_init(&p, g);
-  int T = p.T;
-  size_t W = (size_t)width, C = (size_t)p.ninst;
-  int32_t *cur = NULL, *nxt = NULL, *kids = NULL;
-  uint64_t *ckey = NULL, *nkey = NULL;
-  pcand *cand = NULL;
-  /* Per step, each kept state's parent slot and type, for the path. */
-  int32_t *par = NULL;
-  uint8_t *typ = NULL;
-  size_t steps_cap = 0;
   if (rc != 0) goto out;
-  rc = CN_E_NOMEM;
-  cur = malloc(W * C * sizeof(int32_t));
-  nxt = malloc(W * C * sizeof(int32_t));
-  kids = malloc(W * (size_t)T * C * sizeof(int32_t));
-  ckey = malloc(W * sizeof(uint64_t));
-  nkey = malloc(W * sizeof(uint64_t));
-  cand = malloc(W * (size_t)T * sizeof(pcand));
-  if (!cur || !nxt || !kids || !ckey || !nkey || !cand) goto out;
-  memset(cur, 0, C * sizeof(int32_t)); /* every instance in state 0 */
-  ckey[0] = 0;
+  if ((rc = beam_alloc(&b, (size_t)width, (size_t)p.ninst, p.T)) != 0)
+    goto out;
   size_t ncur = 1;
   int32_t steps = 0, goal = -1;
   while (goal < 0) {
-    size_t nc = 0;
-    for (size_t i = 0; i < ncur; i++) {
-      const int32_t *cs = cur + i * C;
-      /* Forced: every type-t vertex left is ready. */
-      int64_t rd[CN_MAX_TYPES] = {0}, lf[CN_MAX_TYPES] = {0};
-      for (size_t k = 0; k < C; k++) {
-        const inst *in = &p.in[k];
-        for (int t = 0; t < T; t++) {
-          rd[t] += in->ready[(size_t)cs[k] * T + t];
-          lf[t] += in->left[(size_t)cs[k] * T + t];
-        }
-      }
-      int forced = -1;
-      uint32_t live = 0; /* ready types */
-      for (int t = 0; t < T; t++) {
-        if (rd[t] > 0) live |= 1u << t;
-        if (forced < 0 && rd[t] > 0 && rd[t] == lf[t]) forced = t;
-      }
-      uint32_t allowed = cn__dag_branch_types(live, forced, p.feeds);
-      for (int t = 0; t < T; t++) {
-        if (!(allowed >> t & 1)) continue;
-        int r = child(&p, cs, t, steps, kids + nc * C, ckey[i], &cand[nc]);
-        if (r < 0) goto out;
-        if (r == 0) continue;
-        cand[nc].parent = (int32_t)i;
-        cand[nc].at = (int32_t)nc;
-        nc++;
-      }
-    }
+    size_t nc;
+    if ((rc = expand(&p, &b, ncur, steps, &nc)) != 0) goto out;
     if (nc == 0) { /* cannot happen in a DAG: something is always ready */
       rc = CN_E_INTERNAL;
       goto out;
     }
-    qsort(cand, nc, sizeof(pcand), pcand_cmp);
-    if ((size_t)steps == steps_cap) {
-      steps_cap = steps_cap ? 2 * steps_cap : 256;
-      int32_t *np = realloc(par, steps_cap * W * sizeof(int32_t));
-      if (np != NULL) par = np;
-      uint8_t *nt = realloc(typ, steps_cap * W);
-      if (nt != NULL) typ = nt;
-      if (np == NULL || nt == NULL) goto out;
-    }
-    size_t nn = 0;
-    for (size_t c = 0; c < nc && nn < W; c++) {
-      if (nn > 0 && cand[c].key == nkey[nn - 1]) continue; /* reached twice */
-      memcpy(nxt + nn * C, kids + (size_t)cand[c].at * C,
-             C * sizeof(int32_t));
-      nkey[nn] = cand[c].key;
-      par[(size_t)steps * W + nn] = cand[c].parent;
-      typ[(size_t)steps * W + nn] = (uint8_t)cand[c].t;
-      if (cand[c].f == steps + 1 && goal < 0) goal = (int32_t)nn; /* h = 0 */
-      nn++;
-    }
+    qsort(b.cand, nc, sizeof(pcand), pcand_cmp);
+    if ((rc = grow_steps(&b, steps)) != 0) goto out;
+    ncur = keep_best(&b, nc, steps, &goal);
     steps++;
-    int32_t *sw = cur;
-    cur = nxt;
-    nxt = sw;
-    uint64_t *sk = ckey;
-    ckey = nkey;
-    nkey = sk;
-    ncur = nn;
+    beam_swap(&b);
   }
   *batches = steps;
-  if (schedule != NULL) {
-    uint8_t *path = malloc((size_t)steps);
-    if (path == NULL) goto out;
-    for (int32_t s = steps - 1, at = goal; s >= 0; s--) {
-      path[s] = typ[(size_t)s * W + at];
-      at = par[(size_t)s * W + at];
-    }
-    *schedule = path;
-  }
+  if (schedule != NULL &&
+      (rc = trace_path(&b, steps, goal, schedule)) != 0)
+    goto out;
   rc = 0;
 out:
-  free(cur);
-  free(nxt);
-  free(kids);
-  free(ckey);
-  free(nkey);
-  free(cand);
-  free(par);
-  free(typ);
+  beam_free(&b);
   planner_free(&p);
   return rc;
 }

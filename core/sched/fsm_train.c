@@ -253,13 +253,150 @@ static int distill(cn_qtab *t, cn_fsm_encoding enc, cn_frontier *fs, int nf,
   return 0;
 }
 
+/* The options, defaulted when NULL, with nstep and eval_every at least 1. */
+static void read_opts(const cn_fsm_opts *opts, cn_fsm_opts *o) {
+  if (opts == NULL) cn_fsm_opts_default(o); else *o = *opts;
+  if (o->nstep < 1) o->nstep = 1;
+  if (o->eval_every < 1) o->eval_every = 1;
+}
+
+/* What the policy file says it was trained for: the family, its type
+ * names and the model key of the encoding. */
+static void name_model(cn_fsm *p, const cn_model *m, cn_fsm_encoding enc) {
+  snprintf(p->family, sizeof(p->family), "%s", m->fam->name);
+  for (int t = 0; t < m->fam->n_types; t++)
+    snprintf(p->type_names[t], sizeof(p->type_names[t]), "%s",
+             m->fam->type_names[t]);
+  p->key = cn__fsm_model_key(m, enc);
+}
+
+/* One frontier per training graph, counted into p->st (lower bound,
+ * vertices); *nf says how many to free, *maxv the largest graph. */
+static int init_frontiers(cn_fsm *p, const cn_graph_set *train,
+                          cn_fsm_encoding enc, cn_frontier *fs, int *nf,
+                          int32_t *maxv) {
+  int T = p->n_types, ng = cn_graph_set_count(train), rc;
+  cn_fsm_stats *st = &p->st;
+  for (*nf = 0; *nf < ng; ++*nf) {
+    cn_frontier *f = &fs[*nf];
+    cn_dag g;
+    int64_t lb;
+    cn__graph_set_get(train, *nf, &g, &lb);
+    if ((rc = cn__frontier_init(f, T, true)) != 0 ||
+        (rc = cn__frontier_add_dag(f, &g)) != 0 ||
+        /* Only E_bound reads the drops; the other encodings skip the
+         * look-ahead upkeep on every commit of every episode. */
+        (enc == CN_FSM_ENC_BOUND && (rc = cn__frontier_tails(f)) != 0)) {
+      ++*nf;
+      return rc;
+    }
+    st->lower_bound += lb;
+    st->vertices += g.nv;
+    if (g.nv > *maxv) *maxv = g.nv;
+  }
+  return 0;
+}
+
+/* The baselines on the sample (also the describe() numbers); -1 when one
+ * could not be computed. */
+static int baselines(const cn_graph_set *train, cn_fsm_stats *st) {
+  st->agenda = cn_graph_set_batches(train, CN_POLICY_AGENDA, NULL, NULL);
+  st->depth = cn_graph_set_batches(train, CN_POLICY_DEPTH, NULL, NULL);
+  st->sufficient = cn_graph_set_batches(train, CN_POLICY_SUFFICIENT, NULL,
+                                        NULL);
+  st->lookahead = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD, NULL,
+                                       NULL);
+  st->lookahead2 = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD2, NULL,
+                                        NULL);
+  if (st->agenda < 0 || st->depth < 0 || st->sufficient < 0 ||
+      st->lookahead < 0 || st->lookahead2 < 0)
+    return -1;
+  return 0;
+}
+
+/* The Q-learning (file comment): episodes over the sample in turn, ε
+ * decaying, the greedy table evaluated every eval_every episodes and kept
+ * in *best when it needs fewer batches. Stops at the lower bound, after
+ * o->iterations episodes or at o->time_limit_s from t0. */
+static int learn(cn_fsm *p, cn_frontier *fs, int nf, const cn_fsm_opts *o,
+                 step *w, int32_t *scratch, cn_qtab *best, double t0) {
+  cn_fsm_stats *st = &p->st;
+  int rc;
+  /* The empty table is the agenda policy: the first best. */
+  st->fsm = evaluate(p, fs, nf, scratch, NULL);
+  if (st->fsm < 0) return CN_E_NOMEM;
+  if ((rc = cn__qtab_copy(best, &p->tab)) != 0) return rc;
+  rng g = {o->seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull};
+  int it = 0;
+  while (it < o->iterations && st->fsm > st->lower_bound) {
+    double frac = o->iterations > 1 ? (double)it / (o->iterations - 1) : 1.0;
+    double eps = o->epsilon_start + (o->epsilon_end - o->epsilon_start) * frac;
+    if ((rc = episode(&p->tab, &fs[it % nf], o, eps, &g, w, scratch)) != 0)
+      return rc;
+    it++;
+    bool timeout = o->time_limit_s > 0 && cn_now_s() - t0 > o->time_limit_s;
+    if (it % o->eval_every == 0 || it == o->iterations || timeout) {
+      long long b = evaluate(p, fs, nf, scratch, NULL);
+      if (b < 0) return CN_E_NOMEM;
+      if (b < st->fsm) {
+        st->fsm = b;
+        st->best_iteration = it;
+        if ((rc = cn__qtab_copy(best, &p->tab)) != 0) return rc;
+      }
+    }
+    if (timeout) break;
+  }
+  st->iterations = it;
+  return 0;
+}
+
+/* The distilled table, when it beats the learned one on the sample. */
+static int try_distilled(cn_fsm *p, cn_fsm_encoding enc, cn_frontier *fs,
+                         int nf, int32_t *scratch) {
+  int rc = 0;
+  cn_fsm *d = cn__fsm_new(p->n_types, enc);
+  if (d == NULL || (rc = distill(&d->tab, enc, fs, nf, scratch))) {
+    cn_fsm_free(d);
+    return rc ? rc : CN_E_NOMEM;
+  }
+  long long b = evaluate(d, fs, nf, scratch, NULL);
+  if (b >= 0 && b < p->st.fsm) {
+    cn_qtab x = p->tab;
+    p->tab = d->tab;
+    d->tab = x;
+    p->st.fsm = b;
+    p->st.distilled = 1;
+  }
+  cn_fsm_free(d);
+  return 0;
+}
+
+/* Never worse than the heuristics on the sample (issue 4 goal): execute
+ * whichever launches fewest batches there (ties keep the FSM, then the
+ * order lookahead2, lookahead, sufficient, agenda, depth). */
+static void choose_fallback(cn_fsm *p) {
+  const cn_fsm_stats *st = &p->st;
+  long long fb[5] = {st->lookahead2, st->lookahead, st->sufficient,
+                     st->agenda, st->depth},
+            win = st->fsm;
+  const cn_policy_kind fk[5] = {CN_POLICY_LOOKAHEAD2, CN_POLICY_LOOKAHEAD,
+                                CN_POLICY_SUFFICIENT, CN_POLICY_AGENDA,
+                                CN_POLICY_DEPTH};
+  for (int i = 0; i < 5; i++)
+    if (fb[i] < win) {
+      win = fb[i];
+      p->executes = fk[i];
+    }
+}
+
+/* The steps in order: frontiers and baselines of the sample, Q-learning,
+ * then, while above the lower bound, the distilled table and polish, and
+ * last the fallback to a heuristic that beats the table. */
 int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
                  const cn_fsm_opts *opts, cn_fsm **out, cn_err *err) {
   int rc = CN_E_NOMEM, nf = 0;
   cn_fsm_opts o;
-  if (opts == NULL) cn_fsm_opts_default(&o); else o = *opts;
-  if (o.nstep < 1) o.nstep = 1;
-  if (o.eval_every < 1) o.eval_every = 1;
+  read_opts(opts, &o);
   int T = m->fam->n_types, ng = cn_graph_set_count(train);
   cn_frontier *fs = NULL;
   int32_t *scratch = NULL;
@@ -277,112 +414,29 @@ int cn_fsm_train(const cn_model *m, const cn_graph_set *train,
     goto out;
   }
   double t0 = cn_now_s();
-  snprintf(p->family, sizeof(p->family), "%s", m->fam->name);
-  for (int t = 0; t < T; t++)
-    snprintf(p->type_names[t], sizeof(p->type_names[t]), "%s",
-             m->fam->type_names[t]);
-  p->key = cn__fsm_model_key(m, o.encoding);
+  name_model(p, m, o.encoding);
   cn_fsm_stats *st = &p->st;
   st->graphs = ng;
   int32_t maxv = 1;
   fs = calloc((size_t)ng, sizeof(*fs));
   w = calloc((size_t)o.nstep, sizeof(*w));
   if (fs == NULL || w == NULL) goto fail_rc;
-  for (nf = 0; nf < ng; nf++) {
-    cn_dag g;
-    int64_t lb;
-    cn__graph_set_get(train, nf, &g, &lb);
-    if ((rc = cn__frontier_init(&fs[nf], T, true)) != 0 ||
-        (rc = cn__frontier_add_dag(&fs[nf], &g)) != 0 ||
-        /* Only E_bound reads the drops; the other encodings skip the
-         * look-ahead upkeep on every commit of every episode. */
-        (o.encoding == CN_FSM_ENC_BOUND &&
-         (rc = cn__frontier_tails(&fs[nf])) != 0)) {
-      nf++;
-      goto out;
-    }
-    st->lower_bound += lb;
-    st->vertices += g.nv;
-    if (g.nv > maxv) maxv = g.nv;
-  }
+  if ((rc = init_frontiers(p, train, o.encoding, fs, &nf, &maxv)) != 0)
+    goto out;
   scratch = malloc((size_t)maxv * sizeof(int32_t));
   if (scratch == NULL) goto fail_rc;
-  /* The baselines on the sample (also the describe() numbers). */
-  st->agenda = cn_graph_set_batches(train, CN_POLICY_AGENDA, NULL, NULL);
-  st->depth = cn_graph_set_batches(train, CN_POLICY_DEPTH, NULL, NULL);
-  st->sufficient = cn_graph_set_batches(train, CN_POLICY_SUFFICIENT, NULL,
-                                        NULL);
-  st->lookahead = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD, NULL,
-                                       NULL);
-  st->lookahead2 = cn_graph_set_batches(train, CN_POLICY_LOOKAHEAD2, NULL,
-                                        NULL);
-  if (st->agenda < 0 || st->depth < 0 || st->sufficient < 0 ||
-      st->lookahead < 0 || st->lookahead2 < 0)
-    goto fail_rc;
-
-  /* The empty table is the agenda policy: the first best. */
-  st->fsm = evaluate(p, fs, nf, scratch, NULL);
-  if (st->fsm < 0) goto fail_rc;
-  if ((rc = cn__qtab_copy(&best, &p->tab)) != 0) goto out;
-  rng g = {o.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull};
-  int it = 0;
-  while (it < o.iterations && st->fsm > st->lower_bound) {
-    double frac = o.iterations > 1 ? (double)it / (o.iterations - 1) : 1.0;
-    double eps = o.epsilon_start + (o.epsilon_end - o.epsilon_start) * frac;
-    if ((rc = episode(&p->tab, &fs[it % nf], &o, eps, &g, w, scratch)) != 0)
-      goto out;
-    it++;
-    bool timeout = o.time_limit_s > 0 && cn_now_s() - t0 > o.time_limit_s;
-    if (it % o.eval_every == 0 || it == o.iterations || timeout) {
-      long long b = evaluate(p, fs, nf, scratch, NULL);
-      if (b < 0) goto fail_rc;
-      if (b < st->fsm) {
-        st->fsm = b;
-        st->best_iteration = it;
-        if ((rc = cn__qtab_copy(&best, &p->tab)) != 0) goto out;
-      }
-    }
-    if (timeout) break;
-  }
-  st->iterations = it;
+  if (baselines(train, st) != 0) goto fail_rc;
+  if ((rc = learn(p, fs, nf, &o, w, scratch, &best, t0)) != 0) goto out;
   cn__qtab_free(&p->tab);
   p->tab = best;
   memset(&best, 0, sizeof(best));
-  /* The distilled table, when it beats the learned one on the sample. */
-  if (st->fsm > st->lower_bound) {
-    cn_fsm *d = cn__fsm_new(T, o.encoding);
-    if (d == NULL || (rc = distill(&d->tab, o.encoding, fs, nf, scratch))) {
-      cn_fsm_free(d);
-      rc = rc ? rc : CN_E_NOMEM;
-      goto out;
-    }
-    long long b = evaluate(d, fs, nf, scratch, NULL);
-    if (b >= 0 && b < st->fsm) {
-      cn_qtab x = p->tab;
-      p->tab = d->tab;
-      d->tab = x;
-      st->fsm = b;
-      st->distilled = 1;
-    }
-    cn_fsm_free(d);
-  }
+  if (st->fsm > st->lower_bound &&
+      (rc = try_distilled(p, o.encoding, fs, nf, scratch)) != 0)
+    goto out;
   if (st->fsm > st->lower_bound && o.polish_rounds > 0 &&
       (rc = polish(p, fs, nf, scratch, o.polish_rounds, &st->fsm)) != 0)
     goto out;
-  /* Never worse than the heuristics on the sample (issue 4 goal): execute
-   * whichever launches fewest batches there (ties keep the FSM, then the
-   * order lookahead2, lookahead, sufficient, agenda, depth). */
-  long long fb[5] = {st->lookahead2, st->lookahead, st->sufficient,
-                     st->agenda, st->depth},
-            win = st->fsm;
-  const cn_policy_kind fk[5] = {CN_POLICY_LOOKAHEAD2, CN_POLICY_LOOKAHEAD,
-                                CN_POLICY_SUFFICIENT, CN_POLICY_AGENDA,
-                                CN_POLICY_DEPTH};
-  for (int i = 0; i < 5 && o.fallback; i++)
-    if (fb[i] < win) {
-      win = fb[i];
-      p->executes = fk[i];
-    }
+  if (o.fallback) choose_fallback(p);
   st->seconds = cn_now_s() - t0;
   rc = 0;
   goto out;
