@@ -26,6 +26,7 @@
 #include "cli.h"
 #include "cmd_policy.h"
 #include "config.h"
+#include "progress.h"
 #include "run_pool.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
@@ -381,55 +382,10 @@ static void chunk_work(void *arg, int thread, void *item) {
   if (notes != NULL) fclose(notes);
 }
 
-/* A progress line on stderr for a long run (issue 37), only when stderr
- * is a terminal (a log or a pipe reads as before): from `after` seconds
- * in (1, or $CANOPY_PROGRESS_AFTER_S), at most 4 times a second, '\r'
- * rewriting it; erased before a note and before the summary line. */
-typedef struct progress {
-  bool tty, shown;
-  double t0, last, after;
-  long long size;  /* the input's bytes when it is a regular file, else 0 */
-  FILE *in;
-} progress;
-
-static void progress_init(progress *p, FILE *in) {
-  memset(p, 0, sizeof(*p));
-  p->tty = isatty(STDERR_FILENO);
-  p->t0 = cn_now_s();
-  p->after = 1.0;
-  const char *a = getenv("CANOPY_PROGRESS_AFTER_S");
-  if (a != NULL && a[0] != '\0') p->after = atof(a);
-  p->in = in;
-  struct stat st;
-  if (fstat(fileno(in), &st) == 0 && S_ISREG(st.st_mode))
-    p->size = (long long)st.st_size;
-}
-
-static void progress_clear(progress *p) {
-  if (p->shown) fputs("\r\033[K", stderr);
-  p->shown = false;
-}
-
-static void progress_show(progress *p, const totals *t) {
-  double now = cn_now_s();
-  if (!p->tty || now - p->t0 < p->after || now - p->last < 0.25) return;
-  p->last = now;
-  char pct[32] = "";
-  long pos = p->size > 0 ? ftell(p->in) : -1;
-  if (pos >= 0)
-    snprintf(pct, sizeof(pct), ", %.0f%% read", 100.0 * (double)pos /
-             (double)p->size);
-  fprintf(stderr, "\r\033[Kcanopy run: %lld instances, %lld errors, "
-          "%.0f/s%s", t->instances, t->errors,
-          (double)t->instances / (now - p->t0), pct);
-  fflush(stderr);
-  p->shown = true;
-}
-
 /* Prints a computed chunk and adds its totals; returns its status. */
-static int chunk_emit(chunk *c, totals *tot, progress *pg) {
+static int chunk_emit(chunk *c, totals *tot, cn__progress *pg) {
   if (c->out != NULL) fwrite(c->out, 1, c->out_len, stdout);
-  if (c->notes != NULL && c->notes_len > 0) progress_clear(pg);
+  if (c->notes != NULL && c->notes_len > 0) cn__progress_clear(pg);
   if (c->notes != NULL) {
     fflush(stdout);
     fwrite(c->notes, 1, c->notes_len, stderr);
@@ -591,7 +547,7 @@ static int alloc_chunks(long long batch, int jobs, chunk **cs, int *n_cs) {
  * drained. True when a chunk failed or memory ran out. */
 static bool stream_chunks(cn__pool *pool, chunk *cs, int n_cs, FILE *in,
                           long long batch, char **buf, size_t *cap,
-                          totals *tot, progress *pg) {
+                          totals *tot, cn__progress *pg) {
   long long lineno = 0;
   bool failed = false;
   for (long long seq = 0; !failed; seq++) {
@@ -600,7 +556,7 @@ static bool stream_chunks(cn__pool *pool, chunk *cs, int n_cs, FILE *in,
       chunk *done = cn__pool_take(pool);
       if (chunk_emit(done, tot, pg) != 0) failed = true;
       if (failed) break;
-      progress_show(pg, tot);
+      cn__progress_show(pg, tot->instances, tot->errors);
     }
     int n = chunk_fill(c, in, batch, buf, cap, &lineno);
     if (n < 0) {
@@ -612,7 +568,7 @@ static bool stream_chunks(cn__pool *pool, chunk *cs, int n_cs, FILE *in,
   }
   for (chunk *c; (c = cn__pool_take(pool)) != NULL;) {
     if (!failed && chunk_emit(c, tot, pg) != 0) failed = true;
-    if (!failed) progress_show(pg, tot);
+    if (!failed) cn__progress_show(pg, tot->instances, tot->errors);
   }
   return failed;
 }
@@ -688,12 +644,12 @@ int cn_cmd_run(int argc, char **argv) {
   }
 
   totals tot = {0};
-  progress pg;
-  progress_init(&pg, in);
+  cn__progress pg;
+  cn__progress_init(&pg, in);
   double t0 = cn_now_s();
   bool failed = stream_chunks(pool, cs, n_cs, in, o.batch, &buf, &cap, &tot,
                               &pg);
-  progress_clear(&pg);
+  cn__progress_clear(&pg);
   double secs = cn_now_s() - t0;
   if (failed) goto out;
   fflush(stdout);
