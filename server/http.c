@@ -39,14 +39,9 @@ static void set_id(cn__server *s, cn__req *r, const char *given) {
            (unsigned long long)s->metrics.start_time & 0xffffffffULL, n);
 }
 
-static void answer_now(cn__req *r, int status, char *body,
-                       const char *ctype) {
-  cn__req_answer_now(r, status, body, ctype);
-}
-
 static void answer_err(cn__req *r, int code, const char *msg) {
-  answer_now(r, cn_err_http_status(code), cn__error_body(code, msg, -1),
-             NULL);
+  cn__req_answer_now(r, cn_err_http_status(code),
+                     cn__error_body(code, msg, -1), NULL);
 }
 
 /* An error of the front end (framing, limits, deadlines, max-connections):
@@ -59,7 +54,7 @@ static void answer_cn_err(cn__req *r, const cn_err *e) {
   json_t *j = cn_err_to_json(e);
   char *s = json_dumps(j, DUMP_FLAGS);
   json_decref(j);
-  answer_now(r, cn_err_http_status(e->code), s, NULL);
+  cn__req_answer_now(r, cn_err_http_status(e->code), s, NULL);
 }
 
 /* A request that waits (an inference for its run, a load for its loader
@@ -313,7 +308,7 @@ static void answer_route(cn__req *r) {
     }
     char *b = ready_body(cur);
     cn__model_release(cur);
-    answer_now(r, 200, b, NULL);
+    cn__req_answer_now(r, 200, b, NULL);
     return;
   }
   if (rt == CN__RT_REPO_UNLOAD) {  /* the index only reads: no guard */
@@ -327,7 +322,7 @@ static void answer_route(cn__req *r) {
     }
     cn__model_release(cur);
     cn__repo_unload(s, r->slot);
-    answer_now(r, 200, strdup("{\"state\":\"UNLOADED\"}"), NULL);
+    cn__req_answer_now(r, 200, strdup("{\"state\":\"UNLOADED\"}"), NULL);
     return;
   }
   if (rt == CN__RT_REPO_LOAD) {
@@ -349,7 +344,7 @@ static void answer_route(cn__req *r) {
     answer_err(r, CN_E_INTERNAL, "could not build the answer");
     return;
   }
-  answer_now(r, status, body, ctype);
+  cn__req_answer_now(r, status, body, ctype);
 }
 
 static bool wants_body(const cn__req *r) {
