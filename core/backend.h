@@ -114,6 +114,18 @@ struct cn_backend_vt {
    * when host_memory is false; core reads in place otherwise. */
   const float *(*fetch_rows)(cn_backend_ctx *bk, const float *base,
                              const int64_t *off, const int64_t *len, int n);
+  /* Optional, both or neither (issue #33 item 3): fetch_rows in two
+   * halves, so the host can prepare the next run while the device
+   * computes this one. fetch_start issues the gather and the copy after
+   * all work issued so far and returns at once; the buffer it returns
+   * holds the rows once fetch_wait(bk, buf) has returned 0 (-1: failed,
+   * status() says why). A context keeps two fetch buffers and uses them
+   * in turn: a buffer stays valid until the second fetch after its own
+   * (fetch_rows counts as one). Starting a fetch waits for the one
+   * that last used its buffer, if nobody did. */
+  const float *(*fetch_start)(cn_backend_ctx *bk, const float *base,
+                              const int64_t *off, const int64_t *len, int n);
+  int (*fetch_wait)(cn_backend_ctx *bk, const float *buf);
 
   /* ---- compute ---- */
   /* C[M,N] = A[M,K] · W[N,K]ᵀ + beta·C (+ bias[N] broadcast over rows when

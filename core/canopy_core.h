@@ -328,6 +328,18 @@ int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
                int max_decode_len);
 /* Plans the arena, schedules with the policy, executes every batch. */
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* Host and device overlap (issue #33 item 3, docs/cuda.md): with async
+ * on (before cn_run_exec), cn_run_exec on a device backend returns as
+ * soon as every batch and the copy of what the answers read are issued,
+ * so the caller can prepare its next run while the device computes this
+ * one; cn_run_wait then waits for the copy and runs the family's host
+ * pass. Outputs and stats are read after cn_run_wait. Up to two runs of
+ * one backend context may wait at once (its two fetch buffers): wait for
+ * a run, and read its outputs, before the second run after it executes.
+ * Families whose graph grows while running (lstm-nmt) and host backends
+ * compute everything in cn_run_exec; cn_run_wait is then a no-op. */
+void cn_run_set_async(cn_run *r, int on);
+int cn_run_wait(cn_run *r, cn_err *err);
 /* The per-instance output object of docs/api.md (new reference). JSON holds no
  * NaN or infinity: a non-finite value the model computed is null there,
  * and cn_output_check finds it. On a device backend the rows it reads

@@ -30,8 +30,15 @@ typedef struct sim_ctx {
   int n_blocks, cap_blocks;
   sim_weight *w;
   int n_w, cap_w;
-  float *fetch;
-  size_t fetch_cap;
+  /* the two fetch buffers (fetch_start), each with the rows it will hold
+   * once waited for: until then it reads NaN, so an answer read before
+   * cn_run_wait, or after its buffer's reuse, cannot pass unnoticed */
+  float *fetch[2], *fetch_due[2];
+  size_t fetch_cap, fetch_len[2]; /* both grown together */
+  bool fetch_pending[2];
+  int fetch_turn;
+  float *fetch_old; /* the other buffer before a growth: it may be read
+                       until the next fetch starts, then it goes */
   long long argmax_bytes, argmax_calls, uploads;
 } sim_ctx;
 
@@ -43,6 +50,19 @@ static void upload(cn_backend_ctx *bk, long long words) {
   if (words <= 0) return;
   bk->ctr.bytes_to_device += words * 8;
   S(bk)->uploads++;
+}
+
+static void fetch_free(sim_ctx *s) {
+  for (int i = 0; i < 2; i++) {
+    free(s->fetch[i]);
+    free(s->fetch_due[i]);
+    s->fetch[i] = s->fetch_due[i] = NULL;
+    s->fetch_len[i] = 0;
+    s->fetch_pending[i] = false;
+  }
+  s->fetch_cap = 0;
+  free(s->fetch_old);
+  s->fetch_old = NULL;
 }
 
 /* ---- memory: a pool by power-of-two class, as the cuda backend's ---- */
@@ -94,9 +114,7 @@ static void sim_release(cn_backend_ctx *bk) {
     free(s->blocks[i].p);
   }
   s->n_blocks = k;
-  free(s->fetch);
-  s->fetch = NULL;
-  s->fetch_cap = 0;
+  fetch_free(s);
 }
 
 static const float *sim_weights(cn_backend_ctx *bk, const float *host,
@@ -139,21 +157,44 @@ static void sim_to_host(cn_backend_ctx *bk, void *dst, const void *src,
 
 static void sim_sync(cn_backend_ctx *bk) { bk->ctr.syncs++; }
 
-static const float *sim_fetch_rows(cn_backend_ctx *bk, const float *base,
-                                   const int64_t *off, const int64_t *len,
-                                   int n) {
+static void fetch_deliver(sim_ctx *s, int i) {
+  if (!s->fetch_pending[i]) return;
+  memcpy(s->fetch[i], s->fetch_due[i], s->fetch_len[i] * sizeof(float));
+  s->fetch_pending[i] = false;
+  s->base.ctr.syncs++;
+}
+
+static const float *sim_fetch_start(cn_backend_ctx *bk, const float *base,
+                                    const int64_t *off, const int64_t *len,
+                                    int n) {
   static const float none[1] = {0.0f};
   sim_ctx *s = S(bk);
+  int i = s->fetch_turn;
+  s->fetch_turn ^= 1;
+  fetch_deliver(s, i); /* the buffer's last fetch, if nobody waited */
+  free(s->fetch_old);  /* its rows were the previous fetch's but one */
+  s->fetch_old = NULL;
   size_t total = 0;
   for (int k = 0; k < n; k++) total += len[k] > 0 ? (size_t)len[k] : 0;
-  if (total > s->fetch_cap) {
+  if (total > s->fetch_cap) { /* both grow: one allocation, as cuda's */
     size_t cap = 1024;
     while (cap < total) cap <<= 1;
-    float *p = realloc(s->fetch, cap * sizeof(float));
-    if (p == NULL) return NULL;
-    s->fetch = p;
+    fetch_deliver(s, i ^ 1); /* the other is read from where it is */
+    s->fetch_old = s->fetch[i ^ 1];
+    free(s->fetch[i]);
+    free(s->fetch_due[i]);
+    free(s->fetch_due[i ^ 1]);
+    s->fetch[i] = malloc(cap * sizeof(float));
+    s->fetch[i ^ 1] = malloc(cap * sizeof(float));
+    s->fetch_due[i] = malloc(cap * sizeof(float));
+    s->fetch_due[i ^ 1] = malloc(cap * sizeof(float));
     s->fetch_cap = cap;
     bk->ctr.allocs++;
+    if (!s->fetch[i] || !s->fetch[i ^ 1] || !s->fetch_due[i] ||
+        !s->fetch_due[i ^ 1]) {
+      fetch_free(s);
+      return NULL;
+    }
   }
   if (n > 1) {
     upload(bk, 2 * (long long)n + 1);
@@ -162,12 +203,30 @@ static const float *sim_fetch_rows(cn_backend_ctx *bk, const float *base,
   size_t at = 0;
   for (int k = 0; k < n; k++) {
     if (len[k] <= 0) continue;
-    memcpy(s->fetch + at, base + off[k], (size_t)len[k] * sizeof(float));
+    memcpy(s->fetch_due[i] + at, base + off[k], (size_t)len[k] * sizeof(float));
     at += (size_t)len[k];
   }
+  for (size_t j = 0; j < total; j++) s->fetch[i][j] = __builtin_nanf("");
+  s->fetch_len[i] = total;
+  s->fetch_pending[i] = total > 0;
   bk->ctr.bytes_to_host += (long long)(total * sizeof(float));
-  bk->ctr.syncs++;
-  return total > 0 ? s->fetch : none;
+  if (total == 0) bk->ctr.syncs++; /* a wait, and nothing to bring */
+  return total > 0 ? s->fetch[i] : none;
+}
+
+static int sim_fetch_wait(cn_backend_ctx *bk, const float *buf) {
+  sim_ctx *s = S(bk);
+  for (int i = 0; i < 2; i++)
+    if (buf == s->fetch[i]) fetch_deliver(s, i);
+  return 0;
+}
+
+static const float *sim_fetch_rows(cn_backend_ctx *bk, const float *base,
+                                   const int64_t *off, const int64_t *len,
+                                   int n) {
+  const float *h = sim_fetch_start(bk, base, off, len, n);
+  if (h != NULL) sim_fetch_wait(bk, h);
+  return h;
 }
 
 /* ---- compute: the cpu kernels, counted as the cuda backend launches ---- */
@@ -344,7 +403,7 @@ static void sim_close(cn_backend_ctx *bk) {
   for (int i = 0; i < s->n_w; i++) free(s->w[i].copy);
   free(s->blocks);
   free(s->w);
-  free(s->fetch);
+  fetch_free(s);
   cn_backend_close(s->cpu);
   free(s);
 }
@@ -361,6 +420,8 @@ static const cn_backend_vt sim_vt = {
     .to_host = sim_to_host,
     .sync = sim_sync,
     .fetch_rows = sim_fetch_rows,
+    .fetch_start = sim_fetch_start,
+    .fetch_wait = sim_fetch_wait,
     .gemm = sim_gemm,
     .gemm_strided = sim_gemm_strided,
     .gather = sim_gather,

@@ -141,6 +141,130 @@ ParameterizedTest(tu_family *c, devpath, family, .timeout = 300) {
 /* lstm-nmt in a decode session (run_decode.c): the outputs equal the cpu
  * backend's, and a session that grows and compacts its arena on the
  * device still answers alike. */
+/* ---- host and device overlap (issue #33 item 3) ---- */
+
+typedef struct started {
+  cn_run *r;
+  cn_instance **in;
+  int *slot;
+  size_t s, e;
+} started;
+
+/* Adds insts[s, e) to a run with async on and executes it: on the
+ * simulated device it returns with its answers on their way. */
+static started start_run(cn_backend_ctx *bk, const cn_model *m,
+                         const json_t *insts, size_t s, size_t e,
+                         unsigned flags) {
+  started t = {cn_run_new(m, bk), calloc(e - s, sizeof(cn_instance *)),
+               calloc(e - s, sizeof(int)), s, e};
+  cn_err err;
+  cn_run_set_async(t.r, 1);
+  for (size_t i = s; i < e; i++) {
+    cn_err_clear(&err);
+    cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
+                                   &t.in[i - s], &err),
+                 0, "%s", err.msg);
+    t.slot[i - s] = cn_run_add(t.r, t.in[i - s], flags, 0);
+    cr_assert_geq(t.slot[i - s], 0);
+  }
+  cn_err_clear(&err);
+  cr_assert_eq(cn_run_exec(t.r, CN_POLICY_AGENDA, &err), 0, "exec: %s",
+               err.msg);
+  return t;
+}
+
+/* Waits for a started run and takes its answers (as run_once's). */
+static one_run finish_run(started *t) {
+  one_run o = {json_array(), {0}, 0, 0};
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_run_wait(t->r, &err), 0, "wait: %s", err.msg);
+  cr_assert_eq(cn_run_wait(t->r, &err), 0, "a second wait is a no-op");
+  cn_run_get_stats(t->r, &o.st);
+  for (size_t i = t->s; i < t->e; i++) {
+    json_t *out = cn_run_output(t->r, t->slot[i - t->s]);
+    cr_assert_not_null(out);
+    char *txt = json_dumps(out, JSON_COMPACT | JSON_SORT_KEYS |
+                                    JSON_REAL_PRECISION(9));
+    json_array_append_new(o.outs, json_string(txt));
+    free(txt);
+    json_decref(out);
+  }
+  cn_run_free(t->r);
+  for (size_t i = 0; i < t->e - t->s; i++) cn_instance_free(t->in[i]);
+  free(t->in);
+  free(t->slot);
+  return o;
+}
+
+ParameterizedTestParameters(devpath, overlap) {
+  return cr_make_param_array(tu_family, tu_families, tu_n_families);
+}
+
+/* Four runs on one context, each issued before the one before it is
+ * waited for (what `canopy run` does): every run answers byte for byte as
+ * the cpu backend, counts only its own transfers and waits, and no answer
+ * can be read before its wait (the simulated fetch buffer holds NaN until
+ * then, and cn_run_output gives NULL). */
+ParameterizedTest(tu_family *c, devpath, overlap, .timeout = 300) {
+  cn_backend_ctx *cpu = NULL, *sim = devsim_open();
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cpu", 0, &cpu, &err), 0, "%s", err.msg);
+  char dir[256];
+  int H = strcmp(c->family, "mvrnn") == 0 ? 16 : 32;
+  cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));
+  json_t *in = tu_data_lines(c->data, 40);
+  size_t n = json_array_size(in);
+  cr_assert_geq(n, 20);
+  bool dyn = strcmp(c->family, "lstm-nmt") == 0; /* async is a no-op */
+  const size_t runs[][2] = {{0, 9}, {9, 10}, {10, 20}, {0, 20}};
+  for (int f = 0; f < 2; f++) {
+    unsigned flags = f ? CN_OUT_ALL | CN_OUT_HIDDEN : 0;
+    started t[4];
+    one_run got[4];
+    t[0] = start_run(sim, m, in, runs[0][0], runs[0][1], flags);
+    for (int k = 0; k < 4; k++) {
+      if (k + 1 < 4)
+        t[k + 1] = start_run(sim, m, in, runs[k + 1][0], runs[k + 1][1],
+                             flags);
+      if (!dyn)
+        cr_expect_null(cn_run_output(t[k].r, t[k].slot[0]),
+                       "%s: an answer before the run's wait", c->family);
+      got[k] = finish_run(&t[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+      one_run want = run_once(cpu, m, in, runs[k][0], runs[k][1], flags,
+                              CN_LAYOUT_FUSED);
+      long long floats = 0;
+      for (size_t i = 0; i < runs[k][1] - runs[k][0]; i++) {
+        const char *a = json_string_value(json_array_get(want.outs, i));
+        const char *b = json_string_value(json_array_get(got[k].outs, i));
+        cr_expect_str_eq(b, a, "%s flags %u run %d instance %zu: overlapped "
+                         "runs answer differently", c->family, flags, k, i);
+        json_t *o = json_loads(a, 0, NULL);
+        floats += tu_answer_floats(o);
+        json_decref(o);
+      }
+      if (!dyn) {
+        cr_expect_eq(got[k].st.bytes_to_host, floats * 4,
+                     "%s flags %u run %d: %lld bytes to host, the answers "
+                     "read %lld", c->family, flags, k,
+                     got[k].st.bytes_to_host, floats * 4);
+        cr_expect_leq(got[k].st.device_syncs, 2, "%s run %d: %lld waits",
+                      c->family, k, got[k].st.device_syncs);
+      }
+      json_decref(want.outs);
+      json_decref(got[k].outs);
+    }
+  }
+  json_decref(in);
+  cn_model_free(m);
+  tu_rmdir(dir);
+  cn_backend_close(sim);
+  cn_backend_close(cpu);
+}
+
 Test(devpath, decode_session, .timeout = 300) {
   cn_backend_ctx *cpu = NULL, *sim = devsim_open();
   cn_err err;

@@ -165,33 +165,65 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
   /* a device backend's fetch waits for the batches itself */
   if (r->bk->vt->host_memory) r->bk->vt->sync(r->bk);
   r->kernels = r->bk->kernels - k0;
-  return cn__run_copy_back(r, NULL, 0, err);
+  return r->async ? cn__run_fetch_start(r, NULL, 0, err)
+                  : cn__run_copy_back(r, NULL, 0, err);
 }
 
-/* Every batch, then the family's run-level host pass (finish), which sees
- * all the run's states at once: a CRF decodes all its instances together
- * there instead of one at a time. */
+/* The family's run-level host pass (finish), which sees all the run's
+ * states at once: a CRF decodes all its instances together there instead
+ * of one at a time. */
+static int run_finish(cn_run *r, cn_err *err) {
+  r->finished = true;
+  int rc = r->fam->finish != NULL ? r->fam->finish(r, err) : 0;
+  cn__run_count(r);
+  return rc;
+}
+
+/* Every batch, then run_finish. Asynchronous (cn_run_set_async) on a
+ * device backend with fetch_start: returns once every batch and the fetch
+ * of what the answers read are issued; cn_run_wait does the rest. */
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
   if (r->executed)
     return cn_err_set(err, CN_E_INTERNAL, "a run executes only once");
   r->executed = true;
   r->ctr0 = r->bk->ctr;
-  if (r->nv == 0) return 0;
+  if (r->nv == 0) {
+    r->finished = true;
+    return 0;
+  }
   int rc = r->fam->dynamic ? cn__run_exec_dynamic(r, policy, err)
                            : exec_planned(r, policy, err);
-  if (rc == 0 && r->fam->finish != NULL) rc = r->fam->finish(r, err);
   cn__run_count(r);
-  return rc;
+  if (rc != 0) r->finished = true; /* nothing left to wait for */
+  if (rc != 0 || r->fetching) return rc;
+  return run_finish(r, err);
 }
+
+int cn_run_wait(cn_run *r, cn_err *err) {
+  if (!r->executed)
+    return cn_err_set(err, CN_E_INTERNAL, "cn_run_wait before cn_run_exec");
+  if (r->finished) return 0;
+  r->ctr0 = r->bk->ctr; /* only this run's wait, not what ran between */
+  int rc = cn__run_fetch_wait(r, err);
+  if (rc != 0) {
+    r->finished = true;
+    cn__run_count(r);
+    return rc;
+  }
+  return run_finish(r, err);
+}
+
+void cn_run_set_async(cn_run *r, int on) { r->async = on != 0; }
 
 void cn__run_count(cn_run *r) {
   const cn_backend_counters *a = &r->ctr0, *b = &r->bk->ctr;
-  r->ctr.syncs = b->syncs - a->syncs;
-  r->ctr.bytes_to_device = b->bytes_to_device - a->bytes_to_device;
-  r->ctr.bytes_to_host = b->bytes_to_host - a->bytes_to_host;
-  r->ctr.allocs = b->allocs - a->allocs;
-  r->ctr.launches = b->launches - a->launches;
+  r->ctr.syncs += b->syncs - a->syncs;
+  r->ctr.bytes_to_device += b->bytes_to_device - a->bytes_to_device;
+  r->ctr.bytes_to_host += b->bytes_to_host - a->bytes_to_host;
+  r->ctr.allocs += b->allocs - a->allocs;
+  r->ctr.launches += b->launches - a->launches;
   r->ctr.device_bytes = b->device_bytes;
+  r->ctr0 = *b;
 }
 
 void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {

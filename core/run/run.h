@@ -78,6 +78,10 @@ struct cn_run {
   /* what the answers read (device backends only): the spans the family's
    * reads() named, sorted by vertex, and where fetch_rows put them */
   const float *host;     /* backend-owned; valid until the next fetch      */
+  bool fetching;         /* cn_run_set_async: host is on its way (a
+                            fetch_start not yet waited for)               */
+  bool async;            /* cn_run_exec returns once the work is issued   */
+  bool finished;         /* the family's finish() ran, counters taken     */
   struct cn_run_span *spans;
   int64_t n_spans, cap_spans;
   int64_t *fetch_idx;    /* off and len arrays handed to fetch_rows        */
@@ -201,7 +205,14 @@ void cn__run_bind_weights(cn_run *r);
  * backend, brings what the answers of slots[0..n) read (every slot when
  * slots is NULL) to the host in one fetch. */
 int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err);
-/* The backend's counters since cn_run_exec began, into r->ctr (run.c). */
+/* cn__run_copy_back's first half: the fetch issued, not waited for when
+ * the backend has fetch_start (r->fetching); cn__run_fetch_wait is the
+ * second half (a no-op when nothing is on its way). */
+int cn__run_fetch_start(cn_run *r, const int *slots, int n, cn_err *err);
+int cn__run_fetch_wait(cn_run *r, cn_err *err);
+/* Adds the backend's counters since r->ctr0 to r->ctr and moves ctr0 to
+ * now (run.c): a run counts only what happened while it was the one
+ * issuing, even when another run was issued between its two halves. */
 void cn__run_count(cn_run *r);
 
 /* ---- memory by liveness (run_arena.c) -------------------------------------

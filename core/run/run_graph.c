@@ -57,6 +57,8 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
 
 void cn_run_free(cn_run *r) {
   if (r == NULL) return;
+  if (r->fetching) /* the device may still write into what goes now */
+    (void)r->bk->vt->fetch_wait(r->bk, r->host);
   if (r->arena != NULL) r->bk->vt->free(r->bk, r->arena);
   if (r->own_scratch && r->scratch != NULL) r->bk->vt->free(r->bk, r->scratch);
   free(r->slots);

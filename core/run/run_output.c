@@ -55,11 +55,12 @@ static int span_cmp(const void *a, const void *b) {
  * merged per vertex, and the backend gathers them on the device into its
  * own host buffer in one transfer with one wait. No host memory of the
  * arena's size, and nothing else crosses the bus. */
-int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err) {
+int cn__run_fetch_start(cn_run *r, const int *slots, int n, cn_err *err) {
   int rc = backend_status(r, err);
   if (rc != 0 || r->bk->vt->host_memory) return rc;
   cn_backend_ctx *bk = r->bk;
   r->host = NULL;
+  r->fetching = false;
   r->n_spans = 0;
   r->need_failed = false;
   int count = slots != NULL ? n : r->n_slots;
@@ -101,17 +102,42 @@ int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err) {
     sp->at = at;
     at += len[i];
   }
-  const float *h = bk->vt->fetch_rows(bk, r->arena, off, len, (int)k);
+  bool split = bk->vt->fetch_start != NULL && bk->vt->fetch_wait != NULL;
+  const float *h = split ? bk->vt->fetch_start(bk, r->arena, off, len, (int)k)
+                         : bk->vt->fetch_rows(bk, r->arena, off, len, (int)k);
   rc = backend_status(r, err);
   if (rc == 0 && h == NULL)
     rc = cn_err_set(err, CN_E_BACKEND, "backend '%s' could not copy the "
                     "run's results back", bk->vt->name);
-  if (rc == 0) r->host = h;
+  if (rc == 0) {
+    r->host = h;
+    r->fetching = split;
+  }
   return rc;
 }
 
+int cn__run_fetch_wait(cn_run *r, cn_err *err) {
+  if (!r->fetching) return 0;
+  r->fetching = false;
+  cn_backend_ctx *bk = r->bk;
+  int rc = bk->vt->fetch_wait(bk, r->host);
+  int st = backend_status(r, err);
+  if (st != 0) rc = st;
+  else if (rc != 0)
+    rc = cn_err_set(err, CN_E_BACKEND, "backend '%s' could not copy the "
+                    "run's results back", bk->vt->name);
+  if (rc != 0) r->host = NULL;
+  return rc;
+}
+
+int cn__run_copy_back(cn_run *r, const int *slots, int n, cn_err *err) {
+  int rc = cn__run_fetch_start(r, slots, n, err);
+  return rc != 0 ? rc : cn__run_fetch_wait(r, err);
+}
+
 json_t *cn_run_output(const cn_run *r, int slot) {
-  if (slot < 0 || slot >= r->n_slots || !r->executed) return NULL;
+  if (slot < 0 || slot >= r->n_slots || !r->executed || !r->finished)
+    return NULL; /* not executed, or on its way (cn_run_wait) */
   return r->fam->output(r, slot);
 }
 
