@@ -131,57 +131,92 @@ __global__ void k_fetch_rows(float *dst, const float *base,
   }
 }
 
+/* Waits for the copy into half h, if one is under way. */
+static bool fetch_settle(cu_ctx *c, int h) {
+  if (!c->fetch_pending[h]) return true;
+  c->fetch_pending[h] = false;
+  c->base.ctr.syncs++;
+  return CN_CUDA_CHECK(c, cudaEventSynchronize(c->fetch_ev[h]));
+}
+
 static void fetch_free(cu_ctx *c) {
+  for (int h = 0; h < 2; h++) {
+    (void)fetch_settle(c, h);
+    c->fetch_buf[h] = NULL;
+  }
   if (c->fetch_host != NULL) {
     CN_CUDA_CHECK(c, cudaFreeHost(c->fetch_host));
     cu_pool_put(c, c->fetch_dev);
   }
-  c->fetch_host = NULL;
+  if (c->fetch_old != NULL) CN_CUDA_CHECK(c, cudaFreeHost(c->fetch_old));
+  c->fetch_host = c->fetch_old = NULL;
   c->fetch_dev = NULL;
   c->fetch_cap = 0;
 }
 
-/* Both buffers grown to at least `floats` (a power of two): the previous
- * fetch's rows are no longer wanted (fetch_rows' contract), and the
- * stream has been waited for since, so they go at once. */
-static bool fetch_grow(cu_ctx *c, size_t floats) {
+/* Both halves grown to at least `floats` (a power of two), in one pinned
+ * block. Half h's rows (the fetch before last) are no longer wanted; the
+ * other half's (the last fetch) may still be read, so its block is kept
+ * as fetch_old until the next fetch, once its copy has landed. */
+static bool fetch_grow(cu_ctx *c, int h, size_t floats) {
   if (floats <= c->fetch_cap) return true;
   size_t cap = 1024;
   while (cap < floats) cap <<= 1;
-  fetch_free(c);
+  if (!fetch_settle(c, h ^ 1)) return false;
+  float *old = c->fetch_host;
+  if (c->fetch_dev != NULL) cu_pool_put(c, c->fetch_dev);
+  c->fetch_host = NULL;
+  c->fetch_cap = 0;
   c->fetch_dev = (float *)cu_pool_get(c, cap * sizeof(float));
   if (c->fetch_dev == NULL) {
+    c->fetch_old = old;
     cu_fail(c, __FILE__, __LINE__, "cudaMalloc(fetch_rows)",
             "out of device memory");
     return false;
   }
   if (!CN_CUDA_CHECK(c, cudaHostAlloc((void **)&c->fetch_host,
-                                      cap * sizeof(float),
+                                      2 * cap * sizeof(float),
                                       cudaHostAllocDefault))) {
     c->fetch_host = NULL;
     cu_pool_put(c, c->fetch_dev);
     c->fetch_dev = NULL;
+    c->fetch_old = old;
     return false;
   }
+  c->fetch_old = old;
   c->base.ctr.allocs++;
   c->fetch_cap = cap;
   return true;
 }
 
-/* One upload of the span table, one gather kernel, one copy into the
- * pinned buffer, one wait. A single span needs no gather: it is copied
- * as it is. */
-static const float *cu_fetch_rows(cn_backend_ctx *bk, const float *base,
-                                  const int64_t *off, const int64_t *len,
-                                  int n) {
+/* One upload of the span table, one gather kernel, one copy into a
+ * pinned half, an event: no wait (fetch_wait waits). A single span needs
+ * no gather: it is copied as it is. Nothing to copy still records the
+ * event, so the wait is for all work issued so far. */
+static const float *cu_fetch_start(cn_backend_ctx *bk, const float *base,
+                                   const int64_t *off, const int64_t *len,
+                                   int n) {
   static const float none[1] = {0.0f};
   cu_ctx *c = cu_of(bk);
   if (!cu_enter(c)) return NULL;
+  int h = c->fetch_turn;
+  c->fetch_turn ^= 1;
+  /* the half's last fetch has landed before its space is written again;
+   * a block a growth retired is read no more (it held the fetch before
+   * this one's predecessor, landed when the growth settled it) */
+  if (!fetch_settle(c, h)) return NULL;
+  c->fetch_buf[h] = NULL;
+  if (c->fetch_old != NULL) {
+    CN_CUDA_CHECK(c, cudaFreeHost(c->fetch_old));
+    c->fetch_old = NULL;
+  }
   size_t total = 0;
   for (int k = 0; k < n; k++) total += len[k] > 0 ? (size_t)len[k] : 0;
-  const float *src = NULL;
+  float *dst = NULL;
   if (total > 0) {
-    if (!fetch_grow(c, total)) return NULL;
+    if (!fetch_grow(c, h, total)) return NULL;
+    dst = c->fetch_host + (size_t)h * c->fetch_cap;
+    const float *src = NULL;
     if (n == 1) {
       src = base + off[0];
     } else {
@@ -200,15 +235,36 @@ static const float *cu_fetch_rows(cn_backend_ctx *bk, const float *base,
       if (!CN_CUDA_LAUNCHED(c)) return NULL;
       src = c->fetch_dev;
     }
-    if (!CN_CUDA_CHECK(c, cudaMemcpyAsync(c->fetch_host, src,
-                                          total * sizeof(float),
+    if (!CN_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, total * sizeof(float),
                                           cudaMemcpyDeviceToHost, c->stream)))
       return NULL;
     c->base.ctr.bytes_to_host += (long long)(total * sizeof(float));
   }
-  c->base.ctr.syncs++;
-  if (!CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream))) return NULL;
-  return total > 0 ? c->fetch_host : none;
+  if (!CN_CUDA_CHECK(c, cudaEventRecord(c->fetch_ev[h], c->stream)))
+    return NULL;
+  c->fetch_pending[h] = true;
+  c->fetch_buf[h] = total > 0 ? dst : none;
+  return c->fetch_buf[h];
+}
+
+/* Waits for the fetch that returned buf (both halves when it returned
+ * the shared empty result). */
+static int cu_fetch_wait(cn_backend_ctx *bk, const float *buf) {
+  cu_ctx *c = cu_of(bk);
+  if (!cu_enter(c)) return -1;
+  bool ok = true;
+  for (int h = 0; h < 2; h++)
+    if (buf != NULL && c->fetch_buf[h] == buf) ok = fetch_settle(c, h) && ok;
+  return ok ? 0 : -1;
+}
+
+/* Both halves at once: one wait. */
+static const float *cu_fetch_rows(cn_backend_ctx *bk, const float *base,
+                                  const int64_t *off, const int64_t *len,
+                                  int n) {
+  const float *h = cu_fetch_start(bk, base, off, len, n);
+  if (h == NULL || cu_fetch_wait(bk, h) != 0) return NULL;
+  return h;
 }
 
 /* Idle (#33 item 5): the pool's unused blocks and the fetch buffers go
@@ -259,6 +315,9 @@ static void cu_close(cn_backend_ctx *bk) {
     if (c->stage_dev != NULL) (void)cudaFree(c->stage_dev);
     if (c->am_host != NULL) (void)cudaFreeHost(c->am_host);
     if (c->fetch_host != NULL) (void)cudaFreeHost(c->fetch_host);
+    if (c->fetch_old != NULL) (void)cudaFreeHost(c->fetch_old);
+    for (int h = 0; h < 2; h++)
+      if (c->fetch_ev[h] != NULL) (void)cudaEventDestroy(c->fetch_ev[h]);
     if (c->am_dev != NULL) (void)cudaFree(c->am_dev);
     for (int h = 0; h < 2; h++)
       if (c->stage_ev[h] != NULL) (void)cudaEventDestroy(c->stage_ev[h]);
@@ -285,6 +344,8 @@ static const cn_backend_vt cuda_vt = {
     .to_host = cu_to_host,
     .sync = cu_sync,
     .fetch_rows = cu_fetch_rows,
+    .fetch_start = cu_fetch_start,
+    .fetch_wait = cu_fetch_wait,
     .gemm = cu_gemm,
     .gemm_strided = cu_gemm_strided,
     .gather = cu_gather,
@@ -364,6 +425,10 @@ extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
                                  &c->stage_ev[0], cudaEventDisableTiming)) &&
             CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
                                  &c->stage_ev[1], cudaEventDisableTiming)) &&
+            CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
+                                 &c->fetch_ev[0], cudaEventDisableTiming)) &&
+            CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
+                                 &c->fetch_ev[1], cudaEventDisableTiming)) &&
             CN_CUBLAS_CHECK(c, cublasCreate(&c->blas)) &&
             CN_CUBLAS_CHECK(c, cublasSetStream(c->blas, c->stream)) &&
             /* Plain FP32: no TF32 tensor-op shortcuts (1e-4 vs cpu). */

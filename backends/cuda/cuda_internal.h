@@ -76,11 +76,18 @@ typedef struct cu_ctx {
   float *eye;
   int eye_H;
 
-  /* fetch_rows: the packed spans on the device (a pool block) and their
-   * pinned host copy, both grown to the largest fetch, kept until
-   * release() or close. */
-  float *fetch_dev, *fetch_host;
-  size_t fetch_cap; /* floats, both */
+  /* fetch_rows / fetch_start: the packed spans on the device (a pool
+   * block) and their pinned host copy in two halves used in turn (one
+   * fetch may be read while the next is under way), grown to the
+   * largest fetch, kept until release() or close. An event per half
+   * marks its copy done; fetch_old is the pinned block a growth
+   * replaced, whose other half may be read until the next fetch. */
+  float *fetch_dev, *fetch_host, *fetch_old;
+  size_t fetch_cap; /* floats: the device block, and each host half */
+  cudaEvent_t fetch_ev[2];
+  bool fetch_pending[2]; /* a copy into the half not yet waited for  */
+  const float *fetch_buf[2]; /* what the half's last fetch returned    */
+  int fetch_turn;
 
   /* What the pool keeps beyond the blocks in use (bytes): above it, free
    * blocks go back to the device before a new one is made
