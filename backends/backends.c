@@ -92,6 +92,10 @@ void cn_backend_release(cn_backend_ctx *bk) {
 
 long long cn_backend_kernels(const cn_backend_ctx *bk) { return bk->kernels; }
 
+bool cn_backend_is_device(const cn_backend_ctx *bk) {
+  return !bk->vt->host_memory;
+}
+
 void cn_backend_get_counters(const cn_backend_ctx *bk,
                              cn_backend_counters *out) {
   *out = bk->ctr;

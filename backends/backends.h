@@ -3,6 +3,8 @@
 #ifndef CANOPY_BACKENDS_H
 #define CANOPY_BACKENDS_H
 
+#include <stdbool.h>
+
 #include "canopy_core.h"
 
 typedef struct cn_backend_ctx cn_backend_ctx;
@@ -16,6 +18,9 @@ void cn_backend_close(cn_backend_ctx *bk);
 /* Gives back the memory a context keeps for its next runs (cpu: spare run
  * arenas, up to 256 MiB); nothing for a backend that keeps none. */
 void cn_backend_release(cn_backend_ctx *bk);
+/* True when the context computes in device memory, asynchronously to the
+ * host (cuda): the host can prepare a run while another computes. */
+bool cn_backend_is_device(const cn_backend_ctx *bk);
 /* Kernel launches issued on this context so far. */
 long long cn_backend_kernels(const cn_backend_ctx *bk);
 /* The context's counters so far (syncs, bytes each way, allocations,

@@ -240,6 +240,8 @@ typedef struct chunk {
   long long first_lineno;
   char *out, *notes;   /* formatted: stdout lines, stderr notes        */
   size_t out_len, notes_len;
+  FILE *fout, *fnotes; /* open on out and notes while the chunk runs   */
+  cn_run *run;         /* issued by chunk_start, done by chunk_finish  */
   totals tot;          /* this chunk's share                           */
   int rc;              /* -1: the run failed (its note is in notes)    */
 } chunk;
@@ -275,17 +277,16 @@ static void parse_line(const run_opts *o, const cn_model *m, const char *buf,
   json_decref(j);
 }
 
-/* Runs one chunk of lines together and writes their outputs, in order, to
- * out (and notes on refused lines or a failed run to notes). */
-static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
-                     line *ls, int n, totals *tot, FILE *out, FILE *notes) {
-  int rc = 0;
-  cn_run *r = cn_run_new(m, bk);
+/* Issues one chunk of lines as one run (*rp; on a device backend it may
+ * still be computing on return): notes on a failed run go to notes. */
+static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
+                     line *ls, int n, FILE *notes, cn_run **rp) {
+  cn_run *r = *rp = cn_run_new(m, bk);
   if (r == NULL) {
     fprintf(notes, "canopy run: no memory for a run\n");
-    rc = -1;
-    goto out;
+    return -1;
   }
+  cn_run_set_async(r, 1);
   cn_run_set_layout(r, o->layout);
   cn_run_set_plan_width(r, o->cfg.serve.plan_width);
   if (o->no_reuse) cn_run_set_arena_reuse(r, 0);
@@ -303,8 +304,20 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   if ((o->fsm != NULL ? cn_run_exec_fsm(r, o->fsm, &err)
                       : cn_run_exec(r, o->policy, &err)) != 0) {
     fprintf(notes, "canopy run: %s\n", err.msg);
-    rc = -1;
-    goto out;
+    return -1;
+  }
+  return 0;
+}
+
+/* Waits for a run_start'ed run and writes its outputs, in order, to out
+ * (and notes on refused lines or a failed run to notes). */
+static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
+                      FILE *notes) {
+  cn_err err;
+  cn_err_clear(&err);
+  if (cn_run_wait(r, &err) != 0) {
+    fprintf(notes, "canopy run: %s\n", err.msg);
+    return -1;
   }
   cn_run_stats st;
   cn_run_get_stats(r, &st);
@@ -344,13 +357,7 @@ static int run_chunk(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
     json_decref(obj);
     tot->instances++;
   }
-out:
-  cn_run_free(r);
-  for (int i = 0; i < n; i++) {
-    cn_instance_free(ls[i].inst);
-    ls[i].inst = NULL;
-  }
-  return rc;
+  return 0;
 }
 
 /* What every job shares: the options, the model, one backend context per
@@ -361,8 +368,8 @@ typedef struct jobs_ctx {
   cn_backend_ctx **bk;
 } jobs_ctx;
 
-/* A job (run_pool.h): parse, compute and format one chunk into memory. */
-static void chunk_work(void *arg, int thread, void *item) {
+/* A job's first half (run_pool.h): parse one chunk and issue its run. */
+static void chunk_start(void *arg, int thread, void *item) {
   jobs_ctx *jc = arg;
   chunk *c = item;
   for (int i = 0; i < c->n; i++) { /* a line may hold a NUL: lengths */
@@ -371,16 +378,38 @@ static void chunk_work(void *arg, int thread, void *item) {
                c->first_lineno + i, &c->ls[i]);
   }
   memset(&c->tot, 0, sizeof(c->tot));
-  FILE *out = open_memstream(&c->out, &c->out_len);
-  FILE *notes = open_memstream(&c->notes, &c->notes_len);
-  if (out == NULL || notes == NULL) {
+  c->run = NULL;
+  c->fout = open_memstream(&c->out, &c->out_len);
+  c->fnotes = open_memstream(&c->notes, &c->notes_len);
+  if (c->fout == NULL || c->fnotes == NULL)
     c->rc = -1;
-  } else {
-    c->rc = run_chunk(jc->o, jc->m, jc->bk[thread], c->ls, c->n, &c->tot,
-                      out, notes);
+  else
+    c->rc = run_start(jc->o, jc->m, jc->bk[thread], c->ls, c->n, c->fnotes,
+                      &c->run);
+}
+
+/* Its second half: wait for the run and format its outputs into memory. */
+static void chunk_finish(void *arg, int thread, void *item) {
+  (void)arg;
+  (void)thread;
+  chunk *c = item;
+  if (c->rc == 0)
+    c->rc = run_finish(c->run, c->ls, c->n, &c->tot, c->fout, c->fnotes);
+  cn_run_free(c->run);
+  c->run = NULL;
+  for (int i = 0; i < c->n; i++) {
+    cn_instance_free(c->ls[i].inst);
+    c->ls[i].inst = NULL;
   }
-  if (out != NULL) fclose(out);
-  if (notes != NULL) fclose(notes);
+  if (c->fout != NULL) fclose(c->fout);
+  if (c->fnotes != NULL) fclose(c->fnotes);
+  c->fout = c->fnotes = NULL;
+}
+
+/* Both halves at once (host backends: nothing to overlap). */
+static void chunk_work(void *arg, int thread, void *item) {
+  chunk_start(arg, thread, item);
+  chunk_finish(arg, thread, item);
 }
 
 /* Prints a computed chunk and adds its totals; returns its status. */
@@ -528,10 +557,12 @@ static int open_job_backends(const run_opts *o, cn_backend_ctx *bk,
 }
 
 /* Two chunks a job: one computing, one read ahead (or waiting to be
- * printed behind a slower neighbour). *cs and *n_cs are set as soon as
- * they exist (the caller frees them with chunks_free). */
-static int alloc_chunks(long long batch, int jobs, chunk **cs, int *n_cs) {
-  *n_cs = jobs > 1 ? 2 * jobs : 1;
+ * printed behind a slower neighbour); a single job on a device keeps two
+ * as well (one on the device, one prepared meanwhile). *cs and *n_cs are
+ * set as soon as they exist (the caller frees them with chunks_free). */
+static int alloc_chunks(long long batch, int jobs, bool overlap, chunk **cs,
+                        int *n_cs) {
+  *n_cs = jobs > 1 || overlap ? 2 * jobs : 1;
   *cs = calloc((size_t)*n_cs, sizeof(chunk));
   if (*cs == NULL) return -1;
   for (int i = 0; i < *n_cs; i++) {
@@ -653,9 +684,17 @@ int cn_cmd_run(int argc, char **argv) {
   }
   if (o.policy == CN_POLICY_FSM && load_policy(&o, m, bk, &in) != 0) goto out;
   if (open_job_backends(&o, bk, jobs, &job_bk, &err) != 0) goto out;
-  if (alloc_chunks(o.batch, jobs, &cs, &n_cs) != 0) goto out;
+  /* on a device, each job prepares its next run while the device
+   * computes the one before (issue #33 item 3; docs/cuda.md).
+   * CANOPY_RUN_OVERLAP=0 turns that off (to measure what it gives), =1
+   * on for host backends too (the tests: same path, same answers) */
+  const char *ov = getenv("CANOPY_RUN_OVERLAP");
+  bool overlap = ov != NULL && ov[0] != '\0' ? strcmp(ov, "0") != 0
+                                              : cn_backend_is_device(bk);
+  if (alloc_chunks(o.batch, jobs, overlap, &cs, &n_cs) != 0) goto out;
   jobs_ctx jc = {.o = &o, .m = m, .bk = job_bk};
-  pool = cn__pool_new(jobs, n_cs, chunk_work, &jc);
+  pool = overlap ? cn__pool_new(jobs, n_cs, chunk_start, chunk_finish, &jc)
+                 : cn__pool_new(jobs, n_cs, chunk_work, NULL, &jc);
   if (pool == NULL) {
     fprintf(stderr, "canopy run: cannot start %d jobs\n", jobs);
     goto out;

@@ -6,6 +6,9 @@
  * take() waits on the oldest one only, so output order is submission
  * order whatever order the work finishes in. One mutex and two condition
  * variables: items to pick (work_cv), an item finished (done_cv).
+ *
+ * With two halves (fn, then finish), a thread holds one started item and
+ * marks it done only after starting the next one (or finding none).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -15,7 +18,7 @@
 
 struct cn__pool {
   /* set once by cn__pool_new */
-  cn__pool_fn fn;
+  cn__pool_fn fn, finish;
   void *ctx;
   int depth, n_threads;
   pthread_t *threads;
@@ -26,6 +29,7 @@ struct cn__pool {
   bool *done;
   int head, pending, picked; /* picked: of pending, how many were taken up */
   bool stopping;
+  int held_slot; /* without threads: the started item (-1: none)      */
 };
 
 typedef struct pool_thread {
@@ -33,33 +37,57 @@ typedef struct pool_thread {
   int index;
 } pool_thread;
 
+/* Under mu: the held item of slot `held` finished (its second half runs
+ * unlocked); wakes take(). */
+static void finish_held(cn__pool *p, int index, int held) {
+  void *item = p->item[held];
+  pthread_mutex_unlock(&p->mu);
+  p->finish(p->ctx, index, item);
+  pthread_mutex_lock(&p->mu);
+  p->done[held] = true;
+  pthread_cond_broadcast(&p->done_cv);
+}
+
 static void *pool_main(void *arg) {
   pool_thread *t = arg;
   cn__pool *p = t->p;
-  int index = t->index;
+  int index = t->index, held = -1;
   free(t);
   pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (p->picked == p->pending && !p->stopping)
+    while (p->picked == p->pending && !p->stopping && held < 0)
       pthread_cond_wait(&p->work_cv, &p->mu);
-    if (p->picked == p->pending) break; /* stopping, nothing left */
+    if (p->picked == p->pending) {
+      if (held < 0) break; /* stopping, nothing left */
+      finish_held(p, index, held); /* nothing to overlap it with */
+      held = -1;
+      continue;
+    }
     int slot = (p->head + p->picked) % p->depth;
     p->picked++;
     void *item = p->item[slot];
     pthread_mutex_unlock(&p->mu);
     p->fn(p->ctx, index, item);
     pthread_mutex_lock(&p->mu);
-    p->done[slot] = true;
-    pthread_cond_broadcast(&p->done_cv);
+    if (p->finish == NULL) {
+      p->done[slot] = true;
+      pthread_cond_broadcast(&p->done_cv);
+      continue;
+    }
+    if (held >= 0) finish_held(p, index, held);
+    held = slot;
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;
 }
 
-cn__pool *cn__pool_new(int threads, int depth, cn__pool_fn fn, void *ctx) {
+cn__pool *cn__pool_new(int threads, int depth, cn__pool_fn fn,
+                       cn__pool_fn finish, void *ctx) {
   cn__pool *p = calloc(1, sizeof(*p));
   if (p == NULL) return NULL;
   p->fn = fn;
+  p->finish = finish;
+  p->held_slot = -1;
   p->ctx = ctx;
   p->depth = depth < 1 ? 1 : depth;
   p->item = calloc((size_t)p->depth, sizeof(void *));
@@ -110,7 +138,12 @@ int cn__pool_submit(cn__pool *p, void *item) {
     pthread_mutex_unlock(&p->mu);
     p->fn(p->ctx, 0, item);
     pthread_mutex_lock(&p->mu);
-    p->done[slot] = true;
+    if (p->finish == NULL) {
+      p->done[slot] = true;
+    } else {
+      if (p->held_slot >= 0) finish_held(p, 0, p->held_slot);
+      p->held_slot = slot;
+    }
   } else {
     pthread_cond_signal(&p->work_cv);
   }
@@ -124,6 +157,10 @@ void *cn__pool_take(cn__pool *p) {
     pthread_mutex_unlock(&p->mu);
     return NULL;
   }
+  if (p->n_threads == 0 && p->held_slot == p->head) { /* no next to wait */
+    finish_held(p, 0, p->held_slot);
+    p->held_slot = -1;
+  }
   while (!p->done[p->head]) pthread_cond_wait(&p->done_cv, &p->mu);
   void *item = p->item[p->head];
   p->head = (p->head + 1) % p->depth;
@@ -136,6 +173,10 @@ void *cn__pool_take(cn__pool *p) {
 void cn__pool_free(cn__pool *p) {
   if (p == NULL) return;
   pthread_mutex_lock(&p->mu);
+  if (p->n_threads == 0 && p->held_slot >= 0) { /* not taken back */
+    finish_held(p, 0, p->held_slot);
+    p->held_slot = -1;
+  }
   p->stopping = true;
   pthread_cond_broadcast(&p->work_cv);
   pthread_mutex_unlock(&p->mu);

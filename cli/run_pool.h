@@ -13,8 +13,15 @@ typedef struct cn__pool cn__pool;
 /* A pool of `threads` threads holding at most `depth` items between
  * submit and take. threads <= 1 starts no thread: submit does the work
  * itself, in the caller's thread (thread 0). NULL: no memory or no
- * thread could start. The pool owns no item. */
-cn__pool *cn__pool_new(int threads, int depth, cn__pool_fn fn, void *ctx);
+ * thread could start. The pool owns no item.
+ *
+ * An item's work is fn, or with finish != NULL two halves: each thread
+ * (the caller's, without threads) holds one started item and starts the
+ * next before it finishes the held one, so the device computes one item
+ * while the host prepares the next (issue #33 item 3). A thread with no
+ * next item at hand finishes what it holds at once. */
+cn__pool *cn__pool_new(int threads, int depth, cn__pool_fn fn,
+                       cn__pool_fn finish, void *ctx);
 /* Items submitted and not yet taken back. */
 int cn__pool_pending(const cn__pool *p);
 /* Queues an item; the caller must first take one back if pending == depth
