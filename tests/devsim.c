@@ -7,9 +7,10 @@
 
 #include "backends.h"
 
-/* Kernels the cuda backend launches for a product with a bias: the bias
- * broadcast, then cuBLAS. */
-#define CN_GEMM_BIAS_LAUNCHES 2
+/* Kernels the cuda backend launches for a product with a bias: one
+ * cublasLt call with the bias in its epilogue (2 where cublasLt refuses
+ * the shape: the bias broadcast, then cublasSgemm). */
+#define CN_GEMM_BIAS_LAUNCHES 1
 
 typedef struct sim_block {
   void *p;

@@ -302,12 +302,15 @@ static void cu_close(cn_backend_ctx *bk) {
               "canopy cuda: device %d: %lld pool allocations (%zu bytes), "
               "%lld weight tensors, %lld staging grows, %lld backend calls, "
               "%lld launches, %lld syncs, %lld allocations, %lld bytes to "
-              "device, %lld bytes to host, %lld bytes held\n",
+              "device, %lld bytes to host, %lld bytes held; products "
+              "with a bias: %s\n",
               c->device, c->device_allocs, c->pool_bytes, c->weight_allocs,
               c->stage_grows, c->base.kernels, c->base.ctr.launches,
               c->base.ctr.syncs, c->base.ctr.allocs,
               c->base.ctr.bytes_to_device, c->base.ctr.bytes_to_host,
-              c->base.ctr.device_bytes);
+              c->base.ctr.device_bytes,
+              c->lt_off ? "bias kernel + cublasSgemm" : "cublasLt epilogue");
+    cu_lt_close(c);
     if (c->blas != NULL) (void)cublasDestroy(c->blas);
     for (int i = 0; i < c->n_blocks; i++) (void)cudaFree(c->blocks[i].p);
     for (int i = 0; i < c->n_weights; i++) (void)cudaFree(c->weights[i].dev);
@@ -370,7 +373,6 @@ static const cn_backend_vt cuda_vt = {
 };
 
 /* cuBLAS scratch: its own, from the pool, so products never allocate. */
-#define CU_BLAS_WORKSPACE ((size_t)32 << 20)
 
 extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
                                      cn_err *err) {
@@ -439,6 +441,8 @@ extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
     ws = cu_pool_get(c, CU_BLAS_WORKSPACE);
     ok = ws != NULL && CN_CUBLAS_CHECK(c, cublasSetWorkspace(
                                               c->blas, ws, CU_BLAS_WORKSPACE));
+    c->blas_ws = ws;
+    if (ok) (void)cu_lt_open(c); /* else the bias kernel and cublasSgemm */
     if (ws == NULL)
       cu_fail(c, __FILE__, __LINE__, "cudaMalloc(cuBLAS workspace)",
               "out of device memory");

@@ -6,14 +6,139 @@
  * and no operand is ever transposed in memory.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_internal.h"
+
+/* ---- products with a bias: one cublasLt call (issue #33 item 4) -------
+ * Cᵀ = W·Aᵀ (+ Cᵀ) + bias: the bias is a vector over Cᵀ's rows, which is
+ * what cublasLt's BIAS epilogue broadcasts. Plain FP32 compute (no TF32),
+ * as the cublasSgemm path. Per shape, the layouts and the heuristic's
+ * algorithm are kept (direct-mapped; a batch's M repeats run after run),
+ * so a hit costs no query. A shape cublasLt refuses takes the old path;
+ * a failed call turns cublasLt off for the context. */
+
+bool cu_lt_open(cu_ctx *c) {
+  const char *e = getenv("CANOPY_CUDA_LT");
+  c->lt_off = true;
+  if (e != NULL && strcmp(e, "0") == 0) return false;
+  cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  size_t ws = CU_BLAS_WORKSPACE;
+  c->lt_plans = (cu_lt_plan *)calloc(CU_LT_PLANS, sizeof(cu_lt_plan));
+  if (c->lt_plans == NULL ||
+      cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescCreate(&c->lt_bias, CUBLAS_COMPUTE_32F, CUDA_R_32F) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(c->lt_bias, CUBLASLT_MATMUL_DESC_TRANSA,
+                                     &t, sizeof(t)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(c->lt_bias, CUBLASLT_MATMUL_DESC_TRANSB,
+                                     &n, sizeof(n)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(c->lt_bias, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                     &epi, sizeof(epi)) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulPreferenceCreate(&c->lt_pref) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulPreferenceSetAttribute(
+          c->lt_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+          sizeof(ws)) != CUBLAS_STATUS_SUCCESS) {
+    cu_lt_close(c);
+    return false;
+  }
+  c->lt_off = false;
+  return true;
+}
+
+static void plan_drop(cu_lt_plan *p) {
+  if (p->a != NULL) (void)cublasLtMatrixLayoutDestroy(p->a);
+  if (p->b != NULL) (void)cublasLtMatrixLayoutDestroy(p->b);
+  if (p->c != NULL) (void)cublasLtMatrixLayoutDestroy(p->c);
+  memset(p, 0, sizeof(*p));
+}
+
+void cu_lt_close(cu_ctx *c) {
+  for (int i = 0; c->lt_plans != NULL && i < CU_LT_PLANS; i++)
+    plan_drop(&c->lt_plans[i]);
+  free(c->lt_plans);
+  c->lt_plans = NULL;
+  if (c->lt_pref != NULL) (void)cublasLtMatmulPreferenceDestroy(c->lt_pref);
+  if (c->lt_bias != NULL) (void)cublasLtMatmulDescDestroy(c->lt_bias);
+  if (c->lt != NULL) (void)cublasLtDestroy(c->lt);
+  c->lt_pref = NULL;
+  c->lt_bias = NULL;
+  c->lt = NULL;
+  c->lt_off = true;
+}
+
+/* The plan of a shape: found, or made (layouts, one heuristic query). */
+static cu_lt_plan *lt_plan(cu_ctx *c, int M, int N, int K, int lda, int ldw,
+                           int ldc, bool beta) {
+  uint64_t h = (uint64_t)M * 0x9E3779B97F4A7C15ull ^
+               ((uint64_t)N << 20 ^ (uint64_t)K << 40) ^
+               ((uint64_t)lda * 31 + (uint64_t)ldw * 17 + (uint64_t)ldc) ^
+               (uint64_t)beta;
+  h ^= h >> 29;
+  cu_lt_plan *p = &c->lt_plans[h % CU_LT_PLANS];
+  if (p->a != NULL && p->M == M && p->N == N && p->K == K && p->lda == lda &&
+      p->ldw == ldw && p->ldc == ldc && p->beta == beta)
+    return p;
+  plan_drop(p);
+  p->M = M, p->N = N, p->K = K, p->lda = lda, p->ldw = ldw, p->ldc = ldc;
+  p->beta = beta;
+  /* column-major: W is K×N (transposed by the op), A is K×M, C is N×M */
+  if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, K, N, ldw) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, K, M, lda) !=
+          CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, N, M, ldc) !=
+          CUBLAS_STATUS_SUCCESS) {
+    plan_drop(p);
+    return NULL;
+  }
+  cublasLtMatmulHeuristicResult_t r;
+  int found = 0;
+  memset(&r, 0, sizeof(r));
+  if (cublasLtMatmulAlgoGetHeuristic(c->lt, c->lt_bias, p->a, p->b, p->c,
+                                     p->c, c->lt_pref, 1, &r, &found) ==
+          CUBLAS_STATUS_SUCCESS &&
+      found > 0 && r.state == CUBLAS_STATUS_SUCCESS) {
+    p->algo = r.algo;
+    p->ws = r.workspaceSize;
+    p->ok = true;
+  }
+  return p;
+}
+
+/* One launch for C = A·Wᵀ + bias (+ beta·C); false: not done, take the
+ * old path. */
+static bool gemm_bias_lt(cu_ctx *c, int M, int N, int K, const float *A,
+                         int lda, const float *W, int ldw, const float *bias,
+                         float beta, float *C, int ldc) {
+  if (c->lt_off) return false;
+  cu_lt_plan *p = lt_plan(c, M, N, K, lda, ldw, ldc, beta != 0.0f);
+  if (p == NULL || !p->ok || p->ws > CU_BLAS_WORKSPACE) return false;
+  const float one = 1.0f;
+  cublasStatus_t st = cublasLtMatmulDescSetAttribute(
+      c->lt_bias, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmul(c->lt, c->lt_bias, &one, W, p->a, A, p->b, &beta, C,
+                        p->c, C, p->c, &p->algo, c->blas_ws, p->ws,
+                        c->stream);
+  if (st != CUBLAS_STATUS_SUCCESS) { /* never again on this context */
+    c->lt_off = true;
+    return false;
+  }
+  c->base.ctr.launches++;
+  return true;
+}
 
 void cu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
              int lda, const float *W, int ldw, const float *bias, float beta,
              float *C, int ldc) {
   cu_ctx *c = cu_of(bk);
   if (M <= 0 || N <= 0 || !cu_enter(c)) return;
+  if (bias != NULL &&
+      gemm_bias_lt(c, M, N, K, A, lda, W, ldw, bias, beta, C, ldc))
+    return;
   if (bias != NULL) {
     /* C = beta·C + bias (bias alone when beta = 0), then accumulate. */
     if (!cu_bias_rows(c, M, N, bias, beta, C, ldc)) return;

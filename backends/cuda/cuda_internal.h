@@ -13,6 +13,7 @@
 #ifndef CANOPY_CUDA_INTERNAL_H
 #define CANOPY_CUDA_INTERNAL_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,11 +40,35 @@ typedef struct cu_weight {
   float *dev;
 } cu_weight;
 
+/* A product with a bias as one cublasLt call (the bias in its epilogue),
+ * per shape: its layouts and the algorithm the heuristic chose. */
+typedef struct cu_lt_plan {
+  int M, N, K, lda, ldw, ldc;
+  bool beta;      /* accumulates into C */
+  bool ok;        /* the heuristic found an algorithm */
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+  size_t ws;      /* workspace it needs */
+} cu_lt_plan;
+
+#define CU_LT_PLANS 512
+/* cuBLAS's workspace (from the pool; cublasLt's too) */
+#define CU_BLAS_WORKSPACE ((size_t)32 << 20)
+
 typedef struct cu_ctx {
   cn_backend_ctx base;
   int device;
   cudaStream_t stream;
   cublasHandle_t blas;
+  /* the products with a bias (cuda_blas.cu): one cublasLt call each
+   * instead of a bias kernel and a cublasSgemm (issue #33 item 4); off
+   * when cublasLt is refused once (or CANOPY_CUDA_LT=0) */
+  cublasLtHandle_t lt;
+  cublasLtMatmulDesc_t lt_bias;
+  cublasLtMatmulPreference_t lt_pref;
+  cu_lt_plan *lt_plans; /* CU_LT_PLANS, direct-mapped by shape */
+  bool lt_off;
+  void *blas_ws;        /* cuBLAS's workspace, lent to cublasLt too */
 
   /* The first failure since the last status() call (sticky: compute calls
    * become no-ops until it is reported). */
@@ -191,6 +216,9 @@ void cu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N, int K,
 void cu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
                   const float *base, const int64_t *off1,
                   const int64_t *off2, float *out, int ldo);
+/* cublasLt set up for the products with a bias (false: left off). */
+bool cu_lt_open(cu_ctx *c);
+void cu_lt_close(cu_ctx *c);
 
 /* cuda_kernels.cu */
 bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
