@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 33 before and after on one GPU, in one session: the current build
+# (.gpu, bundled as gpu_run.sh says) against an older one whose canopy and
+# cuda module sit in .gpu/old (copy them there before bundling travels:
+#   mkdir -p .gpu/old && cp OLD_BUILD/canopy \
+#     OLD_BUILD/backends/cuda/libcanopy-cuda.so .gpu/old/ ),
+# then the current build with each change of the session turned off
+# (CANOPY_RUN_OVERLAP=0: no host/device overlap; CANOPY_CUDA_LT=0: bias
+# kernel + cublasSgemm), then several jobs. Every step has a timeout; logs
+# under $OUT. Through the device tool, with carry [".gpu"]:
+#   source .gpu/env.sh && bash scripts/bench/gpu_compare.sh
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+B=.gpu/bin/canopy D=.gpu/data OLD=.gpu/old
+step() { echo "== $* ($(date +%T))"; }
+bench() { timeout "$1" python3 scripts/bench/gpu.py --data $D "${@:2}" 2>&1; }
+step GPU
+timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
+step test_cuda
+CANOPY_DATA=$PWD/$D timeout 150 .gpu/bin/test_cuda --verbose >"$OUT/test_cuda.log" 2>&1
+echo "test_cuda exit $?"; grep -E "launches|Synthesis" "$OUT/test_cuda.log" | tail -12
+step "stats: which product path"
+head -256 $D/trees-binary.jsonl >"$OUT/t256.jsonl"
+timeout 60 $B model init treelstm "$OUT/m" --hidden 128 --embed 128 \
+  --vocab-from "$OUT/t256.jsonl" --seed 3 >/dev/null 2>&1
+CANOPY_CUDA_STATS=1 timeout 60 $B run --backend cuda --model "$OUT/m" \
+  --input "$OUT/t256.jsonl" --batch 64 --jobs 1 2>&1 >/dev/null | tail -3
+step "new: treelstm, with PyTorch and the daemon"
+bench 200 --canopy $B --families treelstm --hidden 128,512 \
+  --runs 64,256,1024,4096 | tee "$OUT/new_tree.txt"
+step "old: treelstm"
+CANOPY_CUDA_MODULE=$PWD/$OLD/libcanopy-cuda.so bench 120 --canopy $OLD/canopy \
+  --families treelstm --hidden 128,512 --runs 64,256,1024,4096 --no-torch \
+  --no-daemon | tee "$OUT/old_tree.txt"
+step "new, overlap off"
+CANOPY_RUN_OVERLAP=0 bench 60 --canopy $B --families treelstm --hidden 128,512 \
+  --runs 256,1024 --no-torch --no-daemon | tee "$OUT/new_nooverlap.txt"
+step "new, cublasLt off"
+CANOPY_CUDA_LT=0 bench 60 --canopy $B --families treelstm --hidden 128,512 \
+  --runs 256,1024 --no-torch --no-daemon | tee "$OUT/new_nolt.txt"
+step "latticelstm new, old"
+bench 120 --canopy $B --families latticelstm --hidden 128,512 --runs 64,1024 \
+  --no-daemon | tee "$OUT/new_lattice.txt"
+CANOPY_CUDA_MODULE=$PWD/$OLD/libcanopy-cuda.so bench 90 --canopy $OLD/canopy \
+  --families latticelstm --hidden 128,512 --runs 64,1024 --no-torch \
+  --no-daemon | tee "$OUT/old_lattice.txt"
+step "jobs"
+for j in 4 8; do
+  bench 60 --canopy $B --jobs $j --families treelstm --hidden 128,512 \
+    --runs 1024 --instances 16384 --no-torch --no-daemon | tee -a "$OUT/jobs.txt"
+  CANOPY_CUDA_MODULE=$PWD/$OLD/libcanopy-cuda.so bench 60 --canopy $OLD/canopy \
+    --jobs $j --families treelstm --hidden 128,512 --runs 1024 \
+    --instances 16384 --no-torch --no-daemon | sed "s/^/old /" | tee -a "$OUT/jobs.txt"
+done
+step done
