@@ -17,7 +17,7 @@ project tree: ../shared does not travel).
 
 usage: gpu.py --canopy BIN --data DIR [--families treelstm,latticelstm]
               [--hidden 128,512,1024] [--runs 64,256,1024,4096]
-              [--instances 4096] [--peak-tflops 67] [--jobs 1]
+              [--instances 32768] [--peak-tflops 67] [--jobs 1]
               [--no-torch] [--no-daemon]
 """
 import argparse, http.client, json, os, socket, statistics, subprocess
@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--families", default="treelstm,latticelstm")
     ap.add_argument("--hidden", default="128,512,1024")
     ap.add_argument("--runs", default="64,256,1024,4096")
-    ap.add_argument("--instances", type=int, default=4096)
+    ap.add_argument("--instances", type=int, default=32768)
     ap.add_argument("--peak-tflops", type=float, default=67.0,
                     help="the GPU's FP32 (non-tensor-core) peak")
     ap.add_argument("--no-daemon", action="store_true")
