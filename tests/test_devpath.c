@@ -19,33 +19,48 @@ typedef struct one_run {
   long long argmax_bytes, argmax_calls;
 } one_run;
 
-/* One run of insts[s, e) on bk; outputs dumped to strings. */
-static one_run run_once(cn_backend_ctx *bk, const cn_model *m,
-                        const json_t *insts, size_t s, size_t e,
-                        unsigned flags, cn_layout layout) {
-  one_run o = {json_array(), {0}, 0, 0};
-  bool sim = !bk->vt->host_memory;
-  long long ab = sim ? devsim_argmax_bytes(bk) : 0;
-  long long ac = sim ? devsim_argmax_calls(bk) : 0;
+typedef struct started {
+  cn_run *r;
+  cn_instance **in;
+  int *slot;
+  size_t s, e;
+} started;
+
+/* Adds insts[s, e) to a run and executes it: with async on, on the
+ * simulated device, it returns with its answers on their way (issue #33
+ * item 3). */
+static started start_run(cn_backend_ctx *bk, const cn_model *m,
+                         const json_t *insts, size_t s, size_t e,
+                         unsigned flags, cn_layout layout, bool async) {
+  started t = {cn_run_new(m, bk), calloc(e - s, sizeof(cn_instance *)),
+               calloc(e - s, sizeof(int)), s, e};
   cn_err err;
-  cn_instance **in = calloc(e - s, sizeof(*in));
-  int *slot = calloc(e - s, sizeof(int));
-  cn_run *r = cn_run_new(m, bk);
-  cn_run_set_layout(r, layout);
+  cn_run_set_layout(t.r, layout);
+  cn_run_set_async(t.r, async);
   for (size_t i = s; i < e; i++) {
     cn_err_clear(&err);
     cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
-                                   &in[i - s], &err),
+                                   &t.in[i - s], &err),
                  0, "%s", err.msg);
-    slot[i - s] = cn_run_add(r, in[i - s], flags, 0);
-    cr_assert_geq(slot[i - s], 0);
+    t.slot[i - s] = cn_run_add(t.r, t.in[i - s], flags, 0);
+    cr_assert_geq(t.slot[i - s], 0);
   }
   cn_err_clear(&err);
-  cr_assert_eq(cn_run_exec(r, CN_POLICY_AGENDA, &err), 0, "exec: %s",
+  cr_assert_eq(cn_run_exec(t.r, CN_POLICY_AGENDA, &err), 0, "exec: %s",
                err.msg);
-  cn_run_get_stats(r, &o.st);
-  for (size_t i = s; i < e; i++) {
-    json_t *out = cn_run_output(r, slot[i - s]);
+  return t;
+}
+
+/* Waits for a started run and takes its answers, dumped to strings. */
+static one_run finish_run(started *t) {
+  one_run o = {json_array(), {0}, 0, 0};
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_run_wait(t->r, &err), 0, "wait: %s", err.msg);
+  cr_assert_eq(cn_run_wait(t->r, &err), 0, "a second wait is a no-op");
+  cn_run_get_stats(t->r, &o.st);
+  for (size_t i = t->s; i < t->e; i++) {
+    json_t *out = cn_run_output(t->r, t->slot[i - t->s]);
     cr_assert_not_null(out);
     char *txt = json_dumps(out, JSON_COMPACT | JSON_SORT_KEYS |
                                     JSON_REAL_PRECISION(9));
@@ -53,10 +68,22 @@ static one_run run_once(cn_backend_ctx *bk, const cn_model *m,
     free(txt);
     json_decref(out);
   }
-  cn_run_free(r);
-  for (size_t i = 0; i < e - s; i++) cn_instance_free(in[i]);
-  free(in);
-  free(slot);
+  cn_run_free(t->r);
+  for (size_t i = 0; i < t->e - t->s; i++) cn_instance_free(t->in[i]);
+  free(t->in);
+  free(t->slot);
+  return o;
+}
+
+/* One run of insts[s, e) on bk, waited for at once. */
+static one_run run_once(cn_backend_ctx *bk, const cn_model *m,
+                        const json_t *insts, size_t s, size_t e,
+                        unsigned flags, cn_layout layout) {
+  bool sim = !bk->vt->host_memory;
+  long long ab = sim ? devsim_argmax_bytes(bk) : 0;
+  long long ac = sim ? devsim_argmax_calls(bk) : 0;
+  started t = start_run(bk, m, insts, s, e, flags, layout, false);
+  one_run o = finish_run(&t);
   if (sim) {
     o.argmax_bytes = devsim_argmax_bytes(bk) - ab;
     o.argmax_calls = devsim_argmax_calls(bk) - ac;
@@ -141,62 +168,6 @@ ParameterizedTest(tu_family *c, devpath, family, .timeout = 300) {
 /* lstm-nmt in a decode session (run_decode.c): the outputs equal the cpu
  * backend's, and a session that grows and compacts its arena on the
  * device still answers alike. */
-/* ---- host and device overlap (issue #33 item 3) ---- */
-
-typedef struct started {
-  cn_run *r;
-  cn_instance **in;
-  int *slot;
-  size_t s, e;
-} started;
-
-/* Adds insts[s, e) to a run with async on and executes it: on the
- * simulated device it returns with its answers on their way. */
-static started start_run(cn_backend_ctx *bk, const cn_model *m,
-                         const json_t *insts, size_t s, size_t e,
-                         unsigned flags) {
-  started t = {cn_run_new(m, bk), calloc(e - s, sizeof(cn_instance *)),
-               calloc(e - s, sizeof(int)), s, e};
-  cn_err err;
-  cn_run_set_async(t.r, 1);
-  for (size_t i = s; i < e; i++) {
-    cn_err_clear(&err);
-    cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
-                                   &t.in[i - s], &err),
-                 0, "%s", err.msg);
-    t.slot[i - s] = cn_run_add(t.r, t.in[i - s], flags, 0);
-    cr_assert_geq(t.slot[i - s], 0);
-  }
-  cn_err_clear(&err);
-  cr_assert_eq(cn_run_exec(t.r, CN_POLICY_AGENDA, &err), 0, "exec: %s",
-               err.msg);
-  return t;
-}
-
-/* Waits for a started run and takes its answers (as run_once's). */
-static one_run finish_run(started *t) {
-  one_run o = {json_array(), {0}, 0, 0};
-  cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_run_wait(t->r, &err), 0, "wait: %s", err.msg);
-  cr_assert_eq(cn_run_wait(t->r, &err), 0, "a second wait is a no-op");
-  cn_run_get_stats(t->r, &o.st);
-  for (size_t i = t->s; i < t->e; i++) {
-    json_t *out = cn_run_output(t->r, t->slot[i - t->s]);
-    cr_assert_not_null(out);
-    char *txt = json_dumps(out, JSON_COMPACT | JSON_SORT_KEYS |
-                                    JSON_REAL_PRECISION(9));
-    json_array_append_new(o.outs, json_string(txt));
-    free(txt);
-    json_decref(out);
-  }
-  cn_run_free(t->r);
-  for (size_t i = 0; i < t->e - t->s; i++) cn_instance_free(t->in[i]);
-  free(t->in);
-  free(t->slot);
-  return o;
-}
-
 ParameterizedTestParameters(devpath, overlap) {
   return cr_make_param_array(tu_family, tu_families, tu_n_families);
 }
@@ -223,11 +194,12 @@ ParameterizedTest(tu_family *c, devpath, overlap, .timeout = 300) {
     unsigned flags = f ? CN_OUT_ALL | CN_OUT_HIDDEN : 0;
     started t[4];
     one_run got[4];
-    t[0] = start_run(sim, m, in, runs[0][0], runs[0][1], flags);
+    t[0] = start_run(sim, m, in, runs[0][0], runs[0][1], flags,
+                     CN_LAYOUT_FUSED, true);
     for (int k = 0; k < 4; k++) {
       if (k + 1 < 4)
         t[k + 1] = start_run(sim, m, in, runs[k + 1][0], runs[k + 1][1],
-                             flags);
+                             flags, CN_LAYOUT_FUSED, true);
       if (!dyn)
         cr_expect_null(cn_run_output(t[k].r, t[k].slot[0]),
                        "%s: an answer before the run's wait", c->family);
