@@ -14,7 +14,6 @@
  * memory, and the main thread reads ahead and prints chunks in input order
  * (run_pool.c), so the output is byte-equal to --jobs 1.
  */
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -632,24 +631,14 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
 /* `canopy run`: JSON lines in, one output line per input line, in order,
  * computed by --jobs jobs; the summary on stderr. Exit status 0, 2 when
  * any line was an error, 1 when the run could not go on. */
-/* A batch job reuses its memory from run to run. glibc's default moving
- * thresholds map each large per-run array afresh (a page fault per 4 KiB
- * touched, an munmap at free, brk up and down): 10-15% of a small model's
- * host time per run, the time the GPU path is bound by (docs/cuda.md).
- * Fixed thresholds of 256 MiB keep them in the heap; what was freed stays
- * for the next run. (The daemon sets 1 MiB for an idle RSS that comes
- * down: server/serve.c.) GLIBC_TUNABLES' malloc thresholds, if set, win. */
-static void keep_freed_memory(void) {
-  const char *t = getenv("GLIBC_TUNABLES");
-  if (t != NULL && strstr(t, "malloc.") != NULL &&
-      strstr(t, "_threshold") != NULL)
-    return;
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-}
-
 int cn_cmd_run(int argc, char **argv) {
-  keep_freed_memory();
+  /* A batch job reuses its memory from run to run. glibc's moving
+   * thresholds mapped each large per-run array afresh (a page fault per
+   * 4 KiB touched, an munmap at free): 10-15% of a small model's host
+   * time per run, the time the GPU path is bound by (docs/cuda.md). At
+   * 256 MiB they stay in the heap for the next run. (The daemon keeps
+   * 1 MiB, for an idle RSS that comes down: server/serve.c.) */
+  cn_malloc_thresholds((size_t)256 << 20);
   run_opts o;
   memset(&o, 0, sizeof(o));
   if (parse_args(argc, argv, &o) != 0) return 1;

@@ -76,6 +76,11 @@ const char *cn_err_default_msg(int err);
  * stat(2) st_mode in words: "a directory", "a FIFO", ... (file.c). */
 double cn_now_s(void);
 const char *cn_file_kind(unsigned mode);
+/* glibc's mmap and trim thresholds both fixed at `bytes` for the process,
+ * unless GLIBC_TUNABLES sets a malloc threshold (which then wins): the
+ * daemon's small ones give memory back, `canopy run`'s large ones keep
+ * it for the next run (util.c). */
+void cn_malloc_thresholds(size_t bytes);
 
 /* Error detail: what and where. instance/node/offset are -1 when unknown. */
 typedef struct cn_err {

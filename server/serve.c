@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
-#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -212,16 +211,9 @@ static void on_trim_timer(uv_timer_t *t) {
  * gdb: no change). Fixed thresholds: a block over 1 MiB is its own
  * mapping, unmapped when freed (cpu.c keeps its run arenas itself, so
  * runs still reuse them); a thread arena's top over 1 MiB is shrunk when
- * it grows past it. GLIBC_TUNABLES' malloc thresholds, if set, win. */
+ * it grows past it. GLIBC_TUNABLES' malloc thresholds, if set, win
+ * (cn_malloc_thresholds). */
 #define CN__MALLOC_THRESHOLD (1 << 20)
-static void set_malloc_thresholds(void) {
-  const char *t = getenv("GLIBC_TUNABLES");
-  if (t != NULL && strstr(t, "malloc.") != NULL &&
-      strstr(t, "_threshold") != NULL)
-    return;
-  mallopt(M_MMAP_THRESHOLD, CN__MALLOC_THRESHOLD);
-  mallopt(M_TRIM_THRESHOLD, CN__MALLOC_THRESHOLD);
-}
 
 /* SIGHUP: a service manager's `reload`, or the terminal closing (its
  * default action would kill the daemon with no drain and no log line).
@@ -404,7 +396,7 @@ int cn_cmd_serve(int argc, char **argv) {
   double t_start = cn_now_s();
   rc = parse_config(argc, argv, &s->cfg);
   if (rc != 0) return rc > 0 ? 0 : 1;
-  set_malloc_thresholds(); /* before the models load and threads start */
+  cn_malloc_thresholds(CN__MALLOC_THRESHOLD); /* before the models load and threads start */
   const cn_serve_config *sc = &s->cfg.serve;
   apply_settings(s);
   init_sync(s);

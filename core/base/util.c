@@ -1,7 +1,11 @@
-/* util.c - checked allocation, the monotonic clock. */
+/* util.c - checked allocation, the monotonic clock, malloc's thresholds. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "base/base.h"
 
@@ -32,4 +36,17 @@ double cn__now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+void cn_malloc_thresholds(size_t bytes) {
+#ifdef __GLIBC__
+  const char *t = getenv("GLIBC_TUNABLES");
+  if (t != NULL && strstr(t, "malloc.") != NULL &&
+      strstr(t, "_threshold") != NULL)
+    return;
+  mallopt(M_MMAP_THRESHOLD, (int)bytes);
+  mallopt(M_TRIM_THRESHOLD, (int)bytes);
+#else
+  (void)bytes;
+#endif
 }
