@@ -61,7 +61,7 @@ static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
                         ? ", a smaller max_decode_len" : "");
 }
 
-static void parsed_free(cn__parsed *p) {
+void cn__parsed_free(cn__parsed *p) {
   for (int i = 0; i < p->n_inst; i++) cn_instance_free(p->inst[i]);
   free(p->inst);
   free(p->v2_id);
@@ -194,7 +194,7 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   if ((rc = check_answer(r, p, e)) != 0) goto out;
 out:
   json_decref(j);
-  if (rc != 0) parsed_free(p);
+  if (rc != 0) cn__parsed_free(p);
   return rc;
 }
 
@@ -209,8 +209,6 @@ void cn__infer_commit(cn__req *r, cn__parsed *p) {
   r->v2_outputs = p->v2_outputs;
   memset(p, 0, sizeof(*p));
 }
-
-void cn__parsed_free(cn__parsed *p) { parsed_free(p); }
 
 int cn__infer_parse(cn__req *r, cn_err *e) {
   cn__parsed p;
