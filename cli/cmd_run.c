@@ -12,7 +12,7 @@
  * fixed at load) and each thread has its own backend context and its own
  * cn_run; each thread parses, computes and formats its chunk of lines into
  * memory, and the main thread reads ahead and prints chunks in input order
- * (run_pool.c), so the output is byte-equal to --jobs 1.
+ * (run_chunks.c, run_pool.c), so the output is byte-equal to --jobs 1.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,34 +26,7 @@
 #include "cli.h"
 #include "cmd_policy.h"
 #include "config.h"
-#include "progress.h"
-#include "run_pool.h"
-
-#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
-
-typedef struct run_opts {
-  const char *model, *input, *backend;
-  unsigned flags;
-  cn_policy_kind policy;
-  cn_layout layout;
-  long long batch, threads, max_decode_len;
-  long long jobs;            /* --jobs: runs computed at once (0: cores) */
-  const char *policy_cache;  /* --policy-cache (NULL: the default)       */
-  cn_fsm_encoding encoding;  /* --encoding, for --policy fsm            */
-  bool no_learn;             /* --no-learn: a cache miss is an error     */
-  bool no_reuse;             /* --no-arena-reuse: every row to the end   */
-  cn_fsm *fsm;               /* --policy fsm: cached or learned here    */
-  char *slurped;             /* stdin, kept to learn from and then run  */
-  cn_config cfg;
-} run_opts;
-
-typedef struct totals {
-  long long instances, errors, batches, lower_bound, kernels, vertices;
-  size_t gather_bytes, cell_bytes, arena_peak;
-  size_t state_peak, state_total; /* docs/memory.md: the largest run's */
-  /* the backend's counters (issue #33), summed over the runs */
-  long long runs, syncs, to_device, to_host, allocs, launches;
-} totals;
+#include "run_chunks.h"
 
 static void run_usage(FILE *f) {
   fprintf(f,
@@ -220,265 +193,6 @@ static int parse_args(int argc, char **argv, run_opts *o) {
   return 0;
 }
 
-/* One line's state inside a chunk: its parsed instance, or its error. */
-typedef struct line {
-  cn_instance *inst;
-  int slot;
-  cn_err err;
-  long long lineno;
-} line;
-
-/* Up to --batch consecutive input lines: read by the main thread, parsed,
- * computed and formatted by a job, printed by the main thread. Reused. */
-typedef struct chunk {
-  char *text;          /* the raw lines, each NUL-terminated            */
-  size_t used, cap;
-  size_t *off;         /* [batch]: where line i starts in text         */
-  line *ls;            /* [batch]                                      */
-  int n;
-  long long first_lineno;
-  char *out, *notes;   /* formatted: stdout lines, stderr notes        */
-  size_t out_len, notes_len;
-  FILE *fout, *fnotes; /* open on out and notes while the chunk runs   */
-  cn_run *run;         /* issued by chunk_start, done by chunk_finish  */
-  totals tot;          /* this chunk's share                           */
-  int rc;              /* -1: the run failed (its note is in notes)    */
-} chunk;
-
-static void print_error(FILE *out, FILE *notes, const line *l) {
-  json_t *e = cn_err_to_json(&l->err);
-  char *s = json_dumps(e, DUMP_FLAGS);
-  fputs(s, out);
-  fputc('\n', out);
-  free(s);
-  json_decref(e);
-  fprintf(notes, "canopy run: line %lld: %s: %s\n", l->lineno,
-          cn_err_code(l->err.code), l->err.msg);
-}
-
-/* Parses one raw line into l (an instance, or the error it gets). */
-static void parse_line(const run_opts *o, const cn_model *m, const char *buf,
-                       size_t len, long long lineno, line *l) {
-  memset(l, 0, sizeof(*l));
-  cn_err_clear(&l->err);
-  l->lineno = lineno;
-  json_error_t je;
-  json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-  if (j == NULL) {
-    cn_err_set(&l->err, CN_E_BAD_JSON, "line %lld is not JSON: %s", lineno,
-               je.text);
-    l->err.offset = je.position;
-    l->err.instance = (int)(lineno - 1);
-    return;
-  }
-  cn_instance_parse(m, j, &o->cfg.limits, (int)(lineno - 1), &l->inst,
-                    &l->err);
-  json_decref(j);
-}
-
-/* Issues one chunk of lines as one run (*rp; on a device backend it may
- * still be computing on return): notes on a failed run go to notes. */
-static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
-                     line *ls, int n, FILE *notes, cn_run **rp) {
-  cn_run *r = *rp = cn_run_new(m, bk);
-  if (r == NULL) {
-    fprintf(notes, "canopy run: no memory for a run\n");
-    return -1;
-  }
-  cn_run_set_async(r, 1);
-  cn_run_set_layout(r, o->layout);
-  cn_run_set_plan_width(r, o->cfg.serve.plan_width);
-  if (o->no_reuse) cn_run_set_arena_reuse(r, 0);
-  for (int i = 0; i < n; i++) {
-    if (ls[i].inst == NULL) continue;
-    ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, (int)o->max_decode_len);
-    if (ls[i].slot < 0) {
-      cn_err_set(&ls[i].err, ls[i].slot, "could not add the instance");
-      cn_instance_free(ls[i].inst);
-      ls[i].inst = NULL;
-    }
-  }
-  cn_err err;
-  cn_err_clear(&err);
-  if ((o->fsm != NULL ? cn_run_exec_fsm(r, o->fsm, &err)
-                      : cn_run_exec(r, o->policy, &err)) != 0) {
-    fprintf(notes, "canopy run: %s\n", err.msg);
-    return -1;
-  }
-  return 0;
-}
-
-/* Waits for a run_start'ed run and writes its outputs, in order, to out
- * (and notes on refused lines or a failed run to notes). */
-static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
-                      FILE *notes) {
-  cn_err err;
-  cn_err_clear(&err);
-  if (cn_run_wait(r, &err) != 0) {
-    fprintf(notes, "canopy run: %s\n", err.msg);
-    return -1;
-  }
-  cn_run_stats st;
-  cn_run_get_stats(r, &st);
-  tot->batches += st.batches;
-  tot->lower_bound += st.lower_bound;
-  tot->kernels += st.kernels;
-  tot->vertices += st.vertices;
-  tot->gather_bytes += st.gather_bytes;
-  tot->cell_bytes += st.cell_bytes;
-  if (st.arena_bytes > tot->arena_peak) tot->arena_peak = st.arena_bytes;
-  if (st.state_bytes > tot->state_peak) tot->state_peak = st.state_bytes;
-  if (st.state_bytes_total > tot->state_total)
-    tot->state_total = st.state_bytes_total;
-  tot->runs++;
-  tot->syncs += st.device_syncs;
-  tot->to_device += st.bytes_to_device;
-  tot->to_host += st.bytes_to_host;
-  tot->allocs += st.device_allocs;
-  tot->launches += st.launches;
-  for (int i = 0; i < n; i++) {
-    if (ls[i].inst == NULL) {
-      print_error(out, notes, &ls[i]);
-      tot->errors++;
-      continue;
-    }
-    json_t *obj = cn_run_output(r, ls[i].slot);
-    if (cn_output_check(obj, &ls[i].err) != 0) { /* NaN: an error line */
-      json_decref(obj);
-      print_error(out, notes, &ls[i]);
-      tot->errors++;
-      continue;
-    }
-    char *s = json_dumps(obj, DUMP_FLAGS);
-    fputs(s, out);
-    fputc('\n', out);
-    free(s);
-    json_decref(obj);
-    tot->instances++;
-  }
-  return 0;
-}
-
-/* What every job shares: the options, the model, one backend context per
- * job (indexed by the pool's thread number). */
-typedef struct jobs_ctx {
-  const run_opts *o;
-  const cn_model *m;
-  cn_backend_ctx **bk;
-} jobs_ctx;
-
-/* A job's first half (run_pool.h): parse one chunk and issue its run. */
-static void chunk_start(void *arg, int thread, void *item) {
-  jobs_ctx *jc = arg;
-  chunk *c = item;
-  for (int i = 0; i < c->n; i++) { /* a line may hold a NUL: lengths */
-    size_t end = i + 1 < c->n ? c->off[i + 1] : c->used;
-    parse_line(jc->o, jc->m, c->text + c->off[i], end - c->off[i] - 1,
-               c->first_lineno + i, &c->ls[i]);
-  }
-  memset(&c->tot, 0, sizeof(c->tot));
-  c->run = NULL;
-  c->fout = open_memstream(&c->out, &c->out_len);
-  c->fnotes = open_memstream(&c->notes, &c->notes_len);
-  if (c->fout == NULL || c->fnotes == NULL)
-    c->rc = -1;
-  else
-    c->rc = run_start(jc->o, jc->m, jc->bk[thread], c->ls, c->n, c->fnotes,
-                      &c->run);
-}
-
-/* Its second half: wait for the run and format its outputs into memory. */
-static void chunk_finish(void *arg, int thread, void *item) {
-  (void)arg;
-  (void)thread;
-  chunk *c = item;
-  if (c->rc == 0)
-    c->rc = run_finish(c->run, c->ls, c->n, &c->tot, c->fout, c->fnotes);
-  cn_run_free(c->run);
-  c->run = NULL;
-  for (int i = 0; i < c->n; i++) {
-    cn_instance_free(c->ls[i].inst);
-    c->ls[i].inst = NULL;
-  }
-  if (c->fout != NULL) fclose(c->fout);
-  if (c->fnotes != NULL) fclose(c->fnotes);
-  c->fout = c->fnotes = NULL;
-}
-
-/* Both halves at once (host backends: nothing to overlap). */
-static void chunk_work(void *arg, int thread, void *item) {
-  chunk_start(arg, thread, item);
-  chunk_finish(arg, thread, item);
-}
-
-/* Prints a computed chunk and adds its totals; returns its status. */
-static int chunk_emit(chunk *c, totals *tot, cn__progress *pg) {
-  if (c->out != NULL) fwrite(c->out, 1, c->out_len, stdout);
-  if (c->notes != NULL && c->notes_len > 0) cn__progress_clear(pg);
-  if (c->notes != NULL) {
-    fflush(stdout);
-    fwrite(c->notes, 1, c->notes_len, stderr);
-  }
-  free(c->out);
-  free(c->notes);
-  c->out = c->notes = NULL;
-  if (c->rc != 0) return -1;
-  tot->instances += c->tot.instances;
-  tot->errors += c->tot.errors;
-  tot->batches += c->tot.batches;
-  tot->lower_bound += c->tot.lower_bound;
-  tot->kernels += c->tot.kernels;
-  tot->vertices += c->tot.vertices;
-  tot->gather_bytes += c->tot.gather_bytes;
-  tot->cell_bytes += c->tot.cell_bytes;
-  if (c->tot.arena_peak > tot->arena_peak) tot->arena_peak = c->tot.arena_peak;
-  if (c->tot.state_peak > tot->state_peak) tot->state_peak = c->tot.state_peak;
-  if (c->tot.state_total > tot->state_total)
-    tot->state_total = c->tot.state_total;
-  tot->runs += c->tot.runs;
-  tot->syncs += c->tot.syncs;
-  tot->to_device += c->tot.to_device;
-  tot->to_host += c->tot.to_host;
-  tot->allocs += c->tot.allocs;
-  tot->launches += c->tot.launches;
-  return 0;
-}
-
-/* Reads up to `batch` lines from in into c; returns how many (0: EOF). */
-static int chunk_fill(chunk *c, FILE *in, long long batch, char **buf,
-                      size_t *cap, long long *lineno) {
-  c->n = 0;
-  c->used = 0;
-  c->first_lineno = *lineno + 1;
-  ssize_t len;
-  while (c->n < batch && (len = getline(buf, cap, in)) >= 0) {
-    ++*lineno;
-    if (len > 0 && (*buf)[len - 1] == '\n') (*buf)[--len] = '\0';
-    if (c->used + (size_t)len + 1 > c->cap) {
-      size_t ncap = 2 * (c->used + (size_t)len + 1);
-      char *t = realloc(c->text, ncap);
-      if (t == NULL) return -1;
-      c->text = t;
-      c->cap = ncap;
-    }
-    memcpy(c->text + c->used, *buf, (size_t)len + 1);
-    c->off[c->n++] = c->used;
-    c->used += (size_t)len + 1;
-  }
-  return c->n;
-}
-
-static void chunks_free(chunk *cs, int n) {
-  for (int i = 0; cs != NULL && i < n; i++) {
-    free(cs[i].text);
-    free(cs[i].off);
-    free(cs[i].ls);
-    free(cs[i].out);
-    free(cs[i].notes);
-  }
-  free(cs);
-}
-
 /* --policy fsm: the cached policy, else one learned from the input's
  * first runs (stdin is read into memory first so it can be read twice). */
 static int load_policy(run_opts *o, const cn_model *m, cn_backend_ctx *bk,
@@ -555,55 +269,6 @@ static int open_job_backends(const run_opts *o, cn_backend_ctx *bk,
   return 0;
 }
 
-/* Two chunks a job: one computing, one read ahead (or waiting to be
- * printed behind a slower neighbour); a single job on a device keeps two
- * as well (one on the device, one prepared meanwhile). *cs and *n_cs are
- * set as soon as they exist (the caller frees them with chunks_free). */
-static int alloc_chunks(long long batch, int jobs, bool overlap, chunk **cs,
-                        int *n_cs) {
-  *n_cs = jobs > 1 || overlap ? 2 * jobs : 1;
-  *cs = calloc((size_t)*n_cs, sizeof(chunk));
-  if (*cs == NULL) return -1;
-  for (int i = 0; i < *n_cs; i++) {
-    (*cs)[i].off = calloc((size_t)batch, sizeof(size_t));
-    (*cs)[i].ls = calloc((size_t)batch, sizeof(line));
-    if ((*cs)[i].off == NULL || (*cs)[i].ls == NULL) return -1;
-  }
-  return 0;
-}
-
-/* Reads the input chunk by chunk into the pool and prints the computed
- * chunks in input order: a slot is refilled only after its last chunk,
- * the oldest pending, is taken back and printed. Then the pool is
- * drained. True when a chunk failed or memory ran out. */
-static bool stream_chunks(cn__pool *pool, chunk *cs, int n_cs, FILE *in,
-                          long long batch, char **buf, size_t *cap,
-                          totals *tot, cn__progress *pg) {
-  long long lineno = 0;
-  bool failed = false;
-  for (long long seq = 0; !failed; seq++) {
-    chunk *c = &cs[seq % n_cs];
-    if (seq >= n_cs) { /* the slot's last chunk is the oldest pending */
-      chunk *done = cn__pool_take(pool);
-      if (chunk_emit(done, tot, pg) != 0) failed = true;
-      if (failed) break;
-      cn__progress_show(pg, tot->instances, tot->errors);
-    }
-    int n = chunk_fill(c, in, batch, buf, cap, &lineno);
-    if (n < 0) {
-      fprintf(stderr, "canopy run: no memory for line %lld\n", lineno);
-      failed = true;
-    }
-    if (n <= 0) break;
-    cn__pool_submit(pool, c);
-  }
-  for (chunk *c; (c = cn__pool_take(pool)) != NULL;) {
-    if (!failed && chunk_emit(c, tot, pg) != 0) failed = true;
-    if (!failed) cn__progress_show(pg, tot->instances, tot->errors);
-  }
-  return failed;
-}
-
 /* The summary line on stderr: one JSON object of the totals. */
 static void print_summary(const run_opts *o, int jobs, const totals *tot,
                           double secs) {
@@ -646,12 +311,7 @@ int cn_cmd_run(int argc, char **argv) {
   int status = 1;
   cn_model *m = NULL;
   cn_backend_ctx *bk = NULL, **job_bk = NULL;
-  cn__pool *pool = NULL;
-  chunk *cs = NULL;
-  int n_cs = 0;
   FILE *in = NULL;
-  char *buf = NULL;
-  size_t cap = 0;
   cn_err err;
   cn_err_clear(&err);
 
@@ -680,31 +340,14 @@ int cn_cmd_run(int argc, char **argv) {
   const char *ov = getenv("CANOPY_RUN_OVERLAP");
   bool overlap = ov != NULL && ov[0] != '\0' ? strcmp(ov, "0") != 0
                                               : cn_backend_is_device(bk);
-  if (alloc_chunks(o.batch, jobs, overlap, &cs, &n_cs) != 0) goto out;
-  jobs_ctx jc = {.o = &o, .m = m, .bk = job_bk};
-  pool = overlap ? cn__pool_new(jobs, n_cs, chunk_start, chunk_finish, &jc)
-                 : cn__pool_new(jobs, n_cs, chunk_work, NULL, &jc);
-  if (pool == NULL) {
-    fprintf(stderr, "canopy run: cannot start %d jobs\n", jobs);
-    goto out;
-  }
-
   totals tot = {0};
-  cn__progress pg;
-  cn__progress_init(&pg, in);
   double t0 = cn_now_s();
-  bool failed = stream_chunks(pool, cs, n_cs, in, o.batch, &buf, &cap, &tot,
-                              &pg);
-  cn__progress_clear(&pg);
+  if (cn__run_stream(&o, m, job_bk, jobs, overlap, in, &tot) != 0) goto out;
   double secs = cn_now_s() - t0;
-  if (failed) goto out;
   fflush(stdout);
   print_summary(&o, jobs, &tot, secs);
   status = tot.errors > 0 ? 2 : 0;
 out:
-  cn__pool_free(pool);
-  chunks_free(cs, n_cs);
-  free(buf);
   if (in != NULL && in != stdin) fclose(in);
   for (int i = 1; job_bk != NULL && i < jobs; i++)
     cn_backend_close(job_bk[i]);
