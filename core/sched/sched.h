@@ -88,6 +88,35 @@ static inline uint32_t cn__dag_branch_types(uint32_t live, int forced,
 int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
                  uint8_t **schedule);
 
+/* dag_memory.c: a batch order by memory (issue #35, docs/memory.md). A
+ * vertex's row (bytes[its type]) is live from its batch to the batch of
+ * its last consumer, or to the end when keep[v] (NULL: nothing kept); a
+ * batch's rows are taken while its inputs are still held. */
+typedef struct cn_dag_mem {
+  const int64_t *bytes; /* [type] */
+  const uint8_t *keep;  /* [v], may be NULL */
+} cn_dag_mem;
+typedef struct cn_dag_mem_result {
+  int64_t peak_before, peak; /* modelled peak of the given / new schedule */
+  int32_t batches_before, batches;
+  int32_t inserted;          /* batches added to the skeleton (budget) */
+  int32_t groups;            /* instance groups run one after another */
+  long long evals;           /* skeletons walked */
+  bool fits;                 /* peak <= budget (always, budget <= 0) */
+} cn_dag_mem_result;
+/* The peak live bytes of a schedule under that model; -1: no memory. */
+int64_t cn__dag_mem_peak(const cn_dag *g, const cn_dag_mem *m,
+                         const int32_t *order, const cn_run_batch *batches,
+                         int32_t nb);
+/* Rewrites a schedule of g (order, batches, *n_batches: the policy's) in
+ * place: budget <= 0, the lowest peak found at no more batches; budget >
+ * 0, a peak <= budget with as few extra batches as the search finds
+ * (res->fits 0: none found; the schedule is then the lowest peak found).
+ * batches must have room for 2·nv entries. Returns 0 or CN_E_NOMEM. */
+int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
+                      int32_t *order, cn_run_batch *batches,
+                      int32_t *n_batches, cn_dag_mem_result *res);
+
 /* ---- the frontier (frontier.c): ED-Batch Alg. 1, one step at a time -------
  * The ready vertices of a typed DAG that may still grow: a driver adds
  * vertices (inputs first), asks a policy for the next type, commits the

@@ -1,0 +1,536 @@
+/* dag_memory.c - a batch order by memory: the lowest peak of live state
+ * bytes at the batch count a policy reached, or the fewest extra batches
+ * that bring the peak under a budget (issue #35 item 2, docs/memory.md).
+ *
+ * Serenity (Ahn et al., MLSys 2020) orders single nodes: a dynamic program
+ * over zero-indegree sets (§3.1), pruned by an adaptive soft budget
+ * (§3.2). A run here has tens of thousands of vertices executed in a few
+ * dozen batches, so the state space of §3.1 is out of reach; what carries
+ * over is its cost model and its budget:
+ *
+ *   - the memory model is §3.1's: a vertex's row is allocated when its
+ *     batch runs and deallocated once the batch of its last consumer has
+ *     run (its out-degree counted down to zero), unless it is read after
+ *     the run (`keep`). A batch's rows are taken while its inputs are
+ *     still held, so the step's footprint is the live bytes before it
+ *     plus its own rows: exactly what core/run/run_arena.c allocates;
+ *   - the search is over *skeletons*: a sequence of vertex types, one per
+ *     batch. The policy's schedule gives the first (the batch count to
+ *     keep); a vertex may run in any batch of its type after its inputs'
+ *     batches and before its consumers'. Given a skeleton, every vertex
+ *     gets its latest such batch (its deadline, computed from the sinks
+ *     back); the skeleton is then walked forwards and each batch runs the
+ *     vertices whose deadline it is, plus those ready ones that free more
+ *     than they take (a parent whose children die with it), while the
+ *     step stays under the soft budget (§3.2's role: it prunes choices
+ *     that would raise the peak). Everything else waits: a leaf is
+ *     computed just before the batch that reads it, a short sentence is
+ *     started late so that it ends with the longest one;
+ *   - under a budget, batches are inserted into the skeleton greedily:
+ *     at each step every vertex type at a sample of positions (all of
+ *     them for short skeletons), keeping the insertion that lowers the
+ *     peak most (ties: the smaller sum of live bytes over the batches).
+ *     A leaf batch inserted halfway lets the shallow trees' leaves wait
+ *     for it, and so on;
+ *   - when insertions cannot bring the peak under the budget before the
+ *     batch count doubles, the instances (weakly connected components)
+ *     are split into G groups run one after another, each on a copy of
+ *     the skeleton, G = 2, 4, ... up to one instance at a time; and if
+ *     one instance alone does not fit, the run does not.
+ *
+ * Nothing here depends on the numbers computed: rows are independent
+ * computations and each batched product computes a row the same way
+ * wherever it sits (the batch-invariance tests), so any valid schedule
+ * gives the same outputs byte for byte (tests/test_arena.c checks it).
+ * tests/test_dag_memory.c checks the model against brute force on small
+ * graphs: the fewest batches under a budget and the lowest peak at a
+ * batch count over every schedule.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sched/sched.h"
+
+typedef struct mplan {
+  const cn_dag *g;
+  const cn_dag_mem *m;
+  int T;
+  int32_t nv;
+  int32_t *out_start, *out_edges; /* consumers, one per input edge */
+  int32_t *comp, n_comp;          /* weakly connected components */
+  int32_t *group;                 /* [v]: its group (G > 1), else NULL */
+  int32_t G, K0;                  /* groups; one group's skeleton length */
+  /* one evaluation's arrays */
+  int32_t *dl, *pos, *pend, *rem, *rdy, *take, *prev;
+  int32_t rbase[CN_MAX_TYPES + 1], rn[CN_MAX_TYPES];
+  int32_t *srcs;                  /* sources (no inputs), by group */
+  int32_t *src_start;             /* [G + 1] */
+  long long evals;
+} mplan;
+
+static int64_t vbytes(const mplan *P, int32_t v) {
+  return P->m->bytes[P->g->vtype[v]];
+}
+
+static bool kept(const mplan *P, int32_t v) {
+  return P->m->keep != NULL && P->m->keep[v];
+}
+
+/* ---- components (union-find with path halving) ----------------------- */
+
+static int32_t find(int32_t *p, int32_t x) {
+  while (p[x] != x) x = p[x] = p[p[x]];
+  return x;
+}
+
+static int components(mplan *P) {
+  const cn_dag *g = P->g;
+  P->comp = malloc((size_t)P->nv * sizeof(int32_t) + 1);
+  int32_t *id = malloc((size_t)P->nv * sizeof(int32_t) + 1);
+  if (P->comp == NULL || id == NULL) {
+    free(id);
+    return CN_E_NOMEM;
+  }
+  for (int32_t v = 0; v < P->nv; v++) P->comp[v] = v;
+  for (int32_t v = 0; v < P->nv; v++)
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
+      int32_t a = find(P->comp, v), b = find(P->comp, g->in_edges[e]);
+      if (a != b) P->comp[a > b ? a : b] = a < b ? a : b;
+    }
+  /* numbered in the order of their first vertex (instances in order) */
+  P->n_comp = 0;
+  for (int32_t v = 0; v < P->nv; v++) {
+    int32_t r = find(P->comp, v);
+    id[v] = r == v ? P->n_comp++ : id[r];
+  }
+  memcpy(P->comp, id, (size_t)P->nv * sizeof(int32_t));
+  free(id);
+  return 0;
+}
+
+/* Groups of consecutive components, G of them of equal vertex counts;
+ * the sources listed by group. */
+static int set_groups(mplan *P, int32_t G) {
+  P->G = G;
+  free(P->group);
+  P->group = NULL;
+  free(P->src_start);
+  P->src_start = calloc((size_t)G + 2, sizeof(int32_t));
+  if (P->src_start == NULL) return CN_E_NOMEM;
+  if (G > 1) {
+    P->group = malloc((size_t)P->nv * sizeof(int32_t) + 1);
+    int32_t *cg = malloc((size_t)P->n_comp * sizeof(int32_t) + 1);
+    int64_t *csize = calloc((size_t)P->n_comp + 1, sizeof(int64_t));
+    if (P->group == NULL || cg == NULL || csize == NULL) {
+      free(cg);
+      free(csize);
+      return CN_E_NOMEM;
+    }
+    for (int32_t v = 0; v < P->nv; v++) csize[P->comp[v]]++;
+    int64_t acc = 0;
+    for (int32_t c = 0; c < P->n_comp; c++) {
+      int64_t k = acc * G / P->nv; /* the group where c starts */
+      cg[c] = (int32_t)(k < G ? k : G - 1);
+      acc += csize[c];
+    }
+    for (int32_t v = 0; v < P->nv; v++) P->group[v] = cg[P->comp[v]];
+    free(cg);
+    free(csize);
+  }
+  for (int32_t v = 0; v < P->nv; v++)
+    if (P->g->in_start[v] == P->g->in_start[v + 1])
+      P->src_start[(P->group ? P->group[v] : 0) + 1]++;
+  for (int32_t k = 0; k < G; k++) P->src_start[k + 1] += P->src_start[k];
+  int32_t *fill = malloc((size_t)(G + 1) * sizeof(int32_t));
+  if (fill == NULL) return CN_E_NOMEM;
+  memcpy(fill, P->src_start, (size_t)(G + 1) * sizeof(int32_t));
+  for (int32_t v = 0; v < P->nv; v++)
+    if (P->g->in_start[v] == P->g->in_start[v + 1])
+      P->srcs[fill[P->group ? P->group[v] : 0]++] = v;
+  free(fill);
+  return 0;
+}
+
+/* ---- one skeleton ------------------------------------------------------ */
+
+typedef struct outcome {
+  int64_t peak, area; /* the most live bytes at a batch; their sum */
+  int32_t batches;    /* non-empty batches */
+  bool ok;            /* every vertex found a batch */
+} outcome;
+
+static void push_ready(mplan *P, int32_t v) {
+  int t = P->g->vtype[v];
+  P->rdy[P->rbase[t] + P->rn[t]++] = v;
+}
+
+/* Walks skeleton skel[0 .. K): deadlines from the sinks back, then the
+ * batches forwards (the file's comment). early: run a ready vertex before
+ * its deadline when it frees more than it takes and the step stays under
+ * cap. Group k (G > 1) owns skel[k·K0 .. (k + 1)·K0). Writes pos[v]. */
+static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
+                    int64_t cap) {
+  const cn_dag *g = P->g;
+  const int T = P->T;
+  outcome o = {0, 0, 0, false};
+  P->evals++;
+  /* prev[t·(K + 1) + p]: the last type-t position before p, -1 none */
+  for (int t = 0; t < T; t++) {
+    int32_t last = -1, *pv = P->prev + (size_t)t * (K + 1);
+    for (int32_t p = 0; p <= K; p++) {
+      pv[p] = last;
+      if (p < K && skel[p] == t) last = p;
+    }
+  }
+  for (int32_t v = P->nv - 1; v >= 0; v--) {
+    int32_t lim = P->group ? (P->group[v] + 1) * P->K0 : K;
+    for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++)
+      if (P->dl[P->out_edges[e]] < lim) lim = P->dl[P->out_edges[e]];
+    int32_t d = P->prev[(size_t)g->vtype[v] * (K + 1) + lim];
+    if (d < 0 || (P->group && d < P->group[v] * P->K0)) return o;
+    P->dl[v] = d;
+  }
+  for (int32_t v = 0; v < P->nv; v++) {
+    P->pend[v] = g->in_start[v + 1] - g->in_start[v];
+    P->rem[v] = P->out_start[v + 1] - P->out_start[v];
+    P->pos[v] = -1;
+  }
+  memset(P->rn, 0, sizeof(P->rn));
+  int64_t live = 0;
+  int32_t done = 0;
+  for (int32_t p = 0; p < K; p++) {
+    if (p % P->K0 == 0) { /* a group's sources become ready */
+      int32_t k = p / P->K0;
+      for (int32_t i = P->src_start[k]; i < P->src_start[k + 1]; i++)
+        push_ready(P, P->srcs[i]);
+    }
+    const int t = skel[p];
+    const int64_t w = P->m->bytes[t];
+    int32_t *q = P->rdy + P->rbase[t], n = P->rn[t], kept_n = 0, nt = 0;
+    int64_t freed = 0;
+    for (int32_t i = 0; i < n; i++) { /* the vertices due now */
+      int32_t v = q[i];
+      if (P->dl[v] != p) {
+        q[kept_n++] = v;
+        continue;
+      }
+      P->take[nt++] = v;
+    }
+    n = kept_n;
+    int32_t forced = nt;
+    for (int32_t i = 0; i < forced; i++) {
+      int32_t v = P->take[i];
+      for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
+        int32_t u = g->in_edges[e];
+        if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
+      }
+    }
+    if (early) { /* those that free more than they take, under cap */
+      kept_n = 0;
+      for (int32_t i = 0; i < n; i++) {
+        int32_t v = q[i];
+        int64_t gain = -w;
+        for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
+          int32_t u = g->in_edges[e];
+          if (P->rem[u] == 1 && !kept(P, u)) gain += vbytes(P, u);
+        }
+        if (gain <= 0 || live + (int64_t)(nt + 1) * w > cap) {
+          q[kept_n++] = v;
+          continue;
+        }
+        P->take[nt++] = v;
+        for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
+          int32_t u = g->in_edges[e];
+          if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
+        }
+      }
+      n = kept_n;
+    }
+    P->rn[t] = n;
+    if (nt == 0) continue;
+    o.batches++;
+    int64_t step = live + (int64_t)nt * w;
+    if (step > o.peak) o.peak = step;
+    live = step - freed;
+    for (int32_t i = 0; i < nt; i++) {
+      int32_t v = P->take[i];
+      P->pos[v] = p;
+      if (P->rem[v] == 0 && !kept(P, v)) live -= w; /* nobody reads it */
+      for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++) {
+        int32_t c = P->out_edges[e];
+        if (--P->pend[c] == 0) push_ready(P, c);
+      }
+    }
+    o.area += live;
+    done += nt;
+  }
+  o.ok = done == P->nv;
+  return o;
+}
+
+/* The schedule of pos[] (positions < K) into order/batches, empty
+ * positions dropped; returns the batch count. */
+static int32_t write_schedule(const mplan *P, const uint8_t *skel, int32_t K,
+                              int32_t *order, cn_run_batch *batches) {
+  int32_t *cnt = calloc((size_t)K + 1, sizeof(int32_t));
+  if (cnt == NULL) return -1;
+  for (int32_t v = 0; v < P->nv; v++) cnt[P->pos[v]]++;
+  int32_t nb = 0, at = 0;
+  for (int32_t p = 0; p < K; p++) {
+    int32_t c = cnt[p];
+    cnt[p] = at;
+    if (c > 0) batches[nb++] = (cn_run_batch){skel[p], at, c};
+    at += c;
+  }
+  for (int32_t v = 0; v < P->nv; v++) order[cnt[P->pos[v]]++] = v;
+  free(cnt);
+  return nb;
+}
+
+static bool better(outcome a, outcome b) { /* a better than b */
+  if (!a.ok) return false;
+  if (!b.ok) return true;
+  if (a.peak != b.peak) return a.peak < b.peak;
+  if (a.batches != b.batches) return a.batches < b.batches;
+  return a.area < b.area;
+}
+
+/* The better of ALAP and early-under-cap on skel (cap: the budget, or
+ * ALAP's own peak when there is none); pos[] holds its schedule. */
+static outcome best_on(mplan *P, const uint8_t *skel, int32_t K,
+                       int64_t budget) {
+  outcome a = eval(P, skel, K, false, 0);
+  int64_t cap = budget > 0 ? budget : a.ok ? a.peak : INT64_MAX;
+  outcome b = eval(P, skel, K, true, cap);
+  if (better(b, a)) return b;
+  return eval(P, skel, K, false, 0);
+}
+
+int64_t cn__dag_mem_peak(const cn_dag *g, const cn_dag_mem *m,
+                         const int32_t *order, const cn_run_batch *batches,
+                         int32_t nb) {
+  int32_t *bo = malloc((size_t)g->nv * sizeof(int32_t) + 1);
+  int32_t *death = malloc((size_t)g->nv * sizeof(int32_t) + 1);
+  int64_t *dies = calloc((size_t)nb + 1, sizeof(int64_t));
+  int64_t peak = -1;
+  if (bo == NULL || death == NULL || dies == NULL) goto out;
+  for (int32_t b = 0; b < nb; b++)
+    for (int32_t i = 0; i < batches[b].n; i++)
+      bo[order[batches[b].start + i]] = b;
+  for (int32_t v = 0; v < g->nv; v++) death[v] = bo[v];
+  for (int32_t v = 0; v < g->nv; v++)
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      if (bo[v] > death[g->in_edges[e]]) death[g->in_edges[e]] = bo[v];
+  for (int32_t v = 0; v < g->nv; v++)
+    if (m->keep == NULL || !m->keep[v]) dies[death[v]] += m->bytes[g->vtype[v]];
+  int64_t live = 0;
+  peak = 0;
+  for (int32_t b = 0; b < nb; b++) {
+    live += (int64_t)batches[b].n * m->bytes[batches[b].type];
+    if (live > peak) peak = live;
+    live -= dies[b];
+  }
+out:
+  free(bo);
+  free(death);
+  free(dies);
+  return peak;
+}
+
+/* Inserts type t at position p of skel[0 .. K) into out. */
+static void with_insert(const uint8_t *skel, int32_t K, int t, int32_t p,
+                        uint8_t *out) {
+  memcpy(out, skel, (size_t)p);
+  out[p] = (uint8_t)t;
+  memcpy(out + p + 1, skel + p, (size_t)(K - p));
+}
+
+/* How many positions the insertion search tries per type at first (then
+ * as many again around the best of them), and how many types: the two whose batches could take the most bytes off the peak
+ * (waiting_at_peak). */
+#define SAMPLE 12
+
+/* For the peak batch of pos[]: waiting[t], bytes of type-t rows live
+ * there that were computed before it (a type-t batch inserted later could
+ * defer them); freeing[t], bytes of those rows read by a type-t vertex
+ * after the peak (a type-t batch inserted earlier could free them). */
+static void waiting_at_peak(const mplan *P, int32_t K, int64_t *waiting,
+                            int64_t *freeing) {
+  const cn_dag *g = P->g;
+  int64_t *step = calloc((size_t)K + 1, sizeof(int64_t));
+  int32_t *death = malloc((size_t)P->nv * sizeof(int32_t) + 1);
+  memset(waiting, 0, sizeof(int64_t) * (size_t)P->T);
+  memset(freeing, 0, sizeof(int64_t) * (size_t)P->T);
+  if (step == NULL || death == NULL) goto out;
+  for (int32_t v = 0; v < P->nv; v++) {
+    death[v] = kept(P, v) ? K : P->pos[v];
+    for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++)
+      if (P->pos[P->out_edges[e]] > death[v]) death[v] = P->pos[P->out_edges[e]];
+  }
+  /* live at p: computed at or before p, dying at or after p */
+  for (int32_t v = 0; v < P->nv; v++) {
+    step[P->pos[v]] += vbytes(P, v);
+    if (death[v] < K) step[death[v] + 1] -= vbytes(P, v);
+  }
+  int64_t live = 0, best = -1;
+  int32_t kstar = 0;
+  for (int32_t p = 0; p < K; p++) {
+    live += step[p];
+    if (live > best) best = live, kstar = p;
+  }
+  for (int32_t v = 0; v < P->nv; v++) {
+    if (P->pos[v] >= kstar || death[v] < kstar) continue;
+    waiting[g->vtype[v]] += vbytes(P, v);
+    uint32_t seen = 0;
+    for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++) {
+      int32_t c = P->out_edges[e];
+      if (P->pos[c] > kstar && !(seen >> g->vtype[c] & 1)) {
+        seen |= 1u << g->vtype[c];
+        freeing[g->vtype[c]] += vbytes(P, v);
+      }
+    }
+  }
+out:
+  free(step);
+  free(death);
+}
+
+int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
+                      int32_t *order, cn_run_batch *batches,
+                      int32_t *n_batches, cn_dag_mem_result *res) {
+  mplan P = {.g = g, .m = m, .T = g->n_types, .nv = g->nv, .G = 1};
+  const int32_t nb0 = *n_batches;
+  int rc = CN_E_NOMEM;
+  uint8_t *skel = NULL, *cand = NULL, *best = NULL, *base = NULL;
+  memset(res, 0, sizeof(*res));
+  res->batches_before = res->batches = nb0;
+  res->groups = 1;
+  res->peak_before = res->peak = cn__dag_mem_peak(g, m, order, batches, nb0);
+  if (res->peak_before < 0) return CN_E_NOMEM;
+  res->fits = budget <= 0 || res->peak_before <= budget;
+  if (g->nv == 0 || nb0 == 0) return 0;
+  if (cn__dag_consumers(g, &P.out_start, &P.out_edges) != 0) goto out;
+  size_t nv1 = (size_t)g->nv * sizeof(int32_t) + 1;
+  P.dl = malloc(nv1);
+  P.pos = malloc(nv1);
+  P.pend = malloc(nv1);
+  P.rem = malloc(nv1);
+  P.rdy = malloc(nv1);
+  P.take = malloc(nv1);
+  P.srcs = malloc(nv1);
+  base = malloc((size_t)nb0 + 1);
+  if (!P.dl || !P.pos || !P.pend || !P.rem || !P.rdy || !P.take || !P.srcs ||
+      !base)
+    goto out;
+  if (components(&P) != 0) goto out;
+  {
+    int32_t cnt[CN_MAX_TYPES + 1] = {0};
+    for (int32_t v = 0; v < g->nv; v++) cnt[g->vtype[v]]++;
+    P.rbase[0] = 0;
+    for (int t = 0; t < P.T; t++) P.rbase[t + 1] = P.rbase[t] + cnt[t];
+  }
+  for (int32_t b = 0; b < nb0; b++) base[b] = (uint8_t)batches[b].type;
+  outcome cur = {res->peak_before, 0, nb0, true};
+  for (int32_t G = 1;; G = G * 2 < P.n_comp ? G * 2 : P.n_comp) {
+    if (set_groups(&P, G) != 0) goto out;
+    /* G = 1: one skeleton, sources ready at its start; G > 1: group k
+     * owns the k-th copy of the policy's skeleton */
+    P.K0 = G == 1 ? INT32_MAX : nb0;
+    int32_t K = nb0 * G;
+    int32_t k_max = K + nb0; /* at most one copy's worth of insertions */
+    free(skel);
+    free(cand);
+    free(best);
+    free(P.prev);
+    skel = malloc((size_t)k_max + 1);
+    cand = malloc((size_t)k_max + 1);
+    best = malloc((size_t)k_max + 1);
+    P.prev = malloc((size_t)P.T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
+    if (!skel || !cand || !best || !P.prev) goto out;
+    for (int32_t k = 0; k < G; k++) memcpy(skel + (size_t)k * nb0, base, nb0);
+    outcome o = best_on(&P, skel, K, budget);
+    /* Under a budget, one group: insert batches while that lowers the
+     * peak (or, four times at most in a row, only the sum of live bytes,
+     * to get off a plateau where two batches share the peak). */
+    int stall = 0;
+    while (G == 1 && budget > 0 && o.ok && o.peak > budget && K < k_max &&
+           stall < 4) {
+      outcome ob = {0, 0, 0, false};
+      int tb = -1;
+      int32_t pb = -1;
+      int32_t step = K + 1 <= SAMPLE ? 1 : (K + SAMPLE) / SAMPLE;
+      int64_t waiting[CN_MAX_TYPES], freeing[CN_MAX_TYPES];
+      waiting_at_peak(&P, K, waiting, freeing); /* pos[]: o's schedule */
+      uint32_t types = 0; /* the type deferring most, the one freeing most */
+      int tw = -1, tf = -1;
+      for (int t = 0; t < P.T; t++) {
+        if (waiting[t] > 0 && (tw < 0 || waiting[t] > waiting[tw])) tw = t;
+        if (freeing[t] > 0 && (tf < 0 || freeing[t] > freeing[tf])) tf = t;
+      }
+      if (tw >= 0) types |= 1u << tw;
+      if (tf >= 0) types |= 1u << tf;
+      for (int t = 0; t < P.T; t++) {
+        if (m->bytes[t] <= 0 || !(types >> t & 1)) continue;
+        outcome ot = {0, 0, 0, false};
+        int32_t pt = -1;
+        for (int32_t p = 0; p <= K; p += step) {
+          with_insert(skel, K, t, p, cand);
+          outcome c = eval(&P, cand, K + 1, true, budget);
+          if (better(c, ot)) ot = c, pt = p;
+        }
+        /* then the positions between the best one's neighbours */
+        int32_t fine = step / 6 > 1 ? step / 6 : 1;
+        for (int32_t p = pt - step + fine; pt >= 0 && step > 1 && p < pt + step;
+             p += fine) {
+          if (p < 0 || p > K || p == pt) continue;
+          with_insert(skel, K, t, p, cand);
+          outcome c = eval(&P, cand, K + 1, true, budget);
+          if (better(c, ot)) ot = c, pt = p;
+        }
+        if (better(ot, ob)) ob = ot, tb = t, pb = pt;
+      }
+      if (tb < 0) break;
+      if (ob.peak < o.peak) stall = 0;
+      else if (ob.peak == o.peak && ob.area < o.area) stall++;
+      else break;
+      with_insert(skel, K, tb, pb, best);
+      memcpy(skel, best, (size_t)++K);
+      o = best_on(&P, skel, K, budget);
+      res->inserted++;
+    }
+    o = best_on(&P, skel, K, budget); /* pos[]: its schedule again */
+    if (o.ok && (o.peak < cur.peak ||
+                 (o.peak == cur.peak && o.batches < cur.batches))) {
+      int32_t nb = write_schedule(&P, skel, K, order, batches);
+      if (nb < 0) goto out;
+      *n_batches = nb;
+      cur = o;
+      res->peak = o.peak;
+      res->batches = nb;
+      res->groups = G;
+    }
+    res->fits = budget <= 0 || cur.peak <= budget;
+    if (res->fits || G >= P.n_comp) break;
+  }
+  res->evals = P.evals;
+  rc = 0;
+out:
+  free(P.out_start);
+  free(P.out_edges);
+  free(P.comp);
+  free(P.group);
+  free(P.src_start);
+  free(P.srcs);
+  free(P.dl);
+  free(P.pos);
+  free(P.pend);
+  free(P.rem);
+  free(P.rdy);
+  free(P.take);
+  free(P.prev);
+  free(skel);
+  free(cand);
+  free(best);
+  free(base);
+  return rc;
+}
