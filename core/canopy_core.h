@@ -56,7 +56,9 @@ extern "C" {
   XX(NOT_IMPLEMENTED, "not_implemented", 501,                                \
      "the request uses an HTTP feature the server does not support")         \
   XX(NON_FINITE, "non_finite", 500,                                          \
-     "the model computed a non-finite value (NaN or infinity)")
+     "the model computed a non-finite value (NaN or infinity)")              \
+  XX(OVER_BUDGET, "over_memory_budget", 413,                                 \
+     "the instances do not fit the memory budget")
 
 typedef enum {
   CN_OK = 0,
@@ -274,6 +276,10 @@ typedef struct cn_run_stats {
   size_t state_bytes;     /* of which states (docs/memory.md)              */
   size_t state_bytes_total; /* every vertex's state at once: the state
                                region without reuse                       */
+  long long policy_batches; /* the policy's batches, before the memory
+                               order or budget changed them               */
+  int budget_groups;        /* instance groups a budget ran one after
+                               another (1: none)                          */
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
   size_t cell_bytes;      /* bytes moved by copies inside vertex functions  */
@@ -321,6 +327,18 @@ void cn_run_set_arena_reuse(cn_run *r, int reuse);
  * so a read after reuse cannot pass unnoticed (default: the environment's
  * CANOPY_POISON_FREED=1). Before cn_run_exec. */
 void cn_run_set_poison(cn_run *r, int poison);
+/* Memory-aware order (docs/memory.md, issue #35): with reuse on, a planned
+ * run's batches are reordered to the lowest peak of live state bytes
+ * found at no more batches than the policy's (default 1; the
+ * environment's CANOPY_MEMORY_ORDER=0 makes it 0). Before cn_run_exec. */
+void cn_run_set_memory_order(cn_run *r, int on);
+/* A memory budget: the run's arena (states + scratch) may hold at most
+ * `bytes` (0: none). The run plans under it with as few extra batches as
+ * it finds (inserted batches, then its instances in groups one after
+ * another); cn_run_exec fails with CN_E_OVER_BUDGET, saying what the
+ * best plan needs, when not even that fits (one instance alone over the
+ * budget). Outputs are the same with and without it. Before cn_run_exec. */
+void cn_run_set_memory_budget(cn_run *r, long long bytes);
 /* After cn_run_exec: re-executes n vertices of one of the run's batches of
  * `type` iters times with `layout` and measures them (the ED-Batch Table 2
  * style report; the run's outputs are unchanged). out->n is 0 when the run

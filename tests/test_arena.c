@@ -128,7 +128,8 @@ Test(arena, allocator_merges_and_lowers_the_top) {
 
 /* ---- planned runs ----------------------------------------------------------- */
 
-/* Brute force over an executed run's plan: each batch's rows consecutive,
+/* Brute force over an executed run's plan: each launch's rows consecutive
+ * (a batch's, or under a memory budget each slice's),
  * and at every batch the rows alive then (taken at or before it, last
  * read at or after it; the rows the answers read alive to the end) are
  * disjoint and inside the state region. Returns the most floats alive. */
@@ -139,10 +140,12 @@ static int64_t check_plan(cn_run *r, const char *what) {
   for (int32_t b = 0; b < B; b++) {
     const cn_run_batch *bt = &r->batches[b];
     int64_t w = r->state_floats[bt->type];
+    int32_t rows = r->mem_budget > 0 ? r->slice_rows[b] : bt->n;
     for (int32_t i = 0; i < bt->n; i++) {
-      int32_t v = r->order[bt->start + i];
+      int32_t v = r->order[bt->start + i], i0 = i / rows * rows;
       bof[v] = death[v] = b;
-      cr_assert_eq(r->state_off[v], r->state_off[r->order[bt->start]] + i * w,
+      cr_assert_eq(r->state_off[v],
+                   r->state_off[r->order[bt->start + i0]] + (i - i0) * w,
                    "%s: batch %d's rows are not consecutive", what, b);
     }
   }
@@ -208,9 +211,12 @@ typedef struct outcome {
   json_t *outs; /* the dumps of every instance's output */
   cn_run_stats st;
   bool finite;
+  int rc;       /* cn_run_exec's (only CN_E_OVER_BUDGET comes back) */
+  char msg[320];
 } outcome;
 
 static const cn_family *fake_fam; /* run_all: a family to swap in */
+static long long budget;          /* run_all: a memory budget (0: none) */
 
 /* One run of every instance with the arena mode given; outputs dumped to
  * strings (9 significant digits: a float exactly). */
@@ -218,7 +224,7 @@ static outcome run_all(const cn_model *m, const json_t *insts,
                        cn_policy_kind pol, unsigned flags, cn_layout layout,
                        bool reuse, bool poison, int64_t slice,
                        const char *what) {
-  outcome o = {json_array(), {0}, true};
+  outcome o = {json_array(), {0}, true, 0, ""};
   cn_backend_ctx *bk = NULL;
   cn_err err;
   cn_err_clear(&err);
@@ -231,13 +237,20 @@ static outcome run_all(const cn_model *m, const json_t *insts,
   cn_run_set_arena_reuse(r, reuse);
   cn_run_set_poison(r, poison);
   r->scratch_slice = slice; /* a batch's rows a few at a time */
+  cn_run_set_memory_budget(r, budget);
   for (size_t i = 0; i < n; i++) {
     cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
                                    &in[i], &err),
                  0, "%s", err.msg);
     cr_assert_eq(cn_run_add(r, in[i], flags, 0), (int)i);
   }
-  cr_assert_eq(cn_run_exec(r, pol, &err), 0, "%s: %s", what, err.msg);
+  o.rc = cn_run_exec(r, pol, &err);
+  if (o.rc == CN_E_OVER_BUDGET && budget > 0) {
+    snprintf(o.msg, sizeof(o.msg), "%s", err.msg);
+    n = 0; /* no outputs */
+  } else {
+    cr_assert_eq(o.rc, 0, "%s: %s", what, err.msg);
+  }
   cn_run_get_stats(r, &o.st);
   if (r->reused) {
     int64_t most = check_plan(r, what);
@@ -256,6 +269,7 @@ static outcome run_all(const cn_model *m, const json_t *insts,
     json_decref(out);
   }
   cn_run_free(r);
+  n = json_array_size(insts);
   for (size_t i = 0; i < n; i++) cn_instance_free(in[i]);
   free(in);
   cn_backend_close(bk);
@@ -297,7 +311,9 @@ static double compare_all(const cn_model *m, const json_t *in,
                            json_string_value(json_array_get(want.outs, i)),
                            "%s instance %zu: reuse answers differently", what,
                            i);
-        cr_expect_eq(want.st.batches, got.st.batches, "%s", what);
+        /* the memory order keeps the policy's batches or merges some */
+        cr_expect_eq(want.st.batches, got.st.policy_batches, "%s", what);
+        cr_expect_leq(got.st.batches, want.st.batches, "%s", what);
         cr_expect_eq(want.st.state_bytes, want.st.state_bytes_total);
         cr_expect_eq(got.st.state_bytes_total, want.st.state_bytes_total);
         cr_expect_leq(got.st.state_bytes, got.st.state_bytes_total, "%s: %zu > %zu", what, got.st.state_bytes, got.st.state_bytes_total);
@@ -321,6 +337,67 @@ Test(arena, every_family_poisoned_equals_no_reuse, .timeout = 300) {
     cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));
     json_t *in = tu_data_lines(c->data, 16);
     compare_all(m, in, c->family, strcmp(c->family, "lstm-nmt") == 0);
+    json_decref(in);
+    cn_model_free(m);
+    tu_rmdir(dir);
+  }
+}
+
+/* A memory budget (issue #35 item 2): at 60% and 35% of the arena the
+ * memory order reaches without one, every planned family fits or says it
+ * cannot, answers as without a budget byte for byte with freed rows
+ * poisoned, and the policy's batches are where it started. One instance
+ * under a budget it cannot meet is refused with the budget named. */
+Test(arena, budget_fits_and_answers_alike, .timeout = 300) {
+  for (size_t k = 0; k < tu_n_families; k++) {
+    const tu_family *c = &tu_families[k];
+    if (strcmp(c->family, "lstm-nmt") == 0) continue; /* a growing graph */
+    char dir[256], what[160];
+    int H = strcmp(c->family, "mvrnn") == 0 ? 8 : 16;
+    cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));
+    json_t *in = tu_data_lines(c->data, 64);
+    budget = 0;
+    outcome want = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED,
+                           true, false, 0, c->family);
+    const double shares[] = {0.6, 0.35};
+    for (size_t q = 0; q < 2; q++) {
+      budget = (long long)(shares[q] * (double)want.st.arena_bytes);
+      snprintf(what, sizeof(what), "%s budget %lld (%.0f%%)", c->family,
+               budget, shares[q] * 100);
+      outcome got = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED,
+                            true, true, 0, what);
+      if (got.rc == CN_E_OVER_BUDGET) {
+        cr_log_info("%s: refused: %s", what, got.msg);
+        cr_expect(strstr(got.msg, "budget") != NULL, "%s", got.msg);
+        cr_expect_lt(shares[q], 0.5, "%s: refused at 60%%: %s", what,
+                     got.msg);
+        json_decref(got.outs);
+        continue;
+      }
+      cr_log_info("%s: arena %zu, batches %lld (policy %lld)", what,
+                  got.st.arena_bytes, got.st.batches, got.st.policy_batches);
+      cr_expect_leq((long long)got.st.arena_bytes, budget, "%s", what);
+      cr_expect(got.finite, "%s: a row read after reuse", what);
+      cr_expect_eq(got.st.policy_batches, want.st.policy_batches, "%s", what);
+      for (size_t i = 0; i < json_array_size(want.outs); i++)
+        cr_expect_str_eq(json_string_value(json_array_get(got.outs, i)),
+                         json_string_value(json_array_get(want.outs, i)),
+                         "%s instance %zu", what, i);
+      json_decref(got.outs);
+    }
+    /* one instance, a budget it cannot meet */
+    json_t *one = json_array();
+    json_array_append(one, json_array_get(in, 0));
+    budget = 256;
+    outcome no = run_all(m, one, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED,
+                         true, false, 0, "one instance over budget");
+    cr_expect_eq(no.rc, CN_E_OVER_BUDGET, "%s", c->family);
+    cr_expect(strstr(no.msg, "memory budget is 256 bytes") != NULL, "%s: %s",
+              c->family, no.msg);
+    budget = 0;
+    json_decref(no.outs);
+    json_decref(one);
+    json_decref(want.outs);
     json_decref(in);
     cn_model_free(m);
     tu_rmdir(dir);

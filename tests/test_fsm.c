@@ -592,7 +592,7 @@ static json_t *run_all(const cn_model *m, const json_t *insts,
     json_array_append_new(outs, cn_run_output(r, (int)i));
   cn_run_stats st;
   cn_run_get_stats(r, &st);
-  *batches = st.batches;
+  *batches = st.policy_batches; /* before the memory order (docs/memory.md) */
   cn_run_free(r);
   for (size_t i = 0; i < n; i++) cn_instance_free(in[i]);
   free(in);

@@ -53,15 +53,33 @@ static int64_t edges_of(const cn_run *r, int32_t v0, int32_t n) {
  * scratch would pass the backend's CN__SCRATCH_SLICE_*: then as many equal
  * slices as it takes), and the most scratch and index staging one slice
  * needs. */
-static int32_t slice_needs(const cn_run *r, const cn_run_batch *bt,
-                           int64_t *scratch, int64_t *idx) {
+/* The most scratch one launch may take, in floats. */
+static int64_t scratch_cap(const cn_run *r) {
   int64_t cap = r->scratch_slice > 0        ? r->scratch_slice
                 : r->bk->vt->host_memory ? CN__SCRATCH_SLICE_HOST
                                          : CN__SCRATCH_SLICE_DEVICE;
+  /* under a memory budget the scratch takes an eighth of it at most */
+  int64_t eighth = r->mem_budget / 8 / (int64_t)sizeof(float);
+  if (r->mem_budget > 0 && eighth < cap) cap = eighth;
+  return cap;
+}
+
+static int32_t slice_needs(const cn_run *r, const cn_run_batch *bt,
+                           int64_t *scratch, int64_t *idx) {
+  int64_t cap = scratch_cap(r);
   cn__run_batch_needs(r, bt->type, bt->n, edges_of(r, bt->start, bt->n),
                       scratch, idx);
-  if (*scratch <= cap || bt->n < 2) return bt->n;
   int64_t k = (*scratch + cap - 1) / cap;
+  /* Under a memory budget a slice's state rows take a sixteenth of it at
+   * most: each slice is a block of its own (run_arena.c), so a batch fits
+   * the holes that rows freed earlier left, not only the top. */
+  int64_t row = r->state_floats[bt->type] * (int64_t)sizeof(float);
+  if (r->mem_budget > 0 && row > 0) {
+    int64_t ks = ((int64_t)bt->n * row + r->mem_budget / 16 - 1) /
+                 (r->mem_budget / 16 > 0 ? r->mem_budget / 16 : 1);
+    if (ks > k) k = ks;
+  }
+  if (k <= 1 || bt->n < 2) return bt->n;
   int32_t rows = (int32_t)((bt->n + k - 1) / k);
   *scratch = *idx = 0;
   for (int32_t i = 0; i < bt->n; i += rows) {
@@ -76,9 +94,10 @@ static int32_t slice_needs(const cn_run *r, const cn_run_batch *bt,
 }
 
 /* Sizes the arena from the plan: the state rows, placed by liveness
- * (run_arena.c) or, without reuse, one buffer per type holding exactly
- * its vertices; then the scratch the largest launch needs. */
-static int plan_arena(cn_run *r, cn_err *err) {
+ * (run_arena.c) when keep says which rows outlive the run or, without it,
+ * one buffer per type holding exactly its vertices; then the scratch the
+ * largest launch needs. Allocates nothing on the backend. */
+static int plan_rows(cn_run *r, const uint8_t *keep, cn_err *err) {
   const cn_family *f = r->fam;
   int64_t off = 0, scratch = 0, idx = 0;
   for (int t = 0; t < f->n_types; t++) {
@@ -90,6 +109,7 @@ static int plan_arena(cn_run *r, cn_err *err) {
   r->state_floats_total = off;
   /* Scratch and index staging: the most any single launch needs, a batch
    * over the backend's CN__SCRATCH_SLICE_* in slices (slice_needs). */
+  free(r->slice_rows);
   r->slice_rows = malloc((size_t)(r->n_batches + 1) * sizeof(int32_t));
   if (r->slice_rows == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
@@ -100,17 +120,15 @@ static int plan_arena(cn_run *r, cn_err *err) {
     if (s > scratch) scratch = s;
     if (need > idx) idx = need;
   }
-  r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
+  if (r->state_off == NULL)
+    r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
   if (r->state_off == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
                       "vertices", (long long)r->nv);
   r->reused = false;
-  uint8_t *keep = r->reuse ? rows_read_after(r) : NULL;
   if (keep != NULL) {
     int64_t states;
-    int rc = cn__run_plan_live(r, keep, &states);
-    free(keep);
-    if (rc != 0)
+    if (cn__run_plan_live(r, keep, &states) != 0)
       return cn_err_set(err, CN_E_NOMEM, "no memory to plan the arena of a "
                         "run of %lld vertices", (long long)r->nv);
     /* Blocks are rounded to 64 bytes per batch, buffers once per type:
@@ -135,10 +153,99 @@ static int plan_arena(cn_run *r, cn_err *err) {
   r->scratch_off = off;
   r->scratch_floats = scratch;
   r->arena_floats = off + scratch + 16;
+  r->idx_cap = idx + 1;
+  return 0;
+}
+
+/* Orders the batches by memory (the lowest peak at the policy's batch
+ * count, docs/memory.md) and plans the rows; under a budget, plans until
+ * the arena fits: the states get the budget less the scratch's cap, and
+ * less again by what the allocator's rounding added over the model when a
+ * plan misses (three tries), else the run is refused. */
+static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
+  const int64_t B = r->mem_budget;
+  int rc;
+  if (keep == NULL || (!r->mem_order && B == 0)) {
+    if ((rc = plan_rows(r, keep, err)) != 0) return rc;
+    if (B == 0 || r->arena_floats * 4 <= B) return 0;
+    return cn_err_set(err, CN_E_OVER_BUDGET,
+                      "a run of %d instances needs %lld bytes of arena "
+                      "(%s); the memory budget is %lld bytes",
+                      r->n_slots,
+                      (long long)r->arena_floats * 4,
+                      r->reuse ? "this model's rows cannot be reused"
+                               : "arena reuse is off",
+                      (long long)B);
+  }
+  int32_t *order0 = NULL;
+  cn_run_batch *batches0 = NULL;
+  const int32_t nb0 = r->n_batches;
+  if (B > 0) { /* the policy's plan, to start again from */
+    order0 = malloc(((size_t)r->nv + 1) * sizeof(int32_t));
+    batches0 = malloc(((size_t)nb0 + 1) * sizeof(cn_run_batch));
+    if (order0 == NULL || batches0 == NULL) {
+      free(order0);
+      free(batches0);
+      return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run");
+    }
+    memcpy(order0, r->order, (size_t)r->nv * sizeof(int32_t));
+    memcpy(batches0, r->batches, (size_t)nb0 * sizeof(cn_run_batch));
+  }
+  /* First the lowest peak at the policy's batch count: under the budget,
+   * that is the plan; over it, its allocator-to-model ratio (holes,
+   * rounding) scales the model's target for the budget's room. */
+  int64_t target = 0, need = 0, states = 0, model = 0;
+  bool fits = true;
+  int attempt = 0;
+  for (; attempt < 4; attempt++) {
+    if (attempt > 0 && target <= 0) break;
+    if (attempt > 0) {
+      memcpy(r->order, order0, (size_t)r->nv * sizeof(int32_t));
+      memcpy(r->batches, batches0, (size_t)nb0 * sizeof(cn_run_batch));
+      r->n_batches = nb0;
+    }
+    if ((rc = cn__sched_memory(r, keep, target, &fits, &model, err)) != 0)
+      break;
+    if ((rc = plan_rows(r, keep, err)) != 0) break;
+    states = r->scratch_off * 4;
+    need = r->arena_floats * 4; /* with the arena's 64 bytes of padding */
+    if (B == 0 || need <= B || !fits) break;
+    int64_t room = B - scratch_cap(r) * 4 - 64;
+    if (room <= 0) break;
+    /* the allocator's holes and rounding over the model: the model's
+     * target is the room scaled down by what they added last time */
+    int64_t t = (int64_t)((double)room * ((double)model / (double)states) *
+                          0.98);
+    target = target > 0 && t >= target ? target * 9 / 10 : t;
+  }
+  free(order0);
+  free(batches0);
+  if (rc != 0 || B == 0 || (need > 0 && need <= B)) return rc;
+  if (!fits && r->mem_groups >= r->n_slots)
+    return cn_err_set(err, CN_E_OVER_BUDGET,
+                      r->n_slots == 1
+                          ? "the instance needs %lld bytes of arena (states "
+                            "%lld + scratch %lld, the best plan found); the "
+                            "memory budget is %lld bytes"
+                          : "even one instance at a time the run needs %lld "
+                            "bytes of arena (states %lld, the rows its answers "
+                            "read kept to the end, + scratch %lld); the "
+                            "memory budget is %lld bytes",
+                      (long long)need, (long long)states,
+                      (long long)(need - states), (long long)B);
+  return cn_err_set(err, CN_E_OVER_BUDGET,
+                    "a run of %d instances needs %lld bytes of arena (states "
+                    "%lld + scratch %lld, the best of %d plans); the memory "
+                    "budget is %lld bytes: run fewer instances at once",
+                    r->n_slots, (long long)need, (long long)states,
+                    (long long)(need - states), attempt + 1, (long long)B);
+}
+
+/* The arena and the index staging the plan sized. */
+static int alloc_arena(cn_run *r, cn_err *err) {
   r->arena = r->bk->vt->alloc(r->bk, (size_t)r->arena_floats * sizeof(float));
   r->scratch = r->arena ? r->arena + r->scratch_off : NULL;
-  r->idx_host = malloc((size_t)(idx + 1) * sizeof(int64_t));
-  r->idx_cap = idx + 1;
+  r->idx_host = malloc((size_t)r->idx_cap * sizeof(int64_t));
   if (r->arena == NULL || r->idx_host == NULL)
     return cn_err_set(err, CN_E_NOMEM,
                       "run arena of %lld bytes could not be allocated",
@@ -149,7 +256,10 @@ static int plan_arena(cn_run *r, cn_err *err) {
 static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
   int rc = cn__sched_plan(r, policy, err);
   if (rc != 0) return rc;
-  rc = plan_arena(r, err);
+  uint8_t *keep = r->reuse ? rows_read_after(r) : NULL;
+  rc = plan_memory(r, keep, err);
+  free(keep);
+  if (rc == 0) rc = alloc_arena(r, err);
   if (rc != 0) return rc;
   cn__run_bind_weights(r);
   long long k0 = r->bk->kernels;
@@ -239,6 +349,9 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->state_bytes_total = (size_t)(r->state_floats_total > 0
                                       ? r->state_floats_total
                                       : r->scratch_off) * sizeof(float);
+  s->policy_batches = r->policy_batches > 0 ? r->policy_batches
+                                            : r->n_batches;
+  s->budget_groups = r->mem_groups > 0 ? r->mem_groups : 1;
   s->gather_bytes = r->gather_bytes;
   s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;

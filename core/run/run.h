@@ -123,6 +123,11 @@ struct cn_run {
   int32_t *slice_rows;   /* per batch: rows a launch executes at once, so
                             the scratch stays within CN__SCRATCH_SLICE_*  */
   int64_t scratch_slice; /* tests: that limit instead (0: the backend's) */
+  int64_t mem_budget;    /* bytes the arena may hold (0: no budget)      */
+  bool mem_order;        /* order batches by memory (default 1;
+                            CANOPY_MEMORY_ORDER=0 turns it off)          */
+  int32_t policy_batches;/* the policy's batches before the memory order */
+  int32_t mem_groups;    /* instance groups the budget split the run in  */
   int64_t state_floats_total; /* every vertex's state (the arena without
                                  reuse, less scratch); 0: not planned     */
   int64_t state_floats_live;  /* the most floats held at once (no holes) */
@@ -246,6 +251,7 @@ typedef struct cn_arena_free {
  * r->frees; *states: the floats the state region needs. 0, or -1 with no
  * memory. */
 int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states);
+
 /* Poisons (NaN) the ranges freed after batch b that are not yet. */
 void cn__run_poison(cn_run *r, int32_t b);
 
@@ -253,6 +259,14 @@ void cn__run_poison(cn_run *r, int32_t b);
  * Fills r->order and r->batches for the policy, and r->lower_bound. With
  * CN_POLICY_FSM the policy object is r->sched_fsm (NULL: agenda). */
 int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err);
+/* run_sched.c: rewrites the run's planned batches by memory
+ * (core/sched/dag_memory.c): the lowest peak at the policy's batch count,
+ * or under `budget` bytes of states (> 0) with as few extra batches as
+ * found. keep: rows read after the run. *fits: the peak is under the
+ * budget (1 without one); *model_peak: the peak of the model, before the
+ * allocator's rounding and holes. Returns 0 or CN_E_NOMEM. */
+int cn__sched_memory(cn_run *r, const uint8_t *keep, int64_t budget,
+                     bool *fits, int64_t *model_peak, cn_err *err);
 /* Σ_t depth_t over the run (docs/models.md lower bound). */
 int64_t cn__sched_lower_bound(const cn_run *r);
 

@@ -186,9 +186,21 @@ static void sort_keys(row_key *k, row_key *tmp, int32_t n, int32_t b) {
   }
 }
 
-/* A freed range, relative to its batch's block, freed after batch `at`. */
+/* The rows of batch b that one block holds: the whole batch, or under a
+ * memory budget each slice a launch executes (run.c's slice_needs keeps a
+ * slice's rows to a sixteenth of the budget), so a batch can fill the
+ * holes earlier rows left instead of growing the top. */
+static int32_t unit_rows(const cn_run *r, int32_t b) {
+  int32_t n = r->batches[b].n;
+  if (r->mem_budget > 0 && r->slice_rows != NULL && r->slice_rows[b] > 0 &&
+      r->slice_rows[b] < n)
+    return r->slice_rows[b];
+  return n > 0 ? n : 1;
+}
+
+/* A freed range, relative to its unit's block, freed after batch `at`. */
 typedef struct rel_free {
-  int32_t at, batch;
+  int32_t at, batch; /* batch: the unit (a batch's block, or a slice's) */
   int64_t lo, len;
 } rel_free;
 
@@ -198,13 +210,21 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   int32_t *batch_of = malloc((size_t)nv * sizeof(int32_t) + 1);
   int32_t *death = malloc((size_t)nv * sizeof(int32_t) + 1);
   int64_t *rkey = malloc((size_t)nv * sizeof(int64_t) + 1);
-  int64_t *block = malloc((size_t)B * sizeof(int64_t) + 1);
+  int32_t *unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
+  int64_t *block = NULL;
   int32_t *n_at = calloc((size_t)B + 1, sizeof(int32_t));
   rel_free *rel = NULL, *sorted = NULL;
   row_key *keys = NULL;
   cn_offset_alloc a = {0};
   int64_t n_rel = 0, cap_rel = 0, max_n = 0, max_in = 1;
-  if (!batch_of || !death || !rkey || !block || !n_at) goto out;
+  if (!batch_of || !death || !rkey || !unit0 || !n_at) goto out;
+  unit0[0] = 0;
+  for (int32_t b = 0; b < B; b++) {
+    int32_t ur = unit_rows(r, b);
+    unit0[b + 1] = unit0[b] + (r->batches[b].n + ur - 1) / ur;
+  }
+  block = malloc((size_t)unit0[B] * sizeof(int64_t) + 1);
+  if (block == NULL) goto out;
   for (int32_t b = 0; b < B; b++) {
     const cn_run_batch *bt = &r->batches[b];
     if (bt->n > max_n) max_n = bt->n;
@@ -247,23 +267,30 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
         if (death[in[q]] == b && rkey[in[q]] < 0)
           rkey[in[q]] = (int64_t)i * max_in + q;
     }
-    /* the block's frees: its front, group by group, as rows die */
-    int64_t w = r->state_floats[bt->type], size = round_up(bt->n * w);
-    int64_t done = 0;
+    /* the frees of its blocks (one per unit), group by group as rows die:
+     * each block from its front */
+    int64_t w = r->state_floats[bt->type];
+    int32_t ur = unit_rows(r, b);
     for (int32_t i = 0; i < bt->n;) {
       int32_t d = keys[i].death, j = i;
       while (j < bt->n && keys[j].death == d) j++;
-      int64_t end = j == bt->n ? size : (j * w) & ~(int64_t)(GRAIN - 1);
-      if (d < B && end > done) {
-        if (n_rel == cap_rel) {
-          cap_rel = cap_rel ? 2 * cap_rel : 256;
-          rel_free *p = cn__xrealloc(rel, (size_t)cap_rel, sizeof(*p));
-          if (p == NULL) goto out;
-          rel = p;
+      for (int32_t x = i; x < j;) { /* [x, z): the group within one unit */
+        int32_t u0 = x / ur * ur, u1 = u0 + ur < bt->n ? u0 + ur : bt->n;
+        int32_t z = j < u1 ? j : u1;
+        int64_t lo = x == u0 ? 0 : ((x - u0) * w) & ~(int64_t)(GRAIN - 1);
+        int64_t end = z == u1 ? round_up((u1 - u0) * w)
+                              : ((z - u0) * w) & ~(int64_t)(GRAIN - 1);
+        if (d < B && end > lo) {
+          if (n_rel == cap_rel) {
+            cap_rel = cap_rel ? 2 * cap_rel : 256;
+            rel_free *p = cn__xrealloc(rel, (size_t)cap_rel, sizeof(*p));
+            if (p == NULL) goto out;
+            rel = p;
+          }
+          rel[n_rel++] = (rel_free){d, unit0[b] + x / ur, lo, end - lo};
+          n_at[d]++;
         }
-        rel[n_rel++] = (rel_free){d, b, done, end - done};
-        n_at[d]++;
-        done = end;
+        x = z;
       }
       i = j;
     }
@@ -293,11 +320,16 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
       r->frees[r->n_frees++] = (cn_arena_free){e->at, off, e->len};
     }
     const cn_run_batch *bt = &r->batches[b];
-    int64_t w = r->state_floats[bt->type], size = round_up(bt->n * w);
-    block[b] = 0;
-    if (size > 0 && cn__oalloc_alloc(&a, size, &block[b])) goto out;
-    for (int32_t i = 0; i < bt->n; i++)
-      r->state_off[r->order[bt->start + i]] = block[b] + i * w;
+    int64_t w = r->state_floats[bt->type];
+    int32_t ur = unit_rows(r, b);
+    for (int32_t u0 = 0; u0 < bt->n; u0 += ur) {
+      int32_t nu = bt->n - u0 < ur ? bt->n - u0 : ur;
+      int64_t size = round_up(nu * w), *at = &block[unit0[b] + u0 / ur];
+      *at = 0;
+      if (size > 0 && cn__oalloc_alloc(&a, size, at)) goto out;
+      for (int32_t i = 0; i < nu; i++)
+        r->state_off[r->order[bt->start + u0 + i]] = *at + i * w;
+    }
   }
   for (; f < n_rel; f++) { /* freed after the last batches: poisoned too */
     const rel_free *e = &sorted[f];
@@ -313,6 +345,7 @@ out:
   free(death);
   free(rkey);
   free(block);
+  free(unit0);
   free(n_at);
   free(rel);
   free(sorted);

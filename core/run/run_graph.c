@@ -44,6 +44,8 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
    * (docs/memory.md, docs/testing.md) */
   const char *e = getenv("CANOPY_ARENA_REUSE");
   r->reuse = e == NULL || strcmp(e, "0") != 0;
+  e = getenv("CANOPY_MEMORY_ORDER");
+  r->mem_order = e == NULL || strcmp(e, "0") != 0;
   e = getenv("CANOPY_POISON_FREED");
   r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
   r->in_start = malloc(sizeof(int32_t));
@@ -220,6 +222,12 @@ void cn_run_set_plan_width(cn_run *r, int width) {
 void cn_run_set_arena_reuse(cn_run *r, int reuse) { r->reuse = reuse != 0; }
 
 void cn_run_set_poison(cn_run *r, int poison) { r->poison = poison != 0; }
+
+void cn_run_set_memory_order(cn_run *r, int on) { r->mem_order = on != 0; }
+
+void cn_run_set_memory_budget(cn_run *r, long long bytes) {
+  r->mem_budget = bytes > 0 ? bytes : 0;
+}
 
 static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",
                                                            "pq"};

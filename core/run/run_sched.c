@@ -32,11 +32,36 @@ int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err) {
   }
   r->lower_bound = cn__dag_lower_bound(&g);
   if (r->lower_bound < 0) rc = CN_E_NOMEM;
+  r->policy_batches = r->n_batches;
 out:
   if (rc != 0)
     cn_err_set(err, rc, "could not plan the run's batches (%s)",
                cn_err_default_msg(rc));
   return rc;
+}
+
+int cn__sched_memory(cn_run *r, const uint8_t *keep, int64_t budget,
+                     bool *fits, int64_t *model_peak, cn_err *err) {
+  cn_dag g = cn__run_dag(r);
+  int64_t bytes[CN_MAX_TYPES];
+  for (int t = 0; t < r->fam->n_types; t++)
+    bytes[t] = r->fam->state_floats(r->m, t) * (int64_t)sizeof(float);
+  cn_dag_mem m = {bytes, keep};
+  cn_dag_mem_result res;
+  int rc = cn__dag_mem_order(&g, &m, budget, r->order, r->batches,
+                             &r->n_batches, &res);
+  if (rc != 0)
+    return cn_err_set(err, rc, "could not order the run's batches by "
+                      "memory (%s)", cn_err_default_msg(rc));
+  memset(r->max_batch, 0, sizeof(r->max_batch));
+  for (int32_t b = 0; b < r->n_batches; b++) {
+    const cn_run_batch *bt = &r->batches[b];
+    if (bt->n > r->max_batch[bt->type]) r->max_batch[bt->type] = bt->n;
+  }
+  r->mem_groups = res.groups;
+  *fits = res.fits;
+  *model_peak = res.peak;
+  return 0;
 }
 
 int cn_graph_set_add_run(cn_graph_set *s, const cn_run *r) {
