@@ -78,6 +78,12 @@ static void run_usage(FILE *f) {
           "                        cores / jobs))\n"
           "  --max-decode-len N    lstm-nmt: decode at most N steps (below the "
           "model's cap)\n"
+          "  --memory-budget B     plan each run so its arena (states and "
+          "scratch) holds\n"
+          "                        at most B bytes (KiB/MiB/GiB suffixes), with "
+          "extra\n"
+          "                        batches where needed; same outputs "
+          "(docs/memory.md)\n"
           "  --no-arena-reuse      keep every vertex's state row to the end of "
           "its run\n"
           "                        instead of reusing it after its last reader "
@@ -280,7 +286,8 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
           "\"layout\": \"%s\", \"vertices\": %lld, \"kernels\": %lld, "
           "\"cell_bytes_copied\": %zu, \"gather_bytes_copied\": %zu, "
           "\"arena_bytes_peak\": %zu, \"state_bytes_peak\": %zu, "
-          "\"state_bytes_total\": %zu, "
+          "\"state_bytes_total\": %zu, \"memory_budget\": %lld, "
+          "\"policy_batches\": %lld, "
           "\"runs\": %lld, \"device_syncs\": %lld, "
           "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
           "\"device_allocs\": %lld, \"launches\": %lld}\n",
@@ -289,7 +296,8 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
           cn_policy_name(o->policy), o->batch, jobs,
           cn_layout_name(o->layout), tot->vertices, tot->kernels,
           tot->cell_bytes, tot->gather_bytes, tot->arena_peak,
-          tot->state_peak, tot->state_total, tot->runs, tot->syncs,
+          tot->state_peak, tot->state_total, o->cfg.serve.memory_budget,
+          tot->policy_batches, tot->runs, tot->syncs,
           tot->to_device, tot->to_host, tot->allocs, tot->launches);
 }
 

@@ -87,6 +87,7 @@ static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
   cn_run_set_layout(r, o->layout);
   cn_run_set_plan_width(r, o->cfg.serve.plan_width);
   if (o->no_reuse) cn_run_set_arena_reuse(r, 0);
+  cn_run_set_memory_budget(r, o->cfg.serve.memory_budget);
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) continue;
     ls[i].slot = cn_run_add(r, ls[i].inst, o->flags, (int)o->max_decode_len);
@@ -120,6 +121,7 @@ static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
   cn_run_get_stats(r, &st);
   tot->batches += st.batches;
   tot->lower_bound += st.lower_bound;
+  tot->policy_batches += st.policy_batches;
   tot->kernels += st.kernels;
   tot->vertices += st.vertices;
   tot->gather_bytes += st.gather_bytes;
@@ -225,6 +227,7 @@ static int chunk_emit(chunk *c, totals *tot, cn__progress *pg) {
   tot->errors += c->tot.errors;
   tot->batches += c->tot.batches;
   tot->lower_bound += c->tot.lower_bound;
+  tot->policy_batches += c->tot.policy_batches;
   tot->kernels += c->tot.kernels;
   tot->vertices += c->tot.vertices;
   tot->gather_bytes += c->tot.gather_bytes;

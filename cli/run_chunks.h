@@ -32,6 +32,7 @@ typedef struct run_opts {
 /* What the runs added up to, for the summary line. */
 typedef struct totals {
   long long instances, errors, batches, lower_bound, kernels, vertices;
+  long long policy_batches; /* the policy's, before the memory order */
   size_t gather_bytes, cell_bytes, arena_peak;
   size_t state_peak, state_total; /* docs/memory.md: the largest run's */
   /* the backend's counters (issue #33), summed over the runs */

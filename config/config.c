@@ -23,6 +23,8 @@
   {name, CN_CFG_INT, lo, hi, dflt, off, 0, help, NULL, group}
 #define STR_KEY(name, dflt, field, help, choices) \
   {name, CN_CFG_STRING, 0, 0, dflt, SRVS(field), help, choices, "serve"}
+#define BYTES_KEY(name, hi, dflt, off, help, group) \
+  {name, CN_CFG_BYTES, 0, hi, dflt, off, 0, help, NULL, group}
 #define BOOL_KEY(name, dflt, off, help) \
   {name, CN_CFG_BOOL, 0, 0, dflt, off, 0, help, "true|false", "serve"}
 
@@ -84,6 +86,12 @@ static const cn_config_key keys[] = {
             "policy plan: beam width of the search over each run graph "
             "before it runs; wider finds fewer batches and costs more CPU",
             "serve"),
+    BYTES_KEY("memory-budget", 1LL << 50, "0", SRV(memory_budget),
+              "bytes of arena (states and scratch) one run may hold, per "
+              "worker (KiB, MiB, GiB suffixes allowed); runs are planned "
+              "under it with extra batches, an instance alone over it is "
+              "answered 413; 0: no budget (docs/memory.md)",
+              "serve"),
     INT_KEY("retrain-interval-s", 0, 86400, "60", SRV(retrain_interval_s),
             "policy fsm: retrain each model's policy from its recent run "
             "graphs this often, in a low-priority thread; 0: never",
@@ -278,6 +286,27 @@ static int set_key(cn_config *c, const cn_config_key *k, const char *value,
                           "%s %s: %lld is out of range [%lld, %lld]", source,
                           k->name, v, k->min, k->max);
       *(int *)p = (int)v;
+      return 0;
+    }
+    case CN_CFG_BYTES: {
+      char *end = num;
+      errno = 0;
+      long long v = 0, unit = 1;
+      if (tn > 0 && tn < sizeof(num)) {
+        memcpy(num, t, tn);
+        num[tn] = '\0';
+        v = strtoll(num, &end, 10);
+      }
+      if (end != num && strcmp(end, "KiB") == 0) unit = 1LL << 10, end += 3;
+      else if (end != num && strcmp(end, "MiB") == 0) unit = 1LL << 20, end += 3;
+      else if (end != num && strcmp(end, "GiB") == 0) unit = 1LL << 30, end += 3;
+      if (errno != 0 || end == num || *end != '\0' || v < 0 ||
+          v > k->max / unit)
+        return cn_err_set(err, CN_E_BAD_CONFIG,
+                          "%s %s: '%s' is not a size in bytes from 0 to "
+                          "%lld (a number, optionally with KiB, MiB or GiB)",
+                          source, k->name, value, k->max);
+      *(long long *)p = v * unit;
       return 0;
     }
     case CN_CFG_BOOL:
@@ -580,6 +609,9 @@ static void value_text(const cn_config *c, const cn_config_key *k, char *out,
   switch (k->type) {
     case CN_CFG_INT:
       snprintf(out, cap, "%d", *(const int *)p);
+      return;
+    case CN_CFG_BYTES:
+      snprintf(out, cap, "%lld", *(const long long *)p);
       return;
     case CN_CFG_BOOL:
       snprintf(out, cap, "%s", *(const bool *)p ? "true" : "false");

@@ -53,6 +53,8 @@ typedef struct cn_serve_config {
   int max_loads;           /* model loads in flight at once; beyond: 429  */
   bool strict_startup;     /* one model failing to load stops start-up    */
   bool warmup;             /* each worker runs a version once before it serves */
+  long long memory_budget; /* arena bytes one worker's run may hold, 0: no
+                              budget (docs/memory.md)                    */
 } cn_serve_config;
 
 #define CN_CONFIG_MAX_KEYS 128
@@ -75,7 +77,9 @@ typedef struct cn_config {
   int line[CN_CONFIG_MAX_KEYS];
 } cn_config;
 
-typedef enum { CN_CFG_INT, CN_CFG_STRING, CN_CFG_BOOL } cn_config_type;
+/* CN_CFG_BYTES: a long long of bytes, written plainly or with a KiB, MiB
+ * or GiB suffix (powers of 1,024). */
+typedef enum { CN_CFG_INT, CN_CFG_STRING, CN_CFG_BOOL, CN_CFG_BYTES } cn_config_type;
 
 typedef struct cn_config_key {
   const char *name;     /* "max-nodes": flag --max-nodes, env CANOPY_MAX_NODES */
