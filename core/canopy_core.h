@@ -280,6 +280,9 @@ typedef struct cn_run_stats {
                                order or budget changed them               */
   int budget_groups;        /* instance groups a budget ran one after
                                another (1: none)                          */
+  size_t arena_bytes_unbudgeted; /* the arena at the policy's batch count,
+                                    before a budget added batches (equal to
+                                    arena_bytes without a budget)        */
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
   size_t cell_bytes;      /* bytes moved by copies inside vertex functions  */

@@ -233,6 +233,15 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
   if (sl->window != NULL &&
       (sl->window->vertices + r->vertices > (size_t)sc->max_vertices))
     window_close(sl, CN__CLOSE_SIZE);
+  /* Runs sized by memory (docs/memory.md): a request that would take the
+   * window's arena, as this model's runs have needed it per vertex, over
+   * memory-budget starts a run of its own; the run is still planned under
+   * the budget, which this keeps from needing extra batches. */
+  long long per_k = atomic_load(&sl->arena_per_kvertex);
+  if (sl->window != NULL && sc->memory_budget > 0 && per_k > 0 &&
+      (long long)((sl->window->vertices + r->vertices) / 1024.0 * per_k) >
+          sc->memory_budget)
+    window_close(sl, CN__CLOSE_MEMORY);
   /* a window holds one version: a request for a newer one (the model was
    * reloaded meanwhile) closes the old window, which runs on its own */
   if (sl->window != NULL && sl->window->me != r->me)

@@ -71,7 +71,10 @@ int cn__metrics_init(cn__metrics *m, int cap, const char **names) {
   m->batch_instances = calloc((size_t)cap + 1, sizeof(cn__hist));
   m->model_batches = calloc((size_t)cap + 1, sizeof(uint64_t));
   m->model_lower_bound = calloc((size_t)cap + 1, sizeof(uint64_t));
-  if (m->model_batches == NULL || m->model_lower_bound == NULL) return -1;
+  m->model_arena_peak = calloc((size_t)cap + 1, sizeof(uint64_t));
+  if (m->model_batches == NULL || m->model_lower_bound == NULL ||
+      m->model_arena_peak == NULL)
+    return -1;
   if (m->request_s == NULL || m->queue_s == NULL || m->compute_s == NULL ||
       m->batch_instances == NULL)
     return -1;
@@ -94,6 +97,7 @@ void cn__metrics_free(cn__metrics *m) {
   free(m->batch_instances);
   free(m->model_batches);
   free(m->model_lower_bound);
+  free(m->model_arena_peak);
   free(m->worker_dev);
   pthread_mutex_destroy(&m->mu);
 }
@@ -161,6 +165,17 @@ void cn__metrics_run(cn__metrics *m, int model, int instances,
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,
+                        long long extra_batches, bool over) {
+  pthread_mutex_lock(&m->mu);
+  model = slot_of(m, model);
+  if (arena_bytes > m->model_arena_peak[model])
+    m->model_arena_peak[model] = arena_bytes;
+  if (extra_batches > 0) m->budget_extra_batches += (uint64_t)extra_batches;
+  if (over) m->runs_over_budget++;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_set_models(cn__metrics *m, int n) {
   pthread_mutex_lock(&m->mu);
   if (n <= m->cap) m->n_models = n;
@@ -173,6 +188,7 @@ void cn__metrics_reset_model(cn__metrics *m, int i) {
   memset(&m->requests[(size_t)i * CN__N_STATUS], 0,
          CN__N_STATUS * sizeof(uint64_t));
   m->instances[i] = m->model_batches[i] = m->model_lower_bound[i] = 0;
+  m->model_arena_peak[i] = 0;
   memset(&m->retrains[(size_t)i * CN__N_RETRAIN], 0,
          CN__N_RETRAIN * sizeof(uint64_t));
   cn__hist *h[] = {&m->request_s[i], &m->queue_s[i], &m->compute_s[i],
@@ -366,7 +382,7 @@ static void render_runs(sbuf *b, const cn__metrics *m) {
   counter(b, "canopy_runs_total", "runs executed", m->runs);
   static const char *why[CN__N_CLOSE] = {"idle_worker", "worker_freed",
                                          "max_delay", "size", "flush",
-                                         "join"};
+                                         "join", "memory"};
   head(b, "canopy_window_closes_total", "counter",
        "aggregation windows closed into runs, by reason (docs/daemon.md)");
   for (int i = 0; i < CN__N_CLOSE; i++)
@@ -444,6 +460,21 @@ static void render_memory(sbuf *b, const cn__metrics *m) {
         (double)m->arena_bytes_last);
   gauge(b, "canopy_arena_peak_bytes", "largest arena of any run",
         (double)m->arena_bytes_peak);
+  head(b, "canopy_model_arena_peak_bytes", "gauge",
+       "largest arena of a run, by model: the live high-water mark of its "
+       "states plus scratch (docs/memory.md)");
+  for (int mi = 0; mi < m->n_models; mi++)
+    sb_printf(b, "canopy_model_arena_peak_bytes{model=\"%s\"} %llu\n",
+              m->model_names[mi], (unsigned long long)m->model_arena_peak[mi]);
+  gauge(b, "canopy_memory_budget_bytes",
+        "arena bytes one worker's run may hold (memory-budget; 0: none)",
+        (double)m->memory_budget);
+  counter(b, "canopy_budget_extra_batches_total",
+          "batches the memory budget added to the policies' plans",
+          m->budget_extra_batches);
+  counter(b, "canopy_runs_over_budget_total",
+          "runs over the memory budget together, re-run request by request",
+          m->runs_over_budget);
 }
 
 /* Under m->mu: each worker's backend counters. */

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "canopy_core.h"
@@ -32,6 +33,12 @@ typedef struct cn__metrics {
   /* per model slot [cap + 1] (the last: requests naming no model) */
   cn__hist *request_s, *queue_s, *compute_s, *batch_instances;
   uint64_t *model_batches, *model_lower_bound; /* [cap + 1]              */
+  uint64_t *model_arena_peak;  /* [cap + 1] largest arena of a run (the
+                                  live high-water mark, docs/memory.md) */
+  uint64_t memory_budget;      /* the memory-budget key, bytes (0: none)  */
+  uint64_t budget_extra_batches; /* batches budgets added to the policies' */
+  uint64_t runs_over_budget;   /* runs re-run request by request: over the
+                                  budget together                        */
   uint64_t runs, batches, lower_bound, vertices, kernels;
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
   uint64_t rejected_overloaded;
@@ -40,7 +47,7 @@ typedef struct cn__metrics {
   uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
-  uint64_t window_closes[6];  /* by cn__close_reason                      */
+  uint64_t window_closes[7];  /* by cn__close_reason                      */
   /* decode sessions (decode.c) */
   uint64_t decode_sessions, decode_joined, decode_early;
   /* per worker: its backend context's counters (issue #33), as the worker
@@ -81,6 +88,10 @@ int cn__metrics_workers(cn__metrics *m, int n);
 void cn__metrics_worker_backend(cn__metrics *m, int worker,
                                 const cn_backend_counters *c);
 void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
+/* A run's memory (issue #35): its arena and the batches a memory budget
+ * added; over: a run over the budget split request by request. */
+void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,
+                        long long extra_batches, bool over);
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout);
 void cn__metrics_overloaded(cn__metrics *m);
@@ -98,6 +109,8 @@ typedef enum {
   CN__CLOSE_SIZE,            /* max-instances / max-vertices reached      */
   CN__CLOSE_FLUSH,           /* drain                                     */
   CN__CLOSE_JOIN,            /* a decode session of the model takes joins */
+  CN__CLOSE_MEMORY,          /* the next request would take the run's
+                                arena over memory-budget (docs/memory.md) */
   CN__N_CLOSE
 } cn__close_reason;
 void cn__metrics_window_close(cn__metrics *m, cn__close_reason why);

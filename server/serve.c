@@ -305,6 +305,7 @@ static int alloc_models(cn__server *s) {
     free(names);
     return -1;
   }
+  s->metrics.memory_budget = (uint64_t)s->cfg.serve.memory_budget;
   return 0;
 }
 

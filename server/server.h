@@ -133,6 +133,10 @@ struct cn__model_slot {
   atomic_int decoding;       /* decode sessions taking joins (decode.c) */
   atomic_int entries;        /* versions alive that point here: the slot
                                 is not freed while one is              */
+  atomic_llong arena_per_kvertex; /* arena bytes per 1,024 vertices of its
+                                runs at the policy's batch count (EWMA,
+                                worker.c): the batcher closes a window
+                                that would pass memory-budget          */
 };
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };

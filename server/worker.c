@@ -78,6 +78,33 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
   return s;
 }
 
+static void run_job(worker_arg *w, cn__job *j);
+
+/* A run over the memory budget together: each request runs on its own,
+ * so only one that does not fit alone hears 413 (docs/memory.md). */
+static void run_each(worker_arg *w, cn__job *j) {
+  cn__metrics_memory(&w->s->metrics, j->me->index, 0, 0, true);
+  for (int i = 0; i < j->n; i++) {
+    cn__job one = *j;
+    one.reqs = &j->reqs[i];
+    one.n = 1;
+    one.instances = j->reqs[i]->n_inst;
+    run_job(w, &one);
+  }
+}
+
+/* Sizing runs by memory: the arena this model's runs needed per 1,024
+ * vertices at the policy's batch count, a moving average the batcher
+ * reads. */
+static void note_memory(cn__model_slot *sl, const cn_run_stats *st) {
+  if (sl == NULL || st->vertices <= 0) return;
+  long long now = (long long)((double)st->arena_bytes_unbudgeted * 1024.0 /
+                              (double)st->vertices);
+  long long prev = atomic_load(&sl->arena_per_kvertex);
+  atomic_store(&sl->arena_per_kvertex,
+               prev == 0 ? now : (long long)(0.8 * prev + 0.2 * now));
+}
+
 /* Sets every live request's answer: outputs, or the run's error. */
 static void run_job(worker_arg *w, cn__job *j) {
   cn__server *s = w->s;
@@ -86,6 +113,7 @@ static void run_job(worker_arg *w, cn__job *j) {
   if (run != NULL) {
     cn_run_set_layout(run, s->layout);
     cn_run_set_plan_width(run, s->cfg.serve.plan_width);
+    cn_run_set_memory_budget(run, s->cfg.serve.memory_budget);
   }
   double t0 = cn_now_s();
   int live = 0, dropped = 0;
@@ -132,6 +160,9 @@ static void run_job(worker_arg *w, cn__job *j) {
                   j->st.batches,
                   j->st.lower_bound, j->st.vertices, j->st.kernels,
                   j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
+  cn__metrics_memory(&s->metrics, j->me->index, j->st.arena_bytes,
+                     j->st.batches - j->st.policy_batches, false);
+  note_memory(j->slot, &j->st);
   for (int i = 0; i < j->n; i++) {
     cn__req *r = j->reqs[i];
     if (slots[i] == NULL) continue;
@@ -140,6 +171,14 @@ static void run_job(worker_arg *w, cn__job *j) {
   }
   goto done;
 fail:
+  if (err.code == CN_E_OVER_BUDGET && live > 1) {
+    CN_LOG(CN_LOG_INFO, "msg=run-over-budget model=%s requests=%d "
+           "error=\"%s\"", j->me->name, live, err.msg);
+    cn_run_free(run);
+    run = NULL;
+    run_each(w, j);
+    goto done;
+  }
   CN_LOG(CN_LOG_ERROR, "msg=run-failed model=%s code=%s error=\"%s\"",
          j->me->name, cn_err_code(err.code), err.msg);
   for (int i = 0; i < j->n; i++) {

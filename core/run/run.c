@@ -209,6 +209,7 @@ static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
     if ((rc = plan_rows(r, keep, err)) != 0) break;
     states = r->scratch_off * 4;
     need = r->arena_floats * 4; /* with the arena's 64 bytes of padding */
+    if (attempt == 0) r->arena_unbudgeted = need;
     if (B == 0 || need <= B || !fits) break;
     int64_t room = B - scratch_cap(r) * 4 - 64;
     if (room <= 0) break;
@@ -352,6 +353,9 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->policy_batches = r->policy_batches > 0 ? r->policy_batches
                                             : r->n_batches;
   s->budget_groups = r->mem_groups > 0 ? r->mem_groups : 1;
+  s->arena_bytes_unbudgeted = r->arena_unbudgeted > 0
+                                  ? (size_t)r->arena_unbudgeted
+                                  : s->arena_bytes;
   s->gather_bytes = r->gather_bytes;
   s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;

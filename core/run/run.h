@@ -128,6 +128,7 @@ struct cn_run {
                             CANOPY_MEMORY_ORDER=0 turns it off)          */
   int32_t policy_batches;/* the policy's batches before the memory order */
   int32_t mem_groups;    /* instance groups the budget split the run in  */
+  int64_t arena_unbudgeted; /* bytes: the plan at the policy's batch count */
   int64_t state_floats_total; /* every vertex's state (the arena without
                                  reuse, less scratch); 0: not planned     */
   int64_t state_floats_live;  /* the most floats held at once (no holes) */
