@@ -1,23 +1,25 @@
 #!/bin/bash
-# Memory by liveness (issue #35, docs/memory.md): `canopy run` with every
-# vertex's state kept to the end of its run (--no-arena-reuse: before) and
-# with rows reused after their last reader batch (after), on the same
-# runs: arena bytes peak (states + scratch), the states' share, batches,
-# bytes gathered between vertices and instances per second (median of
-# REPEAT, before and after interleaved so they see the same noise).
+# Memory (issue #35, docs/memory.md): `canopy run` with every vertex's
+# state kept to the end of its run (--no-arena-reuse: before), with rows
+# reused after their last reader batch in the policy's order (liveness),
+# in the memory order (the default) and under --memory-budget BUDGET, on
+# the same runs: arena bytes peak (states + scratch), the states, batches
+# and instances per second (median of REPEAT, the modes interleaved so
+# they see the same noise); answers compared byte for byte.
 # treelstm at H=128 and H=512, childsum-treelstm and latticelstm at H=128,
 # each on its 400 data instances repeated to 1,024, in one run of 1,024.
 # Measures; asserts nothing.
 #
 # usage: scripts/bench/memory.sh [REPEAT=3]  (CANOPY: the binary, default
 #        build/canopy; THREADS: --threads, default 1; POLICY, default
-#        sufficient)
+#        sufficient; BUDGET, default 16000000)
 set -u
 cd "$(dirname "$0")/../.."
 CANOPY=${CANOPY:-build/canopy}
 REPEAT=${1:-3}
 THREADS=${THREADS:-1}
 POLICY=${POLICY:-sufficient}
+BUDGET=${BUDGET:-16000000}
 PY=/usr/bin/python3
 DATA=${CANOPY_DATA:-../shared/data}
 WORK=$(mktemp -d /tmp/canopy-memory-XXXXXX)
@@ -37,15 +39,23 @@ done
 for rep in $(seq "$REPEAT"); do
   for c in $CASES; do
     IFS=: read -r fam h data <<<"$c"
-    for mode in before after; do
-      flag=; [ "$mode" = before ] && flag=--no-arena-reuse
-      $CANOPY run --model "$WORK/$fam-$h" --input "$WORK/$data-1024.jsonl" \
-        --batch 1024 --jobs 1 --threads "$THREADS" --policy "$POLICY" $flag \
+    for mode in before liveness order budget; do
+      flag=; envs=
+      case $mode in
+        before) flag=--no-arena-reuse ;;
+        liveness) envs=CANOPY_MEMORY_ORDER=0 ;;
+        budget) flag="--memory-budget $BUDGET" ;;
+      esac
+      env $envs $CANOPY run --model "$WORK/$fam-$h" \
+        --input "$WORK/$data-1024.jsonl" --batch 1024 --jobs 1 \
+        --threads "$THREADS" --policy "$POLICY" $flag \
         2>"$WORK/err" >"$WORK/out-$mode"
       echo "$fam $h $mode $(tail -1 "$WORK/err")"
     done
-    cmp -s "$WORK/out-before" "$WORK/out-after" ||
-      echo "# $fam H=$h: the answers differ with reuse" >&2
+    for mode in liveness order budget; do
+      cmp -s "$WORK/out-before" "$WORK/out-$mode" ||
+        echo "# $fam H=$h: the answers differ ($mode)" >&2
+    done
   done
 done | $PY -c '
 import json, statistics, sys
@@ -58,21 +68,31 @@ for l in sys.stdin:
         print("# %s %s %s: %s" % (fam, h, mode, js.strip())); continue
     rows.setdefault((fam, int(h)), {}).setdefault(mode, []).append(s)
 f = lambda x: format(x, ",")
+modes = ["before", "liveness", "order", "budget"]
 print()
-print("| family | H | arena bytes peak before -> after | states before -> after | batches | gather bytes before -> after | instances/s before -> after |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| family | H | lower bound | " + " | ".join(
+    "%s: arena (states), batches" % m for m in modes) + " |")
+print("|---|---:|---:|" + "---:|" * len(modes))
 for (fam, h), m in rows.items():
-    b, a = m["before"][0], m["after"][0]
-    rate = lambda k: statistics.median(x["instances_per_s"] for x in m[k])
-    print("| %s | %d | %s -> %s (%.1f%%) | %s -> %s (%.1f%%) | %s -> %s | %s -> %s | %s -> %s |" % (
-        fam, h, f(b["arena_bytes_peak"]), f(a["arena_bytes_peak"]),
-        100.0 * a["arena_bytes_peak"] / b["arena_bytes_peak"],
-        f(b["state_bytes_peak"]), f(a["state_bytes_peak"]),
-        100.0 * a["state_bytes_peak"] / b["state_bytes_peak"],
-        f(b["batches"]), f(a["batches"]), f(b["gather_bytes_copied"]),
-        f(a["gather_bytes_copied"]), f(round(rate("before"))),
-        f(round(rate("after")))))
+    cells = []
+    lb = next(iter(m.values()))[0]["lower_bound"]
+    for k in modes:
+        if k not in m:
+            cells.append("refused"); continue
+        x = m[k][0]
+        cells.append("%s (%s), %s" % (f(x["arena_bytes_peak"]),
+                     f(x["state_bytes_peak"]), f(x["batches"])))
+    print("| %s | %d | %s | %s |" % (fam, h, f(lb), " | ".join(cells)))
 print()
-print("arena = states + scratch (the largest batch'"'"'s); states after = the live")
-print("high-water mark, before = every vertex'"'"'s state (state_bytes_total)")
+print("| family | H | " + " | ".join("%s inst/s" % k for k in modes) + " |")
+print("|---|---:|" + "---:|" * len(modes))
+for (fam, h), m in rows.items():
+    rate = lambda k: (f(round(statistics.median(x["instances_per_s"]
+                      for x in m[k]))) if k in m else "-")
+    print("| %s | %d | %s |" % (fam, h, " | ".join(rate(k) for k in modes)))
+print()
+print("arena = states + scratch; states = the live high-water mark. before:")
+print("every row kept (--no-arena-reuse); liveness: rows reused, the")
+print("policy'"'"'s order (CANOPY_MEMORY_ORDER=0); order: the memory order at")
+print("the policy'"'"'s batch count (the default); budget: --memory-budget")
 '
