@@ -159,9 +159,9 @@ static int plan_rows(cn_run *r, const uint8_t *keep, cn_err *err) {
 
 /* Orders the batches by memory (the lowest peak at the policy's batch
  * count, docs/memory.md) and plans the rows; under a budget, plans until
- * the arena fits: the states get the budget less the scratch's cap, and
- * less again by what the allocator's rounding added over the model when a
- * plan misses (three tries), else the run is refused. */
+ * the arena fits: the states get the budget less the scratch's cap,
+ * scaled down by what the allocator's holes and rounding added over the
+ * model when a plan misses (four tries), else the run is refused. */
 static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
   const int64_t B = r->mem_budget;
   int rc;
@@ -177,20 +177,6 @@ static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
                                : "arena reuse is off",
                       (long long)B);
   }
-  int32_t *order0 = NULL;
-  cn_run_batch *batches0 = NULL;
-  const int32_t nb0 = r->n_batches;
-  if (B > 0) { /* the policy's plan, to start again from */
-    order0 = malloc(((size_t)r->nv + 1) * sizeof(int32_t));
-    batches0 = malloc(((size_t)nb0 + 1) * sizeof(cn_run_batch));
-    if (order0 == NULL || batches0 == NULL) {
-      free(order0);
-      free(batches0);
-      return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run");
-    }
-    memcpy(order0, r->order, (size_t)r->nv * sizeof(int32_t));
-    memcpy(batches0, r->batches, (size_t)nb0 * sizeof(cn_run_batch));
-  }
   /* First the lowest peak at the policy's batch count: under the budget,
    * that is the plan; over it, its allocator-to-model ratio (holes,
    * rounding) scales the model's target for the budget's room. */
@@ -199,11 +185,8 @@ static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
   int attempt = 0;
   for (; attempt < 4; attempt++) {
     if (attempt > 0 && target <= 0) break;
-    if (attempt > 0) {
-      memcpy(r->order, order0, (size_t)r->nv * sizeof(int32_t));
-      memcpy(r->batches, batches0, (size_t)nb0 * sizeof(cn_run_batch));
-      r->n_batches = nb0;
-    }
+    /* a try after the first starts from the last one's plan: its
+     * inserted batches stay, the search only adds to them */
     if ((rc = cn__sched_memory(r, keep, target, &fits, &model, err)) != 0)
       break;
     if ((rc = plan_rows(r, keep, err)) != 0) break;
@@ -219,8 +202,6 @@ static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
                           0.98);
     target = target > 0 && t >= target ? target * 9 / 10 : t;
   }
-  free(order0);
-  free(batches0);
   if (rc != 0 || B == 0 || (need > 0 && need <= B)) return rc;
   if (!fits && r->mem_groups >= r->n_slots)
     return cn_err_set(err, CN_E_OVER_BUDGET,
