@@ -143,7 +143,7 @@ for f in fams:
     lb = runs(f, "none")[0]["lower_bound"]
     cells = []
     for c in cols:
-        b = runs(f, c)[0]["batches"]
+        r0 = runs(f, c)[0]; b = r0.get("policy_batches", r0["batches"])
         cell = "%d (%.2f×)" % (b, b / lb)
         if c.startswith("fsm-"):
             ex = trained(f, c[4:])["executes"]
