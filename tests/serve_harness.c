@@ -321,3 +321,17 @@ double th_metric_at(int port, const char *sample) {
   th_resp_free(&r);
   return v;
 }
+
+json_t *th_infer_outputs(int port, const char *model, const char *body) {
+  char path[300];
+  snprintf(path, sizeof(path), "/v1/models/%s/infer", model);
+  th_resp r;
+  cr_assert_eq(th_http(port, "POST", path, body, NULL, &r), 0);
+  cr_assert_eq(r.status, 200, "%d: %s", r.status, r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_assert(j != NULL);
+  json_t *outs = json_incref(json_object_get(j, "outputs"));
+  json_decref(j);
+  th_resp_free(&r);
+  return outs;
+}

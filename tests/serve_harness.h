@@ -54,5 +54,8 @@ double th_metric_at(int port, const char *sample);
  * within 1e-5; `where` names the field in the failure message. */
 void th_expect_json_near(const json_t *a, const json_t *b, const char *where);
 char *th_read_file(const char *path);
+/* POSTs body to /v1/models/<model>/infer, asserts 200 and returns its
+ * "outputs" (a new reference). */
+json_t *th_infer_outputs(int port, const char *model, const char *body);
 
 #endif

@@ -19,16 +19,7 @@ static void teardown(void) { th_cleanup(&d); }
 static const char *const tree_only[] = {"treelstm", NULL};
 
 static json_t *outputs_of(const char *body) {
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", "/v1/models/treelstm/infer", body,
-                       NULL, &r), 0);
-  cr_assert_eq(r.status, 200, "%d: %s", r.status, r.body);
-  json_t *j = json_loads(r.body, 0, NULL);
-  cr_assert(j != NULL);
-  json_t *o = json_incref(json_object_get(j, "outputs"));
-  json_decref(j);
-  th_resp_free(&r);
-  return o;
+  return th_infer_outputs(d.port, "treelstm", body);
 }
 
 /* A balanced binary tree over n words, every node's output asked for. */

@@ -52,18 +52,8 @@ static char **bodies(void) {
   return b;
 }
 
-/* POST and return the "outputs" array (new reference). */
 static json_t *infer(const char *body) {
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", "/v1/models/treelstm/infer", body,
-                       NULL, &r), 0);
-  cr_assert_eq(r.status, 200, "%d: %s", r.status, r.body);
-  json_t *j = json_loads(r.body, 0, NULL);
-  cr_assert(j != NULL);
-  json_t *outs = json_incref(json_object_get(j, "outputs"));
-  json_decref(j);
-  th_resp_free(&r);
-  return outs;
+  return th_infer_outputs(d.port, "treelstm", body);
 }
 
 static json_t *policy(void) {
