@@ -48,6 +48,31 @@ void cn__dag_fill_tails(const cn_dag *g, const int32_t *out_start,
   }
 }
 
+static int32_t uf_root(int32_t *up, int32_t v) {
+  while (up[v] != v) v = up[v] = up[up[v]]; /* path halving */
+  return v;
+}
+
+int32_t cn__dag_components(const cn_dag *g, int32_t *comp) {
+  int32_t *up = comp;
+  for (int32_t v = 0; v < g->nv; v++) {
+    up[v] = v;
+    for (int32_t i = g->in_start[v]; i < g->in_start[v + 1]; i++) {
+      int32_t a = uf_root(up, g->in_edges[i]), b = uf_root(up, v);
+      if (a != b) up[a > b ? a : b] = a < b ? a : b;
+    }
+  }
+  /* A root is its component's smallest vertex (unions hang the larger
+   * root under the smaller), so it is labelled before the rest: labels
+   * are kept as -(label + 1) until every vertex has one. */
+  for (int32_t v = 0; v < g->nv; v++) up[v] = uf_root(up, v);
+  int32_t n = 0;
+  for (int32_t v = 0; v < g->nv; v++)
+    up[v] = up[v] == v ? -(++n) : up[up[v]];
+  for (int32_t v = 0; v < g->nv; v++) up[v] = -up[v] - 1;
+  return n;
+}
+
 uint32_t cn__dag_feeding_types(const cn_dag *g) {
   uint32_t m = 0;
   for (int32_t e = 0; e < g->in_start[g->nv]; e++)

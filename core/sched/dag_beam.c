@@ -249,11 +249,6 @@ static void planner_free(planner *p) {
   free(p->mark);
 }
 
-static int32_t find(int32_t *up, int32_t v) {
-  while (up[v] != v) v = up[v] = up[up[v]];
-  return v;
-}
-
 static int planner_init(planner *p, const cn_dag *g) {
   memset(p, 0, sizeof(*p));
   p->g = g;
@@ -269,21 +264,7 @@ static int planner_init(planner *p, const cn_dag *g) {
   p->feeds = cn__dag_feeding_types(g);
   if (!p->comp || !p->local || !p->members || !p->z || !p->tail)
     return CN_E_NOMEM;
-  /* Instances: union-find over the edges. */
-  int32_t *up = p->local; /* borrowed */
-  for (int32_t v = 0; v < nv; v++) up[v] = v;
-  for (int32_t v = 0; v < nv; v++)
-    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
-      int32_t a = find(up, v), b = find(up, g->in_edges[e]);
-      if (a != b) up[a < b ? b : a] = a < b ? a : b;
-    }
-  int32_t *id = p->members; /* borrowed: root → instance */
-  for (int32_t v = 0; v < nv; v++) id[v] = -1;
-  for (int32_t v = 0; v < nv; v++) {
-    int32_t r = find(up, v);
-    if (id[r] < 0) id[r] = p->ninst++;
-    p->comp[v] = id[r];
-  }
+  p->ninst = cn__dag_components(g, p->comp);
   p->in = cn__xcalloc((size_t)p->ninst, sizeof(inst));
   int32_t *start = cn__xcalloc((size_t)p->ninst + 1, sizeof(int32_t));
   if (p->in == NULL || start == NULL) {

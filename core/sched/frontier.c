@@ -354,10 +354,6 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
 }
 
 /* ---- look-ahead: the bound on what is left ------------------------------ */
-static int32_t uf_root(int32_t *up, int32_t v) {
-  while (up[v] != v) v = up[v] = up[up[v]]; /* path halving */
-  return v;
-}
 
 /* The run's instances: weakly connected components (union-find over the
  * edges), numbered 0.. in order of their first vertex; and the lookahead2
@@ -367,22 +363,8 @@ static int find_instances(cn_frontier *f) {
   free_instances(f);
   f->comp = malloc(((size_t)f->cap_v + 1) * sizeof(int32_t));
   if (f->comp == NULL) return -1;
-  int32_t *up = f->comp;
-  for (int32_t v = 0; v < f->nv; v++) {
-    up[v] = v;
-    for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
-      int32_t a = uf_root(up, f->in_edges[i]), b = uf_root(up, v);
-      if (a != b) up[a > b ? a : b] = a < b ? a : b;
-    }
-  }
-  /* A root is its component's smallest vertex (unions hang the larger
-   * root under the smaller), so it is labelled before the rest: labels
-   * are kept as -(label + 1) until every vertex has one. */
-  for (int32_t v = 0; v < f->nv; v++) up[v] = uf_root(up, v);
-  int32_t n = 0;
-  for (int32_t v = 0; v < f->nv; v++)
-    up[v] = up[v] == v ? -(++n) : up[up[v]];
-  for (int32_t v = 0; v < f->nv; v++) up[v] = -up[v] - 1;
+  cn_dag g = {f->n_types, f->nv, f->vtype, f->in_start, f->in_edges};
+  int32_t n = cn__dag_components(&g, f->comp);
   f->n_comp = n;
   size_t c = n > 0 ? (size_t)n : 1;
   f->cm = calloc(c * (size_t)T * (size_t)T, sizeof(int32_t));

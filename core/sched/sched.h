@@ -41,6 +41,10 @@ int cn__dag_consumers(const cn_dag *g, int32_t **out_start,
  * every other batch as it was. The searches branch on it only when no
  * feeding type is ready, which keeps an optimal schedule in reach. */
 uint32_t cn__dag_feeding_types(const cn_dag *g);
+/* The instances of g: its weakly connected components, numbered 0, 1, ...
+ * in the order of their first vertex, into comp (g->nv entries; union-find
+ * over the edges, in place). Returns how many. */
+int32_t cn__dag_components(const cn_dag *g, int32_t *comp);
 /* tail[v × n_types + t]: the most type-t vertices on a path from v to a
  * sink (v included), from g's consumers; malloc'd, NULL when out of
  * memory. cn__dag_fill_tails writes them into a zeroed array of the
@@ -112,7 +116,7 @@ int64_t cn__dag_mem_peak(const cn_dag *g, const cn_dag_mem *m,
  * place: budget <= 0, the lowest peak found at no more batches; budget >
  * 0, a peak <= budget with as few extra batches as the search finds
  * (res->fits 0: none found; the schedule is then the lowest peak found).
- * batches must have room for 2·nv entries. Returns 0 or CN_E_NOMEM. */
+ * batches must have room for nv entries. Returns 0 or CN_E_NOMEM. */
 int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
                       int32_t *order, cn_run_batch *batches,
                       int32_t *n_batches, cn_dag_mem_result *res);
