@@ -57,12 +57,13 @@ typedef struct mplan {
   int T;
   int32_t nv;
   int32_t *out_start, *out_edges; /* consumers, one per input edge */
-  int32_t *comp, n_comp;          /* weakly connected components */
+  int32_t *comp, n_comp;          /* instances (computed for G > 1) */
   int32_t *group;                 /* [v]: its group (G > 1), else NULL */
-  int32_t G, K0;                  /* groups; one group's skeleton length */
-  /* one evaluation's arrays */
-  int32_t *dl, *pos, *pend, *rem, *rdy, *take, *prev;
+  int32_t K0;                     /* one group's skeleton length */
+  /* one evaluation's arrays; alt: a second pos[] (best_on) */
+  int32_t *dl, *pos, *alt, *pend, *rem, *rdy, *take, *prev;
   int32_t rbase[CN_MAX_TYPES + 1], rn[CN_MAX_TYPES];
+  int32_t n_take;                 /* the batch being formed: take[0 ..) */
   int32_t *srcs;                  /* sources (no inputs), by group */
   int32_t *src_start;             /* [G + 1] */
   long long evals;
@@ -76,42 +77,9 @@ static bool kept(const mplan *P, int32_t v) {
   return P->m->keep != NULL && P->m->keep[v];
 }
 
-/* ---- components (union-find with path halving) ----------------------- */
-
-static int32_t find(int32_t *p, int32_t x) {
-  while (p[x] != x) x = p[x] = p[p[x]];
-  return x;
-}
-
-static int components(mplan *P) {
-  const cn_dag *g = P->g;
-  P->comp = malloc((size_t)P->nv * sizeof(int32_t) + 1);
-  int32_t *id = malloc((size_t)P->nv * sizeof(int32_t) + 1);
-  if (P->comp == NULL || id == NULL) {
-    free(id);
-    return CN_E_NOMEM;
-  }
-  for (int32_t v = 0; v < P->nv; v++) P->comp[v] = v;
-  for (int32_t v = 0; v < P->nv; v++)
-    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
-      int32_t a = find(P->comp, v), b = find(P->comp, g->in_edges[e]);
-      if (a != b) P->comp[a > b ? a : b] = a < b ? a : b;
-    }
-  /* numbered in the order of their first vertex (instances in order) */
-  P->n_comp = 0;
-  for (int32_t v = 0; v < P->nv; v++) {
-    int32_t r = find(P->comp, v);
-    id[v] = r == v ? P->n_comp++ : id[r];
-  }
-  memcpy(P->comp, id, (size_t)P->nv * sizeof(int32_t));
-  free(id);
-  return 0;
-}
-
 /* Groups of consecutive components, G of them of equal vertex counts;
  * the sources listed by group. */
 static int set_groups(mplan *P, int32_t G) {
-  P->G = G;
   free(P->group);
   P->group = NULL;
   free(P->src_start);
@@ -119,6 +87,7 @@ static int set_groups(mplan *P, int32_t G) {
   if (P->src_start == NULL) return CN_E_NOMEM;
   if (G > 1) {
     P->group = malloc((size_t)P->nv * sizeof(int32_t) + 1);
+    if (P->group == NULL) return CN_E_NOMEM;
     int32_t *cg = malloc((size_t)P->n_comp * sizeof(int32_t) + 1);
     int64_t *csize = calloc((size_t)P->n_comp + 1, sizeof(int64_t));
     if (P->group == NULL || cg == NULL || csize == NULL) {
@@ -156,12 +125,26 @@ static int set_groups(mplan *P, int32_t G) {
 typedef struct outcome {
   int64_t peak, area; /* the most live bytes at a batch; their sum */
   int32_t batches;    /* non-empty batches */
+  int32_t at;         /* the position of the (first) peak */
   bool ok;            /* every vertex found a batch */
 } outcome;
 
 static void push_ready(mplan *P, int32_t v) {
   int t = P->g->vtype[v];
   P->rdy[P->rbase[t] + P->rn[t]++] = v;
+}
+
+/* v joins the batch being formed: its inputs have one reader fewer left;
+ * returns the bytes of those it was the last reader of. */
+static int64_t take(mplan *P, int32_t v) {
+  const cn_dag *g = P->g;
+  int64_t freed = 0;
+  P->take[P->n_take++] = v;
+  for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
+    int32_t u = g->in_edges[e];
+    if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
+  }
+  return freed;
 }
 
 /* Walks skeleton skel[0 .. K): deadlines from the sinks back, then the
@@ -172,7 +155,7 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
                     int64_t cap) {
   const cn_dag *g = P->g;
   const int T = P->T;
-  outcome o = {0, 0, 0, false};
+  outcome o = {0, 0, 0, 0, false};
   P->evals++;
   /* prev[t·(K + 1) + p]: the last type-t position before p, -1 none */
   for (int t = 0; t < T; t++) {
@@ -206,25 +189,13 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
     }
     const int t = skel[p];
     const int64_t w = P->m->bytes[t];
-    int32_t *q = P->rdy + P->rbase[t], n = P->rn[t], kept_n = 0, nt = 0;
+    int32_t *q = P->rdy + P->rbase[t], n = P->rn[t], kept_n = 0;
     int64_t freed = 0;
-    for (int32_t i = 0; i < n; i++) { /* the vertices due now */
-      int32_t v = q[i];
-      if (P->dl[v] != p) {
-        q[kept_n++] = v;
-        continue;
-      }
-      P->take[nt++] = v;
-    }
+    P->n_take = 0;
+    for (int32_t i = 0; i < n; i++) /* the vertices due now */
+      if (P->dl[q[i]] == p) freed += take(P, q[i]);
+      else q[kept_n++] = q[i];
     n = kept_n;
-    int32_t forced = nt;
-    for (int32_t i = 0; i < forced; i++) {
-      int32_t v = P->take[i];
-      for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
-        int32_t u = g->in_edges[e];
-        if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
-      }
-    }
     if (early) { /* those that free more than they take, under cap */
       kept_n = 0;
       for (int32_t i = 0; i < n; i++) {
@@ -234,23 +205,19 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
           int32_t u = g->in_edges[e];
           if (P->rem[u] == 1 && !kept(P, u)) gain += vbytes(P, u);
         }
-        if (gain <= 0 || live + (int64_t)(nt + 1) * w > cap) {
+        if (gain > 0 && live + (int64_t)(P->n_take + 1) * w <= cap)
+          freed += take(P, v);
+        else
           q[kept_n++] = v;
-          continue;
-        }
-        P->take[nt++] = v;
-        for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
-          int32_t u = g->in_edges[e];
-          if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
-        }
       }
       n = kept_n;
     }
     P->rn[t] = n;
+    const int32_t nt = P->n_take;
     if (nt == 0) continue;
     o.batches++;
     int64_t step = live + (int64_t)nt * w;
-    if (step > o.peak) o.peak = step;
+    if (step > o.peak) o.peak = step, o.at = p;
     live = step - freed;
     for (int32_t i = 0; i < nt; i++) {
       int32_t v = P->take[i];
@@ -297,19 +264,39 @@ static bool better(outcome a, outcome b) { /* a better than b */
 
 /* The better of ALAP and early-under-cap on skel (cap: the budget, or
  * ALAP's own peak when there is none); pos[] holds its schedule. */
+static void swap_pos(mplan *P) {
+  int32_t *t = P->pos;
+  P->pos = P->alt;
+  P->alt = t;
+}
+
 static outcome best_on(mplan *P, const uint8_t *skel, int32_t K,
                        int64_t budget) {
   outcome a = eval(P, skel, K, false, 0);
+  swap_pos(P); /* a's schedule kept in alt */
   int64_t cap = budget > 0 ? budget : a.ok ? a.peak : INT64_MAX;
   outcome b = eval(P, skel, K, true, cap);
   if (better(b, a)) return b;
-  return eval(P, skel, K, false, 0);
+  swap_pos(P);
+  return a;
+}
+
+/* death[v]: the position of v's last reader (its own without one), or
+ * `end` when the answers read it after the run; pos[v]: v's position. */
+static void fill_deaths(const cn_dag *g, const cn_dag_mem *m,
+                        const int32_t *pos, int32_t end, int32_t *death) {
+  for (int32_t v = 0; v < g->nv; v++) death[v] = pos[v];
+  for (int32_t v = 0; v < g->nv; v++)
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      if (pos[v] > death[g->in_edges[e]]) death[g->in_edges[e]] = pos[v];
+  for (int32_t v = 0; m->keep != NULL && v < g->nv; v++)
+    if (m->keep[v]) death[v] = end;
 }
 
 int64_t cn__dag_mem_peak(const cn_dag *g, const cn_dag_mem *m,
                          const int32_t *order, const cn_run_batch *batches,
                          int32_t nb) {
-  int32_t *bo = malloc((size_t)g->nv * sizeof(int32_t) + 1);
+  int32_t *bo = calloc((size_t)g->nv + 1, sizeof(int32_t));
   int32_t *death = malloc((size_t)g->nv * sizeof(int32_t) + 1);
   int64_t *dies = calloc((size_t)nb + 1, sizeof(int64_t));
   int64_t peak = -1;
@@ -317,12 +304,8 @@ int64_t cn__dag_mem_peak(const cn_dag *g, const cn_dag_mem *m,
   for (int32_t b = 0; b < nb; b++)
     for (int32_t i = 0; i < batches[b].n; i++)
       bo[order[batches[b].start + i]] = b;
-  for (int32_t v = 0; v < g->nv; v++) death[v] = bo[v];
-  for (int32_t v = 0; v < g->nv; v++)
-    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
-      if (bo[v] > death[g->in_edges[e]]) death[g->in_edges[e]] = bo[v];
-  for (int32_t v = 0; v < g->nv; v++)
-    if (m->keep == NULL || !m->keep[v]) dies[death[v]] += m->bytes[g->vtype[v]];
+  fill_deaths(g, m, bo, nb, death);
+  for (int32_t v = 0; v < g->nv; v++) dies[death[v]] += m->bytes[g->vtype[v]];
   int64_t live = 0;
   peak = 0;
   for (int32_t b = 0; b < nb; b++) {
@@ -346,62 +329,43 @@ static void with_insert(const uint8_t *skel, int32_t K, int t, int32_t p,
 }
 
 /* How many positions the insertion search tries per type at first (then
- * as many again around the best of them), and how many types: the two whose batches could take the most bytes off the peak
- * (waiting_at_peak). */
+ * as many again around the best of them); the types tried are the two
+ * whose batches could take the most bytes off the peak (waiting_at_peak). */
 #define SAMPLE 12
 
-/* For the peak batch of pos[]: waiting[t], bytes of type-t rows live
- * there that were computed before it (a type-t batch inserted later could
- * defer them); freeing[t], bytes of those rows read by a type-t vertex
- * after the peak (a type-t batch inserted earlier could free them). */
-static void waiting_at_peak(const mplan *P, int32_t K, int64_t *waiting,
+/* For the peak batch `at` of pos[] (positions < K): waiting[t], bytes of
+ * type-t rows live there that were computed before it (a type-t batch
+ * inserted later could defer them); freeing[t], bytes of those rows read
+ * by a type-t vertex after the peak (a type-t batch inserted earlier
+ * could free them). death: room for nv. */
+static void waiting_at_peak(const mplan *P, int32_t K, int32_t at,
+                            int32_t *death, int64_t *waiting,
                             int64_t *freeing) {
   const cn_dag *g = P->g;
-  int64_t *step = calloc((size_t)K + 1, sizeof(int64_t));
-  int32_t *death = malloc((size_t)P->nv * sizeof(int32_t) + 1);
   memset(waiting, 0, sizeof(int64_t) * (size_t)P->T);
   memset(freeing, 0, sizeof(int64_t) * (size_t)P->T);
-  if (step == NULL || death == NULL) goto out;
+  fill_deaths(g, P->m, P->pos, K, death);
   for (int32_t v = 0; v < P->nv; v++) {
-    death[v] = kept(P, v) ? K : P->pos[v];
-    for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++)
-      if (P->pos[P->out_edges[e]] > death[v]) death[v] = P->pos[P->out_edges[e]];
-  }
-  /* live at p: computed at or before p, dying at or after p */
-  for (int32_t v = 0; v < P->nv; v++) {
-    step[P->pos[v]] += vbytes(P, v);
-    if (death[v] < K) step[death[v] + 1] -= vbytes(P, v);
-  }
-  int64_t live = 0, best = -1;
-  int32_t kstar = 0;
-  for (int32_t p = 0; p < K; p++) {
-    live += step[p];
-    if (live > best) best = live, kstar = p;
-  }
-  for (int32_t v = 0; v < P->nv; v++) {
-    if (P->pos[v] >= kstar || death[v] < kstar) continue;
+    if (P->pos[v] >= at || death[v] < at) continue;
     waiting[g->vtype[v]] += vbytes(P, v);
     uint32_t seen = 0;
     for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++) {
       int32_t c = P->out_edges[e];
-      if (P->pos[c] > kstar && !(seen >> g->vtype[c] & 1)) {
+      if (P->pos[c] > at && !(seen >> g->vtype[c] & 1)) {
         seen |= 1u << g->vtype[c];
         freeing[g->vtype[c]] += vbytes(P, v);
       }
     }
   }
-out:
-  free(step);
-  free(death);
 }
 
 int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
                       int32_t *order, cn_run_batch *batches,
                       int32_t *n_batches, cn_dag_mem_result *res) {
-  mplan P = {.g = g, .m = m, .T = g->n_types, .nv = g->nv, .G = 1};
+  mplan P = {.g = g, .m = m, .T = g->n_types, .nv = g->nv};
   const int32_t nb0 = *n_batches;
   int rc = CN_E_NOMEM;
-  uint8_t *skel = NULL, *cand = NULL, *best = NULL, *base = NULL;
+  uint8_t *skel = NULL, *cand = NULL, *base = NULL;
   memset(res, 0, sizeof(*res));
   res->batches_before = res->batches = nb0;
   res->groups = 1;
@@ -413,16 +377,16 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
   size_t nv1 = (size_t)g->nv * sizeof(int32_t) + 1;
   P.dl = malloc(nv1);
   P.pos = malloc(nv1);
+  P.alt = malloc(nv1);
   P.pend = malloc(nv1);
   P.rem = malloc(nv1);
   P.rdy = malloc(nv1);
   P.take = malloc(nv1);
   P.srcs = malloc(nv1);
   base = malloc((size_t)nb0 + 1);
-  if (!P.dl || !P.pos || !P.pend || !P.rem || !P.rdy || !P.take || !P.srcs ||
-      !base)
+  if (!P.dl || !P.pos || !P.alt || !P.pend || !P.rem || !P.rdy || !P.take ||
+      !P.srcs || !base)
     goto out;
-  if (components(&P) != 0) goto out;
   {
     int32_t cnt[CN_MAX_TYPES + 1] = {0};
     for (int32_t v = 0; v < g->nv; v++) cnt[g->vtype[v]]++;
@@ -430,7 +394,7 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     for (int t = 0; t < P.T; t++) P.rbase[t + 1] = P.rbase[t] + cnt[t];
   }
   for (int32_t b = 0; b < nb0; b++) base[b] = (uint8_t)batches[b].type;
-  outcome cur = {res->peak_before, 0, nb0, true};
+  outcome cur = {res->peak_before, 0, nb0, 0, true};
   for (int32_t G = 1;; G = G * 2 < P.n_comp ? G * 2 : P.n_comp) {
     if (set_groups(&P, G) != 0) goto out;
     /* G = 1: one skeleton, sources ready at its start; G > 1: group k
@@ -440,27 +404,27 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     int32_t k_max = K + nb0; /* at most one copy's worth of insertions */
     free(skel);
     free(cand);
-    free(best);
     free(P.prev);
     skel = malloc((size_t)k_max + 1);
     cand = malloc((size_t)k_max + 1);
-    best = malloc((size_t)k_max + 1);
     P.prev = malloc((size_t)P.T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
-    if (!skel || !cand || !best || !P.prev) goto out;
+    if (!skel || !cand || !P.prev) goto out;
     for (int32_t k = 0; k < G; k++) memcpy(skel + (size_t)k * nb0, base, nb0);
     outcome o = best_on(&P, skel, K, budget);
     /* Under a budget, one group: insert batches while that lowers the
      * peak (or, four times at most in a row, only the sum of live bytes,
      * to get off a plateau where two batches share the peak). */
     int stall = 0;
+    bool stale = false; /* pos[] holds a candidate's schedule, not o's */
     while (G == 1 && budget > 0 && o.ok && o.peak > budget && K < k_max &&
            stall < 4) {
-      outcome ob = {0, 0, 0, false};
+      outcome ob = {0, 0, 0, 0, false};
       int tb = -1;
       int32_t pb = -1;
       int32_t step = K + 1 <= SAMPLE ? 1 : (K + SAMPLE) / SAMPLE;
       int64_t waiting[CN_MAX_TYPES], freeing[CN_MAX_TYPES];
-      waiting_at_peak(&P, K, waiting, freeing); /* pos[]: o's schedule */
+      waiting_at_peak(&P, K, o.at, P.dl, waiting, freeing); /* pos[]: o's */
+      stale = true; /* P.dl borrowed; the candidates below overwrite pos[] */
       uint32_t types = 0; /* the type deferring most, the one freeing most */
       int tw = -1, tf = -1;
       for (int t = 0; t < P.T; t++) {
@@ -471,7 +435,7 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
       if (tf >= 0) types |= 1u << tf;
       for (int t = 0; t < P.T; t++) {
         if (m->bytes[t] <= 0 || !(types >> t & 1)) continue;
-        outcome ot = {0, 0, 0, false};
+        outcome ot = {0, 0, 0, 0, false};
         int32_t pt = -1;
         for (int32_t p = 0; p <= K; p += step) {
           with_insert(skel, K, t, p, cand);
@@ -493,12 +457,14 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
       if (ob.peak < o.peak) stall = 0;
       else if (ob.peak == o.peak && ob.area < o.area) stall++;
       else break;
-      with_insert(skel, K, tb, pb, best);
-      memcpy(skel, best, (size_t)++K);
+      memmove(skel + pb + 1, skel + pb, (size_t)(K - pb));
+      skel[pb] = (uint8_t)tb;
+      K++;
       o = best_on(&P, skel, K, budget);
+      stale = false;
       res->inserted++;
     }
-    o = best_on(&P, skel, K, budget); /* pos[]: its schedule again */
+    if (stale) o = best_on(&P, skel, K, budget); /* pos[]: o's again */
     if (o.ok && (o.peak < cur.peak ||
                  (o.peak == cur.peak && o.batches < cur.batches))) {
       int32_t nb = write_schedule(&P, skel, K, order, batches);
@@ -510,7 +476,12 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
       res->groups = G;
     }
     res->fits = budget <= 0 || cur.peak <= budget;
-    if (res->fits || G >= P.n_comp) break;
+    if (res->fits) break;
+    if (P.comp == NULL) { /* the instances, for the groups */
+      if ((P.comp = malloc(nv1)) == NULL) goto out;
+      P.n_comp = cn__dag_components(g, P.comp);
+    }
+    if (G >= P.n_comp) break;
   }
   res->evals = P.evals;
   rc = 0;
@@ -523,6 +494,7 @@ out:
   free(P.srcs);
   free(P.dl);
   free(P.pos);
+  free(P.alt);
   free(P.pend);
   free(P.rem);
   free(P.rdy);
@@ -530,7 +502,6 @@ out:
   free(P.prev);
   free(skel);
   free(cand);
-  free(best);
   free(base);
   return rc;
 }
