@@ -278,8 +278,6 @@ typedef struct cn_run_stats {
                                region without reuse                       */
   long long policy_batches; /* the policy's batches, before the memory
                                order or budget changed them               */
-  int budget_groups;        /* instance groups a budget ran one after
-                               another (1: none)                          */
   size_t arena_bytes_unbudgeted; /* the arena at the policy's batch count,
                                     before a budget added batches (equal to
                                     arena_bytes without a budget)        */

@@ -49,10 +49,6 @@ static int64_t edges_of(const cn_run *r, int32_t v0, int32_t n) {
   return edges;
 }
 
-/* The rows of batch bt a launch executes at once (all of them unless its
- * scratch would pass the backend's CN__SCRATCH_SLICE_*: then as many equal
- * slices as it takes), and the most scratch and index staging one slice
- * needs. */
 /* The most scratch one launch may take, in floats. */
 static int64_t scratch_cap(const cn_run *r) {
   int64_t cap = r->scratch_slice > 0        ? r->scratch_slice
@@ -64,6 +60,10 @@ static int64_t scratch_cap(const cn_run *r) {
   return cap;
 }
 
+/* The rows of batch bt a launch executes at once (all of them unless its
+ * scratch would pass the backend's CN__SCRATCH_SLICE_*: then as many equal
+ * slices as it takes), and the most scratch and index staging one slice
+ * needs. */
 static int32_t slice_needs(const cn_run *r, const cn_run_batch *bt,
                            int64_t *scratch, int64_t *idx) {
   int64_t cap = scratch_cap(r);
@@ -333,7 +333,6 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
                                       : r->scratch_off) * sizeof(float);
   s->policy_batches = r->policy_batches > 0 ? r->policy_batches
                                             : r->n_batches;
-  s->budget_groups = r->mem_groups > 0 ? r->mem_groups : 1;
   s->arena_bytes_unbudgeted = r->arena_unbudgeted > 0
                                   ? (size_t)r->arena_unbudgeted
                                   : s->arena_bytes;

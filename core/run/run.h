@@ -65,7 +65,6 @@ struct cn_run {
   int64_t n_of_type[CN_MAX_TYPES];
   int64_t state_floats[CN_MAX_TYPES];
   int64_t type_base[CN_MAX_TYPES];   /* float offset of the type's buffer  */
-  int64_t max_batch[CN_MAX_TYPES];
   int64_t *state_off;    /* per vertex: float offset of its state row      */
   int32_t *order;        /* vertices in execution order                    */
   cn_run_batch *batches;

@@ -296,7 +296,6 @@ static int launch(cn_decode *d, int t) {
   cn__run_exec_batch(r, t, verts, n);
   if (r->exec_rc != 0) return r->exec_rc;
   r->n_batches++;
-  if (n > r->max_batch[t]) r->max_batch[t] = n;
   for (int32_t v = nv0; v < r->nv; v++) d->left[r->vslot[v]]++;
   for (int32_t i = 0; i < n; i++) {
     int32_t s = r->vslot[verts[i]];

@@ -62,7 +62,6 @@ static int launch(cn_run *r, int t, const int32_t *verts, int32_t n,
   cn__run_exec_batch(r, t, verts, n);
   if (r->exec_rc != 0) return r->exec_rc;
   r->n_batches++;
-  if (n > r->max_batch[t]) r->max_batch[t] = n;
   return 0;
 }
 
@@ -95,7 +94,6 @@ int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err) {
   cn__run_bind_weights(r);
   long long k0 = r->bk->kernels;
   r->n_batches = 0;
-  memset(r->max_batch, 0, sizeof(r->max_batch));
 
   if (policy == CN_POLICY_NONE) {
     /* One vertex at a time in index order: appended vertices come after

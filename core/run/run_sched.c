@@ -22,14 +22,9 @@ int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err) {
   r->batches = malloc(((size_t)r->nv + 1) * sizeof(cn_run_batch));
   if (r->order == NULL || r->batches == NULL) goto out;
   r->n_batches = 0;
-  memset(r->max_batch, 0, sizeof(r->max_batch));
   rc = cn__sched_dag(&g, policy, r->sched_fsm, r->plan_width, r->order,
                      r->batches, &r->n_batches);
   if (rc != 0) goto out;
-  for (int32_t b = 0; b < r->n_batches; b++) {
-    const cn_run_batch *bt = &r->batches[b];
-    if (bt->n > r->max_batch[bt->type]) r->max_batch[bt->type] = bt->n;
-  }
   r->lower_bound = cn__dag_lower_bound(&g);
   if (r->lower_bound < 0) rc = CN_E_NOMEM;
   r->policy_batches = r->n_batches;
@@ -53,11 +48,6 @@ int cn__sched_memory(cn_run *r, const uint8_t *keep, int64_t budget,
   if (rc != 0)
     return cn_err_set(err, rc, "could not order the run's batches by "
                       "memory (%s)", cn_err_default_msg(rc));
-  memset(r->max_batch, 0, sizeof(r->max_batch));
-  for (int32_t b = 0; b < r->n_batches; b++) {
-    const cn_run_batch *bt = &r->batches[b];
-    if (bt->n > r->max_batch[bt->type]) r->max_batch[bt->type] = bt->n;
-  }
   r->mem_groups = res.groups;
   *fits = res.fits;
   *model_peak = res.peak;
