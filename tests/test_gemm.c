@@ -7,6 +7,9 @@
  * - A row's bits do not depend on M, on its position, on the other rows
  *   of the product, on N (its columns computed in other blocks or panels),
  *   on the threads splitting the product, nor on beta/bias being applied.
+ * - A product over parts read where they lie (cn__gemm_packed_parts: rows
+ *   by offset, negative offsets as zeros, strided matrices) has the bits
+ *   of the same product over the parts copied side by side.
  * Shapes cover every tail: M, N and K from 1 past several blocks, K not a
  * multiple of 16, strided operands. Each test prints the paths it ran.
  */
@@ -201,4 +204,84 @@ Test(gemm, threads_and_width_change_nothing) {
 Test(gemm, an_unknown_path_is_refused) {
   cr_assert_eq(cn__gemm_force("sse9"), -1);
   cr_assert_not_null(cn__gemm_path());
+}
+
+/* Serenity §3.3's identity rewriting as gemm.c does it: 1 to 4 parts of
+ * random widths, each either rows picked by offset from a pool (a tenth of
+ * them missing: zeros) or a strided matrix, give every code path and 1 or
+ * 2 threads the bits of cn__gemm_nt over the rows copied together, with
+ * and without beta and bias. The last shape is big enough to be split
+ * between threads. */
+Test(gemm, parts_read_in_place_give_the_bits_of_a_copy) {
+  print_paths("parts_read_in_place_give_the_bits_of_a_copy");
+  const char *paths[3];
+  int np = runnable(paths);
+  int shapes[][2] = {{1, 1}, {7, 33}, {13, 64}, {70, 160}, {96, 520}};
+  for (size_t sh = 0; sh < sizeof(shapes) / sizeof(shapes[0]); sh++)
+    for (int n_parts = 1; n_parts <= 4; n_parts++) {
+      int M = shapes[sh][0], N = shapes[sh][1], K = 0, Kq[4];
+      for (int q = 0; q < n_parts; q++) {
+        uni();
+        Kq[q] = sh == 4 ? 150 : 1 + (int)((rng >> 20) % 70);
+        K += Kq[q];
+      }
+      int pool_rows = 2 * M + 3, zero_k = 0;
+      float *pool = rnd((size_t)pool_rows * K + 16);
+      float *W = rnd((size_t)N * K), *b = rnd((size_t)N);
+      float *A = calloc((size_t)M * K, sizeof(float)); /* the copy */
+      int64_t *off[4] = {NULL};
+      cn__gemm_part pt[4];
+      float *P[4];
+      for (int q = 0, col = 0; q < n_parts; col += Kq[q++]) {
+        bool by_offset = (q + (int)sh) % 3 != 2;
+        if (by_offset) {
+          off[q] = malloc((size_t)M * sizeof(int64_t));
+          for (int i = 0; i < M; i++) {
+            int row = (int)((rng >> 17) % (uint64_t)pool_rows);
+            off[q][i] = uni() > 0.8f ? -1 : (int64_t)row * K + q;
+          }
+          if (Kq[q] > zero_k) zero_k = Kq[q];
+        }
+        /* a strided part: row i at pool + col % 5 + i·2Kq */
+        for (int i = 0; i < M; i++) {
+          const float *src =
+              !by_offset ? pool + col % 5 + (size_t)i * 2 * Kq[q]
+              : off[q][i] < 0 ? NULL
+                              : pool + off[q][i];
+          for (int k = 0; k < Kq[q]; k++)
+            A[(size_t)i * K + col + k] = src == NULL ? 0.0f : src[k];
+        }
+        P[q] = malloc(cn__gemm_packed_floats(N, Kq[q]) * sizeof(float));
+        cn__gemm_pack_nt(N, Kq[q], W + col, K, P[q]);
+        pt[q] = (cn__gemm_part){by_offset ? pool : pool + col % 5, off[q],
+                                2 * Kq[q], Kq[q], P[q]};
+      }
+      float *zeros = calloc((size_t)zero_k + 1, sizeof(float));
+      float *C0 = rnd((size_t)M * N);
+      for (int v = 0; v < 2; v++) {
+        const float *bias = v ? b : NULL;
+        float beta = v ? 0.75f : 0.0f;
+        float *want = product("portable", 1, M, N, K, A, K, W, K, bias, beta,
+                              C0);
+        for (int p = 0; p < np; p++)
+          for (int t = 1; t <= 2; t++) {
+            float *got = malloc((size_t)M * N * sizeof(float));
+            memcpy(got, C0, (size_t)M * N * sizeof(float));
+            cr_assert_eq(cn__gemm_force(paths[p]), 0);
+            cn__gemm_set_threads(t);
+            cn__gemm_packed_parts(M, N, n_parts, pt, zeros, bias, beta, got,
+                                  N);
+            cn__gemm_set_threads(1);
+            cn__gemm_force(NULL);
+            cr_assert_eq(memcmp(got, want, (size_t)M * N * sizeof(float)), 0,
+                         "%s, %d threads: %d parts (M %d N %d K %d) differ "
+                         "from the rows copied together", paths[p], t,
+                         n_parts, M, N, K);
+            free(got);
+          }
+        free(want);
+      }
+      for (int q = 0; q < n_parts; q++) free(off[q]), free(P[q]);
+      free(pool), free(W), free(b), free(A), free(zeros), free(C0);
+    }
 }

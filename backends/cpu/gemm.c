@@ -49,20 +49,31 @@
 #define PARALLEL_MIN ((int64_t)1 << 24)
 
 typedef struct job {
-  int M, N, K;
-  const float *A;
-  int lda;
-  const float *P; /* packed B */
+  int M, N, K; /* K: the parts' together */
+  int n_parts;
+  cn__gemm_part part[CN_GEMM_MAX_PARTS];
+  const float *zeros;
   const float *bias;
   float beta;
   float *C;
   int ldc;
 } job;
 
-/* Rows i0 .. i0+mr-1 of C, columns j0 .. j0+nr-1 (nr ≤ NR), from the
- * strip at P. */
+/* Rows i0 .. i0+mr-1 of C, columns j0 .. j0+nr-1 (nr ≤ NR), from strip s
+ * of every part's packed operand. */
 typedef void (*block_fn)(const job *p, int i0, int mr, int j0, int nr,
-                         const float *P);
+                         int s);
+
+/* Row i of part q, and strip s of its packed operand. */
+static inline const float *row_of(const job *p, const cn__gemm_part *q,
+                                  int i) {
+  if (q->off == NULL) return q->A + (size_t)i * (size_t)q->lda;
+  return q->off[i] < 0 ? p->zeros : q->A + q->off[i];
+}
+
+static inline const float *strip_of(const cn__gemm_part *q, int s) {
+  return q->P + (size_t)s * (size_t)q->K * NR;
+}
 
 /* ---- the portable path: the definition the others must equal ---- */
 
@@ -80,13 +91,16 @@ static void store_row(const job *p, int i, int j0, int nr, const float *s) {
 }
 
 static void block_portable(const job *p, int i0, int mr, int j0, int nr,
-                           const float *P) {
+                           int st) {
   for (int i = 0; i < mr; i++) {
-    const float *a = p->A + (size_t)(i0 + i) * p->lda;
     float s[NR] = {0};
-    for (int k = 0; k < p->K; k++) {
-      const float *b = P + (size_t)k * NR;
-      for (int j = 0; j < NR; j++) s[j] = fmaf(a[k], b[j], s[j]);
+    for (int q = 0; q < p->n_parts; q++) {
+      const float *a = row_of(p, &p->part[q], i0 + i);
+      const float *P = strip_of(&p->part[q], st);
+      for (int k = 0; k < p->part[q].K; k++) {
+        const float *b = P + (size_t)k * NR;
+        for (int j = 0; j < NR; j++) s[j] = fmaf(a[k], b[j], s[j]);
+      }
     }
     store_row(p, i0 + i, j0, nr, s);
   }
@@ -124,20 +138,24 @@ CN_T_AVX2 static void store_avx2(const job *p, int i, int j0, int nr,
 
 #define AVX2_BLOCK(MR)                                                       \
   CN_T_AVX2 static void block_avx2_##MR(const job *p, int i0, int j0,         \
-                                        int nr, const float *P) {             \
+                                        int nr, int st) {                     \
     __m256 s[MR][4];                                                         \
     const float *a[MR];                                                      \
-    for (int i = 0; i < MR; i++) {                                           \
-      a[i] = p->A + (size_t)(i0 + i) * p->lda;                               \
+    for (int i = 0; i < MR; i++)                                             \
       for (int q = 0; q < 4; q++) s[i][q] = _mm256_setzero_ps();             \
-    }                                                                        \
-    for (int k = 0; k < p->K; k++) {                                         \
-      const float *b = P + (size_t)k * NR;                                   \
-      __m256 w[4];                                                           \
-      for (int q = 0; q < 4; q++) w[q] = _mm256_loadu_ps(b + 8 * q);         \
-      for (int i = 0; i < MR; i++) {                                         \
-        __m256 x = _mm256_broadcast_ss(a[i] + k);                            \
-        for (int q = 0; q < 4; q++) s[i][q] = _mm256_fmadd_ps(x, w[q], s[i][q]); \
+    for (int pq = 0; pq < p->n_parts; pq++) {                                \
+      const cn__gemm_part *pt = &p->part[pq];                                \
+      const float *P = strip_of(pt, st);                                     \
+      for (int i = 0; i < MR; i++) a[i] = row_of(p, pt, i0 + i);             \
+      for (int k = 0; k < pt->K; k++) {                                      \
+        const float *b = P + (size_t)k * NR;                                 \
+        __m256 w[4];                                                         \
+        for (int q = 0; q < 4; q++) w[q] = _mm256_loadu_ps(b + 8 * q);       \
+        for (int i = 0; i < MR; i++) {                                       \
+          __m256 x = _mm256_broadcast_ss(a[i] + k);                          \
+          for (int q = 0; q < 4; q++)                                        \
+            s[i][q] = _mm256_fmadd_ps(x, w[q], s[i][q]);                     \
+        }                                                                    \
       }                                                                      \
     }                                                                        \
     for (int i = 0; i < MR; i++) store_avx2(p, i0 + i, j0, nr, s[i]);        \
@@ -146,11 +164,11 @@ AVX2_BLOCK(1)
 AVX2_BLOCK(2)
 
 CN_T_AVX2 static void block_avx2(const job *p, int i0, int mr, int j0,
-                                 int nr, const float *P) {
+                                 int nr, int st) {
   if (mr == 2)
-    block_avx2_2(p, i0, j0, nr, P);
+    block_avx2_2(p, i0, j0, nr, st);
   else
-    block_avx2_1(p, i0, j0, nr, P);
+    block_avx2_1(p, i0, j0, nr, st);
 }
 
 /* ---- AVX-512: a row of a strip is two 16-float vectors ---- */
@@ -181,20 +199,22 @@ CN_T_AVX512 static void store_avx512(const job *p, int i, int j0, int nr,
 
 #define AVX512_BLOCK(MR)                                                     \
   CN_T_AVX512 static void block_avx512_##MR(const job *p, int i0, int j0,     \
-                                            int nr, const float *P) {         \
+                                            int nr, int st) {                 \
     __m512 s0[MR], s1[MR];                                                   \
     const float *a[MR];                                                      \
-    for (int i = 0; i < MR; i++) {                                           \
-      a[i] = p->A + (size_t)(i0 + i) * p->lda;                               \
-      s0[i] = s1[i] = _mm512_setzero_ps();                                   \
-    }                                                                        \
-    for (int k = 0; k < p->K; k++) {                                         \
-      const float *b = P + (size_t)k * NR;                                   \
-      __m512 w0 = _mm512_loadu_ps(b), w1 = _mm512_loadu_ps(b + 16);          \
-      for (int i = 0; i < MR; i++) {                                         \
-        __m512 x = _mm512_set1_ps(a[i][k]);                                  \
-        s0[i] = _mm512_fmadd_ps(x, w0, s0[i]);                               \
-        s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                               \
+    for (int i = 0; i < MR; i++) s0[i] = s1[i] = _mm512_setzero_ps();        \
+    for (int pq = 0; pq < p->n_parts; pq++) {                                \
+      const cn__gemm_part *pt = &p->part[pq];                                \
+      const float *P = strip_of(pt, st);                                     \
+      for (int i = 0; i < MR; i++) a[i] = row_of(p, pt, i0 + i);             \
+      for (int k = 0; k < pt->K; k++) {                                      \
+        const float *b = P + (size_t)k * NR;                                 \
+        __m512 w0 = _mm512_loadu_ps(b), w1 = _mm512_loadu_ps(b + 16);        \
+        for (int i = 0; i < MR; i++) {                                       \
+          __m512 x = _mm512_set1_ps(a[i][k]);                                \
+          s0[i] = _mm512_fmadd_ps(x, w0, s0[i]);                             \
+          s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                             \
+        }                                                                    \
       }                                                                      \
     }                                                                        \
     for (int i = 0; i < MR; i++)                                             \
@@ -208,14 +228,14 @@ AVX512_BLOCK(5)
 AVX512_BLOCK(6)
 
 CN_T_AVX512 static void block_avx512(const job *p, int i0, int mr, int j0,
-                                     int nr, const float *P) {
+                                     int nr, int st) {
   switch (mr) {
-  case 6: block_avx512_6(p, i0, j0, nr, P); break;
-  case 5: block_avx512_5(p, i0, j0, nr, P); break;
-  case 4: block_avx512_4(p, i0, j0, nr, P); break;
-  case 3: block_avx512_3(p, i0, j0, nr, P); break;
-  case 2: block_avx512_2(p, i0, j0, nr, P); break;
-  default: block_avx512_1(p, i0, j0, nr, P); break;
+  case 6: block_avx512_6(p, i0, j0, nr, st); break;
+  case 5: block_avx512_5(p, i0, j0, nr, st); break;
+  case 4: block_avx512_4(p, i0, j0, nr, st); break;
+  case 3: block_avx512_3(p, i0, j0, nr, st); break;
+  case 2: block_avx512_2(p, i0, j0, nr, st); break;
+  default: block_avx512_1(p, i0, j0, nr, st); break;
   }
 }
 #endif /* CN_X86 */
@@ -334,18 +354,42 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
     int r1 = p->M - r0 < chunk ? p->M : r0 + chunk;
     for (int s = s0; s < s1; s++) {
       int j0 = s * NR, nr = p->N - j0 < NR ? p->N - j0 : NR;
-      const float *P = p->P + (size_t)s * p->K * NR;
       for (int i = r0; i < r1; i += g->mr)
-        g->block(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, P);
+        g->block(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, s);
     }
   }
 }
+
+static void run_job(const job *jp);
 
 void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
                      const float *P, const float *bias, float beta, float *C,
                      int ldc) {
   if (M <= 0 || N <= 0) return;
-  job p = {M, N, K < 0 ? 0 : K, A, lda, P, bias, beta, C, ldc};
+  job p = {.M = M, .N = N, .K = K < 0 ? 0 : K, .n_parts = 1,
+           .bias = bias, .beta = beta, .C = C, .ldc = ldc};
+  p.part[0] = (cn__gemm_part){A, NULL, lda, p.K, P};
+  run_job(&p);
+}
+
+void cn__gemm_packed_parts(int M, int N, int n_parts,
+                           const cn__gemm_part *parts, const float *zeros,
+                           const float *bias, float beta, float *C,
+                           int ldc) {
+  if (M <= 0 || N <= 0 || n_parts < 1 || n_parts > CN_GEMM_MAX_PARTS) return;
+  job p = {.M = M, .N = N, .n_parts = n_parts, .zeros = zeros,
+           .bias = bias, .beta = beta, .C = C, .ldc = ldc};
+  for (int q = 0; q < n_parts; q++) {
+    p.part[q] = parts[q];
+    if (p.part[q].K < 0) p.part[q].K = 0;
+    p.K += p.part[q].K;
+  }
+  run_job(&p);
+}
+
+static void run_job(const job *jp) {
+  job p = *jp;
+  int M = p.M, N = p.N, K = p.K;
   const gemm_path *g = cur_path();
   int ns = n_strips(N);
   int threads = n_threads;

@@ -17,6 +17,7 @@
 #define CANOPY_CPU_GEMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Columns per packed strip. */
 #define CN_GEMM_NR 32
@@ -43,6 +44,28 @@ void cn__gemm_pack_nn(int N, int K, const float *B, int ldb, float *P);
 void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
                      const float *P, const float *bias, float beta, float *C,
                      int ldc);
+
+/* A product over a concatenation of row sets (Serenity §3.3's identity
+ * rewriting; the indirection of XNNPACK's IGEMM): part q contributes K
+ * columns whose row i lies at A + off[i] (off != NULL; a negative offset
+ * reads zeros) or at A + i·lda (off == NULL), multiplied by its own packed
+ * operand P (K rows, the product's N columns). */
+#define CN_GEMM_MAX_PARTS 8
+typedef struct cn__gemm_part {
+  const float *A;
+  const int64_t *off;
+  int64_t lda;
+  int K;
+  const float *P;
+} cn__gemm_part;
+
+/* C[M,N] = Σ_q A_q·P_q (+ beta·C) (+ bias[N]), each element computed
+ * exactly as cn__gemm_packed computes it over the parts' rows copied side
+ * by side: one running sum over the parts' k in order. No copy is made.
+ * zeros: at least max K floats of 0 when some off[i] < 0, else NULL. */
+void cn__gemm_packed_parts(int M, int N, int n_parts,
+                           const cn__gemm_part *parts, const float *zeros,
+                           const float *bias, float beta, float *C, int ldc);
 
 /* Threads one product may use (1: the calling thread only). */
 void cn__gemm_set_threads(int n);
