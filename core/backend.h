@@ -78,6 +78,20 @@ typedef struct cn_ew_prog {
   int tmp_width; /* floats of per-row scratch */
 } cn_ew_prog;
 
+/* One part of a product over a concatenation (gemm_rows): K columns of
+ * the left operand whose row r lies at base + off[r] (off != NULL: a HOST
+ * index array as above; off[r] < 0 reads zeros) or at base + r·ld (off ==
+ * NULL), multiplied by W's K columns (rows of W ldw floats apart). */
+#define CN_GEMM_PARTS 8
+typedef struct cn_gemm_part {
+  const float *base;
+  const int64_t *off;
+  int64_t ld;
+  int K;
+  const float *W;
+  int ldw;
+} cn_gemm_part;
+
 struct cn_backend_vt {
   const char *name;
   /* true when backend memory is ordinary host memory (cpu): core then reads
@@ -133,6 +147,17 @@ struct cn_backend_vt {
   void (*gemm)(cn_backend_ctx *bk, int M, int N, int K, const float *A,
                int lda, const float *W, int ldw, const float *bias,
                float beta, float *C, int ldc);
+  /* Optional: C[M,N] = Σ_q A_q · W_qᵀ + beta·C (+ bias) over n_parts ≤
+   * CN_GEMM_PARTS parts, each part's rows read where they lie: the product
+   * of a concatenation computed as a sum of partial products, so nothing
+   * copies the rows together first (Serenity §3.3's identity rewriting;
+   * XNNPACK's indirect GEMM). Each element must equal what gemm gives for
+   * the parts' rows copied side by side and W_q side by side, so a batch's
+   * answers do not depend on which path ran. Without it core gathers the
+   * parts into its scratch and calls gemm (cn__run_gemm_rows). */
+  void (*gemm_rows)(cn_backend_ctx *bk, int M, int N, int n_parts,
+                    const cn_gemm_part *parts, const float *bias, float beta,
+                    float *C, int ldc);
   /* For r < count: C_r[M,N] = A_r[M,K] · B_r[K,N] (+ beta·C_r), with
    * A_r = A + r·sa etc. (cublasSgemmStridedBatched shape; B not transposed). */
   void (*gemm_strided)(cn_backend_ctx *bk, int count, int M, int N, int K,

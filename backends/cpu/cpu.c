@@ -198,6 +198,39 @@ static void cpu_gemm(cn_backend_ctx *bk, int M, int N, int K, const float *A,
   cn__gemm_packed(M, N, K, A, lda, P, bias, beta, C, ldc);
 }
 
+/* The same products with the left operand's rows read in parts where they
+ * lie (backend.h gemm_rows): gemm.c's running sum continues from part to
+ * part, so every element has the bits cpu_gemm gives for the parts copied
+ * side by side. */
+static void cpu_gemm_rows(cn_backend_ctx *bk, int M, int N, int n_parts,
+                          const cn_gemm_part *parts, const float *bias,
+                          float beta, float *C, int ldc) {
+  cpu_ctx *c = (cpu_ctx *)bk;
+  if (M <= 0 || N <= 0 || n_parts < 1 || n_parts > CN_GEMM_PARTS) return;
+  cn__gemm_part gp[CN_GEMM_PARTS];
+  size_t need = 0;
+  int zero_k = 0;
+  for (int q = 0; q < n_parts; q++) {
+    const cn_gemm_part *pt = &parts[q];
+    gp[q] = (cn__gemm_part){pt->base, pt->off, pt->ld, pt->K,
+                            cn__packs_get(&c->packs, N, pt->K, pt->W,
+                                          pt->ldw)};
+    if (gp[q].P == NULL) need += cn__gemm_packed_floats(N, pt->K);
+    if (pt->off != NULL && pt->K > zero_k) zero_k = pt->K;
+  }
+  if (need > 0) { /* activations, or weights not packed: pack per call */
+    float *t = scratch(c, need);
+    for (int q = 0; q < n_parts; q++)
+      if (gp[q].P == NULL) {
+        cn__gemm_pack_nt(N, parts[q].K, parts[q].W, parts[q].ldw, t);
+        gp[q].P = t;
+        t += cn__gemm_packed_floats(N, parts[q].K);
+      }
+  }
+  const float *z = zero_k > 0 ? zeros(bk, zero_k) : NULL;
+  cn__gemm_packed_parts(M, N, n_parts, gp, z, bias, beta, C, ldc);
+}
+
 static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
                              int K, const float *A, int lda, long long sa,
                              const float *B, int ldb, long long sb, float beta,
@@ -599,6 +632,7 @@ static const cn_backend_vt cpu_vt = {
     .to_host = cpu_copy,
     .sync = cpu_sync,
     .gemm = cpu_gemm,
+    .gemm_rows = cpu_gemm_rows,
     .gemm_strided = cpu_gemm_strided,
     .gather = cpu_gather,
     .gather_sum = cpu_gather_sum,

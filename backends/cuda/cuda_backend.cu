@@ -350,6 +350,8 @@ static const cn_backend_vt cuda_vt = {
     .fetch_start = cu_fetch_start,
     .fetch_wait = cu_fetch_wait,
     .gemm = cu_gemm,
+    /* cuBLAS reads its operand as one matrix: core gathers the parts */
+    .gemm_rows = nullptr,
     .gemm_strided = cu_gemm_strided,
     .gather = cu_gather,
     .gather_sum = cu_gather_sum,
