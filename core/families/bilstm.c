@@ -102,11 +102,10 @@ void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
   float *X = cn__run_scratch(r);
   float *Hp = X + (int64_t)n * D;
   float *G = Hp + (int64_t)n * H;
-  int64_t *e = cn__aux_off(r, verts, n, D);
+  cn_gemm_part x = {E, cn__aux_off(r, verts, n, D), 0, D, Wih, D};
   int64_t *prev = cn__inputs_off(r, verts, n, 0);
   int ld;
-  CN_BK(bk, gather, X, D, E, e, n, D);
-  CN_BK(bk, gemm, n, 4 * H, D, X, D, Wih, D, bih, 0.0f, G, 4 * H);
+  cn__run_gemm_rows(r, n, 4 * H, 1, &x, bih, 0.0f, G, 4 * H, X, NULL);
   bool any = false;
   for (int i = 0; i < n && !any; i++) any = prev[i] >= 0;
   if (any) {

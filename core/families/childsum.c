@@ -52,12 +52,12 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   }
   if (type == T_LEAF) {
     float *G = X + (int64_t)n * D;
-    int64_t *e = cn__aux_off(r, verts, n, D);
+    cn_gemm_part x = {r->wb[EMBED], cn__aux_off(r, verts, n, D), 0, D,
+                      r->wb[CELL_W], D};
     int64_t *seg = cn__run_idx(r, n + 1);
     for (int i = 0; i <= n; i++) seg[i] = 0;
-    CN_BK(bk, gather, X, D, r->wb[EMBED], e, n, D);
-    CN_BK(bk, gemm, n, 4 * H, D, X, D, r->wb[CELL_W], D, r->wb[CELL_B], 0.0f,
-          G, 4 * H);
+    cn__run_gemm_rows(r, n, 4 * H, 1, &x, r->wb[CELL_B], 0.0f, G, 4 * H, X,
+                      NULL);
     CN_BK(bk, childsum, n, H, G, NULL, seg, bf, r->arena, NULL, out, 2 * H);
     return;
   }

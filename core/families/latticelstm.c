@@ -5,9 +5,10 @@
  * link_(b,e) for every span, output_j per character. word_(b,e) reads
  * char_b; link_(b,e) reads word_(b,e) (and x_(e-1)); char_j reads char_(j-1)
  * and the words and links of every span ending at j + 1. States: char
- * [h | c] 2H; word cw H; link l H; output C. Per batch of n:
- *   char:   X[n,D+H] = [x_j; h_(j-1)]; G = X·char.Wᵀ + char.b; fused merge.
- *   word:   X[n,Dw+H] = [xw; h_b]; G = X·word.Wᵀ + word.b; cw = σ(f)c_b + σ(i)tanh(u).
+ * [h | c] 2H; word cw H; link l H; output C. Per batch of n (each product
+ * over a concatenation reads its parts where they lie, cn__run_gemm_rows):
+ *   char:   G = [x_j; h_(j-1)]·char.Wᵀ + char.b; fused merge.
+ *   word:   G = [xw; h_b]·word.Wᵀ + word.b; cw = σ(f)c_b + σ(i)tanh(u).
  *   link:   l = σ([x_(e-1); cw]·link.Wᵀ + link.b), straight into the rows.
  *   output: logits = h_j·out.Wᵀ + out.b.
  * ED-Batch §6 (Fig. 7): how word cells are batched against char cells is
@@ -115,16 +116,22 @@ static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
   }
 }
 
-/* X[:, :width] = table rows vaux·width; X[:, width:] = input 0's first H
- * floats (zero without one). Returns the input offsets. */
-static int64_t *gather_xh(cn_run *r, const int32_t *verts, int n,
-                          const float *table, int width, float *X) {
+/* G[n, N] = [x; h]·Wᵀ + b: x the table row vaux·width, h input 0's first
+ * H floats (zero without one), both read where they lie (X: the staging a
+ * backend without gemm_rows gathers them into, n·(width + H) floats).
+ * Returns the input offsets. */
+static int64_t *xh_product(cn_run *r, const int32_t *verts, int n,
+                           const float *table, int width, const float *W,
+                           const float *b, int N, float *G, float *X) {
   int H = (int)r->m->dims.H;
-  int64_t *e = cn__aux_off(r, verts, n, width);
   int64_t *p = cn__inputs_off(r, verts, n, 0);
-  CN_BK(r->bk, gather, X, width + H, table, e, n, width);
-  CN_BK(r->bk, gather, X + width, width + H, r->arena, p, n, H);
-  r->gather_bytes += (size_t)n * (size_t)H * sizeof(float);
+  cn_gemm_part x[2] = {
+      {table, cn__aux_off(r, verts, n, width), 0, width, W, width + H},
+      {r->arena, p, 0, H, W + width, width + H}};
+  size_t bytes = 0;
+  cn__run_gemm_rows(r, n, N, 2, x, b, 0.0f, G, N, X, &bytes);
+  /* the table rows are the vertex's input, not bytes between vertices */
+  if (bytes > 0) r->gather_bytes += (size_t)n * (size_t)H * sizeof(float);
   return p;
 }
 
@@ -138,14 +145,11 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
     cn__exec_output(r, verts, n, H, w[OUT_W], w[OUT_B]);
   } else if (type == T_WORD) {
     float *G = X + (int64_t)n * (Dw + H);
-    int64_t *cb = gather_xh(r, verts, n, w[WEMBED], Dw, X);
-    CN_BK(bk, gemm, n, 3 * H, Dw + H, X, Dw + H, w[WORD_W], Dw + H, w[WORD_B],
-          0.0f, G, 3 * H);
+    int64_t *cb = xh_product(r, verts, n, w[WEMBED], Dw, w[WORD_W],
+                             w[WORD_B], 3 * H, G, X);
     CN_BK(bk, lattice_word, n, H, G, r->arena, cb, out, H);
   } else if (type == T_LINK) {
-    gather_xh(r, verts, n, w[EMBED], D, X);
-    CN_BK(bk, gemm, n, H, D + H, X, D + H, w[LINK_W], D + H, w[LINK_B], 0.0f,
-          out, H);
+    xh_product(r, verts, n, w[EMBED], D, w[LINK_W], w[LINK_B], H, out, X);
     CN_BK(bk, sigmoid_rows, n, H, out, H);
   } else {
     float *G = X + (int64_t)n * (D + H);
@@ -170,12 +174,13 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
         lk[seg[i] + q] = r->state_off[in[1 + nw + q]];
       }
     }
-    int64_t *e = cn__aux_off(r, verts, n, D);
-    CN_BK(bk, gather, X, D + H, w[EMBED], e, n, D);
-    CN_BK(bk, gather, X + D, D + H, r->arena, cprev, n, H);
-    r->gather_bytes += (size_t)n * (size_t)H * sizeof(float);
-    CN_BK(bk, gemm, n, 4 * H, D + H, X, D + H, w[CHAR_W], D + H, w[CHAR_B],
-          0.0f, G, 4 * H);
+    cn_gemm_part x[2] = {
+        {w[EMBED], cn__aux_off(r, verts, n, D), 0, D, w[CHAR_W], D + H},
+        {r->arena, cprev, 0, H, w[CHAR_W] + D, D + H}};
+    size_t bytes = 0;
+    cn__run_gemm_rows(r, n, 4 * H, 2, x, w[CHAR_B], 0.0f, G, 4 * H, X,
+                      &bytes);
+    if (bytes > 0) r->gather_bytes += (size_t)n * (size_t)H * sizeof(float);
     CN_BK(bk, lattice_char, n, H, G, r->arena, cprev, seg, cw, lk, out,
           2 * H);
   }

@@ -49,10 +49,9 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   if (type == T_OUTPUT) {
     cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
   } else if (type == T_LEAF) {
-    int64_t *e = cn__aux_off(r, verts, n, D);
-    CN_BK(bk, gather, X, D, r->wb[EMBED], e, n, D);
-    CN_BK(bk, gemm, n, H, D, X, D, r->wb[LEAF_W], D, r->wb[LEAF_B], 0.0f,
-          out, H);
+    cn_gemm_part x = {r->wb[EMBED], cn__aux_off(r, verts, n, D), 0, D,
+                      r->wb[LEAF_W], D};
+    cn__run_gemm_rows(r, n, H, 1, &x, r->wb[LEAF_B], 0.0f, out, H, X, NULL);
     CN_BK(bk, tanh_rows, n, H, out, H);
   } else {
     float *G = X + (int64_t)n * 2 * H;

@@ -3,9 +3,11 @@
  * "treelstm-2type".
  *
  * State of every node vertex: [h | c], 2H floats. Per batch of n vertices:
- *   leaf:     X[n,D] = embed rows; G[n,3H] = X·leaf.Wᵀ + leaf.b; fused cell.
- *   internal: X[n,2H] = [h1; h2] gathered; G[n,5H] = X·Uᵀ + b; fused cell
- *             reading c1, c2 where they live.
+ *   leaf:     G[n,3H] = x·leaf.Wᵀ + leaf.b, x the embedding rows read in
+ *             place; fused cell.
+ *   internal: G[n,5H] = [h1; h2]·Uᵀ + b, the children's h read where
+ *             they live (cn__run_gemm_rows); fused cell reading c1, c2
+ *             where they live.
  *   output:   logits[n,C] = h·out.Wᵀ + out.b.
  */
 #include "cell/cell.h"
@@ -75,10 +77,10 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   float *X = cn__run_scratch(r);
   if (type == 0) {
     float *G = X + (int64_t)n * D;
-    int64_t *e = cn__aux_off(r, verts, n, D);
-    CN_BK(bk, gather, X, D, r->wb[EMBED], e, n, D);
-    CN_BK(bk, gemm, n, 3 * H, D, X, D, r->wb[LEAF_W], D, r->wb[LEAF_B], 0.0f,
-          G, 3 * H);
+    cn_gemm_part x = {r->wb[EMBED], cn__aux_off(r, verts, n, D), 0, D,
+                      r->wb[LEAF_W], D};
+    cn__run_gemm_rows(r, n, 3 * H, 1, &x, r->wb[LEAF_B], 0.0f, G, 3 * H, X,
+                      NULL);
     CN_BK(bk, treelstm_leaf, n, H, G, out, 2 * H);
     return;
   }
@@ -87,10 +89,12 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   float *G = X + (int64_t)n * 2 * H;
   int64_t *o1 = cn__inputs_off(r, verts, n, 0);
   int64_t *o2 = cn__inputs_off(r, verts, n, 1);
-  CN_BK(bk, gather, X, 2 * H, r->arena, o1, n, H);
-  CN_BK(bk, gather, X + H, 2 * H, r->arena, o2, n, H);
-  r->gather_bytes += (size_t)n * 2 * (size_t)H * sizeof(float);
-  CN_BK(bk, gemm, n, 5 * H, 2 * H, X, 2 * H, U, 2 * H, b, 0.0f, G, 5 * H);
+  /* G = U·[h1; h2] + b as U[:, :H]·h1 + U[:, H:]·h2 + b, each child's h
+   * read where it lies (no [h1; h2] copy where the backend can). */
+  cn_gemm_part x[2] = {{r->arena, o1, 0, H, U, 2 * H},
+                       {r->arena, o2, 0, H, U + H, 2 * H}};
+  cn__run_gemm_rows(r, n, 5 * H, 2, x, b, 0.0f, G, 5 * H, X,
+                    &r->gather_bytes);
   CN_BK(bk, treelstm_internal, n, H, G, r->arena, o1, o2, out, 2 * H);
 }
 

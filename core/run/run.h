@@ -109,6 +109,9 @@ struct cn_run {
   size_t cell_bytes;
   size_t gather_bytes;
   size_t input_bytes;   /* embedding rows gathered (not between vertices) */
+  bool rows_in_place;   /* products read their operands' rows where they
+                           lie when the backend can (gemm_rows; default 1,
+                           CANOPY_ROWS_IN_PLACE=0 gathers them as before) */
   long long kernels;
   cn_backend_counters ctr0; /* the backend's counters when the run began */
   cn_backend_counters ctr;  /* their difference when it ended           */
@@ -186,6 +189,20 @@ void cn__run_need(cn_run *r, int32_t v, int col, int width);
 int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
 /* off[i] = state offset of verts[i] plus add. */
 int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
+/* C[M,N] = [part rows side by side]·[W_q side by side]ᵀ + beta·C (+ bias):
+ * the backend's gemm_rows, reading every part where it lies; a backend
+ * without it gets the parts gathered into stage (M × ΣK floats) and one
+ * gemm, so there the parts' W must be consecutive column blocks of one
+ * matrix (W_{q+1} = W_q + K_q, one ldw). The bytes gathered then (of
+ * parts with off) are added to *bytes when bytes is not NULL. */
+/* Whether products may read their operands in parts (gemm_rows). */
+static inline bool cn__run_rows_in_place(const cn_run *r) {
+  return r->rows_in_place && r->bk->vt->gemm_rows != NULL;
+}
+void cn__run_gemm_rows(cn_run *r, int M, int N, int n_parts,
+                       const cn_gemm_part *parts, const float *bias,
+                       float beta, float *C, int ldc, float *stage,
+                       size_t *bytes);
 /* off[i] = vaux[verts[i]] · stride (an embedding row). */
 int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 

@@ -40,12 +40,15 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   r->fam = m->fam;
   r->bk = bk;
   r->plan_width = CN_PLAN_WIDTH_DEFAULT;
-  /* memory by liveness unless CANOPY_ARENA_REUSE=0; poisoning for tests
+  /* memory by liveness unless CANOPY_ARENA_REUSE=0; operands read in
+   * place unless CANOPY_ROWS_IN_PLACE=0; poisoning for tests
    * (docs/memory.md, docs/testing.md) */
   const char *e = getenv("CANOPY_ARENA_REUSE");
   r->reuse = e == NULL || strcmp(e, "0") != 0;
   e = getenv("CANOPY_MEMORY_ORDER");
   r->mem_order = e == NULL || strcmp(e, "0") != 0;
+  e = getenv("CANOPY_ROWS_IN_PLACE");
+  r->rows_in_place = e == NULL || strcmp(e, "0") != 0;
   e = getenv("CANOPY_POISON_FREED");
   r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
   r->in_start = malloc(sizeof(int32_t));
@@ -209,6 +212,30 @@ const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
   r->gather_bytes += (size_t)n * (size_t)width * sizeof(float);
   *ld = ldd;
   return dst;
+}
+
+void cn__run_gemm_rows(cn_run *r, int M, int N, int n_parts,
+                       const cn_gemm_part *parts, const float *bias,
+                       float beta, float *C, int ldc, float *stage,
+                       size_t *bytes) {
+  cn_backend_ctx *bk = r->bk;
+  if (cn__run_rows_in_place(r)) {
+    CN_BK(bk, gemm_rows, M, N, n_parts, parts, bias, beta, C, ldc);
+    return;
+  }
+  int K = 0;
+  for (int q = 0; q < n_parts; q++) K += parts[q].K;
+  for (int q = 0, col = 0; q < n_parts; col += parts[q++].K) {
+    const cn_gemm_part *p = &parts[q];
+    if (p->off != NULL) {
+      CN_BK(bk, gather, stage + col, K, p->base, p->off, M, p->K);
+      if (bytes != NULL) *bytes += (size_t)M * (size_t)p->K * sizeof(float);
+    } else {
+      CN_BK(bk, copy_rows, stage + col, K, p->base, (int)p->ld, M, p->K);
+    }
+  }
+  CN_BK(bk, gemm, M, N, K, stage, K, parts[0].W, parts[0].ldw, bias, beta, C,
+        ldc);
 }
 
 void cn_run_set_layout(cn_run *r, cn_layout layout) {
