@@ -124,6 +124,8 @@ typedef struct cn_cell_src {
   int32_t var;     /* ROW var it is gathered into, or -1 (read in place)   */
   bool alias;      /* pq: rows evenly spaced may be read where they are
                       (no product needs it next to another operand)       */
+  bool rows;       /* only products read it: a backend with gemm_rows
+                      reads its rows where they lie, nothing gathers it   */
 } cn_cell_src;
 
 typedef struct cn_cell_gemm {

@@ -535,6 +535,26 @@ static int pack_gemm(compiler *cp, int j) {
   return 0;
 }
 
+/* A plain source (one input edge, or an embedding row) that no fused
+ * kernel reads and no state column holds is only ever a product's
+ * operand: a backend with gemm_rows reads it where it lies (cell_exec.c),
+ * the concatenation the product sees never copied together (Serenity
+ * §3.3's identity rewriting). */
+static void mark_product_only_sources(cn_cell *c) {
+  for (int s = 0; s < c->n_srcs; s++) {
+    cn_cell_src *src = &c->srcs[s];
+    int v = src->var;
+    src->rows = v >= 0 && c->vars[v].out_col < 0 &&
+                (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EMBED);
+    for (int e = 0; e < c->n_ew && src->rows; e++)
+      for (int i = 0; i < c->ew[e].n_insn; i++) {
+        const cn_ew_insn *in = &c->ew[e].insn[i];
+        if (in->d.slot == v || in->a.slot == v || in->b.slot == v)
+          src->rows = false;
+      }
+  }
+}
+
 int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
                              int type, const char *type_name, const cn_ir *g,
                              int layout, cn_cell **out, cn_err *err) {
@@ -621,6 +641,7 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
   }
   if ((rc = cn__cell_emit(c, items, n_items, groups, in_group, kept)) != 0)
     goto out;
+  mark_product_only_sources(c);
   /* Naive: outputs are written to their own buffers, then stored. */
   if (layout == CN_LAYOUT_NAIVE) {
     for (int v = 0; v < g->n; v++) c->n_outputs += g->node[v].out_col >= 0;

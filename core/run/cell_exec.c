@@ -10,7 +10,10 @@
  *   STATE: the batch's own state rows (consecutive, ld = state floats);
  *   INPLACE: a child's state or an embedding row read where it lives.
  * Sources the products need are gathered into their ROW variables (the
- * bytes between vertices: gather_bytes).
+ * bytes between vertices: gather_bytes), except those only products read
+ * when the backend has gemm_rows: a product over a concatenation is then
+ * computed as a sum of partial products, each part read where it lies
+ * (Serenity §3.3's identity rewriting), with the same bits.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,7 @@
 typedef struct view {
   float *base;
   int64_t ld;
+  const int64_t *off; /* a source left where it lies: row r at base+off[r] */
 } view;
 
 static view var_view(const cn_cell *c, const cn_cell_var *x, float *scratch,
@@ -27,12 +31,12 @@ static view var_view(const cn_cell *c, const cn_cell_var *x, float *scratch,
   switch (x->space) {
   case CN_SP_ROW:
     if (c->layout == CN_LAYOUT_NAIVE)
-      return (view){scratch + (int64_t)n * x->buf, x->width};
-    return (view){scratch + x->col, c->row_floats};
+      return (view){scratch + (int64_t)n * x->buf, x->width, NULL};
+    return (view){scratch + x->col, c->row_floats, NULL};
   case CN_SP_STATE:
-    return (view){state + x->col, c->state_floats};
+    return (view){state + x->col, c->state_floats, NULL};
   default:
-    return (view){NULL, 0};
+    return (view){NULL, 0, NULL};
   }
 }
 
@@ -40,7 +44,9 @@ static view var_view(const cn_cell *c, const cn_cell_var *x, float *scratch,
 static bool one_matrix(const view *vw, const cn_cell *c, const int32_t *v,
                        int k, int64_t total) {
   for (int i = 0; i < k; i++) {
-    if (vw[v[i]].base == NULL || vw[v[i]].ld < total) return false;
+    if (vw[v[i]].base == NULL || vw[v[i]].off != NULL ||
+        vw[v[i]].ld < total)
+      return false;
     if (i > 0 && (vw[v[i]].ld != vw[v[0]].ld ||
                   vw[v[i]].base != vw[v[i - 1]].base + c->vars[v[i - 1]].width))
       return false;
@@ -85,28 +91,31 @@ static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
   return off;
 }
 
+/* The product's inputs as gemm_rows parts: a source left where it lies is
+ * a part of its own; views that sit side by side are one part. */
+static int gemm_parts(const cn_cell *c, const cn_cell_gemm *gm,
+                      const view *vw, const float *W, cn_gemm_part *pt) {
+  int np = 0, col = 0;
+  for (int k = 0; k < gm->n_in; col += c->vars[gm->in[k++]].width) {
+    const view *x = &vw[gm->in[k]];
+    int w = c->vars[gm->in[k]].width;
+    cn_gemm_part *last = np > 0 ? &pt[np - 1] : NULL;
+    if (x->off == NULL && last != NULL && last->off == NULL &&
+        last->ld == x->ld && last->base + last->K == x->base) {
+      last->K += w;
+      continue;
+    }
+    pt[np++] = (cn_gemm_part){x->base, x->off, x->ld, w, W + col, gm->K};
+  }
+  return np;
+}
+
 static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
                      const view *vw, float *stage, int n) {
   cn_backend_ctx *bk = r->bk;
-  const float *A;
   float *C;
-  int64_t lda, ldc;
+  int64_t ldc;
   float *in_stage = stage, *out_stage = stage + (int64_t)n * gm->K;
-  if (gm->n_in == 1 || one_matrix(vw, c, gm->in, gm->n_in, gm->K)) {
-    A = vw[gm->in[0]].base;
-    lda = vw[gm->in[0]].ld;
-  } else { /* gather the operand: a copy inside the vertex function */
-    int64_t col = 0;
-    for (int k = 0; k < gm->n_in; k++) {
-      int w = c->vars[gm->in[k]].width;
-      CN_BK(bk, copy_rows, in_stage + col, gm->K, vw[gm->in[k]].base,
-            (int)vw[gm->in[k]].ld, n, w);
-      col += w;
-    }
-    r->cell_bytes += (size_t)n * (size_t)gm->K * sizeof(float);
-    A = in_stage;
-    lda = gm->K;
-  }
   bool direct = gm->n_out == 1 || one_matrix(vw, c, gm->out, gm->n_out, gm->N);
   if (direct) {
     C = vw[gm->out[0]].base;
@@ -118,8 +127,26 @@ static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
   const float *W = bk->vt->weights(bk, gm->W, (size_t)gm->N * gm->K);
   const float *b =
       gm->bias != NULL ? bk->vt->weights(bk, gm->bias, (size_t)gm->N) : NULL;
-  CN_BK(bk, gemm, n, gm->N, gm->K, A, (int)lda, W, gm->K, b, 0.0f, C,
-        (int)ldc);
+  cn_gemm_part pt[CN_GEMM_PARTS];
+  int np = gemm_parts(c, gm, vw, W, pt);
+  if (np == 1 && pt[0].off == NULL) { /* one matrix already */
+    CN_BK(bk, gemm, n, gm->N, gm->K, pt[0].base, (int)pt[0].ld, W, gm->K, b,
+          0.0f, C, (int)ldc);
+  } else if (cn__run_rows_in_place(r)) {
+    /* a sum of partial products, each part read where it lies */
+    CN_BK(bk, gemm_rows, n, gm->N, np, pt, b, 0.0f, C, (int)ldc);
+  } else { /* gather the operand: a copy inside the vertex function */
+    int64_t col = 0;
+    for (int k = 0; k < gm->n_in; k++) {
+      int w = c->vars[gm->in[k]].width;
+      CN_BK(bk, copy_rows, in_stage + col, gm->K, vw[gm->in[k]].base,
+            (int)vw[gm->in[k]].ld, n, w);
+      col += w;
+    }
+    r->cell_bytes += (size_t)n * (size_t)gm->K * sizeof(float);
+    CN_BK(bk, gemm, n, gm->N, gm->K, in_stage, gm->K, W, gm->K, b, 0.0f, C,
+          (int)ldc);
+  }
   if (direct) return;
   int64_t col = 0; /* scatter the results */
   for (int q = 0; q < gm->n_out; q++) {
@@ -157,13 +184,18 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
           slots[v] = (cn_ew_slot){(float *)base, 0, off};
       continue;
     }
+    if (src->rows && seg == NULL && cn__run_rows_in_place(r)) {
+      /* only products read it: they read its rows where they lie */
+      vw[src->var] = (view){(float *)base, 0, off};
+      continue;
+    }
     view d = vw[src->var];
     int stride;
     if (src->alias && c->layout == CN_LAYOUT_PQ &&
         cn__rows_even(off, n, src->width, &stride)) {
       /* The rows are already a matrix (a previous batch's consecutive
        * outputs): read them where they are, no gather (cn__run_rows). */
-      vw[src->var] = (view){(float *)base + off[0], stride};
+      vw[src->var] = (view){(float *)base + off[0], stride, NULL};
       slots[src->var] = (cn_ew_slot){vw[src->var].base, vw[src->var].ld, NULL};
       continue;
     }
