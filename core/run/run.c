@@ -54,9 +54,12 @@ static int64_t scratch_cap(const cn_run *r) {
   int64_t cap = r->scratch_slice > 0        ? r->scratch_slice
                 : r->bk->vt->host_memory ? CN__SCRATCH_SLICE_HOST
                                          : CN__SCRATCH_SLICE_DEVICE;
-  /* under a memory budget the scratch takes an eighth of it at most */
-  int64_t eighth = r->mem_budget / 8 / (int64_t)sizeof(float);
-  if (r->mem_budget > 0 && eighth < cap) cap = eighth;
+  /* under a memory budget one launch's scratch takes a sixteenth of it
+   * at most, as its state rows do (slice_needs): the states keep 15/16 of
+   * the budget, and a big batch runs in more launches, not more batches
+   * (an eighth cost latticelstm 2 more batches at 16 MB, docs/memory.md) */
+  int64_t sixteenth = r->mem_budget / 16 / (int64_t)sizeof(float);
+  if (r->mem_budget > 0 && sixteenth < cap) cap = sixteenth;
   return cap;
 }
 
