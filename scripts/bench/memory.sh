@@ -27,15 +27,8 @@ trap 'rm -rf "$WORK"' EXIT
 CASES="treelstm:128:trees-binary treelstm:512:trees-binary childsum-treelstm:128:trees-nary latticelstm:128:lattices"
 
 echo "# $(date -u +%F' '%H:%M) UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; runs of 1,024, --jobs 1 --threads $THREADS, policy $POLICY, median of $REPEAT"
-for c in $CASES; do
-  IFS=: read -r fam h data <<<"$c"
-  $CANOPY model init "$fam" "$WORK/$fam-$h" --hidden "$h" --embed "$h" \
-    --classes 5 --vocab-from "$DATA/$data.jsonl" >/dev/null 2>&1 ||
-    { echo "init $fam failed" >&2; exit 1; }
-  $PY -c 'import sys; l = open(sys.argv[1]).read().splitlines()
-print("\n".join((l * (1024 // len(l) + 1))[:1024]))' "$DATA/$data.jsonl" \
-    >"$WORK/$data-1024.jsonl"
-done
+. scripts/bench/runs_1024.sh
+runs_1024_init || exit 1
 for rep in $(seq "$REPEAT"); do
   for c in $CASES; do
     IFS=: read -r fam h data <<<"$c"
