@@ -56,10 +56,13 @@ static const float *zeros(cn_backend_ctx *bk, int n) {
 #define tanhf cn_tanh
 #define expf cn_exp
 
-/* The fused loops are compiled twice, for AVX2 and the x86-64 baseline,
- * and picked at load time (gcc function multi-versioning). */
+/* The fused loops are compiled three times, for AVX-512, AVX2 and the
+ * x86-64 baseline, and picked at load time (gcc function multi-versioning).
+ * None of the three may contract a multiply and an add into FMA (avx512f
+ * alone does not enable it), so each computes the same floats, only wider:
+ * answers do not depend on which the CPU runs. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CN_VEC __attribute__((target_clones("avx2", "default")))
+#define CN_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CN_VEC
 #endif
