@@ -360,16 +360,25 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
   }
 }
 
-static void run_job(const job *jp);
-
-void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
-                     const float *P, const float *bias, float beta, float *C,
-                     int ldc) {
-  if (M <= 0 || N <= 0) return;
-  job p = {.M = M, .N = N, .K = K < 0 ? 0 : K, .n_parts = 1,
-           .bias = bias, .beta = beta, .C = C, .ldc = ldc};
-  p.part[0] = (cn__gemm_part){A, NULL, lda, p.K, P};
-  run_job(&p);
+/* Splits the strips between threads when the product is large. */
+static void run_job(const job *p) {
+  const gemm_path *g = cur_path();
+  int ns = n_strips(p->N);
+  int threads = n_threads;
+  if ((int64_t)p->M * p->N * p->K < PARALLEL_MIN || ns < 2) threads = 1;
+#ifdef _OPENMP
+  if (threads > 1) {
+    if (threads > ns) threads = ns;
+#pragma omp parallel num_threads(threads)
+    {
+      int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      strips(p, g, (int)((int64_t)ns * t / nt),
+             (int)((int64_t)ns * (t + 1) / nt));
+    }
+    return;
+  }
+#endif
+  strips(p, g, 0, ns);
 }
 
 void cn__gemm_packed_parts(int M, int N, int n_parts,
@@ -387,26 +396,11 @@ void cn__gemm_packed_parts(int M, int N, int n_parts,
   run_job(&p);
 }
 
-static void run_job(const job *jp) {
-  job p = *jp;
-  int M = p.M, N = p.N, K = p.K;
-  const gemm_path *g = cur_path();
-  int ns = n_strips(N);
-  int threads = n_threads;
-  if ((int64_t)M * N * K < PARALLEL_MIN || ns < 2) threads = 1;
-#ifdef _OPENMP
-  if (threads > 1) {
-    if (threads > ns) threads = ns;
-#pragma omp parallel num_threads(threads)
-    {
-      int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      strips(&p, g, (int)((int64_t)ns * t / nt),
-             (int)((int64_t)ns * (t + 1) / nt));
-    }
-    return;
-  }
-#endif
-  strips(&p, g, 0, ns);
+void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
+                     const float *P, const float *bias, float beta, float *C,
+                     int ldc) {
+  cn__gemm_part one = {A, NULL, lda, K, P};
+  cn__gemm_packed_parts(M, N, 1, &one, NULL, bias, beta, C, ldc);
 }
 
 /* A packed copy for one call; a caller that multiplies by the same matrix

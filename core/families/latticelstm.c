@@ -153,8 +153,9 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
     CN_BK(bk, sigmoid_rows, n, H, out, H);
   } else {
     float *G = X + (int64_t)n * (D + H);
+    int64_t *cprev = xh_product(r, verts, n, w[EMBED], D, w[CHAR_W],
+                                w[CHAR_B], 4 * H, G, X);
     int64_t *seg = cn__run_idx(r, n + 1);
-    int64_t *cprev = cn__run_idx(r, n);
     int64_t E = 0;
     seg[0] = 0;
     for (int i = 0; i < n; i++) {
@@ -168,19 +169,11 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
       int k;
       const int32_t *in = cn__run_inputs(r, verts[i], &k);
       int nw = k > 0 ? (k - 1) / 2 : 0;
-      cprev[i] = k > 0 ? r->state_off[in[0]] : -1;
       for (int q = 0; q < nw; q++) {
         cw[seg[i] + q] = r->state_off[in[1 + q]];
         lk[seg[i] + q] = r->state_off[in[1 + nw + q]];
       }
     }
-    cn_gemm_part x[2] = {
-        {w[EMBED], cn__aux_off(r, verts, n, D), 0, D, w[CHAR_W], D + H},
-        {r->arena, cprev, 0, H, w[CHAR_W] + D, D + H}};
-    size_t bytes = 0;
-    cn__run_gemm_rows(r, n, 4 * H, 2, x, w[CHAR_B], 0.0f, G, 4 * H, X,
-                      &bytes);
-    if (bytes > 0) r->gather_bytes += (size_t)n * (size_t)H * sizeof(float);
     CN_BK(bk, lattice_char, n, H, G, r->arena, cprev, seg, cw, lk, out,
           2 * H);
   }

@@ -92,7 +92,8 @@ static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
 }
 
 /* The product's inputs as gemm_rows parts: a source left where it lies is
- * a part of its own; views that sit side by side are one part. */
+ * a part of its own; views that sit side by side (rows wide enough for
+ * both) are one part. */
 static int gemm_parts(const cn_cell *c, const cn_cell_gemm *gm,
                       const view *vw, const float *W, cn_gemm_part *pt) {
   int np = 0, col = 0;
@@ -101,7 +102,8 @@ static int gemm_parts(const cn_cell *c, const cn_cell_gemm *gm,
     int w = c->vars[gm->in[k]].width;
     cn_gemm_part *last = np > 0 ? &pt[np - 1] : NULL;
     if (x->off == NULL && last != NULL && last->off == NULL &&
-        last->ld == x->ld && last->base + last->K == x->base) {
+        last->ld == x->ld && last->base + last->K == x->base &&
+        x->ld >= last->K + w) {
       last->K += w;
       continue;
     }
@@ -115,7 +117,7 @@ static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
   cn_backend_ctx *bk = r->bk;
   float *C;
   int64_t ldc;
-  float *in_stage = stage, *out_stage = stage + (int64_t)n * gm->K;
+  float *out_stage = stage + (int64_t)n * gm->K;
   bool direct = gm->n_out == 1 || one_matrix(vw, c, gm->out, gm->n_out, gm->N);
   if (direct) {
     C = vw[gm->out[0]].base;
@@ -132,20 +134,14 @@ static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
   if (np == 1 && pt[0].off == NULL) { /* one matrix already */
     CN_BK(bk, gemm, n, gm->N, gm->K, pt[0].base, (int)pt[0].ld, W, gm->K, b,
           0.0f, C, (int)ldc);
-  } else if (cn__run_rows_in_place(r)) {
-    /* a sum of partial products, each part read where it lies */
-    CN_BK(bk, gemm_rows, n, gm->N, np, pt, b, 0.0f, C, (int)ldc);
-  } else { /* gather the operand: a copy inside the vertex function */
-    int64_t col = 0;
-    for (int k = 0; k < gm->n_in; k++) {
-      int w = c->vars[gm->in[k]].width;
-      CN_BK(bk, copy_rows, in_stage + col, gm->K, vw[gm->in[k]].base,
-            (int)vw[gm->in[k]].ld, n, w);
-      col += w;
-    }
-    r->cell_bytes += (size_t)n * (size_t)gm->K * sizeof(float);
-    CN_BK(bk, gemm, n, gm->N, gm->K, in_stage, gm->K, W, gm->K, b, 0.0f, C,
-          (int)ldc);
+  } else {
+    /* a sum of partial products, each part read where it lies; or, on a
+     * backend without gemm_rows, the operand copied together first (a
+     * copy inside the vertex function: no source is left in place then) */
+    if (!cn__run_rows_in_place(r))
+      r->cell_bytes += (size_t)n * (size_t)gm->K * sizeof(float);
+    cn__run_gemm_rows(r, n, gm->N, np, pt, b, 0.0f, C, (int)ldc, stage,
+                      NULL);
   }
   if (direct) return;
   int64_t col = 0; /* scatter the results */

@@ -195,14 +195,14 @@ int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
  * gemm, so there the parts' W must be consecutive column blocks of one
  * matrix (W_{q+1} = W_q + K_q, one ldw). The bytes gathered then (of
  * parts with off) are added to *bytes when bytes is not NULL. */
-/* Whether products may read their operands in parts (gemm_rows). */
-static inline bool cn__run_rows_in_place(const cn_run *r) {
-  return r->rows_in_place && r->bk->vt->gemm_rows != NULL;
-}
 void cn__run_gemm_rows(cn_run *r, int M, int N, int n_parts,
                        const cn_gemm_part *parts, const float *bias,
                        float beta, float *C, int ldc, float *stage,
                        size_t *bytes);
+/* Whether products may read their operands in parts (gemm_rows). */
+static inline bool cn__run_rows_in_place(const cn_run *r) {
+  return r->rows_in_place && r->bk->vt->gemm_rows != NULL;
+}
 /* off[i] = vaux[verts[i]] · stride (an embedding row). */
 int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 
