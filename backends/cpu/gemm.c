@@ -227,6 +227,59 @@ AVX512_BLOCK(4)
 AVX512_BLOCK(5)
 AVX512_BLOCK(6)
 
+/* Two strips side by side (64 columns): 6 rows × 4 vectors of running
+ * sums, one broadcast of A per 4 FMAs instead of 2. Each element's sum is
+ * the same one (k ascending, one FMA a step), so the bits are those of
+ * two single-strip blocks; it only loads A half as often. */
+#define AVX512_BLOCK2(MR)                                                    \
+  CN_T_AVX512 static void block2_avx512_##MR(const job *p, int i0, int j0,    \
+                                             int nr, int st) {                \
+    __m512 s0[MR], s1[MR], s2[MR], s3[MR];                                   \
+    const float *a[MR];                                                      \
+    for (int i = 0; i < MR; i++)                                             \
+      s0[i] = s1[i] = s2[i] = s3[i] = _mm512_setzero_ps();                   \
+    for (int pq = 0; pq < p->n_parts; pq++) {                                \
+      const cn__gemm_part *pt = &p->part[pq];                                \
+      const float *P = strip_of(pt, st), *Q = strip_of(pt, st + 1);          \
+      for (int i = 0; i < MR; i++) a[i] = row_of(p, pt, i0 + i);             \
+      for (int k = 0; k < pt->K; k++) {                                      \
+        const float *b = P + (size_t)k * NR, *c = Q + (size_t)k * NR;        \
+        __m512 w0 = _mm512_loadu_ps(b), w1 = _mm512_loadu_ps(b + 16);        \
+        __m512 w2 = _mm512_loadu_ps(c), w3 = _mm512_loadu_ps(c + 16);        \
+        for (int i = 0; i < MR; i++) {                                       \
+          __m512 x = _mm512_set1_ps(a[i][k]);                                \
+          s0[i] = _mm512_fmadd_ps(x, w0, s0[i]);                             \
+          s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                             \
+          s2[i] = _mm512_fmadd_ps(x, w2, s2[i]);                             \
+          s3[i] = _mm512_fmadd_ps(x, w3, s3[i]);                             \
+        }                                                                    \
+      }                                                                      \
+    }                                                                        \
+    for (int i = 0; i < MR; i++) {                                           \
+      store_avx512(p, i0 + i, j0, NR, s0[i], s1[i]);                         \
+      store_avx512(p, i0 + i, j0 + NR, nr - NR, s2[i], s3[i]);               \
+    }                                                                        \
+  }
+AVX512_BLOCK2(1)
+AVX512_BLOCK2(2)
+AVX512_BLOCK2(3)
+AVX512_BLOCK2(4)
+AVX512_BLOCK2(5)
+AVX512_BLOCK2(6)
+
+/* Rows i0 .. i0+mr-1, strips st and st+1 (nr: the columns of both, > NR) */
+CN_T_AVX512 static void block2_avx512(const job *p, int i0, int mr, int j0,
+                                      int nr, int st) {
+  switch (mr) {
+  case 6: block2_avx512_6(p, i0, j0, nr, st); break;
+  case 5: block2_avx512_5(p, i0, j0, nr, st); break;
+  case 4: block2_avx512_4(p, i0, j0, nr, st); break;
+  case 3: block2_avx512_3(p, i0, j0, nr, st); break;
+  case 2: block2_avx512_2(p, i0, j0, nr, st); break;
+  default: block2_avx512_1(p, i0, j0, nr, st); break;
+  }
+}
+
 CN_T_AVX512 static void block_avx512(const job *p, int i0, int mr, int j0,
                                      int nr, int st) {
   switch (mr) {
@@ -245,6 +298,7 @@ CN_T_AVX512 static void block_avx512(const job *p, int i0, int mr, int j0,
 typedef struct gemm_path {
   const char *name;
   block_fn block;
+  block_fn block2; /* two strips at once, or NULL */
   int mr; /* rows a block takes at most */
   int (*supported)(void);
 } gemm_path;
@@ -261,10 +315,10 @@ static int has_avx512(void) {
 
 static const gemm_path paths[] = {
 #ifdef CN_X86
-    {"avx512", block_avx512, 6, has_avx512},
-    {"avx2", block_avx2, 2, has_avx2},
+    {"avx512", block_avx512, block2_avx512, 6, has_avx512},
+    {"avx2", block_avx2, NULL, 2, has_avx2},
 #endif
-    {"portable", block_portable, 4, always},
+    {"portable", block_portable, NULL, 4, always},
 };
 enum { N_PATHS = sizeof(paths) / sizeof(paths[0]) };
 
@@ -354,6 +408,13 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
     int r1 = p->M - r0 < chunk ? p->M : r0 + chunk;
     for (int s = s0; s < s1; s++) {
       int j0 = s * NR, nr = p->N - j0 < NR ? p->N - j0 : NR;
+      if (g->block2 != NULL && s + 1 < s1) { /* strips s and s + 1 */
+        nr = p->N - j0 < 2 * NR ? p->N - j0 : 2 * NR;
+        for (int i = r0; i < r1; i += g->mr)
+          g->block2(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, s);
+        s++;
+        continue;
+      }
       for (int i = r0; i < r1; i += g->mr)
         g->block(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, s);
     }
