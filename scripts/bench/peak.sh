@@ -16,13 +16,22 @@
 # the last two columns divide GFLOP per CPU second of canopy (user + sys,
 # both jobs) by one core's sgemm GFLOP per CPU second: the fraction of
 # peak each core-second reaches, which that load disturbs far less.
+# Issue 38's table follows: canopy before and after (OLD: an earlier
+# binary, run interleaved with CANOPY on the same input), PyTorch
+# level-batched on the same models and trees (TORCH=1: /usr/bin/python3
+# with torch, scripts/bench/torch_models.py, the arithmetic timed, not
+# the parsing), and DyNet's autobatching as the issue measured
+# it (DyNet is not in Debian: its figures are quoted, not measured here).
 # Measures and prints; asserts nothing.
 #
 # usage: scripts/bench/peak.sh [REPEAT=3]   (CANOPY: the binary,
-#        default build/canopy; COPIES: times the 400 trees are repeated, 5)
+#        default build/canopy; COPIES: times the 400 trees are repeated, 5;
+#        OLD: a "before" binary; TORCH=1: PyTorch level-batched too)
 set -u
 cd "$(dirname "$0")/../.."
 CANOPY=${CANOPY:-build/canopy}
+OLD=${OLD:-}
+TORCH=${TORCH:-0}
 REPEAT=${1:-3}
 COPIES=${COPIES:-5}
 PY=/usr/bin/python3
@@ -48,6 +57,33 @@ best = 0.0
 for _ in range(5):
     t = clock(); a @ b; t = clock() - t
     best = max(best, 2 * n**3 / t / 1e9)
+print("%.1f" % best)
+EOF
+}
+
+# PyTorch level-batched trees/s: $1 the model directory, $2 the batch;
+# the parsed trees' arithmetic timed (torch_models.py). Debian's torch
+# with 2 threads moves by 3x between repetitions on these 2 cores (its
+# OpenMP threads wait on each other), so 1 and 2 threads are both run,
+# 3 times each, and the better median is PyTorch's figure.
+torch_rate() {
+  $PY - "$1" "$WORK/input.jsonl" "$2" <<'EOF'
+import statistics, sys, time
+sys.path.insert(0, "scripts/bench")
+import torch, torch_models as tm
+m = tm.Model(sys.argv[1])
+preps = [m.prepare(i) for i in tm.load_instances(sys.argv[2])]
+best = 0.0
+with torch.inference_mode():
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        m.run(preps[:256], "level-batched", int(sys.argv[3]))  # warm-up
+        r = []
+        for _ in range(3):
+            t = time.perf_counter()
+            m.run(preps, "level-batched", int(sys.argv[3]))
+            r.append(len(preps) / (time.perf_counter() - t))
+        best = max(best, statistics.median(r))
 print("%.1f" % best)
 EOF
 }
@@ -93,7 +129,7 @@ echo "# $(date -u +%F' '%H:%M) UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc
 echo "# input: $TREES trees ($(basename $DATA) x$COPIES): $LEAVES leaves, $INTERNAL internal nodes"
 echo "# sgemm 2048^3 (numpy/OpenBLAS): both cores $PEAK2_BEFORE GFLOP/s, one core $PEAK1 GFLOP/s, one core $PEAK1CPU GFLOP per CPU second"
 
-declare -A RATE CPU VERT
+declare -A RATE CPU VERT ORATE TRATE
 for cfg in "128 64" "512 256"; do
   set -- $cfg
   H=$1
@@ -116,6 +152,14 @@ for rep in $(seq "$REPEAT"); do
       CPU[$1,$2,$jobs]="${CPU[$1,$2,$jobs]:-} $c"
       VERT[$1]=$(echo "$sum" | grep -o '"vertices": [0-9]*' | cut -d' ' -f2)
     done
+    if [ -n "$OLD" ]; then # the before binary, its default --jobs (the cores)
+      r=$($OLD run --model "$WORK/m$1" --input "$WORK/input.jsonl" --batch "$2" \
+            2>&1 >/dev/null | tail -1 | grep -o '"instances_per_s": [0-9.]*' | cut -d' ' -f2)
+      ORATE[$1]="${ORATE[$1]:-} $r"
+    fi
+    if [ "$TORCH" = 1 ]; then
+      TRATE[$1]="${TRATE[$1]:-} $(torch_rate "$WORK/m$1" "$2")"
+    fi
   done
 done
 PEAK2_AFTER=$(peak 0)
@@ -124,7 +168,7 @@ echo "# sgemm both cores after the runs: $PEAK2_AFTER GFLOP/s; the ratios use $P
 echo
 echo "| H | batch | MFLOP/tree | jobs | trees/s (median of $REPEAT) | spread | GFLOP/s | % of peak | goal | GFLOP per CPU s | % of one core's peak per CPU s |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
-for cfg in "128 64 60" "512 256 75"; do
+for cfg in "128 64 60" "512 256 80"; do
   set -- $cfg
   H=$1 B=$2 GOAL=$3
   want=$((LEAVES + INTERNAL + TREES))
@@ -149,4 +193,23 @@ print("| %d | %d | %.2f | %d | %s | %s..%s | %.1f | %.1f%% | >= %d%%: %s | %.1f 
     gc, 100 * gc / peak_cpu))
 ' "$H" "$B" "$jobs" "$GOAL" "$LEAVES" "$INTERNAL" "$TREES" "$PEAK" "$PEAK1CPU"
   done
+done
+
+# Issue 38's table: before and after side by side (--jobs 2: the default
+# on these 2 cores), with DyNet's figures as the issue measured them
+echo
+echo "| | canopy before | canopy now | now / before | DyNet autobatch, 2 threads (the issue's figure) | now / DyNet | PyTorch level-batched, best of 1 and 2 threads (this run) | now / PyTorch |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+for cfg in "128 64 8854" "512 256 1955"; do
+  set -- $cfg
+  $PY - "$1" "$2" "$3" "${RATE[$1,$2,2]}" "${ORATE[$1]:-}" "${TRATE[$1]:-}" <<'EOF'
+import statistics, sys
+H, B, dynet = sys.argv[1], sys.argv[2], float(sys.argv[3])
+med = lambda s: statistics.median(float(x) for x in s.split()) if s.strip() else None
+now, old, pt = med(sys.argv[4]), med(sys.argv[5]), med(sys.argv[6])
+f = lambda x: "-" if x is None else format(round(x), ",")
+r = lambda a, b: "-" if a is None or b is None else "%.2fx" % (a / b)
+print("| H=%s, runs of %s | %s | %s | %s | %s | %s | %s | %s |" % (
+    H, B, f(old), f(now), r(now, old), f(dynet), r(now, dynet), f(pt), r(now, pt)))
+EOF
 done
