@@ -15,8 +15,9 @@
  * (strip s holds B[k, 32s .. 32s+31] for k = 0 .. K-1, zero past N), so a
  * kernel step loads a row of the strip as vectors and broadcasts one
  * element of each of MR rows of A: MR × 32 running sums in registers
- * (AVX-512: 6 rows × 2 vectors, 12 FMAs per 2 loads and 6 broadcasts;
- * AVX2: 2 rows × 4 vectors), no horizontal reduction. The earlier kernel
+ * (AVX-512: 6 rows × 2 vectors, 12 FMAs per 2 loads and 6 broadcasts,
+ * or two strips at once, 6 × 4 vectors, 24 FMAs per 4 loads and 6
+ * broadcasts; AVX2: 2 rows × 4 vectors), no horizontal reduction. The earlier kernel
  * (16 lane sums per element, reduced by a tree) spent a third of its
  * instructions reducing at K = 128-256. Rows of A are taken in chunks that
  * stay in L2 while every strip passes over them; strips are split between
