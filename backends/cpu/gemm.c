@@ -29,13 +29,13 @@
 #include "gemm.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CN_X86 1
@@ -422,25 +422,172 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
   }
 }
 
+/* ---- the team: helper threads of one calling thread ----
+ *
+ * A thread that makes a large product (a daemon worker, a `canopy run`
+ * job) gets helpers the first time, kept until it exits; between products
+ * they sleep on a condition variable. This used to be OpenMP, whose
+ * threads spin between parallel regions unless OMP_WAIT_POLICY=passive is
+ * in the environment before the process starts (libgomp reads it in its
+ * constructor; nothing in the program can change it). Products come every
+ * few tens of µs, so a spinning helper held its core all the time: with
+ * cores to spare beside the workers (`serve --workers 1` on 2 cores) it
+ * took that core from the loop thread, for 10-17% fewer answers a second
+ * and twice the p99 (docs/benchmarks.md, issue 38). Strip s0..s1 of the
+ * product goes to member t of nt: the same split as before, and each
+ * element is computed by one thread, so the bits do not depend on it. */
+#define MAX_HELPERS 63
+/* Before sleeping, a helper waits this many pauses (about 20-40 µs) for
+ * the next product, and the caller as long for its helpers: a run's
+ * products come back to back, a few µs of elementwise work apart, and a
+ * wake-up through the kernel costs 5-30 µs each time. Long enough to
+ * bridge a run's products, short enough that between runs the core goes
+ * back to whoever needs it. */
+#define SPIN_PAUSES 2048
+
+static inline void cpu_pause(void) {
+#ifdef CN_X86
+  _mm_pause();
+#endif
+}
+
+typedef struct team {
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  _Atomic unsigned long gen; /* bumped for each product handed out */
+  _Atomic int busy;          /* helpers still computing the current one */
+  _Atomic bool quit;
+  int n;             /* helpers started */
+  pthread_t tid[MAX_HELPERS];
+  /* the current product: members 1 .. nt-1 are helpers */
+  const job *p;
+  const gemm_path *g;
+  int ns, nt;
+} team;
+
+typedef struct helper_arg {
+  team *t;
+  int index;         /* 1 .. */
+  unsigned long gen; /* the team's gen when it was started: products
+                        handed out later are its to join */
+} helper_arg;
+
+static void strips_of_member(const job *p, const gemm_path *g, int ns,
+                             int t, int nt) {
+  strips(p, g, (int)((int64_t)ns * t / nt), (int)((int64_t)ns * (t + 1) / nt));
+}
+
+static void *helper_main(void *arg) {
+  helper_arg a = *(helper_arg *)arg;
+  free(arg);
+  team *t = a.t;
+  unsigned long seen = a.gen;
+  pthread_mutex_lock(&t->mu);
+  for (;;) {
+    if (t->gen == seen && !t->quit) { /* spin a while, then sleep */
+      pthread_mutex_unlock(&t->mu);
+      for (int i = 0; i < SPIN_PAUSES && atomic_load(&t->gen) == seen &&
+                      !atomic_load(&t->quit);
+           i++)
+        cpu_pause();
+      pthread_mutex_lock(&t->mu);
+    }
+    while (t->gen == seen && !t->quit) pthread_cond_wait(&t->go, &t->mu);
+    if (t->quit) break;
+    seen = t->gen;
+    if (a.index >= t->nt) continue; /* not needed for this product */
+    const job *p = t->p;
+    const gemm_path *g = t->g;
+    int ns = t->ns, nt = t->nt;
+    pthread_mutex_unlock(&t->mu);
+    strips_of_member(p, g, ns, a.index, nt);
+    pthread_mutex_lock(&t->mu);
+    if (--t->busy == 0) pthread_cond_signal(&t->done);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+static void team_free(void *arg) {
+  team *t = arg;
+  pthread_mutex_lock(&t->mu);
+  t->quit = true;
+  pthread_cond_broadcast(&t->go);
+  pthread_mutex_unlock(&t->mu);
+  for (int i = 0; i < t->n; i++) pthread_join(t->tid[i], NULL);
+  pthread_cond_destroy(&t->go);
+  pthread_cond_destroy(&t->done);
+  pthread_mutex_destroy(&t->mu);
+  free(t);
+}
+
+static pthread_key_t team_key;
+static int team_key_ok = -1; /* -1: not tried; 0: no key; 1: made */
+static pthread_once_t team_once = PTHREAD_ONCE_INIT;
+
+static void team_key_make(void) {
+  team_key_ok = pthread_key_create(&team_key, team_free) == 0;
+}
+
+/* This thread's team with at least `helpers` helpers started, or NULL
+ * (no memory, no threads: the caller computes alone). The team's helpers
+ * are joined when this thread exits. */
+static team *my_team(int helpers) {
+  pthread_once(&team_once, team_key_make);
+  if (team_key_ok != 1) return NULL;
+  team *t = pthread_getspecific(team_key);
+  if (t == NULL) {
+    t = calloc(1, sizeof(*t));
+    if (t == NULL) return NULL;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->go, NULL);
+    pthread_cond_init(&t->done, NULL);
+    if (pthread_setspecific(team_key, t) != 0) {
+      team_free(t);
+      return NULL;
+    }
+  }
+  if (helpers > MAX_HELPERS) helpers = MAX_HELPERS;
+  while (t->n < helpers) {
+    helper_arg *a = malloc(sizeof(*a));
+    if (a == NULL) break;
+    a->t = t;
+    a->index = t->n + 1;
+    a->gen = t->gen; /* only this thread changes gen */
+    if (pthread_create(&t->tid[t->n], NULL, helper_main, a) != 0) {
+      free(a);
+      break;
+    }
+    t->n++;
+  }
+  return t->n > 0 ? t : NULL;
+}
+
 /* Splits the strips between threads when the product is large. */
 static void run_job(const job *p) {
   const gemm_path *g = cur_path();
   int ns = n_strips(p->N);
   int threads = n_threads;
   if ((int64_t)p->M * p->N * p->K < PARALLEL_MIN || ns < 2) threads = 1;
-#ifdef _OPENMP
-  if (threads > 1) {
-    if (threads > ns) threads = ns;
-#pragma omp parallel num_threads(threads)
-    {
-      int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      strips(p, g, (int)((int64_t)ns * t / nt),
-             (int)((int64_t)ns * (t + 1) / nt));
-    }
+  if (threads > ns) threads = ns;
+  team *t = threads > 1 ? my_team(threads - 1) : NULL;
+  if (t == NULL) {
+    strips(p, g, 0, ns);
     return;
   }
-#endif
-  strips(p, g, 0, ns);
+  if (threads > t->n + 1) threads = t->n + 1;
+  pthread_mutex_lock(&t->mu);
+  t->p = p, t->g = g, t->ns = ns, t->nt = threads;
+  t->busy = threads - 1;
+  t->gen++;
+  pthread_cond_broadcast(&t->go);
+  pthread_mutex_unlock(&t->mu);
+  strips_of_member(p, g, ns, 0, threads);
+  for (int i = 0; i < SPIN_PAUSES && atomic_load(&t->busy) > 0; i++)
+    cpu_pause();
+  pthread_mutex_lock(&t->mu);
+  while (t->busy > 0) pthread_cond_wait(&t->done, &t->mu);
+  pthread_mutex_unlock(&t->mu);
 }
 
 void cn__gemm_packed_parts(int M, int N, int n_parts,
