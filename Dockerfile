@@ -23,7 +23,7 @@ FROM debian:12-slim
 # policy cache (learned batching policies, written by the daemon) is the
 # one directory it may write.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends libjansson4 libgomp1 libuv1 \
+      --no-install-recommends libjansson4 libuv1 \
       libhttp-parser2.9 libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 canopy \
