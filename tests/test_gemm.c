@@ -15,6 +15,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,6 +200,53 @@ Test(gemm, threads_and_width_change_nothing) {
                  "row %d: columns %d.. differ in a product %d wide", i, j0,
                  n);
   free(C), free(one), free(A), free(W);
+}
+
+/* gemm.c's team: threads that each split their products between their
+ * own helpers at once (a daemon's workers), then exit, their helpers
+ * joined (ASan's leak check sees a team left behind), twice over; every
+ * product has the bits of the product on one thread. */
+typedef struct team_case {
+  int M, N, K;
+  const float *A, *W, *ref;
+  int bad;
+} team_case;
+
+static void *team_thread(void *arg) {
+  team_case *c = arg;
+  for (int r = 0; r < 3; r++) {
+    float *C = malloc((size_t)c->M * c->N * sizeof(float));
+    cn__gemm_nt(c->M, c->N, c->K, c->A, c->K, c->W, c->K, NULL, 0.0f, C,
+                c->N);
+    if (memcmp(C, c->ref, (size_t)c->M * c->N * sizeof(float)) != 0)
+      c->bad++;
+    free(C);
+  }
+  return NULL;
+}
+
+Test(gemm, threads_of_their_own_side_by_side) {
+  int M = 96, N = 1030, K = 300; /* 30M multiply-adds: split */
+  float *A = rnd((size_t)M * K), *W = rnd((size_t)N * K);
+  float *ref = product(cn__gemm_path(), 1, M, N, K, A, K, W, K, NULL, 0.0f,
+                       NULL);
+  int old = cn__gemm_threads();
+  cn__gemm_set_threads(3);
+  for (int round = 0; round < 2; round++) {
+    pthread_t t[3];
+    team_case c[3];
+    for (int i = 0; i < 3; i++) {
+      c[i] = (team_case){M, N, K, A, W, ref, 0};
+      cr_assert_eq(pthread_create(&t[i], NULL, team_thread, &c[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+      pthread_join(t[i], NULL);
+      cr_assert_eq(c[i].bad, 0, "round %d, thread %d: %d products differ "
+                   "from one thread's", round, i, c[i].bad);
+    }
+  }
+  cn__gemm_set_threads(old);
+  free(ref), free(A), free(W);
 }
 
 Test(gemm, an_unknown_path_is_refused) {
