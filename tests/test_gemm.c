@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cpu/gemm.h"
 
@@ -247,6 +249,33 @@ Test(gemm, threads_of_their_own_side_by_side) {
   }
   cn__gemm_set_threads(old);
   free(ref), free(A), free(W);
+}
+
+/* A child of fork() makes split products too: the parent's helpers are
+ * not in it, so it needs a team of its own (it would wait forever on the
+ * parent's). The child exits 0 when its product has one thread's bits. */
+Test(gemm, a_forked_child_splits_its_products, .timeout = 30) {
+  int M = 96, N = 1030, K = 300;
+  float *A = rnd((size_t)M * K), *W = rnd((size_t)N * K);
+  float *ref = product(cn__gemm_path(), 1, M, N, K, A, K, W, K, NULL, 0.0f,
+                       NULL);
+  float *C = product(cn__gemm_path(), 2, M, N, K, A, K, W, K, NULL, 0.0f,
+                     NULL); /* this process's team */
+  cr_assert_eq(memcmp(C, ref, (size_t)M * N * sizeof(float)), 0);
+  pid_t pid = fork();
+  cr_assert_neq(pid, -1);
+  if (pid == 0) {
+    alarm(20); /* a child stuck waiting dies, and the test fails cleanly */
+    float *D = product(cn__gemm_path(), 2, M, N, K, A, K, W, K, NULL, 0.0f,
+                       NULL);
+    _exit(memcmp(D, ref, (size_t)M * N * sizeof(float)) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "the child's split product differs or it failed (status %d)",
+            status);
+  free(C), free(ref), free(A), free(W);
 }
 
 Test(gemm, an_unknown_path_is_refused) {

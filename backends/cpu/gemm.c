@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CN_X86 1
@@ -457,6 +458,7 @@ typedef struct team {
   _Atomic unsigned long gen; /* bumped for each product handed out */
   _Atomic int busy;          /* helpers still computing the current one */
   _Atomic bool quit;
+  pid_t pid;         /* the process its helpers run in */
   int n;             /* helpers started */
   pthread_t tid[MAX_HELPERS];
   /* the current product: members 1 .. nt-1 are helpers */
@@ -536,9 +538,14 @@ static team *my_team(int helpers) {
   pthread_once(&team_once, team_key_make);
   if (team_key_ok != 1) return NULL;
   team *t = pthread_getspecific(team_key);
+  /* A child of fork() inherits the pointer, not the helpers: it starts
+   * a team of its own (the parent's stays the parent's; its memory is
+   * the child's to lose). Without this a product would wait forever. */
+  if (t != NULL && t->pid != getpid()) t = NULL;
   if (t == NULL) {
     t = calloc(1, sizeof(*t));
     if (t == NULL) return NULL;
+    t->pid = getpid();
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->go, NULL);
     pthread_cond_init(&t->done, NULL);
