@@ -269,30 +269,23 @@ AVX512_BLOCK2(4)
 AVX512_BLOCK2(5)
 AVX512_BLOCK2(6)
 
-/* Rows i0 .. i0+mr-1, strips st and st+1 (nr: the columns of both, > NR) */
-CN_T_AVX512 static void block2_avx512(const job *p, int i0, int mr, int j0,
-                                      int nr, int st) {
-  switch (mr) {
-  case 6: block2_avx512_6(p, i0, j0, nr, st); break;
-  case 5: block2_avx512_5(p, i0, j0, nr, st); break;
-  case 4: block2_avx512_4(p, i0, j0, nr, st); break;
-  case 3: block2_avx512_3(p, i0, j0, nr, st); break;
-  case 2: block2_avx512_2(p, i0, j0, nr, st); break;
-  default: block2_avx512_1(p, i0, j0, nr, st); break;
+/* A block of mr ≤ 6 rows by the kernel unrolled for that many: NAME_mr */
+#define AVX512_BY_ROWS(NAME)                                                 \
+  CN_T_AVX512 static void NAME(const job *p, int i0, int mr, int j0, int nr, \
+                               int st) {                                     \
+    switch (mr) {                                                            \
+    case 6: NAME##_6(p, i0, j0, nr, st); break;                              \
+    case 5: NAME##_5(p, i0, j0, nr, st); break;                              \
+    case 4: NAME##_4(p, i0, j0, nr, st); break;                              \
+    case 3: NAME##_3(p, i0, j0, nr, st); break;                              \
+    case 2: NAME##_2(p, i0, j0, nr, st); break;                              \
+    default: NAME##_1(p, i0, j0, nr, st); break;                             \
+    }                                                                        \
   }
-}
-
-CN_T_AVX512 static void block_avx512(const job *p, int i0, int mr, int j0,
-                                     int nr, int st) {
-  switch (mr) {
-  case 6: block_avx512_6(p, i0, j0, nr, st); break;
-  case 5: block_avx512_5(p, i0, j0, nr, st); break;
-  case 4: block_avx512_4(p, i0, j0, nr, st); break;
-  case 3: block_avx512_3(p, i0, j0, nr, st); break;
-  case 2: block_avx512_2(p, i0, j0, nr, st); break;
-  default: block_avx512_1(p, i0, j0, nr, st); break;
-  }
-}
+/* strip st (nr ≤ NR columns) */
+AVX512_BY_ROWS(block_avx512)
+/* strips st and st + 1 (nr: the columns of both, > NR) */
+AVX512_BY_ROWS(block2_avx512)
 #endif /* CN_X86 */
 
 /* ---- paths ---- */
@@ -408,17 +401,13 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
   if (chunk < g->mr) chunk = g->mr;
   for (int r0 = 0; r0 < p->M; r0 += chunk) {
     int r1 = p->M - r0 < chunk ? p->M : r0 + chunk;
-    for (int s = s0; s < s1; s++) {
-      int j0 = s * NR, nr = p->N - j0 < NR ? p->N - j0 : NR;
-      if (g->block2 != NULL && s + 1 < s1) { /* strips s and s + 1 */
-        nr = p->N - j0 < 2 * NR ? p->N - j0 : 2 * NR;
-        for (int i = r0; i < r1; i += g->mr)
-          g->block2(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, s);
-        s++;
-        continue;
-      }
+    for (int s = s0, w; s < s1; s += w) { /* w strips at a time */
+      bool two = g->block2 != NULL && s + 1 < s1;
+      block_fn block = two ? g->block2 : g->block;
+      w = two ? 2 : 1;
+      int j0 = s * NR, nr = p->N - j0 < w * NR ? p->N - j0 : w * NR;
       for (int i = r0; i < r1; i += g->mr)
-        g->block(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, s);
+        block(p, i, r1 - i < g->mr ? r1 - i : g->mr, j0, nr, s);
     }
   }
 }
