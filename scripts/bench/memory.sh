@@ -26,7 +26,6 @@ WORK=$(mktemp -d /tmp/canopy-memory-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 CASES="treelstm:128:trees-binary treelstm:512:trees-binary childsum-treelstm:128:trees-nary latticelstm:128:lattices"
 
-echo "# $(date -u +%F' '%H:%M) UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; runs of 1,024, --jobs 1 --threads $THREADS, policy $POLICY, median of $REPEAT"
 . scripts/bench/runs_1024.sh
 runs_1024_init || exit 1
 for rep in $(seq "$REPEAT"); do
