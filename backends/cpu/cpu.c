@@ -31,6 +31,8 @@ typedef struct cpu_ctx {
   int n_zeros;
   float *ew;   /* ew_program: per-row scratch and constant rows */
   int64_t n_ew;
+  struct ew_step *ew_steps; /* ew_program: its operands resolved */
+  int n_ew_steps;
   float *tr;   /* a product's right operand packed for one call */
   size_t n_tr;
   cn__packs packs; /* the models' weights packed for gemm.c */
@@ -88,6 +90,7 @@ static void cpu_close(cn_backend_ctx *bk) {
   cn__packs_free(&((cpu_ctx *)bk)->packs);
   free(((cpu_ctx *)bk)->zeros);
   free(((cpu_ctx *)bk)->ew);
+  free(((cpu_ctx *)bk)->ew_steps);
   free(((cpu_ctx *)bk)->tr);
   free(bk);
 }
@@ -536,8 +539,8 @@ static void cpu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
 
 /* One instruction over w floats. d may be a or b exactly (an accumulating
  * chain), so no restrict; the loops still vectorise behind gcc's overlap
- * check. */
-CN_VEC static void ew_apply(int op, int w, float *d, const float *a,
+ * check. Inlined into ew_rows, so each of its clones has its own. */
+static inline void ew_apply(int op, int w, float *d, const float *a,
                             const float *b) {
   switch (op) {
   case CN_EW_MOV: for (int j = 0; j < w; j++) d[j] = a[j]; break;
@@ -558,15 +561,51 @@ static inline bool ew_binary(int op) {
   return op >= CN_EW_ADD && op <= CN_EW_DIV;
 }
 
-/* Row r of slot s: NULL for a missing input (off < 0). */
-static inline float *slot_row(const cn_ew_slot *s, int r) {
-  if (s->off != NULL) return s->off[r] < 0 ? NULL : s->base + s->off[r];
-  return s->base + (int64_t)r * s->ld;
+/* An operand resolved once per program: where its rows are, so the row
+ * loop does no decoding. kind 0: base + r·ld (+ col); 1: base + off[r]
+ * (+ col), a missing row (off < 0) reads `zero` / is not written; 2: a
+ * fixed row (tmp scratch, a constant row); 3: none (a unary op's b). A
+ * broadcast bias is kind 0 with ld 0. */
+typedef struct ew_operand {
+  float *base;
+  const int64_t *off;
+  int64_t ld;
+  int kind;
+} ew_operand;
+
+typedef struct ew_step {
+  int op, width;
+  ew_operand x[3]; /* d, a, b */
+} ew_step;
+
+static inline float *ew_row(const ew_operand *o, int r) {
+  switch (o->kind) {
+  case 0: return o->base + r * o->ld;
+  case 1: return o->off[r] < 0 ? NULL : o->base + o->off[r];
+  case 2: return o->base;
+  default: return NULL;
+  }
 }
 
-/* The fused elementwise program (Cavs' fusion): row by row, so the
- * per-row scratch (tmp) and the row's operands stay in L1 while every
- * instruction runs over it. Constants become rows of k, made once. */
+/* Every row through every step, in order (the per-row scratch and the
+ * row's operands stay in L1 while the steps run over it). One function
+ * compiled per instruction set, with ew_apply's loops inlined. */
+CN_VEC static void ew_rows(const ew_step *st, int n_st, int n,
+                           const float *zero) {
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < n_st; i++) {
+      const ew_step *s = &st[i];
+      float *d = ew_row(&s->x[0], r);
+      if (d == NULL) continue; /* never write a missing row */
+      const float *a = ew_row(&s->x[1], r), *b = ew_row(&s->x[2], r);
+      if (a == NULL) a = zero;
+      if (b == NULL && s->x[2].kind != 3) b = zero;
+      ew_apply(s->op, s->width, d, a, b);
+    }
+}
+
+/* The fused elementwise program (Cavs' fusion). Constants become rows of
+ * k, made once; each operand is resolved to (base, ld | off) once. */
 static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
                            const cn_ew_slot *slots, int n) {
   cpu_ctx *c = (cpu_ctx *)bk;
@@ -577,6 +616,12 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     if (in->a.slot < 0) need += in->width;
     if (in->b.slot < 0 && ew_binary(in->op)) need += in->width;
   }
+  if (p->n_insn > c->n_ew_steps) {
+    ew_step *t = realloc(c->ew_steps, (size_t)p->n_insn * sizeof(ew_step));
+    if (t == NULL) abort(); /* a compiled cell's instructions: a few */
+    c->ew_steps = t;
+    c->n_ew_steps = p->n_insn;
+  }
   if (need > c->n_ew) {
     float *w = realloc(c->ew, (size_t)need * sizeof(float));
     if (w == NULL) abort(); /* sized by a compiled cell: a few KiB */
@@ -584,42 +629,38 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     c->n_ew = need;
   }
   const float *zero = zeros(bk, (int)maxw);
-  /* c->ew stays NULL while no program needed scratch: no offset on it */
-  float *tmp = c->ew, *kbuf = c->ew != NULL ? c->ew + p->tmp_width : NULL;
-  /* const rows, in instruction order */
-  float *kp = kbuf;
+  float *tmp = c->ew, *kp = c->ew + p->tmp_width;
+  ew_step *st = c->ew_steps;
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
-    const cn_ew_arg *ab[2] = {&in->a, &in->b};
-    for (int q = 0; q < 1 + ew_binary(in->op); q++)
-      if (ab[q]->slot < 0) {
-        for (int j = 0; j < in->width; j++) kp[j] = ab[q]->k;
+    const cn_ew_arg *args[3] = {&in->d, &in->a, &in->b};
+    ew_step *s = &st[i];
+    s->op = in->op;
+    s->width = in->width;
+    for (int q = 0; q < 3; q++) {
+      const cn_ew_arg *x = args[q];
+      ew_operand *o = &s->x[q];
+      *o = (ew_operand){NULL, NULL, 0, 3};
+      if (q == 2 && !ew_binary(in->op)) continue;
+      if (x->slot < 0) { /* a constant row; a constant d writes nothing */
+        if (q == 0) continue;
+        o->kind = 2;
+        for (int j = 0; j < in->width; j++) kp[j] = x->k;
+        o->base = kp;
         kp += in->width;
+      } else if (x->slot == p->tmp_slot) {
+        o->kind = 2;
+        o->base = tmp + x->col;
+      } else {
+        const cn_ew_slot *sl = &slots[x->slot];
+        o->base = sl->base + x->col;
+        o->off = sl->off;
+        o->ld = sl->ld;
+        o->kind = sl->off != NULL ? 1 : 0;
       }
-  }
-  for (int r = 0; r < n; r++) {
-    kp = kbuf;
-    for (int i = 0; i < p->n_insn; i++) {
-      const cn_ew_insn *in = &p->insn[i];
-      const cn_ew_arg *args[3] = {&in->d, &in->a, &in->b};
-      float *ptr[3];
-      ptr[2] = NULL;
-      for (int q = 0; q < 2 + ew_binary(in->op); q++) {
-        const cn_ew_arg *x = args[q];
-        if (x->slot < 0) {
-          ptr[q] = q == 0 ? NULL : kp;
-          if (q > 0) kp += in->width; /* as laid out above */
-          continue;
-        }
-        float *row = x->slot == p->tmp_slot ? tmp
-                                            : slot_row(&slots[x->slot], r);
-        ptr[q] = row != NULL ? row + x->col : NULL;
-        if (ptr[q] == NULL && q > 0) ptr[q] = (float *)zero;
-      }
-      if (ptr[0] == NULL) continue; /* never write a missing row */
-      ew_apply(in->op, in->width, ptr[0], ptr[1], ptr[2]);
     }
   }
+  ew_rows(st, p->n_insn, n, zero);
 }
 
 static const cn_backend_vt cpu_vt = {
