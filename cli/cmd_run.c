@@ -60,12 +60,13 @@ static void run_usage(FILE *f) {
           "(default bound)\n"
           "  --plan-width N        --policy plan: the beam search's width "
           "(default 16)\n"
-          "  --layout L            fused | naive | pq: hand-written cell "
-          "kernels, or the\n"
-          "                        cells compiled from the op IR with every "
-          "variable in its\n"
-          "                        own buffer (naive) or laid out by the "
-          "PQ-tree (default fused)\n"
+          "  --layout L            pq | naive: the cells compiled from the "
+          "op IR laid out by\n"
+          "                        the PQ-tree (default), or with every "
+          "variable in its own\n"
+          "                        buffer (naive); fused, the hand-written "
+          "kernels pq replaced,\n"
+          "                        is read as pq\n"
           "  --batch N             instances per run (default 64)\n"
           "  --backend B           cpu | cuda (default cpu)\n"
           "  --jobs N              runs computed at once, one per thread, "
@@ -154,7 +155,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
       }
     } else if ((m = cn__flag_value(argc, argv, &i, "--layout", &v)) != 0) {
       if (m < 0 || cn_layout_parse(v, &o->layout) != 0) {
-        fprintf(stderr, "canopy run: --layout must be fused, naive or pq\n");
+        fprintf(stderr, "canopy run: --layout must be pq or naive\n");
         return -1;
       }
     } else if ((m = cn__flag_value(argc, argv, &i, "--policy-cache", &v)) !=

@@ -67,11 +67,11 @@ static const cn_config_key keys[] = {
             "on CPU, docs/policies.md); fsm: the model's learned policy "
             "from policy-cache (agenda until one is cached or learned online)",
             "none|depth|agenda|sufficient|lookahead|lookahead2|plan|fsm"),
-    STR_KEY("layout", "fused", layout,
-            "vertex functions: the hand-written fused kernels, or the cells "
-            "compiled from the op IR with the PQ-tree layout (pq) or one "
-            "buffer per variable (naive)",
-            "fused|naive|pq"),
+    STR_KEY("layout", "pq", layout,
+            "vertex functions, compiled from the op IR: laid out by the "
+            "PQ-tree (pq) or one buffer per variable (naive); fused, the "
+            "hand-written kernels pq replaced, is read as pq",
+            "pq|naive|fused"),
     STR_KEY("policy-cache", "", policy_cache,
             "directory of learned policies shared with `canopy run` and "
             "`canopy policy train`; empty: $CANOPY_POLICY_CACHE, else "

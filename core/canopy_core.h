@@ -226,20 +226,23 @@ typedef enum {
 const char *cn_policy_name(cn_policy_kind p);
 int cn_policy_parse(const char *name, cn_policy_kind *out);
 
-/* How a vertex function's memory is laid out (issue #5, ED-Batch §3).
- * fused: the hand-written fused kernels (backend.h); naive and pq: the cell
- * compiled from the family's op IR (core/cell/cell.h), pq with the PQ-tree
- * layout, naive with every variable in its own buffer (gathers and
- * scatters around each batched product). Types a family does not describe
- * in the IR run their hand-written kernels under every layout. */
+/* How a compiled vertex function's memory is laid out (issue #5, ED-Batch
+ * §3): every cell is compiled from its op IR (core/cell/cell.h); pq places
+ * its variables by the PQ-tree layout (the default), naive gives every
+ * variable its own buffer (gathers and scatters around each batched
+ * product: the baseline pq is measured against). Types a family does not
+ * describe in the IR yet (childsum-treelstm, latticelstm and mvrnn
+ * internal vertices, issue #34) run its exec() under both. */
 typedef enum {
-  CN_LAYOUT_FUSED = 0,
+  CN_LAYOUT_PQ = 0,
   CN_LAYOUT_NAIVE,
-  CN_LAYOUT_PQ,
   CN_LAYOUT__COUNT
 } cn_layout;
 
 const char *cn_layout_name(cn_layout l);
+/* "pq" or "naive"; also "fused", the name of the hand-written kernels the
+ * compiled cells replaced (issue #34), read as pq so that old configs and
+ * scripts keep working. */
 int cn_layout_parse(const char *name, cn_layout *out);
 
 /* The compiled cells of each vertex type (`canopy model info`): per
@@ -311,7 +314,7 @@ typedef struct cn_backend_counters {
  * model, the backend context and the instances: all must outlive it. */
 cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk);
 /* Chooses the layout the run's vertex functions execute with (default
- * CN_LAYOUT_FUSED); before cn_run_exec. */
+ * CN_LAYOUT_PQ); before cn_run_exec. */
 void cn_run_set_layout(cn_run *r, cn_layout layout);
 /* The beam width of CN_POLICY_PLAN's search before each run (default
  * CN_PLAN_WIDTH_DEFAULT; values below 1 count as 1): wider finds shorter

@@ -64,8 +64,7 @@ def main():
             text = f.read()
         with open(inp, "w") as f:
             f.write(text * a.times)
-        cases = [("built-in, hand-written (fused)", a.model, "fused"),
-                 ("built-in, compiled (pq)", a.model, "pq"),
+        cases = [("built-in, compiled (pq)", a.model, "pq"),
                  ("cells, compiled (pq)", cdir, "pq")]
         got = {c[0]: [] for c in cases}
         last = {}

@@ -2,8 +2,7 @@
 """cell_report.py - issue #5's ED-Batch Table-2-style report of the compiled
 vertex functions: per vertex type of every family with an IR cell, kernels
 and bytes copied per execution, latency at (batch 8, H 64) and (batch 64,
-H 256), naive against pq (and the hand-written fused kernels beside them),
-and compile time. Prints a markdown table (docs/cells.md).
+H 256), naive against pq, and compile time. Prints a markdown table (docs/cells.md).
 
 usage: scripts/cell_report.py [--canopy build/canopy] [--iters 300]
 Models are made with `canopy model init` in a temporary directory; the
@@ -27,6 +26,8 @@ FAMILIES = [  # family, data file
     ("childsum-treelstm", "trees-nary.jsonl"),
     ("bilstm-tagger", "sequences.jsonl"),
     ("latticegru", "dags.jsonl"),
+    ("latticelstm", "lattices.jsonl"),
+    ("lstm-nmt", "sequences.jsonl"),
 ]
 SHAPES = [(8, 64), (64, 256)]  # (batch, hidden)
 
@@ -58,10 +59,9 @@ def main():
     ap.add_argument("--canopy", default="build/canopy")
     ap.add_argument("--iters", type=int, default=300)
     a = ap.parse_args()
-    print("| family / vertex type | kernels naive → pq (fused) | copy kernels "
+    print("| family / vertex type | kernels naive → pq | copy kernels "
           "naive → pq | bytes copied in the cell naive → pq | µs b=8 H=64 "
-          "naive / pq / fused | µs b=64 H=256 naive / pq / fused | "
-          "compile ms (pq) |")
+          "naive / pq | µs b=64 H=256 naive / pq | compile ms (pq) |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for fam, data in FAMILIES:
@@ -73,20 +73,19 @@ def main():
                     types.append(t)
             for t in types:
                 s = res[0]
-                nv, pq, fu = s[(t, "naive")], s[(t, "pq")], s[(t, "fused")]
+                nv, pq = s[(t, "naive")], s[(t, "pq")]
                 lat = []
                 for r in res:
                     if (t, "pq") not in r:
                         lat.append("–")
                         continue
-                    lat.append("%.1f / %.1f / %.1f (%s)" % (
+                    lat.append("%.1f / %.1f (%s)" % (
                         r[(t, "naive")]["us"], r[(t, "pq")]["us"],
-                        r[(t, "fused")]["us"],
                         ratio(r[(t, "naive")]["us"], r[(t, "pq")]["us"])))
-                print("| %s / %s | %d → %d (%d) | %d → %d | %d → %d (%s) | "
+                print("| %s / %s | %d → %d | %d → %d | %d → %d (%s) | "
                       "%s | %s | %.2f |" % (
                           fam, t, nv["kernels"], pq["kernels"],
-                          fu["kernels"], nv["copy_kernels"],
+                          nv["copy_kernels"],
                           pq["copy_kernels"], nv["cell_bytes"],
                           pq["cell_bytes"],
                           ratio(nv["cell_bytes"], pq["cell_bytes"]),

@@ -53,7 +53,7 @@ json_t *tu_data_lines(const char *name, int max) {
   return a;
 }
 
-cn_layout tu_layout = CN_LAYOUT_FUSED;
+cn_layout tu_layout = CN_LAYOUT_PQ;
 cn_run_stats tu_stats;
 
 json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,

@@ -286,7 +286,7 @@ static const cn_policy_kind policies[] = {CN_POLICY_DEPTH, CN_POLICY_AGENDA,
 static double compare_all(const cn_model *m, const json_t *in,
                           const char *name, bool dynamic) {
   const unsigned flag_sets[] = {0, CN_OUT_HIDDEN, CN_OUT_ALL | CN_OUT_HIDDEN};
-  const cn_layout layouts[] = {CN_LAYOUT_FUSED, CN_LAYOUT_PQ};
+  const cn_layout layouts[] = {CN_LAYOUT_PQ, CN_LAYOUT_NAIVE};
   size_t saved = 0, total = 0;
   for (size_t p = 0; p < CN_ARRAY_SIZE(policies); p++)
     for (size_t f = 0; f < 3; f++)
@@ -357,14 +357,14 @@ Test(arena, budget_fits_and_answers_alike, .timeout = 300) {
     cn_model *m = tu_model(c->family, H, H, c->data, dir, sizeof(dir));
     json_t *in = tu_data_lines(c->data, 64);
     budget = 0;
-    outcome want = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED,
+    outcome want = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_PQ,
                            true, false, 0, c->family);
     const double shares[] = {0.6, 0.35};
     for (size_t q = 0; q < 2; q++) {
       budget = (long long)(shares[q] * (double)want.st.arena_bytes);
       snprintf(what, sizeof(what), "%s budget %lld (%.0f%%)", c->family,
                budget, shares[q] * 100);
-      outcome got = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED,
+      outcome got = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_PQ,
                             true, true, 0, what);
       if (got.rc == CN_E_OVER_BUDGET) {
         cr_log_info("%s: refused: %s", what, got.msg);
@@ -389,7 +389,7 @@ Test(arena, budget_fits_and_answers_alike, .timeout = 300) {
     json_t *one = json_array();
     json_array_append(one, json_array_get(in, 0));
     budget = 256;
-    outcome no = run_all(m, one, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED,
+    outcome no = run_all(m, one, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_PQ,
                          true, false, 0, "one instance over budget");
     cr_expect_eq(no.rc, CN_E_OVER_BUDGET, "%s", c->family);
     cr_expect(strstr(no.msg, "memory budget is 256 bytes") != NULL, "%s: %s",
@@ -467,12 +467,12 @@ Test(arena, poisoning_catches_a_read_after_free) {
   cn_family fake = *m->fam;
   fake.reads = reads_nothing;
   fake_fam = &fake;
-  outcome quiet = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_FUSED, true,
+  outcome quiet = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_PQ, true,
                           false, 0, "reads nothing");
-  outcome loud = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_FUSED, true,
+  outcome loud = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_PQ, true,
                          true, 0, "reads nothing, poisoned");
   fake_fam = NULL;
-  outcome want = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_FUSED, false,
+  outcome want = run_all(m, in, CN_POLICY_AGENDA, 0, CN_LAYOUT_PQ, false,
                          false, 0, "reference");
   cr_expect(quiet.finite, "unpoisoned, the freed rows still look fine");
   cr_expect(want.finite);
@@ -492,14 +492,14 @@ Test(arena, trees_need_less_than_all_states) {
   cn_model *m = tu_model("treelstm", 16, 16, "trees-binary.jsonl", dir,
                          sizeof(dir));
   json_t *in = tu_data_lines("trees-binary.jsonl", 200);
-  outcome o = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED, true,
+  outcome o = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_PQ, true,
                       false, 0, "treelstm x200");
   cr_expect_lt(o.st.state_bytes, o.st.state_bytes_total * 3 / 4,
                "%zu of %zu state bytes", o.st.state_bytes,
                o.st.state_bytes_total);
   /* with batches a few rows at a time the scratch shrinks to a slice's,
    * and the answers stay byte for byte */
-  outcome s = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_FUSED, true,
+  outcome s = run_all(m, in, CN_POLICY_SUFFICIENT, 0, CN_LAYOUT_PQ, true,
                       false, 256, "treelstm x200, sliced");
   cr_expect_lt(s.st.arena_bytes - s.st.state_bytes,
                o.st.arena_bytes - o.st.state_bytes,

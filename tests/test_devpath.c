@@ -195,11 +195,11 @@ ParameterizedTest(tu_family *c, devpath, overlap, .timeout = 300) {
     started t[4];
     one_run got[4];
     t[0] = start_run(sim, m, in, runs[0][0], runs[0][1], flags,
-                     CN_LAYOUT_FUSED, true);
+                     CN_LAYOUT_PQ, true);
     for (int k = 0; k < 4; k++) {
       if (k + 1 < 4)
         t[k + 1] = start_run(sim, m, in, runs[k + 1][0], runs[k + 1][1],
-                             flags, CN_LAYOUT_FUSED, true);
+                             flags, CN_LAYOUT_PQ, true);
       if (!dyn)
         cr_expect_null(cn_run_output(t[k].r, t[k].slot[0]),
                        "%s: an answer before the run's wait", c->family);
@@ -207,7 +207,7 @@ ParameterizedTest(tu_family *c, devpath, overlap, .timeout = 300) {
     }
     for (int k = 0; k < 4; k++) {
       one_run want = run_once(cpu, m, in, runs[k][0], runs[k][1], flags,
-                              CN_LAYOUT_FUSED);
+                              CN_LAYOUT_PQ);
       long long floats = 0;
       for (size_t i = 0; i < runs[k][1] - runs[k][0]; i++) {
         const char *a = json_string_value(json_array_get(want.outs, i));
@@ -307,10 +307,10 @@ Test(devpath, report_treelstm, .timeout = 600) {
        json_array_size(in) < 1024; i = (i + 1) % have) /* the data again */
     json_array_append(in, json_array_get(in, i));
   size_t n = json_array_size(in);
-  one_run w = run_once(sim, m, in, 0, n, 0, CN_LAYOUT_FUSED); /* warm */
+  one_run w = run_once(sim, m, in, 0, n, 0, CN_LAYOUT_PQ); /* warm */
   json_decref(w.outs);
   long long up0 = devsim_uploads(sim);
-  one_run o = run_once(sim, m, in, 0, n, 0, CN_LAYOUT_FUSED);
+  one_run o = run_once(sim, m, in, 0, n, 0, CN_LAYOUT_PQ);
   long long uploads = devsim_uploads(sim) - up0;
   /* the states the old copy-back brought: every vertex's row */
   long long nodes = 0;

@@ -2,10 +2,9 @@
  * "bilstm-tagger", with the optional CRF layer of its §2.4 (crf.c).
  *
  * Per token t: fwd_t reads fwd_(t-1), bwd_t reads bwd_(t+1), output_t reads
- * both. State of fwd/bwd vertices: [h | c], 2H floats. Per batch of n:
- *   fwd/bwd: G[n,4H] = X·W_ihᵀ + b_ih + Hp·W_hhᵀ; nn.LSTMCell update with
- *            b_hh added in the fused pass.
- *   output:  logits[n,C] = [hf; hb]·out.Wᵀ + out.b.
+ * both. State of fwd/bwd vertices: [h | c], 2H floats: nn.LSTMCell; the
+ * output's logits[n,C] = [hf; hb]·out.Wᵀ + out.b. Every type is described
+ * in the op IR below and runs compiled (core/cell/cell.h).
  * Batches of fwd vertices advance many sentences one step together, each
  * at its own position. With model.json "crf": true the tags are the
  * Viterbi path over the logits, decoded for the whole run at once in
@@ -85,58 +84,6 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : 2 * m->dims.H;
 }
 
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  if (type == T_OUTPUT) return n * 2 * H;
-  return n * (D + H + 4 * H);
-}
-
-/* One LSTM step for a batch of sequence positions, shared by the lstm-nmt
- * family: X rows are embeddings, the previous state is input 0 (if any). */
-void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
-                        const float *E, const float *Wih, const float *Whh,
-                        const float *bih, const float *bhh) {
-  cn_backend_ctx *bk = r->bk;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
-  float *X = cn__run_scratch(r);
-  float *Hp = X + (int64_t)n * D;
-  float *G = Hp + (int64_t)n * H;
-  cn_gemm_part x = {E, cn__aux_off(r, verts, n, D), 0, D, Wih, D};
-  int64_t *prev = cn__inputs_off(r, verts, n, 0);
-  int ld;
-  cn__run_gemm_rows(r, n, 4 * H, 1, &x, bih, 0.0f, G, 4 * H, X, NULL);
-  bool any = false;
-  for (int i = 0; i < n && !any; i++) any = prev[i] >= 0;
-  if (any) {
-    const float *hp = cn__run_rows(r, Hp, H, r->arena, prev, n, H, &ld);
-    CN_BK(bk, gemm, n, 4 * H, H, hp, ld, Whh, H, NULL, 1.0f, G, 4 * H);
-  }
-  CN_BK(bk, lstm_cell, n, H, G, bhh, r->arena, prev,
-        r->arena + r->state_off[verts[0]], 2 * H);
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  const float *const *w = r->wb;
-  if (type == T_FWD) {
-    cn__exec_lstm_step(r, verts, n, w[EMBED], w[F_WIH], w[F_WHH], w[F_BIH],
-                       w[F_BHH]);
-  } else if (type == T_BWD) {
-    cn__exec_lstm_step(r, verts, n, w[EMBED], w[B_WIH], w[B_WHH], w[B_BIH],
-                       w[B_BHH]);
-  } else {
-    int H = (int)r->m->dims.H, C = (int)r->m->dims.C;
-    float *X = cn__run_scratch(r);
-    int64_t *hf = cn__inputs_off(r, verts, n, 0);
-    int64_t *hb = cn__inputs_off(r, verts, n, 1);
-    CN_BK(r->bk, gather, X, 2 * H, r->arena, hf, n, H);
-    CN_BK(r->bk, gather, X + H, 2 * H, r->arena, hb, n, H);
-    r->gather_bytes += (size_t)n * 2 * (size_t)H * sizeof(float);
-    CN_BK(r->bk, gemm, n, C, 2 * H, X, 2 * H, w[OUT_W], 2 * H, w[OUT_B], 0.0f,
-          r->arena + r->state_off[verts[0]], C);
-  }
-}
-
 static void hidden(const cn_run *r, int slot, int t, float *buf) {
   const cn_run_slot *s = &r->slots[slot];
   int H = (int)r->m->dims.H;
@@ -192,8 +139,6 @@ const cn_family cn__fam_bilstm = {
     .build = build,
     .count = count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .finish = finish,
     .output = output,
     .reads = reads,

@@ -91,12 +91,12 @@ static int64_t state_floats(const cn_model *m, int type) {
  * needs (cn__model_cell gives every layout a cell for a cells model). */
 static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
                               int64_t n_inputs) {
-  const cn_cell *c = m->cell[CN_LAYOUT_PQ - 1][type];
+  const cn_cell *c = m->cell[CN_LAYOUT_PQ][type];
   return c != NULL ? cn__cell_scratch_floats(c, n) : 0;
 }
 
 static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  const cn_cell *c = r->m->cell[CN_LAYOUT_PQ - 1][type];
+  const cn_cell *c = r->m->cell[CN_LAYOUT_PQ][type];
   if (c != NULL) cn__cell_exec(r, c, verts, n);
 }
 

@@ -32,35 +32,20 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : 2 * m->dims.H;
 }
 
+/* exec() runs the internal vertices only: the leaf and output ones are
+ * cells (below). */
 static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
                               int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  if (type == T_LEAF) return n * (D + 4 * H);
-  if (type == T_OUTPUT) return n * H;
+  int64_t H = m->dims.H;
   return n * (H + 4 * H) + n_inputs * 2 * H;
 }
 
 static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   cn_backend_ctx *bk = r->bk;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
+  int H = (int)r->m->dims.H;
   float *out = r->arena + r->state_off[verts[0]];
   float *X = cn__run_scratch(r);
   const float *bf = r->wb[CELL_B] + H;
-  if (type == T_OUTPUT) {
-    cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
-    return;
-  }
-  if (type == T_LEAF) {
-    float *G = X + (int64_t)n * D;
-    cn_gemm_part x = {r->wb[EMBED], cn__aux_off(r, verts, n, D), 0, D,
-                      r->wb[CELL_W], D};
-    int64_t *seg = cn__run_idx(r, n + 1);
-    for (int i = 0; i <= n; i++) seg[i] = 0;
-    cn__run_gemm_rows(r, n, 4 * H, 1, &x, r->wb[CELL_B], 0.0f, G, 4 * H, X,
-                      NULL);
-    CN_BK(bk, childsum, n, H, G, NULL, seg, bf, r->arena, NULL, out, 2 * H);
-    return;
-  }
   /* Child edges of the batch, in vertex order: segment i is vertex i's. */
   int64_t *seg = cn__run_idx(r, n + 1);
   int64_t E = 0;

@@ -43,10 +43,6 @@ void cn__tree_reads(cn_run *r, int slot, int h_floats);
 void cn__tree_reads_h(cn_run *r, int slot);
 /* The logits rows cn__tagger_output reads (hidden rows: the family's). */
 void cn__tagger_reads(cn_run *r, int slot);
-/* Standard output vertex: logits = out.W h + out.b, h = first H floats of
- * the input's state. */
-void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
-                     const float *W, const float *b);
 /* Taggers' per-token object: "logits" and "tags" per position (output
  * vertices out_v0 .. + n_out), "tag_names" when the model has labels, and
  * "h" per position from hidden(r, slot, i, buf) when CN_OUT_HIDDEN. The
@@ -58,11 +54,6 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
                                          float *buf));
 /* The classifier's object: logits, label, label_name of one output row. */
 json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
-/* One LSTM step (nn.LSTMCell) for a batch: x = E[vaux], previous state
- * = input 0 of each vertex (zero when it has none); writes [h | c]. */
-void cn__exec_lstm_step(cn_run *r, const int32_t *verts, int n,
-                        const float *E, const float *Wih, const float *Whh,
-                        const float *bih, const float *bhh);
 /* ---- linear-chain CRF decoding (crf.c) ---- */
 /* Viterbi over n instances at once (docs/models.md bilstm-tagger "crf"):
  * instance i has len[i] ≥ 0 tokens whose emissions (C floats each) are

@@ -2,9 +2,9 @@
  * predecessors), docs/models.md "latticegru".
  *
  * Vertices: node_j per DAG node (inputs: its predecessors) and one output
- * for the sink. State of a node: h, H floats. Per batch of n nodes:
- *   Hp[n,H] = mean of the predecessors' h (zero without any);
- *   GI = X·W_ihᵀ + b_ih, GH = Hp·W_hhᵀ + b_hh; nn.GRUCell update.
+ * for the sink. State of a node: h, H floats: nn.GRUCell over the word's
+ * embedding and the mean of the predecessors' h (zero without any),
+ * described in the op IR below and run compiled (core/cell/cell.h).
  */
 #include "cell/cell.h"
 #include "families/families.h"
@@ -67,47 +67,6 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : m->dims.H;
 }
 
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  return type == T_OUTPUT ? n * H : n * (D + H + 6 * H);
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  cn_backend_ctx *bk = r->bk;
-  const float *const *w = r->wb;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
-  if (type == T_OUTPUT) {
-    cn__exec_output(r, verts, n, H, w[OUT_W], w[OUT_B]);
-    return;
-  }
-  float *X = cn__run_scratch(r);
-  float *Hp = X + (int64_t)n * D;
-  float *GI = Hp + (int64_t)n * H;
-  float *GH = GI + (int64_t)n * 3 * H;
-  int64_t *seg = cn__run_idx(r, n + 1);
-  int64_t E = 0;
-  seg[0] = 0;
-  for (int i = 0; i < n; i++) {
-    int k;
-    cn__run_inputs(r, verts[i], &k);
-    seg[i + 1] = E += k;
-  }
-  int64_t *poff = cn__run_idx(r, E);
-  for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    for (int q = 0; q < k; q++) poff[seg[i] + q] = r->state_off[in[q]];
-  }
-  int64_t *e = cn__aux_off(r, verts, n, D);
-  CN_BK(bk, gather, X, D, w[EMBED], e, n, D);
-  CN_BK(bk, gather_sum, Hp, H, r->arena, poff, seg, n, H, 1);
-  r->gather_bytes += (size_t)E * (size_t)H * sizeof(float);
-  CN_BK(bk, gemm, n, 3 * H, D, X, D, w[WIH], D, w[BIH], 0.0f, GI, 3 * H);
-  CN_BK(bk, gemm, n, 3 * H, H, Hp, H, w[WHH], H, w[BHH], 0.0f, GH, 3 * H);
-  CN_BK(bk, gru_cell, n, H, GI, GH, Hp, r->arena + r->state_off[verts[0]], H);
-}
-
 static json_t *output(const cn_run *r, int slot) {
   const cn_run_slot *s = &r->slots[slot];
   json_t *o = cn__logits_object(r, json_object(),
@@ -157,8 +116,6 @@ const cn_family cn__fam_latticegru = {
     .build = build,
     .count = count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = output,
     .reads = reads,
     .answer_bound = answer_bound,

@@ -5,12 +5,11 @@
  * link_(b,e) for every span, output_j per character. word_(b,e) reads
  * char_b; link_(b,e) reads word_(b,e) (and x_(e-1)); char_j reads char_(j-1)
  * and the words and links of every span ending at j + 1. States: char
- * [h | c] 2H; word cw H; link l H; output C. Per batch of n (each product
- * over a concatenation reads its parts where they lie, cn__run_gemm_rows):
- *   char:   G = [x_j; h_(j-1)]·char.Wᵀ + char.b; fused merge.
- *   word:   G = [xw; h_b]·word.Wᵀ + word.b; cw = σ(f)c_b + σ(i)tanh(u).
- *   link:   l = σ([x_(e-1); cw]·link.Wᵀ + link.b), straight into the rows.
- *   output: logits = h_j·out.Wᵀ + out.b.
+ * [h | c] 2H; word cw H; link l H; output C. The word, link and output
+ * types are cells (the op IR below, run compiled). The char type is still
+ * exec() (issue #34: a variable number of words merged per character):
+ * G = [x_j; h_(j-1)]·char.Wᵀ + char.b, the product reading its parts
+ * where they lie (cn__run_gemm_rows), then the lattice_char kernel.
  * ED-Batch §6 (Fig. 7): how word cells are batched against char cells is
  * where the policies differ most on this family.
  */
@@ -108,12 +107,7 @@ static int64_t state_floats(const cn_model *m, int type) {
 static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
                               int64_t n_inputs) {
   int64_t H = m->dims.H, D = m->dims.D;
-  switch (type) {
-    case T_CHAR: return n * (D + H + 4 * H);
-    case T_WORD: return n * (Dw_of(m) + H + 3 * H);
-    case T_LINK: return n * (D + H);
-    default: return n * H;
-  }
+  return n * (D + H + 4 * H); /* exec() runs the char vertices only */
 }
 
 /* G[n, N] = [x; h]·Wᵀ + b: x the table row vaux·width, h input 0's first
@@ -138,20 +132,10 @@ static int64_t *xh_product(cn_run *r, const int32_t *verts, int n,
 static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   cn_backend_ctx *bk = r->bk;
   const float *const *w = r->wb;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D, Dw = (int)Dw_of(r->m);
+  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
   float *out = r->arena + r->state_off[verts[0]];
   float *X = cn__run_scratch(r);
-  if (type == T_OUTPUT) {
-    cn__exec_output(r, verts, n, H, w[OUT_W], w[OUT_B]);
-  } else if (type == T_WORD) {
-    float *G = X + (int64_t)n * (Dw + H);
-    int64_t *cb = xh_product(r, verts, n, w[WEMBED], Dw, w[WORD_W],
-                             w[WORD_B], 3 * H, G, X);
-    CN_BK(bk, lattice_word, n, H, G, r->arena, cb, out, H);
-  } else if (type == T_LINK) {
-    xh_product(r, verts, n, w[EMBED], D, w[LINK_W], w[LINK_B], H, out, X);
-    CN_BK(bk, sigmoid_rows, n, H, out, H);
-  } else {
+  { /* T_CHAR: the word, link and output types are cells (below) */
     float *G = X + (int64_t)n * (D + H);
     int64_t *cprev = xh_product(r, verts, n, w[EMBED], D, w[CHAR_W],
                                 w[CHAR_B], 4 * H, G, X);

@@ -44,9 +44,7 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   int H = (int)r->m->dims.H;
   int S = H + H * H;
   float *out = r->arena + r->state_off[verts[0]];
-  if (type == T_OUTPUT) {
-    cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
-  } else if (type == T_LEAF) {
+  if (type == T_LEAF) { /* the output type is a cell (below) */
     int64_t K = r->m->dims.K;
     int64_t *e = cn__aux_off(r, verts, n, H);
     int64_t *mo = cn__run_idx(r, n);

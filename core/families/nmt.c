@@ -85,11 +85,10 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_PROJ ? 0 : 2 * m->dims.H;
 }
 
+/* Only proj batches run exec(): the encoder and decoder steps are cells. */
 static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
                               int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  if (type == T_PROJ) return n * (H + m->dims.Vt);
-  return n * (D + H + 4 * H);
+  return n * (m->dims.H + m->dims.Vt);
 }
 
 /* logits = h·proj.Wᵀ + proj.b, y = argmax; then each instance's next step,
@@ -130,15 +129,7 @@ static void exec_proj(cn_run *r, const int32_t *verts, int n) {
 }
 
 static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  const float *const *w = r->wb;
-  if (type == T_ENC)
-    cn__exec_lstm_step(r, verts, n, w[SRC_E], w[E_WIH], w[E_WHH], w[E_BIH],
-                       w[E_BHH]);
-  else if (type == T_DEC)
-    cn__exec_lstm_step(r, verts, n, w[TGT_E], w[D_WIH], w[D_WHH], w[D_BIH],
-                       w[D_BHH]);
-  else
-    exec_proj(r, verts, n);
+  exec_proj(r, verts, n); /* the only type without a cell */
 }
 
 static json_t *output(const cn_run *r, int slot) {
@@ -191,7 +182,8 @@ static int64_t answer_bound(const cn_model *m, const cn_instance *in,
 }
 
 /* The encoder and decoder cells as op IR (core/cell/cell.h): nn.LSTMCell. The
- * proj type decides what runs next (argmax, new vertices): hand-written. */
+ * proj type decides what runs next (argmax, new vertices): exec(), from
+ * general backend operations (gemm, argmax_rows). */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_ENC)
     return cn__ir_lstm_cell(m, g, SRC_E, E_WIH, E_WHH, E_BIH, E_BHH);

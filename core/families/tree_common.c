@@ -65,18 +65,6 @@ int64_t cn__tree_count(const cn_instance *in, unsigned flags, int max_decode) {
   return (int64_t)in->n + ((flags & CN_OUT_ALL) ? in->n : 1);
 }
 
-void cn__exec_output(cn_run *r, const int32_t *verts, int n, int H,
-                     const float *W, const float *b) {
-  int C = (int)r->m->dims.C;
-  int64_t *hoff = cn__inputs_off(r, verts, n, 0);
-  int ld;
-  /* h rows [n, H]; read in place when evenly spaced. */
-  const float *X = cn__run_rows(r, cn__run_scratch(r), H, r->arena, hoff, n,
-                                H, &ld);
-  float *out = r->arena + r->state_off[verts[0]];
-  CN_BK(r->bk, gemm, n, C, H, X, ld, W, H, b, 0.0f, out, C);
-}
-
 json_t *cn__json_float(double x) {
   /* json_real refuses NaN and infinity (NULL): null marks the value for
    * cn_output_check, and a field never goes missing without a word */

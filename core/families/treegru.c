@@ -1,11 +1,7 @@
 /* treegru.c - binary Tree-GRU, docs/models.md "treegru".
  *
- * State of every node vertex: h, H floats. Per batch of n vertices:
- *   leaf:     h = tanh(X·leaf.Wᵀ + leaf.b) written straight into the rows.
- *   internal: X[n,2H] = [h1; h2]; G[n,3H] = X·Ugᵀ + bg;
- *             X := [σ(r1)⊙h1; σ(r2)⊙h2]; N[n,H] = X·Unᵀ + bn;
- *             h = σ(z)⊙(h1 + h2)/2 + (1 - σ(z))⊙tanh(N).
- *   output:   logits = h·out.Wᵀ + out.b.
+ * State of every node vertex: h, H floats. Every vertex type is
+ * described in the op IR below and runs compiled (core/cell/cell.h).
  */
 #include "cell/cell.h"
 #include "families/families.h"
@@ -32,44 +28,6 @@ static int spec(const cn_dims *d, cn_tensor_spec *t) {
 static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : m->dims.H;
 }
-
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  if (type == T_LEAF) return n * D;
-  if (type == T_OUTPUT) return n * H;
-  return n * (2 * H + 3 * H + H);
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  cn_backend_ctx *bk = r->bk;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
-  float *out = r->arena + r->state_off[verts[0]];
-  float *X = cn__run_scratch(r);
-  if (type == T_OUTPUT) {
-    cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
-  } else if (type == T_LEAF) {
-    cn_gemm_part x = {r->wb[EMBED], cn__aux_off(r, verts, n, D), 0, D,
-                      r->wb[LEAF_W], D};
-    cn__run_gemm_rows(r, n, H, 1, &x, r->wb[LEAF_B], 0.0f, out, H, X, NULL);
-    CN_BK(bk, tanh_rows, n, H, out, H);
-  } else {
-    float *G = X + (int64_t)n * 2 * H;
-    float *N = G + (int64_t)n * 3 * H;
-    int64_t *o1 = cn__inputs_off(r, verts, n, 0);
-    int64_t *o2 = cn__inputs_off(r, verts, n, 1);
-    CN_BK(bk, gather, X, 2 * H, r->arena, o1, n, H);
-    CN_BK(bk, gather, X + H, 2 * H, r->arena, o2, n, H);
-    r->gather_bytes += (size_t)n * 2 * (size_t)H * sizeof(float);
-    CN_BK(bk, gemm, n, 3 * H, 2 * H, X, 2 * H, r->wb[INT_UG], 2 * H,
-          r->wb[INT_BG], 0.0f, G, 3 * H);
-    CN_BK(bk, treegru_gates, n, H, G, X);
-    CN_BK(bk, gemm, n, H, 2 * H, X, 2 * H, r->wb[INT_UN], 2 * H,
-          r->wb[INT_BN], 0.0f, N, H);
-    CN_BK(bk, treegru_out, n, H, G, N, r->arena, o1, o2, out, H);
-  }
-}
-
 
 /* The cells as op IR (core/cell/cell.h), docs/models.md "treegru":
  *   leaf: h = tanh(leaf.W x + leaf.b).
@@ -118,8 +76,6 @@ const cn_family cn__fam_treegru = {
     .build = cn__tree_build3,
     .count = cn__tree_count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = cn__tree_output_h,
     .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,

@@ -2,13 +2,11 @@
  * N = 2) and its two-internal-type variant, docs/models.md "treelstm" and
  * "treelstm-2type".
  *
- * State of every node vertex: [h | c], 2H floats. Per batch of n vertices:
- *   leaf:     G[n,3H] = x·leaf.Wᵀ + leaf.b, x the embedding rows read in
- *             place; fused cell.
- *   internal: G[n,5H] = [h1; h2]·Uᵀ + b, the children's h read where
- *             they live (cn__run_gemm_rows); fused cell reading c1, c2
- *             where they live.
- *   output:   logits[n,C] = h·out.Wᵀ + out.b.
+ * State of every node vertex: [h | c], 2H floats. Every vertex type is
+ * described in the op IR below and runs compiled (core/cell/cell.h): the
+ * leaf one product and one fused elementwise kernel, the internal one
+ * product over the children's h read where they live and one kernel
+ * reading c1, c2 where they live, the output one product.
  */
 #include "cell/cell.h"
 #include "families/families.h"
@@ -57,47 +55,6 @@ static int build(cn_run *r, int slot) {
 static int64_t state_floats(const cn_model *m, int type) {
   return type == m->fam->n_types - 1 ? m->dims.C : 2 * m->dims.H;
 }
-
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  if (type == 0) return n * (D + 3 * H);
-  if (type == m->fam->n_types - 1) return n * H;
-  return n * (2 * H + 5 * H);
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  cn_backend_ctx *bk = r->bk;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
-  float *out = r->arena + r->state_off[verts[0]];
-  if (type == r->fam->n_types - 1) {
-    cn__exec_output(r, verts, n, H, r->wb[OUT_W], r->wb[OUT_B]);
-    return;
-  }
-  float *X = cn__run_scratch(r);
-  if (type == 0) {
-    float *G = X + (int64_t)n * D;
-    cn_gemm_part x = {r->wb[EMBED], cn__aux_off(r, verts, n, D), 0, D,
-                      r->wb[LEAF_W], D};
-    cn__run_gemm_rows(r, n, 3 * H, 1, &x, r->wb[LEAF_B], 0.0f, G, 3 * H, X,
-                      NULL);
-    CN_BK(bk, treelstm_leaf, n, H, G, out, 2 * H);
-    return;
-  }
-  const float *U = r->wb[INT_U], *b = r->wb[INT_B];
-  if (type == 2) U = r->wb[INT_B_U], b = r->wb[INT_B_B];
-  float *G = X + (int64_t)n * 2 * H;
-  int64_t *o1 = cn__inputs_off(r, verts, n, 0);
-  int64_t *o2 = cn__inputs_off(r, verts, n, 1);
-  /* G = U·[h1; h2] + b as U[:, :H]·h1 + U[:, H:]·h2 + b, each child's h
-   * read where it lies (no [h1; h2] copy where the backend can). */
-  cn_gemm_part x[2] = {{r->arena, o1, 0, H, U, 2 * H},
-                       {r->arena, o2, 0, H, U + H, 2 * H}};
-  cn__run_gemm_rows(r, n, 5 * H, 2, x, b, 0.0f, G, 5 * H, X,
-                    &r->gather_bytes);
-  CN_BK(bk, treelstm_internal, n, H, G, r->arena, o1, o2, out, 2 * H);
-}
-
 
 /* The cells as op IR (core/cell/cell.h), docs/models.md "treelstm":
  *   leaf: g = leaf.W x + leaf.b, (i, o, u); c = σ(i)⊙tanh(u);
@@ -150,8 +107,6 @@ const cn_family cn__fam_treelstm = {
     .build = build,
     .count = cn__tree_count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = cn__tree_output_h,
     .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,
@@ -169,8 +124,6 @@ const cn_family cn__fam_treelstm_2type = {
     .build = build,
     .count = cn__tree_count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = cn__tree_output_h,
     .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,

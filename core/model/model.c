@@ -287,7 +287,7 @@ void cn_model_free(cn_model *m) {
   cn_safetensors_close(&m->st);
   cn__cells_free(m->cells);
   free(m->own_fam);
-  for (int l = 0; l < 2; l++)
+  for (int l = 0; l < CN_LAYOUT__COUNT; l++)
     for (int t = 0; t < CN_MAX_TYPES; t++) cn__cell_free(m->cell[l][t]);
   free(m);
 }
@@ -302,15 +302,20 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
 /* Compiles every type the family describes in the IR, for both compiled
  * layouts, once (issue #5: compile at load, not per run). */
 static int compile_cells(cn_model *m, cn_err *err) {
-  if (m->fam->cell == NULL) return 0;
   cn_ir *g = malloc(sizeof(*g));
   if (g == NULL) return cn_err_set(err, CN_E_NOMEM, "out of memory");
   int rc = 0;
   for (int t = 0; t < m->fam->n_types && rc == 0; t++) {
     memset(g, 0, sizeof(*g));
-    if (m->fam->cell(m, t, g) != 0) continue;
-    for (int l = 0; l < 2 && rc == 0; l++)
-      rc = cn__cell_compile(m, t, g, CN_LAYOUT_NAIVE + l, &m->cell[l][t], err);
+    if (m->fam->cell(m, t, g) != 0) {
+      if (m->fam->exec == NULL) /* the family's bug, not the model's */
+        rc = cn_err_set(err, CN_E_INTERNAL, "%s: vertex type %s has neither "
+                        "a cell nor an exec()", m->fam->name,
+                        m->fam->type_names[t]);
+      continue;
+    }
+    for (int l = 0; l < CN_LAYOUT__COUNT && rc == 0; l++)
+      rc = cn__cell_compile(m, t, g, l, &m->cell[l][t], err);
   }
   free(g);
   /* A built-in's cell that does not compile is Canopy's bug; a described

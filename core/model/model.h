@@ -59,13 +59,15 @@ struct cn_family {
   /* Vertices build() will add for this instance (upper bound for families
    * whose graph is decided at run time; max_decode_len 0: default). */
   int64_t (*count)(const cn_instance *in, unsigned flags, int max_decode_len);
-  /* Floats of per-vertex state (the vertex's row in its type buffer), and
-   * of scratch one batch of n vertices with n_inputs input edges in all
-   * needs. */
+  /* Floats of per-vertex state (the vertex's row in its type buffer). */
   int64_t (*state_floats)(const cn_model *m, int type);
+  /* Only for the types cell() does not describe (issue #34: childsum,
+   * latticelstm and mvrnn internal vertices, lstm-nmt's projection step):
+   * exec() executes one batch, n vertices of one type, all inputs ready,
+   * in scratch_floats() floats for n vertices with n_inputs input edges
+   * in all. NULL both where cell() describes every type. */
   int64_t (*scratch_floats)(const cn_model *m, int type, int64_t n,
                             int64_t n_inputs);
-  /* Executes one batch: n vertices of one type, all inputs ready. */
   void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
   /* After every batch ran and the states are host-readable
    * (cn__run_state_host): one pass over the whole run on the host, e.g.
@@ -83,9 +85,8 @@ struct cn_family {
    * field by field, so the two change together. */
   int64_t (*answer_bound)(const cn_model *m, const cn_instance *in,
                           unsigned flags, int max_decode_len);
-  /* The vertex function of a type as op IR (core/cell/cell.h), for the naive
-   * and pq layouts; returns 0, or 1 when the type has only its
-   * hand-written exec(). NULL: no type is described. */
+  /* The vertex function of a type as op IR (core/cell/cell.h), compiled at
+   * load for every layout; returns 0, or 1 for a type exec() runs. */
   int (*cell)(const cn_model *m, int type, struct cn_ir *g);
 };
 
@@ -140,23 +141,20 @@ struct cn_model {
   cn_safetensors st;
   int n_tensors;
   const cn_tensor *w[CN_MAX_TENSORS]; /* in the family's spec order */
-  /* compiled vertex functions (core/cell/cell.h): [layout - 1][type], NULL
-   * where the family has no IR for the type */
-  struct cn_cell *cell[2][CN_MAX_TYPES];
+  /* compiled vertex functions (core/cell/cell.h): [layout][type], NULL
+   * where the family has no IR for the type (its exec() runs it) */
+  struct cn_cell *cell[CN_LAYOUT__COUNT][CN_MAX_TYPES];
   /* "family": "cells" (cells_json.c): the description, and the family
    * record made from it (fam points there); NULL for a built-in family */
   struct cn_cells *cells;
   cn_family *own_fam;
 };
 
-/* The model's compiled cell of a type for a layout; NULL for the fused
- * layout or a type with hand-written kernels only. */
+/* The model's compiled cell of a type for a layout; NULL for a type the
+ * family's exec() runs (no IR for it yet). */
 static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
                                             int type) {
-  /* a cells model has no hand-written kernels: fused runs the pq cell */
-  if (l == CN_LAYOUT_FUSED)
-    return m->cells != NULL ? m->cell[CN_LAYOUT_PQ - 1][type] : NULL;
-  return m->cell[l - 1][type];
+  return m->cell[l][type];
 }
 /* model.c: cn__cell_compile_weights with model m's tensors and names. */
 int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,

@@ -257,9 +257,9 @@ json_t *cn_model_describe_cells(const cn_model *m) {
   json_t *o = json_object();
   for (int t = 0; t < m->fam->n_types; t++) {
     json_t *ty = json_object();
-    for (int l = 0; l < 2; l++)
+    for (int l = 0; l < CN_LAYOUT__COUNT; l++)
       if (m->cell[l][t] != NULL)
-        json_object_set_new(ty, cn_layout_name(CN_LAYOUT_NAIVE + l),
+        json_object_set_new(ty, cn_layout_name((cn_layout)l),
                             cell_json(m->cell[l][t]));
     if (json_object_size(ty) == 0)
       json_object_set_new(ty, "hand_written_only", json_true());

@@ -1,5 +1,6 @@
 /* run_batch.c - one batch of a run: the model's compiled cell for the
- * type (cell_exec.c) or the family's exec(), the scratch and index room it
+ * type (cell_exec.c), or the family's exec() for a type it does not
+ * describe in the IR (model load checks one of the two exists), the scratch and index room it
  * needs, the weights bound for it; and re-running a batch to measure it
  * (cn_run_bench_type). Called by the planned run (run.c), the growing one
  * (run_dynamic.c) and decode sessions (run_decode.c).
@@ -19,7 +20,9 @@ void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n) {
 
 void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
                          int64_t *scratch, int64_t *idx) {
-  *scratch = r->fam->scratch_floats(r->m, type, n, edges);
+  *scratch = r->fam->scratch_floats != NULL
+                 ? r->fam->scratch_floats(r->m, type, n, edges)
+                 : 0;
   *idx = 4 * n + 2 * edges + 1;
   const cn_cell *c = cn__model_cell(r->m, r->layout, type);
   if (c == NULL) return;
@@ -94,7 +97,7 @@ int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
   r->idx_host = idx;
   r->idx_cap = ix;
   const cn_cell *c = cn__model_cell(r->m, layout, type);
-  out->compiled = layout == CN_LAYOUT_FUSED || c != NULL;
+  out->compiled = c != NULL;
   out->n = n;
   if (c != NULL) {
     out->compile_ms = c->compile_ms;

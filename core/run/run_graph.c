@@ -256,8 +256,7 @@ void cn_run_set_memory_budget(cn_run *r, long long bytes) {
   r->mem_budget = bytes > 0 ? bytes : 0;
 }
 
-static const char *const layout_names[CN_LAYOUT__COUNT] = {"fused", "naive",
-                                                           "pq"};
+static const char *const layout_names[CN_LAYOUT__COUNT] = {"pq", "naive"};
 
 const char *cn_layout_name(cn_layout l) {
   return (int)l >= 0 && l < CN_LAYOUT__COUNT ? layout_names[l] : "?";
@@ -269,5 +268,9 @@ int cn_layout_parse(const char *name, cn_layout *out) {
       *out = (cn_layout)i;
       return 0;
     }
+  if (strcmp(name, "fused") == 0) { /* the old name: see canopy_core.h */
+    *out = CN_LAYOUT_PQ;
+    return 0;
+  }
   return CN_E_BAD_CONFIG;
 }

@@ -49,7 +49,7 @@ static void run_once(const cn_model *m) {
   cn_err e;
   cn_err_clear(&e);
   if (cn_instance_parse(m, j, NULL, 0, &in, &e) == 0) {
-    for (int l = CN_LAYOUT_FUSED; l <= CN_LAYOUT_PQ; l++) {
+    for (int l = 0; l < CN_LAYOUT__COUNT; l++) {
       cn_run *r = cn_run_new(m, bk);
       CHECK(r != NULL);
       cn_run_set_layout(r, (cn_layout)l);

@@ -264,7 +264,7 @@ def compare_nmt(c, ref, got, cap):
                       % (_short(toks[:n]), _short(ref["output_tokens"][:n])))
 
 
-def run_canopy(args, input_path, policy, batch, layout="fused"):
+def run_canopy(args, input_path, policy, batch, layout="pq"):
     cmd = [args.canopy, "run", "--model", args.model, "--input", input_path,
            "--outputs", args.outputs]
     if args.return_hidden:
@@ -272,7 +272,7 @@ def run_canopy(args, input_path, policy, batch, layout="fused"):
     if args.max_decode_len is not None:
         cmd += ["--max-decode-len", str(args.max_decode_len)]
     cmd += ["--policy", policy, "--batch", str(batch)]
-    if layout != "fused":
+    if layout != "pq":
         cmd += ["--layout", layout]
     cmd += args.canopy_arg
     try:
@@ -302,8 +302,8 @@ def main(argv=None):
     ap.add_argument("--return-hidden", action="store_true")
     ap.add_argument("--max-decode-len", type=int, default=None)
     ap.add_argument("--policies", default="none,depth,agenda")
-    ap.add_argument("--layouts", default="fused",
-                    help="comma list of canopy run --layout values (fused, naive, pq)")
+    ap.add_argument("--layouts", default="pq",
+                    help="comma list of canopy run --layout values (pq, naive)")
     ap.add_argument("--batch", default="1,7,64")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--tie-tol", type=float, default=1e-5,
@@ -384,7 +384,7 @@ def main(argv=None):
                     bl = "%s/%s" % (b, lb)
             ok = rc == 0 and mism == 0
             failed = failed or not ok
-            rows.append((policy if layout == "fused" else policy + "/" + layout, batch, len(refs), maxdiff, mism, ties, bl, "ok" if ok else "FAIL"))
+            rows.append((policy if layout == "pq" else policy + "/" + layout, batch, len(refs), maxdiff, mism, ties, bl, "ok" if ok else "FAIL"))
             if notes:
                 sys.stderr.write("[%s batch=%d] %s\n" % (policy, batch, " ".join(cmd)))
                 for n in notes:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # canopy against the independent numpy reference (tests/reference), every
-# tree family, every policy and every layout (fused, naive, pq: issue #5),
+# tree family, every policy and every layout (pq, naive: issue #5),
 # on the real parse trees of shared/data.
 # Two kinds of model per family: one written by `canopy model init`, one
 # written by the reference's own safetensors writer (with labels, lowercase
@@ -27,7 +27,7 @@ for fam in treelstm treelstm-2type treegru childsum-treelstm mvrnn; do
       --vocab-from "$input" "${extra[@]}" >/dev/null
   for m in c r; do
     echo "== $fam ($m model) on $(basename "$input")"
-    "$py" "$here/compare.py" --canopy "$canopy" --layouts fused,naive,pq --model "$work/$m-$fam" \
+    "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-$fam" \
         --input "$input" --outputs all --return-hidden \
         --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
   done
@@ -58,7 +58,7 @@ for spec in bilstm-tagger:sequences.jsonl latticelstm:lattices.jsonl \
       --vocab-from "$src" "${extra[@]}" >/dev/null
   for m in c r; do
     echo "== $fam ($m model) on $(basename "$input")"
-    "$py" "$here/compare.py" --canopy "$canopy" --layouts fused,naive,pq --model "$work/$m-$fam" \
+    "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-$fam" \
         --input "$input" --return-hidden --policies none,depth,agenda \
         --batch 1,64 --tol 1e-4 || fail=1
   done
@@ -72,7 +72,7 @@ done
     --vocab-from "$data/sequences.jsonl" >/dev/null
 for m in c r; do
   echo "== bilstm-tagger crf ($m model) on sequences.jsonl"
-  "$py" "$here/compare.py" --canopy "$canopy" --layouts fused,naive,pq --model "$work/$m-bilstm-crf" \
+  "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-bilstm-crf" \
       --input "$data/sequences.jsonl" --return-hidden --policies none,depth,agenda \
       --batch 1,64 --tol 1e-4 || fail=1
 done
@@ -85,7 +85,7 @@ done
     --eos-bias 1 --model-max-decode-len 20 >/dev/null
 for m in c r; do
   echo "== lstm-nmt ($m model) on sequences.jsonl"
-  "$py" "$here/compare.py" --canopy "$canopy" --layouts fused,naive,pq --model "$work/$m-nmt" \
+  "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-nmt" \
       --input "$data/sequences.jsonl" --return-hidden --max-decode-len 12 \
       --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
 done
