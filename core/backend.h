@@ -175,30 +175,23 @@ struct cn_backend_vt {
                      const float *base, const int64_t *idx,
                      const int64_t *seg, int n, int width, int mean);
 
-  /* ---- fused cells: nonlinearities and state update in one pass ----
-   * Child state is read where it lives: base + off[r] (off < 0: zero). */
-  /* treelstm leaf: G[n,3H] = (i, o, u); out row = [h | c]. */
-  void (*treelstm_leaf)(cn_backend_ctx *bk, int n, int H, const float *G,
-                        float *out, int ldo);
-  /* treelstm internal: G[n,5H] = (i, f1, f2, o, u); c_k = base[off_k + H]. */
-  void (*treelstm_internal)(cn_backend_ctx *bk, int n, int H, const float *G,
-                            const float *base, const int64_t *off1,
-                            const int64_t *off2, float *out, int ldo);
-  /* treegru gates: G[n,3H] = (r1, r2, z) pre-activation; X[n,2H] = [h1; h2]
-   * is replaced by [σ(r1) ⊙ h1; σ(r2) ⊙ h2]. */
-  void (*treegru_gates)(cn_backend_ctx *bk, int n, int H, const float *G,
-                        float *X);
-  /* treegru out: h = σ(z) ⊙ (h1 + h2)/2 + (1 - σ(z)) ⊙ tanh(N), with
-   * h1, h2 = base[off1], base[off2]; N[n,H] holds the candidate's
-   * pre-activation. */
-  void (*treegru_out)(cn_backend_ctx *bk, int n, int H, const float *G,
-                      const float *N, const float *base, const int64_t *off1,
-                      const int64_t *off2, float *out, int ldo);
+  /* ---- argmax (decoding) ---- */
+  /* out[r] = argmax of row r of X[n, w] (lowest index on a tie), or -1
+   * where the row holds a NaN or an infinity (its argmax would be a
+   * made-up token), written to HOST memory (the decoder needs it to
+   * decide what runs next). */
+  void (*argmax_rows)(cn_backend_ctx *bk, int n, int w, const float *X,
+                      int ld, int32_t *out);
+
+  /* ---- family kernels not yet expressed in the op IR (issue #34) ----
+   * The vertex types core/families/ still runs with exec(): each goes
+   * when the IR can describe it (segment ops, per-vertex weights). Child
+   * state is read where it lives: base + off[r] (off < 0: zero). */
   /* childsum: G[n,4H] = (i, f, o, u) pre-activations of the vertex itself
    * (its f part is unused); F[Σk, H] = h_k · U_fᵀ for every child, child
    * segment seg[r] .. seg[r+1]; c_k = base[coff[k] + H]; bf[H] = b_f (x is
-   * zero on internal nodes, and leaves have no children):
-   * c = σ(i)⊙tanh(u) + Σk σ(F_k + bf)⊙c_k; h = σ(o)⊙tanh(c). */
+   * zero on internal nodes): c = σ(i)⊙tanh(u) + Σk σ(F_k + bf)⊙c_k;
+   * h = σ(o)⊙tanh(c). */
   void (*childsum)(cn_backend_ctx *bk, int n, int H, const float *G,
                    const float *F, const int64_t *seg, const float *bf,
                    const float *base, const int64_t *coff, float *out,
@@ -214,16 +207,6 @@ struct cn_backend_vt {
   void (*mvrnn_mat)(cn_backend_ctx *bk, int n, int H, const float *WM,
                     const float *base, const int64_t *off1,
                     const int64_t *off2, float *out, int ldo);
-  /* LSTM cell, nn.LSTMCell order: G[n,4H] = (i, f, g, o) pre-activations
-   * (plus bias b2[4H] when not NULL); c_prev = base[coff[r] + H] (zero when
-   * coff[r] < 0); out row = [h | c]. */
-  void (*lstm_cell)(cn_backend_ctx *bk, int n, int H, const float *G,
-                    const float *b2, const float *base, const int64_t *coff,
-                    float *out, int ldo);
-  /* GRU cell, nn.GRUCell order: GI[n,3H] = W_ih x + b_ih, GH[n,3H] =
-   * W_hh h + b_hh, each (r, z, n); h = Hp[r] (ld H). out row = h'. */
-  void (*gru_cell)(cn_backend_ctx *bk, int n, int H, const float *GI,
-                   const float *GH, const float *Hp, float *out, int ldo);
   /* Lattice LSTM char cell (Zhang & Yang 2018): G[n,4H] = (i, f, o, u)
    * pre-activations; c_prev = base[cprev[r] + H] (zero when < 0); words
    * ending here: k in seg[r] .. seg[r+1], cell state base[cw[k]], link
@@ -234,19 +217,6 @@ struct cn_backend_vt {
                        const float *base, const int64_t *cprev,
                        const int64_t *seg, const int64_t *cw,
                        const int64_t *lk, float *out, int ldo);
-  /* Lattice LSTM word cell: G[n,3H] = (i, f, u); c_b = base[cb[r] + H];
-   * out row = cw = σ(f)⊙c_b + σ(i)⊙tanh(u). */
-  void (*lattice_word)(cn_backend_ctx *bk, int n, int H, const float *G,
-                       const float *base, const int64_t *cb, float *out,
-                       int ldo);
-  /* out[r] = argmax of row r of X[n, w] (lowest index on a tie), or -1
-   * where the row holds a NaN or an infinity (its argmax would be a
-   * made-up token), written to HOST memory (the decoder needs it to
-   * decide what runs next). */
-  void (*argmax_rows)(cn_backend_ctx *bk, int n, int w, const float *X,
-                      int ld, int32_t *out);
-  /* y = σ(x) in place over n rows of width w (row stride ld). */
-  void (*sigmoid_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
   /* y = tanh(x) in place over n rows of width w (row stride ld). */
   void (*tanh_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 

@@ -267,37 +267,6 @@ static void sim_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   CPU(bk)->vt->gather_sum(CPU(bk), dst, ldd, base, idx, seg, n, width, mean);
 }
 
-static void sim_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
-                              const float *G, float *out, int ldo) {
-  bk->ctr.launches++;
-  CPU(bk)->vt->treelstm_leaf(CPU(bk), n, H, G, out, ldo);
-}
-
-static void sim_treelstm_internal(cn_backend_ctx *bk, int n, int H,
-                                  const float *G, const float *base,
-                                  const int64_t *off1, const int64_t *off2,
-                                  float *out, int ldo) {
-  upload(bk, 2 * (long long)n);
-  bk->ctr.launches++;
-  CPU(bk)->vt->treelstm_internal(CPU(bk), n, H, G, base, off1, off2, out,
-                                 ldo);
-}
-
-static void sim_treegru_gates(cn_backend_ctx *bk, int n, int H,
-                              const float *G, float *X) {
-  bk->ctr.launches++;
-  CPU(bk)->vt->treegru_gates(CPU(bk), n, H, G, X);
-}
-
-static void sim_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
-                            const float *N, const float *base,
-                            const int64_t *off1, const int64_t *off2,
-                            float *out, int ldo) {
-  upload(bk, 2 * (long long)n);
-  bk->ctr.launches++;
-  CPU(bk)->vt->treegru_out(CPU(bk), n, H, G, N, base, off1, off2, out, ldo);
-}
-
 static void sim_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
                          const float *F, const int64_t *seg, const float *bf,
                          const float *base, const int64_t *coff, float *out,
@@ -323,21 +292,6 @@ static void sim_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
   CPU(bk)->vt->mvrnn_mat(CPU(bk), n, H, WM, base, off1, off2, out, ldo);
 }
 
-static void sim_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
-                          const float *b2, const float *base,
-                          const int64_t *coff, float *out, int ldo) {
-  upload(bk, n);
-  bk->ctr.launches++;
-  CPU(bk)->vt->lstm_cell(CPU(bk), n, H, G, b2, base, coff, out, ldo);
-}
-
-static void sim_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
-                         const float *GH, const float *Hp, float *out,
-                         int ldo) {
-  bk->ctr.launches++;
-  CPU(bk)->vt->gru_cell(CPU(bk), n, H, GI, GH, Hp, out, ldo);
-}
-
 static void sim_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
                              const float *base, const int64_t *cprev,
                              const int64_t *seg, const int64_t *cw,
@@ -346,14 +300,6 @@ static void sim_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
   bk->ctr.launches++;
   CPU(bk)->vt->lattice_char(CPU(bk), n, H, G, base, cprev, seg, cw, lk, out,
                             ldo);
-}
-
-static void sim_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
-                             const float *base, const int64_t *cb, float *out,
-                             int ldo) {
-  upload(bk, n);
-  bk->ctr.launches++;
-  CPU(bk)->vt->lattice_word(CPU(bk), n, H, G, base, cb, out, ldo);
 }
 
 static void sim_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
@@ -365,12 +311,6 @@ static void sim_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
   S(bk)->argmax_bytes += (long long)n * 4;
   S(bk)->argmax_calls++;
   CPU(bk)->vt->argmax_rows(CPU(bk), n, w, X, ld, out);
-}
-
-static void sim_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
-                             int ld) {
-  bk->ctr.launches++;
-  CPU(bk)->vt->sigmoid_rows(CPU(bk), n, w, x, ld);
 }
 
 static void sim_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld) {
@@ -427,19 +367,11 @@ static const cn_backend_vt sim_vt = {
     .gemm_strided = sim_gemm_strided,
     .gather = sim_gather,
     .gather_sum = sim_gather_sum,
-    .treelstm_leaf = sim_treelstm_leaf,
-    .treelstm_internal = sim_treelstm_internal,
-    .treegru_gates = sim_treegru_gates,
-    .treegru_out = sim_treegru_out,
     .childsum = sim_childsum,
     .mvrnn_vec = sim_mvrnn_vec,
     .mvrnn_mat = sim_mvrnn_mat,
-    .lstm_cell = sim_lstm_cell,
-    .gru_cell = sim_gru_cell,
     .lattice_char = sim_lattice_char,
-    .lattice_word = sim_lattice_word,
     .argmax_rows = sim_argmax_rows,
-    .sigmoid_rows = sim_sigmoid_rows,
     .tanh_rows = sim_tanh_rows,
     .copy_rows = sim_copy_rows,
     .ew_program = sim_ew_program,

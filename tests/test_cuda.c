@@ -284,9 +284,6 @@ Test(cuda_ops, gathers_and_elementwise) {
     expect_same("gather_sum", dd, d, (size_t)N * ldd);
   }
   float *x = rnd((size_t)N * ldd), *xd = up(x, (size_t)N * ldd);
-  C_->vt->sigmoid_rows(C_, N, H, x, ldd);
-  G_->vt->sigmoid_rows(G_, N, H, xd, ldd);
-  expect_same("sigmoid_rows", xd, x, (size_t)N * ldd);
   C_->vt->tanh_rows(C_, N, H, x, ldd);
   G_->vt->tanh_rows(G_, N, H, xd, ldd);
   expect_same("tanh_rows", xd, x, (size_t)N * ldd);
@@ -306,27 +303,13 @@ Test(cuda_ops, gathers_and_elementwise) {
   cr_expect(a[1] == -1 && a[2] == -1 && a[4] == -1 && a[0] >= 0);
 }
 
-Test(cuda_ops, tree_cells) {
+/* The family kernels the op IR cannot describe yet (issue #34). */
+Test(cuda_ops, childsum) {
   NEED_GPU();
   int S = 2 * H, ldo = 2 * H;
   float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
   float *G = rnd((size_t)N * 5 * H), *Gd = up(G, (size_t)N * 5 * H);
   float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
-  int64_t *o1 = offs(N, S, true), *o2 = offs(N, S, true);
-  C_->vt->treelstm_leaf(C_, N, H, G, out, ldo);
-  G_->vt->treelstm_leaf(G_, N, H, Gd, outd, ldo);
-  expect_same("treelstm_leaf", outd, out, (size_t)N * ldo);
-  C_->vt->treelstm_internal(C_, N, H, G, base, o1, o2, out, ldo);
-  G_->vt->treelstm_internal(G_, N, H, Gd, based, o1, o2, outd, ldo);
-  expect_same("treelstm_internal", outd, out, (size_t)N * ldo);
-  float *X = rnd((size_t)N * 2 * H), *Xd = up(X, (size_t)N * 2 * H);
-  C_->vt->treegru_gates(C_, N, H, G, X);
-  G_->vt->treegru_gates(G_, N, H, Gd, Xd);
-  expect_same("treegru_gates", Xd, X, (size_t)N * 2 * H);
-  float *Nn = rnd((size_t)N * H), *Nd = up(Nn, (size_t)N * H);
-  C_->vt->treegru_out(C_, N, H, G, Nn, base, o1, o2, out, ldo);
-  G_->vt->treegru_out(G_, N, H, Gd, Nd, based, o1, o2, outd, ldo);
-  expect_same("treegru_out", outd, out, (size_t)N * ldo);
   int64_t *seg = segs(N), *co = offs((int)seg[N], S, false);
   float *F = rnd((size_t)seg[N] * H), *Fd = up(F, (size_t)seg[N] * H);
   float *bf = rnd(H), *bfd = up(bf, H);
@@ -352,31 +335,16 @@ Test(cuda_ops, mvrnn) {
   expect_same("mvrnn_mat", outd, out, (size_t)N * ldo);
 }
 
-Test(cuda_ops, sequence_cells) {
+Test(cuda_ops, lattice_char) {
   NEED_GPU();
   int S = 2 * H, ldo = 2 * H;
   float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
   float *G = rnd((size_t)N * 4 * H), *Gd = up(G, (size_t)N * 4 * H);
-  float *b2 = rnd(4 * H), *b2d = up(b2, 4 * H);
   float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
   int64_t *co = offs(N, S, true);
-  for (int wb = 0; wb < 2; wb++) {
-    C_->vt->lstm_cell(C_, N, H, G, wb ? b2 : NULL, base, co, out, ldo);
-    G_->vt->lstm_cell(G_, N, H, Gd, wb ? b2d : NULL, based, co, outd, ldo);
-    expect_same("lstm_cell", outd, out, (size_t)N * ldo);
-  }
-  float *GH = rnd((size_t)N * 3 * H), *GHd = up(GH, (size_t)N * 3 * H);
-  float *Hp = rnd((size_t)N * H), *Hpd = up(Hp, (size_t)N * H);
-  C_->vt->gru_cell(C_, N, H, G, GH, Hp, out, ldo);
-  G_->vt->gru_cell(G_, N, H, Gd, GHd, Hpd, outd, ldo);
-  expect_same("gru_cell", outd, out, (size_t)N * ldo);
   int64_t *seg = segs(N), *cw = offs((int)seg[N], S, false),
           *lk = offs((int)seg[N], S, false);
   C_->vt->lattice_char(C_, N, H, G, base, co, seg, cw, lk, out, ldo);
   G_->vt->lattice_char(G_, N, H, Gd, based, co, seg, cw, lk, outd, ldo);
   expect_same("lattice_char", outd, out, (size_t)N * ldo);
-  int64_t *cb = offs(N, S, false);
-  C_->vt->lattice_word(C_, N, H, G, base, cb, out, H);
-  G_->vt->lattice_word(G_, N, H, Gd, based, cb, outd, H);
-  expect_same("lattice_word", outd, out, (size_t)N * H);
 }

@@ -1,6 +1,7 @@
 /* cpu.c - the CPU backend: gemm.c for every product (one fixed order of
  * sums, so answers never depend on the batch), plain loops the compiler
- * vectorises for gathers and the fused cells.
+ * vectorises for gathers, the compiled cells' fused elementwise programs
+ * and the family kernels the op IR cannot describe yet (backend.h).
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
  * mapped them, and core reads results in place. A weight matrix is packed
@@ -279,75 +280,6 @@ static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   }
 }
 
-CN_VEC static void cpu_treelstm_leaf(cn_backend_ctx *bk, int n, int H,
-                              const float *G, float *out, int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *restrict g = G + (size_t)r * 3 * H;
-    float *restrict h = out + (size_t)r * ldo, *restrict c = h + H;
-    for (int j = 0; j < H; j++) {
-      float cj = sigm(g[j]) * tanhf(g[2 * H + j]);
-      c[j] = cj;
-      h[j] = sigm(g[H + j]) * tanhf(cj);
-    }
-  }
-}
-
-/* One row of the internal cell; a function of its own so the restrict
- * qualifiers hold and the loop vectorises. */
-static inline void treelstm_internal_row(int H, const float *restrict g,
-                                         const float *restrict c1,
-                                         const float *restrict c2,
-                                         float *restrict h,
-                                         float *restrict c) {
-  for (int j = 0; j < H; j++) {
-    float cj = sigm(g[j]) * tanhf(g[4 * H + j]) + sigm(g[H + j]) * c1[j] +
-               sigm(g[2 * H + j]) * c2[j];
-    c[j] = cj;
-    h[j] = sigm(g[3 * H + j]) * tanhf(cj);
-  }
-}
-
-CN_VEC static void cpu_treelstm_internal(cn_backend_ctx *bk, int n, int H,
-                                         const float *G, const float *base,
-                                         const int64_t *off1,
-                                         const int64_t *off2, float *out,
-                                         int ldo) {
-  for (int r = 0; r < n; r++) {
-    float *h = out + (size_t)r * ldo;
-    treelstm_internal_row(H, G + (size_t)r * 5 * H, ROW(off1[r], H),
-                          ROW(off2[r], H), h, h + H);
-  }
-}
-
-CN_VEC static void cpu_treegru_gates(cn_backend_ctx *bk, int n, int H,
-                              const float *G, float *X) {
-  for (int r = 0; r < n; r++) {
-    const float *restrict g = G + (size_t)r * 3 * H;
-    float *x = X + (size_t)r * 2 * H;
-    for (int j = 0; j < 2 * H; j++) x[j] *= sigm(g[j]);
-  }
-}
-
-static inline void treegru_row(int H, const float *restrict z,
-                               const float *restrict nn,
-                               const float *restrict h1,
-                               const float *restrict h2, float *restrict h) {
-  for (int j = 0; j < H; j++) {
-    float zj = sigm(z[j]);
-    h[j] = zj * (h1[j] + h2[j]) * 0.5f + (1.0f - zj) * tanhf(nn[j]);
-  }
-}
-
-CN_VEC static void cpu_treegru_out(cn_backend_ctx *bk, int n, int H,
-                                   const float *G, const float *N,
-                                   const float *base, const int64_t *off1,
-                                   const int64_t *off2, float *out,
-                                   int ldo) {
-  for (int r = 0; r < n; r++)
-    treegru_row(H, G + (size_t)r * 3 * H + 2 * H, N + (size_t)r * H,
-                ROW(off1[r], 0), ROW(off2[r], 0), out + (size_t)r * ldo);
-}
-
 CN_VEC static void cpu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
                          const float *F, const int64_t *seg, const float *bf,
                          const float *base, const int64_t *coff, float *out,
@@ -408,49 +340,6 @@ static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
   }
 }
 
-static inline void lstm_row(int H, const float *restrict g,
-                            const float *restrict bb,
-                            const float *restrict cp, float *restrict h,
-                            float *restrict c) {
-  for (int j = 0; j < H; j++) {
-    float gi = g[j] + bb[j], gf = g[H + j] + bb[H + j];
-    float gg = g[2 * H + j] + bb[2 * H + j], go = g[3 * H + j] + bb[3 * H + j];
-    float cj = sigm(gi) * tanhf(gg) + sigm(gf) * cp[j];
-    c[j] = cj;
-    h[j] = sigm(go) * tanhf(cj);
-  }
-}
-
-CN_VEC static void cpu_lstm_cell(cn_backend_ctx *bk, int n, int H,
-                                 const float *G, const float *b2,
-                                 const float *base, const int64_t *coff,
-                                 float *out, int ldo) {
-  const float *bb = b2 ? b2 : zeros(bk, 4 * H);
-  for (int r = 0; r < n; r++) {
-    float *h = out + (size_t)r * ldo;
-    lstm_row(H, G + (size_t)r * 4 * H, bb, ROW(coff[r], H), h, h + H);
-  }
-}
-
-static inline void gru_row(int H, const float *restrict gi,
-                           const float *restrict gh,
-                           const float *restrict hp, float *restrict h) {
-  for (int j = 0; j < H; j++) {
-    float rj = sigm(gi[j] + gh[j]);
-    float zj = sigm(gi[H + j] + gh[H + j]);
-    float nj = tanhf(gi[2 * H + j] + rj * gh[2 * H + j]);
-    h[j] = (1.0f - zj) * nj + zj * hp[j];
-  }
-}
-
-CN_VEC static void cpu_gru_cell(cn_backend_ctx *bk, int n, int H,
-                                const float *GI, const float *GH,
-                                const float *Hp, float *out, int ldo) {
-  for (int r = 0; r < n; r++)
-    gru_row(H, GI + (size_t)r * 3 * H, GH + (size_t)r * 3 * H,
-            Hp + (size_t)r * H, out + (size_t)r * ldo);
-}
-
 CN_VEC static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
                              const float *base, const int64_t *cprev,
                              const int64_t *seg, const int64_t *cw,
@@ -478,18 +367,6 @@ CN_VEC static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const floa
   }
 }
 
-CN_VEC static void cpu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
-                             const float *base, const int64_t *cb, float *out,
-                             int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *restrict g = G + (size_t)r * 3 * H;
-    const float *c = base + cb[r] + H;
-    float *w = out + (size_t)r * ldo;
-    for (int j = 0; j < H; j++)
-      w[j] = sigm(g[H + j]) * c[j] + sigm(g[j]) * tanhf(g[2 * H + j]);
-  }
-}
-
 /* Not isfinite(): this file is built with -ffinite-math-only, under which
  * the compiler may take it to be always true. An exponent of all ones is
  * an infinity or a NaN. */
@@ -510,14 +387,6 @@ static void cpu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
       if (x[j] > x[best]) best = j;
     }
     out[r] = finite ? best : -1;
-  }
-}
-
-CN_VEC static void cpu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x,
-                             int ld) {
-  for (int r = 0; r < n; r++) {
-    float *y = x + (size_t)r * ld;
-    for (int j = 0; j < w; j++) y[j] = sigm(y[j]);
   }
 }
 
@@ -680,18 +549,10 @@ static const cn_backend_vt cpu_vt = {
     .gemm_strided = cpu_gemm_strided,
     .gather = cpu_gather,
     .gather_sum = cpu_gather_sum,
-    .treelstm_leaf = cpu_treelstm_leaf,
-    .treelstm_internal = cpu_treelstm_internal,
-    .treegru_gates = cpu_treegru_gates,
-    .treegru_out = cpu_treegru_out,
     .childsum = cpu_childsum,
     .mvrnn_vec = cpu_mvrnn_vec,
     .mvrnn_mat = cpu_mvrnn_mat,
-    .lstm_cell = cpu_lstm_cell,
-    .gru_cell = cpu_gru_cell,
     .lattice_char = cpu_lattice_char,
-    .lattice_word = cpu_lattice_word,
-    .sigmoid_rows = cpu_sigmoid_rows,
     .argmax_rows = cpu_argmax_rows,
     .tanh_rows = cpu_tanh_rows,
     .copy_rows = cpu_copy_rows,

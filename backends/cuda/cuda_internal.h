@@ -229,36 +229,17 @@ void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
 void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                    const int64_t *idx, const int64_t *seg, int n, int width,
                    int mean);
-void cu_treelstm_leaf(cn_backend_ctx *bk, int n, int H, const float *G,
-                      float *out, int ldo);
-void cu_treelstm_internal(cn_backend_ctx *bk, int n, int H, const float *G,
-                          const float *base, const int64_t *off1,
-                          const int64_t *off2, float *out, int ldo);
-void cu_treegru_gates(cn_backend_ctx *bk, int n, int H, const float *G,
-                      float *X);
-void cu_treegru_out(cn_backend_ctx *bk, int n, int H, const float *G,
-                    const float *N, const float *base, const int64_t *off1,
-                    const int64_t *off2, float *out, int ldo);
 void cu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
                  const float *F, const int64_t *seg, const float *bf,
                  const float *base, const int64_t *coff, float *out, int ldo);
 void cu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
                   const int64_t *off1, const int64_t *off2, float *X);
-void cu_lstm_cell(cn_backend_ctx *bk, int n, int H, const float *G,
-                  const float *b2, const float *base, const int64_t *coff,
-                  float *out, int ldo);
-void cu_gru_cell(cn_backend_ctx *bk, int n, int H, const float *GI,
-                 const float *GH, const float *Hp, float *out, int ldo);
 void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
                      const float *base, const int64_t *cprev,
                      const int64_t *seg, const int64_t *cw, const int64_t *lk,
                      float *out, int ldo);
-void cu_lattice_word(cn_backend_ctx *bk, int n, int H, const float *G,
-                     const float *base, const int64_t *cb, float *out,
-                     int ldo);
 void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
                     int32_t *out);
-void cu_sigmoid_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 void cu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd, const float *src,
                   int lds, int n, int width);
