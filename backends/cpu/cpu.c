@@ -498,7 +498,8 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     c->n_ew = need;
   }
   const float *zero = zeros(bk, (int)maxw);
-  float *tmp = c->ew, *kp = c->ew + p->tmp_width;
+  /* c->ew stays NULL while no program needed scratch: no offset on it */
+  float *tmp = c->ew, *kp = c->ew != NULL ? c->ew + p->tmp_width : NULL;
   ew_step *st = c->ew_steps;
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
