@@ -295,7 +295,7 @@ Test(cells_json, label_types_choose_vertices) {
 
 /* docs/cells.md's example (the first ```json block after "## model.json:
  * cells") loads over a treelstm of its sizes and answers as the
- * hand-written treelstm does: the documented format is the one served. */
+ * built-in treelstm does: the documented format is the one served. */
 Test(cells_json, docs_example_is_served, .timeout = 120) {
   const char *docs = getenv("CANOPY_DOCS");
   cr_assert_not_null(docs, "CANOPY_DOCS (docs/) is not set");

@@ -104,7 +104,7 @@ static void check_family(const char *family, const char *extra_flags,
 
 /* A model described by cells (docs/cells.md): tests/cells/treelstm.json
  * over a treelstm's weights, served beside it: its description, its
- * readiness, and answers equal to what the hand-written treelstm gives
+ * readiness, and answers equal to what the built-in treelstm gives
  * under `canopy run`. */
 Test(serve_outputs, cells_model, .fini = teardown, .timeout = 60) {
   memset(&d, 0, sizeof(d));
