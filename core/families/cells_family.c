@@ -87,19 +87,6 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == out_type(m) ? m->dims.C : cells_of(m)->state;
 }
 
-/* Only reached if a run asks the family directly: the compiled cell's
- * needs (cn__model_cell gives every layout a cell for a cells model). */
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  const cn_cell *c = m->cell[CN_LAYOUT_PQ][type];
-  return c != NULL ? cn__cell_scratch_floats(c, n) : 0;
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  const cn_cell *c = r->m->cell[CN_LAYOUT_PQ][type];
-  if (c != NULL) cn__cell_exec(r, c, verts, n);
-}
-
 /* The "hidden" columns of a vertex's state. */
 static json_t *hidden_of(const cn_run *r, int32_t v) {
   const cn_cells *cl = cells_of(r->m);
@@ -200,8 +187,6 @@ const cn_family cn__fam_cells = {
     .build = build,
     .count = count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = output,
     .reads = reads,
     .answer_bound = answer_bound,

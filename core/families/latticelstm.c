@@ -135,32 +135,31 @@ static void exec(cn_run *r, int type, const int32_t *verts, int n) {
   int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
   float *out = r->arena + r->state_off[verts[0]];
   float *X = cn__run_scratch(r);
-  { /* T_CHAR: the word, link and output types are cells (below) */
-    float *G = X + (int64_t)n * (D + H);
-    int64_t *cprev = xh_product(r, verts, n, w[EMBED], D, w[CHAR_W],
-                                w[CHAR_B], 4 * H, G, X);
-    int64_t *seg = cn__run_idx(r, n + 1);
-    int64_t E = 0;
-    seg[0] = 0;
-    for (int i = 0; i < n; i++) {
-      int k;
-      cn__run_inputs(r, verts[i], &k);
-      E += k > 0 ? (k - 1) / 2 : 0;
-      seg[i + 1] = E;
-    }
-    int64_t *cw = cn__run_idx(r, E), *lk = cn__run_idx(r, E);
-    for (int i = 0; i < n; i++) {
-      int k;
-      const int32_t *in = cn__run_inputs(r, verts[i], &k);
-      int nw = k > 0 ? (k - 1) / 2 : 0;
-      for (int q = 0; q < nw; q++) {
-        cw[seg[i] + q] = r->state_off[in[1 + q]];
-        lk[seg[i] + q] = r->state_off[in[1 + nw + q]];
-      }
-    }
-    CN_BK(bk, lattice_char, n, H, G, r->arena, cprev, seg, cw, lk, out,
-          2 * H);
+  /* T_CHAR: the word, link and output types are cells (below) */
+  float *G = X + (int64_t)n * (D + H);
+  int64_t *cprev = xh_product(r, verts, n, w[EMBED], D, w[CHAR_W],
+                              w[CHAR_B], 4 * H, G, X);
+  int64_t *seg = cn__run_idx(r, n + 1);
+  int64_t E = 0;
+  seg[0] = 0;
+  for (int i = 0; i < n; i++) {
+    int k;
+    cn__run_inputs(r, verts[i], &k);
+    E += k > 0 ? (k - 1) / 2 : 0;
+    seg[i + 1] = E;
   }
+  int64_t *cw = cn__run_idx(r, E), *lk = cn__run_idx(r, E);
+  for (int i = 0; i < n; i++) {
+    int k;
+    const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    int nw = k > 0 ? (k - 1) / 2 : 0;
+    for (int q = 0; q < nw; q++) {
+      cw[seg[i] + q] = r->state_off[in[1 + q]];
+      lk[seg[i] + q] = r->state_off[in[1 + nw + q]];
+    }
+  }
+  CN_BK(bk, lattice_char, n, H, G, r->arena, cprev, seg, cw, lk, out,
+        2 * H);
 }
 
 static void hidden(const cn_run *r, int slot, int j, float *buf) {

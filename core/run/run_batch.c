@@ -1,7 +1,7 @@
 /* run_batch.c - one batch of a run: the model's compiled cell for the
  * type (cell_exec.c), or the family's exec() for a type it does not
- * describe in the IR (model load checks one of the two exists), the scratch and index room it
- * needs, the weights bound for it; and re-running a batch to measure it
+ * describe in the IR (model load checks one of the two exists); the
+ * scratch and index room it needs, the weights bound for it; and re-running a batch to measure it
  * (cn_run_bench_type). Called by the planned run (run.c), the growing one
  * (run_dynamic.c) and decode sessions (run_decode.c).
  */
