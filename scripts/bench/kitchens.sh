@@ -34,13 +34,17 @@ ALL="treelstm:trees-binary treegru:trees-binary childsum-treelstm:trees-nary
 mvrnn:trees-binary latticelstm:lattices latticegru:dags
 bilstm-tagger:sequences lstm-nmt:sequences"
 FAMILIES=${FAMILIES:-$(for c in $ALL; do echo "${c%%:*}"; done)}
+# The data file a family runs on (empty: not a family of $ALL).
+data_of() {
+  local c
+  for c in $ALL; do [ "${c%%:*}" = "$1" ] && echo "${c#*:}"; done
+}
 
 echo "# $(date -u +%F' '%H:%M) UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}; 4,096 instances in runs of 1,024, best of $REPEAT"
 echo "# OLD: $OLD $OLD_ARGS"
 echo "# NEW: $NEW $NEW_ARGS"
 for fam in $FAMILIES; do
-  data=
-  for c in $ALL; do [ "${c%%:*}" = "$fam" ] && data=${c#*:}; done
+  data=$(data_of "$fam")
   [ -n "$data" ] || { echo "unknown family $fam" >&2; exit 1; }
   for k in 4096 512; do
     [ -f "$WORK/$data-$k.jsonl" ] || $PY -c 'import sys
@@ -61,8 +65,7 @@ done
 TIMEFORMAT='%U %S' # user and system CPU seconds of each run
 for rep in $(seq "$REPEAT"); do
   for fam in $FAMILIES; do
-    data=
-    for c in $ALL; do [ "${c%%:*}" = "$fam" ] && data=${c#*:}; done
+    data=$(data_of "$fam")
     for h in $HS; do
       [ "$fam" = mvrnn ] && [ "$h" != 128 ] && continue
       batch=1024 input=$WORK/$data-4096.jsonl
@@ -108,8 +111,7 @@ done >"$WORK/rows"
 # `canopy model bench`'s kernels per execution of 64 vertices at H=128,
 # the old build's hand-written kernels ("fused") against this build.
 for fam in $FAMILIES; do
-  data=
-  for c in $ALL; do [ "${c%%:*}" = "$fam" ] && data=${c#*:}; done
+  data=$(data_of "$fam")
   for side in old new; do
     if [ $side = old ]; then bin=$OLD; else bin=$NEW; fi
     CANOPY_ROWS_IN_PLACE=0 $bin model bench "$WORK/$fam-128" \
