@@ -141,3 +141,34 @@ Test(cell, malformed_ir_refused) {
   cn_model_free(m);
   tu_rmdir(dir);
 }
+
+/* Segment ops (cell.h): an edge value reaches the vertex only through a
+ * segment sum; the graphs that break the rule are refused with a message
+ * that says which rule. (The ops themselves run in childsum-treelstm's
+ * internal cell: batched_equals_unbatched above, and the reference.) */
+Test(cell, segment_rules_refused) {
+  char dir[256];
+  cn_model *m = tu_model("treelstm", 8, 8, "trees-binary.jsonl", dir,
+                         sizeof(dir));
+  const char *why[] = {"mixing a per-edge value", "not per edge",
+                       "per-edge value as the vertex's state"};
+  for (int k = 0; k < 3; k++) {
+    cn_ir *g = calloc(1, sizeof(*g));
+    int e = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, 0, 8, "h_k");
+    int v = cn_ir_src_(g, CN_SRC_INPUT_SUM, -1, 0, 0, 8, "hs");
+    if (k == 0) cn_ir_output(g, cn_ir_binary(g, CN_IR_ADD, e, v), 0);
+    if (k == 1) cn_ir_output(g, cn_ir_seg_sum(g, v), 0);
+    if (k == 2) cn_ir_output(g, cn_ir_unary(g, CN_IR_TANH, e), 0);
+    g->state_floats = 8;
+    cn_cell *c = NULL;
+    cn_err err;
+    cn_err_clear(&err);
+    cr_expect_eq(cn__cell_compile(m, 1, g, CN_LAYOUT_PQ, &c, &err),
+                 CN_E_INTERNAL);
+    cr_expect_null(c);
+    cr_expect(strstr(err.msg, why[k]) != NULL, "%s", err.msg);
+    free(g);
+  }
+  cn_model_free(m);
+  tu_rmdir(dir);
+}

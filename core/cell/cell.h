@@ -47,7 +47,9 @@ typedef enum cn_ir_kind {
   CN_IR_EXP,     /* e^a */
   CN_IR_SCALE,   /* k · a */
   CN_IR_RSUB,    /* k - a */
-  CN_IR_RELU     /* max(a, 0) */
+  CN_IR_RELU,    /* max(a, 0) */
+  CN_IR_SEG_SUM  /* Σ of edge value a over the vertex's input edges (zero
+                    with none): the segment reduction (below)             */
 } cn_ir_kind;
 
 typedef enum cn_ir_src {
@@ -56,8 +58,23 @@ typedef enum cn_ir_src {
                         zero when the vertex has no such input             */
   CN_SRC_INPUT_MEAN, /* mean over every input edge of columns [c0, +width)
                         (zero with none)                                   */
-  CN_SRC_INPUT_SUM   /* their sum                                          */
+  CN_SRC_INPUT_SUM,  /* their sum                                          */
+  CN_SRC_EDGE,       /* columns [c0, c0 + width) of each input edge's
+                        state: an edge value (below)                       */
+  CN_SRC_SEG         /* compiled cells only: the per-vertex sum of columns
+                        [c0, +width) of the edge cell's results            */
 } cn_ir_src;
+
+/* Segment ops (issue #34): a value is per vertex, or per input edge when it
+ * derives from a CN_SRC_EDGE source (params are either). Edge values are
+ * computed once per edge of the batch, in edge rows (products over E rows,
+ * elementwise work), and reach the vertex only through CN_IR_SEG_SUM; an
+ * op may not mix an edge value with a vertex one (no broadcast yet). The
+ * compiler splits such a graph in two cells: the edge cell, run over the
+ * batch's edges, whose "state" row per edge holds every SEG_SUM operand;
+ * then the vertex cell, which reads their sums as CN_SRC_SEG sources (one
+ * gather_sum each). Child-Sum Tree-LSTM's forget gates are the example:
+ * f_k = σ(U_f h_k + b_f) ⊙ c_k per child, c = … + Σ_k f_k. */
 
 typedef struct cn_ir_node {
   uint8_t kind, src;
@@ -93,6 +110,8 @@ int cn_ir_linear(cn_ir *g, const int *x, int nx, int t, int r0, int width,
                  int bt, int boff);
 /* Marks node v as the state columns [col, col + width(v)). */
 void cn_ir_output(cn_ir *g, int v, int col);
+/* Σ over the vertex's input edges of edge value a (CN_IR_SEG_SUM). */
+int cn_ir_seg_sum(cn_ir *g, int a);
 
 /* ---- compiled cells --------------------------------------------------- */
 typedef enum cn_cell_space {
@@ -177,6 +196,10 @@ typedef struct cn_cell {
   int batches_dropped;  /* PQ batches whose constraint had to go           */
   int ew_batched;       /* elementwise batches run as one instruction      */
   double compile_ms;
+  /* segment ops: the edge cell run first over the batch's input edges
+   * (its results edge_floats per edge, read by the CN_SRC_SEG sources) */
+  struct cn_cell *edge;
+  int edge_floats;
 } cn_cell;
 
 /* Compiles g for a layout, packing the products' weights from w (the
@@ -188,7 +211,7 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
 void cn__cell_free(cn_cell *c);
 /* Scratch floats and index entries one batch of n vertices with `edges`
  * input edges needs. */
-int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n);
+int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n, int64_t edges);
 int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges);
 
 #endif

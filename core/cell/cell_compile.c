@@ -367,7 +367,8 @@ static int make_vars(compiler *cp) {
     }
     if (nd->kind == CN_IR_SRC) {
       if (c->n_srcs >= (int)CN_ARRAY_SIZE(c->srcs)) return CN_E_INTERNAL;
-      bool pooled = nd->src == CN_SRC_INPUT_MEAN || nd->src == CN_SRC_INPUT_SUM;
+      bool pooled = nd->src == CN_SRC_INPUT_MEAN ||
+                    nd->src == CN_SRC_INPUT_SUM || nd->src == CN_SRC_SEG;
       bool gather = naive || pooled || consumed_by_gemm(cp, v);
       int var = new_var(c, v, gather ? CN_SP_ROW : CN_SP_INPLACE, nd->width);
       c->vars[var].src = c->n_srcs;
@@ -545,7 +546,8 @@ static void mark_product_only_sources(cn_cell *c) {
     cn_cell_src *src = &c->srcs[s];
     int v = src->var;
     src->rows = v >= 0 && c->vars[v].out_col < 0 &&
-                (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EMBED);
+                (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EMBED ||
+                 src->kind == CN_SRC_EDGE);
     for (int e = 0; e < c->n_ew && src->rows; e++)
       for (int i = 0; i < c->ew[e].n_insn; i++) {
         const cn_ew_insn *in = &c->ew[e].insn[i];
@@ -555,9 +557,9 @@ static void mark_product_only_sources(cn_cell *c) {
   }
 }
 
-int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
-                             int type, const char *type_name, const cn_ir *g,
-                             int layout, cn_cell **out, cn_err *err) {
+static int compile_one(const cn_tensor *const *w, const char *family,
+                       int type, const char *type_name, const cn_ir *g,
+                       int layout, cn_cell **out, cn_err *err) {
   double t0 = cn__now_ms();
   /* what a failure means, for the message (a described cell can ask for
    * more than the fixed-size cell holds) */
@@ -629,7 +631,8 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
   if (rc != 0) goto out;
   for (int s = 0; s < c->n_srcs; s++) {
     cn_cell_src *src = &c->srcs[s];
-    src->alias = src->var >= 0 && src->kind == CN_SRC_INPUT;
+    src->alias = src->var >= 0 &&
+                 (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EDGE);
     for (int j = 0; j < c->n_gemm; j++)
       for (int k = 0; k < c->gemm[j].n_in && c->gemm[j].n_in > 1; k++)
         if (c->gemm[j].in[k] == src->var) src->alias = false;
@@ -664,5 +667,139 @@ out:
   free(cp);
   free(items);
   free(groups);
+  return rc;
+}
+
+/* ---- segment ops: the edge cell and the vertex cell (cell.h) ------------ */
+/* Marks the edge values of g (edge[v]); params are neither (param[v]).
+ * Returns a message for a graph the split cannot take, or NULL. */
+static const char *edge_values(const cn_ir *g, bool *edge, bool *any) {
+  *any = false;
+  for (int v = 0; v < g->n; v++) {
+    const cn_ir_node *nd = &g->node[v];
+    edge[v] = false;
+    if (nd->kind == CN_IR_SRC) {
+      edge[v] = nd->src == CN_SRC_EDGE;
+      if (nd->src == CN_SRC_SEG) return "a CN_SRC_SEG source in a family IR";
+    } else if (nd->kind == CN_IR_SEG_SUM) {
+      if (nd->a < 0 || !edge[nd->a])
+        return "a segment sum of a value that is not per edge";
+    } else if (nd->kind != CN_IR_PARAM) {
+      int ops[2] = {nd->a, nd->b}, seen = -1;
+      for (int k = 0; k < 2; k++) {
+        if (ops[k] < 0 || g->node[ops[k]].kind == CN_IR_PARAM) continue;
+        if (seen >= 0 && seen != (int)edge[ops[k]])
+          return "an op mixing a per-edge value with a per-vertex one "
+                 "(only a segment sum takes an edge value to the vertex)";
+        seen = edge[ops[k]];
+      }
+      edge[v] = seen == 1;
+    }
+    if (edge[v] && nd->out_col >= 0)
+      return "a per-edge value as the vertex's state";
+    *any |= edge[v];
+  }
+  return NULL;
+}
+
+/* Splits g into ge (the edge values and the params they read; every
+ * segment sum's operand an output column of the edge row) and gv (the
+ * rest; a segment sum becomes a CN_SRC_SEG source reading those columns). */
+static void split_edges(const cn_ir *g, const bool *edge, cn_ir *ge,
+                        cn_ir *gv) {
+  int me[CN_IR_MAX], mv[CN_IR_MAX], seg_col[CN_IR_MAX];
+  bool in_e[CN_IR_MAX] = {false}, in_v[CN_IR_MAX] = {false};
+  for (int v = 0; v < g->n; v++) {
+    const cn_ir_node *nd = &g->node[v];
+    seg_col[v] = -1;
+    if (nd->kind == CN_IR_PARAM) continue;
+    bool *side = edge[v] ? in_e : in_v;
+    side[v] = true;
+    if (nd->kind == CN_IR_SEG_SUM) continue;
+    if (nd->a >= 0 && g->node[nd->a].kind == CN_IR_PARAM) side[nd->a] = true;
+    if (nd->b >= 0 && g->node[nd->b].kind == CN_IR_PARAM) side[nd->b] = true;
+  }
+  ge->n = gv->n = 0;
+  ge->state_floats = 0;
+  gv->state_floats = g->state_floats;
+  for (int v = 0; v < g->n; v++) {
+    const cn_ir_node *nd = &g->node[v];
+    me[v] = mv[v] = -1;
+    if (in_e[v]) {
+      cn_ir_node x = *nd;
+      x.a = nd->a >= 0 ? me[nd->a] : -1;
+      x.b = nd->b >= 0 ? me[nd->b] : -1;
+      me[v] = ge->n;
+      ge->node[ge->n++] = x;
+    }
+    if (!in_v[v]) continue;
+    if (gv->n + 2 > CN_IR_MAX) { /* with a copy below */
+      gv->overflow = true;
+      break;
+    }
+    cn_ir_node x = *nd;
+    if (nd->kind == CN_IR_SEG_SUM) {
+      int a = nd->a;
+      if (seg_col[a] < 0) { /* the operand's columns in the edge row */
+        seg_col[a] = ge->state_floats;
+        ge->node[me[a]].out_col = seg_col[a];
+        ge->state_floats += g->node[a].width;
+      }
+      x = (cn_ir_node){.kind = CN_IR_SRC, .src = CN_SRC_SEG,
+                       .width = nd->width, .a = -1, .b = -1, .t = -1,
+                       .c0 = seg_col[a], .out_col = -1, .name = nd->name};
+      if (nd->out_col >= 0) { /* a source is not written: copy it (×1) */
+        gv->node[gv->n++] = x;
+        x = (cn_ir_node){.kind = CN_IR_SCALE, .width = nd->width,
+                         .a = gv->n - 1, .b = -1, .t = -1, .k = 1.0f,
+                         .out_col = nd->out_col};
+      }
+    } else {
+      x.a = nd->a >= 0 ? mv[nd->a] : -1;
+      x.b = nd->b >= 0 ? mv[nd->b] : -1;
+    }
+    mv[v] = gv->n;
+    gv->node[gv->n++] = x;
+  }
+}
+
+int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
+                             int type, const char *type_name, const cn_ir *g,
+                             int layout, cn_cell **out, cn_err *err) {
+  bool edge[CN_IR_MAX], any;
+  *out = NULL;
+  const char *bad = g->overflow ? NULL : edge_values(g, edge, &any);
+  if (bad != NULL)
+    return cn_err_set(err, CN_E_INTERNAL, "%s: the %s cell has %s", family,
+                      type_name, bad);
+  if (g->overflow || !any)
+    return compile_one(w, family, type, type_name, g, layout, out, err);
+  double t0 = cn__now_ms();
+  cn_ir *ge = calloc(1, sizeof(*ge)), *gv = calloc(1, sizeof(*gv));
+  int rc = CN_E_NOMEM;
+  if (ge == NULL || gv == NULL) {
+    rc = cn_err_set(err, rc, "no memory to compile the %s cell", type_name);
+    goto out;
+  }
+  split_edges(g, edge, ge, gv);
+  cn_cell *e = NULL;
+  rc = compile_one(w, family, type, type_name, ge, layout, &e, err);
+  if (rc == 0) rc = compile_one(w, family, type, type_name, gv, layout, out, err);
+  if (rc != 0) {
+    cn__cell_free(e);
+    goto out;
+  }
+  cn_cell *c = *out;
+  c->edge = e;
+  c->edge_floats = ge->state_floats;
+  /* one report for the pair: the edge cell's launches run per batch too */
+  c->kernels += e->kernels;
+  c->mem_kernels += e->mem_kernels;
+  c->batches_dropped += e->batches_dropped;
+  c->ew_batched += e->ew_batched;
+  c->compile_ms = cn__now_ms() - t0;
+out:
+  free(ge);
+  free(gv);
   return rc;
 }

@@ -69,3 +69,8 @@ int cn_ir_linear(cn_ir *g, const int *x, int nx, int t, int r0, int width,
 void cn_ir_output(cn_ir *g, int v, int col) {
   if (v >= 0 && v < g->n) g->node[v].out_col = col;
 }
+
+int cn_ir_seg_sum(cn_ir *g, int a) {
+  return push(g, (cn_ir_node){.kind = CN_IR_SEG_SUM, .width = width_of(g, a),
+                              .a = a, .b = -1, .t = -1});
+}

@@ -214,14 +214,22 @@ void cn__cell_free(cn_cell *c) {
     free(c->gemm[j].bias);
   }
   for (int e = 0; e < c->n_ew; e++) free(c->ew[e].insn);
+  cn__cell_free(c->edge);
   free(c->vars);
   free(c);
 }
 
-int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n) {
-  return n * (c->row_floats + c->copy_floats) + 16;
+/* With an edge cell (segment ops): the vertex cell's scratch, then the
+ * edge results [edges, edge_floats], then the edge cell's scratch. */
+int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n, int64_t edges) {
+  int64_t s = n * (c->row_floats + c->copy_floats) + 16;
+  if (c->edge != NULL)
+    s += edges * c->edge_floats + cn__cell_scratch_floats(c->edge, edges, 0);
+  return s;
 }
 
 int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges) {
-  return (int64_t)c->n_srcs * (n + edges + 1) + 2 * n + 1;
+  int64_t i = (int64_t)c->n_srcs * (n + edges + 1) + 2 * n + 1;
+  if (c->edge != NULL) i += n + 1 + cn__cell_idx(c->edge, edges, 0);
+  return i;
 }

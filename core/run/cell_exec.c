@@ -54,11 +54,39 @@ static bool one_matrix(const view *vw, const cn_cell *c, const int32_t *v,
   return true;
 }
 
-/* Per-vertex offsets of a source (state or embedding floats), staged in
- * the run's index room; pooled sources also fill *seg. */
-static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
-                               const int32_t *verts, int n, int64_t **seg,
-                               int64_t *edges) {
+/* Where a cell's rows come from: the batch's vertices (verts[0..nv)),
+ * or, for an edge cell, their input edges in vertex order; a vertex cell
+ * with segment ops also reads the edge cell's results (eout, rows of
+ * edge_floats, vertex i's from eseg[i] to eseg[i + 1]). */
+typedef struct cell_rows {
+  const int32_t *verts;
+  int nv;
+  const float *eout;
+  const int64_t *eseg;
+  int64_t edges;
+} cell_rows;
+
+/* Vertex i's input edges are rows seg[i] .. seg[i + 1]. */
+static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
+                              int64_t *edges) {
+  int64_t *sg = cn__run_idx(r, n + 1), e = 0;
+  sg[0] = 0;
+  for (int i = 0; i < n; i++) {
+    int k;
+    cn__run_inputs(r, verts[i], &k);
+    sg[i + 1] = e += k;
+  }
+  *edges = e;
+  return sg;
+}
+
+/* Per-row offsets of a source (state or embedding floats), staged in the
+ * run's index room; pooled sources also fill *seg. */
+static int64_t *source_offsets(cn_run *r, const cn_cell *c,
+                               const cn_cell_src *s, const cell_rows *rw,
+                               int64_t **seg, int64_t *edges) {
+  const int32_t *verts = rw->verts;
+  int n = rw->nv;
   if (s->kind == CN_SRC_EMBED) {
     const cn_tensor *T = r->m->w[s->t];
     int64_t *off = cn__aux_off(r, verts, n, T->ndim == 2 ? T->shape[1] : 1);
@@ -72,13 +100,16 @@ static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
         if (off[i] >= 0) off[i] += s->col;
     return off;
   }
-  int64_t *sg = cn__run_idx(r, n + 1), e = 0;
-  sg[0] = 0;
-  for (int i = 0; i < n; i++) {
-    int k;
-    cn__run_inputs(r, verts[i], &k);
-    sg[i + 1] = e += k;
+  if (s->kind == CN_SRC_SEG) { /* the edge cell's results, per segment */
+    int64_t *off = cn__run_idx(r, rw->edges);
+    for (int64_t e = 0; e < rw->edges; e++)
+      off[e] = e * c->edge_floats + s->col;
+    *seg = (int64_t *)rw->eseg;
+    *edges = rw->edges;
+    return off;
   }
+  int64_t e;
+  int64_t *sg = edge_segments(r, verts, n, &e);
   int64_t *off = cn__run_idx(r, e);
   for (int i = 0; i < n; i++) {
     int k;
@@ -86,6 +117,7 @@ static int64_t *source_offsets(cn_run *r, const cn_cell_src *s,
     for (int q = 0; q < k; q++)
       off[sg[i] + q] = r->state_off[in[q]] + s->col;
   }
+  if (s->kind == CN_SRC_EDGE) return off; /* a row per edge */
   *seg = sg;
   *edges = e;
   return off;
@@ -154,11 +186,12 @@ static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
   r->cell_bytes += (size_t)n * (size_t)gm->N * sizeof(float);
 }
 
-void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
+/* Runs cell c on n rows (rw's vertices, or their edges for an edge
+ * cell), its scratch and results where the caller says. */
+static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
+                      int n, float *scratch, float *state) {
   cn_backend_ctx *bk = r->bk;
-  float *scratch = cn__run_scratch(r);
   float *stage = scratch + (int64_t)n * c->row_floats;
-  float *state = r->arena + r->state_off[verts[0]];
   view vw[3 * CN_IR_MAX];
   cn_ew_slot slots[3 * CN_IR_MAX + 1];
   for (int v = 0; v < c->n_vars; v++) {
@@ -172,8 +205,10 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
   for (int s = 0; s < c->n_srcs; s++) {
     const cn_cell_src *src = &c->srcs[s];
     int64_t *seg = NULL, edges = 0;
-    int64_t *off = source_offsets(r, src, verts, n, &seg, &edges);
-    const float *base = src->kind == CN_SRC_EMBED ? r->wb[src->t] : r->arena;
+    int64_t *off = source_offsets(r, c, src, rw, &seg, &edges);
+    const float *base = src->kind == CN_SRC_EMBED ? r->wb[src->t]
+                        : src->kind == CN_SRC_SEG ? rw->eout
+                                                  : r->arena;
     if (src->var < 0) {
       for (int v = 0; v < c->n_vars; v++)
         if (c->vars[v].space == CN_SP_INPLACE && c->vars[v].src == s)
@@ -195,8 +230,10 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
       slots[src->var] = (cn_ew_slot){vw[src->var].base, vw[src->var].ld, NULL};
       continue;
     }
-    /* Embedding rows are the vertex's input, not bytes between vertices. */
+    /* Embedding rows are the vertex's input, not bytes between vertices;
+     * an edge cell's results are inside the vertex function. */
     size_t *bytes = src->kind == CN_SRC_EMBED ? &r->input_bytes
+                    : src->kind == CN_SRC_SEG ? &r->cell_bytes
                                               : &r->gather_bytes;
     if (seg != NULL) {
       CN_BK(bk, gather_sum, d.base, (int)d.ld, base, off, seg, n, src->width,
@@ -232,13 +269,32 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
   }
 }
 
+void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
+  float *scratch = cn__run_scratch(r);
+  float *state = r->arena + r->state_off[verts[0]];
+  cell_rows rw = {verts, n, NULL, NULL, 0};
+  if (c->edge != NULL) { /* segment ops: the edge cell first (cell.h) */
+    rw.eseg = edge_segments(r, verts, n, &rw.edges);
+    float *eout = scratch + cn__cell_scratch_floats(c, n, 0);
+    float *escratch = eout + rw.edges * c->edge_floats;
+    cell_rows er = {verts, n, NULL, NULL, 0};
+    if (rw.edges > 0)
+      exec_rows(r, c->edge, &er, (int)rw.edges, escratch, eout);
+    rw.eout = eout;
+  }
+  exec_rows(r, c, &rw, n, scratch, state);
+}
+
 /* ---- describing and measuring cells (canopy model info / bench) -------- */
 static json_t *cell_json(const cn_cell *c) {
   json_t *o = json_object();
-  int insn = 0, ops = 0;
-  for (int e = 0; e < c->n_ew; e++) insn += c->ew[e].n_insn, ops += c->ew[e].n_ops;
-  json_object_set_new(o, "products", json_integer(c->n_gemm));
-  json_object_set_new(o, "fused_kernels", json_integer(c->n_ew));
+  int insn = 0, ops = 0, ng = c->n_gemm, nk = c->n_ew;
+  for (const cn_cell *x = c; x != NULL; x = x->edge)
+    for (int e = 0; e < x->n_ew; e++)
+      insn += x->ew[e].n_insn, ops += x->ew[e].n_ops;
+  if (c->edge != NULL) ng += c->edge->n_gemm, nk += c->edge->n_ew;
+  json_object_set_new(o, "products", json_integer(ng));
+  json_object_set_new(o, "fused_kernels", json_integer(nk));
   json_object_set_new(o, "elementwise_ops", json_integer(ops));
   json_object_set_new(o, "instructions", json_integer(insn));
   json_object_set_new(o, "kernels", json_integer(c->kernels));
@@ -247,6 +303,14 @@ static json_t *cell_json(const cn_cell *c) {
                       json_integer(c->cell_floats_copied));
   json_object_set_new(o, "row_floats", json_integer(c->row_floats));
   json_object_set_new(o, "tmp_floats", json_integer(c->tmp_floats));
+  if (c->edge != NULL) { /* segment ops: what runs per input edge */
+    json_t *e = json_object();
+    json_object_set_new(e, "products", json_integer(c->edge->n_gemm));
+    json_object_set_new(e, "fused_kernels", json_integer(c->edge->n_ew));
+    json_object_set_new(e, "row_floats", json_integer(c->edge->row_floats));
+    json_object_set_new(e, "result_floats", json_integer(c->edge_floats));
+    json_object_set_new(o, "per_edge", e);
+  }
   json_object_set_new(o, "pq_batches_dropped",
                       json_integer(c->batches_dropped));
   json_object_set_new(o, "compile_ms", json_real(c->compile_ms));

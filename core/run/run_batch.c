@@ -26,7 +26,7 @@ void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
   *idx = 4 * n + 2 * edges + 1;
   const cn_cell *c = cn__model_cell(r->m, r->layout, type);
   if (c == NULL) return;
-  int64_t s = cn__cell_scratch_floats(c, n), i = cn__cell_idx(c, n, edges);
+  int64_t s = cn__cell_scratch_floats(c, n, edges), i = cn__cell_idx(c, n, edges);
   if (s > *scratch) *scratch = s;
   if (i > *idx) *idx = i;
 }
@@ -101,8 +101,8 @@ int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
   out->n = n;
   if (c != NULL) {
     out->compile_ms = c->compile_ms;
-    out->products = c->n_gemm;
-    out->fused_kernels = c->n_ew;
+    out->products = c->n_gemm + (c->edge != NULL ? c->edge->n_gemm : 0);
+    out->fused_kernels = c->n_ew + (c->edge != NULL ? c->edge->n_ew : 0);
     out->copy_kernels = c->mem_kernels;
   }
   size_t cb = r->cell_bytes, gb = r->gather_bytes;
