@@ -185,17 +185,9 @@ struct cn_backend_vt {
 
   /* ---- family kernels not yet expressed in the op IR (issue #34) ----
    * The vertex types core/families/ still runs with exec(): each goes
-   * when the IR can describe it (segment ops, per-vertex weights). Child
+   * when the IR can describe it (per-vertex weights, the lattice's
+   * softmax-weighted merge). Child
    * state is read where it lives: base + off[r] (off < 0: zero). */
-  /* childsum: G[n,4H] = (i, f, o, u) pre-activations of the vertex itself
-   * (its f part is unused); F[Σk, H] = h_k · U_fᵀ for every child, child
-   * segment seg[r] .. seg[r+1]; c_k = base[coff[k] + H]; bf[H] = b_f (x is
-   * zero on internal nodes): c = σ(i)⊙tanh(u) + Σk σ(F_k + bf)⊙c_k;
-   * h = σ(o)⊙tanh(c). */
-  void (*childsum)(cn_backend_ctx *bk, int n, int H, const float *G,
-                   const float *F, const int64_t *seg, const float *bf,
-                   const float *base, const int64_t *coff, float *out,
-                   int ldo);
   /* mvrnn internal vector input: X[r] = [B a; A b] (2H) where child 1 is
    * (a, A) at base + off1[r] (a first, then A row-major H×H) and child 2
    * (b, B) at base + off2[r]; off2[r] < 0 means b = 0, B = I. */

@@ -267,15 +267,6 @@ static void sim_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   CPU(bk)->vt->gather_sum(CPU(bk), dst, ldd, base, idx, seg, n, width, mean);
 }
 
-static void sim_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
-                         const float *F, const int64_t *seg, const float *bf,
-                         const float *base, const int64_t *coff, float *out,
-                         int ldo) {
-  upload(bk, n + 1 + seg[n]);
-  bk->ctr.launches++;
-  CPU(bk)->vt->childsum(CPU(bk), n, H, G, F, seg, bf, base, coff, out, ldo);
-}
-
 static void sim_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
                           const int64_t *off1, const int64_t *off2,
                           float *X) {
@@ -367,7 +358,6 @@ static const cn_backend_vt sim_vt = {
     .gemm_strided = sim_gemm_strided,
     .gather = sim_gather,
     .gather_sum = sim_gather_sum,
-    .childsum = sim_childsum,
     .mvrnn_vec = sim_mvrnn_vec,
     .mvrnn_mat = sim_mvrnn_mat,
     .lattice_char = sim_lattice_char,

@@ -304,20 +304,6 @@ Test(cuda_ops, gathers_and_elementwise) {
 }
 
 /* The family kernels the op IR cannot describe yet (issue #34). */
-Test(cuda_ops, childsum) {
-  NEED_GPU();
-  int S = 2 * H, ldo = 2 * H;
-  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
-  float *G = rnd((size_t)N * 5 * H), *Gd = up(G, (size_t)N * 5 * H);
-  float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
-  int64_t *seg = segs(N), *co = offs((int)seg[N], S, false);
-  float *F = rnd((size_t)seg[N] * H), *Fd = up(F, (size_t)seg[N] * H);
-  float *bf = rnd(H), *bfd = up(bf, H);
-  C_->vt->childsum(C_, N, H, G, F, seg, bf, base, co, out, ldo);
-  G_->vt->childsum(G_, N, H, Gd, Fd, seg, bfd, based, co, outd, ldo);
-  expect_same("childsum", outd, out, (size_t)N * ldo);
-}
-
 Test(cuda_ops, mvrnn) {
   NEED_GPU();
   int h = 12, S = h + h * h;

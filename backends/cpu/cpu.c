@@ -280,23 +280,6 @@ static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   }
 }
 
-CN_VEC static void cpu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
-                         const float *F, const int64_t *seg, const float *bf,
-                         const float *base, const int64_t *coff, float *out,
-                         int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *restrict g = G + (size_t)r * 4 * H;
-    float *h = out + (size_t)r * ldo, *c = h + H;
-    for (int j = 0; j < H; j++) c[j] = sigm(g[j]) * tanhf(g[3 * H + j]);
-    for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
-      const float *f = F + (size_t)k * H;
-      const float *ck = base + coff[k] + H;
-      for (int j = 0; j < H; j++) c[j] += sigm(f[j] + bf[j]) * ck[j];
-    }
-    for (int j = 0; j < H; j++) h[j] = sigm(g[2 * H + j]) * tanhf(c[j]);
-  }
-}
-
 static void cpu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
                           const int64_t *off1, const int64_t *off2, float *X) {
   for (int r = 0; r < n; r++) {
@@ -550,7 +533,6 @@ static const cn_backend_vt cpu_vt = {
     .gemm_strided = cpu_gemm_strided,
     .gather = cpu_gather,
     .gather_sum = cpu_gather_sum,
-    .childsum = cpu_childsum,
     .mvrnn_vec = cpu_mvrnn_vec,
     .mvrnn_mat = cpu_mvrnn_mat,
     .lattice_char = cpu_lattice_char,

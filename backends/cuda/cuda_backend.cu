@@ -356,7 +356,6 @@ static const cn_backend_vt cuda_vt = {
     .gather = cu_gather,
     .gather_sum = cu_gather_sum,
     .argmax_rows = cu_argmax_rows,
-    .childsum = cu_childsum,
     .mvrnn_vec = cu_mvrnn_vec,
     .mvrnn_mat = cu_mvrnn_mat,
     .lattice_char = cu_lattice_char,

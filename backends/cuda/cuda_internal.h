@@ -229,9 +229,6 @@ void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
 void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                    const int64_t *idx, const int64_t *seg, int n, int width,
                    int mean);
-void cu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
-                 const float *F, const int64_t *seg, const float *bf,
-                 const float *base, const int64_t *coff, float *out, int ldo);
 void cu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
                   const int64_t *off1, const int64_t *off2, float *X);
 void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,

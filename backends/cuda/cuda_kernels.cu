@@ -107,36 +107,6 @@ void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
 
 /* ---- family kernels not yet in the op IR (issue #34) ---- */
 
-__global__ void k_childsum(int n, int H, const float *G, const float *F,
-                           const int64_t *seg, const float *bf,
-                           const float *base, const int64_t *coff, float *out,
-                           int ldo) {
-  GRID_LOOP(i, (ll)n * H) {
-    ll r = i / H;
-    int j = (int)(i % H);
-    const float *g = G + r * 4 * H;
-    float cj = sigm(g[j]) * tanhf(g[3 * H + j]);
-    for (int64_t k = seg[r]; k < seg[r + 1]; k++)
-      cj += sigm(F[k * H + j] + bf[j]) * base[coff[k] + H + j];
-    float *h = out + r * ldo;
-    h[H + j] = cj;
-    h[j] = sigm(g[2 * H + j]) * tanhf(cj);
-  }
-}
-
-void cu_childsum(cn_backend_ctx *bk, int n, int H, const float *G,
-                 const float *F, const int64_t *seg, const float *bf,
-                 const float *base, const int64_t *coff, float *out,
-                 int ldo) {
-  cu_ctx *c = cu_of(bk);
-  if (n <= 0 || !cu_enter(c)) return;
-  const int64_t *h[2] = {seg, coff}, *d[2];
-  const int64_t len[2] = {n + 1, seg[n]};
-  if (!cu_stage(c, 2, h, len, d)) return;
-  LAUNCH(c, (ll)n * H, k_childsum, n, H, G, F, d[0], bf, base, d[1], out,
-         ldo);
-}
-
 /* X[r] = [B a; A b]; b = 0, B = I without a second child. */
 __global__ void k_mvrnn_vec(int n, int H, const float *base,
                             const int64_t *off1, const int64_t *off2,
