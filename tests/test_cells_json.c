@@ -38,6 +38,7 @@ static const builtin builtins[] = {
     {"treelstm", "trees-binary.jsonl"},
     {"treelstm-2type", "trees-binary.jsonl"},
     {"treegru", "trees-binary.jsonl"},
+    {"childsum-treelstm", "trees-nary.jsonl"},
     {"bilstm-tagger", "sequences.jsonl"},
     {"latticegru", "dags.jsonl"},
 };

@@ -92,6 +92,19 @@ Test(cells_json, malformed_refused_with_the_op_named, .timeout = 120) {
       }
   }
 
+  /* segment ops: a per-edge value meets a per-vertex one only through
+   * edge_sum */
+  j = cells_json("treelstm");
+  json_object_set_new(op_of(j, 1, 0), "op", json_string("input_each"));
+  json_object_del(op_of(j, 1, 0), "edge");
+  REFUSED("per-edge mixed with per-vertex", j, "op 4 'g' (linear)",
+          "mixes a per-edge value (op 0) with a per-vertex one (op 2)");
+
+  j = cells_json("treelstm");
+  json_object_set_new(op_of(j, 1, 5), "op", json_string("edge_sum"));
+  REFUSED("edge_sum of a per-vertex value", j, "op 5 'sg' (edge_sum)",
+          "is not a per-edge value");
+
   j = cells_json("treelstm");
   json_object_set_new(op_of(j, 1, 4), "weight", json_string("internal.Q"));
   REFUSED("missing tensor", j, "op 4 'g' (linear)",

@@ -29,7 +29,9 @@ enum {
   OP_RSUB,
   OP_SHIFT,
   OP_SLICE,
-  OP_CONCAT
+  OP_CONCAT,
+  OP_INPUT_EACH, /* segment ops (cell.h): a value per input edge        */
+  OP_EDGE_SUM    /* Σ of a per-edge value over the vertex's input edges */
 };
 
 /* jop.kind of the state list while its references are resolved */
@@ -46,6 +48,7 @@ typedef struct jop {
   int t, bt;  /* tensor indices (m->w), -1 */
   int r0;     /* linear rows start */
   float k;
+  bool per_edge; /* a value per input edge (input_each and what reads it) */
 } jop;
 
 typedef struct memo {

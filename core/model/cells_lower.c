@@ -81,6 +81,20 @@ static int lower(cells_ctx *c, int i, int off, int w, piece *out, int *np) {
                       p->name[0] ? p->name : "input");
     break;
   }
+  case OP_INPUT_EACH:
+    node = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, p->c0 + off, w,
+                      p->name[0] ? p->name : "input_each");
+    break;
+  case OP_EDGE_SUM: {
+    piece a[CN_CELLS_MAX_PIECES];
+    int na = 0;
+    if ((rc = lower(c, p->a, off, w, a, &na))) return rc;
+    for (int k = 0; k < na; k++)
+      if ((rc = push_piece(c, i, out, np, cn_ir_seg_sum(g, a[k].node),
+                           a[k].w)))
+        return rc;
+    return 0;
+  }
   case OP_EMBED:
     node = cn_ir_src_(g, CN_SRC_EMBED, p->t, 0, off, w,
                       p->name[0] ? p->name : "x");
@@ -183,6 +197,7 @@ static bool needs_copy(const cn_ir *g, int v, bool top) {
   if (top && nd->out_col >= 0) return true;
   switch (nd->kind) {
   case CN_IR_SRC:
+  case CN_IR_SEG_SUM: /* a source of the vertex cell once split */
   case CN_IR_PARAM:
   case CN_IR_MATMUL: return true;
   case CN_IR_ADD:
@@ -211,6 +226,11 @@ int cn__cells_lower_state(cells_ctx *c, const json_t *st) {
     rc = cn__cells_get_ref(c, n, v, "state", &r);
     c->n_ops = n;
     if (rc != 0) return rc;
+    if (c->ops[r].per_edge)
+      return cn__cells_bad(c->err, c->file,
+                           "type '%s': 'state' lists op %d, a per-edge value "
+                           "(sum it over the input edges with edge_sum)",
+                           c->type, r);
     piece pc[CN_CELLS_MAX_PIECES];
     int np = 0;
     if ((rc = lower(c, r, 0, c->ops[r].width, pc, &np))) return rc;

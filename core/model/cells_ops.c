@@ -38,6 +38,8 @@ static const struct {
     [OP_SHIFT] = {"shift", {"a", "k"}},
     [OP_SLICE] = {"slice", {"a", "cols"}},
     [OP_CONCAT] = {"concat", {"x"}},
+    [OP_INPUT_EACH] = {"input_each", {"cols"}},
+    [OP_EDGE_SUM] = {"edge_sum", {"a"}},
 };
 
 /* "model.json: cells: type 'internal' op 7 'mul_3' (mul): ..." */
@@ -389,6 +391,44 @@ static int check_width(cells_ctx *c, int i, const json_t *o, const jop *p) {
   return 0;
 }
 
+/* Segment ops (docs/cells.md): input_each makes a value per input edge,
+ * ops over per-edge values are per edge too, and only edge_sum takes one
+ * back to the vertex; an op may not mix the two (params go with either). */
+static int check_edges(cells_ctx *c, int i, jop *p) {
+  if (p->kind == OP_INPUT_EACH) {
+    p->per_edge = true;
+    return 0;
+  }
+  if (p->kind == OP_EDGE_SUM) {
+    if (!c->ops[p->a].per_edge)
+      return cn__cells_op_err(c, i,
+                              "'a' (op %d) is not a per-edge value: edge_sum "
+                              "sums what input_each and the ops over it "
+                              "compute",
+                              p->a);
+    return 0;
+  }
+  int ops[CN_CELLS_MAX_X + 2], n = 0, first = -1;
+  if (p->a >= 0) ops[n++] = p->a;
+  if (p->b >= 0) ops[n++] = p->b;
+  for (int k = 0; k < p->nx; k++) ops[n++] = p->x[k];
+  for (int k = 0; k < n; k++) {
+    if (c->ops[ops[k]].kind == OP_PARAM) continue;
+    if (first < 0) {
+      first = ops[k];
+      p->per_edge = c->ops[ops[k]].per_edge;
+    } else if (c->ops[ops[k]].per_edge != p->per_edge) {
+      int e = p->per_edge ? first : ops[k], v = p->per_edge ? ops[k] : first;
+      return cn__cells_op_err(c, i,
+                              "mixes a per-edge value (op %d) with a "
+                              "per-vertex one (op %d): sum the per-edge one "
+                              "with edge_sum first",
+                              e, v);
+    }
+  }
+  return 0;
+}
+
 /* Reads op i; its width from its operands and tensors. */
 static int parse_op(cells_ctx *c, int i, const json_t *o) {
   jop *p = &c->ops[i];
@@ -418,8 +458,11 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
   case OP_RELU: rc = parse_unary(c, i, o, p); break;
   case OP_SLICE: rc = parse_slice(c, i, o, p); break;
   case OP_CONCAT: rc = parse_concat(c, i, o, p); break;
+  case OP_INPUT_EACH: rc = parse_input_cols(c, i, o, p); break;
+  case OP_EDGE_SUM: rc = parse_unary(c, i, o, p); break;
   }
   if (rc) return rc;
+  if ((rc = check_edges(c, i, p))) return rc;
   return check_width(c, i, o, p);
 }
 

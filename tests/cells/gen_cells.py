@@ -179,6 +179,37 @@ def latticegru(H, D):
 
 
 # ---- cells that are not built in ---------------------------------------------
+def childsum_treelstm(H, D):
+    """Any arity: one forget gate per child (segment ops: input_each,
+    edge_sum)."""
+    def gates(c, x, W):
+        gi, go, gu = [c.op(n, "linear", x=x, weight=W, bias="cell.b",
+                           rows=[k * H, (k + 1) * H])
+                      for n, k in (("gi", 0), ("go", 2), ("gu", 3))]
+        return (c.op("i", "sigmoid", a=gi), c.op("o", "sigmoid", a=go),
+                c.op("u", "tanh", a=gu))
+
+    leaf = Cell()
+    leaf.op("x", "embed", tensor="embed")
+    i, o, u = gates(leaf, "x", "cell.W")
+    leaf.op("c", "mul", a=i, b=u)
+    leaf.op("h", "mul", a=o, b=leaf.op("tc", "tanh", a="c"))
+    c = Cell()
+    c.op("hs", "input_sum", cols=[0, H])
+    i, o, u = gates(c, "hs", "cell.U")
+    c.op("h_k", "input_each", cols=[0, H])
+    c.op("c_k", "input_each", cols=[H, 2 * H])
+    c.op("f_k", "sigmoid", a=c.op("gf", "linear", x="h_k", weight="cell.U",
+                                  bias="cell.b", rows=[H, 2 * H]))
+    c.op("fc", "edge_sum", a=c.op("fc_k", "mul", a="f_k", b="c_k"))
+    c.op("c", "add", a=c.op("iu", "mul", a=i, b=u), b="fc")
+    c.op("h", "mul", a=o, b=c.op("tc", "tanh", a="c"))
+    return model("tree", 2 * H, [
+        vtype("leaf", "leaf", leaf, ["h", "c"]),
+        vtype("internal", "internal", c, ["h", "c"]),
+    ], out_layer(H), arity=0, hidden=[0, H])
+
+
 def peephole_treelstm(H, D):
     """Binary Tree-LSTM with peephole connections (Gers & Schmidhuber 2000
     style): the input and forget gates see the children's cells, the output
@@ -294,7 +325,8 @@ def allops(H, D):
 
 
 ALL = {"treelstm": treelstm, "treelstm-2type": treelstm_2type,
-       "treegru": treegru, "bilstm-tagger": bilstm_tagger,
+       "treegru": treegru, "childsum-treelstm": childsum_treelstm,
+       "bilstm-tagger": bilstm_tagger,
        "latticegru": latticegru, "peephole-treelstm": peephole_treelstm,
        "relu-treegru": relu_treegru, "elman-tagger": elman_tagger,
        "allops": allops}
