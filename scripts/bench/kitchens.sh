@@ -109,7 +109,8 @@ done >"$WORK/rows"
 # parts in place, as on CUDA (no gemm_rows: core gathers the parts first;
 # CANOPY_ROWS_IN_PLACE=0 makes the CPU backend take the same calls):
 # `canopy model bench`'s kernels per execution of 64 vertices at H=128,
-# the old build's hand-written kernels ("fused") against this build.
+# the old build's hand-written kernels ("fused" where it had the layout,
+# else "exec", else its pq cell) against this build's (exec, else pq).
 for fam in $FAMILIES; do
   data=$(data_of "$fam")
   for side in old new; do
@@ -153,15 +154,20 @@ echo "gathered first, as on CUDA (CANOPY_ROWS_IN_PLACE=0; canopy model bench):"
 echo
 $PY - "$WORK/launches" <<'EOF'
 import json, sys
-k = {}
+k, seen = {}, {}
 for l in open(sys.argv[1]):
     fam, side, rest = l.split(" ", 2)
     o = json.loads(rest)
-    # old: its hand-written kernels ("fused", or the compiled cell where
-    # it had no kernel); new: the default layout, pq (or exec())
-    if (side == "old" and o["layout"] in ("fused",)) or \
-       (side == "new" and o["layout"] in ("pq", "exec")):
-        k.setdefault((fam, o["type"]), {})[side] = o["kernels"]
+    seen.setdefault((fam, o["type"]), {}).setdefault(side, {})[o["layout"]] = o["kernels"]
+# old: its hand-written kernels ("fused" where the build had the layout,
+# else exec()), or its compiled cell; new: exec(), else pq (the default)
+prefer = {"old": ("fused", "exec", "pq"), "new": ("exec", "pq")}
+for key, sides in seen.items():
+    for side, lay in sides.items():
+        for name in prefer[side]:
+            if name in lay:
+                k.setdefault(key, {})[side] = lay[name]
+                break
 print("| family / vertex type | old launches | new launches |")
 print("|---|---:|---:|")
 for (fam, t), d in k.items():
