@@ -186,7 +186,9 @@ _IDENTITY_METHODS = ("contiguous", "clone")
 SUPPORTED = ("nn.Linear, F.linear, matmul/mm/@ with a parameter, "
              "add/sub/mul/div (vectors, 1-D parameters, numbers), neg, "
              "sigmoid, tanh, relu, exp, split, chunk, narrow, column "
-             "slicing, cat on the last dim, children.sum(0)/.mean(0)")
+             "slicing, cat on the last dim, children.sum(0)/.mean(0), "
+             "per-child work on the children stack summed with .sum(0)")
+_SOURCES = ("input", "input_sum", "input_mean", "input_each", "param", "embed")
 
 
 class _Cell:
@@ -212,15 +214,39 @@ class _Cell:
     # ops ---------------------------------------------------------------------
     def emit(self, op, width, hint, **fields):
         key = (op, json.dumps(fields, sort_keys=True, default=str))
-        if op in ("input", "input_sum", "input_mean", "param", "embed") \
-                and key in self.memo:
+        if op in _SOURCES and key in self.memo:
             return _V(self.memo[key], width)
         self.ops.append({"op": op, "width": int(width), "_hint": hint,
-                         "_where": self.where, **fields})
+                         "_where": self.where,
+                         "_edge": self.per_edge_of(op, fields), **fields})
         k = len(self.ops) - 1
-        if op in ("input", "input_sum", "input_mean", "param", "embed"):
+        if op in _SOURCES:
             self.memo[key] = k
         return _V(k, width)
+
+    def per_edge_of(self, op, fields):
+        """Whether an op computes one value per child (docs/cells.md,
+        "Per-edge values"): input_each does, edge_sum does not, any other
+        op does when its operands do; mixing the two is refused."""
+        if op in ("input_each", "edge_sum"):
+            return op == "input_each"
+        refs = [fields[f] for f in ("a", "b") if f in fields]
+        x = fields.get("x")
+        refs += x if isinstance(x, list) else [x] if x is not None else []
+        kinds = {self.ops[r]["_edge"] for r in refs
+                 if self.ops[r]["op"] != "param"}
+        if len(kinds) > 1:
+            self.fail("an op mixes a per-child value (computed from the "
+                      "children stack) with a per-vertex one; sum the "
+                      "per-child one over the children first (.sum(0))")
+        return kinds == {True}
+
+    def is_edge(self, v):
+        return isinstance(v, _V) and self.ops[v.op]["_edge"]
+
+    def ndim(self, v):
+        """Dims of a value as the cell's code sees it: [K, B, W] per child."""
+        return 3 if isinstance(v, _Kids) or self.is_edge(v) else 2
 
     def vec(self, v, hint):
         """v as a vector (_V): 1-D parameters become a param op."""
@@ -233,9 +259,9 @@ class _Cell:
                           "(a matrix must be multiplied: x @ W.t())")
             return self.emit("param", v.t.shape[0], v.name.replace(".", "_"),
                              tensor=v.name)
-        if isinstance(v, _Kids):
-            self.fail("the children stack must be reduced first: "
-                      "children.sum(0) or children.mean(0) (or children[k])")
+        if isinstance(v, _Kids):  # per-child work: one value per child
+            return self.emit("input_each", v.cols[1] - v.cols[0], hint,
+                             cols=list(v.cols))
         if isinstance(v, (tuple, list)):
             self.fail("a tuple (from split/chunk) is used as a tensor; pick "
                       "one part first")
@@ -250,7 +276,8 @@ class _Cell:
         if a == 0 and b == v.width:
             return v
         src = self.ops[v.op]
-        if src["op"] in ("input", "input_sum", "input_mean", "param"):
+        if src["op"] in ("input", "input_sum", "input_mean", "input_each",
+                         "param"):
             c0 = src.get("cols", [0, src["width"]])[0]
             f = {k: x for k, x in src.items()
                  if not k.startswith("_") and k not in ("op", "width", "cols")}
@@ -347,7 +374,7 @@ class _Cell:
         return tuple(out)
 
     def split(self, v, size, dim, hint):
-        self.dim_last(dim)
+        self.dim_last(dim, self.ndim(v))
         w = self.vec(v, hint).width
         if isinstance(size, int):
             if size <= 0:
@@ -358,7 +385,7 @@ class _Cell:
         return self.pieces(v, sizes, hint)
 
     def chunk(self, v, n, dim, hint):
-        self.dim_last(dim)
+        self.dim_last(dim, self.ndim(v))
         w = self.vec(v, hint).width
         size = -(-w // n)
         sizes = [size] * (w // size) + ([w % size] if w % size else [])
@@ -380,6 +407,16 @@ class _Cell:
             self.fail(f"index {idx!r} into the children: use children[k], "
                       "children.sum(0), children.mean(0) or "
                       "children[:, :, a:b]")
+        if self.is_edge(v):  # [K, B, W]: v[:, :, a:b] or v[..., a:b]
+            if isinstance(idx, tuple) and len(idx) == 3 \
+                    and idx[0] == slice(None) and idx[1] == slice(None) \
+                    and isinstance(idx[2], slice):
+                idx = (Ellipsis, idx[2])
+            if not (isinstance(idx, tuple) and len(idx) == 2
+                    and idx[0] is Ellipsis and isinstance(idx[1], slice)):
+                self.fail(f"index {idx!r} into a per-child value [K, B, W]: "
+                          "only its columns can be sliced, v[:, :, a:b] "
+                          "or v[..., a:b]")
         if isinstance(idx, tuple) and len(idx) == 2 and \
                 (idx[0] == slice(None) or idx[0] is Ellipsis) \
                 and isinstance(idx[1], slice):
@@ -405,6 +442,16 @@ class _Cell:
                          cols=list(cols))
 
     def reduce(self, v, how, dim, keepdim, hint):
+        if self.is_edge(v):
+            if dim != 0 or keepdim:
+                self.fail(f"{how} over dim {dim} of a per-child value "
+                          "[K, B, W]: it is reduced over the children, "
+                          "dim 0 (.sum(0))")
+            if how != "sum":
+                self.fail("the mean of a per-child value is not supported "
+                          "(only the sum, .sum(0)); the mean of the "
+                          "children's own state is: children.mean(0)")
+            return self.emit("edge_sum", v.width, hint, a=v.op)
         if not isinstance(v, _Kids):
             self.fail(f"{how} of a tensor: only the children stack can be "
                       "summed or averaged (over dim 0)")
@@ -415,7 +462,7 @@ class _Cell:
                          cols=list(v.cols))
 
     def concat(self, xs, dim, hint):
-        self.dim_last(dim)
+        self.dim_last(dim, self.ndim(xs[0]) if xs else 2)
         vs = [self.vec(x, hint) for x in xs]
         while len(vs) > MAX_LIST:  # the loader's limit: concats of concats
             vs = [self.concat_ops(vs[i:i + MAX_LIST], hint)
@@ -502,7 +549,7 @@ class _Cell:
             if fn == "chunk":
                 return self.chunk(a0, kw("chunks", None, 1), kw("dim", 0, 2), hint)
             if fn == "narrow":
-                self.dim_last(kw("dim", None, 1))
+                self.dim_last(kw("dim", None, 1), self.ndim(a0))
                 s, n = kw("start", None, 2), kw("length", None, 3)
                 return self.slice_(a0, s, s + n, hint)
             if fn in ("sum", "mean"):
@@ -536,7 +583,7 @@ class _Cell:
         if fn is torch.chunk:
             return self.chunk(a0, kw("chunks", None, 1), kw("dim", 0, 2), hint)
         if fn is torch.narrow:
-            self.dim_last(kw("dim", None, 1))
+            self.dim_last(kw("dim", None, 1), self.ndim(a0))
             s, n = kw("start", None, 2), kw("length", None, 3)
             return self.slice_(a0, s, s + n, hint)
         if fn in (torch.sum, torch.mean):
@@ -656,6 +703,10 @@ def _finish(cell, out, state):
     while len(parts) > MAX_LIST:
         parts = [cell.concat_ops(parts[i:i + MAX_LIST], "state")
                  for i in range(0, len(parts), MAX_LIST)]
+    for p in parts:
+        if cell.ops[p.op]["_edge"]:
+            cell.fail("returns a per-child value as (part of) the state; sum "
+                      "it over the children first (.sum(0))")
     width = sum(p.width for p in parts)
     if width != state:
         cell.fail(f"returns a state of width {width}; the model's state is "

@@ -48,7 +48,9 @@ def _ref(ops, vals, r):
 
 def eval_type(t, tens, state, token_id, edges):
     """One vertex of type ``t``: ``edges`` is the list of its input edges'
-    states (1-D tensors; None for an absent one). Returns the new state."""
+    states (1-D tensors; None for an absent one). Returns the new state.
+    A per-edge value (input_each and the ops over it) is a [k, width]
+    tensor, a row per present edge; edge_sum sums its rows."""
     ops, vals = t["ops"], []
     for op in ops:
         kind = op["op"]
@@ -70,16 +72,23 @@ def eval_type(t, tens, state, token_id, edges):
                 v = v + e
             if kind == "input_mean" and present:
                 v = v / len(present)
+        elif kind == "input_each":
+            c = cols or [0, state]
+            present = [e[c[0]:c[1]] for e in edges if e is not None]
+            v = (torch.stack(present) if present else
+                 torch.zeros(0, c[1] - c[0], dtype=torch.float64))
+        elif kind == "edge_sum":
+            v = _ref(ops, vals, op["a"]).sum(0)
         elif kind == "embed":
             v = tens[op["tensor"]][token_id]
         elif kind == "param":
             v = cut(tens[op["tensor"]])
         elif kind == "linear":
             xs = op["x"] if isinstance(op["x"], list) else [op["x"]]
-            x = torch.cat([_ref(ops, vals, r) for r in xs])
+            x = torch.cat([_ref(ops, vals, r) for r in xs], -1)
             W = tens[op["weight"]]
             rows = op.get("rows", [0, W.shape[0]])
-            v = W[rows[0]:rows[1]] @ x
+            v = x @ W[rows[0]:rows[1]].t()
             if "bias" in op:
                 v = v + tens[op["bias"]][rows[0]:rows[1]]
         elif kind in ("add", "sub", "mul", "div"):
@@ -94,13 +103,13 @@ def eval_type(t, tens, state, token_id, edges):
         elif kind == "shift":
             v = _ref(ops, vals, op["a"]) + op["k"]
         elif kind == "slice":
-            v = _ref(ops, vals, op["a"])[cols[0]:cols[1]]
+            v = _ref(ops, vals, op["a"])[..., cols[0]:cols[1]]
         elif kind == "concat":
-            v = torch.cat([_ref(ops, vals, r) for r in op["x"]])
+            v = torch.cat([_ref(ops, vals, r) for r in op["x"]], -1)
         else:
             raise ValueError(f"unknown op {kind!r}")
-        if "width" in op and v.shape[0] != op["width"]:
-            raise ValueError(f"op {op.get('name')}: width {v.shape[0]}, "
+        if "width" in op and v.shape[-1] != op["width"]:
+            raise ValueError(f"op {op.get('name')}: width {v.shape[-1]}, "
                              f"declared {op['width']}")
         vals.append(v)
     s = torch.cat([_ref(ops, vals, r) for r in t["state"]])

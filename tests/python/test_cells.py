@@ -490,6 +490,24 @@ class TestTracer(Case):
         self.assertIn("takes 2: forward(s1, s2) (internal nodes have no "
                       "token, so no x)", str(e.exception))
 
+    def test_refuses_per_child_mixed_with_per_node(self):
+        with self.assertRaises(ct.CellTraceError) as e:
+            ct.save_cells(tempfile.mkdtemp(), "tree",
+                          {"leaf": ChildSumLeaf(3, 2),
+                           "internal": MixedChildren(2)}, state=4, arity=0,
+                          output=nn.Linear(4, 2), embed=nn.Embedding(3, 3),
+                          vocab=["<unk>", "a", "b"])
+        self.assertIn("mixes a per-child value", str(e.exception))
+        self.assertIn("test_cells.py, line", str(e.exception))
+        with self.assertRaises(ct.CellTraceError) as e:
+            ct.save_cells(tempfile.mkdtemp(), "tree",
+                          {"leaf": ChildSumLeaf(3, 2),
+                           "internal": PerChildState()}, state=4, arity=0,
+                          output=nn.Linear(4, 2), embed=nn.Embedding(3, 3),
+                          vocab=["<unk>", "a", "b"])
+        self.assertIn("per-child value as (part of) the state",
+                      str(e.exception))
+
     def test_refuses_wrong_state_width(self):
         with self.assertRaises(ct.CellTraceError) as e:
             ct.save_cells(tempfile.mkdtemp(), "sequence",
@@ -497,6 +515,22 @@ class TestTracer(Case):
                           output=nn.Linear(4, 2), embed=nn.Embedding(3, 4),
                           vocab=["<unk>", "a", "b"])
         self.assertIn("width 4; the model's state is 8", str(e.exception))
+
+
+class MixedChildren(nn.Module):
+    """A per-child value times a per-node one: no broadcast yet."""
+
+    def __init__(self, H):
+        super().__init__()
+        self.U = nn.Linear(2 * H, 2 * H)
+
+    def forward(self, children):
+        return (self.U(children) * children.sum(0)).sum(0)
+
+
+class PerChildState(nn.Module):
+    def forward(self, children):
+        return torch.tanh(children)
 
 
 class SoftmaxCell(nn.Module):
@@ -681,6 +715,65 @@ class NaryModel(nn.Module):
                              embed=self.embed, vocab=self.vocab.tokens, model=self)
 
 
+class ChildSumLeaf(nn.Module):
+    """forward(x) -> [h, c]."""
+
+    def __init__(self, D, H):
+        super().__init__()
+        self.W = nn.Linear(D, 3 * H)
+
+    def forward(self, x):
+        i, o, u = self.W(x).chunk(3, -1)
+        c = torch.sigmoid(i) * torch.tanh(u)
+        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], -1)
+
+
+class ChildSumInternal(nn.Module):
+    """forward(children) -> [h, c]: Child-Sum Tree-LSTM, a forget gate per
+    child (per-child work on the stack, then .sum(0): segment ops)."""
+
+    def __init__(self, H):
+        super().__init__()
+        self.H = H
+        self.U = nn.Linear(H, 3 * H)
+        self.U_f = nn.Linear(H, H)
+
+    def forward(self, children):
+        H = self.H
+        h_k, c_k = children[:, :, :H], children[:, :, H:]
+        i, o, u = self.U(h_k.sum(0)).chunk(3, -1)
+        f_k = torch.sigmoid(self.U_f(h_k))
+        c = torch.sigmoid(i) * torch.tanh(u) + (f_k * c_k).sum(0)
+        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], -1)
+
+
+class ChildSumModel(NaryModel):
+    def __init__(self, vocab, D, H, C):
+        nn.Module.__init__(self)
+        self.vocab, self.H = ct.Vocab(vocab), H
+        self.embed = nn.Embedding(len(vocab), D)
+        self.leaf, self.internal = ChildSumLeaf(D, H), ChildSumInternal(H)
+        self.out = nn.Linear(H, C)
+
+    def forward(self, inst):
+        tree = ct.parse_tree_instance(inst)
+        st = [None] * len(tree.nodes)
+        for k in range(len(tree.nodes) - 1, -1, -1):
+            n = tree.nodes[k]
+            if n.is_leaf():
+                st[k] = self.leaf(self.embed(torch.tensor([self.vocab.id(n.word)])))
+            else:
+                st[k] = self.internal(torch.stack([st[c] for c in n.children]))
+        h = torch.cat(st, 0)[:, :self.H]
+        return {"logits": self.out(h), "h": h[0]}
+
+    def save(self, d):
+        return ct.save_cells(d, "tree", {"leaf": self.leaf, "internal": self.internal},
+                             arity=0, state=2 * self.H, hidden=(0, self.H),
+                             output=self.out, embed=self.embed,
+                             vocab=self.vocab.tokens, model=self)
+
+
 class BiOut(nn.Module):
     def __init__(self, H, C):
         super().__init__()
@@ -862,6 +955,29 @@ class TestStructures(Case):
             self.close(key, co["h"], mo["h"], what + " h")
         self.assertTrue(any(len(n.children) > 2 for t in ts for n in t.nodes))
         self.check("nary-tree", m, insts, cmp)
+
+    def test_per_child_gates(self):
+        """Child-Sum Tree-LSTM written in PyTorch: per-child work on the
+        children stack becomes input_each ... edge_sum (segment ops)."""
+        insts = lines("trees-nary.jsonl", 12)
+        ts = [ct.parse_tree_instance(i) for i in insts]
+        m = randomize(ChildSumModel(vocab_of([w for t in ts for w in t.leaves()]),
+                                    4, 5, 3), 6)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(m.save(os.path.join(tmp, "cs")),
+                                   "model.json")) as f:
+                kinds = [op["op"] for op in
+                         json.load(f)["cells"]["types"][1]["ops"]]
+        self.assertEqual(kinds.count("edge_sum"), 1)
+        self.assertIn("input_each", kinds)
+        self.assertIn("input_sum", kinds)
+
+        def cmp(key, mo, co, what):
+            self.close(key, co["logits"], mo["logits"][0], what)
+            for k, nd in enumerate(co["nodes"]):
+                self.close(key, nd["logits"], mo["logits"][k], f"{what} {k}")
+            self.close(key, co["h"], mo["h"], what + " h")
+        self.check("childsum", m, insts, cmp)
 
     def test_label_types(self):
         insts = trees(10, 80)
