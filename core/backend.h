@@ -164,6 +164,14 @@ struct cn_backend_vt {
                        const float *A, int lda, long long sa, const float *B,
                        int ldb, long long sb, float beta, float *C, int ldc,
                        long long sc);
+  /* For r < count: C_r[M,N] = A_r[M,K] · B_r[K,N] (+ beta·C_r), each
+   * operand given by a HOST array of count pointers (device pointers on a
+   * device; one may repeat across r: a weight shared by the batch).
+   * Per-vertex products (core/cell/cell.h CN_IR_BMM: MV-RNN's matrices).
+   * Each element summed in one fixed order whatever count is, as gemm. */
+  void (*gemm_batched)(cn_backend_ctx *bk, int count, int M, int N, int K,
+                       const float *const *A, int lda, const float *const *B,
+                       int ldb, float beta, float *const *C, int ldc);
   /* dst[r, 0:width] = base[idx[r] : idx[r] + width], or zeros when
    * idx[r] < 0; rows of dst are ldd floats apart. */
   void (*gather)(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
@@ -185,20 +193,9 @@ struct cn_backend_vt {
 
   /* ---- family kernels not yet expressed in the op IR (issue #34) ----
    * The vertex types core/families/ still runs with exec(): each goes
-   * when the IR can describe it (per-vertex weights, the lattice's
-   * softmax-weighted merge). Child
+   * when the IR can describe it (the lattice's softmax-weighted merge).
+   * Child
    * state is read where it lives: base + off[r] (off < 0: zero). */
-  /* mvrnn internal vector input: X[r] = [B a; A b] (2H) where child 1 is
-   * (a, A) at base + off1[r] (a first, then A row-major H×H) and child 2
-   * (b, B) at base + off2[r]; off2[r] < 0 means b = 0, B = I. */
-  void (*mvrnn_vec)(cn_backend_ctx *bk, int n, int H, const float *base,
-                    const int64_t *off1, const int64_t *off2, float *X);
-  /* mvrnn internal matrix: out_r = WM[:, :H] · A + WM[:, H:] · B with A, B
-   * the children's matrices as above (B = I when off2[r] < 0); out rows of
-   * H×H floats start at out + r·ldo. */
-  void (*mvrnn_mat)(cn_backend_ctx *bk, int n, int H, const float *WM,
-                    const float *base, const int64_t *off1,
-                    const int64_t *off2, float *out, int ldo);
   /* Lattice LSTM char cell (Zhang & Yang 2018): G[n,4H] = (i, f, o, u)
    * pre-activations; c_prev = base[cprev[r] + H] (zero when < 0); words
    * ending here: k in seg[r] .. seg[r+1], cell state base[cw[k]], link
@@ -209,9 +206,6 @@ struct cn_backend_vt {
                        const float *base, const int64_t *cprev,
                        const int64_t *seg, const int64_t *cw,
                        const int64_t *lk, float *out, int ldo);
-  /* y = tanh(x) in place over n rows of width w (row stride ld). */
-  void (*tanh_rows)(cn_backend_ctx *bk, int n, int w, float *x, int ld);
-
   /* ---- compiled vertex functions (core/cell_*.c, issue #5) ----
    * dst[r, 0:width] = src[r, 0:width] for r < n (rows ldd / lds floats
    * apart): the gathers and scatters a layout could not avoid. */

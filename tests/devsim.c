@@ -249,6 +249,16 @@ static void sim_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
                             beta, C, ldc, sc);
 }
 
+static void sim_gemm_batched(cn_backend_ctx *bk, int count, int M, int N,
+                             int K, const float *const *A, int lda,
+                             const float *const *B, int ldb, float beta,
+                             float *const *C, int ldc) {
+  upload(bk, 3LL * count); /* the pointer arrays, as cuda stages them */
+  bk->ctr.launches++;
+  CPU(bk)->vt->gemm_batched(CPU(bk), count, M, N, K, A, lda, B, ldb, beta, C,
+                            ldc);
+}
+
 static void sim_gather(cn_backend_ctx *bk, float *dst, int ldd,
                        const float *base, const int64_t *idx, int n,
                        int width) {
@@ -265,22 +275,6 @@ static void sim_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   upload(bk, n + 1 + seg[n]);
   bk->ctr.launches++;
   CPU(bk)->vt->gather_sum(CPU(bk), dst, ldd, base, idx, seg, n, width, mean);
-}
-
-static void sim_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
-                          const int64_t *off1, const int64_t *off2,
-                          float *X) {
-  upload(bk, 2 * (long long)n);
-  bk->ctr.launches++;
-  CPU(bk)->vt->mvrnn_vec(CPU(bk), n, H, base, off1, off2, X);
-}
-
-static void sim_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
-                          const float *base, const int64_t *off1,
-                          const int64_t *off2, float *out, int ldo) {
-  upload(bk, 5 * (long long)n); /* the pointer arrays */
-  bk->ctr.launches += 2;
-  CPU(bk)->vt->mvrnn_mat(CPU(bk), n, H, WM, base, off1, off2, out, ldo);
 }
 
 static void sim_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
@@ -304,10 +298,6 @@ static void sim_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
   CPU(bk)->vt->argmax_rows(CPU(bk), n, w, X, ld, out);
 }
 
-static void sim_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld) {
-  bk->ctr.launches++;
-  CPU(bk)->vt->tanh_rows(CPU(bk), n, w, x, ld);
-}
 
 static void sim_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
                           const float *src, int lds, int n, int width) {
@@ -356,13 +346,11 @@ static const cn_backend_vt sim_vt = {
     .fetch_wait = sim_fetch_wait,
     .gemm = sim_gemm,
     .gemm_strided = sim_gemm_strided,
+    .gemm_batched = sim_gemm_batched,
     .gather = sim_gather,
     .gather_sum = sim_gather_sum,
-    .mvrnn_vec = sim_mvrnn_vec,
-    .mvrnn_mat = sim_mvrnn_mat,
     .lattice_char = sim_lattice_char,
     .argmax_rows = sim_argmax_rows,
-    .tanh_rows = sim_tanh_rows,
     .copy_rows = sim_copy_rows,
     .ew_program = sim_ew_program,
     .status = NULL,

@@ -172,3 +172,56 @@ Test(cell, segment_rules_refused) {
   cn_model_free(m);
   tu_rmdir(dir);
 }
+
+/* Per-vertex products (cell.h CN_IR_BMM): operand shapes must match, and a
+ * source read as the identity where its edge is absent may only be a
+ * product's operand (an elementwise op would read zeros there). The
+ * products themselves run in mvrnn's internal cell: batched_equals_unbatched
+ * above, and the reference. */
+Test(cell, per_vertex_product_rules) {
+  char dir[256];
+  cn_model *m = tu_model("treelstm", 4, 4, "trees-binary.jsonl", dir,
+                         sizeof(dir));
+  for (int k = 0; k < 2; k++) {
+    cn_ir *g = calloc(1, sizeof(*g));
+    int A = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, 16, "A");
+    int x = cn_ir_src_(g, CN_SRC_INPUT, -1, 1, 0, 4, "x");
+    g->node[A].fill = CN_FILL_IDENTITY;
+    int y = k == 0 ? cn_ir_bmm(g, A, x, -1, 0, 0, 4, 5, 1) /* 16 != 4·5 */
+                   : cn_ir_bmm(g, A, x, -1, 0, 0, 4, 4, 1);
+    if (k == 1) /* A also read elementwise */
+      y = cn_ir_binary(g, CN_IR_ADD, y,
+                       cn_ir_unary(g, CN_IR_TANH,
+                                   cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, 4,
+                                              "a")));
+    cn_ir_output(g, cn_ir_unary(g, CN_IR_TANH, y), 0);
+    g->state_floats = 4;
+    cn_cell *c = NULL;
+    cn_err err;
+    cn_err_clear(&err);
+    int rc = cn__cell_compile(m, 1, g, CN_LAYOUT_PQ, &c, &err);
+    if (k == 0) {
+      cr_expect_eq(rc, CN_E_INTERNAL, "mismatched shapes compiled");
+      cr_expect_null(c);
+    } else { /* a second source over the same columns is fine */
+      cr_expect_eq(rc, 0, "%s", err.msg);
+      cn__cell_free(c);
+    }
+    free(g);
+  }
+  /* the identity-filled source read elementwise: refused */
+  cn_ir *g = calloc(1, sizeof(*g));
+  int A = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, 4, "A");
+  g->node[A].fill = CN_FILL_IDENTITY;
+  cn_ir_output(g, cn_ir_unary(g, CN_IR_TANH, A), 0);
+  g->state_floats = 4;
+  cn_cell *c = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_eq(cn__cell_compile(m, 1, g, CN_LAYOUT_PQ, &c, &err),
+               CN_E_INTERNAL);
+  cr_expect(strstr(err.msg, "identity-filled") != NULL, "%s", err.msg);
+  free(g);
+  cn_model_free(m);
+  tu_rmdir(dir);
+}

@@ -141,3 +141,44 @@ Test(cpu_pack, gemm_strided_is_a_product_by_b_as_it_lies) {
   free(A), free(B), free(C), free(C0);
   cn_backend_close(bk);
 }
+
+/* gemm_batched: pointer arrays, a shared (repeated) operand, mat-vecs
+ * (N = 1, also with strided B and C columns), against a double product. */
+static void batched_case(cn_backend_ctx *bk, int count, int M, int N, int K,
+                         int ldb, int ldc, bool shared_a, float beta) {
+  float *A = rnd((size_t)count * M * K, 30), *B = rnd((size_t)count * K * ldb, 31);
+  float *C = rnd((size_t)count * M * ldc, 32);
+  float *C0 = malloc((size_t)count * M * ldc * sizeof(float));
+  memcpy(C0, C, (size_t)count * M * ldc * sizeof(float));
+  const float *pa[8], *pb[8];
+  float *pc[8];
+  for (int r = 0; r < count; r++) {
+    pa[r] = A + (shared_a ? 0 : (size_t)r * M * K);
+    pb[r] = B + (size_t)r * K * ldb;
+    pc[r] = C + (size_t)r * M * ldc;
+  }
+  bk->vt->gemm_batched(bk, count, M, N, K, pa, K, pb, ldb, beta, pc, ldc);
+  for (int r = 0; r < count; r++)
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        size_t ci = (size_t)r * M * ldc + (size_t)i * ldc + j;
+        double want = beta * C0[ci], mag = fabs(want);
+        for (int k = 0; k < K; k++) {
+          double t = (double)pa[r][(size_t)i * K + k] * pb[r][(size_t)k * ldb + j];
+          want += t;
+          mag += fabs(t);
+        }
+        cr_assert_leq(fabs(C[ci] - want), 2.0 * (K + 1) * 6e-8 * mag + 1e-30,
+                      "count %d M %d N %d r %d C[%d,%d]", count, M, N, r, i, j);
+      }
+  free(A), free(B), free(C), free(C0);
+}
+
+Test(cpu_pack, gemm_batched_is_a_product_per_pointer) {
+  cn_backend_ctx *bk = open_cpu();
+  batched_case(bk, 4, 9, 37, 21, 37, 37, false, 0.0f);
+  batched_case(bk, 4, 9, 37, 21, 37, 37, true, 1.0f);  /* repeated A */
+  batched_case(bk, 5, 17, 1, 17, 1, 1, false, 0.0f);   /* mat-vecs */
+  batched_case(bk, 5, 17, 1, 17, 3, 2, true, 1.0f);    /* strided columns */
+  cn_backend_close(bk);
+}

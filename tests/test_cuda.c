@@ -266,6 +266,17 @@ Test(cuda_ops, gemm_and_strided) {
   G_->vt->gemm_strided(G_, cnt, M, Nn, K, SAd, K, (long long)M * K, SBd, Nn,
                        (long long)K * Nn, 0.5f, SCd, Nn, (long long)M * Nn);
   expect_same("gemm_strided", SCd, SC, (size_t)cnt * M * Nn);
+  /* gemm_batched: the same problems by pointer arrays, accumulating */
+  const float *pa[5], *pb[5], *pad[5], *pbd[5];
+  float *pc[5], *pcd[5];
+  for (int r = 0; r < cnt; r++) {
+    pa[r] = SA + (size_t)r * M * K, pad[r] = SAd + (size_t)r * M * K;
+    pb[r] = SB + (size_t)r * K * Nn, pbd[r] = SBd + (size_t)r * K * Nn;
+    pc[r] = SC + (size_t)r * M * Nn, pcd[r] = SCd + (size_t)r * M * Nn;
+  }
+  C_->vt->gemm_batched(C_, cnt, M, Nn, K, pa, K, pb, Nn, 1.0f, pc, Nn);
+  G_->vt->gemm_batched(G_, cnt, M, Nn, K, pad, K, pbd, Nn, 1.0f, pcd, Nn);
+  expect_same("gemm_batched", SCd, SC, (size_t)cnt * M * Nn);
 }
 
 Test(cuda_ops, gathers_and_elementwise) {
@@ -283,10 +294,6 @@ Test(cuda_ops, gathers_and_elementwise) {
     G_->vt->gather_sum(G_, dd, ldd, based, gi, seg, N, H, mean);
     expect_same("gather_sum", dd, d, (size_t)N * ldd);
   }
-  float *x = rnd((size_t)N * ldd), *xd = up(x, (size_t)N * ldd);
-  C_->vt->tanh_rows(C_, N, H, x, ldd);
-  G_->vt->tanh_rows(G_, N, H, xd, ldd);
-  expect_same("tanh_rows", xd, x, (size_t)N * ldd);
   /* argmax, with ties (the lowest index wins). */
   int w = 300;
   float *X = rnd((size_t)N * w);
@@ -304,23 +311,6 @@ Test(cuda_ops, gathers_and_elementwise) {
 }
 
 /* The family kernels the op IR cannot describe yet (issue #34). */
-Test(cuda_ops, mvrnn) {
-  NEED_GPU();
-  int h = 12, S = h + h * h;
-  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
-  int64_t *o1 = offs(N, S, false), *o2 = offs(N, S, true);
-  float *X = rnd((size_t)N * 2 * h), *Xd = up(X, (size_t)N * 2 * h);
-  C_->vt->mvrnn_vec(C_, N, h, base, o1, o2, X);
-  G_->vt->mvrnn_vec(G_, N, h, based, o1, o2, Xd);
-  expect_same("mvrnn_vec", Xd, X, (size_t)N * 2 * h);
-  float *WM = rnd((size_t)h * 2 * h), *WMd = up(WM, (size_t)h * 2 * h);
-  int ldo = S;
-  float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
-  C_->vt->mvrnn_mat(C_, N, h, WM, base, o1, o2, out, ldo);
-  G_->vt->mvrnn_mat(G_, N, h, WMd, based, o1, o2, outd, ldo);
-  expect_same("mvrnn_mat", outd, out, (size_t)N * ldo);
-}
-
 Test(cuda_ops, lattice_char) {
   NEED_GPU();
   int S = 2 * H, ldo = 2 * H;

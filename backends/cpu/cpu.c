@@ -251,6 +251,42 @@ static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
   }
 }
 
+/* A repeated B (a shared weight) is packed once; a mat-vec (N = 1) runs
+ * as the row vector times Aᵀ, so the packed kernel vectorises over M. */
+static void cpu_gemm_batched(cn_backend_ctx *bk, int count, int M, int N,
+                             int K, const float *const *A, int lda,
+                             const float *const *B, int ldb, float beta,
+                             float *const *C, int ldc) {
+  cpu_ctx *c = (cpu_ctx *)bk;
+  if (M <= 0 || N <= 0) return;
+  if (N == 1) { /* C_r[M,1]ᵀ = B_r[K,1]ᵀ · A_r[M,K]ᵀ */
+    size_t np = cn__gemm_packed_floats(M, K);
+    float *P = scratch(c, np + (size_t)K + (size_t)M);
+    float *x = P + np, *y = x + K;
+    for (int r = 0; r < count; r++) {
+      if (r == 0 || A[r] != A[r - 1]) cn__gemm_pack_nt(M, K, A[r], lda, P);
+      const float *b = B[r];
+      if (ldb != 1) { /* a column of B, made a row */
+        for (int k = 0; k < K; k++) x[k] = B[r][(size_t)k * ldb];
+        b = x;
+      }
+      if (ldc == 1) {
+        cn__gemm_packed(1, M, K, b, K, P, NULL, beta, C[r], M);
+        continue;
+      }
+      for (int i = 0; i < M; i++) y[i] = C[r][(size_t)i * ldc];
+      cn__gemm_packed(1, M, K, b, K, P, NULL, beta, y, M);
+      for (int i = 0; i < M; i++) C[r][(size_t)i * ldc] = y[i];
+    }
+    return;
+  }
+  float *P = scratch(c, cn__gemm_packed_floats(N, K));
+  for (int r = 0; r < count; r++) {
+    if (r == 0 || B[r] != B[r - 1]) cn__gemm_pack_nn(N, K, B[r], ldb, P);
+    cn__gemm_packed(M, N, K, A[r], lda, P, NULL, beta, C[r], ldc);
+  }
+}
+
 static void cpu_gather(cn_backend_ctx *bk, float *dst, int ldd,
                        const float *base, const int64_t *idx, int n,
                        int width) {
@@ -276,49 +312,6 @@ static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
     if (mean && seg[r + 1] > seg[r]) {
       float inv = 1.0f / (float)(seg[r + 1] - seg[r]);
       for (int j = 0; j < width; j++) d[j] *= inv;
-    }
-  }
-}
-
-static void cpu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
-                          const int64_t *off1, const int64_t *off2, float *X) {
-  for (int r = 0; r < n; r++) {
-    const float *a = base + off1[r], *A = a + H;
-    float *x = X + (size_t)r * 2 * H;
-    if (off2[r] < 0) { /* b = 0, B = I: [B a; A b] = [a; 0] */
-      memcpy(x, a, (size_t)H * sizeof(float));
-      memset(x + H, 0, (size_t)H * sizeof(float));
-      continue;
-    }
-    const float *b = base + off2[r], *B = b + H;
-    /* x[:H] = B·a, x[H:] = A·b: one row of A·Wᵀ each, W = B, A */
-    float *P = scratch((cpu_ctx *)bk, cn__gemm_packed_floats(H, H));
-    cn__gemm_pack_nt(H, H, B, H, P);
-    cn__gemm_packed(1, H, H, a, H, P, NULL, 0.0f, x, H);
-    cn__gemm_pack_nt(H, H, A, H, P);
-    cn__gemm_packed(1, H, H, b, H, P, NULL, 0.0f, x + H, H);
-  }
-}
-
-static void cpu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
-                          const float *base, const int64_t *off1,
-                          const int64_t *off2, float *out, int ldo) {
-  cpu_ctx *c = (cpu_ctx *)bk;
-  for (int r = 0; r < n; r++) {
-    const float *A = base + off1[r] + H;
-    float *P = out + (size_t)r * ldo;
-    float *pk = scratch(c, cn__gemm_packed_floats(H, H));
-    /* P = WM[:, :H]·A (WM rows are 2H apart) */
-    cn__gemm_pack_nn(H, H, A, H, pk);
-    cn__gemm_packed(H, H, H, WM, 2 * H, pk, NULL, 0.0f, P, H);
-    if (off2[r] < 0) { /* + WM[:, H:]·I */
-      for (int i = 0; i < H; i++)
-        for (int j = 0; j < H; j++)
-          P[(size_t)i * H + j] += WM[(size_t)i * 2 * H + H + j];
-    } else {
-      const float *B = base + off2[r] + H;
-      cn__gemm_pack_nn(H, H, B, H, pk);
-      cn__gemm_packed(H, H, H, WM + H, 2 * H, pk, NULL, 1.0f, P, H);
     }
   }
 }
@@ -370,14 +363,6 @@ static void cpu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
       if (x[j] > x[best]) best = j;
     }
     out[r] = finite ? best : -1;
-  }
-}
-
-CN_VEC static void cpu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x,
-                          int ld) {
-  for (int r = 0; r < n; r++) {
-    float *y = x + (size_t)r * ld;
-    for (int j = 0; j < w; j++) y[j] = tanhf(y[j]);
   }
 }
 
@@ -531,13 +516,11 @@ static const cn_backend_vt cpu_vt = {
     .gemm = cpu_gemm,
     .gemm_rows = cpu_gemm_rows,
     .gemm_strided = cpu_gemm_strided,
+    .gemm_batched = cpu_gemm_batched,
     .gather = cpu_gather,
     .gather_sum = cpu_gather_sum,
-    .mvrnn_vec = cpu_mvrnn_vec,
-    .mvrnn_mat = cpu_mvrnn_mat,
     .lattice_char = cpu_lattice_char,
     .argmax_rows = cpu_argmax_rows,
-    .tanh_rows = cpu_tanh_rows,
     .copy_rows = cpu_copy_rows,
     .ew_program = cpu_ew_program,
 };

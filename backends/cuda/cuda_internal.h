@@ -5,7 +5,7 @@
  *                   index staging;
  *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise, row
  *                   copies;
- *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, mvrnn_mat);
+ *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, gemm_batched);
  *   cuda_ew.cu      the fused elementwise programs of compiled cells;
  *   cuda_backend.cu open/close, the vtable, weights, copies, the fetch.
  * Only backends/cuda includes CUDA headers.
@@ -96,10 +96,6 @@ typedef struct cu_ctx {
   /* argmax results: device and pinned host. */
   int32_t *am_dev, *am_host;
   size_t am_cap;
-
-  /* mvrnn_mat's identity (B = I for a missing child), for one H. */
-  float *eye;
-  int eye_H;
 
   /* fetch_rows / fetch_start: the packed spans on the device (a pool
    * block) and their pinned host copy in two halves used in turn (one
@@ -213,9 +209,6 @@ void cu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N, int K,
                      const float *A, int lda, long long sa, const float *B,
                      int ldb, long long sb, float beta, float *C, int ldc,
                      long long sc);
-void cu_mvrnn_mat(cn_backend_ctx *bk, int n, int H, const float *WM,
-                  const float *base, const int64_t *off1,
-                  const int64_t *off2, float *out, int ldo);
 /* cublasLt set up for the products with a bias (false: left off). */
 bool cu_lt_open(cu_ctx *c);
 void cu_lt_close(cu_ctx *c);
@@ -223,21 +216,20 @@ void cu_lt_close(cu_ctx *c);
 /* cuda_kernels.cu */
 bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
                   float *C, int ldc);
-bool cu_eye(cu_ctx *c, float *I, int H);
+void cu_gemm_batched(cn_backend_ctx *bk, int count, int M, int N, int K,
+                     const float *const *A, int lda, const float *const *B,
+                     int ldb, float beta, float *const *C, int ldc);
 void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                const int64_t *idx, int n, int width);
 void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                    const int64_t *idx, const int64_t *seg, int n, int width,
                    int mean);
-void cu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
-                  const int64_t *off1, const int64_t *off2, float *X);
 void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
                      const float *base, const int64_t *cprev,
                      const int64_t *seg, const int64_t *cw, const int64_t *lk,
                      float *out, int ldo);
 void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
                     int32_t *out);
-void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld);
 void cu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd, const float *src,
                   int lds, int n, int width);
 /* cuda_ew.cu */

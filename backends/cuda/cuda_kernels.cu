@@ -1,5 +1,6 @@
-/* cuda_kernels.cu - gathers, argmax, tanh_rows and the family kernels
- * the op IR cannot describe yet (core/backend.h, issue #34). Each is one kernel launch over the batch (one thread per output
+/* cuda_kernels.cu - gathers, argmax and the family kernel the op IR
+ * cannot describe yet (lattice_char; core/backend.h, issue #34). Each is
+ * one kernel launch over the batch (one thread per output
  * float, grid-stride), preceded by one asynchronous copy of the call's
  * host index arrays into the staging ring (cu_stage). The arithmetic
  * follows backends/cpu/cpu.c operation for operation (expf, tanhf, no fast
@@ -45,15 +46,6 @@ __global__ void k_bias_rows(int M, int N, const float *bias, float beta,
 bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
                   float *C, int ldc) {
   LAUNCH(c, (ll)M * N, k_bias_rows, M, N, bias, beta, C, ldc);
-  return !c->failed;
-}
-
-__global__ void k_eye(float *I, int H) {
-  GRID_LOOP(i, (ll)H * H) I[i] = (i / H == i % H) ? 1.0f : 0.0f;
-}
-
-bool cu_eye(cu_ctx *c, float *I, int H) {
-  LAUNCH(c, (ll)H * H, k_eye, I, H);
   return !c->failed;
 }
 
@@ -106,37 +98,6 @@ void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
 }
 
 /* ---- family kernels not yet in the op IR (issue #34) ---- */
-
-/* X[r] = [B a; A b]; b = 0, B = I without a second child. */
-__global__ void k_mvrnn_vec(int n, int H, const float *base,
-                            const int64_t *off1, const int64_t *off2,
-                            float *X) {
-  GRID_LOOP(i, (ll)n * 2 * H) {
-    ll r = i / (2 * H);
-    int q = (int)(i % (2 * H));
-    const float *a = base + off1[r], *A = a + H;
-    float v = 0.0f;
-    if (off2[r] < 0) {
-      v = q < H ? a[q] : 0.0f;
-    } else {
-      const float *b = base + off2[r], *B = b + H;
-      const float *M = q < H ? B + (ll)q * H : A + (ll)(q - H) * H;
-      const float *x = q < H ? a : b;
-      for (int j = 0; j < H; j++) v += M[j] * x[j];
-    }
-    X[r * 2 * H + q] = v;
-  }
-}
-
-void cu_mvrnn_vec(cn_backend_ctx *bk, int n, int H, const float *base,
-                  const int64_t *off1, const int64_t *off2, float *X) {
-  cu_ctx *c = cu_of(bk);
-  if (n <= 0 || !cu_enter(c)) return;
-  const int64_t *h[2] = {off1, off2}, *d[2];
-  const int64_t len[2] = {n, n};
-  if (!cu_stage(c, 2, h, len, d)) return;
-  LAUNCH(c, (ll)n * 2 * H, k_mvrnn_vec, n, H, base, d[0], d[1], X);
-}
 
 __global__ void k_lattice_char(int n, int H, const float *G,
                                const float *base, const int64_t *cprev,
@@ -267,18 +228,6 @@ void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
     memset(out, 0, (size_t)n * sizeof(int32_t));
 }
 
-__global__ void k_tanh_rows(int n, int w, float *x, int ld) {
-  GRID_LOOP(i, (ll)n * w) {
-    float *y = x + (i / w) * ld + (i % w);
-    *y = tanhf(*y);
-  }
-}
-
-void cu_tanh_rows(cn_backend_ctx *bk, int n, int w, float *x, int ld) {
-  cu_ctx *c = cu_of(bk);
-  if (n <= 0 || w <= 0 || !cu_enter(c)) return;
-  LAUNCH(c, (ll)n * w, k_tanh_rows, n, w, x, ld);
-}
 
 /* ---- compiled vertex functions (core/cell_*.c) ---- */
 

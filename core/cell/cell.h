@@ -48,8 +48,9 @@ typedef enum cn_ir_kind {
   CN_IR_SCALE,   /* k · a */
   CN_IR_RSUB,    /* k - a */
   CN_IR_RELU,    /* max(a, 0) */
-  CN_IR_SEG_SUM  /* Σ of edge value a over the vertex's input edges (zero
+  CN_IR_SEG_SUM, /* Σ of edge value a over the vertex's input edges (zero
                     with none): the segment reduction (below)             */
+  CN_IR_BMM      /* a per-vertex matrix product (below)                   */
 } cn_ir_kind;
 
 typedef enum cn_ir_src {
@@ -76,14 +77,27 @@ typedef enum cn_ir_src {
  * gather_sum each). Child-Sum Tree-LSTM's forget gates are the example:
  * f_k = σ(U_f h_k + b_f) ⊙ c_k per child, c = … + Σ_k f_k. */
 
+/* Per-vertex weights (issue #34): CN_IR_BMM is, for every vertex, the
+ * matrix product L·R of L [m, kk] and R [kk, width / m], each row-major:
+ * an operand is a per-vertex value (a, b: a node whose floats are the
+ * matrix), or, when a (b) is -1, a block of tensor t shared by the batch:
+ * rows from r0, columns from c0, the tensor's own row length apart. Mat-vec
+ * products are the width / m = 1 case. A sum of such products becomes one
+ * output accumulated in place (beta = 1). A source that only products read
+ * may stand for the identity matrix where its edge is absent
+ * (CN_FILL_IDENTITY: MV-RNN's unary nodes) instead of zeros. */
+typedef enum cn_ir_fill { CN_FILL_ZERO, CN_FILL_IDENTITY } cn_ir_fill;
+
 typedef struct cn_ir_node {
   uint8_t kind, src;
+  uint8_t fill;     /* SRC: what an absent input edge reads (cn_ir_fill)   */
   int32_t width;
   int32_t a, b;     /* operands (-1: none)                                 */
   int32_t t;        /* tensor index (family spec order)                    */
   int32_t r0, c0;   /* see the kinds                                       */
   float k;          /* SCALE, RSUB                                         */
   int32_t out_col;  /* >= 0: the value is state columns [out_col, +width)  */
+  int32_t m, kk;    /* BMM: the left operand is [m, kk]                    */
   const char *name; /* for dumps                                           */
 } cn_ir_node;
 
@@ -112,6 +126,10 @@ int cn_ir_linear(cn_ir *g, const int *x, int nx, int t, int r0, int width,
 void cn_ir_output(cn_ir *g, int v, int col);
 /* Σ over the vertex's input edges of edge value a (CN_IR_SEG_SUM). */
 int cn_ir_seg_sum(cn_ir *g, int a);
+/* L·R per vertex (CN_IR_BMM): L [m, kk] is node a, or block (r0, c0) of
+ * tensor t when a < 0; R [kk, n] is node b, or that block when b < 0. */
+int cn_ir_bmm(cn_ir *g, int a, int b, int t, int r0, int c0, int m, int kk,
+              int n);
 
 /* ---- compiled cells --------------------------------------------------- */
 typedef enum cn_cell_space {
@@ -139,6 +157,8 @@ typedef struct cn_cell_var {
 
 typedef struct cn_cell_src {
   uint8_t kind;    /* cn_ir_src */
+  uint8_t fill;    /* cn_ir_fill: an absent edge reads fill_buf            */
+  float *fill_buf; /* CN_FILL_IDENTITY: the width floats it reads, owned   */
   int32_t t, edge, col, width;
   int32_t var;     /* ROW var it is gathered into, or -1 (read in place)   */
   bool alias;      /* pq: rows evenly spaced may be read where they are
@@ -159,13 +179,24 @@ typedef enum cn_cell_step_kind {
   CN_STEP_GATHER, /* sources into ROW vars                                 */
   CN_STEP_GEMM,
   CN_STEP_EW,
-  CN_STEP_STORE   /* naive: output vars copied into the state row          */
+  CN_STEP_STORE,  /* naive: output vars copied into the state row          */
+  CN_STEP_BMM     /* per-vertex products: one gemm_batched call            */
 } cn_cell_step_kind;
 
 typedef struct cn_cell_step {
   uint8_t kind;
-  int32_t i;      /* gemm index or ew program index                        */
+  int32_t i;      /* gemm index, ew program index or first bmm             */
+  int32_t n;      /* BMM: bmm[i .. i + n), one call (same shape and beta)  */
 } cn_cell_step;
+
+/* One per-vertex product: out = L·R (+ out when acc). An operand is a var
+ * (>= 0) or, when -1, the weight block at t (r0, c0). */
+typedef struct cn_cell_bmm {
+  int32_t l, r, out;
+  int32_t t, r0, c0;
+  int32_t m, kk, nn;
+  bool acc;
+} cn_cell_bmm;
 
 /* A fused elementwise kernel, ready to launch: operand slot v is var v's
  * view, slot n_vars the per-row scratch (TMP vars), constants inline. */
@@ -184,6 +215,8 @@ typedef struct cn_cell {
   cn_cell_gemm gemm[8];
   cn_cell_ew ew[8];
   cn_cell_step steps[40];
+  int n_bmm;
+  cn_cell_bmm bmm[16];
   int64_t row_floats;   /* pq: the cell row; naive: Σ ROW buffer widths   */
   int64_t tmp_floats;   /* the fused kernels' per-row scratch              */
   int64_t copy_floats;  /* naive products' operand staging, per row        */

@@ -51,6 +51,12 @@ typedef struct compiler {
   int level[CN_IR_MAX];
   bool is_ew[CN_IR_MAX];
   bool done[CN_IR_MAX];
+  /* per-vertex products: bmm_root[v] is the value a BMM node or an ADD of
+   * a BMM sum stands for (the sum's root, or the BMM itself), else -1 */
+  int bmm_root[CN_IR_MAX];
+  int n_bmm_step;            /* BMM nodes in step order (c->bmm's order)  */
+  int bmm_node[16];
+  bool bmm_acc[16];
   cn_cell *c;
 } compiler;
 
@@ -228,6 +234,7 @@ static int term_of_value(const compiler *cp, int v) {
 static bool ew_node(const compiler *cp, int v) {
   const cn_ir_node *nd = &cp->g->node[v];
   int t = cp->tree_of[v];
+  if (cp->bmm_root[v] >= 0) return false; /* a per-vertex product or sum */
   if (t >= 0)
     return cp->trees[t].root == v && !cp->merged[t] &&
            cp->trees[t].n_mm > 1;
@@ -250,6 +257,128 @@ static int ew_operands(const compiler *cp, int v, int *ops) {
 
 static bool available(const compiler *cp, int v) { return cp->done[v]; }
 
+/* ---- per-vertex products (CN_IR_BMM) ------------------------------------- */
+static bool is_bmm(const cn_ir *g, int v) {
+  return g->node[v].kind == CN_IR_BMM;
+}
+
+/* Whether v is a pure sum of single-use BMMs of one shape (root: the
+ * top ADD, which may have any number of uses). */
+static bool bmm_sum(const compiler *cp, int v, bool top, int m, int w) {
+  const cn_ir_node *nd = &cp->g->node[v];
+  if (!top && (cp->uses[v] != 1 || nd->out_col >= 0)) return false;
+  if (nd->kind == CN_IR_BMM) return nd->m == m && nd->width == w;
+  if (nd->kind != CN_IR_ADD) return false;
+  return bmm_sum(cp, nd->a, false, m, w) && bmm_sum(cp, nd->b, false, m, w);
+}
+
+static void mark_bmm_sum(compiler *cp, int v, int root) {
+  const cn_ir_node *nd = &cp->g->node[v];
+  cp->bmm_root[v] = root;
+  if (nd->kind == CN_IR_ADD) {
+    mark_bmm_sum(cp, nd->a, root);
+    mark_bmm_sum(cp, nd->b, root);
+  }
+}
+
+/* Every BMM stands for itself, or for the sum it is accumulated into. */
+static void find_bmm_sums(compiler *cp) {
+  const cn_ir *g = cp->g;
+  for (int v = 0; v < g->n; v++) cp->bmm_root[v] = -1;
+  for (int v = g->n - 1; v >= 0; v--) {
+    if (g->node[v].kind != CN_IR_ADD || cp->bmm_root[v] >= 0) continue;
+    int u = g->node[v].a;
+    while (g->node[u].kind == CN_IR_ADD) u = g->node[u].a;
+    if (is_bmm(g, u) && bmm_sum(cp, v, true, g->node[u].m, g->node[u].width))
+      mark_bmm_sum(cp, v, v);
+  }
+  for (int v = 0; v < g->n; v++)
+    if (is_bmm(g, v) && cp->bmm_root[v] < 0) cp->bmm_root[v] = v;
+}
+
+/* The BMM nodes of the sum rooted at v, in node order. */
+static int bmm_members(const compiler *cp, int root, int *out) {
+  int n = 0;
+  for (int v = 0; v <= root; v++)
+    if (cp->bmm_root[v] == root && is_bmm(cp->g, v)) out[n++] = v;
+  return n;
+}
+
+static bool bmm_ready(const compiler *cp, int v) {
+  const cn_ir_node *nd = &cp->g->node[v];
+  return (nd->a < 0 || available(cp, nd->a)) &&
+         (nd->b < 0 || available(cp, nd->b));
+}
+
+/* Two products one gemm_batched call can run together: same shapes, and
+ * the same leading dimension for a shared weight operand. */
+static bool bmm_same_call(const compiler *cp, int x, int y) {
+  const cn_ir_node *p = &cp->g->node[x], *q = &cp->g->node[y];
+  if (p->m != q->m || p->kk != q->kk || p->width != q->width ||
+      (p->a < 0) != (q->a < 0) || (p->b < 0) != (q->b < 0))
+    return false;
+  if (p->a >= 0 && p->b >= 0) return true;
+  const cn_tensor *tp = cp->w[p->t], *tq = cp->w[q->t];
+  return tp->numel / tp->shape[0] == tq->numel / tq->shape[0];
+}
+
+/* Schedules every BMM sum whose operands are ready: the single products
+ * of one shape as one call, then each sum's products one call each (the
+ * later ones accumulating). Returns whether any was scheduled. */
+static int schedule_bmm(compiler *cp, bool *progress) {
+  const cn_ir *g = cp->g;
+  cn_cell *c = cp->c;
+  int ready[CN_IR_MAX], nr = 0;
+  for (int v = 0; v < g->n; v++) {
+    if (cp->bmm_root[v] != v || cp->done[v]) continue;
+    int mem[CN_IR_MAX], nm = bmm_members(cp, v, mem);
+    bool ok = true;
+    for (int k = 0; k < nm; k++) ok &= bmm_ready(cp, mem[k]);
+    if (ok) ready[nr++] = v;
+  }
+  bool taken[CN_IR_MAX] = {false};
+  for (int i = 0; i < nr; i++) {
+    if (taken[i]) continue;
+    int mem[CN_IR_MAX], nm = bmm_members(cp, ready[i], mem);
+    /* a single product: joined by the other singles of its shape */
+    int call[16], nc = 0;
+    if (nm == 1) {
+      for (int j = i; j < nr && nc < 16; j++) {
+        int mj[CN_IR_MAX];
+        if (taken[j] || bmm_members(cp, ready[j], mj) != 1 ||
+            !bmm_same_call(cp, mem[0], mj[0]))
+          continue;
+        taken[j] = true;
+        call[nc++] = mj[0];
+      }
+    }
+    taken[i] = true;
+    int n_calls = nm == 1 ? 1 : nm;
+    for (int k = 0; k < n_calls; k++) {
+      int cnt = nm == 1 ? nc : 1;
+      if (cp->n_bmm_step + cnt > 16) return CN_E_INTERNAL;
+      int rc = add_step(c, CN_STEP_BMM, cp->n_bmm_step);
+      if (rc != 0) return rc;
+      c->steps[c->n_steps - 1].n = cnt;
+      for (int q = 0; q < cnt; q++) {
+        cp->bmm_acc[cp->n_bmm_step] = nm > 1 && k > 0;
+        cp->bmm_node[cp->n_bmm_step++] = nm == 1 ? call[q] : mem[k];
+      }
+    }
+    /* the sums' values (and their members) exist after their last call */
+    for (int q = 0; q < (nm == 1 ? nc : 1); q++) {
+      int root = nm == 1 ? cp->bmm_root[call[q]] : ready[i];
+      for (int v = 0; v <= root; v++)
+        if (cp->bmm_root[v] == root) {
+          cp->done[v] = true;
+          cp->producer[v] = c->n_steps - 1;
+        }
+    }
+    *progress = true;
+  }
+  return 0;
+}
+
 /* Kahn order over products and fused elementwise kernels: all ready
  * elementwise ops form one kernel, then every ready product, repeat.
  * Fills producer[] with the step index of each value. */
@@ -271,6 +400,13 @@ static int schedule(compiler *cp) {
   bool need[CN_IR_MAX] = {false};
   for (int j = 0; j < cp->n_gemm; j++)
     for (int k = 0; k < cp->gemm_nin[j]; k++) need[cp->gemm_in[j][k]] = true;
+  int bmm_left = 0;
+  for (int v = 0; v < g->n; v++) {
+    bmm_left += cp->bmm_root[v] == v;
+    if (!is_bmm(g, v)) continue;
+    if (g->node[v].a >= 0) need[g->node[v].a] = true;
+    if (g->node[v].b >= 0) need[g->node[v].b] = true;
+  }
   for (int v = g->n - 1; v >= 0; v--) {
     if (!need[v] || !cp->is_ew[v]) continue;
     int ops[8], n = ew_operands(cp, v, ops);
@@ -279,14 +415,14 @@ static int schedule(compiler *cp) {
   bool gemm_done[8] = {false};
   int gemms_left = cp->n_gemm;
   c->n_ew = 0;
-  while (left > 0 || gemms_left > 0) {
+  while (left > 0 || gemms_left > 0 || bmm_left > 0) {
     bool progress = false;
     /* One fused kernel: every ew op whose operands are ready, in node
      * (topological) order so chains join the same kernel. */
     int ew_index = -1, step = -1;
     for (int v = 0; v < g->n; v++) {
       if (!cp->is_ew[v] || cp->done[v]) continue;
-      if (gemms_left > 0 && !need[v]) continue;
+      if ((gemms_left > 0 || bmm_left > 0) && !need[v]) continue;
       int ops[8], n = ew_operands(cp, v, ops);
       bool ready = true;
       for (int k = 0; k < n; k++) ready &= available(cp, ops[k]);
@@ -322,6 +458,11 @@ static int schedule(compiler *cp) {
         cp->producer[val] = c->n_steps - 1;
       }
     }
+    int rc = schedule_bmm(cp, &progress);
+    if (rc != 0) return rc;
+    bmm_left = 0;
+    for (int v = 0; v < g->n; v++)
+      bmm_left += cp->bmm_root[v] == v && !cp->done[v];
     if (!progress) return CN_E_INTERNAL; /* a cycle: the family's bug */
   }
   return 0;
@@ -347,6 +488,14 @@ static int last_ew_reader(const compiler *cp, int v) {
   return last;
 }
 
+/* Whether a per-vertex product reads v. */
+static bool read_by_bmm(const compiler *cp, int v) {
+  for (int u = 0; u < cp->g->n; u++)
+    if (is_bmm(cp->g, u) && (cp->g->node[u].a == v || cp->g->node[u].b == v))
+      return true;
+  return false;
+}
+
 static int make_vars(compiler *cp) {
   const cn_ir *g = cp->g;
   cn_cell *c = cp->c;
@@ -354,8 +503,11 @@ static int make_vars(compiler *cp) {
   for (int v = 0; v < g->n; v++) cp->var_of[v] = -1;
   for (int v = 0; v < g->n; v++) {
     const cn_ir_node *nd = &g->node[v];
+    if (cp->bmm_root[v] >= 0 && cp->bmm_root[v] != v)
+      continue; /* a member of a sum: the sum's var (below) */
     bool value = nd->kind == CN_IR_SRC || nd->kind == CN_IR_PARAM ||
-                 cp->is_ew[v] || term_of_value(cp, v) >= 0;
+                 cp->is_ew[v] || term_of_value(cp, v) >= 0 ||
+                 cp->bmm_root[v] == v;
     if (!value) continue;
     if (nd->kind == CN_IR_PARAM) {
       if (last_ew_reader(cp, v) < 0) continue; /* only folded into biases */
@@ -369,13 +521,28 @@ static int make_vars(compiler *cp) {
       if (c->n_srcs >= (int)CN_ARRAY_SIZE(c->srcs)) return CN_E_INTERNAL;
       bool pooled = nd->src == CN_SRC_INPUT_MEAN ||
                     nd->src == CN_SRC_INPUT_SUM || nd->src == CN_SRC_SEG;
-      bool gather = naive || pooled || consumed_by_gemm(cp, v);
+      bool others = consumed_by_gemm(cp, v) || last_ew_reader(cp, v) >= 0;
+      /* only per-vertex products read it: they read it where it lies (an
+       * absent edge: the fill buffer), in every layout */
+      bool bmm_only = read_by_bmm(cp, v) && !others && !pooled;
+      bool gather = !bmm_only && (naive || pooled || consumed_by_gemm(cp, v));
+      if (nd->fill != CN_FILL_ZERO && !bmm_only) return CN_E_INTERNAL;
       int var = new_var(c, v, gather ? CN_SP_ROW : CN_SP_INPLACE, nd->width);
       c->vars[var].src = c->n_srcs;
-      c->srcs[c->n_srcs++] = (cn_cell_src){.kind = nd->src, .t = nd->t,
-                                           .edge = nd->r0, .col = nd->c0,
-                                           .width = nd->width,
-                                           .var = gather ? var : -1};
+      cn_cell_src *src = &c->srcs[c->n_srcs++];
+      *src = (cn_cell_src){.kind = nd->src, .fill = nd->fill, .t = nd->t,
+                           .edge = nd->r0, .col = nd->c0,
+                           .width = nd->width, .var = gather ? var : -1};
+      if (bmm_only && nd->src == CN_SRC_INPUT) { /* what an absent edge reads */
+        src->fill_buf = calloc((size_t)nd->width, sizeof(float));
+        if (src->fill_buf == NULL) return CN_E_NOMEM;
+        int side = 1;
+        while (side * side < nd->width) side++;
+        if (nd->fill == CN_FILL_IDENTITY) {
+          if (side * side != nd->width) return CN_E_INTERNAL;
+          for (int i = 0; i < side; i++) src->fill_buf[i * side + i] = 1.0f;
+        }
+      }
       cp->var_of[v] = var;
       continue;
     }
@@ -383,8 +550,8 @@ static int make_vars(compiler *cp) {
     if (nd->out_col >= 0 && !naive)
       space = CN_SP_STATE;
     else if (nd->out_col >= 0 || consumed_by_gemm(cp, v) ||
-             term_of_value(cp, v) >= 0 ||
-             last_ew_reader(cp, v) > cp->producer[v])
+             term_of_value(cp, v) >= 0 || cp->bmm_root[v] == v ||
+             read_by_bmm(cp, v) || last_ew_reader(cp, v) > cp->producer[v])
       space = CN_SP_ROW;
     else
       space = CN_SP_TMP;
@@ -393,6 +560,8 @@ static int make_vars(compiler *cp) {
     c->vars[var].out_col = nd->out_col;
     cp->var_of[v] = var;
   }
+  for (int v = 0; v < g->n; v++) /* a sum's members write the sum's var */
+    if (cp->bmm_root[v] >= 0) cp->var_of[v] = cp->var_of[cp->bmm_root[v]];
   return 0;
 }
 
@@ -590,13 +759,28 @@ static int compile_one(const cn_tensor *const *w, const char *family,
     if (g->node[v].b >= 0) cp->uses[g->node[v].b]++;
   }
   find_trees(cp);
+  find_bmm_sums(cp);
   rc = choose_batching(cp);
   if (rc != 0) why = " (more than 8 products, or 32 product blocks)";
   if (rc == 0) rc = add_step(c, CN_STEP_GATHER, 0);
   if (rc == 0 && (rc = schedule(cp)) != 0)
     why = " (more than 8 fused elementwise kernels or 40 steps)";
-  if (rc == 0 && (rc = make_vars(cp)) != 0) why = " (more than 16 sources)";
+  if (rc == 0 && (rc = make_vars(cp)) != 0)
+    why = " (more than 16 sources, or an identity-filled source that is not "
+          "only a per-vertex product's operand)";
   if (rc != 0) goto out;
+  /* Per-vertex products: operand vars, or a weight block. */
+  c->n_bmm = cp->n_bmm_step;
+  for (int k = 0; k < cp->n_bmm_step; k++) {
+    const cn_ir_node *nd = &g->node[cp->bmm_node[k]];
+    c->bmm[k] = (cn_cell_bmm){
+        .l = nd->a >= 0 ? cp->var_of[nd->a] : -1,
+        .r = nd->b >= 0 ? cp->var_of[nd->b] : -1,
+        .out = cp->var_of[cp->bmm_node[k]],
+        .t = nd->t, .r0 = nd->r0, .c0 = nd->c0,
+        .m = nd->m, .kk = nd->kk, .nn = nd->width / nd->m,
+        .acc = cp->bmm_acc[k]};
+  }
   /* Products: operand vars. */
   c->n_gemm = cp->n_gemm;
   for (int j = 0; j < cp->n_gemm; j++) {

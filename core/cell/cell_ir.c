@@ -74,3 +74,14 @@ int cn_ir_seg_sum(cn_ir *g, int a) {
   return push(g, (cn_ir_node){.kind = CN_IR_SEG_SUM, .width = width_of(g, a),
                               .a = a, .b = -1, .t = -1});
 }
+
+int cn_ir_bmm(cn_ir *g, int a, int b, int t, int r0, int c0, int m, int kk,
+              int n) {
+  if ((a >= 0 && width_of(g, a) != m * kk) ||
+      (b >= 0 && width_of(g, b) != kk * n) || (a < 0 && b < 0) || m <= 0 ||
+      kk <= 0 || n <= 0)
+    g->overflow = true; /* operand widths must match the shapes */
+  return push(g, (cn_ir_node){.kind = CN_IR_BMM, .width = m * n, .a = a,
+                              .b = b, .t = t, .r0 = r0, .c0 = c0, .m = m,
+                              .kk = kk});
+}

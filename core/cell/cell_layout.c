@@ -138,8 +138,10 @@ void cn__cell_count_costs(cn_cell *c) {
       mem += gm->n_out, copied += gm->N;
   }
   kernels += c->n_ew;
-  for (int s = 0; s < c->n_steps; s++)
+  for (int s = 0; s < c->n_steps; s++) {
     if (c->steps[s].kind == CN_STEP_STORE) kernels += c->n_outputs;
+    if (c->steps[s].kind == CN_STEP_BMM) kernels++;
+  }
   c->kernels = kernels + mem;
   c->mem_kernels = mem;
   c->cell_floats_copied = copied;
@@ -214,6 +216,7 @@ void cn__cell_free(cn_cell *c) {
     free(c->gemm[j].bias);
   }
   for (int e = 0; e < c->n_ew; e++) free(c->ew[e].insn);
+  for (int s = 0; s < c->n_srcs; s++) free(c->srcs[s].fill_buf);
   cn__cell_free(c->edge);
   free(c->vars);
   free(c);
@@ -229,7 +232,9 @@ int64_t cn__cell_scratch_floats(const cn_cell *c, int64_t n, int64_t edges) {
 }
 
 int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges) {
-  int64_t i = (int64_t)c->n_srcs * (n + edges + 1) + 2 * n + 1;
+  /* + the per-vertex products' operand pointers (3 per row each) */
+  int64_t i = (int64_t)c->n_srcs * (n + edges + 1) + 2 * n + 1 +
+              3 * (int64_t)c->n_bmm * n;
   if (c->edge != NULL) i += n + 1 + cn__cell_idx(c->edge, edges, 0);
   return i;
 }

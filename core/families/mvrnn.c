@@ -1,10 +1,9 @@
 /* mvrnn.c - Matrix-Vector RNN (Socher et al. 2012), docs/models.md "mvrnn".
  *
  * State of every node vertex: [a | A], H + H·H floats (vector, then the
- * H×H matrix row-major). Per batch of n vertices:
- *   leaf:     a = embed[w]; A = leaf.M[w] (w < K) else leaf.M[0]; both
- *             gathered straight into the rows.
- *   internal: X[n,2H] = [B a; A b] (batched mat-vecs); p = tanh(X·Wᵀ + b);
+ * H×H matrix row-major). Every type is a cell (below):
+ *   leaf:     a = embed[w]; A = leaf.M[w] (w < K) else leaf.M[0].
+ *   internal: X = [B a; A b] (batched mat-vecs); p = tanh(X·Wᵀ + b);
  *             P = WM[:, :H]·A + WM[:, H:]·B (batched mat-mats). A unary
  *             node's missing child is b = 0, B = I.
  *   output:   logits = p·out.Wᵀ + out.b.
@@ -34,44 +33,42 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : m->dims.H + m->dims.H * m->dims.H;
 }
 
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  return n * 2 * m->dims.H;
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  cn_backend_ctx *bk = r->bk;
-  int H = (int)r->m->dims.H;
-  int S = H + H * H;
-  float *out = r->arena + r->state_off[verts[0]];
-  if (type == T_LEAF) { /* the output type is a cell (below) */
-    int64_t K = r->m->dims.K;
-    int64_t *e = cn__aux_off(r, verts, n, H);
-    int64_t *mo = cn__run_idx(r, n);
-    for (int i = 0; i < n; i++) {
-      int64_t w = r->vaux[verts[i]];
-      mo[i] = (w < K ? w : 0) * (int64_t)H * H;
-    }
-    CN_BK(bk, gather, out, S, r->wb[EMBED], e, n, H);
-    CN_BK(bk, gather, out + H, S, r->wb[LEAF_M], mo, n, H * H);
-  } else {
-    float *X = cn__run_scratch(r);
-    int64_t *o1 = cn__inputs_off(r, verts, n, 0);
-    int64_t *o2 = cn__inputs_off(r, verts, n, 1);
-    CN_BK(bk, mvrnn_vec, n, H, r->arena, o1, o2, X);
-    CN_BK(bk, gemm, n, H, 2 * H, X, 2 * H, r->wb[INT_W], 2 * H, r->wb[INT_B],
-          0.0f, out, S);
-    CN_BK(bk, tanh_rows, n, H, out, S);
-    CN_BK(bk, mvrnn_mat, n, H, r->wb[INT_WM], r->arena, o1, o2, out + H, S);
-  }
-}
-
-
-/* The output cell as op IR (core/cell/cell.h); the leaf (a matrix per word)
- * and internal (matrix products per vertex) cells stay hand-written. */
+/* The cells as op IR (core/cell/cell.h), per-vertex products (CN_IR_BMM)
+ * where the hand-written kernels had mvrnn_vec and mvrnn_mat:
+ *   leaf:     a = embed[w], A = leaf.M[w] (row 0 past leaf.M's K rows):
+ *             both sources, copied into the state (×1, exact);
+ *   internal: x1 = B·a, x2 = A·b (one batched call: same shapes);
+ *             p = tanh([x1; x2]·Wᵀ + b); P = WM[:, :H]·A + WM[:, H:]·B
+ *             (the second product accumulated into the first, in place).
+ *             A missing second child reads b = 0 and B = I (its source's
+ *             fill), so a unary node gives x = [a; 0], P = WM_l·A + WM_r. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
+  int H = (int)m->dims.H, HH = H * H;
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
-  return 1;
+  if (type == T_LEAF) {
+    int a = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, H, "a");
+    int A = cn_ir_src_(g, CN_SRC_EMBED, LEAF_M, 0, 0, HH, "A");
+    cn_ir_output(g, cn_ir_const_op(g, CN_IR_SCALE, 1.0f, a), 0);
+    cn_ir_output(g, cn_ir_const_op(g, CN_IR_SCALE, 1.0f, A), H);
+    g->state_floats = H + HH;
+    return 0;
+  }
+  int a = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "a");
+  int A = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, H, HH, "A");
+  int b = cn_ir_src_(g, CN_SRC_INPUT, -1, 1, 0, H, "b");
+  int B = cn_ir_src_(g, CN_SRC_INPUT, -1, 1, H, HH, "B");
+  g->node[B].fill = CN_FILL_IDENTITY;
+  int x[2] = {cn_ir_bmm(g, B, a, -1, 0, 0, H, H, 1),
+              cn_ir_bmm(g, A, b, -1, 0, 0, H, H, 1)};
+  cn_ir_output(g, cn_ir_unary(g, CN_IR_TANH,
+                              cn_ir_linear(g, x, 2, INT_W, 0, H, INT_B, 0)),
+               0);
+  int P = cn_ir_binary(g, CN_IR_ADD,
+                       cn_ir_bmm(g, -1, A, INT_WM, 0, 0, H, H, H),
+                       cn_ir_bmm(g, -1, B, INT_WM, 0, H, H, H, H));
+  cn_ir_output(g, P, H);
+  g->state_floats = H + HH;
+  return 0;
 }
 
 const cn_family cn__fam_mvrnn = {
@@ -85,8 +82,6 @@ const cn_family cn__fam_mvrnn = {
     .build = cn__tree_build3,
     .count = cn__tree_count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = cn__tree_output_h,
     .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,

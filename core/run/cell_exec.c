@@ -88,9 +88,16 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
   const int32_t *verts = rw->verts;
   int n = rw->nv;
   if (s->kind == CN_SRC_EMBED) {
+    /* a row of the table (any rank: its first dimension is the rows); a
+     * token past the table's rows reads row 0, as MV-RNN's leaf.M asks
+     * (K matrices for the K most frequent words) */
     const cn_tensor *T = r->m->w[s->t];
-    int64_t *off = cn__aux_off(r, verts, n, T->ndim == 2 ? T->shape[1] : 1);
-    for (int i = 0; s->col != 0 && i < n; i++) off[i] += s->col;
+    int64_t rows = T->shape[0], len = rows > 0 ? T->numel / rows : 0;
+    int64_t *off = cn__run_idx(r, n);
+    for (int i = 0; i < n; i++) {
+      int64_t w = r->vaux[verts[i]];
+      off[i] = (w >= 0 && w < rows ? w : 0) * len + s->col;
+    }
     return off;
   }
   if (s->kind == CN_SRC_INPUT) {
@@ -186,6 +193,48 @@ static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
   r->cell_bytes += (size_t)n * (size_t)gm->N * sizeof(float);
 }
 
+/* A per-vertex product's operand for row q: a var's row (an absent edge
+ * of a source read in place: its fill), or the shared weight block. */
+static const float *bmm_operand(const cn_run *r, const cn_cell_bmm *bm, int v,
+                                const cn_ew_slot *slots,
+                                const float *const *fill, int q) {
+  if (v < 0) {
+    const cn_tensor *T = r->m->w[bm->t];
+    return r->wb[bm->t] + (int64_t)bm->r0 * (T->numel / T->shape[0]) + bm->c0;
+  }
+  const cn_ew_slot *x = &slots[v];
+  if (x->off == NULL) return x->base + (int64_t)q * x->ld;
+  return x->off[q] >= 0 ? x->base + x->off[q] : fill[v];
+}
+
+_Static_assert(sizeof(float *) == sizeof(int64_t),
+               "pointer arrays are staged in the run's index room");
+
+/* One gemm_batched call: the step's products over every row. */
+static void run_bmm(cn_run *r, const cn_cell *c, const cn_cell_step *st,
+                    const cn_ew_slot *slots, const float *const *fill,
+                    int n) {
+  const cn_cell_bmm *b0 = &c->bmm[st->i];
+  int64_t cnt = (int64_t)st->n * n;
+  const float **A = (const float **)(void *)cn__run_idx(r, cnt);
+  const float **B = (const float **)(void *)cn__run_idx(r, cnt);
+  float **C = (float **)(void *)cn__run_idx(r, cnt);
+  for (int k = 0; k < st->n; k++) {
+    const cn_cell_bmm *bm = &c->bmm[st->i + k];
+    for (int q = 0; q < n; q++) {
+      A[(int64_t)k * n + q] = bmm_operand(r, bm, bm->l, slots, fill, q);
+      B[(int64_t)k * n + q] = bmm_operand(r, bm, bm->r, slots, fill, q);
+      C[(int64_t)k * n + q] =
+          slots[bm->out].base + (int64_t)q * slots[bm->out].ld;
+    }
+  }
+  const cn_tensor *T = b0->t >= 0 ? r->m->w[b0->t] : NULL;
+  int wld = T != NULL ? (int)(T->numel / T->shape[0]) : 0;
+  int lda = b0->l >= 0 ? b0->kk : wld, ldb = b0->r >= 0 ? b0->nn : wld;
+  CN_BK(r->bk, gemm_batched, (int)cnt, b0->m, b0->nn, b0->kk, A, lda, B, ldb,
+        b0->acc ? 1.0f : 0.0f, C, b0->nn);
+}
+
 /* Runs cell c on n rows (rw's vertices, or their edges for an edge
  * cell), its scratch and results where the caller says. */
 static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
@@ -194,6 +243,7 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
   float *stage = scratch + (int64_t)n * c->row_floats;
   view vw[3 * CN_IR_MAX];
   cn_ew_slot slots[3 * CN_IR_MAX + 1];
+  const float *fill[3 * CN_IR_MAX] = {NULL}; /* BMM-read sources in place */
   for (int v = 0; v < c->n_vars; v++) {
     const cn_cell_var *x = &c->vars[v];
     vw[v] = var_view(c, x, scratch, state, n);
@@ -210,9 +260,15 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
                         : src->kind == CN_SRC_SEG ? rw->eout
                                                   : r->arena;
     if (src->var < 0) {
+      const float *fb = src->fill_buf != NULL
+                            ? bk->vt->weights(bk, src->fill_buf,
+                                              (size_t)src->width)
+                            : NULL;
       for (int v = 0; v < c->n_vars; v++)
-        if (c->vars[v].space == CN_SP_INPLACE && c->vars[v].src == s)
+        if (c->vars[v].space == CN_SP_INPLACE && c->vars[v].src == s) {
           slots[v] = (cn_ew_slot){(float *)base, 0, off};
+          fill[v] = fb;
+        }
       continue;
     }
     if (src->rows && seg == NULL && cn__run_rows_in_place(r)) {
@@ -249,6 +305,8 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
     const cn_cell_step *st = &c->steps[s];
     if (st->kind == CN_STEP_GEMM) {
       run_gemm(r, c, &c->gemm[st->i], vw, stage, n);
+    } else if (st->kind == CN_STEP_BMM) {
+      run_bmm(r, c, st, slots, fill, n);
     } else if (st->kind == CN_STEP_EW) {
       const cn_cell_ew *e = &c->ew[st->i];
       cn_ew_prog p = {e->n_insn, e->insn, c->n_vars + 1, c->n_vars,
@@ -293,7 +351,10 @@ static json_t *cell_json(const cn_cell *c) {
     for (int e = 0; e < x->n_ew; e++)
       insn += x->ew[e].n_insn, ops += x->ew[e].n_ops;
   if (c->edge != NULL) ng += c->edge->n_gemm, nk += c->edge->n_ew;
+  int nb = 0; /* gemm_batched calls: per-vertex products (MV-RNN) */
+  for (int s = 0; s < c->n_steps; s++) nb += c->steps[s].kind == CN_STEP_BMM;
   json_object_set_new(o, "products", json_integer(ng));
+  if (nb > 0) json_object_set_new(o, "per_vertex_products", json_integer(nb));
   json_object_set_new(o, "fused_kernels", json_integer(nk));
   json_object_set_new(o, "elementwise_ops", json_integer(ops));
   json_object_set_new(o, "instructions", json_integer(insn));
