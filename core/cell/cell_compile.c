@@ -524,10 +524,21 @@ static int make_vars(compiler *cp) {
       bool others = consumed_by_gemm(cp, v) || last_ew_reader(cp, v) >= 0;
       /* only per-vertex products read it: they read it where it lies (an
        * absent edge: the fill buffer), in every layout */
-      bool bmm_only = read_by_bmm(cp, v) && !others && !pooled;
-      bool gather = !bmm_only && (naive || pooled || consumed_by_gemm(cp, v));
+      /* a source that is itself state columns is gathered straight there */
+      bool to_state = nd->out_col >= 0;
+      bool bmm_only = read_by_bmm(cp, v) && !others && !pooled && !to_state;
+      bool gather = to_state || (!bmm_only && (naive || pooled ||
+                                               consumed_by_gemm(cp, v)));
       if (nd->fill != CN_FILL_ZERO && !bmm_only) return CN_E_INTERNAL;
-      int var = new_var(c, v, gather ? CN_SP_ROW : CN_SP_INPLACE, nd->width);
+      int var = new_var(c, v,
+                        to_state && !naive ? CN_SP_STATE
+                        : gather           ? CN_SP_ROW
+                                           : CN_SP_INPLACE,
+                        nd->width);
+      if (to_state) {
+        c->vars[var].out_col = nd->out_col;
+        if (!naive) c->vars[var].col = nd->out_col;
+      }
       c->vars[var].src = c->n_srcs;
       cn_cell_src *src = &c->srcs[c->n_srcs++];
       *src = (cn_cell_src){.kind = nd->src, .fill = nd->fill, .t = nd->t,
@@ -815,7 +826,7 @@ static int compile_one(const cn_tensor *const *w, const char *family,
   if (rc != 0) goto out;
   for (int s = 0; s < c->n_srcs; s++) {
     cn_cell_src *src = &c->srcs[s];
-    src->alias = src->var >= 0 &&
+    src->alias = src->var >= 0 && c->vars[src->var].out_col < 0 &&
                  (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EDGE);
     for (int j = 0; j < c->n_gemm; j++)
       for (int k = 0; k < c->gemm[j].n_in && c->gemm[j].n_in > 1; k++)

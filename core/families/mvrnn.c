@@ -36,7 +36,7 @@ static int64_t state_floats(const cn_model *m, int type) {
 /* The cells as op IR (core/cell/cell.h), per-vertex products (CN_IR_BMM)
  * where the hand-written kernels had mvrnn_vec and mvrnn_mat:
  *   leaf:     a = embed[w], A = leaf.M[w] (row 0 past leaf.M's K rows):
- *             both sources, copied into the state (×1, exact);
+ *             both sources, gathered straight into the state;
  *   internal: x1 = B·a, x2 = A·b (one batched call: same shapes);
  *             p = tanh([x1; x2]·Wᵀ + b); P = WM[:, :H]·A + WM[:, H:]·B
  *             (the second product accumulated into the first, in place).
@@ -48,8 +48,8 @@ static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_LEAF) {
     int a = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, H, "a");
     int A = cn_ir_src_(g, CN_SRC_EMBED, LEAF_M, 0, 0, HH, "A");
-    cn_ir_output(g, cn_ir_const_op(g, CN_IR_SCALE, 1.0f, a), 0);
-    cn_ir_output(g, cn_ir_const_op(g, CN_IR_SCALE, 1.0f, A), H);
+    cn_ir_output(g, a, 0); /* gathered straight into the state */
+    cn_ir_output(g, A, H);
     g->state_floats = H + HH;
     return 0;
   }

@@ -188,15 +188,15 @@ static int lower(cells_ctx *c, int i, int off, int w, piece *out, int *np) {
   return push_piece(c, i, out, np, node, w);
 }
 
-/* Whether node v cannot itself be marked as state columns: a source or a
- * weight (no kernel writes it), a product or a pure sum of products (the
+/* Whether node v cannot itself be marked as state columns: a weight or a
+ * segment sum (no kernel writes it; a source is gathered straight into
+ * the state), a product or a pure sum of products (the
  * compiler folds them into a GEMM whose output may not be the state), or
  * a node already placed. */
 static bool needs_copy(const cn_ir *g, int v, bool top) {
   const cn_ir_node *nd = &g->node[v];
   if (top && nd->out_col >= 0) return true;
   switch (nd->kind) {
-  case CN_IR_SRC:
   case CN_IR_SEG_SUM: /* a source of the vertex cell once split */
   case CN_IR_PARAM:
   case CN_IR_MATMUL: return true;
