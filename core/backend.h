@@ -49,7 +49,8 @@ enum cn_ew_op {
   CN_EW_SIGMOID, /* d = 1/(1+e^-a)   */
   CN_EW_TANH,    /* d = tanh(a)      */
   CN_EW_EXP,     /* d = e^a          */
-  CN_EW_RELU     /* d = max(a, 0)    */
+  CN_EW_RELU,    /* d = max(a, 0)    */
+  CN_EW_STEP     /* d = a > 0 ? 1 : 0 (a mask: NaN gives 0) */
 };
 
 typedef struct cn_ew_arg {
@@ -164,14 +165,20 @@ struct cn_backend_vt {
                        const float *A, int lda, long long sa, const float *B,
                        int ldb, long long sb, float beta, float *C, int ldc,
                        long long sc);
-  /* For r < count: C_r[M,N] = A_r[M,K] · B_r[K,N] (+ beta·C_r), each
-   * operand given by a HOST array of count pointers (device pointers on a
-   * device; one may repeat across r: a weight shared by the batch).
+  /* For r < count: C_r[M,N] = Σ_{t < terms} A_{t,r}[M,K] · B_{t,r}[K,N]
+   * (+ beta·C_r): each operand given by a HOST array of pointers (device
+   * pointers on a device; one may repeat: a weight shared by the batch),
+   * A and B term-major (A[t·count + r]), C count long. The terms of one
+   * output are summed in term order, C_r accumulated in place (a device
+   * may run one batched product per term).
    * Per-vertex products (core/cell/cell.h CN_IR_BMM: MV-RNN's matrices).
+   * A_r (B_r) may be NULL: the identity, M = K and lda = K (K = N and
+   * ldb = N), so C_r is the other operand (+ beta·C_r), added exactly.
    * Each element summed in one fixed order whatever count is, as gemm. */
-  void (*gemm_batched)(cn_backend_ctx *bk, int count, int M, int N, int K,
-                       const float *const *A, int lda, const float *const *B,
-                       int ldb, float beta, float *const *C, int ldc);
+  void (*gemm_batched)(cn_backend_ctx *bk, int count, int terms, int M,
+                       int N, int K, const float *const *A, int lda,
+                       const float *const *B, int ldb, float beta,
+                       float *const *C, int ldc);
   /* dst[r, 0:width] = base[idx[r] : idx[r] + width], or zeros when
    * idx[r] < 0; rows of dst are ldd floats apart. */
   void (*gather)(cn_backend_ctx *bk, float *dst, int ldd, const float *base,

@@ -249,14 +249,15 @@ static void sim_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
                             beta, C, ldc, sc);
 }
 
-static void sim_gemm_batched(cn_backend_ctx *bk, int count, int M, int N,
-                             int K, const float *const *A, int lda,
-                             const float *const *B, int ldb, float beta,
-                             float *const *C, int ldc) {
-  upload(bk, 3LL * count); /* the pointer arrays, as cuda stages them */
-  bk->ctr.launches++;
-  CPU(bk)->vt->gemm_batched(CPU(bk), count, M, N, K, A, lda, B, ldb, beta, C,
-                            ldc);
+static void sim_gemm_batched(cn_backend_ctx *bk, int count, int terms,
+                             int M, int N, int K, const float *const *A,
+                             int lda, const float *const *B, int ldb,
+                             float beta, float *const *C, int ldc) {
+  /* the pointer arrays, staged as cuda does; one product a term */
+  upload(bk, (2LL * terms + 1) * count);
+  bk->ctr.launches += terms;
+  CPU(bk)->vt->gemm_batched(CPU(bk), count, terms, M, N, K, A, lda, B, ldb,
+                            beta, C, ldc);
 }
 
 static void sim_gather(cn_backend_ctx *bk, float *dst, int ldd,

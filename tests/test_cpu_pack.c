@@ -157,7 +157,7 @@ static void batched_case(cn_backend_ctx *bk, int count, int M, int N, int K,
     pb[r] = B + (size_t)r * K * ldb;
     pc[r] = C + (size_t)r * M * ldc;
   }
-  bk->vt->gemm_batched(bk, count, M, N, K, pa, K, pb, ldb, beta, pc, ldc);
+  bk->vt->gemm_batched(bk, count, 1, M, N, K, pa, K, pb, ldb, beta, pc, ldc);
   for (int r = 0; r < count; r++)
     for (int i = 0; i < M; i++)
       for (int j = 0; j < N; j++) {
@@ -180,5 +180,39 @@ Test(cpu_pack, gemm_batched_is_a_product_per_pointer) {
   batched_case(bk, 4, 9, 37, 21, 37, 37, true, 1.0f);  /* repeated A */
   batched_case(bk, 5, 17, 1, 17, 1, 1, false, 0.0f);   /* mat-vecs */
   batched_case(bk, 5, 17, 1, 17, 3, 2, true, 1.0f);    /* strided columns */
+  /* a NULL operand is the identity: C = the other (+ beta·C), exactly */
+  int n = 6;
+  float *X = rnd((size_t)n * 2 * n, 40), *C = rnd((size_t)n * n * 2, 41);
+  float *C0 = malloc((size_t)n * n * 2 * sizeof(float));
+  memcpy(C0, C, (size_t)n * n * 2 * sizeof(float));
+  const float *pa[2] = {X, NULL}, *pb[2] = {NULL, X + n};
+  float *pc[2] = {C, C + (size_t)n * n};
+  bk->vt->gemm_batched(bk, 2, 1, n, n, n, pa, 2 * n, pb, 2 * n, 1.0f, pc, n);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) {
+        float want = C0[(size_t)r * n * n + (size_t)i * n + j] +
+                     X[(size_t)i * 2 * n + (r ? n : 0) + j];
+        cr_assert_eq(pc[r][(size_t)i * n + j], want, "identity r %d", r);
+      }
+  /* two terms an output: C_r = X_l·Y_r + X_r·Z_r, term order */
+  const float *ta[4] = {X, X, X + n, X + n};
+  const float *tb[4] = {X, X + n, X + n, X};
+  bk->vt->gemm_batched(bk, 2, 2, n, n, n, ta, 2 * n, tb, 2 * n, 0.0f, pc, n);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++) {
+        double want = 0, mag = 0;
+        for (int t = 0; t < 2; t++)
+          for (int k = 0; k < n; k++) {
+            double p = (double)ta[t * 2 + r][(size_t)i * 2 * n + k] *
+                       tb[t * 2 + r][(size_t)k * 2 * n + j];
+            want += p;
+            mag += fabs(p);
+          }
+        cr_assert_leq(fabs(pc[r][(size_t)i * n + j] - want),
+                      4.0 * (n + 1) * 6e-8 * mag + 1e-30, "terms r %d", r);
+      }
+  free(X), free(C), free(C0);
   cn_backend_close(bk);
 }

@@ -274,9 +274,26 @@ Test(cuda_ops, gemm_and_strided) {
     pb[r] = SB + (size_t)r * K * Nn, pbd[r] = SBd + (size_t)r * K * Nn;
     pc[r] = SC + (size_t)r * M * Nn, pcd[r] = SCd + (size_t)r * M * Nn;
   }
-  C_->vt->gemm_batched(C_, cnt, M, Nn, K, pa, K, pb, Nn, 1.0f, pc, Nn);
-  G_->vt->gemm_batched(G_, cnt, M, Nn, K, pad, K, pbd, Nn, 1.0f, pcd, Nn);
+  C_->vt->gemm_batched(C_, cnt, 1, M, Nn, K, pa, K, pb, Nn, 1.0f, pc, Nn);
+  G_->vt->gemm_batched(G_, cnt, 1, M, Nn, K, pad, K, pbd, Nn, 1.0f, pcd, Nn);
   expect_same("gemm_batched", SCd, SC, (size_t)cnt * M * Nn);
+  /* two terms an output, the second the identity (NULL): MV-RNN's
+   * P = WM_l·A + WM_r·I for a unary node, square products of side h */
+  int h = 12;
+  float *Q = rnd((size_t)cnt * h * h), *Qd = up(Q, (size_t)cnt * h * h);
+  float *QC = rnd((size_t)cnt * h * h), *QCd = up(QC, (size_t)cnt * h * h);
+  const float *qa[10], *qb[10], *qad[10], *qbd[10];
+  float *qc[5], *qcd[5];
+  for (int r = 0; r < cnt; r++) {
+    qa[r] = qa[cnt + r] = Q + (size_t)r * h * h;
+    qad[r] = qad[cnt + r] = Qd + (size_t)r * h * h;
+    qb[r] = Q, qbd[r] = Qd;
+    qb[cnt + r] = qbd[cnt + r] = NULL;
+    qc[r] = QC + (size_t)r * h * h, qcd[r] = QCd + (size_t)r * h * h;
+  }
+  C_->vt->gemm_batched(C_, cnt, 2, h, h, h, qa, h, qb, h, 0.0f, qc, h);
+  G_->vt->gemm_batched(G_, cnt, 2, h, h, h, qad, h, qbd, h, 0.0f, qcd, h);
+  expect_same("gemm_batched (terms, identity)", QCd, QC, (size_t)cnt * h * h);
 }
 
 Test(cuda_ops, gathers_and_elementwise) {

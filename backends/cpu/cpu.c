@@ -251,40 +251,72 @@ static void cpu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N,
   }
 }
 
-/* A repeated B (a shared weight) is packed once; a mat-vec (N = 1) runs
- * as the row vector times Aᵀ, so the packed kernel vectorises over M. */
-static void cpu_gemm_batched(cn_backend_ctx *bk, int count, int M, int N,
-                             int K, const float *const *A, int lda,
+/* C[M,N] (ldc) = X (ldx) (+ beta·C): a product by the identity. */
+static void copy_add(int M, int N, const float *X, int ldx, float beta,
+                     float *C, int ldc) {
+  for (int i = 0; i < M; i++) {
+    float *c = C + (size_t)i * ldc;
+    const float *x = X + (size_t)i * ldx;
+    if (beta == 0.0f)
+      for (int j = 0; j < N; j++) c[j] = x[j];
+    else
+      for (int j = 0; j < N; j++) c[j] = beta * c[j] + x[j];
+  }
+}
+
+/* One product C (+)= A·B, P the packing room; packed: the B (or, for a
+ * mat-vec, the A) now packed in P, kept across calls while it repeats. A
+ * NULL operand is the identity (C = the other, no product); a mat-vec
+ * (N = 1) runs as the row vector times Aᵀ, so the packed kernel
+ * vectorises over M. */
+static void batched_one(int M, int N, int K, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C,
+                        int ldc, float *P, float *xy, const float **packed) {
+  if (A == NULL || B == NULL) {
+    copy_add(M, N, A == NULL ? B : A, A == NULL ? ldb : lda, beta, C, ldc);
+    return;
+  }
+  if (N > 1) {
+    if (B != *packed) cn__gemm_pack_nn(N, K, B, ldb, P);
+    *packed = B;
+    cn__gemm_packed(M, N, K, A, lda, P, NULL, beta, C, ldc);
+    return;
+  }
+  /* C[M,1]ᵀ = B[K,1]ᵀ · A[M,K]ᵀ */
+  float *x = xy, *y = xy + K;
+  if (A != *packed) cn__gemm_pack_nt(M, K, A, lda, P);
+  *packed = A;
+  const float *b = B;
+  if (ldb != 1) { /* a column of B, made a row */
+    for (int k = 0; k < K; k++) x[k] = B[(size_t)k * ldb];
+    b = x;
+  }
+  if (ldc == 1) {
+    cn__gemm_packed(1, M, K, b, K, P, NULL, beta, C, M);
+    return;
+  }
+  for (int i = 0; i < M; i++) y[i] = C[(size_t)i * ldc];
+  cn__gemm_packed(1, M, K, b, K, P, NULL, beta, y, M);
+  for (int i = 0; i < M; i++) C[(size_t)i * ldc] = y[i];
+}
+
+/* Output by output, its terms one after the other while C_r is in cache
+ * (MV-RNN's P = WM_l·A + WM_r·B: 64 KB a vertex at H = 128). */
+static void cpu_gemm_batched(cn_backend_ctx *bk, int count, int terms, int M,
+                             int N, int K, const float *const *A, int lda,
                              const float *const *B, int ldb, float beta,
                              float *const *C, int ldc) {
   cpu_ctx *c = (cpu_ctx *)bk;
   if (M <= 0 || N <= 0) return;
-  if (N == 1) { /* C_r[M,1]ᵀ = B_r[K,1]ᵀ · A_r[M,K]ᵀ */
-    size_t np = cn__gemm_packed_floats(M, K);
-    float *P = scratch(c, np + (size_t)K + (size_t)M);
-    float *x = P + np, *y = x + K;
-    for (int r = 0; r < count; r++) {
-      if (r == 0 || A[r] != A[r - 1]) cn__gemm_pack_nt(M, K, A[r], lda, P);
-      const float *b = B[r];
-      if (ldb != 1) { /* a column of B, made a row */
-        for (int k = 0; k < K; k++) x[k] = B[r][(size_t)k * ldb];
-        b = x;
-      }
-      if (ldc == 1) {
-        cn__gemm_packed(1, M, K, b, K, P, NULL, beta, C[r], M);
-        continue;
-      }
-      for (int i = 0; i < M; i++) y[i] = C[r][(size_t)i * ldc];
-      cn__gemm_packed(1, M, K, b, K, P, NULL, beta, y, M);
-      for (int i = 0; i < M; i++) C[r][(size_t)i * ldc] = y[i];
+  size_t np = N > 1 ? cn__gemm_packed_floats(N, K) : cn__gemm_packed_floats(M, K);
+  float *P = scratch(c, np + (size_t)K + (size_t)M);
+  const float *packed = NULL;
+  for (int r = 0; r < count; r++)
+    for (int t = 0; t < terms; t++) {
+      size_t i = (size_t)t * count + r;
+      batched_one(M, N, K, A[i], lda, B[i], ldb, t == 0 ? beta : 1.0f, C[r],
+                  ldc, P, P + np, &packed);
     }
-    return;
-  }
-  float *P = scratch(c, cn__gemm_packed_floats(N, K));
-  for (int r = 0; r < count; r++) {
-    if (r == 0 || B[r] != B[r - 1]) cn__gemm_pack_nn(N, K, B[r], ldb, P);
-    cn__gemm_packed(M, N, K, A[r], lda, P, NULL, beta, C[r], ldc);
-  }
 }
 
 static void cpu_gather(cn_backend_ctx *bk, float *dst, int ldd,
@@ -389,6 +421,9 @@ static inline void ew_apply(int op, int w, float *d, const float *a,
   case CN_EW_TANH: for (int j = 0; j < w; j++) d[j] = tanhf(a[j]); break;
   case CN_EW_RELU:
     for (int j = 0; j < w; j++) d[j] = a[j] > 0.0f ? a[j] : 0.0f;
+    break;
+  case CN_EW_STEP:
+    for (int j = 0; j < w; j++) d[j] = a[j] > 0.0f ? 1.0f : 0.0f;
     break;
   default: for (int j = 0; j < w; j++) d[j] = expf(a[j]); break;
   }

@@ -131,6 +131,7 @@ __global__ void __launch_bounds__(EW_THREADS)
           case CN_EW_TANH: EW_UNARY(tanhf(a));
           case CN_EW_EXP: EW_UNARY(expf(a));
           case CN_EW_RELU: EW_UNARY(fmaxf(a, 0.0f));
+          case CN_EW_STEP: EW_UNARY(a > 0.0f ? 1.0f : 0.0f);
           default: break;
         }
       }
@@ -174,7 +175,7 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
   int maxw = 0;
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
-    if (in->op > CN_EW_RELU || !ew_slot_ok(p, in->d.slot) ||
+    if (in->op > CN_EW_STEP || !ew_slot_ok(p, in->d.slot) ||
         !ew_slot_ok(p, in->a.slot) ||
         (ew_binary(in->op) && !ew_slot_ok(p, in->b.slot))) {
       char why[96];

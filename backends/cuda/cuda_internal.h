@@ -97,6 +97,10 @@ typedef struct cu_ctx {
   int32_t *am_dev, *am_host;
   size_t am_cap;
 
+  /* gemm_batched's identity (a NULL operand), for one side. */
+  float *eye;
+  int eye_H;
+
   /* fetch_rows / fetch_start: the packed spans on the device (a pool
    * block) and their pinned host copy in two halves used in turn (one
    * fetch may be read while the next is under way), grown to the
@@ -216,9 +220,11 @@ void cu_lt_close(cu_ctx *c);
 /* cuda_kernels.cu */
 bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
                   float *C, int ldc);
-void cu_gemm_batched(cn_backend_ctx *bk, int count, int M, int N, int K,
-                     const float *const *A, int lda, const float *const *B,
-                     int ldb, float beta, float *const *C, int ldc);
+bool cu_eye(cu_ctx *c, float *I, int H);
+void cu_gemm_batched(cn_backend_ctx *bk, int count, int terms, int M, int N,
+                     int K, const float *const *A, int lda,
+                     const float *const *B, int ldb, float beta,
+                     float *const *C, int ldc);
 void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                const int64_t *idx, int n, int width);
 void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,

@@ -49,6 +49,15 @@ bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
   return !c->failed;
 }
 
+__global__ void k_eye(float *I, int H) {
+  GRID_LOOP(i, (ll)H * H) I[i] = (i / H == i % H) ? 1.0f : 0.0f;
+}
+
+bool cu_eye(cu_ctx *c, float *I, int H) {
+  LAUNCH(c, (ll)H * H, k_eye, I, H);
+  return !c->failed;
+}
+
 /* ---- gathers ---- */
 
 __global__ void k_gather(float *dst, int ldd, const float *base,

@@ -48,6 +48,8 @@ typedef enum cn_ir_kind {
   CN_IR_SCALE,   /* k · a */
   CN_IR_RSUB,    /* k - a */
   CN_IR_RELU,    /* max(a, 0) */
+  CN_IR_STEP,    /* a > 0 ? 1 : 0: a mask, for a choice made per element
+                    (m⊙x + (1-m)⊙y is x or y exactly when both are finite) */
   CN_IR_SEG_SUM, /* Σ of edge value a over the vertex's input edges (zero
                     with none): the segment reduction (below)             */
   CN_IR_BMM      /* a per-vertex matrix product (below)                   */
@@ -158,7 +160,8 @@ typedef struct cn_cell_var {
 typedef struct cn_cell_src {
   uint8_t kind;    /* cn_ir_src */
   uint8_t fill;    /* cn_ir_fill: an absent edge reads fill_buf            */
-  float *fill_buf; /* CN_FILL_IDENTITY: the width floats it reads, owned   */
+  float *fill_buf; /* zeros an absent edge reads (products only), owned;
+                      the identity needs none: a NULL gemm_batched operand */
   int32_t t, edge, col, width;
   int32_t var;     /* ROW var it is gathered into, or -1 (read in place)   */
   bool alias;      /* pq: rows evenly spaced may be read where they are
@@ -186,16 +189,19 @@ typedef enum cn_cell_step_kind {
 typedef struct cn_cell_step {
   uint8_t kind;
   int32_t i;      /* gemm index, ew program index or first bmm             */
-  int32_t n;      /* BMM: bmm[i .. i + n), one call (same shape and beta)  */
+  int32_t n;      /* BMM: bmm[i .. i + n), one gemm_batched call: n
+                     products of one shape, or (sum) the n terms of one
+                     output                                                */
+  bool sum;
 } cn_cell_step;
 
-/* One per-vertex product: out = L·R (+ out when acc). An operand is a var
- * (>= 0) or, when -1, the weight block at t (r0, c0). */
+/* One per-vertex product: out = L·R (a term of out's sum, when its step
+ * is one). An operand is a var (>= 0) or, when -1, the weight block at t
+ * (r0, c0). */
 typedef struct cn_cell_bmm {
   int32_t l, r, out;
   int32_t t, r0, c0;
   int32_t m, kk, nn;
-  bool acc;
 } cn_cell_bmm;
 
 /* A fused elementwise kernel, ready to launch: operand slot v is var v's

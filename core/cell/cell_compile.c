@@ -56,7 +56,6 @@ typedef struct compiler {
   int bmm_root[CN_IR_MAX];
   int n_bmm_step;            /* BMM nodes in step order (c->bmm's order)  */
   int bmm_node[16];
-  bool bmm_acc[16];
   cn_cell *c;
 } compiler;
 
@@ -65,7 +64,7 @@ static bool is_mm(const cn_ir *g, int v) {
 }
 
 static bool is_ew_kind(int k) {
-  return k >= CN_IR_ADD && k <= CN_IR_RELU;
+  return k >= CN_IR_ADD && k <= CN_IR_STEP;
 }
 
 /* Collects the products and params under a pure sum; false when the
@@ -281,7 +280,11 @@ static void mark_bmm_sum(compiler *cp, int v, int root) {
   }
 }
 
-/* Every BMM stands for itself, or for the sum it is accumulated into. */
+static bool bmm_same_call(const compiler *cp, int x, int y);
+static int bmm_members(const compiler *cp, int root, int *out);
+
+/* Every BMM stands for itself, or for the sum it is accumulated into (one
+ * gemm_batched call with a term each: same shapes and leading dims). */
 static void find_bmm_sums(compiler *cp) {
   const cn_ir *g = cp->g;
   for (int v = 0; v < g->n; v++) cp->bmm_root[v] = -1;
@@ -289,8 +292,16 @@ static void find_bmm_sums(compiler *cp) {
     if (g->node[v].kind != CN_IR_ADD || cp->bmm_root[v] >= 0) continue;
     int u = g->node[v].a;
     while (g->node[u].kind == CN_IR_ADD) u = g->node[u].a;
-    if (is_bmm(g, u) && bmm_sum(cp, v, true, g->node[u].m, g->node[u].width))
-      mark_bmm_sum(cp, v, v);
+    if (!is_bmm(g, u) ||
+        !bmm_sum(cp, v, true, g->node[u].m, g->node[u].width))
+      continue;
+    mark_bmm_sum(cp, v, v);
+    int mem[CN_IR_MAX], nm = bmm_members(cp, v, mem);
+    bool same = nm <= 16;
+    for (int k = 1; k < nm; k++) same &= bmm_same_call(cp, mem[0], mem[k]);
+    if (!same) /* not one call: the adds stay elementwise */
+      for (int w = 0; w <= v; w++)
+        if (cp->bmm_root[w] == v) cp->bmm_root[w] = -1;
   }
   for (int v = 0; v < g->n; v++)
     if (is_bmm(g, v) && cp->bmm_root[v] < 0) cp->bmm_root[v] = v;
@@ -323,8 +334,8 @@ static bool bmm_same_call(const compiler *cp, int x, int y) {
 }
 
 /* Schedules every BMM sum whose operands are ready: the single products
- * of one shape as one call, then each sum's products one call each (the
- * later ones accumulating). Returns whether any was scheduled. */
+ * of one shape as one call, each sum as one call of its terms. Sets
+ * *progress when any was scheduled. */
 static int schedule_bmm(compiler *cp, bool *progress) {
   const cn_ir *g = cp->g;
   cn_cell *c = cp->c;
@@ -353,18 +364,14 @@ static int schedule_bmm(compiler *cp, bool *progress) {
       }
     }
     taken[i] = true;
-    int n_calls = nm == 1 ? 1 : nm;
-    for (int k = 0; k < n_calls; k++) {
-      int cnt = nm == 1 ? nc : 1;
-      if (cp->n_bmm_step + cnt > 16) return CN_E_INTERNAL;
-      int rc = add_step(c, CN_STEP_BMM, cp->n_bmm_step);
-      if (rc != 0) return rc;
-      c->steps[c->n_steps - 1].n = cnt;
-      for (int q = 0; q < cnt; q++) {
-        cp->bmm_acc[cp->n_bmm_step] = nm > 1 && k > 0;
-        cp->bmm_node[cp->n_bmm_step++] = nm == 1 ? call[q] : mem[k];
-      }
-    }
+    int cnt = nm == 1 ? nc : nm;
+    if (cp->n_bmm_step + cnt > 16) return CN_E_INTERNAL;
+    int rc = add_step(c, CN_STEP_BMM, cp->n_bmm_step);
+    if (rc != 0) return rc;
+    c->steps[c->n_steps - 1].n = cnt;
+    c->steps[c->n_steps - 1].sum = nm > 1;
+    for (int q = 0; q < cnt; q++)
+      cp->bmm_node[cp->n_bmm_step++] = nm == 1 ? call[q] : mem[q];
     /* the sums' values (and their members) exist after their last call */
     for (int q = 0; q < (nm == 1 ? nc : 1); q++) {
       int root = nm == 1 ? cp->bmm_root[call[q]] : ready[i];
@@ -544,15 +551,12 @@ static int make_vars(compiler *cp) {
       *src = (cn_cell_src){.kind = nd->src, .fill = nd->fill, .t = nd->t,
                            .edge = nd->r0, .col = nd->c0,
                            .width = nd->width, .var = gather ? var : -1};
-      if (bmm_only && nd->src == CN_SRC_INPUT) { /* what an absent edge reads */
+      /* what an absent edge reads: zeros from a buffer of the cell's, or
+       * the identity, which gemm_batched takes as a NULL operand */
+      if (bmm_only && nd->src == CN_SRC_INPUT &&
+          nd->fill == CN_FILL_ZERO) {
         src->fill_buf = calloc((size_t)nd->width, sizeof(float));
         if (src->fill_buf == NULL) return CN_E_NOMEM;
-        int side = 1;
-        while (side * side < nd->width) side++;
-        if (nd->fill == CN_FILL_IDENTITY) {
-          if (side * side != nd->width) return CN_E_INTERNAL;
-          for (int i = 0; i < side; i++) src->fill_buf[i * side + i] = 1.0f;
-        }
       }
       cp->var_of[v] = var;
       continue;
@@ -586,6 +590,7 @@ static int ew_op_of(int kind) {
   case CN_IR_SIGMOID: return CN_EW_SIGMOID;
   case CN_IR_TANH: return CN_EW_TANH;
   case CN_IR_RELU: return CN_EW_RELU;
+  case CN_IR_STEP: return CN_EW_STEP;
   default: return CN_EW_EXP;
   }
 }
@@ -789,8 +794,19 @@ static int compile_one(const cn_tensor *const *w, const char *family,
         .r = nd->b >= 0 ? cp->var_of[nd->b] : -1,
         .out = cp->var_of[cp->bmm_node[k]],
         .t = nd->t, .r0 = nd->r0, .c0 = nd->c0,
-        .m = nd->m, .kk = nd->kk, .nn = nd->width / nd->m,
-        .acc = cp->bmm_acc[k]};
+        .m = nd->m, .kk = nd->kk, .nn = nd->width / nd->m};
+    /* the identity stands in only where it is square in its place */
+    const cn_cell_bmm *bm = &c->bmm[k];
+    for (int q = 0; q < 2; q++) {
+      int v = q == 0 ? bm->l : bm->r;
+      if (v >= 0 && c->vars[v].src >= 0 &&
+          c->srcs[c->vars[v].src].fill == CN_FILL_IDENTITY &&
+          (q == 0 ? bm->m != bm->kk : bm->kk != bm->nn)) {
+        rc = CN_E_INTERNAL;
+        why = " (an identity-filled operand of a product that is not square)";
+        goto out;
+      }
+    }
   }
   /* Products: operand vars. */
   c->n_gemm = cp->n_gemm;

@@ -140,7 +140,8 @@ void cn__cell_count_costs(cn_cell *c) {
   kernels += c->n_ew;
   for (int s = 0; s < c->n_steps; s++) {
     if (c->steps[s].kind == CN_STEP_STORE) kernels += c->n_outputs;
-    if (c->steps[s].kind == CN_STEP_BMM) kernels++;
+    if (c->steps[s].kind == CN_STEP_BMM) /* a device: a product a term */
+      kernels += c->steps[s].sum ? c->steps[s].n : 1;
   }
   c->kernels = kernels + mem;
   c->mem_kernels = mem;

@@ -194,7 +194,8 @@ static void run_gemm(cn_run *r, const cn_cell *c, const cn_cell_gemm *gm,
 }
 
 /* A per-vertex product's operand for row q: a var's row (an absent edge
- * of a source read in place: its fill), or the shared weight block. */
+ * of a source read in place: its zeros, or NULL, the identity), or the
+ * shared weight block. */
 static const float *bmm_operand(const cn_run *r, const cn_cell_bmm *bm, int v,
                                 const cn_ew_slot *slots,
                                 const float *const *fill, int q) {
@@ -210,29 +211,34 @@ static const float *bmm_operand(const cn_run *r, const cn_cell_bmm *bm, int v,
 _Static_assert(sizeof(float *) == sizeof(int64_t),
                "pointer arrays are staged in the run's index room");
 
-/* One gemm_batched call: the step's products over every row. */
+/* One gemm_batched call: the step's products over every row, or the
+ * terms of one sum (a term each, summed into its output in order). The
+ * kernel count follows a device's launches: one batched product a term. */
 static void run_bmm(cn_run *r, const cn_cell *c, const cn_cell_step *st,
                     const cn_ew_slot *slots, const float *const *fill,
                     int n) {
   const cn_cell_bmm *b0 = &c->bmm[st->i];
-  int64_t cnt = (int64_t)st->n * n;
-  const float **A = (const float **)(void *)cn__run_idx(r, cnt);
-  const float **B = (const float **)(void *)cn__run_idx(r, cnt);
+  int64_t tc = (int64_t)st->n * n, cnt = st->sum ? n : tc;
+  const float **A = (const float **)(void *)cn__run_idx(r, tc);
+  const float **B = (const float **)(void *)cn__run_idx(r, tc);
   float **C = (float **)(void *)cn__run_idx(r, cnt);
   for (int k = 0; k < st->n; k++) {
     const cn_cell_bmm *bm = &c->bmm[st->i + k];
     for (int q = 0; q < n; q++) {
       A[(int64_t)k * n + q] = bmm_operand(r, bm, bm->l, slots, fill, q);
       B[(int64_t)k * n + q] = bmm_operand(r, bm, bm->r, slots, fill, q);
-      C[(int64_t)k * n + q] =
-          slots[bm->out].base + (int64_t)q * slots[bm->out].ld;
+      if (k == 0 || !st->sum)
+        C[(int64_t)k * n + q] =
+            slots[bm->out].base + (int64_t)q * slots[bm->out].ld;
     }
   }
   const cn_tensor *T = b0->t >= 0 ? r->m->w[b0->t] : NULL;
   int wld = T != NULL ? (int)(T->numel / T->shape[0]) : 0;
   int lda = b0->l >= 0 ? b0->kk : wld, ldb = b0->r >= 0 ? b0->nn : wld;
-  CN_BK(r->bk, gemm_batched, (int)cnt, b0->m, b0->nn, b0->kk, A, lda, B, ldb,
-        b0->acc ? 1.0f : 0.0f, C, b0->nn);
+  int terms = st->sum ? st->n : 1;
+  r->bk->kernels += terms - 1;
+  CN_BK(r->bk, gemm_batched, (int)cnt, terms, b0->m, b0->nn, b0->kk, A, lda,
+        B, ldb, 0.0f, C, b0->nn);
 }
 
 /* Runs cell c on n rows (rw's vertices, or their edges for an edge
