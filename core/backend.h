@@ -77,6 +77,15 @@ typedef struct cn_ew_prog {
   int n_slots;
   int tmp_slot;  /* -1: none */
   int tmp_width; /* floats of per-row scratch */
+  /* A segment loop (segment ops fused, when edge_end > edge_begin): for
+   * each row r, instructions [0, edge_begin) run, then [edge_begin,
+   * edge_end) once per edge e = seg[r] .. seg[r + 1] - 1 in order (seg: a
+   * host array of n + 1), then the rest. In the loop, slots >= edge_slot0
+   * (other than tmp_slot) are rows of the edges: row e, their off arrays
+   * seg[n] long; every other slot stays row r (an accumulator: d = d + x
+   * sums over the segment). */
+  int edge_begin, edge_end, edge_slot0;
+  const int64_t *seg;
 } cn_ew_prog;
 
 /* One part of a product over a concatenation (gemm_rows): K columns of

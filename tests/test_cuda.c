@@ -341,3 +341,36 @@ Test(cuda_ops, lattice_char) {
   G_->vt->lattice_char(G_, N, H, Gd, based, co, seg, cw, lk, outd, ldo);
   expect_same("lattice_char", outd, out, (size_t)N * ldo);
 }
+
+/* ew_program's segment loop (segment ops fused: childsum's forget gates,
+ * a lattice char's words): acc = Σ_e σ(F_e + b) ⊙ c_e over each row's
+ * edges (0..3 a row), F strided over the edges, c read in place by
+ * offsets, b broadcast; then h = tanh(acc) ⊙ x. Per-row scratch holds the
+ * per-edge product. */
+Test(cuda_ops, ew_segment_loop) {
+  NEED_GPU();
+  int64_t *seg = segs(N), E = seg[N];
+  int S = 2 * H;
+  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
+  int64_t *co = offs((int)E, S, false);
+  float *F = rnd((size_t)(E ? E : 1) * H), *Fd = up(F, (size_t)(E ? E : 1) * H);
+  float *b = rnd(H), *bd = up(b, H);
+  float *X = rnd((size_t)N * 2 * H), *Xd = up(X, (size_t)N * 2 * H);
+  /* slots: 0 acc = X[:, 0:H], 1 x = X[:, H:2H], 2 tmp, 3 F, 4 c, 5 b */
+  cn_ew_slot sc[6] = {{X, 2 * H, NULL}, {X + H, 2 * H, NULL}, {NULL, 0, NULL},
+                      {F, H, NULL}, {base + H, 0, co}, {b, 0, NULL}};
+  cn_ew_slot sg[6] = {{Xd, 2 * H, NULL}, {Xd + H, 2 * H, NULL},
+                      {NULL, 0, NULL}, {Fd, H, NULL}, {based + H, 0, co},
+                      {bd, 0, NULL}};
+  cn_ew_insn in[6] = {
+      {CN_EW_MOV, H, {0, 0, 0}, {-1, 0, 0.0f}, {-1, 0, 0}},
+      {CN_EW_ADD, H, {2, 0, 0}, {3, 0, 0}, {5, 0, 0}},
+      {CN_EW_SIGMOID, H, {2, 0, 0}, {2, 0, 0}, {-1, 0, 0}},
+      {CN_EW_MUL, H, {2, 0, 0}, {2, 0, 0}, {4, 0, 0}},
+      {CN_EW_ADD, H, {0, 0, 0}, {0, 0, 0}, {2, 0, 0}},
+      {CN_EW_TANH, H, {0, 0, 0}, {0, 0, 0}, {-1, 0, 0}}};
+  cn_ew_prog p = {6, in, 6, 2, H, 1, 5, 3, seg};
+  C_->vt->ew_program(C_, &p, sc, N);
+  G_->vt->ew_program(G_, &p, sg, N);
+  expect_same("ew_program segment loop", Xd, X, (size_t)N * 2 * H);
+}

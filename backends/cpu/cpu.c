@@ -443,6 +443,7 @@ typedef struct ew_operand {
   const int64_t *off;
   int64_t ld;
   int kind;
+  int edge; /* in a segment loop: indexed by the edge, not the row */
 } ew_operand;
 
 typedef struct ew_step {
@@ -450,7 +451,7 @@ typedef struct ew_step {
   ew_operand x[3]; /* d, a, b */
 } ew_step;
 
-static inline float *ew_row(const ew_operand *o, int r) {
+static inline float *ew_row(const ew_operand *o, int64_t r) {
   switch (o->kind) {
   case 0: return o->base + r * o->ld;
   case 1: return o->off[r] < 0 ? NULL : o->base + o->off[r];
@@ -459,21 +460,40 @@ static inline float *ew_row(const ew_operand *o, int r) {
   }
 }
 
+/* Steps [i0, i1) on row r, edge operands at edge e. Always inlined: each
+ * clone of ew_rows (target_clones) must get its own, vectorised copy. */
+__attribute__((always_inline)) static inline void ew_steps(const ew_step *st, int i0, int i1, int r,
+                            int64_t e, const float *zero) {
+  for (int i = i0; i < i1; i++) {
+    const ew_step *s = &st[i];
+    int64_t rd = s->x[0].edge ? e : r, ra = s->x[1].edge ? e : r,
+            rb = s->x[2].edge ? e : r;
+    float *d = ew_row(&s->x[0], rd);
+    if (d == NULL) continue; /* never write a missing row */
+    const float *a = ew_row(&s->x[1], ra), *b = ew_row(&s->x[2], rb);
+    if (a == NULL) a = zero;
+    if (b == NULL && s->x[2].kind != 3) b = zero;
+    ew_apply(s->op, s->width, d, a, b);
+  }
+}
+
 /* Every row through every step, in order (the per-row scratch and the
- * row's operands stay in L1 while the steps run over it). One function
- * compiled per instruction set, with ew_apply's loops inlined. */
+ * row's operands stay in L1 while the steps run over it), the segment
+ * loop's steps [eb, ee) once per edge of the row. One function compiled
+ * per instruction set, with ew_apply's loops inlined. */
 CN_VEC static void ew_rows(const ew_step *st, int n_st, int n,
-                           const float *zero) {
-  for (int r = 0; r < n; r++)
-    for (int i = 0; i < n_st; i++) {
-      const ew_step *s = &st[i];
-      float *d = ew_row(&s->x[0], r);
-      if (d == NULL) continue; /* never write a missing row */
-      const float *a = ew_row(&s->x[1], r), *b = ew_row(&s->x[2], r);
-      if (a == NULL) a = zero;
-      if (b == NULL && s->x[2].kind != 3) b = zero;
-      ew_apply(s->op, s->width, d, a, b);
-    }
+                           const float *zero, int eb, int ee,
+                           const int64_t *seg) {
+  if (ee <= eb) {
+    for (int r = 0; r < n; r++) ew_steps(st, 0, n_st, r, r, zero);
+    return;
+  }
+  for (int r = 0; r < n; r++) {
+    ew_steps(st, 0, eb, r, r, zero);
+    for (int64_t e = seg[r]; e < seg[r + 1]; e++)
+      ew_steps(st, eb, ee, r, e, zero);
+    ew_steps(st, ee, n_st, r, r, zero);
+  }
 }
 
 /* The fused elementwise program (Cavs' fusion). Constants become rows of
@@ -501,6 +521,7 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     c->n_ew = need;
   }
   const float *zero = zeros(bk, (int)maxw);
+  bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
   /* c->ew stays NULL while no program needed scratch: no offset on it */
   float *tmp = c->ew, *kp = c->ew != NULL ? c->ew + p->tmp_width : NULL;
   ew_step *st = c->ew_steps;
@@ -513,7 +534,7 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     for (int q = 0; q < 3; q++) {
       const cn_ew_arg *x = args[q];
       ew_operand *o = &s->x[q];
-      *o = (ew_operand){NULL, NULL, 0, 3};
+      *o = (ew_operand){NULL, NULL, 0, 3, 0};
       if (q == 2 && !ew_binary(in->op)) continue;
       if (x->slot < 0) { /* a constant row; a constant d writes nothing */
         if (q == 0) continue;
@@ -530,10 +551,13 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
         o->off = sl->off;
         o->ld = sl->ld;
         o->kind = sl->off != NULL ? 1 : 0;
+        o->edge = loop && i >= p->edge_begin && i < p->edge_end &&
+                  x->slot >= p->edge_slot0;
       }
     }
   }
-  ew_rows(st, p->n_insn, n, zero);
+  ew_rows(st, p->n_insn, n, zero, loop ? p->edge_begin : 0,
+          loop ? p->edge_end : 0, p->seg);
 }
 
 static const cn_backend_vt cpu_vt = {

@@ -79,14 +79,60 @@ __device__ __forceinline__ void ew_operand(float *const *rp,
   }                                                                       \
   break
 
+/* Instructions [i0, i1) for this thread's row (live: the row takes part;
+ * every thread reaches every barrier). */
+__device__ __forceinline__ void ew_insns(const cn_ew_insn *__restrict__ insn,
+                                         int i0, int i1, float *const *rp,
+                                         bool live, int tx, int G) {
+  for (int i = i0; i < i1; i++) {
+    const int op = insn[i].op, w = insn[i].width;
+    const int ds = insn[i].d.slot;
+    float *pd = live && w > 0 && ds >= 0 ? rp[ds] : NULL;
+    /* No destination row (off < 0, or a constant): nothing to do. */
+    if (pd != NULL) {
+      pd += insn[i].d.col;
+      const float *pa, *pb = NULL;
+      float ka, kb = 0.0f;
+      ew_operand(rp, insn[i].a, &pa, &ka);
+      if (op == CN_EW_ADD || op == CN_EW_SUB || op == CN_EW_MUL ||
+          op == CN_EW_DIV) /* b is unused (maybe garbage) otherwise */
+        ew_operand(rp, insn[i].b, &pb, &kb);
+      switch (op) {
+        case CN_EW_MOV: EW_UNARY(a);
+        case CN_EW_ADD: EW_BINARY(a + b);
+        case CN_EW_SUB: EW_BINARY(a - b);
+        case CN_EW_MUL: EW_BINARY(a * b);
+        case CN_EW_DIV: EW_BINARY(a / b);
+        case CN_EW_SIGMOID: EW_UNARY(sigm(a));
+        case CN_EW_TANH: EW_UNARY(tanhf(a));
+        case CN_EW_EXP: EW_UNARY(expf(a));
+        case CN_EW_RELU: EW_UNARY(fmaxf(a, 0.0f));
+        case CN_EW_STEP: EW_UNARY(a > 0.0f ? 1.0f : 0.0f);
+        default: break;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/* The row pointer of slot s at row (or edge) i; NULL: a missing row. */
+__device__ __forceinline__ float *ew_slot_row(const cn_ew_slot *slots, int s,
+                                              ll i) {
+  const cn_ew_slot sl = slots[s];
+  int64_t o = sl.off != NULL ? sl.off[i] : (int64_t)i * sl.ld;
+  return o >= 0 && sl.base != NULL ? sl.base + o : NULL;
+}
+
 __global__ void __launch_bounds__(EW_THREADS)
     k_ew_program(const cn_ew_insn *__restrict__ insn, int n_insn,
                  const cn_ew_slot *__restrict__ slots, int n_slots,
                  int tmp_slot, int tmp_width, int tmp_shared,
-                 float *tmp_global, int n) {
+                 float *tmp_global, int n, int eb, int ee, int eslot0,
+                 const int64_t *__restrict__ seg) {
   extern __shared__ __align__(16) unsigned char ew_smem[];
   const int G = (int)blockDim.x, R = (int)blockDim.y;
   const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+  const bool loop = ee > eb;
   float **rp = (float **)ew_smem + (size_t)ty * n_slots;
   float *tsh = tmp_shared ? (float *)((float **)ew_smem + (size_t)R * n_slots) +
                                 (size_t)ty * tmp_width
@@ -100,43 +146,30 @@ __global__ void __launch_bounds__(EW_THREADS)
         if (s == tmp_slot) {
           if (tmp_width > 0)
             q = tmp_shared ? tsh : tmp_global + r * (ll)tmp_width;
-        } else {
-          const cn_ew_slot sl = slots[s];
-          int64_t o = sl.off != NULL ? sl.off[r] : (int64_t)r * sl.ld;
-          if (o >= 0 && sl.base != NULL) q = sl.base + o;
+        } else if (!loop || s < eslot0) { /* edge rows: per edge, below */
+          q = ew_slot_row(slots, s, r);
         }
         rp[s] = q;
       }
     __syncthreads();
-    for (int i = 0; i < n_insn; i++) {
-      const int op = insn[i].op, w = insn[i].width;
-      const int ds = insn[i].d.slot;
-      float *pd = live && w > 0 && ds >= 0 ? rp[ds] : NULL;
-      /* No destination row (off < 0, or a constant): nothing to do. */
-      if (pd != NULL) {
-        pd += insn[i].d.col;
-        const float *pa, *pb = NULL;
-        float ka, kb = 0.0f;
-        ew_operand(rp, insn[i].a, &pa, &ka);
-        if (op == CN_EW_ADD || op == CN_EW_SUB || op == CN_EW_MUL ||
-            op == CN_EW_DIV) /* b is unused (maybe garbage) otherwise */
-          ew_operand(rp, insn[i].b, &pb, &kb);
-        switch (op) {
-          case CN_EW_MOV: EW_UNARY(a);
-          case CN_EW_ADD: EW_BINARY(a + b);
-          case CN_EW_SUB: EW_BINARY(a - b);
-          case CN_EW_MUL: EW_BINARY(a * b);
-          case CN_EW_DIV: EW_BINARY(a / b);
-          case CN_EW_SIGMOID: EW_UNARY(sigm(a));
-          case CN_EW_TANH: EW_UNARY(tanhf(a));
-          case CN_EW_EXP: EW_UNARY(expf(a));
-          case CN_EW_RELU: EW_UNARY(fmaxf(a, 0.0f));
-          case CN_EW_STEP: EW_UNARY(a > 0.0f ? 1.0f : 0.0f);
-          default: break;
-        }
-      }
-      __syncthreads();
+    if (!loop) {
+      ew_insns(insn, 0, n_insn, rp, live, tx, G);
+      continue;
     }
+    ew_insns(insn, 0, eb, rp, live, tx, G);
+    /* The segment loop: rows of the block have different edge counts, so
+     * it runs to the longest, a row idling (but reaching every barrier)
+     * once its own edges are done. */
+    const ll sb = live ? seg[r] : 0, se = live ? seg[r + 1] : 0;
+    for (ll k = 0; __syncthreads_or(sb + k < se); k++) {
+      const bool act = sb + k < se;
+      if (act)
+        for (int s = eslot0 + tx; s < n_slots; s += G)
+          if (s != tmp_slot) rp[s] = ew_slot_row(slots, s, sb + k);
+      __syncthreads();
+      ew_insns(insn, eb, ee, rp, act, tx, G);
+    }
+    ew_insns(insn, ee, n_insn, rp, live, tx, G);
   }
 }
 
@@ -234,14 +267,21 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     tmp_global = c->ew_tmp;
   }
 
-  /* One staging block: slot table, off arrays, instructions. */
+  /* One staging block: slot table, off arrays (an edge slot's seg[n]
+   * long), instructions, the segments. */
+  const bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
+  const int64_t E = loop ? p->seg[n] : 0;
   const size_t w_slots = even_words((size_t)T * sizeof(cn_ew_slot));
   const size_t w_off = even_words((size_t)n * sizeof(int64_t));
+  const size_t w_eoff = even_words((size_t)E * sizeof(int64_t));
   size_t words = w_slots;
   for (int s = 0; s < p->n_slots; s++)
-    if (s != tmp_slot && slots[s].off != NULL) words += w_off;
+    if (s != tmp_slot && slots[s].off != NULL)
+      words += loop && s >= p->edge_slot0 ? w_eoff : w_off;
   const size_t insn_at = words;
   words += even_words((size_t)p->n_insn * sizeof(cn_ew_insn));
+  const size_t seg_at = words;
+  if (loop) words += even_words((size_t)(n + 1) * sizeof(int64_t));
   int64_t *hs, *ds;
   if (!cu_stage_reserve(c, words, &hs, &ds)) return;
   cn_ew_slot *tab = (cn_ew_slot *)hs;
@@ -254,12 +294,14 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     tab[s].base = slots[s].base;
     tab[s].ld = slots[s].ld;
     if (slots[s].off != NULL) {
-      memcpy(hs + o, slots[s].off, (size_t)n * sizeof(int64_t));
+      bool edge = loop && s >= p->edge_slot0;
+      memcpy(hs + o, slots[s].off, (size_t)(edge ? E : n) * sizeof(int64_t));
       tab[s].off = ds + o;
-      o += w_off;
+      o += edge ? w_eoff : w_off;
     }
   }
   memcpy(hs + insn_at, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
+  if (loop) memcpy(hs + seg_at, p->seg, (size_t)(n + 1) * sizeof(int64_t));
   if (!cu_stage_commit(c, hs, words)) return;
 
   unsigned grid = cu_blocks(n, R);
@@ -267,6 +309,7 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
   k_ew_program<<<grid, dim3((unsigned)G, (unsigned)R), smem, c->stream>>>(
       (const cn_ew_insn *)(ds + insn_at), p->n_insn,
       (const cn_ew_slot *)ds, T, tmp_slot, tmp_width, tmp_shared ? 1 : 0,
-      tmp_global, n);
+      tmp_global, n, loop ? p->edge_begin : 0, loop ? p->edge_end : 0,
+      p->edge_slot0, loop ? (const int64_t *)(ds + seg_at) : NULL);
   CN_CUDA_LAUNCHED(c);
 }

@@ -93,6 +93,9 @@ typedef enum cn_ir_fill { CN_FILL_ZERO, CN_FILL_IDENTITY } cn_ir_fill;
 typedef struct cn_ir_node {
   uint8_t kind, src;
   uint8_t fill;     /* SRC: what an absent input edge reads (cn_ir_fill)   */
+  uint8_t from1;    /* SRC INPUT*, EDGE: only the input edges from vertices
+                       of type from1 - 1 count (0: every edge): a lattice
+                       char's previous char, apart from its words' links  */
   int32_t width;
   int32_t a, b;     /* operands (-1: none)                                 */
   int32_t t;        /* tensor index (family spec order)                    */
@@ -126,6 +129,8 @@ int cn_ir_linear(cn_ir *g, const int *x, int nx, int t, int r0, int width,
                  int bt, int boff);
 /* Marks node v as the state columns [col, col + width(v)). */
 void cn_ir_output(cn_ir *g, int v, int col);
+/* Source v counts only the input edges from vertices of type `type`. */
+void cn_ir_from(cn_ir *g, int v, int type);
 /* Σ over the vertex's input edges of edge value a (CN_IR_SEG_SUM). */
 int cn_ir_seg_sum(cn_ir *g, int a);
 /* L·R per vertex (CN_IR_BMM): L [m, kk] is node a, or block (r0, c0) of
@@ -160,6 +165,8 @@ typedef struct cn_cell_var {
 typedef struct cn_cell_src {
   uint8_t kind;    /* cn_ir_src */
   uint8_t fill;    /* cn_ir_fill: an absent edge reads fill_buf            */
+  uint8_t from1;   /* input edges from this vertex type + 1 only (0: all)  */
+  bool fused;      /* CN_SRC_SEG summed inside a fused kernel: no gather    */
   float *fill_buf; /* zeros an absent edge reads (products only), owned;
                       the identity needs none: a NULL gemm_batched operand */
   int32_t t, edge, col, width;
@@ -210,6 +217,10 @@ typedef struct cn_cell_ew {
   int n_insn;
   cn_ew_insn *insn;
   int n_ops;       /* IR ops it fuses, before instruction batching         */
+  /* the edge cell's last kernel fused in (segment ops): instructions
+   * [edge_begin, edge_end) run per edge, reading the edge cell's vars as
+   * slots n_vars + 1 + v (cn_ew_prog's segment loop); 0, 0: none */
+  int edge_begin, edge_end;
 } cn_cell_ew;
 
 typedef struct cn_cell {
@@ -239,6 +250,7 @@ typedef struct cn_cell {
    * (its results edge_floats per edge, read by the CN_SRC_SEG sources) */
   struct cn_cell *edge;
   int edge_floats;
+  int edge_from1;       /* the edges it runs over: from this type + 1 only */
 } cn_cell;
 
 /* Compiles g for a layout, packing the products' weights from w (the

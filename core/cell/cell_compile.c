@@ -548,7 +548,8 @@ static int make_vars(compiler *cp) {
       }
       c->vars[var].src = c->n_srcs;
       cn_cell_src *src = &c->srcs[c->n_srcs++];
-      *src = (cn_cell_src){.kind = nd->src, .fill = nd->fill, .t = nd->t,
+      *src = (cn_cell_src){.kind = nd->src, .fill = nd->fill,
+                           .from1 = nd->from1, .t = nd->t,
                            .edge = nd->r0, .col = nd->c0,
                            .width = nd->width, .var = gather ? var : -1};
       /* what an absent edge reads: zeros from a buffer of the cell's, or
@@ -884,13 +885,19 @@ out:
 /* ---- segment ops: the edge cell and the vertex cell (cell.h) ------------ */
 /* Marks the edge values of g (edge[v]); params are neither (param[v]).
  * Returns a message for a graph the split cannot take, or NULL. */
-static const char *edge_values(const cn_ir *g, bool *edge, bool *any) {
+static const char *edge_values(const cn_ir *g, bool *edge, bool *any,
+                               int *from1) {
   *any = false;
+  *from1 = -1;
   for (int v = 0; v < g->n; v++) {
     const cn_ir_node *nd = &g->node[v];
     edge[v] = false;
     if (nd->kind == CN_IR_SRC) {
       edge[v] = nd->src == CN_SRC_EDGE;
+      if (edge[v] && *from1 >= 0 && *from1 != nd->from1)
+        return "per-edge sources over different sets of edges (one edge "
+               "set a type)";
+      if (edge[v]) *from1 = nd->from1;
       if (nd->src == CN_SRC_SEG) return "a CN_SRC_SEG source in a family IR";
     } else if (nd->kind == CN_IR_SEG_SUM) {
       if (nd->a < 0 || !edge[nd->a])
@@ -974,12 +981,109 @@ static void split_edges(const cn_ir *g, const bool *edge, cn_ir *ge,
   }
 }
 
+/* Whether ew kernel k of c reads var v. */
+static bool ew_reads(const cn_cell *c, int k, int v) {
+  for (int i = 0; i < c->ew[k].n_insn; i++) {
+    const cn_ew_insn *in = &c->ew[k].insn[i];
+    if (in->a.slot == v || in->b.slot == v) return true;
+  }
+  return false;
+}
+
+/* Fuses the segment ops into one kernel (cn_ew_prog's segment loop): the
+ * edge cell's last fused kernel, with each segment sum accumulated per
+ * edge, moves into the first kernel of the vertex cell that reads a sum;
+ * the edge cell stops before it and the sums are not gathered. Cavs'
+ * fusion across the reduction: the per-edge values never make a round
+ * trip through a gather_sum launch. Left as it is (two cells, a
+ * gather_sum each) when the edge cell does not end in a fused kernel
+ * (naive: it ends storing its outputs) or a product reads a sum. */
+static int fuse_edges(cn_cell *c) {
+  cn_cell *e = c->edge;
+  if (e->n_steps == 0 || e->steps[e->n_steps - 1].kind != CN_STEP_EW)
+    return 0;
+  const cn_cell_ew *le = &e->ew[e->steps[e->n_steps - 1].i];
+  for (int j = 0; j < e->n_gemm; j++) /* every result made by that kernel */
+    for (int q = 0; q < e->gemm[j].n_out; q++)
+      if (e->vars[e->gemm[j].out[q]].out_col >= 0) return 0;
+  for (int j = 0; j < e->n_bmm; j++)
+    if (e->vars[e->bmm[j].out].out_col >= 0) return 0;
+  int sv[16], ev[16], ns = 0;
+  for (int s = 0; s < c->n_srcs; s++) {
+    const cn_cell_src *src = &c->srcs[s];
+    if (src->kind != CN_SRC_SEG) continue;
+    if (src->var < 0) return 0;
+    for (int j = 0; j < c->n_gemm; j++)
+      for (int k = 0; k < c->gemm[j].n_in; k++)
+        if (c->gemm[j].in[k] == src->var) return 0;
+    for (int j = 0; j < c->n_bmm; j++)
+      if (c->bmm[j].l == src->var || c->bmm[j].r == src->var) return 0;
+    ev[ns] = -1; /* the edge result it sums */
+    for (int v = 0; v < e->n_vars; v++)
+      if (e->vars[v].out_col == src->col && e->vars[v].width == src->width)
+        ev[ns] = v;
+    if (ev[ns] < 0) return 0;
+    sv[ns++] = s;
+  }
+  int k = -1; /* the vertex kernel the sums go to: the first reading one */
+  for (int s = 0; s < c->n_steps && k < 0; s++) {
+    if (c->steps[s].kind != CN_STEP_EW) continue;
+    for (int q = 0; q < ns && k < 0; q++)
+      if (ew_reads(c, c->steps[s].i, c->srcs[sv[q]].var)) k = c->steps[s].i;
+  }
+  if (k < 0 || ns == 0) return 0;
+  cn_cell_ew *ke = &c->ew[k];
+  int n = ns + le->n_insn + ns + ke->n_insn;
+  cn_ew_insn *in = calloc((size_t)n, sizeof(*in));
+  if (in == NULL) return CN_E_NOMEM;
+  int at = 0, base = c->n_vars + 1, tmp0 = (int)c->tmp_floats;
+  for (int q = 0; q < ns; q++) /* sum = 0 */
+    in[at++] = (cn_ew_insn){CN_EW_MOV, c->srcs[sv[q]].width,
+                            {(int16_t)c->srcs[sv[q]].var, 0, 0.0f},
+                            {-1, 0, 0.0f}, {-1, 0, 0.0f}};
+  for (int i = 0; i < le->n_insn; i++) { /* per edge: its values ... */
+    cn_ew_insn x = le->insn[i];
+    cn_ew_arg *args[3] = {&x.d, &x.a, &x.b};
+    for (int q = 0; q < 3; q++) {
+      if (args[q]->slot < 0) continue;
+      if (args[q]->slot == e->n_vars) /* its scratch, after the vertex's */
+        *args[q] = (cn_ew_arg){(int16_t)c->n_vars, args[q]->col + tmp0, 0};
+      else
+        args[q]->slot = (int16_t)(base + args[q]->slot);
+    }
+    in[at++] = x;
+  }
+  for (int q = 0; q < ns; q++) /* ... and the sums: sum = sum + value */
+    in[at++] = (cn_ew_insn){CN_EW_ADD, c->srcs[sv[q]].width,
+                            {(int16_t)c->srcs[sv[q]].var, 0, 0.0f},
+                            {(int16_t)c->srcs[sv[q]].var, 0, 0.0f},
+                            {(int16_t)(base + ev[q]), 0, 0.0f}};
+  memcpy(in + at, ke->insn, (size_t)ke->n_insn * sizeof(*in));
+  free(ke->insn);
+  ke->insn = in;
+  ke->n_insn = n;
+  ke->n_ops += le->n_ops;
+  ke->edge_begin = ns;
+  ke->edge_end = ns + le->n_insn + ns;
+  c->tmp_floats += e->tmp_floats;
+  for (int q = 0; q < ns; q++) c->srcs[sv[q]].fused = true;
+  c->kernels -= ns; /* no gather_sum */
+  e->kernels -= 1;  /* nor its last kernel */
+  int last = e->steps[e->n_steps - 1].i;
+  free(e->ew[last].insn);
+  e->ew[last] = (cn_cell_ew){0};
+  if (last == e->n_ew - 1) e->n_ew--;
+  e->n_steps--;
+  return 0;
+}
+
 int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
                              int type, const char *type_name, const cn_ir *g,
                              int layout, cn_cell **out, cn_err *err) {
   bool edge[CN_IR_MAX], any;
+  int from1;
   *out = NULL;
-  const char *bad = g->overflow ? NULL : edge_values(g, edge, &any);
+  const char *bad = g->overflow ? NULL : edge_values(g, edge, &any, &from1);
   if (bad != NULL)
     return cn_err_set(err, CN_E_INTERNAL, "%s: the %s cell has %s", family,
                       type_name, bad);
@@ -1003,6 +1107,13 @@ int cn__cell_compile_weights(const cn_tensor *const *w, const char *family,
   cn_cell *c = *out;
   c->edge = e;
   c->edge_floats = ge->state_floats;
+  c->edge_from1 = from1;
+  if ((rc = fuse_edges(c)) != 0) {
+    cn_err_set(err, rc, "no memory to compile the %s cell", type_name);
+    cn__cell_free(c);
+    *out = NULL;
+    goto out;
+  }
   /* one report for the pair: the edge cell's launches run per batch too */
   c->kernels += e->kernels;
   c->mem_kernels += e->mem_kernels;

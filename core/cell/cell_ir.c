@@ -85,3 +85,10 @@ int cn_ir_bmm(cn_ir *g, int a, int b, int t, int r0, int c0, int m, int kk,
                               .b = b, .t = t, .r0 = r0, .c0 = c0, .m = m,
                               .kk = kk});
 }
+
+void cn_ir_from(cn_ir *g, int v, int type) {
+  if (v >= 0 && v < g->n && type >= 0 && type < 255)
+    g->node[v].from1 = (uint8_t)(type + 1);
+  else
+    g->overflow = true;
+}

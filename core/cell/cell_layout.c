@@ -236,6 +236,8 @@ int64_t cn__cell_idx(const cn_cell *c, int64_t n, int64_t edges) {
   /* + the per-vertex products' operand pointers (3 per row each) */
   int64_t i = (int64_t)c->n_srcs * (n + edges + 1) + 2 * n + 1 +
               3 * (int64_t)c->n_bmm * n;
-  if (c->edge != NULL) i += n + 1 + cn__cell_idx(c->edge, edges, 0);
+  if (c->edge != NULL) /* + the slot tables of a fused segment loop */
+    i += n + 1 + cn__cell_idx(c->edge, edges, 0) +
+         3 * (int64_t)(2 * c->edge->n_vars + c->n_vars + 2);
   return i;
 }

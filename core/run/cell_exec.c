@@ -66,15 +66,23 @@ typedef struct cell_rows {
   int64_t edges;
 } cell_rows;
 
-/* Vertex i's input edges are rows seg[i] .. seg[i + 1]. */
+/* Whether input vertex u counts for a source over edges from type
+ * from1 - 1 (0: every edge). */
+static inline bool counts(const cn_run *r, int32_t u, int from1) {
+  return from1 == 0 || r->vtype[u] == from1 - 1;
+}
+
+/* Vertex i's input edges (those from1 counts) are rows seg[i] ..
+ * seg[i + 1]. */
 static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
-                              int64_t *edges) {
+                              int from1, int64_t *edges) {
   int64_t *sg = cn__run_idx(r, n + 1), e = 0;
   sg[0] = 0;
   for (int i = 0; i < n; i++) {
     int k;
-    cn__run_inputs(r, verts[i], &k);
-    sg[i + 1] = e += k;
+    const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    for (int q = 0; q < k; q++) e += counts(r, in[q], from1);
+    sg[i + 1] = e;
   }
   *edges = e;
   return sg;
@@ -100,11 +108,16 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
     }
     return off;
   }
-  if (s->kind == CN_SRC_INPUT) {
-    int64_t *off = cn__inputs_off(r, verts, n, s->edge);
-    if (s->col != 0)
-      for (int i = 0; i < n; i++)
-        if (off[i] >= 0) off[i] += s->col;
+  if (s->kind == CN_SRC_INPUT) { /* the edge-th input (that counts) */
+    int64_t *off = cn__run_idx(r, n);
+    for (int i = 0; i < n; i++) {
+      int k, seen = 0;
+      const int32_t *in = cn__run_inputs(r, verts[i], &k);
+      off[i] = -1;
+      for (int q = 0; q < k && off[i] < 0; q++)
+        if (counts(r, in[q], s->from1) && seen++ == s->edge)
+          off[i] = r->state_off[in[q]] + s->col;
+    }
     return off;
   }
   if (s->kind == CN_SRC_SEG) { /* the edge cell's results, per segment */
@@ -116,13 +129,15 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
     return off;
   }
   int64_t e;
-  int64_t *sg = edge_segments(r, verts, n, &e);
+  int64_t *sg = edge_segments(r, verts, n, s->from1, &e);
   int64_t *off = cn__run_idx(r, e);
   for (int i = 0; i < n; i++) {
     int k;
     const int32_t *in = cn__run_inputs(r, verts[i], &k);
+    int64_t at = sg[i];
     for (int q = 0; q < k; q++)
-      off[sg[i] + q] = r->state_off[in[q]] + s->col;
+      if (counts(r, in[q], s->from1))
+        off[at++] = r->state_off[in[q]] + s->col;
   }
   if (s->kind == CN_SRC_EDGE) return off; /* a row per edge */
   *seg = sg;
@@ -208,8 +223,10 @@ static const float *bmm_operand(const cn_run *r, const cn_cell_bmm *bm, int v,
   return x->off[q] >= 0 ? x->base + x->off[q] : fill[v];
 }
 
-_Static_assert(sizeof(float *) == sizeof(int64_t),
-               "pointer arrays are staged in the run's index room");
+_Static_assert(sizeof(float *) == sizeof(int64_t) &&
+                   sizeof(cn_ew_slot) == 3 * sizeof(int64_t),
+               "pointer arrays and slot tables are staged in the run's "
+               "index room");
 
 /* One gemm_batched call: the step's products over every row, or the
  * terms of one sum (a term each, summed into its output in order). The
@@ -241,10 +258,20 @@ static void run_bmm(cn_run *r, const cn_cell *c, const cn_cell_step *st,
         B, ldb, 0.0f, C, b0->nn);
 }
 
+/* The edge cell's slots, for a vertex kernel that fuses its last kernel
+ * (cn_cell_ew's segment loop). */
+typedef struct fused_edges {
+  const cn_ew_slot *slots;
+  int n;
+  const int64_t *seg;
+} fused_edges;
+
 /* Runs cell c on n rows (rw's vertices, or their edges for an edge
- * cell), its scratch and results where the caller says. */
+ * cell), its scratch and results where the caller says; keep (when not
+ * NULL) receives its slot table, fe is the edge cell's for a fused kernel. */
 static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
-                      int n, float *scratch, float *state) {
+                      int n, float *scratch, float *state, cn_ew_slot *keep,
+                      const fused_edges *fe) {
   cn_backend_ctx *bk = r->bk;
   float *stage = scratch + (int64_t)n * c->row_floats;
   view vw[3 * CN_IR_MAX];
@@ -260,6 +287,7 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
   /* Sources: gathered into their ROW variable, or bound in place. */
   for (int s = 0; s < c->n_srcs; s++) {
     const cn_cell_src *src = &c->srcs[s];
+    if (src->fused) continue; /* summed inside a kernel (segment loop) */
     int64_t *seg = NULL, edges = 0;
     int64_t *off = source_offsets(r, c, src, rw, &seg, &edges);
     const float *base = src->kind == CN_SRC_EMBED ? r->wb[src->t]
@@ -316,8 +344,22 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
     } else if (st->kind == CN_STEP_EW) {
       const cn_cell_ew *e = &c->ew[st->i];
       cn_ew_prog p = {e->n_insn, e->insn, c->n_vars + 1, c->n_vars,
-                      (int)c->tmp_floats};
-      CN_BK(bk, ew_program, &p, slots, n);
+                      (int)c->tmp_floats, 0, 0, 0, NULL};
+      const cn_ew_slot *sl = slots;
+      if (e->edge_end > e->edge_begin && fe != NULL) {
+        /* the segment loop: the edge cell's slots after this cell's */
+        int nt = c->n_vars + 1 + fe->n;
+        cn_ew_slot *all = (cn_ew_slot *)(void *)cn__run_idx(r, 3 * (int64_t)nt);
+        memcpy(all, slots, (size_t)(c->n_vars + 1) * sizeof(*all));
+        memcpy(all + c->n_vars + 1, fe->slots, (size_t)fe->n * sizeof(*all));
+        p.n_slots = nt;
+        p.edge_begin = e->edge_begin;
+        p.edge_end = e->edge_end;
+        p.edge_slot0 = c->n_vars + 1;
+        p.seg = fe->seg;
+        sl = all;
+      }
+      CN_BK(bk, ew_program, &p, sl, n);
     } else if (st->kind == CN_STEP_STORE) {
       /* naive: results land in their own buffers, then in the state rows
        * (a result scatter, counted with the bytes between vertices) */
@@ -331,22 +373,29 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
       }
     }
   }
+  if (keep != NULL) memcpy(keep, slots, (size_t)(c->n_vars + 1) * sizeof(*keep));
 }
 
 void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
   float *scratch = cn__run_scratch(r);
   float *state = r->arena + r->state_off[verts[0]];
   cell_rows rw = {verts, n, NULL, NULL, 0};
+  fused_edges fe = {NULL, 0, NULL};
   if (c->edge != NULL) { /* segment ops: the edge cell first (cell.h) */
-    rw.eseg = edge_segments(r, verts, n, &rw.edges);
+    const cn_cell *e = c->edge;
+    rw.eseg = edge_segments(r, verts, n, c->edge_from1, &rw.edges);
     float *eout = scratch + cn__cell_scratch_floats(c, n, 0);
     float *escratch = eout + rw.edges * c->edge_floats;
     cell_rows er = {verts, n, NULL, NULL, 0};
+    cn_ew_slot *es =
+        (cn_ew_slot *)(void *)cn__run_idx(r, 3 * (int64_t)(e->n_vars + 1));
+    memset(es, 0, (size_t)(e->n_vars + 1) * sizeof(*es));
     if (rw.edges > 0)
-      exec_rows(r, c->edge, &er, (int)rw.edges, escratch, eout);
+      exec_rows(r, e, &er, (int)rw.edges, escratch, eout, es, NULL);
     rw.eout = eout;
+    fe = (fused_edges){es, e->n_vars, rw.eseg};
   }
-  exec_rows(r, c, &rw, n, scratch, state);
+  exec_rows(r, c, &rw, n, scratch, state, NULL, c->edge != NULL ? &fe : NULL);
 }
 
 /* ---- describing and measuring cells (canopy model info / bench) -------- */
