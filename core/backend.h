@@ -207,21 +207,6 @@ struct cn_backend_vt {
   void (*argmax_rows)(cn_backend_ctx *bk, int n, int w, const float *X,
                       int ld, int32_t *out);
 
-  /* ---- family kernels not yet expressed in the op IR (issue #34) ----
-   * The vertex types core/families/ still runs with exec(): each goes
-   * when the IR can describe it (the lattice's softmax-weighted merge).
-   * Child
-   * state is read where it lives: base + off[r] (off < 0: zero). */
-  /* Lattice LSTM char cell (Zhang & Yang 2018): G[n,4H] = (i, f, o, u)
-   * pre-activations; c_prev = base[cprev[r] + H] (zero when < 0); words
-   * ending here: k in seg[r] .. seg[r+1], cell state base[cw[k]], link
-   * gate base[lk[k]] (already σ'd). No words: c = σ(f)⊙c_prev +
-   * σ(i)⊙tanh(u); else c = (e^σ(i)⊙tanh(u) + Σ e^l_k⊙cw_k) /
-   * (e^σ(i) + Σ e^l_k). h = σ(o)⊙tanh(c); out row = [h | c]. */
-  void (*lattice_char)(cn_backend_ctx *bk, int n, int H, const float *G,
-                       const float *base, const int64_t *cprev,
-                       const int64_t *seg, const int64_t *cw,
-                       const int64_t *lk, float *out, int ldo);
   /* ---- compiled vertex functions (core/cell_*.c, issue #5) ----
    * dst[r, 0:width] = src[r, 0:width] for r < n (rows ldd / lds floats
    * apart): the gathers and scatters a layout could not avoid. */

@@ -278,15 +278,6 @@ static void sim_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   CPU(bk)->vt->gather_sum(CPU(bk), dst, ldd, base, idx, seg, n, width, mean);
 }
 
-static void sim_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
-                             const float *base, const int64_t *cprev,
-                             const int64_t *seg, const int64_t *cw,
-                             const int64_t *lk, float *out, int ldo) {
-  upload(bk, 2 * (long long)n + 1 + 2 * seg[n]);
-  bk->ctr.launches++;
-  CPU(bk)->vt->lattice_char(CPU(bk), n, H, G, base, cprev, seg, cw, lk, out,
-                            ldo);
-}
 
 static void sim_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X,
                             int ld, int32_t *out) {
@@ -350,7 +341,6 @@ static const cn_backend_vt sim_vt = {
     .gemm_batched = sim_gemm_batched,
     .gather = sim_gather,
     .gather_sum = sim_gather_sum,
-    .lattice_char = sim_lattice_char,
     .argmax_rows = sim_argmax_rows,
     .copy_rows = sim_copy_rows,
     .ew_program = sim_ew_program,

@@ -327,21 +327,6 @@ Test(cuda_ops, gathers_and_elementwise) {
   cr_expect(a[1] == -1 && a[2] == -1 && a[4] == -1 && a[0] >= 0);
 }
 
-/* The family kernels the op IR cannot describe yet (issue #34). */
-Test(cuda_ops, lattice_char) {
-  NEED_GPU();
-  int S = 2 * H, ldo = 2 * H;
-  float *base = rnd((size_t)R * S), *based = up(base, (size_t)R * S);
-  float *G = rnd((size_t)N * 4 * H), *Gd = up(G, (size_t)N * 4 * H);
-  float *out = rnd((size_t)N * ldo), *outd = up(out, (size_t)N * ldo);
-  int64_t *co = offs(N, S, true);
-  int64_t *seg = segs(N), *cw = offs((int)seg[N], S, false),
-          *lk = offs((int)seg[N], S, false);
-  C_->vt->lattice_char(C_, N, H, G, base, co, seg, cw, lk, out, ldo);
-  G_->vt->lattice_char(G_, N, H, Gd, based, co, seg, cw, lk, outd, ldo);
-  expect_same("lattice_char", outd, out, (size_t)N * ldo);
-}
-
 /* ew_program's segment loop (segment ops fused: childsum's forget gates,
  * a lattice char's words): acc = Σ_e σ(F_e + b) ⊙ c_e over each row's
  * edges (0..3 a row), F strided over the edges, c read in place by

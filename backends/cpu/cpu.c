@@ -1,7 +1,7 @@
 /* cpu.c - the CPU backend: gemm.c for every product (one fixed order of
  * sums, so answers never depend on the batch), plain loops the compiler
- * vectorises for gathers, the compiled cells' fused elementwise programs
- * and the family kernels the op IR cannot describe yet (backend.h).
+ * vectorises for gathers and the compiled cells' fused elementwise
+ * programs: backend.h's general operations, no family's own kernel.
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
  * mapped them, and core reads results in place. A weight matrix is packed
@@ -348,33 +348,6 @@ static void cpu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
   }
 }
 
-CN_VEC static void cpu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
-                             const float *base, const int64_t *cprev,
-                             const int64_t *seg, const int64_t *cw,
-                             const int64_t *lk, float *out, int ldo) {
-  for (int r = 0; r < n; r++) {
-    const float *restrict g = G + (size_t)r * 4 * H;
-    const float *restrict cp = ROW(cprev[r], H);
-    float *restrict h = out + (size_t)r * ldo, *restrict c = h + H;
-    if (seg[r + 1] == seg[r]) {
-      for (int j = 0; j < H; j++)
-        c[j] = sigm(g[j]) * tanhf(g[3 * H + j]) + sigm(g[H + j]) * cp[j];
-    } else {
-      for (int j = 0; j < H; j++) {
-        float ai = expf(sigm(g[j]));
-        float num = ai * tanhf(g[3 * H + j]), den = ai;
-        for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
-          float ak = expf(base[lk[k] + j]);
-          num += ak * base[cw[k] + j];
-          den += ak;
-        }
-        c[j] = num / den;
-      }
-    }
-    for (int j = 0; j < H; j++) h[j] = sigm(g[2 * H + j]) * tanhf(c[j]);
-  }
-}
-
 /* Not isfinite(): this file is built with -ffinite-math-only, under which
  * the compiler may take it to be always true. An exponent of all ones is
  * an infinity or a NaN. */
@@ -578,7 +551,6 @@ static const cn_backend_vt cpu_vt = {
     .gemm_batched = cpu_gemm_batched,
     .gather = cpu_gather,
     .gather_sum = cpu_gather_sum,
-    .lattice_char = cpu_lattice_char,
     .argmax_rows = cpu_argmax_rows,
     .copy_rows = cpu_copy_rows,
     .ew_program = cpu_ew_program,

@@ -357,7 +357,6 @@ static const cn_backend_vt cuda_vt = {
     .gather = cu_gather,
     .gather_sum = cu_gather_sum,
     .argmax_rows = cu_argmax_rows,
-    .lattice_char = cu_lattice_char,
     .copy_rows = cu_copy_rows,
     .ew_program = cu_ew_program,
     .status = cu_status,

@@ -230,10 +230,6 @@ void cu_gather(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
 void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
                    const int64_t *idx, const int64_t *seg, int n, int width,
                    int mean);
-void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
-                     const float *base, const int64_t *cprev,
-                     const int64_t *seg, const int64_t *cw, const int64_t *lk,
-                     float *out, int ldo);
 void cu_argmax_rows(cn_backend_ctx *bk, int n, int w, const float *X, int ld,
                     int32_t *out);
 void cu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd, const float *src,

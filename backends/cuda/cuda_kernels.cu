@@ -1,7 +1,6 @@
-/* cuda_kernels.cu - gathers, argmax and the family kernel the op IR
- * cannot describe yet (lattice_char; core/backend.h, issue #34). Each is
- * one kernel launch over the batch (one thread per output
- * float, grid-stride), preceded by one asynchronous copy of the call's
+/* cuda_kernels.cu - gathers, argmax and the identity gemm_batched uses
+ * for a NULL operand. Each is one kernel launch over the batch (one thread
+ * per output float, grid-stride), preceded by one asynchronous copy of the call's
  * host index arrays into the staging ring (cu_stage). The arithmetic
  * follows backends/cpu/cpu.c operation for operation (expf, tanhf, no fast
  * math) so results agree to float rounding. The fused elementwise
@@ -104,49 +103,6 @@ void cu_gather_sum(cn_backend_ctx *bk, float *dst, int ldd, const float *base,
   if (!cu_stage(c, 2, h, len, d)) return;
   LAUNCH(c, (ll)n * width, k_gather_sum, dst, ldd, base, d[1], d[0], n,
          width, mean);
-}
-
-/* ---- family kernels not yet in the op IR (issue #34) ---- */
-
-__global__ void k_lattice_char(int n, int H, const float *G,
-                               const float *base, const int64_t *cprev,
-                               const int64_t *seg, const int64_t *cw,
-                               const int64_t *lk, float *out, int ldo) {
-  GRID_LOOP(i, (ll)n * H) {
-    ll r = i / H;
-    int j = (int)(i % H);
-    const float *g = G + r * 4 * H;
-    float cj;
-    if (seg[r + 1] == seg[r]) {
-      cj = sigm(g[j]) * tanhf(g[3 * H + j]) +
-           (cprev[r] >= 0 ? sigm(g[H + j]) * base[cprev[r] + H + j] : 0.0f);
-    } else {
-      float ai = expf(sigm(g[j]));
-      float num = ai * tanhf(g[3 * H + j]), den = ai;
-      for (int64_t k = seg[r]; k < seg[r + 1]; k++) {
-        float ak = expf(base[lk[k] + j]);
-        num += ak * base[cw[k] + j];
-        den += ak;
-      }
-      cj = num / den;
-    }
-    float *h = out + r * ldo;
-    h[H + j] = cj;
-    h[j] = sigm(g[2 * H + j]) * tanhf(cj);
-  }
-}
-
-void cu_lattice_char(cn_backend_ctx *bk, int n, int H, const float *G,
-                     const float *base, const int64_t *cprev,
-                     const int64_t *seg, const int64_t *cw, const int64_t *lk,
-                     float *out, int ldo) {
-  cu_ctx *c = cu_of(bk);
-  if (n <= 0 || !cu_enter(c)) return;
-  const int64_t *h[4] = {cprev, seg, cw, lk}, *d[4];
-  const int64_t len[4] = {n, n + 1, seg[n], seg[n]};
-  if (!cu_stage(c, 4, h, len, d)) return;
-  LAUNCH(c, (ll)n * H, k_lattice_char, n, H, G, base, d[0], d[1], d[2], d[3],
-         out, ldo);
 }
 
 /* ---- argmax and elementwise ---- */

@@ -4,12 +4,11 @@
  * Vertices per instance: char_j for every character, word_(b,e) and
  * link_(b,e) for every span, output_j per character. word_(b,e) reads
  * char_b; link_(b,e) reads word_(b,e) (and x_(e-1)); char_j reads char_(j-1)
- * and the words and links of every span ending at j + 1. States: char
- * [h | c] 2H; word cw H; link l H; output C. The word, link and output
- * types are cells (the op IR below, run compiled). The char type is still
- * exec() (issue #34: a variable number of words merged per character):
- * G = [x_j; h_(j-1)]·char.Wᵀ + char.b, the product reading its parts
- * where they lie (cn__run_gemm_rows), then the lattice_char kernel.
+ * and the links of every span ending at j + 1. States: char [h | c] 2H;
+ * word cw H; link [l | cw] 2H (the word's cw carried along, so a char
+ * reads each word's gate and cell through one edge); output C. Every type
+ * is a cell (the op IR below); the char's words are segment ops over its
+ * edges from links.
  * ED-Batch §6 (Fig. 7): how word cells are batched against char cells is
  * where the policies differ most on this family.
  */
@@ -65,7 +64,7 @@ static int build(cn_run *r, int slot) {
   for (int32_t e = n; e > 0; e--) first[e] = first[e - 1];
   first[0] = 0;
   for (int32_t j = 0; j < n; j++) {
-    int32_t k0 = first[j + 1], k1 = first[j + 2], nw = k1 - k0, ni = 0;
+    int32_t k0 = first[j + 1], k1 = first[j + 2], ni = 0;
     if (j > 0) inputs[ni++] = r->node_vertex[base + j - 1];
     for (int32_t q = k0; q < k1; q++) {
       int32_t k = by_end[q];
@@ -75,11 +74,10 @@ static int build(cn_run *r, int slot) {
       if (w < 0) goto out;
       int32_t l = cn__run_add_vertex(r, T_LINK, slot, k, in->ids[j], &w, 1);
       if (l < 0) goto out;
-      inputs[ni + (q - k0)] = w;
-      inputs[ni + nw + (q - k0)] = l;
+      inputs[ni + (q - k0)] = l;
     }
     int32_t v = cn__run_add_vertex(r, T_CHAR, slot, j, in->ids[j], inputs,
-                                   ni + 2 * nw);
+                                   ni + (k1 - k0));
     if (v < 0) goto out;
     r->node_vertex[base + j] = v;
   }
@@ -101,65 +99,9 @@ out:
 
 static int64_t state_floats(const cn_model *m, int type) {
   int64_t H = m->dims.H;
-  return type == T_CHAR ? 2 * H : type == T_OUTPUT ? m->dims.C : H;
-}
-
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  int64_t H = m->dims.H, D = m->dims.D;
-  return n * (D + H + 4 * H); /* exec() runs the char vertices only */
-}
-
-/* G[n, N] = [x; h]·Wᵀ + b: x the table row vaux·width, h input 0's first
- * H floats (zero without one), both read where they lie (X: the staging a
- * backend without gemm_rows gathers them into, n·(width + H) floats).
- * Returns the input offsets. */
-static int64_t *xh_product(cn_run *r, const int32_t *verts, int n,
-                           const float *table, int width, const float *W,
-                           const float *b, int N, float *G, float *X) {
-  int H = (int)r->m->dims.H;
-  int64_t *p = cn__inputs_off(r, verts, n, 0);
-  cn_gemm_part x[2] = {
-      {table, cn__aux_off(r, verts, n, width), 0, width, W, width + H},
-      {r->arena, p, 0, H, W + width, width + H}};
-  size_t bytes = 0;
-  cn__run_gemm_rows(r, n, N, 2, x, b, 0.0f, G, N, X, &bytes);
-  /* the table rows are the vertex's input, not bytes between vertices */
-  if (bytes > 0) r->gather_bytes += (size_t)n * (size_t)H * sizeof(float);
-  return p;
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  cn_backend_ctx *bk = r->bk;
-  const float *const *w = r->wb;
-  int H = (int)r->m->dims.H, D = (int)r->m->dims.D;
-  float *out = r->arena + r->state_off[verts[0]];
-  float *X = cn__run_scratch(r);
-  /* T_CHAR: the word, link and output types are cells (below) */
-  float *G = X + (int64_t)n * (D + H);
-  int64_t *cprev = xh_product(r, verts, n, w[EMBED], D, w[CHAR_W],
-                              w[CHAR_B], 4 * H, G, X);
-  int64_t *seg = cn__run_idx(r, n + 1);
-  int64_t E = 0;
-  seg[0] = 0;
-  for (int i = 0; i < n; i++) {
-    int k;
-    cn__run_inputs(r, verts[i], &k);
-    E += k > 0 ? (k - 1) / 2 : 0;
-    seg[i + 1] = E;
-  }
-  int64_t *cw = cn__run_idx(r, E), *lk = cn__run_idx(r, E);
-  for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    int nw = k > 0 ? (k - 1) / 2 : 0;
-    for (int q = 0; q < nw; q++) {
-      cw[seg[i] + q] = r->state_off[in[1 + q]];
-      lk[seg[i] + q] = r->state_off[in[1 + nw + q]];
-    }
-  }
-  CN_BK(bk, lattice_char, n, H, G, r->arena, cprev, seg, cw, lk, out,
-        2 * H);
+  return type == T_CHAR || type == T_LINK ? 2 * H
+         : type == T_OUTPUT               ? m->dims.C
+                                          : H;
 }
 
 static void hidden(const cn_run *r, int slot, int j, float *buf) {
@@ -186,21 +128,72 @@ static int64_t answer_bound(const cn_model *m, const cn_instance *in,
   return cn__bound_tagger(m, in->n, flags, m->dims.H); /* one per char */
 }
 
-/* The word and link cells as op IR (core/cell/cell.h), docs/models.md
- * "latticelstm": cw = σ(f)⊙c_b + σ(i)⊙tanh(u) with (i, f, u) =
- * word.W [xw; h_b] + word.b; l = σ(link.W [x; cw] + link.b). The char cell
- * (a variable number of words, exp-normalised) stays hand-written. */
+/* The char cell (Zhang & Yang 2018; docs/models.md "latticelstm"):
+ * (i, f, o, u) from char.W [x_j; h_(j-1)] + char.b (the previous char
+ * read among the inputs from chars: none for j = 0); over the inputs from
+ * links, one per word ending here, a_k = e^(l_k) (segment ops, fused into
+ * the char's kernel): D = Σ a_k, N = Σ a_k ⊙ cw_k. With words,
+ * c = (e^i ⊙ u + N) / (e^i + D), a softmax over the char's own gate and
+ * its words' links; without, c = i ⊙ u + f ⊙ c_(j-1). D > 0 exactly when
+ * words end here (every a_k > 0), so s = step(D) chooses: c = s ⊙ A +
+ * (1 - s) ⊙ B is A or B exactly. h = o ⊙ tanh(c). */
+static int char_cell(const cn_model *m, cn_ir *g) {
+  int H = (int)m->dims.H, D = (int)m->dims.D;
+  int hp = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "h_prev");
+  int cp = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, H, H, "c_prev");
+  int lk = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, 0, H, "l_k");
+  int cw = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, H, H, "cw_k");
+  cn_ir_from(g, hp, T_CHAR);
+  cn_ir_from(g, cp, T_CHAR);
+  cn_ir_from(g, lk, T_LINK);
+  cn_ir_from(g, cw, T_LINK);
+  int x[2] = {cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x"), hp};
+  int gate[4];
+  for (int k = 0; k < 4; k++)
+    gate[k] = cn_ir_linear(g, x, 2, CHAR_W, k * H, H, CHAR_B, k * H);
+  int i = cn_ir_unary(g, CN_IR_SIGMOID, gate[0]);
+  int f = cn_ir_unary(g, CN_IR_SIGMOID, gate[1]);
+  int o = cn_ir_unary(g, CN_IR_SIGMOID, gate[2]);
+  int u = cn_ir_unary(g, CN_IR_TANH, gate[3]);
+  int ak = cn_ir_unary(g, CN_IR_EXP, lk);
+  int den = cn_ir_seg_sum(g, ak);
+  int num = cn_ir_seg_sum(g, cn_ir_binary(g, CN_IR_MUL, ak, cw));
+  int ai = cn_ir_unary(g, CN_IR_EXP, i);
+  int iu = cn_ir_binary(g, CN_IR_MUL, i, u);
+  int A = cn_ir_binary(
+      g, CN_IR_DIV,
+      cn_ir_binary(g, CN_IR_ADD, cn_ir_binary(g, CN_IR_MUL, ai, u), num),
+      cn_ir_binary(g, CN_IR_ADD, ai, den));
+  int B = cn_ir_binary(g, CN_IR_ADD, iu, cn_ir_binary(g, CN_IR_MUL, f, cp));
+  int sw = cn_ir_unary(g, CN_IR_STEP, den);
+  int c = cn_ir_binary(
+      g, CN_IR_ADD, cn_ir_binary(g, CN_IR_MUL, sw, A),
+      cn_ir_binary(g, CN_IR_MUL, cn_ir_const_op(g, CN_IR_RSUB, 1.0f, sw), B));
+  cn_ir_output(g, cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c)),
+               0);
+  cn_ir_output(g, c, H);
+  g->state_floats = 2 * H;
+  return 0;
+}
+
+/* The cells as op IR (core/cell/cell.h), docs/models.md "latticelstm":
+ * cw = σ(f)⊙c_b + σ(i)⊙tanh(u) with (i, f, u) = word.W [xw; h_b] +
+ * word.b; l = σ(link.W [x; cw] + link.b), the link's state [l | cw]. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   int H = (int)m->dims.H, D = (int)m->dims.D, Dw = (int)Dw_of(m);
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
-  if (type == T_CHAR) return 1;
+  if (type == T_CHAR) return char_cell(m, g);
   g->state_floats = H;
   if (type == T_LINK) {
-    int x[2] = {cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x"),
-                cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "cw")};
+    int cw = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "cw");
+    int x[2] = {cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x"), cw};
     int l = cn_ir_unary(g, CN_IR_SIGMOID,
                         cn_ir_linear(g, x, 2, LINK_W, 0, H, LINK_B, 0));
     cn_ir_output(g, l, 0);
+    /* cw copied by the fused kernel (×1, exact) from the operand the
+     * product gathered, rather than a gather of its own */
+    cn_ir_output(g, cn_ir_const_op(g, CN_IR_SCALE, 1.0f, cw), H);
+    g->state_floats = 2 * H;
     return 0;
   }
   int x[2] = {cn_ir_src_(g, CN_SRC_EMBED, WEMBED, 0, 0, Dw, "xw"),
@@ -228,8 +221,6 @@ const cn_family cn__fam_latticelstm = {
     .build = build,
     .count = count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
     .output = output,
     .reads = reads,
     .answer_bound = answer_bound,
