@@ -34,9 +34,7 @@ static void model_usage(FILE *f) {
           "re-executes N\nvertices (default 8) of each type K times "
           "(default 200) under each layout and\nprints one JSON line per "
           "(type, layout): microseconds, kernels and bytes\ncopied per "
-          "execution (issue #5's Table-2 report; scripts/cell_report.sh);\n"
-          "layout \"exec\": a type the family runs without the IR (issue "
-          "#34).\n");
+          "execution (issue #5's Table-2 report; scripts/cell_report.sh).\n");
 }
 
 static int cmd_init(int argc, char **argv) {
@@ -216,14 +214,14 @@ static int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "canopy model bench: %s\n", err.msg);
         goto out;
       }
-      if (b.n == 0 || (!b.compiled && l > 0)) continue;
+      if (b.n == 0) continue;
       printf("{\"type\": \"%s\", \"layout\": \"%s\", \"n\": %d, "
              "\"hidden\": %d, \"us\": %.2f, \"kernels\": %lld, "
              "\"cell_bytes\": %zu, \"gather_bytes\": %zu, "
              "\"products\": %d, \"fused_kernels\": %d, "
              "\"copy_kernels\": %d, \"compile_ms\": %.3f}\n",
              cn_model_type_name(m, t),
-             b.compiled ? cn_layout_name((cn_layout)l) : "exec", b.n,
+             cn_layout_name((cn_layout)l), b.n,
              hidden, b.us, b.kernels, b.cell_bytes,
              b.gather_bytes, b.products, b.fused_kernels, b.copy_kernels,
              b.compile_ms);

@@ -230,9 +230,7 @@ int cn_policy_parse(const char *name, cn_policy_kind *out);
  * §3): every cell is compiled from its op IR (core/cell/cell.h); pq places
  * its variables by the PQ-tree layout (the default), naive gives every
  * variable its own buffer (gathers and scatters around each batched
- * product: the baseline pq is measured against). Types a family does not
- * describe in the IR yet (childsum-treelstm, latticelstm and mvrnn
- * internal vertices, issue #34) run its exec() under both. */
+ * product: the baseline pq is measured against). */
 typedef enum {
   CN_LAYOUT_PQ = 0,
   CN_LAYOUT_NAIVE,

@@ -3,7 +3,7 @@
  * Vertices: enc_t per source token (reads enc_(t-1)); dec_1 reads the
  * encoder's last state and <s>; proj_t reads dec_t and picks y_t; dec_(t+1)
  * reads dec_t and proj_t (the argmax feeds the next step). Only dec_1 and
- * proj_1 exist when the run starts: exec() of a proj batch appends the next
+ * proj_1 exist when the run starts: decoded() of a proj batch appends the next
  * step of every instance that neither emitted </s> nor hit its cap
  * (run_dynamic.c). States: enc/dec [h | c] 2H; proj none (its logits live
  * in scratch; the argmax becomes the vertex's aux). One instance's lower
@@ -85,28 +85,18 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_PROJ ? 0 : 2 * m->dims.H;
 }
 
-/* Only proj batches run exec(): the encoder and decoder steps are cells. */
-static int64_t scratch_floats(const cn_model *m, int type, int64_t n,
-                              int64_t n_inputs) {
-  return n * (m->dims.H + m->dims.Vt);
-}
-
-/* logits = h·proj.Wᵀ + proj.b, y = argmax; then each instance's next step,
- * unless it emitted </s>, reached its cap, or its logits were not finite
- * (y = -1: an argmax over NaN is a made-up token). */
-static void exec_proj(cn_run *r, const int32_t *verts, int n) {
-  int H = (int)r->m->dims.H, Vt = (int)r->m->dims.Vt;
-  float *X = cn__run_scratch(r);
-  float *L = X + (int64_t)n * H;
-  int64_t *hoff = cn__inputs_off(r, verts, n, 0);
-  int ld;
-  const float *h = cn__run_rows(r, X, H, r->arena, hoff, n, H, &ld);
-  CN_BK(r->bk, gemm, n, Vt, H, h, ld, r->wb[PROJ_W], H, r->wb[PROJ_B], 0.0f,
-        L, Vt);
+/* After a proj batch: y = the argmax of its logits (the cell's results,
+ * in scratch: a proj vertex keeps no row); then each instance's next
+ * step, unless it emitted </s>, reached its cap, or its logits were not
+ * finite (y = -1: an argmax over NaN is a made-up token). */
+static void decoded(cn_run *r, int type, const int32_t *verts, int n,
+                    const float *L, int ld) {
+  if (type != T_PROJ) return;
+  int Vt = (int)r->m->dims.Vt;
   /* The argmax ids go to host index staging (room for n int64 is room for
    * n int32): no allocation per batch. */
   int32_t *y = (int32_t *)cn__run_idx(r, n);
-  CN_BK(r->bk, argmax_rows, n, Vt, L, Vt, y);
+  CN_BK(r->bk, argmax_rows, n, Vt, L, ld, y);
   for (int i = 0; i < n; i++) {
     int32_t p = verts[i], slot = r->vslot[p], t = r->vnode[p];
     cn_run_slot *s = &r->slots[slot];
@@ -126,10 +116,6 @@ static void exec_proj(cn_run *r, const int32_t *verts, int n) {
     r->node_vertex[base + nsrc + t + 1] = d;
     r->node_vertex[base + nsrc + cap + t + 1] = q;
   }
-}
-
-static void exec(cn_run *r, int type, const int32_t *verts, int n) {
-  exec_proj(r, verts, n); /* the only type without a cell */
 }
 
 static json_t *output(const cn_run *r, int slot) {
@@ -181,15 +167,21 @@ static int64_t answer_bound(const cn_model *m, const cn_instance *in,
   return b;
 }
 
-/* The encoder and decoder cells as op IR (core/cell/cell.h): nn.LSTMCell. The
- * proj type decides what runs next (argmax, new vertices): exec(), from
- * general backend operations (gemm, argmax_rows). */
+/* The cells as op IR (core/cell/cell.h): the encoder and decoder steps
+ * nn.LSTMCell, the projection the logits h·proj.Wᵀ + proj.b (Vt wide,
+ * into the batch's scratch: a proj vertex keeps no row). What runs next is
+ * decoded()'s: the argmax (a general backend operation) and the graph's
+ * growth. */
 static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_ENC)
     return cn__ir_lstm_cell(m, g, SRC_E, E_WIH, E_WHH, E_BIH, E_BHH);
   if (type == T_DEC)
     return cn__ir_lstm_cell(m, g, TGT_E, D_WIH, D_WHH, D_BIH, D_BHH);
-  return 1;
+  int H = (int)m->dims.H, Vt = (int)m->dims.Vt;
+  int h = cn_ir_src_(g, CN_SRC_INPUT, -1, 0, 0, H, "h");
+  cn_ir_output(g, cn_ir_linear(g, &h, 1, PROJ_W, 0, Vt, PROJ_B, 0), 0);
+  g->state_floats = Vt;
+  return 0;
 }
 
 const cn_family cn__fam_nmt = {
@@ -203,8 +195,7 @@ const cn_family cn__fam_nmt = {
     .build = build,
     .count = count,
     .state_floats = state_floats,
-    .scratch_floats = scratch_floats,
-    .exec = exec,
+    .decoded = decoded,
     .output = output,
     .reads = reads,
     .answer_bound = answer_bound,

@@ -307,12 +307,10 @@ static int compile_cells(cn_model *m, cn_err *err) {
   int rc = 0;
   for (int t = 0; t < m->fam->n_types && rc == 0; t++) {
     memset(g, 0, sizeof(*g));
-    if (m->fam->cell(m, t, g) != 0) {
-      if (m->fam->exec == NULL) /* the family's bug, not the model's */
-        rc = cn_err_set(err, CN_E_INTERNAL, "%s: vertex type %s has neither "
-                        "a cell nor an exec()", m->fam->name,
-                        m->fam->type_names[t]);
-      continue;
+    if (m->fam->cell(m, t, g) != 0) { /* the family's bug, not the model's */
+      rc = cn_err_set(err, CN_E_INTERNAL, "%s: vertex type %s has no cell",
+                      m->fam->name, m->fam->type_names[t]);
+      break;
     }
     for (int l = 0; l < CN_LAYOUT__COUNT && rc == 0; l++)
       rc = cn__cell_compile(m, t, g, l, &m->cell[l][t], err);

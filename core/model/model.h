@@ -51,7 +51,7 @@ struct cn_family {
   /* The tensors of the family at these sizes, in binding order; returns
    * their number (≤ CN_MAX_TENSORS). */
   int (*tensors)(const cn_dims *d, cn_tensor_spec *out);
-  /* The graph grows while it runs (lstm-nmt decoding): exec() adds the
+  /* The graph grows while it runs (lstm-nmt decoding): decoded() adds the
    * vertices of later steps; build() reserves their count in r->reserve. */
   bool dynamic;
   /* Adds the instance's vertices to the run; returns 0 or an error. */
@@ -61,14 +61,13 @@ struct cn_family {
   int64_t (*count)(const cn_instance *in, unsigned flags, int max_decode_len);
   /* Floats of per-vertex state (the vertex's row in its type buffer). */
   int64_t (*state_floats)(const cn_model *m, int type);
-  /* Only for the types cell() does not describe (issue #34: childsum,
-   * latticelstm and mvrnn internal vertices, lstm-nmt's projection step):
-   * exec() executes one batch, n vertices of one type, all inputs ready,
-   * in scratch_floats() floats for n vertices with n_inputs input edges
-   * in all. NULL both where cell() describes every type. */
-  int64_t (*scratch_floats)(const cn_model *m, int type, int64_t n,
-                            int64_t n_inputs);
-  void (*exec)(cn_run *r, int type, const int32_t *verts, int n);
+  /* Optional: after each batch's cell ran, what a dynamic family decides
+   * from its results on the host (lstm-nmt: the argmax of the projection's
+   * logits, then each instance's next step). A type whose state_floats()
+   * is 0 keeps no row in the arena: its cell's results are out (n rows of
+   * ld floats in the batch's scratch), read here and then gone. */
+  void (*decoded)(cn_run *r, int type, const int32_t *verts, int n,
+                  const float *out, int ld);
   /* After every batch ran and the states are host-readable
    * (cn__run_state_host): one pass over the whole run on the host, e.g.
    * bilstm-tagger's CRF decoding of every instance together. Fills
@@ -85,8 +84,9 @@ struct cn_family {
    * field by field, so the two change together. */
   int64_t (*answer_bound)(const cn_model *m, const cn_instance *in,
                           unsigned flags, int max_decode_len);
-  /* The vertex function of a type as op IR (core/cell/cell.h), compiled at
-   * load for every layout; returns 0, or 1 for a type exec() runs. */
+  /* The vertex function of every type as op IR (core/cell/cell.h),
+   * compiled at load for every layout; returns 0 (non-zero: the family's
+   * bug, refused at load). */
   int (*cell)(const cn_model *m, int type, struct cn_ir *g);
 };
 
@@ -141,8 +141,8 @@ struct cn_model {
   cn_safetensors st;
   int n_tensors;
   const cn_tensor *w[CN_MAX_TENSORS]; /* in the family's spec order */
-  /* compiled vertex functions (core/cell/cell.h): [layout][type], NULL
-   * where the family has no IR for the type (its exec() runs it) */
+  /* compiled vertex functions (core/cell/cell.h): [layout][type], one
+   * for every type */
   struct cn_cell *cell[CN_LAYOUT__COUNT][CN_MAX_TYPES];
   /* "family": "cells" (cells_json.c): the description, and the family
    * record made from it (fam points there); NULL for a built-in family */
@@ -150,8 +150,7 @@ struct cn_model {
   cn_family *own_fam;
 };
 
-/* The model's compiled cell of a type for a layout; NULL for a type the
- * family's exec() runs (no IR for it yet). */
+/* The model's compiled cell of a type for a layout. */
 static inline const cn_cell *cn__model_cell(const cn_model *m, cn_layout l,
                                             int type) {
   return m->cell[l][type];

@@ -376,9 +376,10 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
   if (keep != NULL) memcpy(keep, slots, (size_t)(c->n_vars + 1) * sizeof(*keep));
 }
 
-void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n) {
+void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
+                   float *out) {
   float *scratch = cn__run_scratch(r);
-  float *state = r->arena + r->state_off[verts[0]];
+  float *state = out != NULL ? out : r->arena + r->state_off[verts[0]];
   cell_rows rw = {verts, n, NULL, NULL, 0};
   fused_edges fe = {NULL, 0, NULL};
   if (c->edge != NULL) { /* segment ops: the edge cell first (cell.h) */
@@ -441,8 +442,6 @@ json_t *cn_model_describe_cells(const cn_model *m) {
       if (m->cell[l][t] != NULL)
         json_object_set_new(ty, cn_layout_name((cn_layout)l),
                             cell_json(m->cell[l][t]));
-    if (json_object_size(ty) == 0)
-      json_object_set_new(ty, "hand_written_only", json_true());
     json_object_set_new(o, m->fam->type_names[t], ty);
   }
   return o;

@@ -2,7 +2,7 @@
  * one arena and executed batch by batch on a backend. A run builds its
  * cn_dag, asks core/sched for the schedule (or, for a graph that grows,
  * for the next type, batch by batch), and executes each batch through the
- * compiled cell (core/cell) or the family's exec(). Depends on base/,
+ * type's compiled cell (core/cell). Depends on base/,
  * input/, cell/, model/, sched/ and the backend interface. */
 #ifndef CANOPY_RUN_H
 #define CANOPY_RUN_H
@@ -94,11 +94,11 @@ struct cn_run {
   const float *wb[CN_MAX_TENSORS]; /* the model's tensors, backend copies  */
   bool executed;
   /* data-dependent graphs (cn_family.dynamic) */
-  int64_t reserve[CN_MAX_TYPES]; /* vertices exec() may still add, by type */
+  int64_t reserve[CN_MAX_TYPES]; /* vertices decoded() may still add      */
   struct cn_frontier *live;      /* mirrors vertices added while running  */
   int64_t cap_state_off;
   bool own_scratch;
-  int exec_rc;                   /* set by an exec() that could not finish */
+  int exec_rc;                   /* set by a decoded() that could not finish */
   cn_layout layout;
   int plan_width;                /* CN_POLICY_PLAN's beam width           */
   /* results of the family's finish() pass (NULL when it has none) */
@@ -207,15 +207,15 @@ static inline bool cn__run_rows_in_place(const cn_run *r) {
 int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 
 /* ---- one batch (run_batch.c) ----------------------------------------------
- * Executes one batch with the run's layout: the compiled cell when the
- * model has one for the type, else the family's exec(). */
+ * Executes one batch with the run's layout: the type's compiled cell, then
+ * the family's decoded() when it has one. */
 void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n);
 /* Scratch floats and index entries that batch needs. */
 void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
                          int64_t *scratch, int64_t *idx);
 
 /* Executes a run of a dynamic family (run_dynamic.c): frontier by
- * frontier, the graph growing as exec() adds vertices. */
+ * frontier, the graph growing as decoded() adds vertices. */
 int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
 /* The run's own scratch block and index staging, grown to at least that
  * much (run_dynamic.c; decode sessions too). */
@@ -295,6 +295,9 @@ static inline cn_dag cn__run_dag(const cn_run *r) {
 
 /* cell_exec.c: runs the cell on a batch (all inputs ready; rows of verts
  * consecutive in the type's state buffer). */
-void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n);
+/* Runs cell c on the batch; its results go to the batch's state rows, or
+ * to out (n rows of c->state_floats) when out is not NULL. */
+void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
+                   float *out);
 
 #endif /* CANOPY_RUN_H */

@@ -1,7 +1,7 @@
 /* run_batch.c - one batch of a run: the model's compiled cell for the
- * type (cell_exec.c), or the family's exec() for a type it does not
- * describe in the IR (model load checks one of the two exists); the
- * scratch and index room it needs, the weights bound for it; and re-running a batch to measure it
+ * type (cell_exec.c; every type has one, model load checks), then the
+ * family's decoded() where it has one; the scratch and index room it
+ * needs, the weights bound for it; and re-running a batch to measure it
  * (cn_run_bench_type). Called by the planned run (run.c), the growing one
  * (run_dynamic.c) and decode sessions (run_decode.c).
  */
@@ -10,24 +10,38 @@
 
 #include "run/run.h"
 
+/* A type with no arena row (state_floats 0) whose cell has results: they
+ * go to the batch's scratch, after the cell's own, for decoded(). */
+static bool results_in_scratch(const cn_run *r, int type, const cn_cell *c) {
+  return c->state_floats > 0 && r->fam->state_floats(r->m, type) == 0;
+}
+
 void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n) {
   const cn_cell *c = cn__model_cell(r->m, r->layout, type);
-  if (c != NULL)
-    cn__cell_exec(r, c, verts, n);
-  else
-    r->fam->exec(r, type, verts, n);
+  float *out = NULL;
+  if (results_in_scratch(r, type, c)) {
+    int64_t edges = 0;
+    for (int i = 0; i < n; i++) {
+      int k;
+      cn__run_inputs(r, verts[i], &k);
+      edges += k;
+    }
+    out = cn__run_scratch(r) + cn__cell_scratch_floats(c, n, edges);
+  }
+  cn__cell_exec(r, c, verts, n, out);
+  if (r->fam->decoded != NULL)
+    r->fam->decoded(r, type, verts, n,
+                    out != NULL ? out : r->arena + r->state_off[verts[0]],
+                    c->state_floats);
 }
 
 void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
                          int64_t *scratch, int64_t *idx) {
-  *scratch = r->fam->scratch_floats != NULL
-                 ? r->fam->scratch_floats(r->m, type, n, edges)
-                 : 0;
-  *idx = 4 * n + 2 * edges + 1;
   const cn_cell *c = cn__model_cell(r->m, r->layout, type);
-  if (c == NULL) return;
-  int64_t s = cn__cell_scratch_floats(c, n, edges), i = cn__cell_idx(c, n, edges);
-  if (s > *scratch) *scratch = s;
+  *scratch = cn__cell_scratch_floats(c, n, edges);
+  if (results_in_scratch(r, type, c)) *scratch += n * c->state_floats;
+  *idx = 4 * n + 2 * edges + 1;
+  int64_t i = cn__cell_idx(c, n, edges);
   if (i > *idx) *idx = i;
 }
 

@@ -12,7 +12,7 @@
  *
  * The graph is the run's (cn_run, its frontier mirrored through r->live),
  * so a step executes exactly what a whole run would for the same ready
- * vertices: the same family exec() or compiled cell, on rows of the same
+ * vertices: the same compiled cells and decoded(), on rows of the same
  * instance. Only memory differs:
  *   - state rows are handed out in launch order from one arena (a batch's
  *     rows consecutive, as the kernels write them in place), grown by
@@ -22,7 +22,7 @@
  *     every other row is dropped: a long session holds the states of the
  *     instances in flight, not of every instance it ever decoded.
  * Completion is counted per slot: the vertices it has that have not run.
- * build() adds an instance's first vertices, exec() adds the next step's
+ * build() adds an instance's first vertices, decoded() adds the next step's
  * (to the slot of the vertex that made them), and a launch takes one off
  * for each vertex it ran; a slot at zero has nothing left to run.
  */

@@ -6,7 +6,7 @@
  * instance advances at its own step, and whatever is ready runs together.
  * Here that is ED-Batch Alg. 1 driven live: the frontier holds the ready
  * vertices, the policy picks a type, its whole frontier runs as one batch,
- * and exec() may append the vertices of later steps (their inputs already
+ * and decoded() may append the vertices of later steps (their inputs already
  * computed), which join the frontier for the next pick. Instances that
  * stop (</s> or the cap) simply add nothing: no padding to the longest
  * output.
