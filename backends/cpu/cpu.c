@@ -98,8 +98,8 @@ static void cpu_close(cn_backend_ctx *bk) {
 
 /* Run arenas are a few MB, freed at the end of every run and allocated
  * again by the next: from malloc each time they came back as fresh pages
- * the kernel had to zero, 14% of `canopy run --jobs 2` (treelstm H=128,
- * perf, clear_page_erms). So a context keeps up to SPARE_BLOCKS freed
+ * the kernel had to zero, 14% of `canopy run --jobs 2` (a tree LSTM at
+ * H=128, perf, clear_page_erms). So a context keeps up to SPARE_BLOCKS freed
  * blocks (SPARE_MAX_BYTES at most) and hands out the smallest that fits;
  * new blocks get an eighth more than asked, so runs that grow a little
  * still reuse them. The cap bounds what a worker keeps between runs.

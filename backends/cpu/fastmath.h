@@ -2,8 +2,8 @@
  *
  * libm's expf/tanhf are scalar calls (tanhf goes through expm1f): in the
  * fused cells they cost more than the batched products themselves (perf,
- * treelstm H=128: 22% of cycles in expm1f/tanhf/expf against 19% in
- * sgemm). These are branch-free and inline, so the loops vectorise.
+ * a binary tree LSTM at H=128: 22% of cycles in expm1f/tanhf/expf against
+ * 19% in sgemm). These are branch-free and inline, so the loops vectorise.
  * exp: Cody-Waite range reduction x = n·ln2 + r, |r| <= ln2/2, and the
  * Cephes degree-6 polynomial for e^r (relative error about 1e-7), scaled by
  * 2^n built in the exponent bits. tanh(x) = 2σ(2x) - 1, whose absolute

@@ -1,7 +1,7 @@
 /* packs.c - packed copies of a model's weights, kept per context under the
- * model's uid (packs.h). A treelstm run multiplies by the same 5H × 2H
- * matrix once per level, the lstm-nmt decoder by its projection once per
- * step, and daemon runs are small: packing per call or per run cost up to
+ * model's uid (packs.h). A tree model's run multiplies by the same
+ * internal weight once per level, a greedy decoder by its projection once
+ * per step, and daemon runs are small: packing per call or per run cost up to
  * a tenth of a run of 8 trees at H=512. */
 #include "packs.h"
 
