@@ -39,6 +39,7 @@ static const builtin builtins[] = {
     {"treelstm-2type", "trees-binary.jsonl"},
     {"treegru", "trees-binary.jsonl"},
     {"childsum-treelstm", "trees-nary.jsonl"},
+    {"mvrnn", "trees-binary.jsonl"},
     {"bilstm-tagger", "sequences.jsonl"},
     {"latticegru", "dags.jsonl"},
 };
@@ -46,7 +47,9 @@ static const builtin builtins[] = {
 Test(cells_json, builtins_as_cells_equal_builtins, .timeout = 300) {
   for (size_t b = 0; b < CN_ARRAY_SIZE(builtins); b++) {
     char dir[256];
-    cn_model *ref_m = tu_model(builtins[b].family, H, D, builtins[b].data,
+    /* mvrnn's embedding is its vector: D = H */
+    int dd = strcmp(builtins[b].family, "mvrnn") == 0 ? H : D;
+    cn_model *ref_m = tu_model(builtins[b].family, H, dd, builtins[b].data,
                                dir, sizeof(dir));
     json_t *j = cells_json(builtins[b].family);
     cn_model *m;

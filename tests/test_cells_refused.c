@@ -105,6 +105,18 @@ Test(cells_json, malformed_refused_with_the_op_named, .timeout = 120) {
   REFUSED("edge_sum of a per-vertex value", j, "op 5 'sg' (edge_sum)",
           "is not a per-edge value");
 
+  /* an input read as the identity where absent: a matmul's operand only */
+  j = cells_json("treelstm");
+  json_object_set_new(op_of(j, 1, 0), "absent", json_string("identity"));
+  REFUSED("identity read by a linear", j, "op 4 'g' (linear)",
+          "the identity where absent: only a matmul may");
+
+  j = cells_json("treelstm");
+  json_object_set_new(op_of(j, 1, 0), "cols", json_pack("[i, i]", 0, 15));
+  json_object_set_new(op_of(j, 1, 0), "absent", json_string("identity"));
+  REFUSED("identity not square", j, "op 0 'h1' (input)",
+          "needs a square matrix");
+
   j = cells_json("treelstm");
   json_object_set_new(op_of(j, 1, 4), "weight", json_string("internal.Q"));
   REFUSED("missing tensor", j, "op 4 'g' (linear)",
@@ -303,6 +315,34 @@ Test(cells_json, label_types_choose_vertices) {
   json_decref(j);
   cn_model_free(m);
   cn_model_free(ref_m);
+  tu_rmdir(dir);
+}
+
+/* Per-vertex matmul (mvrnn.json over a built-in mvrnn's weights): shapes
+ * are checked and named. */
+Test(cells_json, matmul_shapes_refused, .timeout = 60) {
+  char dir[256];
+  cn_model_free(tu_model("mvrnn", H, H, "trees-binary.jsonl", dir,
+                         sizeof(dir)));
+  json_t *j = cells_json("mvrnn"); /* internal: 0 a, 1 A, 2 b, 3 B, 4 x1 */
+  {
+    cn_model *m;
+    cn_err e;
+    cr_assert_eq(load_cells(dir, j, &m, &e), 0, "%s", e.msg);
+    cn_model_free(m);
+  }
+  json_decref(j);
+  j = cells_json("mvrnn");
+  json_object_set_new(op_of(j, 1, 4), "m", json_integer(5));
+  REFUSED("matmul rows", j, "op 4 'x1' (matmul)", "'m' (the rows of 'a')");
+  j = cells_json("mvrnn");
+  json_object_set_new(op_of(j, 1, 4), "m", json_integer(8)); /* B: 8 × 32 */
+  REFUSED("matmul inner sizes", j, "op 4 'x1' (matmul)", "not a matrix of",
+          "32 rows");
+  j = cells_json("mvrnn");
+  json_object_set_new(op_of(j, 1, 4), "weight", json_string("internal.WM"));
+  REFUSED("matmul with three operands", j, "op 4 'x1' (matmul)",
+          "one of them and 'weight'");
   tu_rmdir(dir);
 }
 

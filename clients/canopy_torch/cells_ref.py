@@ -62,8 +62,14 @@ def eval_type(t, tens, state, token_id, edges):
             c = cols or [0, state]
             e = op["edge"]
             v = edges[e] if e < len(edges) and edges[e] is not None else None
-            v = (v[c[0]:c[1]] if v is not None
-                 else torch.zeros(c[1] - c[0], dtype=torch.float64))
+            w = c[1] - c[0]
+            if v is not None:
+                v = v[c[0]:c[1]]
+            elif op.get("absent") == "identity":  # a square matrix
+                side = int(round(w ** 0.5))
+                v = torch.eye(side, dtype=torch.float64).reshape(-1)
+            else:
+                v = torch.zeros(w, dtype=torch.float64)
         elif kind in ("input_sum", "input_mean"):
             c = cols or [0, state]
             present = [e[c[0]:c[1]] for e in edges if e is not None]
@@ -81,6 +87,24 @@ def eval_type(t, tens, state, token_id, edges):
             v = _ref(ops, vals, op["a"]).sum(0)
         elif kind == "embed":
             v = tens[op["tensor"]][token_id]
+        elif kind == "table":  # rows past the table's read row 0
+            tab = tens[op["tensor"]]
+            v = tab[token_id if token_id < tab.shape[0] else 0].reshape(-1)
+        elif kind == "matmul":  # per vertex: L·R, row-major
+            if "a" in op:
+                L = _ref(ops, vals, op["a"]).reshape(op["m"], -1)
+            else:
+                r, c2 = op.get("rows"), op.get("cols")
+                W = tens[op["weight"]]
+                L = W[r[0]:r[1], c2[0]:c2[1]]
+            if "b" in op:
+                R = _ref(ops, vals, op["b"]).reshape(L.shape[1], -1)
+            else:
+                r, c2 = op.get("rows"), op.get("cols")
+                R = tens[op["weight"]][r[0]:r[1], c2[0]:c2[1]]
+            v = (L @ R).reshape(-1)
+        elif kind == "step":
+            v = (_ref(ops, vals, op["a"]) > 0).double()
         elif kind == "param":
             v = cut(tens[op["tensor"]])
         elif kind == "linear":

@@ -31,7 +31,10 @@ enum {
   OP_SLICE,
   OP_CONCAT,
   OP_INPUT_EACH, /* segment ops (cell.h): a value per input edge        */
-  OP_EDGE_SUM    /* Σ of a per-edge value over the vertex's input edges */
+  OP_EDGE_SUM,   /* Σ of a per-edge value over the vertex's input edges */
+  OP_MATMUL,     /* a per-vertex matrix product (cell.h CN_IR_BMM)      */
+  OP_TABLE,      /* the token's row of a table of any rank               */
+  OP_STEP        /* a > 0 ? 1 : 0                                        */
 };
 
 /* jop.kind of the state list while its references are resolved */
@@ -49,6 +52,9 @@ typedef struct jop {
   int r0;     /* linear rows start */
   float k;
   bool per_edge; /* a value per input edge (input_each and what reads it) */
+  int m, r1;     /* matmul: the left operand's rows; the weight block's
+                    rows [r0, r1) (its columns: c0, c1)                 */
+  bool identity; /* input: an absent edge reads the identity matrix      */
 } jop;
 
 typedef struct memo {

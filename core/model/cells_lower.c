@@ -59,6 +59,7 @@ static int ir_kind(int kind) {
   case OP_TANH: return CN_IR_TANH;
   case OP_EXP: return CN_IR_EXP;
   case OP_RELU: return CN_IR_RELU;
+  case OP_STEP: return CN_IR_STEP;
   case OP_SCALE: return CN_IR_SCALE;
   default: return CN_IR_RSUB;
   }
@@ -79,6 +80,37 @@ static int lower(cells_ctx *c, int i, int off, int w, piece *out, int *np) {
                                             : CN_SRC_INPUT_MEAN;
     node = cn_ir_src_(g, s, -1, p->edge, p->c0 + off, w,
                       p->name[0] ? p->name : "input");
+    if (p->identity) {
+      if (off != 0 || w != p->width)
+        return cn__cells_op_err(c, i, "a slice of an input read as the "
+                                "identity where absent");
+      g->node[node].fill = CN_FILL_IDENTITY;
+    }
+    break;
+  }
+  case OP_TABLE:
+    node = cn_ir_src_(g, CN_SRC_EMBED, p->t, 0, off, w,
+                      p->name[0] ? p->name : "table");
+    break;
+  case OP_MATMUL: {
+    if (off != 0 || w != p->width)
+      return cn__cells_op_err(c, i, "a slice of a matmul's result (slice "
+                              "its operands instead)");
+    int ab[2] = {-1, -1}, ref[2] = {p->a, p->b};
+    for (int q = 0; q < 2; q++) {
+      if (ref[q] < 0) continue;
+      piece pc[CN_CELLS_MAX_PIECES];
+      int npc = 0;
+      if ((rc = lower(c, ref[q], 0, c->ops[ref[q]].width, pc, &npc)))
+        return rc;
+      if (npc != 1)
+        return cn__cells_op_err(c, i, "'%s' is a concatenation of %d "
+                                "values; a matmul operand must be one",
+                                q == 0 ? "a" : "b", npc);
+      ab[q] = pc[0].node;
+    }
+    int M = p->m, K = p->a >= 0 ? c->ops[p->a].width / M : p->r1 - p->r0;
+    node = cn_ir_bmm(g, ab[0], ab[1], p->t, p->r0, p->c0, M, K, w / M);
     break;
   }
   case OP_INPUT_EACH:
@@ -113,6 +145,7 @@ static int lower(cells_ctx *c, int i, int off, int w, piece *out, int *np) {
   case OP_TANH:
   case OP_EXP:
   case OP_RELU:
+  case OP_STEP:
   case OP_SCALE:
   case OP_RSUB:
   case OP_SHIFT: {
@@ -226,6 +259,12 @@ int cn__cells_lower_state(cells_ctx *c, const json_t *st) {
     rc = cn__cells_get_ref(c, n, v, "state", &r);
     c->n_ops = n;
     if (rc != 0) return rc;
+    if (c->ops[r].identity)
+      return cn__cells_bad(c->err, c->file,
+                           "type '%s': 'state' lists op %d, an input that is "
+                           "the identity where absent (only a matmul may "
+                           "read it)",
+                           c->type, r);
     if (c->ops[r].per_edge)
       return cn__cells_bad(c->err, c->file,
                            "type '%s': 'state' lists op %d, a per-edge value "

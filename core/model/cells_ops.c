@@ -17,9 +17,9 @@
 /* The ops, with the keys each takes besides "op", "name" and "width". */
 static const struct {
   const char *name;
-  const char *keys[5];
+  const char *keys[7];
 } op_defs[] = {
-    [OP_INPUT] = {"input", {"edge", "cols"}},
+    [OP_INPUT] = {"input", {"edge", "cols", "absent"}},
     [OP_INPUT_SUM] = {"input_sum", {"cols"}},
     [OP_INPUT_MEAN] = {"input_mean", {"cols"}},
     [OP_EMBED] = {"embed", {"tensor"}},
@@ -40,6 +40,9 @@ static const struct {
     [OP_CONCAT] = {"concat", {"x"}},
     [OP_INPUT_EACH] = {"input_each", {"cols"}},
     [OP_EDGE_SUM] = {"edge_sum", {"a"}},
+    [OP_MATMUL] = {"matmul", {"a", "b", "m", "weight", "rows", "cols"}},
+    [OP_TABLE] = {"table", {"tensor"}},
+    [OP_STEP] = {"step", {"a"}},
 };
 
 /* "model.json: cells: type 'internal' op 7 'mul_3' (mul): ..." */
@@ -212,7 +215,7 @@ static int check_keys(cells_ctx *c, int i, const json_t *o, int kind) {
   json_object_foreach((json_t *)o, key, v) {
     bool ok = strcmp(key, "op") == 0 || strcmp(key, "name") == 0 ||
               strcmp(key, "width") == 0;
-    for (int k = 0; !ok && k < 5 && op_defs[kind].keys[k]; k++)
+    for (int k = 0; !ok && k < 7 && op_defs[kind].keys[k]; k++)
       ok = strcmp(key, op_defs[kind].keys[k]) == 0;
     if (!ok) return cn__cells_op_err(c, i, "unknown key '%s'", key);
   }
@@ -261,6 +264,110 @@ static int parse_embed(cells_ctx *c, int i, const json_t *o, jop *p) {
                             T(c, p->t)->name, (long long)c->m->dims.V);
   p->width = (int)T(c, p->t)->shape[1];
   if (c->m->dims.D == 0) c->m->dims.D = p->width; /* the first embedding */
+  return 0;
+}
+
+/* table: the token's row of a tensor of any rank [K, ...]: its first K
+ * tokens have rows, any later one reads row 0 (MV-RNN's leaf.M: matrices
+ * for the K most frequent words). */
+static int parse_table(cells_ctx *c, int i, const json_t *o, jop *p) {
+  if ((p->t = cn__cells_tensor(c, i, "tensor",
+                               json_object_get(o, "tensor"))) < 0)
+    return c->err->code;
+  const cn_tensor *Tt = T(c, p->t);
+  if (Tt->ndim < 2 || Tt->shape[0] < 1 || Tt->numel / Tt->shape[0] > 1 << 24)
+    return cn__cells_op_err(c, i,
+                            "tensor '%s' must have rank 2 or more (a row per "
+                            "token)",
+                            Tt->name);
+  p->width = (int)(Tt->numel / Tt->shape[0]);
+  return 0;
+}
+
+/* An optional 'absent' of an input: "zeros" (the default) or "identity"
+ * (a square matrix: only a matmul may read it). */
+static int parse_absent(cells_ctx *c, int i, const json_t *o, jop *p) {
+  const json_t *a = json_object_get(o, "absent");
+  if (a == NULL) return 0;
+  const char *s = json_string_value(a);
+  if (s != NULL && strcmp(s, "zeros") == 0) return 0;
+  int side = 1;
+  while (side * side < p->width) side++;
+  if (s == NULL || strcmp(s, "identity") != 0)
+    return cn__cells_op_err(c, i, "'absent' must be \"zeros\" or "
+                            "\"identity\"");
+  if (side * side != p->width)
+    return cn__cells_op_err(c, i,
+                            "'absent': \"identity\" needs a square matrix; "
+                            "the input is %d floats wide",
+                            p->width);
+  p->identity = true;
+  return 0;
+}
+
+/* matmul: per vertex, L·R, L = operand 'a' as an [m, K] matrix (row-major)
+ * or the block 'rows' × 'cols' of 'weight', R = operand 'b' as [K, N] or
+ * that block; one of the two is a per-vertex value. */
+static int parse_matmul(cells_ctx *c, int i, const json_t *o, jop *p) {
+  int rc;
+  bool ha = json_object_get(o, "a") != NULL, hb = json_object_get(o, "b") != NULL;
+  bool hw = json_object_get(o, "weight") != NULL;
+  if (!(ha || hb) || (ha && hb && hw) || (!(ha && hb) && !hw))
+    return cn__cells_op_err(c, i,
+                            "give 'a' and 'b' (two per-vertex values), or "
+                            "one of them and 'weight'");
+  if (ha && (rc = get_operand(c, i, o, "a", &p->a))) return rc;
+  if (hb && (rc = get_operand(c, i, o, "b", &p->b))) return rc;
+  int M, K, N;
+  if (hw) {
+    if ((p->t = cn__cells_tensor(c, i, "weight",
+                                 json_object_get(o, "weight"))) < 0)
+      return c->err->code;
+    const cn_tensor *W = T(c, p->t);
+    if (W->ndim != 2)
+      return cn__cells_op_err(c, i, "weight '%s' must be 2-D", W->name);
+    if ((rc = cn__cells_get_cols(c, i, o, "rows", (int)W->shape[0], &p->r0,
+                                 &p->r1)) ||
+        (rc = cn__cells_get_cols(c, i, o, "cols", (int)W->shape[1], &p->c0,
+                                 &p->c1)))
+      return rc;
+  }
+  if (ha) {
+    const json_t *m = json_object_get(o, "m");
+    int wa = c->ops[p->a].width;
+    if (!json_is_integer(m) || json_integer_value(m) < 1 ||
+        wa % (int)json_integer_value(m) != 0)
+      return cn__cells_op_err(c, i,
+                              "'m' (the rows of 'a') must be an integer "
+                              "dividing its width %d",
+                              wa);
+    M = (int)json_integer_value(m);
+    K = wa / M;
+  } else {
+    if (json_object_get(o, "m") != NULL)
+      return cn__cells_op_err(c, i, "'m' is the weight block's rows here");
+    M = p->r1 - p->r0;
+    K = p->c1 - p->c0;
+  }
+  if (hb) {
+    int wb = c->ops[p->b].width;
+    if (wb % K != 0)
+      return cn__cells_op_err(c, i,
+                              "'b' is %d floats wide: not a matrix of %d "
+                              "rows (the columns of the left operand)",
+                              wb, K);
+    N = wb / K;
+  } else {
+    if (p->r1 - p->r0 != K)
+      return cn__cells_op_err(c, i,
+                              "the weight block has %d rows; the left "
+                              "operand has %d columns",
+                              p->r1 - p->r0, K);
+    N = p->c1 - p->c0;
+  }
+  p->m = M;
+  p->k = (float)K;
+  p->width = M * N;
   return 0;
 }
 
@@ -436,8 +543,10 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
   if ((rc = check_keys(c, i, o, p->kind))) return rc;
   switch (p->kind) {
   case OP_INPUT:
-    if ((rc = parse_edge(c, i, o, p))) return rc;
-    /* fall through */
+    if ((rc = parse_edge(c, i, o, p)) || (rc = parse_input_cols(c, i, o, p)))
+      return rc;
+    rc = parse_absent(c, i, o, p);
+    break;
   case OP_INPUT_SUM:
   case OP_INPUT_MEAN: rc = parse_input_cols(c, i, o, p); break;
   case OP_EMBED: rc = parse_embed(c, i, o, p); break;
@@ -460,9 +569,24 @@ static int parse_op(cells_ctx *c, int i, const json_t *o) {
   case OP_CONCAT: rc = parse_concat(c, i, o, p); break;
   case OP_INPUT_EACH: rc = parse_input_cols(c, i, o, p); break;
   case OP_EDGE_SUM: rc = parse_unary(c, i, o, p); break;
+  case OP_MATMUL: rc = parse_matmul(c, i, o, p); break;
+  case OP_TABLE: rc = parse_table(c, i, o, p); break;
+  case OP_STEP: rc = parse_unary(c, i, o, p); break;
   }
   if (rc) return rc;
   if ((rc = check_edges(c, i, p))) return rc;
+  /* an input read as the identity where absent is only a matmul operand
+   * (any other op would read zeros there) */
+  int refs[CN_CELLS_MAX_X + 2], nr = 0;
+  if (p->a >= 0) refs[nr++] = p->a;
+  if (p->b >= 0) refs[nr++] = p->b;
+  for (int k = 0; k < p->nx; k++) refs[nr++] = p->x[k];
+  for (int k = 0; k < nr && p->kind != OP_MATMUL; k++)
+    if (c->ops[refs[k]].identity)
+      return cn__cells_op_err(c, i,
+                              "reads op %d, an input that is the identity "
+                              "where absent: only a matmul may",
+                              refs[k]);
   return check_width(c, i, o, p);
 }
 

@@ -210,6 +210,33 @@ def childsum_treelstm(H, D):
     ], out_layer(H), arity=0, hidden=[0, H])
 
 
+def mvrnn(H, D):
+    """Per-vertex matrices: matmul between per-vertex values and with
+    weight blocks, a table row per word, a missing child's B = I."""
+    HH = H * H
+    leaf = Cell()
+    leaf.op("a", "embed", tensor="embed")
+    leaf.op("A", "table", tensor="leaf.M")
+    c = Cell()
+    c.op("a", "input", edge=0, cols=[0, H])
+    c.op("A", "input", edge=0, cols=[H, H + HH])
+    c.op("b", "input", edge=1, cols=[0, H])
+    c.op("B", "input", edge=1, cols=[H, H + HH], absent="identity")
+    c.op("x1", "matmul", a="B", b="a", m=H)
+    c.op("x2", "matmul", a="A", b="b", m=H)
+    c.op("p", "tanh", a=c.op("g", "linear", x=["x1", "x2"],
+                             weight="internal.W", bias="internal.b"))
+    c.op("P", "add",
+         a=c.op("P1", "matmul", weight="internal.WM", rows=[0, H],
+                cols=[0, H], b="A"),
+         b=c.op("P2", "matmul", weight="internal.WM", rows=[0, H],
+                cols=[H, 2 * H], b="B"))
+    return model("tree", H + HH, [
+        vtype("leaf", "leaf", leaf, ["a", "A"]),
+        vtype("internal", "internal", c, ["p", "P"]),
+    ], out_layer(H), arity=2, hidden=[0, H])
+
+
 def peephole_treelstm(H, D):
     """Binary Tree-LSTM with peephole connections (Gers & Schmidhuber 2000
     style): the input and forget gates see the children's cells, the output
@@ -326,6 +353,7 @@ def allops(H, D):
 
 ALL = {"treelstm": treelstm, "treelstm-2type": treelstm_2type,
        "treegru": treegru, "childsum-treelstm": childsum_treelstm,
+       "mvrnn": mvrnn,
        "bilstm-tagger": bilstm_tagger,
        "latticegru": latticegru, "peephole-treelstm": peephole_treelstm,
        "relu-treegru": relu_treegru, "elman-tagger": elman_tagger,
