@@ -91,9 +91,12 @@ FAMILIES = {
     "nmt": ("lstm-nmt", "sequences.jsonl", 24, [], ["--max-decode-len", "12"]),
 }
 # models described by cells (tests/cells), on the weights of a built-in
-# with H = 16, D = 12 (the sizes those descriptions are written for)
+# with H = 16, D = 12 (the sizes those descriptions are written for; a
+# third field: another D)
 CELLS = {"cells-treelstm": ("treelstm", "treelstm.json"),
          "cells-treegru": ("treegru", "treegru.json"),
+         "cells-childsum": ("childsum", "childsum-treelstm.json"),
+         "cells-mvrnn": ("mvrnn", "mvrnn.json", 16),
          "cells-latticegru": ("latticegru", "latticegru.json"),
          "cells-bilstm": ("bilstm", "bilstm-tagger.json")}
 
@@ -116,11 +119,12 @@ def make_models():
                        check=True, stderr=subprocess.DEVNULL)
         specs[name] = (d, inp, run_args)
     if cells:
-        for name, (base, desc) in CELLS.items():
+        for name, (base, desc, *emb) in CELLS.items():
             fam, fname, _, extra, run_args = FAMILIES[base]
             d = os.path.join(work, "models", name)
             subprocess.run([canopy, "model", "init", fam, d, "--hidden",
-                            "16", "--embed", "12", "--vocab-from",
+                            "16", "--embed", str(emb[0] if emb else 12),
+                            "--vocab-from",
                             os.path.join(data, fname), "--seed", "4"],
                            check=True, stderr=subprocess.DEVNULL)
             with open(os.path.join(d, "model.json")) as f:
