@@ -31,6 +31,16 @@ static int64_t state_floats(const cn_model *m, int type) {
   return type == T_OUTPUT ? m->dims.C : 2 * m->dims.H;
 }
 
+/* The input, output and update gates from x·W[rows]ᵀ + cell.b (rows i, o,
+ * u of (i, f, o, u)): σ, σ, tanh. */
+static void iou(cn_ir *g, int x, int W, int H, int *i, int *o, int *u) {
+  int rows[3] = {0, 2, 3}, *out[3] = {i, o, u};
+  for (int k = 0; k < 3; k++)
+    *out[k] = cn_ir_unary(
+        g, k < 2 ? CN_IR_SIGMOID : CN_IR_TANH,
+        cn_ir_linear(g, &x, 1, W, rows[k] * H, H, CELL_B, rows[k] * H));
+}
+
 /* The internal cell: one forget gate per child, any arity, as segment ops
  * (core/cell/cell.h): hs = Σ_k h_k; i, o, u from hs·U and b (one product
  * of 3H outputs: the forget rows are not computed per vertex);
@@ -42,12 +52,8 @@ static int internal_cell(const cn_model *m, cn_ir *g) {
   int hs = cn_ir_src_(g, CN_SRC_INPUT_SUM, -1, 0, 0, H, "hs");
   int hk = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, 0, H, "h_k");
   int ck = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, H, H, "c_k");
-  int i = cn_ir_unary(g, CN_IR_SIGMOID,
-                      cn_ir_linear(g, &hs, 1, CELL_U, 0, H, CELL_B, 0));
-  int o = cn_ir_unary(g, CN_IR_SIGMOID,
-                      cn_ir_linear(g, &hs, 1, CELL_U, 2 * H, H, CELL_B, 2 * H));
-  int u = cn_ir_unary(g, CN_IR_TANH,
-                      cn_ir_linear(g, &hs, 1, CELL_U, 3 * H, H, CELL_B, 3 * H));
+  int i, o, u;
+  iou(g, hs, CELL_U, H, &i, &o, &u);
   int fk = cn_ir_unary(g, CN_IR_SIGMOID,
                        cn_ir_linear(g, &hk, 1, CELL_U, H, H, CELL_B, H));
   int fc = cn_ir_seg_sum(g, cn_ir_binary(g, CN_IR_MUL, fk, ck));
@@ -66,12 +72,8 @@ static int cell(const cn_model *m, int type, cn_ir *g) {
   if (type == T_OUTPUT) return cn__ir_output_layer(m, g, 1, OUT_W, OUT_B);
   if (type == T_INTERNAL) return internal_cell(m, g);
   int x = cn_ir_src_(g, CN_SRC_EMBED, EMBED, 0, 0, D, "x");
-  int i = cn_ir_unary(g, CN_IR_SIGMOID,
-                      cn_ir_linear(g, &x, 1, CELL_W, 0, H, CELL_B, 0));
-  int o = cn_ir_unary(g, CN_IR_SIGMOID,
-                      cn_ir_linear(g, &x, 1, CELL_W, 2 * H, H, CELL_B, 2 * H));
-  int u = cn_ir_unary(g, CN_IR_TANH,
-                      cn_ir_linear(g, &x, 1, CELL_W, 3 * H, H, CELL_B, 3 * H));
+  int i, o, u;
+  iou(g, x, CELL_W, H, &i, &o, &u);
   int c = cn_ir_binary(g, CN_IR_MUL, i, u);
   cn_ir_output(g, cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c)),
                0);

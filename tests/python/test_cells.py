@@ -690,11 +690,15 @@ class SumInternal(nn.Module):
 
 
 class NaryModel(nn.Module):
-    def __init__(self, vocab, D, H, C):
+    """Any-arity trees: SumLeaf and SumInternal, or the cells given (whose
+    state may be wider than H: h is its first H columns)."""
+
+    def __init__(self, vocab, D, H, C, leaf=None, internal=None, state=None):
         super().__init__()
-        self.vocab, self.H = ct.Vocab(vocab), H
+        self.vocab, self.H, self.state = ct.Vocab(vocab), H, state or H
         self.embed = nn.Embedding(len(vocab), D)
-        self.leaf, self.internal = SumLeaf(D, H), SumInternal(H)
+        self.leaf = leaf or SumLeaf(D, H)
+        self.internal = internal or SumInternal(H)
         self.out = nn.Linear(H, C)
 
     def forward(self, inst):
@@ -706,13 +710,15 @@ class NaryModel(nn.Module):
                 st[k] = self.leaf(self.embed(torch.tensor([self.vocab.id(n.word)])))
             else:
                 st[k] = self.internal(torch.stack([st[c] for c in n.children]))
-        s = torch.cat(st, 0)
-        return {"logits": self.out(s), "h": s[0]}
+        h = torch.cat(st, 0)[:, :self.H]
+        return {"logits": self.out(h), "h": h[0]}
 
     def save(self, d):
+        wide = {"hidden": (0, self.H)} if self.state != self.H else {}
         return ct.save_cells(d, "tree", {"leaf": self.leaf, "internal": self.internal},
-                             arity=0, state=self.H, output=self.out,
-                             embed=self.embed, vocab=self.vocab.tokens, model=self)
+                             arity=0, state=self.state, output=self.out,
+                             embed=self.embed, vocab=self.vocab.tokens, model=self,
+                             **wide)
 
 
 class ChildSumLeaf(nn.Module):
@@ -747,31 +753,9 @@ class ChildSumInternal(nn.Module):
         return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], -1)
 
 
-class ChildSumModel(NaryModel):
-    def __init__(self, vocab, D, H, C):
-        nn.Module.__init__(self)
-        self.vocab, self.H = ct.Vocab(vocab), H
-        self.embed = nn.Embedding(len(vocab), D)
-        self.leaf, self.internal = ChildSumLeaf(D, H), ChildSumInternal(H)
-        self.out = nn.Linear(H, C)
-
-    def forward(self, inst):
-        tree = ct.parse_tree_instance(inst)
-        st = [None] * len(tree.nodes)
-        for k in range(len(tree.nodes) - 1, -1, -1):
-            n = tree.nodes[k]
-            if n.is_leaf():
-                st[k] = self.leaf(self.embed(torch.tensor([self.vocab.id(n.word)])))
-            else:
-                st[k] = self.internal(torch.stack([st[c] for c in n.children]))
-        h = torch.cat(st, 0)[:, :self.H]
-        return {"logits": self.out(h), "h": h[0]}
-
-    def save(self, d):
-        return ct.save_cells(d, "tree", {"leaf": self.leaf, "internal": self.internal},
-                             arity=0, state=2 * self.H, hidden=(0, self.H),
-                             output=self.out, embed=self.embed,
-                             vocab=self.vocab.tokens, model=self)
+def childsum_model(vocab, D, H, C):
+    return NaryModel(vocab, D, H, C, ChildSumLeaf(D, H), ChildSumInternal(H),
+                     2 * H)
 
 
 class BiOut(nn.Module):
@@ -961,8 +945,8 @@ class TestStructures(Case):
         children stack becomes input_each ... edge_sum (segment ops)."""
         insts = lines("trees-nary.jsonl", 12)
         ts = [ct.parse_tree_instance(i) for i in insts]
-        m = randomize(ChildSumModel(vocab_of([w for t in ts for w in t.leaves()]),
-                                    4, 5, 3), 6)
+        m = randomize(childsum_model(vocab_of([w for t in ts for w in t.leaves()]),
+                                     4, 5, 3), 6)
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(m.save(os.path.join(tmp, "cs")),
                                    "model.json")) as f:
