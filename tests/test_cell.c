@@ -142,6 +142,18 @@ Test(cell, malformed_ir_refused) {
   tu_rmdir(dir);
 }
 
+/* g does not compile: CN_E_INTERNAL, a message holding why, no cell. */
+static void expect_refused(const cn_model *m, const cn_ir *g,
+                           const char *why) {
+  cn_cell *c = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_expect_eq(cn__cell_compile(m, 1, g, CN_LAYOUT_PQ, &c, &err),
+               CN_E_INTERNAL);
+  cr_expect_null(c);
+  cr_expect(strstr(err.msg, why) != NULL, "'%s' lacks '%s'", err.msg, why);
+}
+
 /* Segment ops (cell.h): an edge value reaches the vertex only through a
  * segment sum; the graphs that break the rule are refused with a message
  * that says which rule. (The ops themselves run in childsum-treelstm's
@@ -160,13 +172,7 @@ Test(cell, segment_rules_refused) {
     if (k == 1) cn_ir_output(g, cn_ir_seg_sum(g, v), 0);
     if (k == 2) cn_ir_output(g, cn_ir_unary(g, CN_IR_TANH, e), 0);
     g->state_floats = 8;
-    cn_cell *c = NULL;
-    cn_err err;
-    cn_err_clear(&err);
-    cr_expect_eq(cn__cell_compile(m, 1, g, CN_LAYOUT_PQ, &c, &err),
-                 CN_E_INTERNAL);
-    cr_expect_null(c);
-    cr_expect(strstr(err.msg, why[k]) != NULL, "%s", err.msg);
+    expect_refused(m, g, why[k]);
     free(g);
   }
   cn_model_free(m);
@@ -215,12 +221,7 @@ Test(cell, per_vertex_product_rules) {
   g->node[A].fill = CN_FILL_IDENTITY;
   cn_ir_output(g, cn_ir_unary(g, CN_IR_TANH, A), 0);
   g->state_floats = 4;
-  cn_cell *c = NULL;
-  cn_err err;
-  cn_err_clear(&err);
-  cr_expect_eq(cn__cell_compile(m, 1, g, CN_LAYOUT_PQ, &c, &err),
-               CN_E_INTERNAL);
-  cr_expect(strstr(err.msg, "identity-filled") != NULL, "%s", err.msg);
+  expect_refused(m, g, "identity-filled");
   free(g);
   cn_model_free(m);
   tu_rmdir(dir);
