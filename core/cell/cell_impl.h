@@ -36,5 +36,10 @@ int cn__cell_emit(cn_cell *c, const cell_item *items, int n_items,
                   const unsigned char *kept);
 /* Kernels, copy kernels, floats copied and staging, per execution. */
 void cn__cell_count_costs(cn_cell *c);
+/* cell_compile.c: one graph without per-edge values into a cell
+ * (cn__cell_compile_weights, cell_edges.c, splits the others first). */
+int cn__cell_compile_one(const cn_tensor *const *w, const char *family,
+                         int type, const char *type_name, const cn_ir *g,
+                         int layout, cn_cell **out, cn_err *err);
 
 #endif
