@@ -1,6 +1,7 @@
 /* worker.c - the worker threads: each owns one backend context (a CPU
- * context here, a CUDA stream later) and executes closed runs from the
- * job queue, one at a time, in its own thread.
+ * context, or a CUDA stream of its own) and executes closed runs from the
+ * job queue in its own thread: one at a time on the CPU; on a device it
+ * issues the next run before it answers the one before (overlap).
  *
  * A worker formats every answer of its run (JSON serialisation is a real
  * cost at high rates), so the loop only copies pointers. Requests that
@@ -23,6 +24,7 @@ typedef struct worker_arg {
   cn__server *s;
   int index;
   cn_backend_ctx *bk;
+  bool overlap; /* issue a run before the one before is answered */
 } worker_arg;
 
 /* The request's answer. An instance whose output holds a non-finite value
@@ -105,21 +107,56 @@ static void note_memory(cn__model_slot *sl, const cn_run_stats *st) {
                prev == 0 ? now : (long long)(0.8 * prev + 0.2 * now));
 }
 
-/* Sets every live request's answer: outputs, or the run's error. */
-static void run_job(worker_arg *w, cn__job *j) {
-  cn__server *s = w->s;
-  int **slots = calloc((size_t)j->n, sizeof(int *));
-  cn_run *run = cn_run_new(j->me->model, w->bk);
-  if (run != NULL) {
-    cn_run_set_layout(run, s->layout);
-    cn_run_set_plan_width(run, s->cfg.serve.plan_width);
-    cn_run_set_memory_budget(run, s->cfg.serve.memory_budget);
+/* A run on its way: issued to the backend, its answers not yet read
+ * (run_start, run_finish). */
+typedef struct inflight {
+  cn__job *j;
+  cn_run *run;
+  int **slots;
+  double t0;
+} inflight;
+
+static void answer_error(cn__job *j, const cn_err *err) {
+  CN_LOG(CN_LOG_ERROR, "msg=run-failed model=%s code=%s error=\"%s\"",
+         j->me->name, cn_err_code(err->code), err->msg);
+  for (int i = 0; i < j->n; i++) {
+    cn__req *r = j->reqs[i];
+    json_t *e = cn_err_to_json(err);
+    r->result = json_dumps(e, DUMP_FLAGS);
+    r->result_status = cn_err_http_status(err->code);
+    json_decref(e);
   }
-  double t0 = cn_now_s();
+}
+
+static void inflight_free(inflight *f) {
+  cn_run_free(f->run);
+  for (int i = 0; f->slots != NULL && i < f->j->n; i++) free(f->slots[i]);
+  free(f->slots);
+  f->run = NULL;
+  f->slots = NULL;
+}
+
+/* Adds j's live requests to a run and issues it. With async the run may
+ * still be computing on the device when this returns (issue #33 item 3:
+ * the worker prepares its next run meanwhile). True: f holds the run,
+ * run_finish answers it; false: every request already has its answer (an
+ * error, no live request, or a run over the budget answered one request
+ * at a time). */
+static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
+  cn__server *s = w->s;
+  *f = (inflight){j, NULL, NULL, cn_now_s()};
+  f->slots = calloc((size_t)j->n, sizeof(int *));
+  f->run = cn_run_new(j->me->model, w->bk);
+  if (f->run != NULL) {
+    cn_run_set_layout(f->run, s->layout);
+    cn_run_set_plan_width(f->run, s->cfg.serve.plan_width);
+    cn_run_set_memory_budget(f->run, s->cfg.serve.memory_budget);
+    cn_run_set_async(f->run, async);
+  }
   int live = 0, dropped = 0;
   cn_err err;
   cn_err_clear(&err);
-  if (slots == NULL || run == NULL) {
+  if (f->slots == NULL || f->run == NULL) {
     cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
     goto fail;
   }
@@ -129,17 +166,18 @@ static void run_job(worker_arg *w, cn__job *j) {
       dropped += r->n_inst;
       continue;
     }
-    r->queue_ms = (t0 - r->t_arrive) * 1e3;
-    cn__metrics_queue_wait(&s->metrics, j->me->index, t0 - r->t_arrive);
-    slots[i] = malloc((size_t)r->n_inst * sizeof(int));
-    if (slots[i] == NULL) {
+    r->queue_ms = (f->t0 - r->t_arrive) * 1e3;
+    cn__metrics_queue_wait(&s->metrics, j->me->index, f->t0 - r->t_arrive);
+    f->slots[i] = malloc((size_t)r->n_inst * sizeof(int));
+    if (f->slots[i] == NULL) {
       cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
       goto fail;
     }
     for (int k = 0; k < r->n_inst; k++) {
-      slots[i][k] = cn_run_add(run, r->inst[k], r->flags, r->max_decode_len);
-      if (slots[i][k] < 0) {
-        cn_err_set(&err, slots[i][k], "could not add instance %d", k);
+      f->slots[i][k] =
+          cn_run_add(f->run, r->inst[k], r->flags, r->max_decode_len);
+      if (f->slots[i][k] < 0) {
+        cn_err_set(&err, f->slots[i][k], "could not add instance %d", k);
         goto fail;
       }
     }
@@ -147,11 +185,38 @@ static void run_job(worker_arg *w, cn__job *j) {
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
   if (live == 0) goto done;
-  if (cn__policy_exec(s, j->me, run, &err) != 0) goto fail;
-  double ms = (cn_now_s() - t0) * 1e3;
-  cn_run_get_stats(run, &j->st);
+  if (cn__policy_exec(s, j->me, f->run, &err) != 0) goto fail;
+  return true;
+fail:
+  if (err.code == CN_E_OVER_BUDGET && live > 1) {
+    CN_LOG(CN_LOG_INFO, "msg=run-over-budget model=%s requests=%d "
+           "error=\"%s\"", j->me->name, live, err.msg);
+    inflight_free(f);
+    run_each(w, j);
+    goto done;
+  }
+  answer_error(j, &err);
+done:
+  inflight_free(f);
+  return false;
+}
+
+/* Waits for f's run, then sets every live request's answer: outputs, or
+ * the run's error. */
+static void run_finish(worker_arg *w, inflight *f) {
+  cn__server *s = w->s;
+  cn__job *j = f->j;
+  cn_err err;
+  cn_err_clear(&err);
+  if (cn_run_wait(f->run, &err) != 0) {
+    answer_error(j, &err);
+    inflight_free(f);
+    return;
+  }
+  double ms = (cn_now_s() - f->t0) * 1e3;
+  cn_run_get_stats(f->run, &j->st);
   j->compute_ms = ms;
-  cn__policy_observe(s, j->me, run); /* after the timing: not compute */
+  cn__policy_observe(s, j->me, f->run); /* after the timing: not compute */
   long long prev = atomic_load(&s->ewma_compute_us);
   atomic_store(&s->ewma_compute_us,
                prev == 0 ? (long long)(ms * 1e3)
@@ -165,33 +230,16 @@ static void run_job(worker_arg *w, cn__job *j) {
   note_memory(j->slot, &j->st);
   for (int i = 0; i < j->n; i++) {
     cn__req *r = j->reqs[i];
-    if (slots[i] == NULL) continue;
+    if (f->slots[i] == NULL) continue;
     r->compute_ms = ms;
-    r->result = format_answer(j, r, run, slots[i], &r->result_status);
+    r->result = format_answer(j, r, f->run, f->slots[i], &r->result_status);
   }
-  goto done;
-fail:
-  if (err.code == CN_E_OVER_BUDGET && live > 1) {
-    CN_LOG(CN_LOG_INFO, "msg=run-over-budget model=%s requests=%d "
-           "error=\"%s\"", j->me->name, live, err.msg);
-    cn_run_free(run);
-    run = NULL;
-    run_each(w, j);
-    goto done;
-  }
-  CN_LOG(CN_LOG_ERROR, "msg=run-failed model=%s code=%s error=\"%s\"",
-         j->me->name, cn_err_code(err.code), err.msg);
-  for (int i = 0; i < j->n; i++) {
-    cn__req *r = j->reqs[i];
-    json_t *e = cn_err_to_json(&err);
-    r->result = json_dumps(e, DUMP_FLAGS);
-    r->result_status = cn_err_http_status(err.code);
-    json_decref(e);
-  }
-done:
-  cn_run_free(run);
-  for (int i = 0; slots != NULL && i < j->n; i++) free(slots[i]);
-  free(slots);
+  inflight_free(f);
+}
+
+static void run_job(worker_arg *w, cn__job *j) {
+  inflight f;
+  if (run_start(w, j, false, &f)) run_finish(w, &f);
 }
 
 /* The worker's backend counters into /metrics (issue #33). */
@@ -199,6 +247,16 @@ static void report_backend(worker_arg *w) {
   cn_backend_counters c;
   cn_backend_get_counters(w->bk, &c);
   cn__metrics_worker_backend(&w->s->metrics, w->index, &c);
+}
+
+/* A job is over: its requests answered (the loop sends them). */
+static void job_over(worker_arg *w, cn__job *j) {
+  cn__server *s = w->s;
+  report_backend(w);
+  pthread_mutex_lock(&s->qmu);
+  s->busy_workers--;
+  pthread_mutex_unlock(&s->qmu);
+  cn__jobs_done(s, j);
 }
 
 static void *worker_main(void *arg) {
@@ -210,8 +268,23 @@ static void *worker_main(void *arg) {
   snprintf(name, sizeof(name), "cn-worker-%d", w->index);
   pthread_setname_np(pthread_self(), name);
   bool kept = false; /* ran a job since it last gave memory back */
+  /* On a device a worker issues its next run before it reads the answers
+   * of the one before, so the host prepares run N+1 (parse, plan, index
+   * arrays) while the device computes run N (issue #33 item 3): at most
+   * two runs in flight, and a run waits for nobody when the queue is
+   * empty. */
+  inflight prev;
+  bool have_prev = false;
   for (;;) {
     pthread_mutex_lock(&s->qmu);
+    if (have_prev && s->qhead == NULL) {
+      /* nothing to overlap it with: its answers now */
+      pthread_mutex_unlock(&s->qmu);
+      run_finish(w, &prev);
+      have_prev = false;
+      job_over(w, prev.j);
+      continue;
+    }
     cn__warmup *wu = NULL;
     while (s->qhead == NULL && !s->stopping &&
            (wu = cn__warmup_next(s, w->index)) == NULL) {
@@ -239,6 +312,11 @@ static void *worker_main(void *arg) {
     /* a version's warm-up goes before queued runs: its loader waits */
     if (wu != NULL || (wu = cn__warmup_next(s, w->index)) != NULL) {
       pthread_mutex_unlock(&s->qmu);
+      if (have_prev) {
+        run_finish(w, &prev);
+        have_prev = false;
+        job_over(w, prev.j);
+      }
       cn__warmup_part(s, wu, w->index, w->bk);
       kept = true; /* given back after a second idle, as after a run */
       continue;
@@ -255,16 +333,33 @@ static void *worker_main(void *arg) {
     s->busy_workers++;
     pthread_mutex_unlock(&s->qmu);
     atomic_fetch_sub(&s->waiting_instances, j->instances);
-    if (cn__decode_wants(s, j))
-      cn__decode_job(s, w->bk, j); /* lstm-nmt: continuous decoding */
-    else
-      run_job(w, j);
     kept = true;
-    report_backend(w);
-    pthread_mutex_lock(&s->qmu);
-    s->busy_workers--;
-    pthread_mutex_unlock(&s->qmu);
-    cn__jobs_done(s, j);
+    if (cn__decode_wants(s, j)) { /* lstm-nmt: continuous decoding */
+      if (have_prev) {
+        run_finish(w, &prev);
+        have_prev = false;
+        job_over(w, prev.j);
+      }
+      cn__decode_job(s, w->bk, j);
+      job_over(w, j);
+      continue;
+    }
+    if (!w->overlap) {
+      run_job(w, j);
+      job_over(w, j);
+      continue;
+    }
+    inflight cur;
+    bool issued = run_start(w, j, true, &cur);
+    if (have_prev) { /* the run before, while j's computes */
+      run_finish(w, &prev);
+      job_over(w, prev.j);
+    }
+    have_prev = issued;
+    if (issued)
+      prev = cur;
+    else
+      job_over(w, j);
   }
   cn_backend_close(w->bk);
   free(w);
@@ -275,6 +370,12 @@ static void *worker_main(void *arg) {
  * open stops start-up with its error instead of failing requests later. */
 int cn__workers_start(cn__server *s, cn_err *err) {
   int n = s->cfg.serve.workers;
+  /* CANOPY_RUN_OVERLAP=0 turns the overlap off on a device (to measure
+   * what it gives), =1 on for the cpu backend too (the tests: the same
+   * path, the same answers), as for canopy run */
+  const char *ov = getenv("CANOPY_RUN_OVERLAP");
+  int overlap = ov != NULL && ov[0] != '\0' ? strcmp(ov, "0") != 0 : -1;
+  bool on = false; /* what the workers do (one backend for all) */
   s->threads = calloc((size_t)n, sizeof(pthread_t));
   if (s->threads == NULL || cn__metrics_workers(&s->metrics, n) != 0)
     return cn_err_set(err, CN_E_NOMEM, "no memory");
@@ -288,6 +389,8 @@ int cn__workers_start(cn__server *s, cn_err *err) {
       free(w);
       return rc;
     }
+    w->overlap = overlap < 0 ? cn_backend_is_device(w->bk) : overlap != 0;
+    on = w->overlap;
     if (pthread_create(&s->threads[i], NULL, worker_main, w) != 0) {
       cn_backend_close(w->bk);
       free(w);
@@ -295,6 +398,9 @@ int cn__workers_start(cn__server *s, cn_err *err) {
     }
     s->n_threads++;
   }
+  CN_LOG(CN_LOG_INFO, "msg=workers-started workers=%d backend=%s "
+         "overlap=%s", n, s->cfg.serve.backend,
+         on ? "true" : "false");
   return 0;
 }
 

@@ -3,7 +3,8 @@
  * For every tree family: 40 instances sent by 8 concurrent clients (5 per
  * request, all sent before any answer is read, so they share runs) must
  * get exactly the outputs `canopy run` prints for the same instances
- * (1e-5 per element), including outputs=all and return_hidden. */
+ * (1e-5 per element), including outputs=all and return_hidden; and so
+ * must a worker that overlaps its runs. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <float.h>
@@ -20,6 +21,7 @@
 #define PER_REQ 5
 
 static th_daemon d;
+static bool overlapped; /* CANOPY_RUN_OVERLAP=1: see overlapped_runs */
 static void teardown(void) { th_cleanup(&d); }
 
 /* The daemon's answers from model `served` against `canopy run` on model
@@ -29,9 +31,17 @@ static void check_served(const char *served, const char *ref,
   const char *family = served;
   /* not work-conserving: an idle worker would take each request alone
    * when the client is slower than the run (8 runs of one request, seen
-   * once in CI); the window gathers them for up to 100 ms instead */
-  th_start(&d, (const char *const[]){"--max-delay-us", "100000",
-                                     "--work-conserving", "false", NULL});
+   * once in CI); the window gathers them for up to 100 ms instead.
+   * Overlapped: one worker, a run a request, so the worker issues each
+   * run before it answers the one before. */
+  if (overlapped)
+    th_start(&d, (const char *const[]){"--max-delay-us", "100000",
+                                       "--work-conserving", "false",
+                                       "--workers", "1", "--max-instances",
+                                       "5", NULL});
+  else
+    th_start(&d, (const char *const[]){"--max-delay-us", "100000",
+                                       "--work-conserving", "false", NULL});
   const char *file = strcmp(family, "childsum-treelstm") == 0
                          ? "trees-nary.jsonl"
                          : "trees-binary.jsonl";
@@ -89,8 +99,17 @@ static void check_served(const char *served, const char *ref,
   for (int i = 0; i < N_INST; i++) json_decref(want[i]);
   th_resp r;
   cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
-  /* 8 requests, fewer runs: they were batched together */
-  cr_expect(th_metric(r.body, "canopy_runs_total") < 8, "%s", r.body);
+  if (overlapped) {
+    /* a run each, one worker that said it overlaps them */
+    cr_expect_eq(th_metric(r.body, "canopy_runs_total"), 8, "%s", r.body);
+    char *log = th_read_file(d.log);
+    cr_expect(strstr(log, "msg=workers-started workers=1 backend=cpu "
+                          "overlap=true") != NULL, "%s", log);
+    free(log);
+  } else {
+    /* 8 requests, fewer runs: they were batched together */
+    cr_expect(th_metric(r.body, "canopy_runs_total") < 8, "%s", r.body);
+  }
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
 }
@@ -155,6 +174,17 @@ Test(serve_outputs, treelstm, .fini = teardown, .timeout = 40) {
   check_family("treelstm", "", "");
 }
 Test(serve_outputs, treelstm_all_hidden, .fini = teardown, .timeout = 40) {
+  check_family("treelstm", "--outputs all --return-hidden",
+               ",\"outputs\":\"all\",\"return_hidden\":true");
+}
+/* A worker that issues its next run before it answers the one before
+ * (on a device, so the host prepares run N+1 while the device computes
+ * run N; CANOPY_RUN_OVERLAP=1 takes the same path on the cpu backend):
+ * 8 runs back to back on one worker, answers as `canopy run`'s, hidden
+ * states included. */
+Test(serve_outputs, overlapped_runs, .fini = teardown, .timeout = 40) {
+  setenv("CANOPY_RUN_OVERLAP", "1", 1);
+  overlapped = true;
   check_family("treelstm", "--outputs all --return-hidden",
                ",\"outputs\":\"all\",\"return_hidden\":true");
 }
