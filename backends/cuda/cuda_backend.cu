@@ -279,6 +279,7 @@ static void cu_release(cn_backend_ctx *bk) {
     c->ew_tmp_bytes = 0;
   }
   cu_pool_trim(c);
+  cu_stage_shrink(c); /* a ring grown for large runs: back to 2 MiB */
   (void)cudaGetLastError();
   if (getenv("CANOPY_CUDA_STATS") != NULL)
     fprintf(stderr,
@@ -316,6 +317,9 @@ static void cu_close(cn_backend_ctx *bk) {
     for (int i = 0; i < c->n_weights; i++) (void)cudaFree(c->weights[i].dev);
     if (c->stage_host != NULL) (void)cudaFreeHost(c->stage_host);
     if (c->stage_dev != NULL) (void)cudaFree(c->stage_dev);
+    if (c->stage_old_host != NULL) (void)cudaFreeHost(c->stage_old_host);
+    if (c->stage_old_dev != NULL) (void)cudaFree(c->stage_old_dev);
+    if (c->stage_old_ev != NULL) (void)cudaEventDestroy(c->stage_old_ev);
     if (c->am_host != NULL) (void)cudaFreeHost(c->am_host);
     if (c->fetch_host != NULL) (void)cudaFreeHost(c->fetch_host);
     if (c->fetch_old != NULL) (void)cudaFreeHost(c->fetch_old);
@@ -417,6 +421,8 @@ extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
                                  &c->stage_ev[0], cudaEventDisableTiming)) &&
             CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
                                  &c->stage_ev[1], cudaEventDisableTiming)) &&
+            CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
+                                 &c->stage_old_ev, cudaEventDisableTiming)) &&
             CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
                                  &c->fetch_ev[0], cudaEventDisableTiming)) &&
             CN_CUDA_CHECK(c, cudaEventCreateWithFlags(

@@ -52,6 +52,10 @@ typedef struct cu_lt_plan {
 } cu_lt_plan;
 
 #define CU_LT_PLANS 512
+/* The index ring's first size and the most it grows to, in int64 words
+ * (2 MiB and 64 MiB of pinned memory, and as much on the device). */
+#define CU_STAGE_MIN ((size_t)1 << 18)
+#define CU_STAGE_MAX ((size_t)1 << 23)
 /* cuBLAS's workspace (from the pool; cublasLt's too) */
 #define CU_BLAS_WORKSPACE ((size_t)32 << 20)
 
@@ -86,12 +90,18 @@ typedef struct cu_ctx {
   int n_weights, cap_weights;
 
   /* Index staging: pinned host ring and its device twin, in two halves;
-   * ev[h] marks the last work that read half h. */
+   * ev[h] marks the last work that read half h. A half switch that would
+   * wait for the device grows the ring instead (up to CU_STAGE_MAX): the
+   * ring it replaced (old) stays until old_ev, recorded after the last
+   * work that read it, has passed, so a growth waits for nothing. */
   int64_t *stage_host, *stage_dev;
   size_t stage_cap, stage_pos;
   int stage_half;
   cudaEvent_t stage_ev[2];
   long long stage_grows;
+  int64_t *stage_old_host, *stage_old_dev;
+  size_t stage_old_cap;
+  cudaEvent_t stage_old_ev;
 
   /* argmax results: device and pinned host. */
   int32_t *am_dev, *am_host;
@@ -196,8 +206,14 @@ void cu_pool_put(cu_ctx *c, void *p);
 /* Hands the pool's unused blocks back to the device (one wait for the
  * stream first). */
 void cu_pool_trim(cu_ctx *c);
-/* Grows the pinned staging ring to hold at least `need` words. */
+/* Grows the pinned staging ring to hold at least `need` words in a half
+ * (the ring it replaces is freed once the work issued so far is done). */
 bool cu_stage_grow(cu_ctx *c, size_t need);
+/* Frees the ring a growth replaced (wait: for the work still reading it;
+ * else only once that work is done). */
+void cu_stage_old_free(cu_ctx *c, bool wait);
+/* Back to the first size (idle: the stream was waited for). */
+void cu_stage_shrink(cu_ctx *c);
 
 /* Grid size for n threads of `threads` per block. */
 static inline unsigned cu_blocks(long long n, int threads) {

@@ -131,22 +131,54 @@ void cu_pool_put(cu_ctx *c, void *p) {
 
 /* ---- index staging ---- */
 
-bool cu_stage_grow(cu_ctx *c, size_t need) {
-  size_t cap = c->stage_cap ? c->stage_cap : ((size_t)1 << 18);
-  while (cap / 2 < need) cap *= 2;
-  if (c->stage_host != NULL) {
-    if (!CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream))) return false;
+void cu_stage_old_free(cu_ctx *c, bool wait) {
+  if (c->stage_old_host == NULL) return;
+  cudaError_t e = cudaEventQuery(c->stage_old_ev);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    if (!wait) return;
     c->base.ctr.syncs++;
-    CN_CUDA_CHECK(c, cudaFreeHost(c->stage_host));
-    CN_CUDA_CHECK(c, cudaFree(c->stage_dev));
-    cu_held(c, -(long long)c->stage_cap * 8);
+    (void)CN_CUDA_CHECK(c, cudaEventSynchronize(c->stage_old_ev));
+  }
+  (void)CN_CUDA_CHECK(c, cudaFreeHost(c->stage_old_host));
+  (void)CN_CUDA_CHECK(c, cudaFree(c->stage_old_dev));
+  cu_held(c, -(long long)c->stage_old_cap * 8);
+  c->stage_old_host = NULL;
+  c->stage_old_dev = NULL;
+  c->stage_old_cap = 0;
+}
+
+/* Makes a fresh ring of cap words; the current one, if any, is retired:
+ * kept (with an event after the work issued so far) until that work has
+ * read it. Retiring a second ring before the first is freed waits. */
+static bool stage_make(cu_ctx *c, size_t cap) {
+  if (c->stage_host != NULL) {
+    cu_stage_old_free(c, true);
+    if (!CN_CUDA_CHECK(c, cudaEventRecord(c->stage_old_ev, c->stream)))
+      return false;
+    c->stage_old_host = c->stage_host;
+    c->stage_old_dev = c->stage_dev;
+    c->stage_old_cap = c->stage_cap;
     c->stage_host = NULL;
     c->stage_dev = NULL;
+    c->stage_cap = 0;
     c->stage_grows++;
+    /* the halves' events speak of the old ring: fresh ones (an event
+     * never recorded has passed) */
+    for (int h = 0; h < 2; h++) {
+      (void)cudaEventDestroy(c->stage_ev[h]);
+      c->stage_ev[h] = NULL;
+      if (!CN_CUDA_CHECK(c, cudaEventCreateWithFlags(
+                                &c->stage_ev[h], cudaEventDisableTiming)))
+        return false;
+    }
   }
   if (!CN_CUDA_CHECK(c, cudaHostAlloc((void **)&c->stage_host, cap * 8,
                                       cudaHostAllocDefault)) ||
       !CN_CUDA_CHECK(c, cudaMalloc((void **)&c->stage_dev, cap * 8))) {
+    if (c->stage_host != NULL) (void)cudaFreeHost(c->stage_host);
+    c->stage_host = NULL;
+    c->stage_dev = NULL;
     c->stage_cap = 0;
     return false;
   }
@@ -158,29 +190,54 @@ bool cu_stage_grow(cu_ctx *c, size_t need) {
   return true;
 }
 
+bool cu_stage_grow(cu_ctx *c, size_t need) {
+  size_t cap = c->stage_cap ? c->stage_cap : CU_STAGE_MIN;
+  while (cap / 2 < need) cap *= 2;
+  return stage_make(c, cap);
+}
+
+void cu_stage_shrink(cu_ctx *c) {
+  cu_stage_old_free(c, true);
+  if (c->stage_cap > CU_STAGE_MIN && stage_make(c, CU_STAGE_MIN))
+    cu_stage_old_free(c, true);
+}
+
 bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
                       int64_t **dev) {
   *host = NULL;
   *dev = NULL;
   words = (words + 1) & ~(size_t)1;
   if (words == 0) return true;
+  cu_stage_old_free(c, false);
   if (words > c->stage_cap / 2 && !cu_stage_grow(c, words)) return false;
   size_t half = c->stage_cap / 2;
   if (c->stage_pos + words > half) {
-    /* Switch halves: wait until the copies (and the kernels) that last
-     * read the other half have run (usually long done). */
+    /* Switch halves: the copies (and the kernels) that last read the
+     * other half must have run. They usually have; when they have not,
+     * a run uploads more than a half holds (two runs in flight, a run of
+     * thousands of trees), and the ring grows rather than the host
+     * waiting for the device in the middle of a run. */
     if (!CN_CUDA_CHECK(c, cudaEventRecord(c->stage_ev[c->stage_half],
                                           c->stream)))
       return false;
-    c->stage_half ^= 1;
-    if (cudaEventQuery(c->stage_ev[c->stage_half]) != cudaSuccess) {
-      (void)cudaGetLastError(); /* cudaErrorNotReady: a real wait */
-      c->base.ctr.syncs++;
-      if (!CN_CUDA_CHECK(c,
-                         cudaEventSynchronize(c->stage_ev[c->stage_half])))
-        return false;
+    int other = c->stage_half ^ 1;
+    cudaError_t e = cudaEventQuery(c->stage_ev[other]);
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      if (c->stage_cap < CU_STAGE_MAX) {
+        if (!cu_stage_grow(c, 2 * half)) return false;
+        half = c->stage_cap / 2;
+      } else { /* at its bound: a real wait */
+        c->base.ctr.syncs++;
+        if (!CN_CUDA_CHECK(c, cudaEventSynchronize(c->stage_ev[other])))
+          return false;
+        c->stage_half = other;
+        c->stage_pos = 0;
+      }
+    } else {
+      c->stage_half = other;
+      c->stage_pos = 0;
     }
-    c->stage_pos = 0;
   }
   size_t at = (size_t)c->stage_half * half + c->stage_pos;
   *host = c->stage_host + at;
