@@ -150,6 +150,16 @@ struct cn_backend_vt {
   const float *(*fetch_start)(cn_backend_ctx *bk, const float *base,
                               const int64_t *off, const int64_t *len, int n);
   int (*fetch_wait)(cn_backend_ctx *bk, const float *buf);
+  /* Optional (a device; issue #33 item 4): the index arrays of the batch
+   * about to launch, `words` int64 at host (HOST memory; pointer arrays
+   * and slot tables among them), all written before its first compute
+   * call: uploaded in one copy. Until the next stage_indices, a compute
+   * call's host index array (off, idx, seg, a pointer array) that lies
+   * inside [host, host + words) is read from that copy, so the host must
+   * not change those words meanwhile; any other array is staged by the
+   * call itself, as without it. words = 0 ends the batch's copy. */
+  void (*stage_indices)(cn_backend_ctx *bk, const int64_t *host,
+                        size_t words);
 
   /* ---- compute ---- */
   /* C[M,N] = A[M,K] · W[N,K]ᵀ + beta·C (+ bias[N] broadcast over rows when

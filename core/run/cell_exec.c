@@ -228,13 +228,48 @@ _Static_assert(sizeof(float *) == sizeof(int64_t) &&
                "pointer arrays and slot tables are staged in the run's "
                "index room");
 
-/* One gemm_batched call: the step's products over every row, or the
- * terms of one sum (a term each, summed into its output in order). The
- * kernel count follows a device's launches: one batched product a term. */
-static void run_bmm(cn_run *r, const cn_cell *c, const cn_cell_step *st,
-                    const cn_ew_slot *slots, const float *const *fill,
-                    int n) {
-  const cn_cell_bmm *b0 = &c->bmm[st->i];
+/* A source's gather, prepared: launched once the batch's index arrays
+ * are staged. */
+typedef struct gather_op {
+  view d;
+  const float *base;
+  const int64_t *off, *seg; /* seg != NULL: a sum over each segment */
+  int width, mean;
+} gather_op;
+
+#define PLAN_STEPS ((int)(sizeof(((cn_cell *)0)->steps) / \
+                          sizeof(((cn_cell *)0)->steps[0])))
+#define PLAN_SRCS ((int)(sizeof(((cn_cell *)0)->srcs) / \
+                         sizeof(((cn_cell *)0)->srcs[0])))
+
+/* One cell over a batch's rows, prepared (rows_prepare) before anything
+ * of the batch launches (rows_launch): every index array the batch needs
+ * is in the run's index room first, so a device uploads them in one copy
+ * (stage_indices; issue #33 item 4). */
+struct cn__rows_plan {
+  const cn_cell *c;
+  int n;
+  float *stage, *state;
+  view vw[3 * CN_IR_MAX];
+  cn_ew_slot slots[3 * CN_IR_MAX + 1];
+  const float *fill[3 * CN_IR_MAX]; /* BMM-read sources in place */
+  gather_op g[PLAN_SRCS];
+  int n_g;
+  /* per step: a BMM's pointer arrays (A, B, C); an EW step's slot table
+   * with the edge cell's after its own (a segment loop), or NULL */
+  void *arr[PLAN_STEPS][3];
+  const int64_t *seg; /* the segment loop's edges per row */
+  int edge_slots;     /* the edge cell's slots in that table */
+};
+
+size_t cn__rows_plans_bytes(void) { return 2 * sizeof(cn__rows_plan); }
+
+/* A BMM step's pointer arrays: one gemm_batched call, the step's
+ * products over every row, or the terms of one sum (a term each, summed
+ * into its output in order). */
+static void bmm_arrays(cn_run *r, const cn_cell *c, const cn_cell_step *st,
+                       const cn_ew_slot *slots, const float *const *fill,
+                       int n, void **arr) {
   int64_t tc = (int64_t)st->n * n, cnt = st->sum ? n : tc;
   const float **A = (const float **)(void *)cn__run_idx(r, tc);
   const float **B = (const float **)(void *)cn__run_idx(r, tc);
@@ -249,38 +284,50 @@ static void run_bmm(cn_run *r, const cn_cell *c, const cn_cell_step *st,
             slots[bm->out].base + (int64_t)q * slots[bm->out].ld;
     }
   }
+  arr[0] = (void *)A;
+  arr[1] = (void *)B;
+  arr[2] = (void *)C;
+}
+
+/* Its launch. The kernel count follows a device's launches: one batched
+ * product a term. */
+static void run_bmm(cn_run *r, const cn_cell *c, const cn_cell_step *st,
+                    void *const *arr, int n) {
+  const cn_cell_bmm *b0 = &c->bmm[st->i];
+  int64_t cnt = st->sum ? n : (int64_t)st->n * n;
   const cn_tensor *T = b0->t >= 0 ? r->m->w[b0->t] : NULL;
   int wld = T != NULL ? (int)(T->numel / T->shape[0]) : 0;
   int lda = b0->l >= 0 ? b0->kk : wld, ldb = b0->r >= 0 ? b0->nn : wld;
   int terms = st->sum ? st->n : 1;
   r->bk->kernels += terms - 1;
-  CN_BK(r->bk, gemm_batched, (int)cnt, terms, b0->m, b0->nn, b0->kk, A, lda,
-        B, ldb, 0.0f, C, b0->nn);
+  CN_BK(r->bk, gemm_batched, (int)cnt, terms, b0->m, b0->nn, b0->kk,
+        (const float *const *)arr[0], lda, (const float *const *)arr[1],
+        ldb, 0.0f, (float *const *)arr[2], b0->nn);
 }
 
-/* The edge cell's slots, for a vertex kernel that fuses its last kernel
- * (cn_cell_ew's segment loop). */
-typedef struct fused_edges {
-  const cn_ew_slot *slots;
-  int n;
-  const int64_t *seg;
-} fused_edges;
-
-/* Runs cell c on n rows (rw's vertices, or their edges for an edge
- * cell), its scratch and results where the caller says; keep (when not
- * NULL) receives its slot table, fe is the edge cell's for a fused kernel. */
-static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
-                      int n, float *scratch, float *state, cn_ew_slot *keep,
-                      const fused_edges *fe) {
+/* Prepares cell c on n rows (rw's vertices, or their edges for an edge
+ * cell), its scratch and results where the caller says: binds every
+ * variable, writes every index array, and counts the bytes its gathers
+ * will move. fe: the edge cell's plan, for a vertex kernel that fuses
+ * its last kernel (cn_cell_ew's segment loop). */
+static void rows_prepare(cn_run *r, cn__rows_plan *pl, const cn_cell *c,
+                         const cell_rows *rw, int n, float *scratch,
+                         float *state, const cn__rows_plan *fe) {
   cn_backend_ctx *bk = r->bk;
-  float *stage = scratch + (int64_t)n * c->row_floats;
-  view vw[3 * CN_IR_MAX];
-  cn_ew_slot slots[3 * CN_IR_MAX + 1];
-  const float *fill[3 * CN_IR_MAX] = {NULL}; /* BMM-read sources in place */
+  view *vw = pl->vw;
+  cn_ew_slot *slots = pl->slots;
+  pl->c = c;
+  pl->n = n;
+  pl->stage = scratch + (int64_t)n * c->row_floats;
+  pl->state = state;
+  pl->n_g = 0;
+  pl->seg = rw->eseg;
+  pl->edge_slots = 0;
   for (int v = 0; v < c->n_vars; v++) {
     const cn_cell_var *x = &c->vars[v];
     vw[v] = var_view(c, x, scratch, state, n);
     slots[v] = (cn_ew_slot){vw[v].base, vw[v].ld, NULL};
+    pl->fill[v] = NULL;
     if (x->space == CN_SP_PARAM)
       slots[v] = (cn_ew_slot){(float *)r->wb[x->t] + x->col, 0, NULL};
   }
@@ -301,7 +348,7 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
       for (int v = 0; v < c->n_vars; v++)
         if (c->vars[v].space == CN_SP_INPLACE && c->vars[v].src == s) {
           slots[v] = (cn_ew_slot){(float *)base, 0, off};
-          fill[v] = fb;
+          pl->fill[v] = fb;
         }
       continue;
     }
@@ -325,39 +372,62 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
     size_t *bytes = src->kind == CN_SRC_EMBED ? &r->input_bytes
                     : src->kind == CN_SRC_SEG ? &r->cell_bytes
                                               : &r->gather_bytes;
-    if (seg != NULL) {
-      CN_BK(bk, gather_sum, d.base, (int)d.ld, base, off, seg, n, src->width,
-            src->kind == CN_SRC_INPUT_MEAN);
-      *bytes += (size_t)edges * (size_t)src->width * sizeof(float);
-    } else {
-      CN_BK(bk, gather, d.base, (int)d.ld, base, off, n, src->width);
-      *bytes += (size_t)n * (size_t)src->width * sizeof(float);
-    }
+    *bytes += (size_t)(seg != NULL ? edges : n) * (size_t)src->width *
+              sizeof(float);
+    pl->g[pl->n_g++] = (gather_op){d, base, off, seg, src->width,
+                                   src->kind == CN_SRC_INPUT_MEAN};
   }
   slots[c->n_vars] = (cn_ew_slot){NULL, c->tmp_floats, NULL};
   for (int s = 0; s < c->n_steps; s++) {
     const cn_cell_step *st = &c->steps[s];
+    pl->arr[s][0] = NULL;
+    if (st->kind == CN_STEP_BMM) {
+      bmm_arrays(r, c, st, slots, pl->fill, n, pl->arr[s]);
+    } else if (st->kind == CN_STEP_EW && fe != NULL &&
+               c->ew[st->i].edge_end > c->ew[st->i].edge_begin) {
+      /* the segment loop: the edge cell's slots after this cell's */
+      int ne = fe->c->n_vars, nt = c->n_vars + 1 + ne;
+      cn_ew_slot *all = (cn_ew_slot *)(void *)cn__run_idx(r, 3 * (int64_t)nt);
+      memcpy(all, slots, (size_t)(c->n_vars + 1) * sizeof(*all));
+      memcpy(all + c->n_vars + 1, fe->slots, (size_t)ne * sizeof(*all));
+      pl->arr[s][0] = all;
+      pl->edge_slots = ne;
+    }
+  }
+}
+
+/* Launches what rows_prepare prepared: the gathers, then the steps. */
+static void rows_launch(cn_run *r, const cn__rows_plan *pl) {
+  cn_backend_ctx *bk = r->bk;
+  const cn_cell *c = pl->c;
+  int n = pl->n;
+  for (int k = 0; k < pl->n_g; k++) {
+    const gather_op *g = &pl->g[k];
+    if (g->seg != NULL)
+      CN_BK(bk, gather_sum, g->d.base, (int)g->d.ld, g->base, g->off,
+            g->seg, n, g->width, g->mean);
+    else
+      CN_BK(bk, gather, g->d.base, (int)g->d.ld, g->base, g->off, n,
+            g->width);
+  }
+  for (int s = 0; s < c->n_steps; s++) {
+    const cn_cell_step *st = &c->steps[s];
     if (st->kind == CN_STEP_GEMM) {
-      run_gemm(r, c, &c->gemm[st->i], vw, stage, n);
+      run_gemm(r, c, &c->gemm[st->i], pl->vw, pl->stage, n);
     } else if (st->kind == CN_STEP_BMM) {
-      run_bmm(r, c, st, slots, fill, n);
+      run_bmm(r, c, st, pl->arr[s], n);
     } else if (st->kind == CN_STEP_EW) {
       const cn_cell_ew *e = &c->ew[st->i];
       cn_ew_prog p = {e->n_insn, e->insn, c->n_vars + 1, c->n_vars,
                       (int)c->tmp_floats, 0, 0, 0, NULL};
-      const cn_ew_slot *sl = slots;
-      if (e->edge_end > e->edge_begin && fe != NULL) {
-        /* the segment loop: the edge cell's slots after this cell's */
-        int nt = c->n_vars + 1 + fe->n;
-        cn_ew_slot *all = (cn_ew_slot *)(void *)cn__run_idx(r, 3 * (int64_t)nt);
-        memcpy(all, slots, (size_t)(c->n_vars + 1) * sizeof(*all));
-        memcpy(all + c->n_vars + 1, fe->slots, (size_t)fe->n * sizeof(*all));
-        p.n_slots = nt;
+      const cn_ew_slot *sl = pl->slots;
+      if (pl->arr[s][0] != NULL) { /* the segment loop */
+        p.n_slots = c->n_vars + 1 + pl->edge_slots;
         p.edge_begin = e->edge_begin;
         p.edge_end = e->edge_end;
         p.edge_slot0 = c->n_vars + 1;
-        p.seg = fe->seg;
-        sl = all;
+        p.seg = pl->seg;
+        sl = pl->arr[s][0];
       }
       CN_BK(bk, ew_program, &p, sl, n);
     } else if (st->kind == CN_STEP_STORE) {
@@ -367,13 +437,12 @@ static void exec_rows(cn_run *r, const cn_cell *c, const cell_rows *rw,
         const cn_cell_var *x = &c->vars[v];
         int col = x->out_col;
         if (x->space != CN_SP_ROW || col < 0) continue;
-        CN_BK(bk, copy_rows, state + col, c->state_floats, vw[v].base,
-              (int)vw[v].ld, n, x->width);
+        CN_BK(bk, copy_rows, pl->state + col, c->state_floats, pl->vw[v].base,
+              (int)pl->vw[v].ld, n, x->width);
         r->gather_bytes += (size_t)n * (size_t)x->width * sizeof(float);
       }
     }
   }
-  if (keep != NULL) memcpy(keep, slots, (size_t)(c->n_vars + 1) * sizeof(*keep));
 }
 
 void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
@@ -381,22 +450,35 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
   float *scratch = cn__run_scratch(r);
   float *state = out != NULL ? out : r->arena + r->state_off[verts[0]];
   cell_rows rw = {verts, n, NULL, NULL, 0};
-  fused_edges fe = {NULL, 0, NULL};
+  cn__rows_plan *pv = &r->rows_plans[0], *pe = NULL;
+  int64_t idx0 = r->idx_used;
   if (c->edge != NULL) { /* segment ops: the edge cell first (cell.h) */
     const cn_cell *e = c->edge;
+    pe = &r->rows_plans[1];
     rw.eseg = edge_segments(r, verts, n, c->edge_from1, &rw.edges);
     float *eout = scratch + cn__cell_scratch_floats(c, n, 0);
     float *escratch = eout + rw.edges * c->edge_floats;
     cell_rows er = {verts, n, NULL, NULL, 0};
-    cn_ew_slot *es =
-        (cn_ew_slot *)(void *)cn__run_idx(r, 3 * (int64_t)(e->n_vars + 1));
-    memset(es, 0, (size_t)(e->n_vars + 1) * sizeof(*es));
-    if (rw.edges > 0)
-      exec_rows(r, e, &er, (int)rw.edges, escratch, eout, es, NULL);
+    if (rw.edges > 0) {
+      rows_prepare(r, pe, e, &er, (int)rw.edges, escratch, eout, NULL);
+    } else { /* no edge at all: the loop's edge slots are never read */
+      pe->c = e;
+      pe->n = 0;
+      memset(pe->slots, 0, (size_t)(e->n_vars + 1) * sizeof(pe->slots[0]));
+    }
     rw.eout = eout;
-    fe = (fused_edges){es, e->n_vars, rw.eseg};
   }
-  exec_rows(r, c, &rw, n, scratch, state, NULL, c->edge != NULL ? &fe : NULL);
+  rows_prepare(r, pv, c, &rw, n, scratch, state, pe);
+  /* every index array of the batch is written: one upload on a device */
+  cn_backend_ctx *bk = r->bk;
+  bool staged = bk->vt->stage_indices != NULL && r->idx_used > idx0;
+  if (staged)
+    bk->vt->stage_indices(bk, r->idx_host + idx0,
+                          (size_t)(r->idx_used - idx0));
+  if (pe != NULL && pe->n > 0) rows_launch(r, pe);
+  rows_launch(r, pv);
+  if (staged) /* the next batch rewrites those words */
+    bk->vt->stage_indices(bk, NULL, 0);
 }
 
 /* ---- describing and measuring cells (canopy model info / bench) -------- */

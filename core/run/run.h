@@ -91,6 +91,9 @@ struct cn_run {
                             planned run, its own block (grown) when dynamic */
   int64_t *idx_host;     /* index staging for the batch being launched     */
   int64_t idx_cap, idx_used;
+  struct cn__rows_plan *rows_plans; /* the batch's cells, prepared before
+                            they launch (cell_exec.c): the vertex cell's,
+                            then the edge cell's                         */
   const float *wb[CN_MAX_TENSORS]; /* the model's tensors, backend copies  */
   bool executed;
   /* data-dependent graphs (cn_family.dynamic) */
@@ -293,11 +296,15 @@ static inline cn_dag cn__run_dag(const cn_run *r) {
   return g;
 }
 
-/* cell_exec.c: runs the cell on a batch (all inputs ready; rows of verts
- * consecutive in the type's state buffer). */
-/* Runs cell c on the batch; its results go to the batch's state rows, or
- * to out (n rows of c->state_floats) when out is not NULL. */
+/* cell_exec.c: runs cell c on a batch (all inputs ready; rows of verts
+ * consecutive in the type's state buffer); its results go to the batch's
+ * state rows, or to out (n rows of c->state_floats) when out is not
+ * NULL. Every index array of the batch is written before its first
+ * launch, and handed to the backend's stage_indices when it has one. */
 void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
                    float *out);
+/* The bytes of a run's rows_plans. */
+typedef struct cn__rows_plan cn__rows_plan;
+size_t cn__rows_plans_bytes(void);
 
 #endif /* CANOPY_RUN_H */

@@ -52,7 +52,10 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   e = getenv("CANOPY_POISON_FREED");
   r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
   r->in_start = malloc(sizeof(int32_t));
-  if (r->in_start == NULL) {
+  r->rows_plans = malloc(cn__rows_plans_bytes());
+  if (r->in_start == NULL || r->rows_plans == NULL) {
+    free(r->in_start);
+    free(r->rows_plans);
     free(r);
     return NULL;
   }
@@ -78,6 +81,7 @@ void cn_run_free(cn_run *r) {
   free(r->order);
   free(r->batches);
   free(r->idx_host);
+  free(r->rows_plans);
   free(r->spans);
   free(r->fetch_idx);
   free(r->out_tag);
