@@ -353,6 +353,7 @@ static const cn_backend_vt cuda_vt = {
     .fetch_rows = cu_fetch_rows,
     .fetch_start = cu_fetch_start,
     .fetch_wait = cu_fetch_wait,
+    .stage_indices = cu_stage_indices,
     .gemm = cu_gemm,
     /* cuBLAS reads its operand as one matrix: core gathers the parts */
     .gemm_rows = nullptr,

@@ -180,14 +180,15 @@ static const float *cu_identity(cu_ctx *c, int H) {
   return c->eye;
 }
 
-/* C_r = Σ_t A_{t,r} · B_{t,r} over host pointer arrays: staged as one
- * upload ((2·terms + 1) · count words, like indices), then one
- * cublasSgemmBatched per term (beta, then 1: the terms of an output summed
- * in term order, as the cpu backend does), row-major operands read as
- * their column-major transposes (C_rᵀ = B_rᵀ · A_rᵀ). A NULL operand (the
- * identity) points at a cached identity matrix, so every problem runs the
- * same product: adding exact zeros, the sums equal the cpu backend's
- * copy-and-add. */
+/* C_r = Σ_t A_{t,r} · B_{t,r} over host pointer arrays: read from the
+ * staged batch when it holds all three and no operand is the identity;
+ * else copied into one array and staged as one upload ((2·terms + 1) ·
+ * count words, like indices), a NULL operand (the identity) pointing at a
+ * cached identity matrix, so every problem runs the same product: adding
+ * exact zeros, the sums equal the cpu backend's copy-and-add. Then one
+ * cublasSgemmBatched per term (beta, then 1: the terms of an output
+ * summed in term order, as the cpu backend does), row-major operands read
+ * as their column-major transposes (C_rᵀ = B_rᵀ · A_rᵀ). */
 void cu_gemm_batched(cn_backend_ctx *bk, int count, int terms, int M, int N,
                      int K, const float *const *A, int lda,
                      const float *const *B, int ldb, float beta,
@@ -195,36 +196,46 @@ void cu_gemm_batched(cn_backend_ctx *bk, int count, int terms, int M, int N,
   cu_ctx *c = cu_of(bk);
   if (count <= 0 || terms <= 0 || M <= 0 || N <= 0 || !cu_enter(c)) return;
   int64_t tc = (int64_t)terms * count;
-  int64_t *p = (int64_t *)malloc((size_t)(2 * tc + count) * sizeof(int64_t));
-  if (p == NULL) {
-    cu_fail(c, __FILE__, __LINE__, "malloc", "out of host memory");
-    return;
+  const int64_t *dA = cu_staged(c, (const int64_t *)(const void *)A, tc);
+  const int64_t *dB = cu_staged(c, (const int64_t *)(const void *)B, tc);
+  const int64_t *dC = cu_staged(c, (const int64_t *)(const void *)C, count);
+  for (int64_t i = 0; i < tc && dA != NULL && dB != NULL; i++)
+    if (A[i] == NULL || B[i] == NULL) dA = NULL;
+  if (dA == NULL || dB == NULL || dC == NULL) {
+    int64_t *p =
+        (int64_t *)malloc((size_t)(2 * tc + count) * sizeof(int64_t));
+    if (p == NULL) {
+      cu_fail(c, __FILE__, __LINE__, "malloc", "out of host memory");
+      return;
+    }
+    bool ok = true;
+    for (int64_t i = 0; i < tc && ok; i++) {
+      const float *a = A[i], *b = B[i];
+      if (a == NULL) ok = (a = cu_identity(c, K)) != NULL; /* M = K = lda */
+      if (b == NULL && ok) ok = (b = cu_identity(c, N)) != NULL;
+      p[i] = (int64_t)(intptr_t)a;
+      p[tc + i] = (int64_t)(intptr_t)b;
+    }
+    for (int r = 0; r < count; r++) p[2 * tc + r] = (int64_t)(intptr_t)C[r];
+    const int64_t *host[1] = {p};
+    const int64_t len[1] = {2 * tc + count};
+    const int64_t *dev[1];
+    ok = ok && cu_stage(c, 1, host, len, dev);
+    free(p);
+    if (!ok) return;
+    dA = dev[0];
+    dB = dev[0] + tc;
+    dC = dev[0] + 2 * tc;
   }
-  bool ok = true;
-  for (int64_t i = 0; i < tc && ok; i++) {
-    const float *a = A[i], *b = B[i];
-    if (a == NULL) ok = (a = cu_identity(c, K)) != NULL; /* M = K = lda */
-    if (b == NULL && ok) ok = (b = cu_identity(c, N)) != NULL;
-    p[i] = (int64_t)(intptr_t)a;
-    p[tc + i] = (int64_t)(intptr_t)b;
-  }
-  for (int r = 0; r < count; r++) p[2 * tc + r] = (int64_t)(intptr_t)C[r];
-  const int64_t *host[1] = {p};
-  const int64_t len[1] = {2 * tc + count};
-  const int64_t *dev[1];
-  ok = ok && cu_stage(c, 1, host, len, dev);
-  free(p);
-  if (!ok) return;
   const float one = 1.0f;
   for (int t = 0; t < terms; t++) {
     c->base.ctr.launches++;
     if (!CN_CUBLAS_CHECK(
             c, cublasSgemmBatched(
                    c->blas, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one,
-                   (const float *const *)(dev[0] + tc + (int64_t)t * count),
-                   ldb, (const float *const *)(dev[0] + (int64_t)t * count),
-                   lda, t == 0 ? &beta : &one,
-                   (float *const *)(dev[0] + 2 * tc), ldc, count)))
+                   (const float *const *)(dB + (int64_t)t * count), ldb,
+                   (const float *const *)(dA + (int64_t)t * count), lda,
+                   t == 0 ? &beta : &one, (float *const *)dC, ldc, count)))
       return;
   }
 }

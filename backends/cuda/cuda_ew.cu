@@ -10,13 +10,18 @@ typedef long long ll;
 
 /* ---- ew_program: one fused elementwise kernel per compiled program ----
  *
- * Upload. One staging block per launch, built in place in the pinned ring
- * (cu_stage_reserve) and sent with ONE cudaMemcpyAsync (cu_stage_commit):
- *   [slot table: T cn_ew_slot][off arrays: n int64 each][insn array]
- * T = max(n_slots, tmp_slot + 1). The slot table is the caller's, except
- * that each `off` is replaced by the device address of its staged copy
- * (known before the copy: the ring's device twin mirrors the host words),
- * and the tmp slot's entry is zeroed. base pointers are device pointers
+ * Upload. Usually none: the off arrays and segments are in the batch's
+ * staged index words (stage_indices), and a slot table of at most 48
+ * slots with at most 48 instructions goes by value, as the kernel's
+ * parameters (k_ew_program_inline). What is left goes in one staging
+ * block, built in place in the pinned ring (cu_stage_reserve) and sent
+ * with ONE cudaMemcpyAsync (cu_stage_commit):
+ *   [slot table: T cn_ew_slot][off arrays: n int64 each][insn array][seg]
+ * (the table and instructions only when too big to go by value). T =
+ * max(n_slots, tmp_slot + 1). The slot table is the caller's, except
+ * that each `off` is replaced by the device address of its copy (known
+ * before the copy: the ring's device twin mirrors the host words), and
+ * the tmp slot's entry is zeroed. base pointers are device pointers
  * already and go as they are. The instructions are copied byte for byte
  * (cn_ew_insn has the same layout on host and device); the host validates
  * every operand's slot first, so the kernel never indexes out of range.
@@ -123,12 +128,15 @@ __device__ __forceinline__ float *ew_slot_row(const cn_ew_slot *slots, int s,
   return o >= 0 && sl.base != NULL ? sl.base + o : NULL;
 }
 
-__global__ void __launch_bounds__(EW_THREADS)
-    k_ew_program(const cn_ew_insn *__restrict__ insn, int n_insn,
-                 const cn_ew_slot *__restrict__ slots, int n_slots,
-                 int tmp_slot, int tmp_width, int tmp_shared,
-                 float *tmp_global, int n, int eb, int ee, int eslot0,
-                 const int64_t *__restrict__ seg) {
+/* The program's body: both kernels below run it, the slot table and the
+ * instructions read from the staging ring or from the kernel's own
+ * parameters. */
+__device__ __forceinline__ void
+ew_program_body(const cn_ew_insn *__restrict__ insn, int n_insn,
+                const cn_ew_slot *__restrict__ slots, int n_slots,
+                int tmp_slot, int tmp_width, int tmp_shared,
+                float *tmp_global, int n, int eb, int ee, int eslot0,
+                const int64_t *__restrict__ seg) {
   extern __shared__ __align__(16) unsigned char ew_smem[];
   const int G = (int)blockDim.x, R = (int)blockDim.y;
   const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
@@ -171,6 +179,38 @@ __global__ void __launch_bounds__(EW_THREADS)
     }
     ew_insns(insn, ee, n_insn, rp, live, tx, G);
   }
+}
+
+__global__ void __launch_bounds__(EW_THREADS)
+    k_ew_program(const cn_ew_insn *__restrict__ insn, int n_insn,
+                 const cn_ew_slot *__restrict__ slots, int n_slots,
+                 int tmp_slot, int tmp_width, int tmp_shared,
+                 float *tmp_global, int n, int eb, int ee, int eslot0,
+                 const int64_t *__restrict__ seg) {
+  ew_program_body(insn, n_insn, slots, n_slots, tmp_slot, tmp_width,
+                  tmp_shared, tmp_global, n, eb, ee, eslot0, seg);
+}
+
+/* A slot table and instructions small enough to go by value, as the
+ * kernel's parameters (__grid_constant__: read where they are, no copy
+ * per thread), so a launch whose index arrays the batch staged uploads
+ * nothing (issue #33 item 4). 3,264 bytes: within the 4 KiB every CUDA
+ * version takes. */
+#define EW_INLINE_SLOTS 48
+#define EW_INLINE_INSNS 48
+typedef struct ew_inline {
+  cn_ew_slot slots[EW_INLINE_SLOTS];
+  cn_ew_insn insn[EW_INLINE_INSNS];
+} ew_inline;
+
+__global__ void __launch_bounds__(EW_THREADS)
+    k_ew_program_inline(const __grid_constant__ ew_inline P, int n_insn,
+                        int n_slots, int tmp_slot, int tmp_width,
+                        int tmp_shared, float *tmp_global, int n, int eb,
+                        int ee, int eslot0,
+                        const int64_t *__restrict__ seg) {
+  ew_program_body(P.insn, n_insn, P.slots, n_slots, tmp_slot, tmp_width,
+                  tmp_shared, tmp_global, n, eb, ee, eslot0, seg);
 }
 
 #undef EW_UNARY
@@ -267,24 +307,36 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     tmp_global = c->ew_tmp;
   }
 
-  /* One staging block: slot table, off arrays (an edge slot's seg[n]
-   * long), instructions, the segments. */
+  /* The slot table (each off a device address), the instructions and
+   * the segments: the off arrays and segments the staged batch holds are
+   * read there; the rest, and the table and instructions when they are
+   * too big to go by value, in one staging block:
+   *   [slot table][off arrays (an edge slot's seg[n] long)][insns][seg] */
   const bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
   const int64_t E = loop ? p->seg[n] : 0;
-  const size_t w_slots = even_words((size_t)T * sizeof(cn_ew_slot));
-  const size_t w_off = even_words((size_t)n * sizeof(int64_t));
-  const size_t w_eoff = even_words((size_t)E * sizeof(int64_t));
-  size_t words = w_slots;
-  for (int s = 0; s < p->n_slots; s++)
-    if (s != tmp_slot && slots[s].off != NULL)
-      words += loop && s >= p->edge_slot0 ? w_eoff : w_off;
-  const size_t insn_at = words;
-  words += even_words((size_t)p->n_insn * sizeof(cn_ew_insn));
-  const size_t seg_at = words;
-  if (loop) words += even_words((size_t)(n + 1) * sizeof(int64_t));
-  int64_t *hs, *ds;
-  if (!cu_stage_reserve(c, words, &hs, &ds)) return;
-  cn_ew_slot *tab = (cn_ew_slot *)hs;
+  const bool inl = T <= EW_INLINE_SLOTS && p->n_insn <= EW_INLINE_INSNS;
+  const size_t w_slots = inl ? 0 : even_words((size_t)T * sizeof(cn_ew_slot));
+  size_t words = 0, insn_at = 0, seg_at = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    words = w_slots;
+    for (int s = 0; s < p->n_slots; s++) {
+      if (s == tmp_slot || slots[s].off == NULL) continue;
+      int64_t len = loop && s >= p->edge_slot0 ? E : n;
+      if (cu_staged(c, slots[s].off, len) == NULL)
+        words += even_words((size_t)len * sizeof(int64_t));
+    }
+    insn_at = words;
+    if (!inl) words += even_words((size_t)p->n_insn * sizeof(cn_ew_insn));
+    seg_at = words;
+    if (loop && cu_staged(c, p->seg, n + 1) == NULL)
+      words += even_words((size_t)(n + 1) * sizeof(int64_t));
+    if (c->sb_host == NULL || words == 0 || cu_stage_fits(c, words)) break;
+    cu_batch_end(c); /* the ring moves on: every array of its own */
+  }
+  int64_t *hs = NULL, *ds = NULL;
+  if (words > 0 && !cu_stage_reserve(c, words, &hs, &ds)) return;
+  ew_inline P; /* the table and instructions, when they go by value */
+  cn_ew_slot *tab = inl ? P.slots : (cn_ew_slot *)hs;
   size_t o = w_slots;
   for (int s = 0; s < T; s++) {
     tab[s].base = NULL;
@@ -294,22 +346,40 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
     tab[s].base = slots[s].base;
     tab[s].ld = slots[s].ld;
     if (slots[s].off != NULL) {
-      bool edge = loop && s >= p->edge_slot0;
-      memcpy(hs + o, slots[s].off, (size_t)(edge ? E : n) * sizeof(int64_t));
-      tab[s].off = ds + o;
-      o += edge ? w_eoff : w_off;
+      int64_t len = loop && s >= p->edge_slot0 ? E : n;
+      const int64_t *d = cu_staged(c, slots[s].off, len);
+      if (d == NULL) {
+        memcpy(hs + o, slots[s].off, (size_t)len * sizeof(int64_t));
+        d = ds + o;
+        o += even_words((size_t)len * sizeof(int64_t));
+      }
+      tab[s].off = d;
     }
   }
-  memcpy(hs + insn_at, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
-  if (loop) memcpy(hs + seg_at, p->seg, (size_t)(n + 1) * sizeof(int64_t));
+  const int64_t *dseg = NULL;
+  if (loop && (dseg = cu_staged(c, p->seg, n + 1)) == NULL) {
+    memcpy(hs + seg_at, p->seg, (size_t)(n + 1) * sizeof(int64_t));
+    dseg = ds + seg_at;
+  }
+  if (inl)
+    memcpy(P.insn, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
+  else
+    memcpy(hs + insn_at, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
   if (!cu_stage_commit(c, hs, words)) return;
 
   unsigned grid = cu_blocks(n, R);
   if (grid > 65535u * 8u) grid = 65535u * 8u; /* grid-stride beyond */
-  k_ew_program<<<grid, dim3((unsigned)G, (unsigned)R), smem, c->stream>>>(
-      (const cn_ew_insn *)(ds + insn_at), p->n_insn,
-      (const cn_ew_slot *)ds, T, tmp_slot, tmp_width, tmp_shared ? 1 : 0,
-      tmp_global, n, loop ? p->edge_begin : 0, loop ? p->edge_end : 0,
-      p->edge_slot0, loop ? (const int64_t *)(ds + seg_at) : NULL);
+  if (inl)
+    k_ew_program_inline<<<grid, dim3((unsigned)G, (unsigned)R), smem,
+                          c->stream>>>(
+        P, p->n_insn, T, tmp_slot, tmp_width, tmp_shared ? 1 : 0,
+        tmp_global, n, loop ? p->edge_begin : 0, loop ? p->edge_end : 0,
+        p->edge_slot0, dseg);
+  else
+    k_ew_program<<<grid, dim3((unsigned)G, (unsigned)R), smem, c->stream>>>(
+        (const cn_ew_insn *)(ds + insn_at), p->n_insn,
+        (const cn_ew_slot *)ds, T, tmp_slot, tmp_width, tmp_shared ? 1 : 0,
+        tmp_global, n, loop ? p->edge_begin : 0, loop ? p->edge_end : 0,
+        p->edge_slot0, dseg);
   CN_CUDA_LAUNCHED(c);
 }

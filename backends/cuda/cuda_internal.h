@@ -102,6 +102,14 @@ typedef struct cu_ctx {
   int64_t *stage_old_host, *stage_old_dev;
   size_t stage_old_cap;
   cudaEvent_t stage_old_ev;
+  /* stage_indices: the batch's index words, uploaded in one copy into
+   * the ring (sb_dev), mirroring host words [sb_host, sb_host +
+   * sb_words); NULL when no batch is staged. Never kept across a half
+   * switch or a growth of the ring: the event recorded then must cover
+   * every kernel that reads those words (cu_stage_fits). */
+  const int64_t *sb_host;
+  size_t sb_words;
+  const int64_t *sb_dev;
 
   /* argmax results: device and pinned host. */
   int32_t *am_dev, *am_host;
@@ -187,8 +195,9 @@ bool cu_set_device(cu_ctx *c);
 bool cu_set_device_quiet(cu_ctx *c);
 
 /* Copies k host index arrays (lengths len[i], NULL when 0) to the device
- * through the pinned ring with one asynchronous copy on the stream; dev[i]
- * receive the device addresses. False on failure (recorded). */
+ * through the pinned ring with one asynchronous copy on the stream (none
+ * for those the staged batch holds); dev[i] receive the device
+ * addresses. False on failure (recorded). */
 bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
               const int64_t *len, const int64_t **dev);
 
@@ -199,6 +208,30 @@ bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
 bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
                       int64_t **dev);
 bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words);
+
+/* The staged batch's device copy of host words [p, p + len), or NULL
+ * when they are not all in it. */
+static inline const int64_t *cu_staged(const cu_ctx *c, const int64_t *p,
+                                       int64_t len) {
+  if (c->sb_host == NULL || p == NULL || len <= 0 || p < c->sb_host ||
+      p + len > c->sb_host + c->sb_words)
+    return NULL;
+  return c->sb_dev + (p - c->sb_host);
+}
+/* Whether `words` more fit in the ring's current half (no switch, no
+ * growth). */
+static inline bool cu_stage_fits(const cu_ctx *c, size_t words) {
+  words = (words + 1) & ~(size_t)1;
+  return c->stage_pos + words <= c->stage_cap / 2;
+}
+/* Ends the staged batch: later calls stage their own arrays. */
+static inline void cu_batch_end(cu_ctx *c) {
+  c->sb_host = NULL;
+  c->sb_words = 0;
+  c->sb_dev = NULL;
+}
+/* stage_indices (backend.h). */
+void cu_stage_indices(cn_backend_ctx *bk, const int64_t *host, size_t words);
 
 /* A scratch block from the pool (stream-ordered reuse); NULL on failure. */
 void *cu_pool_get(cu_ctx *c, size_t bytes);

@@ -208,6 +208,10 @@ bool cu_stage_reserve(cu_ctx *c, size_t words, int64_t **host,
   *dev = NULL;
   words = (words + 1) & ~(size_t)1;
   if (words == 0) return true;
+  /* a switch or a growth records events that must cover every kernel
+   * reading the staged batch: none may follow (the callers that read it
+   * check cu_stage_fits first) */
+  if (!cu_stage_fits(c, words)) cu_batch_end(c);
   cu_stage_old_free(c, false);
   if (words > c->stage_cap / 2 && !cu_stage_grow(c, words)) return false;
   size_t half = c->stage_cap / 2;
@@ -258,22 +262,43 @@ bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words) {
 bool cu_stage(cu_ctx *c, int k, const int64_t *const *host,
               const int64_t *len, const int64_t **dev) {
   size_t total = 0;
-  for (int i = 0; i < k; i++)
-    total += len[i] > 0 ? ((size_t)len[i] + 1) & ~(size_t)1 : 0;
+  for (int pass = 0; pass < 2; pass++) {
+    total = 0;
+    for (int i = 0; i < k; i++)
+      if (len[i] > 0 && host[i] != NULL && !cu_staged(c, host[i], len[i]))
+        total += ((size_t)len[i] + 1) & ~(size_t)1;
+    if (c->sb_host == NULL || total == 0 || cu_stage_fits(c, total)) break;
+    cu_batch_end(c); /* the ring moves on: every array of its own */
+  }
   int64_t *hs = NULL, *ds = NULL;
-  if (total == 0 || !cu_stage_reserve(c, total, &hs, &ds)) {
+  if (total > 0 && !cu_stage_reserve(c, total, &hs, &ds)) {
     for (int i = 0; i < k; i++) dev[i] = NULL;
-    return total == 0;
+    return false;
   }
   size_t o = 0;
   for (int i = 0; i < k; i++) {
-    if (len[i] <= 0 || host[i] == NULL) {
-      dev[i] = NULL;
-      continue;
-    }
+    dev[i] = NULL;
+    if (len[i] <= 0 || host[i] == NULL) continue;
+    if ((dev[i] = cu_staged(c, host[i], len[i])) != NULL) continue;
     memcpy(hs + o, host[i], (size_t)len[i] * 8);
     dev[i] = ds + o;
     o += ((size_t)len[i] + 1) & ~(size_t)1;
   }
   return cu_stage_commit(c, hs, total);
+}
+
+/* One copy of the batch's index words; the compute calls that follow
+ * read their arrays from it (backend.h). */
+void cu_stage_indices(cn_backend_ctx *bk, const int64_t *host,
+                      size_t words) {
+  cu_ctx *c = cu_of(bk);
+  cu_batch_end(c);
+  if (host == NULL || words == 0 || !cu_enter(c)) return;
+  int64_t *hs, *ds;
+  if (!cu_stage_reserve(c, words, &hs, &ds)) return;
+  memcpy(hs, host, words * 8);
+  if (!cu_stage_commit(c, hs, words)) return;
+  c->sb_host = host;
+  c->sb_words = words;
+  c->sb_dev = ds;
 }
