@@ -41,7 +41,20 @@ typedef struct sim_ctx {
   float *fetch_old; /* the other buffer before a growth: it may be read
                        until the next fetch starts, then it goes */
   long long argmax_bytes, argmax_calls, uploads;
+  long long rebuilds; /* gemm_batched's pointer arrays staged again: an
+                         operand was the identity (NULL) */
+  /* stage_indices: the batch's index words as uploaded (the kernels read
+   * this copy, so words the host changed after the upload would show),
+   * and the host range they mirror */
+  const int64_t *staged_host;
+  size_t staged_words, staged_cap;
+  int64_t *staged;
 } sim_ctx;
+
+/* What cuda_ew.cu passes by value (no upload): a slot table and
+ * instructions up to these sizes. */
+#define SIM_EW_INLINE_SLOTS 48
+#define SIM_EW_INLINE_INSNS 48
 
 static sim_ctx *S(cn_backend_ctx *bk) { return (sim_ctx *)bk; }
 #define CPU(bk) (S(bk)->cpu)
@@ -51,6 +64,37 @@ static void upload(cn_backend_ctx *bk, long long words) {
   if (words <= 0) return;
   bk->ctr.bytes_to_device += words * 8;
   S(bk)->uploads++;
+}
+
+/* An index array of len words a kernel reads: the batch's uploaded copy
+ * when the array lies in the staged range, else the host array itself,
+ * whose words the call uploads (*words). */
+static const int64_t *idx_arg(sim_ctx *s, const int64_t *p, long long len,
+                              long long *words) {
+  if (p == NULL || len <= 0) return p;
+  if (s->staged_host != NULL && p >= s->staged_host &&
+      p + len <= s->staged_host + s->staged_words)
+    return s->staged + (p - s->staged_host);
+  *words += len;
+  return p;
+}
+
+static void sim_stage_indices(cn_backend_ctx *bk, const int64_t *host,
+                              size_t words) {
+  sim_ctx *s = S(bk);
+  s->staged_host = NULL;
+  s->staged_words = 0;
+  if (host == NULL || words == 0) return;
+  if (words > s->staged_cap) {
+    int64_t *c = realloc(s->staged, words * sizeof(int64_t));
+    if (c == NULL) return; /* every call then uploads its own */
+    s->staged = c;
+    s->staged_cap = words;
+  }
+  memcpy(s->staged, host, words * sizeof(int64_t));
+  s->staged_host = host;
+  s->staged_words = words;
+  upload(bk, (long long)words);
 }
 
 static void fetch_free(sim_ctx *s) {
@@ -254,7 +298,20 @@ static void sim_gemm_batched(cn_backend_ctx *bk, int count, int terms,
                              int lda, const float *const *B, int ldb,
                              float beta, float *const *C, int ldc) {
   /* the pointer arrays, staged as cuda does; one product a term */
-  upload(bk, (2LL * terms + 1) * count);
+  sim_ctx *s = S(bk);
+  long long w = 0, tc = (long long)terms * count;
+  A = (const float *const *)idx_arg(s, (const int64_t *)(const void *)A,
+                                    tc, &w);
+  B = (const float *const *)idx_arg(s, (const int64_t *)(const void *)B,
+                                    tc, &w);
+  C = (float *const *)idx_arg(s, (const int64_t *)(const void *)C, count,
+                              &w);
+  for (long long i = 0; i < tc && w == 0; i++) /* the identity: cuda */
+    if (A[i] == NULL || B[i] == NULL) {        /* rebuilds the arrays */
+      w = 2 * tc + count;
+      s->rebuilds++;
+    }
+  upload(bk, w);
   bk->ctr.launches += terms;
   CPU(bk)->vt->gemm_batched(CPU(bk), count, terms, M, N, K, A, lda, B, ldb,
                             beta, C, ldc);
@@ -264,7 +321,9 @@ static void sim_gather(cn_backend_ctx *bk, float *dst, int ldd,
                        const float *base, const int64_t *idx, int n,
                        int width) {
   if (n <= 0 || width <= 0) return;
-  upload(bk, n);
+  long long w = 0;
+  idx = idx_arg(S(bk), idx, n, &w);
+  upload(bk, w);
   bk->ctr.launches++;
   CPU(bk)->vt->gather(CPU(bk), dst, ldd, base, idx, n, width);
 }
@@ -273,7 +332,10 @@ static void sim_gather_sum(cn_backend_ctx *bk, float *dst, int ldd,
                            const float *base, const int64_t *idx,
                            const int64_t *seg, int n, int width, int mean) {
   if (n <= 0 || width <= 0) return;
-  upload(bk, n + 1 + seg[n]);
+  long long w = 0;
+  idx = idx_arg(S(bk), idx, seg[n], &w); /* its length from the host */
+  seg = idx_arg(S(bk), seg, n + 1, &w);
+  upload(bk, w);
   bk->ctr.launches++;
   CPU(bk)->vt->gather_sum(CPU(bk), dst, ldd, base, idx, seg, n, width, mean);
 }
@@ -301,14 +363,29 @@ static void sim_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
 static void sim_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
                            const cn_ew_slot *slots, int n) {
   if (n <= 0 || p == NULL || p->n_insn <= 0) return;
-  /* one staging block: slot table, off arrays, instructions */
-  long long words = (long long)(p->n_slots + 1) * 3;
-  for (int s = 0; s < p->n_slots; s++)
-    if (s != p->tmp_slot && slots[s].off != NULL) words += n;
-  words += ((long long)p->n_insn * (long long)sizeof(cn_ew_insn) + 7) / 8;
+  /* as cuda_ew.cu: the off arrays (an edge slot's seg[n] long) and the
+   * segments the batch did not stage, and the slot table and
+   * instructions when they are too big to pass by value, in one upload */
+  sim_ctx *s = S(bk);
+  bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
+  long long E = loop ? p->seg[n] : 0, words = 0;
+  cn_ew_slot *tab = malloc((size_t)(p->n_slots + 1) * sizeof(*tab));
+  if (tab == NULL) abort();
+  memcpy(tab, slots, (size_t)p->n_slots * sizeof(*tab));
+  for (int k = 0; k < p->n_slots; k++)
+    if (k != p->tmp_slot && tab[k].off != NULL)
+      tab[k].off = idx_arg(s, tab[k].off,
+                           loop && k >= p->edge_slot0 ? E : n, &words);
+  cn_ew_prog q = *p;
+  if (loop) q.seg = idx_arg(s, p->seg, n + 1, &words);
+  int T = p->n_slots > p->tmp_slot + 1 ? p->n_slots : p->tmp_slot + 1;
+  if (T > SIM_EW_INLINE_SLOTS || p->n_insn > SIM_EW_INLINE_INSNS)
+    words += (long long)T * 3 +
+             ((long long)p->n_insn * (long long)sizeof(cn_ew_insn) + 7) / 8;
   upload(bk, words);
   bk->ctr.launches++;
-  CPU(bk)->vt->ew_program(CPU(bk), p, slots, n);
+  CPU(bk)->vt->ew_program(CPU(bk), &q, tab, n);
+  free(tab);
 }
 
 static void sim_close(cn_backend_ctx *bk) {
@@ -318,6 +395,7 @@ static void sim_close(cn_backend_ctx *bk) {
   free(s->blocks);
   free(s->w);
   fetch_free(s);
+  free(s->staged);
   cn_backend_close(s->cpu);
   free(s);
 }
@@ -336,6 +414,7 @@ static const cn_backend_vt sim_vt = {
     .fetch_rows = sim_fetch_rows,
     .fetch_start = sim_fetch_start,
     .fetch_wait = sim_fetch_wait,
+    .stage_indices = sim_stage_indices,
     .gemm = sim_gemm,
     .gemm_strided = sim_gemm_strided,
     .gemm_batched = sim_gemm_batched,
@@ -370,4 +449,8 @@ long long devsim_argmax_calls(const cn_backend_ctx *bk) {
 
 long long devsim_uploads(const cn_backend_ctx *bk) {
   return ((const sim_ctx *)bk)->uploads;
+}
+
+long long devsim_rebuilds(const cn_backend_ctx *bk) {
+  return ((const sim_ctx *)bk)->rebuilds;
 }

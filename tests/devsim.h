@@ -17,7 +17,11 @@ cn_backend_ctx *devsim_open(void);
  * control flow, not an answer) and the argmax calls (each a wait). */
 long long devsim_argmax_bytes(const cn_backend_ctx *bk);
 long long devsim_argmax_calls(const cn_backend_ctx *bk);
-/* Index bytes uploaded, and uploads made (copies), so far. */
+/* Uploads of index words made (copies), so far. */
 long long devsim_uploads(const cn_backend_ctx *bk);
+/* Of those, gemm_batched's pointer arrays staged on their own because an
+ * operand was the identity (NULL), which the cuda backend replaces by a
+ * device identity matrix in a copy of the arrays. */
+long long devsim_rebuilds(const cn_backend_ctx *bk);
 
 #endif
