@@ -291,7 +291,8 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
           "\"policy_batches\": %lld, "
           "\"runs\": %lld, \"device_syncs\": %lld, "
           "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
-          "\"device_allocs\": %lld, \"launches\": %lld}\n",
+          "\"device_allocs\": %lld, \"launches\": %lld, "
+          "\"copies_to_device\": %lld}\n",
           tot->instances, tot->errors, tot->batches, tot->lower_bound, secs,
           secs > 0 ? (double)tot->instances / secs : 0.0,
           cn_policy_name(o->policy), o->batch, jobs,
@@ -299,7 +300,8 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
           tot->cell_bytes, tot->gather_bytes, tot->arena_peak,
           tot->state_peak, tot->state_total, o->cfg.serve.memory_budget,
           tot->policy_batches, tot->runs, tot->syncs,
-          tot->to_device, tot->to_host, tot->allocs, tot->launches);
+          tot->to_device, tot->to_host, tot->allocs, tot->launches,
+          tot->copies);
 }
 
 /* `canopy run`: JSON lines in, one output line per input line, in order,

@@ -136,6 +136,7 @@ static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
   tot->to_host += st.bytes_to_host;
   tot->allocs += st.device_allocs;
   tot->launches += st.launches;
+  tot->copies += st.copies_to_device;
   for (int i = 0; i < n; i++) {
     if (ls[i].inst == NULL) {
       print_error(out, notes, &ls[i]);

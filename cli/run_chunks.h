@@ -36,7 +36,7 @@ typedef struct totals {
   size_t gather_bytes, cell_bytes, arena_peak;
   size_t state_peak, state_total; /* docs/memory.md: the largest run's */
   /* the backend's counters (issue #33), summed over the runs */
-  long long runs, syncs, to_device, to_host, allocs, launches;
+  long long runs, syncs, to_device, to_host, allocs, launches, copies;
 } totals;
 
 

@@ -291,6 +291,7 @@ typedef struct cn_run_stats {
   long long bytes_to_host;   /* device -> host: what the answers read      */
   long long device_allocs;   /* device / pinned allocations                */
   long long launches;        /* kernel launches                            */
+  long long copies_to_device; /* host -> device copies (uploads) made      */
 } cn_run_stats;
 
 typedef struct cn_backend_ctx cn_backend_ctx;
@@ -306,6 +307,8 @@ typedef struct cn_backend_counters {
   long long allocs;          /* device and pinned-host allocations made    */
   long long launches;        /* kernel launches (a cuBLAS call counts one) */
   long long device_bytes;    /* device memory held now (not a difference)  */
+  long long copies_to_device; /* host -> device copies: each a copy the
+                                 stream runs in order with the kernels   */
 } cn_backend_counters;
 
 /* A run gathers many instances and executes them together. It borrows the

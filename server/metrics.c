@@ -491,6 +491,9 @@ static void render_devices(sbuf *b, const cn__metrics *m) {
   per_worker(b, "canopy_device_allocs_total", "counter",
              "device and pinned host allocations, by worker", m,
              offsetof(cn_backend_counters, allocs));
+  per_worker(b, "canopy_device_copies_to_device_total", "counter",
+             "host to device copies (index uploads, weights), by worker", m,
+             offsetof(cn_backend_counters, copies_to_device));
   per_worker(b, "canopy_device_launches_total", "counter",
              "kernel launches, by worker", m,
              offsetof(cn_backend_counters, launches));

@@ -63,6 +63,7 @@ static sim_ctx *S(cn_backend_ctx *bk) { return (sim_ctx *)bk; }
 static void upload(cn_backend_ctx *bk, long long words) {
   if (words <= 0) return;
   bk->ctr.bytes_to_device += words * 8;
+  bk->ctr.copies_to_device++;
   S(bk)->uploads++;
 }
 
@@ -180,6 +181,7 @@ static const float *sim_weights(cn_backend_ctx *bk, const float *host,
   s->w[s->n_w++] = (sim_weight){host, n, copy};
   bk->ctr.allocs++;
   bk->ctr.bytes_to_device += (long long)(n * sizeof(float));
+  bk->ctr.copies_to_device += n > 0;
   bk->ctr.device_bytes += (long long)((n ? n : 1) * sizeof(float));
   return copy;
 }
@@ -189,6 +191,7 @@ static void sim_to_device(cn_backend_ctx *bk, void *dst, const void *src,
   if (n == 0) return;
   memcpy(dst, src, n);
   bk->ctr.bytes_to_device += (long long)n;
+  bk->ctr.copies_to_device++;
   bk->ctr.syncs++;
 }
 

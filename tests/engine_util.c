@@ -97,6 +97,7 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
     tu_stats.bytes_to_host += st.bytes_to_host;
     tu_stats.device_allocs += st.device_allocs;
     tu_stats.launches += st.launches;
+    tu_stats.copies_to_device += st.copies_to_device;
     for (size_t i = s; i < e; i++)
       json_array_append_new(outs, errs[i - s] ? errs[i - s]
                                               : cn_run_output(r, slot[i - s]));

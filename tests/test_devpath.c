@@ -19,6 +19,7 @@ typedef struct one_run {
   json_t *outs;     /* per instance: json_dumps strings as JSON strings */
   cn_run_stats st;
   long long argmax_bytes, argmax_calls, uploads;
+  long long copies; /* every upload the simulated device made */
 } one_run;
 
 typedef struct started {
@@ -55,7 +56,7 @@ static started start_run(cn_backend_ctx *bk, const cn_model *m,
 
 /* Waits for a started run and takes its answers, dumped to strings. */
 static one_run finish_run(started *t) {
-  one_run o = {json_array(), {0}, 0, 0, 0};
+  one_run o = {json_array(), {0}, 0, 0, 0, 0};
   cn_err err;
   cn_err_clear(&err);
   cr_assert_eq(cn_run_wait(t->r, &err), 0, "wait: %s", err.msg);
@@ -85,12 +86,14 @@ static one_run run_once(cn_backend_ctx *bk, const cn_model *m,
   long long ab = sim ? devsim_argmax_bytes(bk) : 0;
   long long ac = sim ? devsim_argmax_calls(bk) : 0;
   long long up = sim ? devsim_uploads(bk) - devsim_rebuilds(bk) : 0;
+  long long all = sim ? devsim_uploads(bk) : 0;
   started t = start_run(bk, m, insts, s, e, flags, layout, false);
   one_run o = finish_run(&t);
   if (sim) {
     o.argmax_bytes = devsim_argmax_bytes(bk) - ab;
     o.argmax_calls = devsim_argmax_calls(bk) - ac;
     o.uploads = devsim_uploads(bk) - devsim_rebuilds(bk) - up;
+    o.copies = devsim_uploads(bk) - all;
   }
   return o;
 }
@@ -159,6 +162,11 @@ ParameterizedTest(tu_family *c, devpath, family, .timeout = 300) {
                      "the run comes again", c->family, lay, flag_sets[f], s,
                      e, again.st.device_allocs);
         cr_expect(json_equal(again.outs, got.outs));
+        /* warm (no weights to copy): the run's count is its uploads */
+        cr_expect_eq(again.st.copies_to_device, again.copies,
+                     "%s %s: the run counted %lld copies to the device, "
+                     "the device made %lld", c->family, lay,
+                     again.st.copies_to_device, again.copies);
         json_decref(want.outs);
         json_decref(got.outs);
         json_decref(again.outs);

@@ -82,6 +82,7 @@ static const float *cu_weights(cn_backend_ctx *bk, const float *host,
                                                  c->stream)))
     return NULL;
   c->base.ctr.bytes_to_device += (long long)n * 4;
+  c->base.ctr.copies_to_device += n > 0;
   w->print = fp;
   return w->dev;
 }
@@ -93,6 +94,7 @@ static void cu_to_device(cn_backend_ctx *bk, void *dst, const void *src,
   cu_ctx *c = cu_of(bk);
   if (n == 0 || !cu_enter(c)) return;
   c->base.ctr.bytes_to_device += (long long)n;
+  c->base.ctr.copies_to_device++;
   c->base.ctr.syncs++;
   if (CN_CUDA_CHECK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice,
                                        c->stream)))
@@ -303,12 +305,13 @@ static void cu_close(cn_backend_ctx *bk) {
               "canopy cuda: device %d: %lld pool allocations (%zu bytes), "
               "%lld weight tensors, %lld staging grows, %lld backend calls, "
               "%lld launches, %lld syncs, %lld allocations, %lld bytes to "
-              "device, %lld bytes to host, %lld bytes held; products "
-              "with a bias: %s\n",
+              "device in %lld copies, %lld bytes to host, %lld bytes held; "
+              "products with a bias: %s\n",
               c->device, c->device_allocs, c->pool_bytes, c->weight_allocs,
               c->stage_grows, c->base.kernels, c->base.ctr.launches,
               c->base.ctr.syncs, c->base.ctr.allocs,
-              c->base.ctr.bytes_to_device, c->base.ctr.bytes_to_host,
+              c->base.ctr.bytes_to_device, c->base.ctr.copies_to_device,
+              c->base.ctr.bytes_to_host,
               c->base.ctr.device_bytes,
               c->lt_off ? "bias kernel + cublasSgemm" : "cublasLt epilogue");
     cu_lt_close(c);

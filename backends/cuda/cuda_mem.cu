@@ -254,6 +254,7 @@ bool cu_stage_commit(cu_ctx *c, const int64_t *host, size_t words) {
   if (host == NULL || words == 0) return true;
   size_t at = (size_t)(host - c->stage_host);
   c->base.ctr.bytes_to_device += (long long)words * 8;
+  c->base.ctr.copies_to_device++;
   return CN_CUDA_CHECK(c, cudaMemcpyAsync(c->stage_dev + at, host,
                                           words * 8, cudaMemcpyHostToDevice,
                                           c->stream));

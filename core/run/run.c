@@ -317,6 +317,7 @@ void cn__run_count(cn_run *r) {
   r->ctr.bytes_to_host += b->bytes_to_host - a->bytes_to_host;
   r->ctr.allocs += b->allocs - a->allocs;
   r->ctr.launches += b->launches - a->launches;
+  r->ctr.copies_to_device += b->copies_to_device - a->copies_to_device;
   r->ctr.device_bytes = b->device_bytes;
   r->ctr0 = *b;
 }
@@ -347,6 +348,7 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->bytes_to_host = r->ctr.bytes_to_host;
   s->device_allocs = r->ctr.allocs;
   s->launches = r->ctr.launches;
+  s->copies_to_device = r->ctr.copies_to_device;
 }
 
 /* cn_run_exec with a learned policy (NULL: the agenda). */

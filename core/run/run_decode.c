@@ -413,6 +413,7 @@ void cn_decode_get_stats(const cn_decode *d, cn_run_stats *s) {
   s->bytes_to_host = r->ctr.bytes_to_host;
   s->device_allocs = r->ctr.allocs;
   s->launches = r->ctr.launches;
+  s->copies_to_device = r->ctr.copies_to_device;
 }
 
 void cn_decode_free(cn_decode *d) {

@@ -31,7 +31,7 @@ FILES = {"treelstm": "trees-binary.jsonl", "latticelstm": "lattices.jsonl",
          "treegru": "trees-binary.jsonl", "bilstm-tagger": "sequences.jsonl",
          "childsum-treelstm": "trees-nary.jsonl"}
 COUNTERS = ("launches", "device_syncs", "bytes_to_host", "bytes_to_device",
-            "device_allocs")
+            "copies_to_device", "device_allocs")
 
 
 def log(*a):
