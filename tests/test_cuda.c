@@ -164,6 +164,51 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
   cn_backend_close(cpu);
 }
 
+/* Issue #33 item 4: a batch's indices in one upload and the fused
+ * kernels' tables by value (the default) against every call staging its
+ * own (CANOPY_CUDA_BATCH_STAGING=0, the path first measured on a GPU):
+ * the same kernels on the same numbers, so the same bits, for the
+ * families that exercise each op (gathers, segment loops, per-vertex
+ * products with the identity, decoding); and fewer copies. */
+Test(cuda, batch_staging_changes_no_bit, .timeout = 300) {
+  const char *fams[][2] = {{"treelstm", "trees-binary.jsonl"},
+                           {"childsum-treelstm", "trees-nary.jsonl"},
+                           {"latticelstm", "lattices.jsonl"},
+                           {"mvrnn", "trees-binary.jsonl"},
+                           {"lstm-nmt", "sequences.jsonl"}};
+  for (size_t f = 0; f < sizeof(fams) / sizeof(fams[0]); f++) {
+    setenv("CANOPY_CUDA_BATCH_STAGING", "0", 1);
+    cn_backend_ctx *off = open_or_skip("cuda");
+    unsetenv("CANOPY_CUDA_BATCH_STAGING");
+    cn_backend_ctx *on = open_or_skip("cuda");
+    char dir[256];
+    int H = strcmp(fams[f][0], "mvrnn") == 0 ? 16 : 32;
+    cn_model *m = tu_model(fams[f][0], H, H, fams[f][1], dir, sizeof(dir));
+    json_t *in = tu_data_lines(fams[f][1], 96);
+    unsigned flags = CN_OUT_ALL | CN_OUT_HIDDEN;
+    json_t *a = tu_run_on(off, m, in, CN_POLICY_AGENDA, 32, flags, NULL,
+                          NULL);
+    long long copies_off = tu_stats.copies_to_device;
+    json_t *b = tu_run_on(on, m, in, CN_POLICY_AGENDA, 32, flags, NULL,
+                          NULL);
+    long long copies_on = tu_stats.copies_to_device;
+    cr_expect(json_equal(a, b), "%s: staging the batch's indices changed "
+              "the answers (max %g)", fams[f][0], tu_json_maxdiff(a, b));
+    cr_expect_lt(copies_on, copies_off, "%s: %lld copies with the batch "
+                 "staged, %lld without", fams[f][0], copies_on, copies_off);
+    cr_log_info("%s: %lld copies to the device with the batch staged, %lld "
+                "without (%lld batches)", fams[f][0], copies_on, copies_off,
+                tu_stats.batches);
+    json_decref(a);
+    json_decref(b);
+    json_decref(in);
+    cn_model_free(m);
+    tu_rmdir(dir);
+    cn_backend_close(on);
+    cn_backend_close(off);
+  }
+}
+
 /* ---- ops: cuda equals cpu on random inputs ---- */
 
 static cn_backend_ctx *G_, *C_; /* cuda, cpu */

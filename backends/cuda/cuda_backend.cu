@@ -411,6 +411,8 @@ extern "C" int cn__backend_cuda_open(int device, cn_backend_ctx **out,
   c->base.vt = &cuda_vt;
   c->device = device;
   c->pool_keep_max = (size_t)1024 << 20;
+  const char *bs = getenv("CANOPY_CUDA_BATCH_STAGING");
+  c->batch_staging = bs == NULL || strcmp(bs, "0") != 0;
   const char *keep = getenv("CANOPY_CUDA_POOL_MAX_MB");
   if (keep != NULL && keep[0] != '\0') {
     char *end;

@@ -314,7 +314,8 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
    *   [slot table][off arrays (an edge slot's seg[n] long)][insns][seg] */
   const bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
   const int64_t E = loop ? p->seg[n] : 0;
-  const bool inl = T <= EW_INLINE_SLOTS && p->n_insn <= EW_INLINE_INSNS;
+  const bool inl = c->batch_staging && T <= EW_INLINE_SLOTS &&
+                   p->n_insn <= EW_INLINE_INSNS;
   const size_t w_slots = inl ? 0 : even_words((size_t)T * sizeof(cn_ew_slot));
   size_t words = 0, insn_at = 0, seg_at = 0;
   for (int pass = 0; pass < 2; pass++) {

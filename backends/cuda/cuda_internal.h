@@ -110,6 +110,10 @@ typedef struct cu_ctx {
   const int64_t *sb_host;
   size_t sb_words;
   const int64_t *sb_dev;
+  /* stage_indices and ew_program's tables by value, on (default) or off
+   * (CANOPY_CUDA_BATCH_STAGING=0: every call stages its own arrays, as
+   * before issue #33 item 4, the path measured on an H200) */
+  bool batch_staging;
 
   /* argmax results: device and pinned host. */
   int32_t *am_dev, *am_host;

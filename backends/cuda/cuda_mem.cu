@@ -294,7 +294,8 @@ void cu_stage_indices(cn_backend_ctx *bk, const int64_t *host,
                       size_t words) {
   cu_ctx *c = cu_of(bk);
   cu_batch_end(c);
-  if (host == NULL || words == 0 || !cu_enter(c)) return;
+  if (host == NULL || words == 0 || !c->batch_staging || !cu_enter(c))
+    return;
   int64_t *hs, *ds;
   if (!cu_stage_reserve(c, words, &hs, &ds)) return;
   memcpy(hs, host, words * 8);
