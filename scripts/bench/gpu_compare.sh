@@ -4,10 +4,12 @@
 # cuda module sit in .gpu/old (copy them there before bundling travels:
 #   mkdir -p .gpu/old && cp OLD_BUILD/canopy \
 #     OLD_BUILD/backends/cuda/libcanopy-cuda.so .gpu/old/ ),
-# then the current build with each change of the session turned off
-# (CANOPY_RUN_OVERLAP=0: no host/device overlap; CANOPY_CUDA_LT=0: bias
-# kernel + cublasSgemm), then several jobs. Every step has a timeout; logs
-# under $OUT. Through the device tool, with carry [".gpu"]:
+# then the current build with each change turned off in turn (SWITCHES:
+# CANOPY_RUN_OVERLAP=0: no host/device overlap, in canopy run and in the
+# daemon's workers; CANOPY_CUDA_LT=0: bias kernel + cublasSgemm;
+# CANOPY_CUDA_BATCH_STAGING=0: every call uploads its own indices), then
+# several jobs. Every step has a timeout; logs under $OUT. Through the
+# device tool, with carry [".gpu"]:
 #   source .gpu/env.sh && bash scripts/bench/gpu_compare.sh
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -33,12 +35,19 @@ step "old: treelstm"
 CANOPY_CUDA_MODULE=$PWD/$OLD/libcanopy-cuda.so bench 120 --canopy $OLD/canopy \
   --families treelstm --hidden 128,512 --runs 64,256,1024,4096 --no-torch \
   --no-daemon | tee "$OUT/old_tree.txt"
-step "new, overlap off"
-CANOPY_RUN_OVERLAP=0 bench 60 --canopy $B --families treelstm --hidden 128,512 \
-  --runs 256,1024 --no-torch --no-daemon | tee "$OUT/new_nooverlap.txt"
-step "new, cublasLt off"
-CANOPY_CUDA_LT=0 bench 60 --canopy $B --families treelstm --hidden 128,512 \
-  --runs 256,1024 --no-torch --no-daemon | tee "$OUT/new_nolt.txt"
+SWITCHES=${SWITCHES:-"CANOPY_RUN_OVERLAP=0 CANOPY_CUDA_LT=0 CANOPY_CUDA_BATCH_STAGING=0"}
+for sw in $SWITCHES; do
+  step "new, $sw"
+  env "$sw" timeout 100 python3 scripts/bench/gpu.py --data $D --canopy $B \
+    --families treelstm --hidden 128,512 --runs 256,1024,4096 --no-torch \
+    --no-daemon 2>&1 | tee "$OUT/new_${sw%%=*}.txt"
+done
+step "daemon: overlap off, batch staging off (c=1 p50, c=64)"
+for sw in CANOPY_RUN_OVERLAP=0 CANOPY_CUDA_BATCH_STAGING=0; do
+  env "$sw" timeout 90 python3 scripts/bench/gpu.py --data $D --canopy $B \
+    --families treelstm --hidden 128 --runs 64 --no-torch 2>&1 |
+    grep daemon | sed "s/^/$sw: /" | tee -a "$OUT/daemon_off.txt"
+done
 step "latticelstm new, old"
 bench 120 --canopy $B --families latticelstm --hidden 128,512 --runs 64,1024 \
   --no-daemon | tee "$OUT/new_lattice.txt"
