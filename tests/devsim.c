@@ -49,6 +49,8 @@ typedef struct sim_ctx {
   const int64_t *staged_host;
   size_t staged_words, staged_cap;
   int64_t *staged;
+  bool batch_staging; /* as cuda: CANOPY_CUDA_BATCH_STAGING=0 turns off
+                         stage_indices and the tables by value */
 } sim_ctx;
 
 /* What cuda_ew.cu passes by value (no upload): a slot table and
@@ -85,7 +87,7 @@ static void sim_stage_indices(cn_backend_ctx *bk, const int64_t *host,
   sim_ctx *s = S(bk);
   s->staged_host = NULL;
   s->staged_words = 0;
-  if (host == NULL || words == 0) return;
+  if (host == NULL || words == 0 || !s->batch_staging) return;
   if (words > s->staged_cap) {
     int64_t *c = realloc(s->staged, words * sizeof(int64_t));
     if (c == NULL) return; /* every call then uploads its own */
@@ -382,7 +384,8 @@ static void sim_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
   cn_ew_prog q = *p;
   if (loop) q.seg = idx_arg(s, p->seg, n + 1, &words);
   int T = p->n_slots > p->tmp_slot + 1 ? p->n_slots : p->tmp_slot + 1;
-  if (T > SIM_EW_INLINE_SLOTS || p->n_insn > SIM_EW_INLINE_INSNS)
+  if (!s->batch_staging || T > SIM_EW_INLINE_SLOTS ||
+      p->n_insn > SIM_EW_INLINE_INSNS)
     words += (long long)T * 3 +
              ((long long)p->n_insn * (long long)sizeof(cn_ew_insn) + 7) / 8;
   upload(bk, words);
@@ -439,6 +442,8 @@ cn_backend_ctx *devsim_open(void) {
     return NULL;
   }
   s->base.vt = &sim_vt;
+  const char *bs = getenv("CANOPY_CUDA_BATCH_STAGING");
+  s->batch_staging = bs == NULL || strcmp(bs, "0") != 0;
   return &s->base;
 }
 

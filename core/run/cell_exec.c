@@ -262,7 +262,11 @@ struct cn__rows_plan {
   int edge_slots;     /* the edge cell's slots in that table */
 };
 
-size_t cn__rows_plans_bytes(void) { return 2 * sizeof(cn__rows_plan); }
+int cn__cell_plans(cn_run *r) {
+  if (r->rows_plans == NULL)
+    r->rows_plans = malloc(2 * sizeof(cn__rows_plan));
+  return r->rows_plans != NULL ? 0 : CN_E_NOMEM;
+}
 
 /* A BMM step's pointer arrays: one gemm_batched call, the step's
  * products over every row, or the terms of one sum (a term each, summed

@@ -231,7 +231,7 @@ static int alloc_arena(cn_run *r, cn_err *err) {
   r->arena = r->bk->vt->alloc(r->bk, (size_t)r->arena_floats * sizeof(float));
   r->scratch = r->arena ? r->arena + r->scratch_off : NULL;
   r->idx_host = malloc((size_t)r->idx_cap * sizeof(int64_t));
-  if (r->arena == NULL || r->idx_host == NULL)
+  if (r->arena == NULL || r->idx_host == NULL || cn__cell_plans(r) != 0)
     return cn_err_set(err, CN_E_NOMEM,
                       "run arena of %lld bytes could not be allocated",
                       (long long)r->arena_floats * 4);

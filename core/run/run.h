@@ -303,8 +303,9 @@ static inline cn_dag cn__run_dag(const cn_run *r) {
  * launch, and handed to the backend's stage_indices when it has one. */
 void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
                    float *out);
-/* The bytes of a run's rows_plans. */
+/* Makes the run's rows_plans (once; freed with the run): 0 or
+ * CN_E_NOMEM. Before the first cn__cell_exec. */
 typedef struct cn__rows_plan cn__rows_plan;
-size_t cn__rows_plans_bytes(void);
+int cn__cell_plans(cn_run *r);
 
 #endif /* CANOPY_RUN_H */

@@ -34,6 +34,7 @@ int cn__run_ensure_scratch(cn_run *r, int64_t floats) {
 }
 
 int cn__run_ensure_idx(cn_run *r, int64_t n) {
+  if (cn__cell_plans(r) != 0) return CN_E_NOMEM;
   if (n <= r->idx_cap) return 0;
   int64_t *p = realloc(r->idx_host, (size_t)n * 2 * sizeof(int64_t));
   if (p == NULL) return CN_E_NOMEM;

@@ -52,10 +52,7 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   e = getenv("CANOPY_POISON_FREED");
   r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
   r->in_start = malloc(sizeof(int32_t));
-  r->rows_plans = malloc(cn__rows_plans_bytes());
-  if (r->in_start == NULL || r->rows_plans == NULL) {
-    free(r->in_start);
-    free(r->rows_plans);
+  if (r->in_start == NULL) {
     free(r);
     return NULL;
   }
