@@ -366,7 +366,7 @@ static void rows_prepare(cn_run *r, cn__rows_plan *pl, const cn_cell *c,
     if (src->alias && c->layout == CN_LAYOUT_PQ &&
         cn__rows_even(off, n, src->width, &stride)) {
       /* The rows are already a matrix (a previous batch's consecutive
-       * outputs): read them where they are, no gather (cn__run_rows). */
+       * outputs): read them where they are, no gather (cn__rows_even). */
       vw[src->var] = (view){(float *)base + off[0], stride, NULL};
       slots[src->var] = (cn_ew_slot){vw[src->var].base, vw[src->var].ld, NULL};
       continue;

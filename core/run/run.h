@@ -173,11 +173,6 @@ int64_t *cn__run_idx(cn_run *r, int64_t n);
 /* Whether rows `width` wide at idx[0..n) are evenly spaced, none missing
  * and none overlapping: then they are one matrix with row stride *stride. */
 bool cn__rows_even(const int64_t *idx, int n, int width, int *stride);
-/* Rows `width` floats wide at base + idx[r]: returns a pointer and row
- * stride that read them directly when they are evenly spaced, else gathers
- * them into dst (row stride ldd) and returns dst. Counts copied bytes. */
-const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
-                          const int64_t *idx, int n, int width, int *ld);
 /* Host-readable view of a vertex's state after execution, from column
  * col on: on a device backend only the spans the family's reads() named
  * are there (NULL for any other). */
@@ -187,11 +182,6 @@ static inline const float *cn__run_state_host(const cn_run *r, int32_t v) {
 }
 /* For reads(): output() will read floats [col, col + width) of v's state. */
 void cn__run_need(cn_run *r, int32_t v, int col, int width);
-/* off[i] = state offset of input `which` of verts[i], or -1 if it has no
- * such input (a unary node's second child). Staged in the run's indices. */
-int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which);
-/* off[i] = state offset of verts[i] plus add. */
-int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add);
 /* C[M,N] = [part rows side by side]·[W_q side by side]ᵀ + beta·C (+ bias):
  * the backend's gemm_rows, reading every part where it lies; a backend
  * without it gets the parts gathered into stage (M × ΣK floats) and one
@@ -206,8 +196,6 @@ void cn__run_gemm_rows(cn_run *r, int M, int N, int n_parts,
 static inline bool cn__run_rows_in_place(const cn_run *r) {
   return r->rows_in_place && r->bk->vt->gemm_rows != NULL;
 }
-/* off[i] = vaux[verts[i]] · stride (an embedding row). */
-int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride);
 
 /* ---- one batch (run_batch.c) ----------------------------------------------
  * Executes one batch with the run's layout: the type's compiled cell, then

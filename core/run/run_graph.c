@@ -172,28 +172,6 @@ int64_t *cn__run_idx(cn_run *r, int64_t n) {
   return p;
 }
 
-int64_t *cn__inputs_off(cn_run *r, const int32_t *verts, int n, int which) {
-  int64_t *off = cn__run_idx(r, n);
-  for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    off[i] = which < k ? r->state_off[in[which]] : -1;
-  }
-  return off;
-}
-
-int64_t *cn__verts_off(cn_run *r, const int32_t *verts, int n, int64_t add) {
-  int64_t *off = cn__run_idx(r, n);
-  for (int i = 0; i < n; i++) off[i] = r->state_off[verts[i]] + add;
-  return off;
-}
-
-int64_t *cn__aux_off(cn_run *r, const int32_t *verts, int n, int64_t stride) {
-  int64_t *off = cn__run_idx(r, n);
-  for (int i = 0; i < n; i++) off[i] = (int64_t)r->vaux[verts[i]] * stride;
-  return off;
-}
-
 bool cn__rows_even(const int64_t *idx, int n, int width, int *stride) {
   if (n < 1 || idx[0] < 0) return false;
   int64_t s = n > 1 ? idx[1] - idx[0] : width;
@@ -202,17 +180,6 @@ bool cn__rows_even(const int64_t *idx, int n, int width, int *stride) {
     if (idx[i] - idx[i - 1] != s) return false;
   *stride = (int)s;
   return true;
-}
-
-const float *cn__run_rows(cn_run *r, float *dst, int ldd, const float *base,
-                          const int64_t *idx, int n, int width, int *ld) {
-  /* Evenly spaced rows: read them in place (the common case once a
-   * batch's inputs are a previous batch's consecutive outputs). */
-  if (cn__rows_even(idx, n, width, ld)) return base + idx[0];
-  CN_BK(r->bk, gather, dst, ldd, base, idx, n, width);
-  r->gather_bytes += (size_t)n * (size_t)width * sizeof(float);
-  *ld = ldd;
-  return dst;
 }
 
 void cn__run_gemm_rows(cn_run *r, int M, int N, int n_parts,
