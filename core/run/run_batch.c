@@ -20,8 +20,8 @@ void cn__run_exec_batch(cn_run *r, int type, const int32_t *verts, int n) {
   const cn_cell *c = cn__model_cell(r->m, r->layout, type);
   float *out = NULL;
   if (results_in_scratch(r, type, c)) {
-    int64_t edges = 0;
-    for (int i = 0; i < n; i++) {
+    int64_t edges = 0; /* the edge cell's scratch comes first: its size */
+    for (int i = 0; c->edge != NULL && i < n; i++) {
       int k;
       cn__run_inputs(r, verts[i], &k);
       edges += k;
