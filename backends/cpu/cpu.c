@@ -458,16 +458,7 @@ CN_VEC static void ew_rows(const ew_step *st, int n_st, int n,
                            const float *zero, int eb, int ee,
                            const int64_t *seg) {
   if (ee <= eb) { /* no segment loop: every operand at row r */
-    for (int r = 0; r < n; r++)
-      for (int i = 0; i < n_st; i++) {
-        const ew_step *s = &st[i];
-        float *d = ew_row(&s->x[0], r);
-        if (d == NULL) continue; /* never write a missing row */
-        const float *a = ew_row(&s->x[1], r), *b = ew_row(&s->x[2], r);
-        if (a == NULL) a = zero;
-        if (b == NULL && s->x[2].kind != 3) b = zero;
-        ew_apply(s->op, s->width, d, a, b);
-      }
+    for (int r = 0; r < n; r++) ew_steps(st, 0, n_st, r, r, zero);
     return;
   }
   for (int r = 0; r < n; r++) {
