@@ -215,7 +215,9 @@ static int check_keys(cells_ctx *c, int i, const json_t *o, int kind) {
   json_object_foreach((json_t *)o, key, v) {
     bool ok = strcmp(key, "op") == 0 || strcmp(key, "name") == 0 ||
               strcmp(key, "width") == 0;
-    for (int k = 0; !ok && k < 7 && op_defs[kind].keys[k]; k++)
+    for (int k = 0; !ok && k < (int)CN_ARRAY_SIZE(op_defs[kind].keys) &&
+                    op_defs[kind].keys[k];
+         k++)
       ok = strcmp(key, op_defs[kind].keys[k]) == 0;
     if (!ok) return cn__cells_op_err(c, i, "unknown key '%s'", key);
   }
