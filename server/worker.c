@@ -259,6 +259,14 @@ static void job_over(worker_arg *w, cn__job *j) {
   cn__jobs_done(s, j);
 }
 
+/* Answers the run in flight, if any. */
+static void finish_prev(worker_arg *w, inflight *prev, bool *have) {
+  if (!*have) return;
+  *have = false;
+  run_finish(w, prev);
+  job_over(w, prev->j);
+}
+
 static void *worker_main(void *arg) {
   worker_arg *w = arg;
   cn__server *s = w->s;
@@ -280,9 +288,7 @@ static void *worker_main(void *arg) {
     if (have_prev && s->qhead == NULL) {
       /* nothing to overlap it with: its answers now */
       pthread_mutex_unlock(&s->qmu);
-      run_finish(w, &prev);
-      have_prev = false;
-      job_over(w, prev.j);
+      finish_prev(w, &prev, &have_prev);
       continue;
     }
     cn__warmup *wu = NULL;
@@ -312,11 +318,7 @@ static void *worker_main(void *arg) {
     /* a version's warm-up goes before queued runs: its loader waits */
     if (wu != NULL || (wu = cn__warmup_next(s, w->index)) != NULL) {
       pthread_mutex_unlock(&s->qmu);
-      if (have_prev) {
-        run_finish(w, &prev);
-        have_prev = false;
-        job_over(w, prev.j);
-      }
+      finish_prev(w, &prev, &have_prev);
       cn__warmup_part(s, wu, w->index, w->bk);
       kept = true; /* given back after a second idle, as after a run */
       continue;
@@ -335,11 +337,7 @@ static void *worker_main(void *arg) {
     atomic_fetch_sub(&s->waiting_instances, j->instances);
     kept = true;
     if (cn__decode_wants(s, j)) { /* lstm-nmt: continuous decoding */
-      if (have_prev) {
-        run_finish(w, &prev);
-        have_prev = false;
-        job_over(w, prev.j);
-      }
+      finish_prev(w, &prev, &have_prev);
       cn__decode_job(s, w->bk, j);
       job_over(w, j);
       continue;
@@ -351,15 +349,13 @@ static void *worker_main(void *arg) {
     }
     inflight cur;
     bool issued = run_start(w, j, true, &cur);
-    if (have_prev) { /* the run before, while j's computes */
-      run_finish(w, &prev);
-      job_over(w, prev.j);
-    }
-    have_prev = issued;
-    if (issued)
+    finish_prev(w, &prev, &have_prev); /* the run before, while j's computes */
+    if (issued) {
       prev = cur;
-    else
+      have_prev = true;
+    } else {
       job_over(w, j);
+    }
   }
   cn_backend_close(w->bk);
   free(w);
