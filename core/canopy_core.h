@@ -5,7 +5,7 @@
  * the narrow interface in backend.h. It knows nothing of HTTP, threads or
  * devices; everything here is testable in-process.
  *
- * Conventions (shared/STYLE.md): functions return 0 or a negative CN_E_*
+ * Conventions: functions return 0 or a negative CN_E_*
  * code; a cn_err filled on failure says what went wrong and where.
  */
 #ifndef CANOPY_CORE_H

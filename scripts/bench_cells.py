@@ -6,7 +6,7 @@ the median instances/s, kernels and batches of each, side by side. It
 measures; it asserts nothing.
 
     /usr/bin/python3 scripts/bench_cells.py --canopy build/canopy \\
-        --model models/treelstm --input ../shared/data/trees-binary.jsonl
+        --model models/treelstm --input data/trees-binary.jsonl
 
 The cells description is tests/cells/gen_cells.py's for the family, at the
 built-in model's hidden and embed sizes, over its vocabulary and weights.

@@ -35,7 +35,7 @@ HIDDEN=${HIDDEN:-128}
 SERVE=${SERVE:-}
 PIN=${PIN:-}
 PY=/usr/bin/python3
-DATA=../shared/data/trees-binary.jsonl
+DATA=${CANOPY_DATA:-data}/trees-binary.jsonl
 WORK=$(mktemp -d /tmp/canopy-benchd-XXXXXX)
 PID=""
 cleanup() {

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-data=../shared/data
+data=${CANOPY_DATA:-data}
 py=/usr/bin/python3
 pol=none,depth,agenda,sufficient,fsm
 $py scripts/bench_engine.py --canopy $build/canopy --family bilstm-tagger \

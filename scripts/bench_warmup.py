@@ -14,7 +14,7 @@
            models), median over N starts.
 
 usage: scripts/bench_warmup.py --canopy build/canopy --models DIR
-           [--model treelstm] [--demo models] [--data ../shared/data]
+           [--model treelstm] [--demo models] [--data data]
            [--runs 10] [--gap S] [CHECK...]
 It prints figures; it asserts nothing.
 """
@@ -205,7 +205,7 @@ def main():
     ap.add_argument("--model", default="treelstm")
     ap.add_argument("--demo", default="models")
     ap.add_argument("--data", default=os.environ.get("CANOPY_DATA",
-                                                     "../shared/data"))
+                                                     "data"))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--gap", type=float, default=0.0,
                     help="first: seconds before each request (default 0)")

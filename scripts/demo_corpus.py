@@ -1,6 +1,6 @@
 """Builds the demo corpus: real English sentences parsed with link-grammar.
 
-The recipe follows /work/shared/data/README.md (how the evaluation set was
+The recipe follows data/README.md (how the evaluation set was
 made), so the demo models see the same kind of trees they will be served:
 
 * text: the fortune files of the Debian `fortunes`/`fortunes-min` packages
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 FORTUNES = "/usr/share/games/fortunes"
 JARGON_TXT = "/usr/share/doc/jargon-text/jargon.txt.gz"
 JARGON_HTML = "/usr/share/doc/jargon-text/jargon.html"
-EVAL_SEQUENCES = "/work/shared/data/sequences.jsonl"
+EVAL_SEQUENCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "sequences.jsonl")
 # the fortune files the evaluation set was drawn from (its README)
 FORTUNE_FILES = ("fortunes literature riddles art computers cookie education "
                  "food goedel humorists kids law love magic medicine "

@@ -2,7 +2,7 @@
 # Creates one demo model per family under models/ (generated, ignored by
 # git; $CANOPY_MODELS_DIR, the daemon's models-dir variable, puts them
 # elsewhere), with vocabularies from the evaluation data beside the
-# checkout (../shared/data) or the small sample bundled in scripts/.
+# checkout (data/) or the small sample bundled in scripts/.
 # usage: scripts/models.sh [BUILD_DIR]   (idempotent; FORCE=1 rebuilds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +10,7 @@ build=${1:-build}
 canopy=$build/canopy
 models=${CANOPY_MODELS_DIR:-models}
 mkdir -p "$models"
-data=../shared/data
+data=${CANOPY_DATA:-data}
 [ -f "$data/trees-binary.jsonl" ] || data=scripts/demo-data
 mk() { # family dir data-file [options]
   local fam=$1 dir=$models/$2 src=$data/$3

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" >/dev/null
 ninja -C "$BUILD" >/dev/null
-data=${CANOPY_DATA:-../shared/data}/trees-binary.jsonl
+data=${CANOPY_DATA:-data}/trees-binary.jsonl
 [ -f "$data" ] || data=scripts/demo-data/trees-binary.jsonl
 MODELS=${MODELS:-/tmp/canopy-reliability}
 init="--hidden 256 --embed 128 --classes 5 --vocab-from $data"

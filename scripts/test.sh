@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh || exit 1
-export CANOPY_DATA=${CANOPY_DATA:-$(cd .. && pwd)/shared/data}
+export CANOPY_DATA=${CANOPY_DATA:-$PWD/data} # the tests' data (data/README.md)
 
 status=0
 run_suite() { # build-dir, meson setup options...

@@ -268,7 +268,7 @@ sentence; sentences not fully linked are dropped) and turned into trees as
 the evaluation set was (`scripts/demo_corpus.py`: leaves (TAG word), TAG
 N/V/A/ADV/CONJ from link-grammar subscripts, PU punctuation, else W; unary
 chains collapsed; right-binarized). Sentences equal to one of the evaluation
-set (shared/data) are excluded. {len(corpus) - args.heldout} train /
+set (data/) are excluded. {len(corpus) - args.heldout} train /
 {args.heldout} held out.
 
 ## Models

@@ -52,7 +52,7 @@ char *slurp(const char *path) {
 const char *data_file(const char *name) {
   static char p[512];
   const char *d = getenv("CANOPY_DATA");
-  cr_assert_not_null(d, "set CANOPY_DATA to shared/data (meson test does)");
+  cr_assert_not_null(d, "set CANOPY_DATA to the data directory (meson test sets it to the checkout's data/)");
   snprintf(p, sizeof(p), "%s/%s", d, name);
   return p;
 }

@@ -25,7 +25,7 @@ const char *th_bin(void) {
 
 const char *th_data(void) {
   const char *d = getenv("CANOPY_DATA");
-  return d ? d : "../shared/data";
+  return d ? d : "data";
 }
 
 void th_models(th_daemon *d, const char *const *families) {

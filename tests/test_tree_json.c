@@ -1,6 +1,6 @@
 /* test_tree_json.c - the JSON tree parser (core/tree_json.c): docs/api.md's
  * examples, errors naming the node, limits, adversarial depth; and the 800
- * real trees of shared/data through both parsers, checked against the
+ * real trees of data/ through both parsers, checked against the
  * numbers the data's README states. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -9,7 +9,7 @@
 
 #include "tree_test_util.h"
 
-/* ---- real data: shared/data/trees-*.jsonl ------------------------------ */
+/* ---- real data: data/trees-*.jsonl ------------------------------ */
 
 typedef struct data_stats {
   int lines;
@@ -20,7 +20,7 @@ typedef struct data_stats {
 
 static void run_data_file(const char *name, data_stats *st) {
   const char *dir = getenv("CANOPY_DATA");
-  if (dir == NULL) dir = "../shared/data";
+  if (dir == NULL) dir = "data";
   char path[1024];
   snprintf(path, sizeof(path), "%s/%s", dir, name);
   FILE *f = fopen(path, "r");
@@ -100,7 +100,7 @@ static void check_avg(long long sum, int n, const char *want) {
   cr_assert_str_eq(got, want);
 }
 
-/* Numbers from shared/data/README.md. */
+/* Numbers from data//README.md. */
 Test(data, trees_binary) {
   data_stats st;
   run_data_file("trees-binary.jsonl", &st);

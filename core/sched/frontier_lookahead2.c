@@ -21,7 +21,7 @@
  * on its own, so the run takes at least max_c B_c more batches, and the
  * soft maximum favours progress on the instances furthest behind, the ones
  * that will decide when the run ends. The beam search (dag_beam.c) ranks
- * its states the same way. On the training lines of ../shared/data (runs
+ * its states the same way. On the training lines of data (runs
  * of 64, outputs=all) it launches 1,147 batches for latticelstm against
  * 1,187 for lookahead (bound 988), 127 against 137 for treelstm-2type
  * (bound 122). O(types³ × instances + the edges out of the two batches) a

@@ -15,7 +15,7 @@ p = argparse.ArgumentParser()
 p.add_argument("old")
 p.add_argument("new")
 p.add_argument("--data", default=os.environ.get(
-    "CANOPY_DATA", os.path.join(os.path.dirname(__file__), "../../../shared/data")))
+    "CANOPY_DATA", os.path.join(os.path.dirname(__file__), "../../data")))
 p.add_argument("--hidden", default="128,512")
 p.add_argument("--batch", default="1,8,64")
 p.add_argument("--jobs", default="1,2")

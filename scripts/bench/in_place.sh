@@ -21,7 +21,7 @@ REPEAT=${1:-5}
 THREADS=${THREADS:-1}
 POLICY=${POLICY:-sufficient}
 PY=/usr/bin/python3
-DATA=${CANOPY_DATA:-../shared/data}
+DATA=${CANOPY_DATA:-data}
 WORK=$(mktemp -d /tmp/canopy-in-place-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 CASES="treelstm:128:trees-binary treelstm:512:trees-binary treegru:128:trees-binary latticelstm:128:lattices"

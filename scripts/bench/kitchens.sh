@@ -27,7 +27,7 @@ NEW_ARGS=${NEW_ARGS-}
 REPEAT=${1:-3}
 HS=${HS:-128 512}
 PY=/usr/bin/python3
-DATA=${CANOPY_DATA:-../shared/data}
+DATA=${CANOPY_DATA:-data}
 WORK=$(mktemp -d /tmp/canopy-kitchens-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 ALL="treelstm:trees-binary treegru:trees-binary childsum-treelstm:trees-nary

@@ -17,7 +17,7 @@ ap.add_argument("canopy")
 ap.add_argument("--n", type=int, default=100)
 ap.add_argument("--hidden", type=int, default=512)
 ap.add_argument("--data", default=os.environ.get(
-    "CANOPY_DATA", os.path.join(os.path.dirname(__file__), "../../../shared/data")))
+    "CANOPY_DATA", os.path.join(os.path.dirname(__file__), "../../data")))
 a = ap.parse_args()
 
 work = tempfile.mkdtemp(prefix="canopy-storm-")

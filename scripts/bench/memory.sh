@@ -21,7 +21,7 @@ THREADS=${THREADS:-1}
 POLICY=${POLICY:-sufficient}
 BUDGET=${BUDGET:-16000000}
 PY=/usr/bin/python3
-DATA=${CANOPY_DATA:-../shared/data}
+DATA=${CANOPY_DATA:-data}
 WORK=$(mktemp -d /tmp/canopy-memory-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 CASES="treelstm:128:trees-binary treelstm:512:trees-binary childsum-treelstm:128:trees-nary latticelstm:128:lattices"

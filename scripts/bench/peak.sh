@@ -35,7 +35,7 @@ TORCH=${TORCH:-0}
 REPEAT=${1:-3}
 COPIES=${COPIES:-5}
 PY=/usr/bin/python3
-DATA=../shared/data/trees-binary.jsonl
+DATA=${CANOPY_DATA:-data}/trees-binary.jsonl
 WORK=$(mktemp -d /tmp/canopy-peak-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 

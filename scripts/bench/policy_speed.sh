@@ -27,7 +27,7 @@ export CANOPY_POLICY_CACHE=$WORK/cache
 
 echo "# $(date -u +%F' '%H:%M) UTC, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); H=128, runs of 64, default --jobs, median of $REPEAT"
 for fd in $FAMILIES; do
-  fam=${fd%%:*} data=../shared/data/${fd##*:}.jsonl
+  fam=${fd%%:*} data=${CANOPY_DATA:-data}/${fd##*:}.jsonl
   $CANOPY model init "$fam" "$WORK/$fam" --hidden 128 --embed 128 \
     --classes 5 --vocab-from "$data" >/dev/null 2>&1 || { echo "init $fam failed" >&2; exit 1; }
   for i in $(seq "$COPIES"); do cat "$data"; done >"$WORK/$fam.jsonl"

@@ -4,7 +4,7 @@
   /usr/bin/python3 scripts/bench/run_bench.py [--canopy build-bench/canopy]
         [--threads 2] [--repeat 3] [--out docs/bench] [--quick]
 
-Steps (all on the same data, ../shared/data, and the same thread count):
+Steps (all on the same data, data, and the same thread count):
  1. makes model directories with `canopy model init` (D = H, C = 5);
  2. verifies both PyTorch modes (scripts/bench/torch_models.py) against
     `canopy run` outputs to 1e-4 (absolute, per logit); a mismatch stops;

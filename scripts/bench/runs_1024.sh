@@ -1,7 +1,7 @@
 # runs_1024.sh - sourced by the benchmarks that time one run of 1,024
 # instances (memory.sh, in_place.sh): for each FAMILY:H:DATA of $CASES, a
 # seeded model in $WORK/FAMILY-H (H hidden and embedding floats, 5
-# classes, the vocabulary of ../shared/data/DATA.jsonl) and the data's
+# classes, the vocabulary of data/DATA.jsonl) and the data's
 # instances repeated to 1,024 in $WORK/DATA-1024.jsonl; first, the
 # table's header line (the machine, its load and the settings).
 # Needs CANOPY, PY, DATA, WORK, CASES, THREADS, POLICY and REPEAT set.

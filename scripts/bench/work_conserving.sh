@@ -4,14 +4,14 @@
 # repetitions, closed-loop clients/loadgen.py at concurrency 1 and 64, one
 # tree a request, beside `canopy run --batch 64` offline in the same run.
 # usage: scripts/bench/work_conserving.sh   (MODELS: a dir with treelstm/,
-#        made if missing; treelstm H=128 on ../shared/data trees)
+#        made if missing; treelstm H=128 on data/ trees)
 set -u
 cd "$(dirname "$0")/../.."
 MODELS=${MODELS:-/tmp/canopy-bench-wc}
 [ -f "$MODELS/treelstm/model.json" ] || build/canopy model init treelstm \
   "$MODELS/treelstm" --hidden 128 --embed 128 --classes 5 \
-  --vocab-from ../shared/data/trees-binary.jsonl >/dev/null
-data=../shared/data/trees-binary.jsonl
+  --vocab-from ${CANOPY_DATA:-data}/trees-binary.jsonl >/dev/null
+data=${CANOPY_DATA:-data}/trees-binary.jsonl
 for rep in 1 2 3; do
   off=$(build/canopy run --model $MODELS/treelstm --input $data --batch 64 2>&1 >/dev/null | tail -1 | grep -o '"instances_per_s": [0-9.]*')
   echo "rep=$rep offline batch64 $off"

@@ -126,7 +126,7 @@ def canopy_bin():
 
 
 def data_dir():
-    return os.environ.get("CANOPY_DATA", "../shared/data")
+    return os.environ.get("CANOPY_DATA", "data")
 
 
 def init_model(procs, family="treelstm", name=None):

@@ -7,7 +7,7 @@ and computed by the C engine.
 - an Elman RNN tagger (sequence, tanh(W x + h U + b)).
 
 Each is traced and saved; its model.json is run by `canopy run` on real
-trees and sentences from shared/data under every policy and both IR
+trees and sentences from data/ under every policy and both IR
 layouts (naive, pq), batched (--batch 64) and one instance a run, and must
 equal the module's own forward to 1e-4; the tagger is also served by
 `canopy serve` on a free port and asked over HTTP, requests in parallel.
@@ -40,7 +40,8 @@ import canopy_torch as ct  # noqa: E402
 from canopy_torch.cells_ref import run_cells  # noqa: E402
 
 BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA", "/work/shared/data")
+DATA = os.environ.get("CANOPY_DATA") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "data")
 TOL = 1e-4
 POLICIES = ("none", "depth", "agenda", "sufficient", "lookahead",
             "lookahead2", "plan", "fsm")

@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
 DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(os.path.dirname(ROOT), "shared", "data"))
+                      os.path.join(ROOT, "data"))
 
 
 def project_version():

@@ -13,9 +13,9 @@ to OUT_DIR when it fails.
 Run from the repository root:
     /usr/bin/python3 -m unittest discover -s tests/python -p 'test_import*.py'
 Environment: CANOPY_BIN (default build/canopy), CANOPY_DATA (default
-/work/shared/data), CANOPY_CRF_BIN (a canopy with CRF support; default
-the first of CANOPY_BIN and /work/wt-crf/build-crf/canopy that prints a
-CRF's path_score; the CRF tests are skipped, saying so, when none does).
+the checkout's data/), CANOPY_CRF_BIN (a canopy with CRF support; default
+CANOPY_BIN; the CRF tests are skipped, saying so, when it prints no
+CRF path_score).
 """
 import json
 import os
@@ -35,11 +35,12 @@ import import_sources as S  # noqa: E402
 EXE = os.path.join(REPO, "clients", "canopy-import")
 FAULT = os.path.join(HERE, "import_fault.py")
 CANOPY = os.environ.get("CANOPY_BIN", os.path.join(REPO, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA", "/work/shared/data")
+DATA = os.environ.get("CANOPY_DATA") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "data")
 # canopy binaries to run CRF taggers with, first that supports them
 CRF_CANDIDATES = [os.environ["CANOPY_CRF_BIN"]] if \
     os.environ.get("CANOPY_CRF_BIN") else \
-    [CANOPY, "/work/wt-crf/build-crf/canopy"]
+    [CANOPY]
 LINES = 40          # instances of each data file used
 TOL = 1e-4
 PY = sys.executable  # /usr/bin/python3 (torch)

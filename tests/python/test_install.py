@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 BIN = os.path.abspath(os.environ.get("CANOPY_BIN",
                                      os.path.join(ROOT, "build", "canopy")))
 DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(os.path.dirname(ROOT), "shared", "data"))
+                      os.path.join(ROOT, "data"))
 PY = "/usr/bin/python3"
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # canopy against the independent numpy reference (tests/reference), every
 # tree family, every policy and every layout (pq, naive: issue #5),
-# on the real parse trees of shared/data.
+# on the real parse trees of data/.
 # Two kinds of model per family: one written by `canopy model init`, one
 # written by the reference's own safetensors writer (with labels, lowercase
 # and type_b_labels), so both the engine and the model reader are checked.

@@ -23,6 +23,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import canopy_ref as R  # noqa: E402
+# the DEV data: $CANOPY_DATA, else the checkout's data/
+DATA = os.environ.get("CANOPY_DATA") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "data")
 
 PY = sys.executable or "/usr/bin/python3"
 
@@ -461,8 +464,8 @@ class LatticeTest(TmpDirCase):
             self.assertEqual(R.find_spans(chars, lex, norm), brute)
 
     def test_find_spans_data_line(self):
-        lex = R.load_lexicon("/work/shared/data/lexicon.txt")
-        with open("/work/shared/data/lattices.jsonl") as f:
+        lex = R.load_lexicon(os.path.join(DATA, "lexicon.txt"))
+        with open(os.path.join(DATA, "lattices.jsonl")) as f:
             inst = json.loads(f.readline())
         got = R.find_spans(inst["chars"], lex)
         want = sorted((w["start"], w["end"]) for w in inst["words"])
@@ -560,7 +563,7 @@ class OutputTest(TmpDirCase):
         self.assertEqual(R.to_json({"a": [1, np.float32(0.5)], "b": "x\"y"}), '{"a":[1,0.5],"b":"x\\"y"}')
 
     def test_cli_all_families_on_data(self):
-        data = "/work/shared/data"
+        data = DATA
         inputs = {"treelstm": "trees-binary", "treelstm-2type": "trees-binary", "treegru": "trees-binary",
                   "mvrnn": "trees-binary", "childsum-treelstm": "trees-nary",
                   "bilstm-tagger": "sequences", "lstm-nmt": "sequences", "latticelstm": "lattices",

@@ -7,7 +7,7 @@ serve`, and asked over HTTP by several clients at once on held-out trees.
 Prints the largest difference between the daemon's logits and PyTorch's.
 
     /usr/bin/python3 clients/canopy_torch/examples/own_tree_cell.py \\
-        --canopy build/canopy --data /work/shared/data
+        --canopy build/canopy --data data
 
 Exit status 0 when every node's logits agree to 1e-4.
 """
@@ -93,7 +93,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--canopy", default="build/canopy")
     ap.add_argument("--data", default=os.environ.get("CANOPY_DATA",
-                                                      "/work/shared/data"))
+                                                      "data"))
     ap.add_argument("--train", type=int, default=150)
     ap.add_argument("--test", type=int, default=100)
     ap.add_argument("--clients", type=int, default=8)
