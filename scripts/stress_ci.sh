@@ -33,6 +33,11 @@ while getopts "n:k:C:j:h" o; do
   esac
 done
 shift $((OPTIND - 1))
+# as scripts/test.sh runs the tests (a sanitizer build reads these)
+export CANOPY_DATA=${CANOPY_DATA:-$PWD/data}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
 if [ ! -f "$BUILD/build.ninja" ]; then
   echo "stress_ci.sh: no meson build in $BUILD (-C BUILDDIR)" >&2
   exit 2
@@ -95,11 +100,13 @@ for r in $(seq "$ROUNDS"); do
 done
 stop_busy
 
-# Per test: the rounds it passed (OK, SKIP or EXPECTEDFAIL), and the total.
+# Per test: the rounds it passed (OK or EXPECTEDFAIL; SKIP counted apart),
+# and the totals.
 /usr/bin/python3 - "${logs[@]}" <<'PY'
 import collections, json, sys
 passed, runs, failed = collections.Counter(), collections.Counter(), []
-good = {"OK", "SKIP", "EXPECTEDFAIL"}
+skipped = collections.Counter()
+good = {"OK", "EXPECTEDFAIL"}
 for r, path in enumerate(sys.argv[1:], 1):
     try:
         lines = open(path).read().splitlines()
@@ -111,15 +118,18 @@ for r, path in enumerate(sys.argv[1:], 1):
         runs[t["name"]] += 1
         if t["result"] in good:
             passed[t["name"]] += 1
+        elif t["result"] == "SKIP":
+            skipped[t["name"]] += 1
         else:
             failed.append(f"round {r}: {t['name']} {t['result']}")
 w = max((len(n) for n in runs), default=4)
 print(f"{'test':<{w}}  passed/rounds")
 for n in sorted(runs):
-    print(f"{n:<{w}}  {passed[n]}/{runs[n]}")
+    print(f"{n:<{w}}  {passed[n]}/{runs[n]}"
+          + (f" ({skipped[n]} skipped)" if skipped[n] else ""))
 for f in failed:
     print(f)
-p, f = sum(passed.values()), len(failed)
-print(f"{p} passed, {f} failed")
+p, f, s = sum(passed.values()), len(failed), sum(skipped.values())
+print(f"{p} passed, {f} failed" + (f", {s} skipped" if s else ""))
 sys.exit(1 if f or not runs else 0)
 PY
