@@ -7,11 +7,13 @@
 # fix the test, do not retry it.
 #
 # usage: scripts/stress_ci.sh [-n BUSY] [-k ROUNDS] [-C BUILDDIR]
-#                             [-j PROCESSES] [TEST|daemon ...]
+#                             [-j PROCESSES] [-r] [TEST|daemon ...]
 #   -n BUSY       busy loops beside the tests (default: 2 x the cores)
 #   -k ROUNDS     rounds of the suite (default: 3)
 #   -C BUILDDIR   the meson build directory (default: build)
 #   -j PROCESSES  meson test --num-processes (default: meson's)
+#   -r            run the build as it is (default: ninja brings it up to
+#                 date first; -r for a build of only the tests named)
 #   TEST ...      meson test names (default: the whole suite); `daemon`
 #                 stands for the daemon's tests: test_http_limits,
 #                 test_http_pipeline, test_serve*, test_lifecycle
@@ -21,14 +23,15 @@
 # The busy loops end with the script, on Ctrl-C or any exit.
 set -u
 cd "$(dirname "$0")/.."
-BUSY=$((2 * $(nproc))) ROUNDS=3 BUILD=build JOBS=
-while getopts "n:k:C:j:h" o; do
+BUSY=$((2 * $(nproc))) ROUNDS=3 BUILD=build JOBS= REBUILD=1
+while getopts "n:k:C:j:rh" o; do
   case $o in
     n) BUSY=$OPTARG ;;
     k) ROUNDS=$OPTARG ;;
     C) BUILD=$OPTARG ;;
     j) JOBS=$OPTARG ;;
-    h) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    r) REBUILD= ;;
+    h) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) exit 2 ;;
   esac
 done
@@ -52,7 +55,7 @@ for t in "$@"; do
         test_http_limits|test_http_pipeline|test_serve*|test_lifecycle)
           tests+=("$name") ;;
       esac
-    done < <(meson test -C "$BUILD" --list 2>/dev/null | sed 's/^.* \/ //')
+    done < <(meson test -C "$BUILD" --no-rebuild --list 2>/dev/null | sed 's/^.* \/ //')
   else
     tests+=("$t")
   fi
@@ -75,7 +78,7 @@ interrupted() {
 trap stop_busy EXIT
 trap interrupted INT TERM
 
-ninja -C "$BUILD" >/dev/null || exit 1
+if [ -n "$REBUILD" ]; then ninja -C "$BUILD" >/dev/null || exit 1; fi
 for _ in $(seq "$BUSY"); do
   (while :; do :; done) &
   pids+=($!)
