@@ -19,8 +19,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--embed", type=int, default=128)
     ap.add_argument("--classes", type=int, default=5)
-    ap.add_argument("--data", default=os.path.join(root, "..", "shared", "data",
-                                                   "trees-binary.jsonl"))
+    ap.add_argument("--data", default=os.path.join(
+        os.environ.get("CANOPY_DATA") or os.path.join(root, "data"),
+        "trees-binary.jsonl"))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--copies", type=int, default=5,

@@ -72,8 +72,9 @@ def run(canopy, model, data, extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--canopy", default=os.path.join(ROOT, "build", "canopy"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data",
-                                                   "trees-binary.jsonl"))
+    ap.add_argument("--data", default=os.path.join(
+        os.environ.get("CANOPY_DATA") or os.path.join(ROOT, "data"),
+        "trees-binary.jsonl"))
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--embed", type=int, default=64)
     ap.add_argument("--trees", type=int, default=400)

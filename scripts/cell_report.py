@@ -16,9 +16,8 @@ import subprocess
 import sys
 import tempfile
 
-DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(os.path.dirname(__file__), "..", "..",
-                                   "shared", "data"))
+DATA = os.environ.get("CANOPY_DATA") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "data")
 FAMILIES = [  # family, data file
     ("treelstm", "trees-binary.jsonl"),
     ("treelstm-2type", "trees-binary.jsonl"),

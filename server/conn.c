@@ -80,6 +80,20 @@ void cn__conn_progress(cn__conn *c, size_t n) {
   double now = cn_now_s(), v = credit_at(c, now) + (double)n;
   c->credit = v < EVICT_RATE * EVICT_AHEAD_S ? v : EVICT_RATE * EVICT_AHEAD_S;
   c->credit_at = now;
+  if (c->credit >= 0) c->slow_logged = false;
+}
+
+int cn__conn_peer_port(const cn__conn *c) {
+  struct sockaddr_storage a;
+  int len = sizeof(a);
+  if (!c->sock ||
+      uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&a, &len) != 0)
+    return 0;
+  if (a.ss_family == AF_INET)
+    return ntohs(((struct sockaddr_in *)&a)->sin_port);
+  if (a.ss_family == AF_INET6)
+    return ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
+  return 0;
 }
 
 /* An answer's progress is what left its write queue since the last look
@@ -511,8 +525,9 @@ static void on_connection(uv_stream_t *ls, int status) {
   cn__conn *victim = NULL;
   if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections &&
       (victim = eviction_victim(s)) != NULL) {
-    CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f",
-           victim_what(victim), cn_now_s() - victim->since);
+    CN_LOG(CN_LOG_DEBUG, "msg=connection-evicted phase=%s waited_s=%.1f "
+           "peer=%d", victim_what(victim), cn_now_s() - victim->since,
+           cn__conn_peer_port(victim));
     cn__conn_close(victim);
     cn__metrics_conn_evicted(&s->metrics);
   }
@@ -530,11 +545,28 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   c->counted = true;
   atomic_fetch_add(&s->open_conns, 1);
+  CN_LOG(CN_LOG_DEBUG, "msg=connection-accepted peer=%d open=%d",
+         cn__conn_peer_port(c), (int)atomic_load(&s->open_conns));
   c->deadline = cn_now_s() + (s->cfg.serve.header_timeout_s <
                                      s->cfg.serve.idle_timeout_s
                                  ? s->cfg.serve.header_timeout_s
                                  : s->cfg.serve.idle_timeout_s);
   cn__conn_reads(c);
+}
+
+/* At debug level, a line when a body being read or an answer being
+ * written falls behind EVICT_RATE (it may be evicted from then on): what
+ * a test of the connection limit waits for before it connects the client
+ * that should take its place, instead of sleeping "long enough". */
+static void log_slow(cn__conn *c, double now) {
+  if (c->slow_logged || c->phase == PH_CLOSED || !c->counted) return;
+  if (c->writes == 0 && (c->phase != PH_BODY || c->r == NULL ||
+                         c->r->state != CN__REQ_RECEIVING))
+    return;
+  if (evictable(c, now) != 0) return;
+  c->slow_logged = true;
+  CN_LOG(CN_LOG_DEBUG, "msg=connection-slow phase=%s peer=%d",
+         victim_what(c), cn__conn_peer_port(c));
 }
 
 static void on_tick(uv_timer_t *t) {
@@ -543,6 +575,7 @@ static void on_tick(uv_timer_t *t) {
   for (cn__conn *c = s->conns, *next; c != NULL; c = next) {
     next = c->next; /* c may leave the list */
     cn__conn_tick(c, now);
+    if (cn__log_level >= CN_LOG_DEBUG) log_slow(c, now);
   }
 }
 

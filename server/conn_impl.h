@@ -84,6 +84,7 @@ struct cn__conn {
   /* progress of the body being read or the answer being written, in
    * bytes ahead of EVICT_RATE (conn.c: conn_progress) */
   double credit, credit_at;
+  bool slow_logged;         /* its fall behind EVICT_RATE was logged   */
   size_t wq_seen;           /* the write queue's size when last looked */
   size_t trailer_len;       /* a chunked body's trailer section: bytes */
   int trailer_lines;        /* ... and lines                           */
@@ -142,5 +143,8 @@ void cn__conn_drain_quiet(cn__conn *c);
 /* A body or an answer begins; n bytes of it moved (EVICT_RATE). */
 void cn__conn_progress_start(cn__conn *c);
 void cn__conn_progress(cn__conn *c, size_t n);
+/* The client's TCP port, for debug lines that name a connection (0: not
+ * a socket). */
+int cn__conn_peer_port(const cn__conn *c);
 
 #endif

@@ -187,6 +187,8 @@ static int on_headers_complete(http_parser *p) {
            http_method_str((enum http_method)p->method));
   c->r = s->http->begin(s, c, method, c->hb);
   if (c->r == NULL) return refuse(c, CN_E_NOMEM, "out of memory");
+  CN_LOG(CN_LOG_DEBUG, "msg=request-head peer=%d method=%s",
+         cn__conn_peer_port(c), method);
   bool chunked = te != NULL;
   bool body = chunked || (p->content_length > 0 &&
                           p->content_length != ULLONG_MAX);

@@ -80,7 +80,8 @@ void th_start(th_daemon *d, const char *const *flags) {
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
-  for (int i = 0; i < 500; i++) {
+  /* polls /healthz until it answers (or the daemon exits) */
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end;) {
     th_resp r;
     if (th_http(d->port, "GET", "/healthz", NULL, NULL, &r) == 0) {
       th_resp_free(&r);
@@ -91,7 +92,8 @@ void th_start(th_daemon *d, const char *const *flags) {
               "canopy serve exited early; see %s", d->log);
     usleep(10000);
   }
-  cr_assert_fail("canopy serve did not come up; see %s", d->log);
+  cr_assert_fail("canopy serve did not come up in %.0f s; see %s",
+                 TH_DEADLINE_S, d->log);
 }
 
 int th_stop(th_daemon *d) {
@@ -334,4 +336,46 @@ json_t *th_infer_outputs(int port, const char *model, const char *body) {
   json_decref(j);
   th_resp_free(&r);
   return outs;
+}
+
+double th_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int th_log_count(const th_daemon *d, const char *needle) {
+  char *log = th_read_file(d->log);
+  int n = 0;
+  size_t k = strlen(needle);
+  for (const char *p = log; p && (p = strstr(p, needle)) != NULL; p += k) n++;
+  free(log);
+  return n;
+}
+
+void th_log_wait(const th_daemon *d, const char *needle, int n) {
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end;) {
+    if (th_log_count(d, needle) >= n) return;
+    usleep(10000);
+  }
+  cr_assert_fail("waited %.0f s for %d lines with \"%s\" in %s (%d seen)",
+                 TH_DEADLINE_S, n, needle, d->log, th_log_count(d, needle));
+}
+
+double th_metric_wait(int port, const char *sample, double v) {
+  double got = -1;
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end;) {
+    if ((got = th_metric_at(port, sample)) >= v) return got;
+    usleep(10000);
+  }
+  cr_assert_fail("waited %.0f s for %s >= %g (it is %g)", TH_DEADLINE_S,
+                 sample, v, got);
+  return got;
+}
+
+int th_local_port(int fd) {
+  struct sockaddr_in a;
+  socklen_t len = sizeof(a);
+  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  return ntohs(a.sin_port);
 }

@@ -58,4 +58,20 @@ char *th_read_file(const char *path);
  * "outputs" (a new reference). */
 json_t *th_infer_outputs(int port, const char *model, const char *body);
 
+/* Waiting on what the daemon does, never on the clock: each polls (10 ms
+ * apart) until the event is seen, and fails the test with what it waited
+ * for after TH_DEADLINE_S, a guard against a hang, not a timing. */
+#define TH_DEADLINE_S 60.0
+/* How many times needle occurs in the daemon's log. */
+int th_log_count(const th_daemon *d, const char *needle);
+/* Waits until needle occurs at least n times in the daemon's log. */
+void th_log_wait(const th_daemon *d, const char *needle, int n);
+/* Waits until the sample of /metrics is at least v; returns it. */
+double th_metric_wait(int port, const char *sample, double v);
+/* The local TCP port of a connected socket: the daemon's debug lines
+ * name a connection by it (peer=PORT). */
+int th_local_port(int fd);
+/* A monotonic clock, seconds. */
+double th_now(void);
+
 #endif

@@ -27,10 +27,6 @@ static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
 
 static void teardown(void) { th_cleanup(&d); }
 
-static double metric(const char *sample) {
-  return th_metric_at(d.port, sample);
-}
-
 /* Pipelined requests in one write are answered in order, each with its
  * own X-Request-Id, an inference waiting for its run among them. */
 Test(http, pipelined_requests_answered_in_order, .fini = teardown,
@@ -125,10 +121,14 @@ static bool next_answer(const char *buf, size_t n, size_t *off, answer *a) {
  * them and gets no answer. The first request is seen in flight (the
  * canopy_in_flight_requests gauge) before the signal, so the test does not
  * race its window. */
+/* The first request's window: the span in which the test must send
+ * SIGTERM once it has seen the request waiting (a hundred times what it
+ * takes); the window is what ends the drain (its grace is longer). */
+#define WINDOW_US "10000000"
 static void pipelined_at_sigterm(int n, bool partial) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "2000000", "--work-conserving",
-                         "false", NULL};
+  const char *flags[] = {"--max-delay-us", WINDOW_US, "--work-conserving",
+                         "false", "--drain-grace-ms", "60000", NULL};
   th_start(&d, flags);
   char req[8192];
   size_t len = 0;
@@ -151,11 +151,8 @@ static void pipelined_at_sigterm(int n, bool partial) {
   cr_assert(fd >= 0);
   cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
   /* in flight: the first request and the /metrics request asking */
-  double inf = 0;
-  for (int i = 0; i < 400 && (inf = metric("canopy_in_flight_requests")) < 2;
-       i++)
-    usleep(5000);
-  cr_assert_eq(inf, 2, "the first request is not waiting in its window");
+  cr_assert_eq(th_metric_wait(d.port, "canopy_in_flight_requests", 2), 2,
+               "the first request is not waiting in its window");
   kill(d.pid, SIGTERM);
   size_t got;
   char *all = read_all(fd, &got); /* until the daemon closes */
@@ -188,12 +185,12 @@ static void pipelined_at_sigterm(int n, bool partial) {
 }
 
 Test(http, two_pipelined_requests_answered_at_sigterm, .fini = teardown,
-     .timeout = 30) {
+     .timeout = 60) {
   pipelined_at_sigterm(2, false);
 }
 
 Test(http, three_pipelined_requests_answered_at_sigterm, .fini = teardown,
-     .timeout = 30) {
+     .timeout = 60) {
   pipelined_at_sigterm(3, false);
 }
 
@@ -201,7 +198,7 @@ Test(http, three_pipelined_requests_answered_at_sigterm, .fini = teardown,
  * connection is read on for DRAIN_QUIET_S after the answer before it (no
  * Connection: close, as the rest may come), then closed. */
 Test(http, pipelined_request_cut_short_at_sigterm_is_dropped,
-     .fini = teardown, .timeout = 30) {
+     .fini = teardown, .timeout = 60) {
   pipelined_at_sigterm(2, true);
 }
 
@@ -223,28 +220,18 @@ static char *padded_infer(const char *id, size_t pad) {
 }
 
 Test(http, pipelined_past_the_read_ahead_answered_at_sigterm,
-     .fini = teardown, .timeout = 30) {
+     .fini = teardown, .timeout = 60) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "2000000", "--work-conserving",
-                         "false", NULL};
+  const char *flags[] = {"--max-delay-us", WINDOW_US, "--work-conserving",
+                         "false", "--drain-grace-ms", "60000", NULL};
   th_start(&d, flags);
   int waiter = th_connect(d.port), fd = th_connect(d.port);
   cr_assert(waiter >= 0 && fd >= 0);
   th_send(waiter, "POST", INFER, ONE, NULL);
-  double inf = 0;
-  for (int i = 0; i < 400 && (inf = metric("canopy_in_flight_requests")) < 2;
-       i++)
-    usleep(5000);
-  cr_assert_eq(inf, 2, "the first request is not waiting in its window");
+  cr_assert_eq(th_metric_wait(d.port, "canopy_in_flight_requests", 2), 2,
+               "the first request is not waiting in its window");
   kill(d.pid, SIGTERM);
-  bool draining = false;
-  for (int i = 0; i < 400 && !draining; i++) {
-    char *log = th_read_file(d.log);
-    draining = log != NULL && strstr(log, "msg=draining") != NULL;
-    free(log);
-    if (!draining) usleep(5000);
-  }
-  cr_assert(draining, "no msg=draining line");
+  th_log_wait(&d, "msg=draining", 1);
   char *b = padded_infer("big-1", 39000), *c = padded_infer("big-2", 39000);
   size_t lb = strlen(b), lc = strlen(c);
   char *both = malloc(lb + lc);

@@ -187,20 +187,22 @@ Test(serve, limits_413, .fini = teardown, .timeout = 30) {
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* One worker, a 3 s window and a queue of 2 instances make 429 and 504
- * deterministic: the first request waits in the window, the next one does
- * not fit in the queue, and the first one's timeout_ms passes first. */
-Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 30) {
+/* One worker, a 60 s window and a queue of 2 instances make 429 and 504
+ * deterministic: the first request waits in the window (the queue depth
+ * says so), the next one does not fit in the queue, and the first one's
+ * timeout_ms (5 s: the span the test has to send the second) passes
+ * first. */
+Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 60) {
   th_models(&d, tree_only);
   const char *flags[] = {"--workers", "1", "--queue-depth", "2",
-                         "--max-delay-us", "3000000",
+                         "--max-delay-us", "60000000",
                          "--work-conserving", "false", NULL};
   th_start(&d, flags);
   const char *infer = "/v1/models/treelstm/infer";
   int a = th_connect(d.port);
   th_send(a, "POST", infer,
-          "{\"tree\": \"(2 a)\", \"timeout_ms\": 300}", NULL);
-  usleep(100000);
+          "{\"tree\": \"(2 a)\", \"timeout_ms\": 5000}", NULL);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 1);
   th_resp r;
   cr_assert_eq(th_http(d.port, "POST", infer,
                        "{\"instances\":[{\"tree\":\"(2 a)\"},"
@@ -231,17 +233,17 @@ Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 30) {
  * took the loop thread's time): bad JSON is 429 while the queue is full,
  * 400 once it has room. */
 Test(serve, full_queue_refuses_before_parsing, .fini = teardown,
-     .timeout = 30) {
+     .timeout = 60) {
   th_models(&d, tree_only);
   const char *flags[] = {"--workers", "1", "--queue-depth", "1",
-                         "--max-delay-us", "3000000",
+                         "--max-delay-us", "60000000",
                          "--work-conserving", "false", NULL};
   th_start(&d, flags);
   const char *infer = "/v1/models/treelstm/infer";
   int a = th_connect(d.port);
   th_send(a, "POST", infer,
-          "{\"tree\": \"(2 a)\", \"timeout_ms\": 400}", NULL);
-  usleep(100000);
+          "{\"tree\": \"(2 a)\", \"timeout_ms\": 5000}", NULL);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 1);
   th_resp r;
   cr_assert_eq(th_http(d.port, "POST", infer, "{\"instances\": [", NULL, &r),
                0);
@@ -271,9 +273,10 @@ Test(serve, disconnect_drops_instances, .fini = teardown, .timeout = 30) {
   th_send(a, "POST", "/v1/models/treelstm/infer",
           "{\"instances\":[{\"tree\":\"(2 a)\"},{\"tree\":\"(2 b)\"}]}",
           NULL);
-  usleep(100000);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 2);
   close(a);
-  usleep(200000);
+  th_metric_wait(d.port,
+                 "canopy_requests_cancelled_total{reason=\"disconnect\"}", 1);
   th_resp r;
   cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
   cr_expect_eq(th_metric(r.body,
@@ -281,9 +284,13 @@ Test(serve, disconnect_drops_instances, .fini = teardown, .timeout = 30) {
                1, "%s", r.body);
   cr_expect_eq(th_metric(r.body, "canopy_instances_dropped_total"), 2);
   th_resp_free(&r);
-  usleep(1500000); /* the window would have closed: nothing ran */
+  /* nothing ran: the next request's run is the first, of its instance
+   * alone */
+  expect(d.port, "POST", "/v1/models/treelstm/infer", ONE, 200, NULL);
   cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
-  cr_expect_eq(th_metric(r.body, "canopy_runs_total"), 0);
+  cr_expect_eq(th_metric(r.body, "canopy_runs_total"), 1);
+  cr_expect_eq(th_metric(r.body, "canopy_batch_size_instances_sum{model="
+                                 "\"treelstm\"}"), 1, "%s", r.body);
   th_resp_free(&r);
   cr_expect_eq(th_stop(&d), 0);
 }
@@ -359,12 +366,13 @@ Test(serve, window_split_among_idle_workers, .fini = teardown,
   json_decref(one);
 }
 
-/* SIGTERM with requests waiting in a 1 s window: readyz turns 503 on an
- * open connection, new connections are refused, every accepted request is
- * answered 200, and the process exits 0. */
-Test(serve, sigterm_drains, .fini = teardown, .timeout = 30) {
+/* SIGTERM with requests waiting in a 10 s window (the span the test has
+ * to ask readyz in): readyz turns 503 on an open connection, new
+ * connections are refused, every accepted request is answered 200, and
+ * the process exits 0. */
+Test(serve, sigterm_drains, .fini = teardown, .timeout = 60) {
   th_models(&d, tree_only);
-  const char *flags[] = {"--max-delay-us", "1000000", "--work-conserving",
+  const char *flags[] = {"--max-delay-us", "10000000", "--work-conserving",
                          "false", NULL};
   th_start(&d, flags);
   int k = th_connect(d.port);
@@ -378,9 +386,9 @@ Test(serve, sigterm_drains, .fini = teardown, .timeout = 30) {
     c[i] = th_connect(d.port);
     th_send(c[i], "POST", "/v1/models/treelstm/infer", ONE, NULL);
   }
-  usleep(100000);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 8);
   kill(d.pid, SIGTERM);
-  usleep(100000);
+  th_log_wait(&d, "msg=draining", 1);
   th_send(k, "GET", "/readyz", NULL, NULL);
   cr_assert_eq(th_read(k, &r), 0);
   cr_expect_eq(r.status, 503);

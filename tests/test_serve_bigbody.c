@@ -216,7 +216,7 @@ Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
   free(body);
   /* only the /metrics probe's own connection stays */
   double open = -1;
-  for (int i = 0; i < 1000 && open != 1; i++) {
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end && open != 1;) {
     open = th_metric_at(d.port, "canopy_open_connections");
     if (open != 1) usleep(20000);
   }
@@ -280,7 +280,7 @@ Test(serve_bigbody, medium_body_does_not_wait_behind_huge_ones,
   free(huge);
   /* the huge ones are in before it (in flight: them and /metrics) */
   double n = 0;
-  for (int i = 0; i < 1000 && n < 4; i++) {
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end && n < 4;) {
     n = th_metric_at(d.port, "canopy_in_flight_requests");
     if (n < 4) usleep(5000);
   }
@@ -344,7 +344,8 @@ Test(serve_bigbody, bodies_held_are_bounded, .fini = teardown, .timeout = 60) {
     }
   }
   double held = 0;
-  for (int i = 0; i < 200 && held < 2097152; i++) {
+  for (double end = th_now() + TH_DEADLINE_S;
+       th_now() < end && held < 2097152;) {
     held = th_metric_at(d.port, "canopy_body_bytes");
     if (held < 2097152) usleep(20000);
   }
@@ -382,8 +383,8 @@ Test(serve_bigbody, bodies_held_are_bounded, .fini = teardown, .timeout = 60) {
   th_resp_free(&r);
   close(fd[0]);
   close(fd[1]); /* the second hangs up: its body is given back too */
-  for (int i = 0; i < 100 && (held = th_metric_at(d.port, "canopy_body_bytes"));
-       i++)
+  for (double end = th_now() + TH_DEADLINE_S;
+       th_now() < end && (held = th_metric_at(d.port, "canopy_body_bytes"));)
     usleep(20000);
   cr_expect_eq(held, 0, "every body given back: %.0f held", held);
   cr_assert_eq(th_http(d.port, "POST", INFER, body, NULL, &r), 0);

@@ -180,10 +180,7 @@ static int start_long(const json_t *in, const json_t *ref) {
   int fd = th_connect(d.port);
   th_send(fd, "POST", INFER, b, NULL);
   free(b);
-  for (int i = 0; i < 5000 && metric_of("canopy_decode_sessions_total") < 1;
-       i++)
-    usleep(1000);
-  cr_assert_eq(metric_of("canopy_decode_sessions_total"), 1);
+  cr_assert_eq(th_metric_wait(d.port, "canopy_decode_sessions_total", 1), 1);
   return fd;
 }
 
@@ -356,8 +353,7 @@ Test(serve_decode, another_models_run_ends_the_joins, .fini = teardown,
   /* the worker is busy: the tree's window closes after max-delay-us and
    * its run is queued */
   const char *md = "canopy_window_closes_total{reason=\"max_delay\"}";
-  for (int i = 0; i < 5000 && metric_of(md) < 1; i++) usleep(1000);
-  cr_assert_geq(metric_of(md), 1);
+  th_metric_wait(d.port, md, 1);
   char *sb = body_of(in, (size_t)shorts, 1, 0);
   int fs = th_connect(d.port);
   th_send(fs, "POST", INFER, sb, NULL);

@@ -86,7 +86,7 @@ static int policy_files(const char *dir) {
 }
 
 Test(serve_policy, online_retrain_swap_and_cache, .fini = teardown,
-     .timeout = 60) {
+     .timeout = 120) {
   static const char *const fams[] = {"treelstm", NULL};
   th_models(&d, fams);
   char cache[400];
@@ -113,7 +113,7 @@ Test(serve_policy, online_retrain_swap_and_cache, .fini = teardown,
   for (int i = 1; i < N_REQ; i++) json_decref(infer(b[i]));
 
   /* the retrainer learns from the reservoir and swaps */
-  for (int t = 0; t < 150; t++) {
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end;) {
     p = policy();
     if (strcmp(source(p), "online") == 0) break;
     json_decref(p);

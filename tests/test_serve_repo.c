@@ -95,7 +95,7 @@ Test(repo, unload_cancels_a_load_in_flight, .fini = teardown,
   th_start(&d, flags);
   int a = th_connect(d.port);
   post(a, "slow", "load");
-  usleep(50000);
+  th_log_wait(&d, "msg=model-loading model=slow ", 1);
   th_resp r;
   cr_assert_eq(th_http(d.port, "POST", "/v2/repository/models/slow/unload",
                        NULL, NULL, &r), 0);
@@ -107,7 +107,7 @@ Test(repo, unload_cancels_a_load_in_flight, .fini = teardown,
   cr_expect(strstr(r.body, "unloaded while it loaded") != NULL, "%s", r.body);
   th_resp_free(&r);
   close(a);
-  usleep(800000); /* the cancelled load has ended by now */
+  th_log_wait(&d, "msg=model-load-discarded model=slow ", 1);
   cr_assert_eq(th_http(d.port, "POST", "/v2/repository/index", NULL, NULL,
                        &r), 0);
   cr_expect(strstr(r.body, "{\"name\":\"slow\",\"state\":\"UNLOADED\"") !=
@@ -141,7 +141,7 @@ Test(repo, sighup_during_a_load_is_not_lost, .fini = teardown,
   sh("ln -s %s %s", v1, m);
   int a = th_connect(d.port);
   post(a, "m", "load");
-  usleep(20000);
+  th_log_wait(&d, "msg=model-loading model=m ", 1);
   /* the directory changes to v2 and SIGHUP comes while v1 loads */
   char cmd[2200];
   snprintf(cmd, sizeof(cmd), "ln -sfn %s %s.new && mv -T %s.new %s", v2, m,
@@ -153,7 +153,7 @@ Test(repo, sighup_during_a_load_is_not_lost, .fini = teardown,
   th_resp_free(&r);
   close(a);
   bool two = false;
-  for (int i = 0; i < 200 && !two; i++) {
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end && !two;) {
     cr_assert_eq(th_http(d.port, "GET", "/v2/models/m/ready", NULL, NULL,
                          &r), 0);
     two = r.status == 200 && strstr(r.body, "\"version\":\"two\"") != NULL;
@@ -299,7 +299,7 @@ Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
   d.pid = pid;
   d.port = port;
   bool up = false;
-  for (int i = 0; i < 500 && !up; i++) {
+  for (double end = th_now() + TH_DEADLINE_S; th_now() < end && !up;) {
     th_resp r;
     if (th_http(port, "GET", "/healthz", NULL, NULL, &r) == 0) {
       up = true;
@@ -314,9 +314,11 @@ Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
     usleep(10000);
   }
   cr_assert(up);
+  /* no wait: a signal's default action (exit) would be taken no later
+   * than the SIGTERM sent after it, and th_stop's status 0 says it was
+   * not */
   kill(pid, SIGUSR1);
   kill(pid, SIGUSR2);
-  usleep(100000);
   th_resp r;
   cr_expect_eq(th_http(port, "GET", "/healthz", NULL, NULL, &r), 0,
                "SIGUSR1/2 stopped the daemon");

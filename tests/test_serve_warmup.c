@@ -158,11 +158,11 @@ Test(warmup, runs_on_every_worker_before_ready, .fini = teardown,
   const char *const fl_off[] = {"--workers", "3", "--warmup", "false", NULL};
   th_start(&off, fl_off);
   /* without warm-up the daemon may be ready before every worker thread
-   * has named itself (worker.c names it from inside): wait up to 5 s */
+   * has named itself (worker.c names it from inside): wait for it */
   long idle[3] = {-1, -1, -1};
   int named = 0;
-  for (int t = 0; t < 500 && (named = worker_faults(off.pid, idle, 3)) < 3;
-       t++)
+  for (double end = th_now() + TH_DEADLINE_S;
+       th_now() < end && (named = worker_faults(off.pid, idle, 3)) < 3;)
     usleep(10000);
   cr_assert_eq(named, 3);
   long most = 0;

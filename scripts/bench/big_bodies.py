@@ -125,7 +125,8 @@ def main():
     ap.add_argument("--models", default="/tmp/canopy-bench-big")
     ap.add_argument("--model", default="treelstm")
     ap.add_argument("--input", default=os.path.join(
-        root, "..", "shared", "data", "trees-binary.jsonl"))
+        os.environ.get("CANOPY_DATA") or os.path.join(root, "data"),
+        "trees-binary.jsonl"))
     ap.add_argument("--json", action="store_true", help="JSON lines out")
     a = ap.parse_args()
     bins = [c.split("=", 1) if "=" in c else (c, c) for c in a.canopy]

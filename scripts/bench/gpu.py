@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Canopy's cuda backend against PyTorch eager level-batched on one GPU
-(issue 33, item 6).
+"""Canopy's cuda backend against PyTorch eager level-batched on one GPU.
 
 For each family and hidden size: `canopy run --backend cuda --jobs 1` at
 runs of R instances, and scripts/bench/torch_models.py's level-batched
@@ -11,21 +10,19 @@ device counters (launches, syncs, bytes each way) where the binary
 reports them. Then the daemon with `--backend cuda`: c=1 p50 and c=64
 throughput (a Python client, keep-alive connections).
 
-Runs on the GPU machine (../shared/gpu/README.md): any python3 with torch
-and a CUDA device. Data files are read from --data (copy them into the
-project tree: ../shared does not travel).
-
-usage: gpu.py --canopy BIN --data DIR [--families treelstm,latticelstm]
-              [--hidden 128,512,1024] [--runs 64,256,1024,4096]
-              [--instances 32768] [--peak-tflops 67] [--jobs 1]
-              [--no-torch] [--no-daemon]
+Needs: a CUDA device (or --device cpu, a smoke test of this script);
+python3 with torch (it names the device, even with --no-torch); a canopy
+built with `-Dcuda=enabled` (--canopy, default $CANOPY_BIN) whose
+libraries the loader finds (LD_LIBRARY_PATH; the cuda module from the
+build tree or $CANOPY_CUDA_MODULE); the data files (--data, default
+$CANOPY_DATA, else this checkout's data/).
 """
 import argparse, http.client, json, os, socket, statistics, subprocess
 import sys, tempfile, threading, time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
-import torch_models  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+torch = torch_models = None  # imported by main(), so that --help needs neither
 
 FILES = {"treelstm": "trees-binary.jsonl", "latticelstm": "lattices.jsonl",
          "treegru": "trees-binary.jsonl", "bilstm-tagger": "sequences.jsonl",
@@ -152,9 +149,16 @@ def daemon(a, models_dir, name, inp):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--canopy", required=True)
-    ap.add_argument("--data", required=True)
+    global torch, torch_models
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--canopy", default=os.environ.get("CANOPY_BIN"),
+                    help="canopy built with -Dcuda=enabled "
+                         "(default: $CANOPY_BIN)")
+    ap.add_argument("--data", default=os.environ.get("CANOPY_DATA") or
+                    os.path.join(os.path.dirname(os.path.dirname(HERE)), "data"),
+                    help="the data files (default: $CANOPY_DATA, else the "
+                         "checkout's data/)")
     ap.add_argument("--families", default="treelstm,latticelstm")
     ap.add_argument("--hidden", default="128,512,1024")
     ap.add_argument("--runs", default="64,256,1024,4096")
@@ -169,6 +173,10 @@ def main():
     ap.add_argument("--device", default="cuda",
                     help="cpu: a smoke test of this script without a GPU")
     a = ap.parse_args()
+    if not a.canopy:
+        ap.error("no canopy binary: give --canopy BIN or set CANOPY_BIN")
+    import torch  # noqa: E402 (the device's name and the torch baseline)
+    import torch_models  # noqa: E402
     a.backend = "cuda" if a.device == "cuda" else "cpu"
     work = tempfile.mkdtemp(prefix="canopy-gpu-")
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else "none (cpu)"

@@ -1,39 +1,44 @@
 #!/usr/bin/env bash
-# One session on the GPU machine (../shared/gpu/README.md), every step with
-# a timeout, logs under $OUT (or ./gpu-out). Build and bundle here first:
-#   meson setup build-cuda -Dcuda=enabled && ninja -C build-cuda
-#   TESTS="test_cuda" ../shared/gpu/bundle.sh build-cuda .gpu
-#   mkdir -p .gpu/data && cp ../shared/data/* .gpu/data/
-# then, through the device tool, with carry [".gpu"]:
-#   source .gpu/env.sh && scripts/bench/gpu_run.sh [quick]
-# Steps: the GPU; test_cuda; batch invariance on cuda (canopy run --batch 1
-# against 64 and everything in one run, byte for byte, reported not
-# asserted: docs/api.md); scripts/bench/gpu.py (the table of issue 33).
+# One session on a machine with an NVIDIA GPU and a cuda build, every step
+# with a timeout, logs under $OUT (or ./gpu-out). Steps: the GPU;
+# test_cuda; batch invariance on cuda (canopy run --batch 1 against 64 and
+# everything in one run, byte for byte, reported not asserted:
+# docs/api.md); scripts/bench/gpu.py (docs/benchmarks.md's cuda table).
+# What it needs comes from the environment (gpu_env.sh; --help says it).
+#
+# usage: scripts/bench/gpu_run.sh [quick]   (quick: fewer sizes in gpu.py)
 set -uo pipefail
-OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
-B=.gpu/bin/canopy D=.gpu/data
-step() { echo "== $* ($(date +%T))"; }
+. "$(dirname "$0")/gpu_env.sh"
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
+  sed -n '2,6p;9p' "$0" | sed 's/^# \{0,1\}//'
+  gpu_env_help
+  exit 0
+fi
+gpu_env
 step GPU
 timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
 step test_cuda
-CANOPY_DATA=$PWD/$D timeout 150 .gpu/bin/test_cuda >"$OUT/test_cuda.log" 2>&1
-echo "test_cuda exit $?"; tail -3 "$OUT/test_cuda.log"
+if [ -n "$TEST_CUDA" ]; then
+  timeout 150 "$TEST_CUDA" >"$OUT/test_cuda.log" 2>&1
+  echo "test_cuda exit $?"; tail -3 "$OUT/test_cuda.log"
+else
+  echo "no test_cuda beside $B: skipped (CANOPY_TEST_CUDA)"
+fi
 step "invariance on cuda"
 inv=$(mktemp -d)
 head -200 "$D/trees-binary.jsonl" >"$inv/t.jsonl"
 for H in 64 512; do
-  timeout 60 $B model init treelstm "$inv/m$H" --hidden $H --embed $H \
+  timeout 60 "$B" model init treelstm "$inv/m$H" --hidden $H --embed $H \
     --vocab-from "$inv/t.jsonl" --seed 3 2>/dev/null
   for b in 1 64 100000; do
-    timeout 120 $B run --backend cuda --model "$inv/m$H" --input "$inv/t.jsonl" \
+    timeout 120 "$B" run --backend cuda --model "$inv/m$H" --input "$inv/t.jsonl" \
       --outputs all --return-hidden --batch $b --jobs 1 >"$inv/out$H-$b" 2>/dev/null
   done
   for b in 64 100000; do
     if cmp -s "$inv/out$H-1" "$inv/out$H-$b"; then r=identical; else r=differ; fi
     echo "treelstm H=$H cuda: --batch $b against --batch 1: $r"
   done
-  timeout 120 $B run --backend cpu --model "$inv/m$H" --input "$inv/t.jsonl" \
+  timeout 120 "$B" run --backend cpu --model "$inv/m$H" --input "$inv/t.jsonl" \
     --outputs all --return-hidden --batch 64 >"$inv/cpu$H" 2>/dev/null
   python3 - "$inv/out$H-1" "$inv/out$H-64" "$inv/cpu$H" <<'PY'
 import json, sys
@@ -51,14 +56,14 @@ PY
 done
 step "gpu.py"
 if [ "${1:-}" = quick ]; then
-  timeout 300 python3 scripts/bench/gpu.py --canopy $B --data $D \
+  timeout 300 python3 scripts/bench/gpu.py --canopy "$B" --data "$D" \
     --hidden 128,512 --runs 64,1024 2>&1 | tee "$OUT/gpu_bench.txt"
 else
-  timeout 420 python3 scripts/bench/gpu.py --canopy $B --data $D 2>&1 |
+  timeout 420 python3 scripts/bench/gpu.py --canopy "$B" --data "$D" 2>&1 |
     tee "$OUT/gpu_bench.txt"
   step "gpu.py, several jobs"
   for j in 4 8; do
-    timeout 150 python3 scripts/bench/gpu.py --canopy $B --data $D --jobs $j \
+    timeout 150 python3 scripts/bench/gpu.py --canopy "$B" --data "$D" --jobs $j \
       --families treelstm --hidden 128,512 --runs 256,1024 --instances 16384 \
       --no-torch --no-daemon 2>&1 | tee -a "$OUT/gpu_bench_jobs.txt"
   done

@@ -174,7 +174,8 @@ def free_port():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--canopy", default=os.path.join(ROOT, "build", "canopy"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
+    ap.add_argument("--data", default=os.environ.get("CANOPY_DATA") or
+                    os.path.join(ROOT, "data"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "bench"))

@@ -174,7 +174,8 @@ def main():
     ap.add_argument("--models", default="/tmp/canopy-bench-slow")
     ap.add_argument("--model", default="treelstm")
     ap.add_argument("--input", default=os.path.join(
-        root, "..", "shared", "data", "trees-binary.jsonl"))
+        os.environ.get("CANOPY_DATA") or os.path.join(root, "data"),
+        "trees-binary.jsonl"))
     ap.add_argument("--body", action="store_true",
                     help="trickle body bytes after a whole head instead")
     ap.add_argument("--max-connections", type=int, default=-1,

@@ -151,7 +151,7 @@ def start_canopy(procs, port, log, *flags, env=None):
     return p
 
 
-def wait_ready(p, port, procs, path="/readyz", seconds=20):
+def wait_ready(p, port, procs, path="/readyz", seconds=60):
     t_end = time.monotonic() + seconds
     while time.monotonic() < t_end:
         check(p.poll() is None,

@@ -57,7 +57,7 @@ def run_entrypoint(procs, src, path_dir, mount, demo, tag, env=None):
     p = procs.start([os.path.join(src, "config/deploy/image/entrypoint.sh"),
                      "--host", "127.0.0.1", "--port", str(port)],
                     f"entrypoint-{tag}.log", env=e)
-    t_end = time.monotonic() + 30
+    t_end = time.monotonic() + 60
     while time.monotonic() < t_end:
         if p.poll() is not None:
             return p, None
@@ -67,7 +67,7 @@ def run_entrypoint(procs, src, path_dir, mount, demo, tag, env=None):
         except OSError:
             pass
         time.sleep(0.02)
-    raise Fail(f"entrypoint ({tag}) did not serve in 30 s:\n{procs.log(p)}")
+    raise Fail(f"entrypoint ({tag}) did not serve in 60 s:\n{procs.log(p)}")
 
 
 def stop(procs, p, tag):

@@ -227,7 +227,7 @@ def body(procs):
               "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
     p = procs.start([os.path.join(root, "config/deploy/image/entrypoint.sh"),
                      *a], "pod.log", env=e)
-    t_end, ready = time.monotonic() + 20, False
+    t_end, ready = time.monotonic() + 60, False
     while time.monotonic() < t_end and not ready and p.poll() is None:
         try:
             ready = request(hp, "GET", c["readinessProbe"]["httpGet"]["path"],

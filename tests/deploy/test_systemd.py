@@ -190,7 +190,7 @@ def body(procs):
                     "serve-nobody.log", env={
                         "NOTIFY_SOCKET": os.path.join(procs.dir, "none.sock"),
                         "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "pc")})
-    t_end = time.monotonic() + 20
+    t_end = time.monotonic() + 60
     st = None
     while time.monotonic() < t_end and p.poll() is None:
         try:

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import unittest
-from daemon_util import free_port
+from daemon_util import DEADLINE_S, free_port, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -62,7 +62,8 @@ class Daemon:
             [BIN, "serve", "--models-dir", models, "--port", str(self.port),
              "--max-delay-us", "1000"] + list(flags),
             stderr=self.log, env=env)
-        for _ in range(500):
+        end = time.monotonic() + DEADLINE_S
+        while time.monotonic() < end:
             try:
                 if self.get("/readyz")[0] == 200:
                     return
@@ -91,6 +92,11 @@ class Daemon:
     def post(self, path, token=TOKEN, body=b""):
         h = {"Authorization": "Bearer " + token} if token else {}
         return self.request("POST", path, body, h)
+
+    def log_count(self, what):
+        """How many times what occurs in the daemon's log."""
+        with open(self.log_path) as f:
+            return f.read().count(what)
 
     def stop(self):
         if self.p.poll() is None:
@@ -180,15 +186,16 @@ class Lifecycle(unittest.TestCase):
                     st, body = d.post("/v2/repository/models/t/load")
                     self.assertEqual(st, 200, body)
                     self.assertEqual(body["version"], want)
-                for _ in range(500):
-                    st, body = d.get("/v2/models/t/ready")
-                    if st == 200 and body["version"] == want:
-                        break
-                    time.sleep(0.01)
+                ready = lambda: d.get("/v2/models/t/ready")
+                st, body = wait_until(
+                    ready, lambda r: r[0] == 200 and r[1]["version"] == want)
                 self.assertEqual(body.get("version"), want,
                                  "swap %d not served" % swap)
                 seen_versions.add(want)
-                time.sleep(0.05)
+                # traffic on this version before the next swap: a few
+                # answers more (the clients count them)
+                n = len(results)
+                wait_until(lambda: len(results), lambda k: k >= n + 12)
         finally:
             stop.set()
             for t in threads:
@@ -276,10 +283,7 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual([e["name"] for e in index], ["a"])
         os.symlink(self.versions[1], os.path.join(self.models, "b"))
         d.p.send_signal(signal.SIGHUP)
-        for _ in range(300):
-            if d.get("/v2/models/b/ready")[0] == 200:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: d.get("/v2/models/b/ready")[0] == 200)
         st, body = d.request("POST", "/v1/models/b/infer", self.lines[0])
         self.assertEqual(st, 200, body)
         self.assertEqual(body["model_version"],
@@ -300,16 +304,14 @@ class Lifecycle(unittest.TestCase):
         threads = [threading.Thread(target=client) for _ in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        wait_until(lambda: statuses.count(200) >= 8)  # b serves them
         os.remove(os.path.join(self.models, "b"))
         d.p.send_signal(signal.SIGHUP)
         # the rescan's time depends on the machine's load: wait for it
         # (the clients keep asking meanwhile), then a little more traffic
-        for _ in range(1000):
-            if 404 in statuses:
-                break
-            time.sleep(0.01)
-        time.sleep(0.1)
+        wait_until(lambda: 404 in statuses)
+        n = len(statuses)
+        wait_until(lambda: len(statuses) >= n + 8)
         stop.set()
         for t in threads:
             t.join()
@@ -321,11 +323,10 @@ class Lifecycle(unittest.TestCase):
                                    self.lines[0])[0], 404)
         # b's directory is gone: no longer in the repository's index (its
         # slot is freed once no request holds it, issue 39)
-        for _ in range(500):  # once the last request has let go of b
-            st, index = d.post("/v2/repository/index", token=None)
-            if len(index) == 1:
-                break
-            time.sleep(0.01)
+        # once the last request has let go of b
+        st, index = wait_until(
+            lambda: d.post("/v2/repository/index", token=None),
+            lambda r: len(r[1]) == 1)
         self.assertEqual({e["name"]: e["state"] for e in index},
                          {"a": "READY"})
         self.assertGreater(first404, 0)
@@ -333,16 +334,14 @@ class Lifecycle(unittest.TestCase):
         # files change, then loads the new version
         self.assertEqual(d.post("/v2/repository/models/a/unload",
                                 token=None)[0], 200)
+        rescans = d.log_count("msg=rescan why=sighup")
         d.p.send_signal(signal.SIGHUP)
-        time.sleep(0.4)
+        wait_until(lambda: d.log_count("msg=rescan why=sighup") > rescans)
         self.assertEqual(d.get("/v2/models/a/ready")[0], 503)
         swap_link(os.path.join(self.models, "a"), self.versions[2])
         d.p.send_signal(signal.SIGHUP)
-        for _ in range(300):
-            st, body = d.get("/v2/models/a/ready")
-            if st == 200:
-                break
-            time.sleep(0.01)
+        st, body = wait_until(lambda: d.get("/v2/models/a/ready"),
+                              lambda r: r[0] == 200)
         self.assertEqual((st, body.get("version")),
                          (200, weights_version(self.versions[2])))
         with open(d.log_path) as f:
@@ -387,11 +386,8 @@ class Lifecycle(unittest.TestCase):
                                    token=None)[0], 403)
         os.symlink(self.versions[1], os.path.join(self.models, "c"))
         none.p.send_signal(signal.SIGHUP)
-        for _ in range(500):  # the signal handled, however loaded
-            with open(none.log_path) as f:
-                if "msg=sighup action=ignored" in f.read():
-                    break
-            time.sleep(0.01)
+        # the signal handled, however loaded
+        wait_until(lambda: none.log_count("msg=sighup action=ignored"))
         self.assertEqual(none.get("/v2/models/c/ready")[0], 404)
         with open(none.log_path) as f:
             self.assertIn("msg=sighup action=ignored", f.read())

@@ -105,16 +105,18 @@ def main():
                           "--policy", "agenda", "--log-level", "warn"])
     ok = False
     try:
-        for _ in range(300):
+        t_end = time.monotonic() + 60
+        while True:
             try:
                 with urllib.request.urlopen(base + "/readyz", timeout=1) as r:
                     if r.status == 200:
                         break
             except OSError:
-                time.sleep(0.05)
-        else:
-            print("the daemon did not become ready", file=sys.stderr)
-            return 1
+                pass
+            if time.monotonic() >= t_end or d.poll() is not None:
+                print("the daemon did not become ready", file=sys.stderr)
+                return 1
+            time.sleep(0.05)
         ok = all([check(base, a.models_dir, s) for s in a.specs])
     finally:
         d.send_signal(signal.SIGTERM)
