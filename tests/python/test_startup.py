@@ -108,8 +108,10 @@ class Startup(unittest.TestCase):
                         "--vocab-from",
                         os.path.join(DATA, "trees-binary.jsonl")],
                        check=True, capture_output=True)
+        # no grace: the loop stops while the loads are still in flight, and
+        # server_stop is left to settle them
         d = Started(serve_argv(self.models, "--model-control", "explicit",
-                               "--warmup", "true"))
+                               "--warmup", "true", "--drain-grace-ms", "0"))
         self.assertTrue(d.wait_for(r"msg=ready"), d.log())
         for n in ("a", "b"):
             shutil.copytree(big, os.path.join(self.models, n))
