@@ -336,6 +336,21 @@ int cn_cmd_run(int argc, char **argv) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     goto out;
   }
+  /* a budget under which not even the model's smallest instance runs
+   * would refuse every line: refused here, naming the smallest that runs */
+  long long floor = 0;
+  if (o.cfg.serve.memory_budget > 0 &&
+      cn_run_min_budget(m, bk, o.policy, o.layout, &floor, &err) != 0) {
+    fprintf(stderr, "canopy run: %s\n", err.msg);
+    goto out;
+  }
+  if (o.cfg.serve.memory_budget < floor) {
+    fprintf(stderr, "canopy run: --memory-budget %lld bytes is too small: "
+            "the model cannot run even its smallest instance under %lld "
+            "bytes; give at least %lld, or 0 for no budget\n",
+            o.cfg.serve.memory_budget, floor, floor);
+    goto out;
+  }
   set_product_threads(&o, cores, jobs);
   in = strcmp(o.input, "-") == 0 ? stdin : fopen(o.input, "r");
   if (in == NULL) {

@@ -1,7 +1,10 @@
 /* main.c - the canopy binary: one executable, several subcommands. */
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "canopy_version.h"
 #include "cli.h"
@@ -38,7 +41,25 @@ static void usage(FILE *f) {
           CANOPY_VERSION);
 }
 
+/* Standard input, output or error closed by whoever started the process
+ * (`canopy serve >&- 2>&-`, a careless service wrapper): the next file
+ * opened takes the lowest free descriptor, so libuv's own pipes landed on
+ * 1 and 2, log lines went into them, and libuv aborted closing them at
+ * exit. Each closed one is opened on /dev/null before anything else
+ * opens a file. */
+static void stdio_on_dev_null(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int n = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n >= 0 && n != fd) {
+      dup2(n, fd);
+      close(n);
+    }
+  }
+}
+
 int main(int argc, char **argv) {
+  stdio_on_dev_null();
   /* A peer or a log reader that goes away makes a write fail with EPIPE,
    * never kills the process: from the first instruction, so a daemon
    * whose stderr pipe closes while its models load lives on (issue #39) */

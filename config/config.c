@@ -559,6 +559,8 @@ static void usage_key(FILE *f, const cn_config_key *k) {
   fprintf(f, "  --%-26s %s (default %s", k->name, k->help,
           k->dflt[0] ? k->dflt : "none");
   if (k->type == CN_CFG_INT) fprintf(f, ", %lld..%lld", k->min, k->max);
+  if (k->type == CN_CFG_BYTES)
+    fprintf(f, ", %lld..%lld bytes", k->min, k->max);
   if (k->choices != NULL) fprintf(f, ", one of %s", k->choices);
   fprintf(f, ")\n");
 }

@@ -59,6 +59,10 @@ bool cn__repo_busy(const cn__model_slot *sl);
 /* Start-up: every model directory, loaded in name order. */
 int cn__repo_load_all(cn__server *s, cn_err *err);
 void cn__repo_free_all(cn__server *s);
+/* After the loop, once the workers stopped: waits for the loads still in
+ * flight and settles them as the loop would (the version discarded, the
+ * requests that waited on it released). */
+void cn__repo_loads_join(cn__server *s);
 /* Loop: load (or reload) a model directory on a loader thread; r, if not
  * NULL, is a suspended POST .../load answered when it is done. */
 void cn__repo_load_async(cn__server *s, const char *name, cn__req *r);

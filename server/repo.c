@@ -248,10 +248,25 @@ int cn__repo_load_all(cn__server *s, cn_err *err) {
   }
   for (int i = 0; i < n; i++) {
     cn__model_slot *sl = slot_get(s, names[i]);
-    if (sl == NULL) {
-      rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: more than %d "
-                      "models", CN__MAX_MODELS);
+    if (sl == NULL && sc->strict_startup) {
+      rc = cn_err_set(err, CN_E_BAD_CONFIG, "models-dir: %d model "
+                      "directories, more than the %d a daemon serves (set "
+                      "strict-startup false to serve the first %d in byte "
+                      "order of their names)", n, CN__MAX_MODELS,
+                      CN__MAX_MODELS);
       goto out;
+    }
+    /* the names are sorted: the first CN__MAX_MODELS serve, the others
+     * are UNAVAILABLE in the index (repo_report.c says why) */
+    if (sl == NULL) {
+      char cut[64], esc[260];
+      snprintf(cut, sizeof(cut), "%.60s", names[i]);
+      cn__log_escape(esc, sizeof(esc), cut);
+      CN_LOG(CN_LOG_ERROR, "msg=models-over-bound directories=%d served=%d "
+             "first_unserved=\"%s\" reason=\"a daemon serves at most %d "
+             "models, the first in byte order of their names\"", n,
+             CN__MAX_MODELS, esc, CN__MAX_MODELS);
+      break;
     }
     cn__model_entry *me;
     cn_err e;
@@ -296,9 +311,27 @@ static void *loader_main(void *arg) {
   pthread_mutex_lock(&s->lmu);
   L->next = s->loaded;
   s->loaded = L;
+  pthread_cond_signal(&s->lcv);
   pthread_mutex_unlock(&s->lmu);
   uv_async_send(&s->load_async);
   return NULL;
+}
+
+/* A SIGTERM during loads stopped the loop before they came back: their
+ * results, and the POST .../load requests that joined them, were never
+ * freed (LSan at exit). The loaders end soon once the workers stopped
+ * (their warm-up is abandoned); each is then settled by on_loaded. */
+void cn__repo_loads_join(cn__server *s) {
+  if (s->loads_pending == 0) return;
+  pthread_mutex_lock(&s->lmu);
+  for (;;) {
+    int back = 0;
+    for (struct cn__load *L = s->loaded; L != NULL; L = L->next) back++;
+    if (back >= s->loads_pending) break;
+    pthread_cond_wait(&s->lcv, &s->lmu);
+  }
+  pthread_mutex_unlock(&s->lmu);
+  cn__repo_on_loaded(&s->load_async);
 }
 
 /* Answers a suspended POST .../load (if it still waits). */

@@ -73,11 +73,13 @@ int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
   }
   DIR *d = opendir(dir);
   if (d == NULL) return -1;
-  char **names = calloc(CN__MAX_MODELS * 4, sizeof(char *));
-  int n = 0;
+  /* every name, however many (the repository serves the first
+   * CN__MAX_MODELS of them in sorted order: a cut here would make that
+   * readdir's order) */
+  int cap = CN__MAX_MODELS, n = 0;
+  char **names = malloc((size_t)cap * sizeof(char *));
   struct dirent *de;
-  while (names != NULL && (de = readdir(d)) != NULL &&
-         n < CN__MAX_MODELS * 4) {
+  while (names != NULL && (de = readdir(d)) != NULL) {
     char p[4400];
     struct stat st;
     /* hidden (a write in progress: canopy-import's .NAME.xxxx), and the
@@ -94,7 +96,13 @@ int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
     size_t len = strlen(de->d_name);
     int cc = cn__dirs_control_char(de->d_name);
     if (serr == 0 && len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
-      names[n++] = strdup(de->d_name);
+      if (n == cap) {
+        char **t = realloc(names, (size_t)cap * 2 * sizeof(char *));
+        if (t == NULL) continue;
+        names = t;
+        cap *= 2;
+      }
+      if ((names[n] = strdup(de->d_name)) != NULL) n++;
       continue;
     }
     if (bad == NULL) continue;

@@ -57,13 +57,20 @@ json_t *cn__repo_index(cn__server *s) {
     json_array_append_new(arr, o);
   }
   if (n >= 0) cn__dirs_free_unservable(bad, n_bad);
+  int used = 0;
+  for (int i = 0; i < m; i++) used += s->models[i].used;
+  char over[200];
+  snprintf(over, sizeof(over), "not loaded: models-dir holds more model "
+           "directories than the %d a daemon serves (the first in byte order "
+           "of their names)", CN__MAX_MODELS);
   for (int i = 0; i < n; i++) {
     if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
     json_t *o = json_object();
     json_object_set_new(o, "name", json_string(names[i]));
     json_object_set_new(o, "state", json_string("UNAVAILABLE"));
-    json_object_set_new(o, "reason", json_string("not loaded: new since the "
-                                                 "last scan of models-dir"));
+    json_object_set_new(o, "reason", json_string(
+        used >= CN__MAX_MODELS ? over : "not loaded: new since the last "
+                                        "scan of models-dir"));
     json_array_append_new(arr, o);
   }
   if (n >= 0) cn__dirs_free_names(names, n);

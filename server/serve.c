@@ -293,6 +293,7 @@ static void init_sync(cn__server *s) {
   pthread_mutex_init(&s->dmu, NULL);
   uv_loop_init(&s->loop);
   pthread_mutex_init(&s->lmu, NULL);
+  pthread_cond_init(&s->lcv, NULL);
 }
 
 /* The model slots and the metrics over their names; -1 when out of
@@ -359,6 +360,41 @@ static void log_ready(cn__server *s, int blas, double t_start) {
          sc->queue_depth, (cn_now_s() - t_start) * 1e3);
 }
 
+/* A memory budget under which a served model can run not even its
+ * smallest instance would answer every request of it 413 (and one under
+ * 64 bytes once divided by zero on the first request): refused at
+ * start-up, naming the smallest budget that serves every model. The
+ * floors are planned on a cpu context of this thread (plans only: under
+ * such small budgets a device's larger scratch slice changes nothing). */
+static int check_budget(cn__server *s, cn_err *err) {
+  long long budget = s->cfg.serve.memory_budget, need = 0;
+  char worst[CN__NAME_MAX] = "";
+  if (budget <= 0) return 0;
+  cn_backend_ctx *bk = NULL;
+  int rc = cn_backend_open("cpu", 0, &bk, err);
+  int n = atomic_load(&s->n_models);
+  for (int i = 0; rc == 0 && i < n; i++) {
+    cn__model_slot *sl = &s->models[i];
+    if (!sl->used || sl->cur == NULL) continue;
+    long long floor = 0;
+    if ((rc = cn_run_min_budget(sl->cur->model, bk, s->policy, s->layout,
+                                &floor, err)) != 0)
+      break;
+    if (floor > need) {
+      need = floor;
+      snprintf(worst, sizeof(worst), "%s", sl->name);
+    }
+  }
+  cn_backend_close(bk);
+  if (rc != 0) return rc;
+  if (budget >= need) return 0;
+  return cn_err_set(err, CN_E_BAD_CONFIG, "memory-budget %lld bytes is too "
+                    "small: model %.60s cannot run even its smallest "
+                    "instance under %lld bytes (every request would be "
+                    "refused); set memory-budget to at least %lld, or 0 for "
+                    "no budget", budget, worst, need, need);
+}
+
 /* After the loop (or a failed start-up once the metrics exist): fail
  * what still waits, close the handles, join the threads, answer the
  * runs finished after the loop, free the metrics. */
@@ -369,6 +405,7 @@ static void server_stop(cn__server *s) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
   cn__retrainer_join(s);
   cn__workers_stop(s);
+  cn__repo_loads_join(s); /* loads the drain did not wait for */
   cn__batcher_on_done(&s->done_async); /* runs finished after the loop */
   free((void *)s->metrics.model_names);
   cn__metrics_free(&s->metrics);
@@ -415,6 +452,10 @@ int cn_cmd_serve(int argc, char **argv) {
     goto stop;
   }
   if (cn__repo_load_all(s, &err) != 0) {
+    fprintf(stderr, "canopy serve: %s\n", err.msg);
+    goto stop;
+  }
+  if (check_budget(s, &err) != 0) {
     fprintf(stderr, "canopy serve: %s\n", err.msg);
     goto stop;
   }

@@ -231,6 +231,7 @@ struct cn__server {
   cn__model_slot *models;    /* CN__MAX_MODELS; names never move       */
   atomic_int n_models;       /* slots in use                           */
   pthread_mutex_t lmu;       /* loaded: finished loads -> loop          */
+  pthread_cond_t lcv;        /* a load joined `loaded` (server_stop)    */
   struct cn__load *loaded;
   uv_async_t load_async;
   uv_timer_t poll_timer;     /* model-control poll                     */

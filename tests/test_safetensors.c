@@ -274,3 +274,78 @@ Test(safetensors, write_refuses_duplicate_names) {
   cr_assert_not_null(strstr(e.msg, "'x'"));
   cr_assert_eq(access(path, F_OK), -1);
 }
+
+/* The file offset where the data section of the file at path starts. */
+static long long data_start(void) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f);
+  unsigned char b[8];
+  cr_assert_eq(fread(b, 1, 8, f), 8u);
+  fclose(f);
+  unsigned long long hl = 0;
+  for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+  return 8 + (long long)hl;
+}
+
+/* The format has no holes (huggingface/safetensors: the byte buffer is
+ * entirely indexed): bytes after the last tensor, between two tensors or
+ * before the first are refused, naming the file and the first such byte. */
+Test(safetensors, bytes_in_no_tensor) {
+  char want[96];
+  write_raw("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+            zeros, 17);
+  snprintf(want, sizeof(want), "bytes %lld to %lld of the file",
+           data_start() + 16, data_start() + 16);
+  expect_bad(want, "belong to no tensor");
+  write_raw("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+            "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[24,40]}}",
+            zeros, 40);
+  snprintf(want, sizeof(want), "bytes %lld to %lld of the file",
+           data_start() + 16, data_start() + 23);
+  expect_bad(want, "before 'b'");
+  write_raw("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+            zeros, 24);
+  snprintf(want, sizeof(want), "bytes %lld to %lld of the file",
+           data_start(), data_start() + 7);
+  expect_bad(want, "no holes");
+  /* empty tensors cover nothing and leave no hole */
+  write_raw("{\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[16,16]},"
+            "\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+            zeros, 16);
+  cn_safetensors st;
+  cn_err e;
+  cr_assert_eq(cn_safetensors_open(path, &st, &e), 0, "%s", e.msg);
+  cn_safetensors_close(&st);
+}
+
+/* Bytes this process has read so far (/proc/self/io rchar). */
+static long long bytes_read(void) {
+  FILE *f = fopen("/proc/self/io", "r");
+  cr_assert_not_null(f);
+  char line[128];
+  long long v = -1;
+  while (fgets(line, sizeof(line), f) != NULL)
+    if (sscanf(line, "rchar: %lld", &v) == 1) break;
+  fclose(f);
+  cr_assert_geq(v, 0);
+  return v;
+}
+
+/* A valid file extended to 256 MiB (sparse) is refused from its header:
+ * its trailing bytes are neither read nor held (a 2 GiB file was read
+ * whole and its bytes held while the model served). */
+Test(safetensors, trailing_bytes_are_not_read) {
+  write_raw("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+            zeros, 16);
+  cr_assert_eq(truncate(path, 256LL << 20), 0);
+  cn_safetensors st;
+  cn_err e;
+  cn_err_clear(&e);
+  long long before = bytes_read();
+  int rc = cn_safetensors_open(path, &st, &e);
+  long long read = bytes_read() - before;
+  cr_assert_eq(rc, CN_E_BAD_MODEL, "%d %s", rc, e.msg);
+  cr_assert_not_null(strstr(e.msg, "belong to no tensor"), "%s", e.msg);
+  cr_assert_lt(read, 1 << 20, "%lld bytes read to refuse it", read);
+  cr_assert_null(st.bytes);
+}

@@ -3,9 +3,12 @@
  * Layout (huggingface/safetensors): an 8-byte little-endian header length N,
  * N bytes of JSON {"name": {"dtype", "shape", "data_offsets": [b, e]}, ...}
  * with an optional "__metadata__" entry, then the data section; offsets are
- * relative to its start. The reader reads the whole file into memory of its
- * own and checks every header entry before handing out a pointer, so a model
- * is either entirely valid or not loaded. It does not map the file: with a
+ * relative to its start. The reader reads the header first and checks every
+ * entry, and that the tensors cover the data section exactly (the format
+ * has no holes: a byte no tensor covers, trailing bytes included, is
+ * refused naming its offset), before it reads the data: so it reads, and
+ * holds, only what the model keeps, and a model is either entirely valid or
+ * not loaded. The data is read into memory of its own. It does not map the file: with a
  * mapping, copying other weights over the file changed a running daemon's
  * answers and truncating it killed the daemon with SIGBUS. It records the
  * file's SHA-256 (OpenSSL libcrypto), which names the weights a model
@@ -38,11 +41,12 @@ static int span_cmp(const void *a, const void *b) {
   return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* Checks one header entry and fills t. data is the start of the data
- * section, data_at its offset in the file, data_len its length. */
+/* Checks one header entry and fills t but its data pointer (the data is
+ * not read yet). data_at is the data section's offset in the file,
+ * data_len its length; the file is read to a 64-byte aligned buffer. */
 static int parse_entry(const char *path, const char *name, json_t *e,
-                       const char *data, int64_t data_at, int64_t data_len,
-                       cn_tensor *t, span *sp, cn_err *err) {
+                       int64_t data_at, int64_t data_len, cn_tensor *t,
+                       span *sp, cn_err *err) {
   int rc = CN_E_BAD_MODEL;
   if (strlen(name) >= sizeof(t->name)) {
     cn_err_set(err, rc, "%s: tensor name '%.40s...' is longer than %zu bytes",
@@ -113,15 +117,14 @@ static int parse_entry(const char *path, const char *name, json_t *e,
                (long long)t->numel * 4);
     goto out;
   }
-  const char *p = data + begin;
-  if (t->numel > 0 && ((uintptr_t)p & 3u) != 0) {
+  if (t->numel > 0 && ((data_at + begin) & 3) != 0) {
     cn_err_set(err, rc, "%s: tensor '%s' starts at file byte %lld, which is "
                "not 4-byte aligned; rewrite the file with its header padded "
                "to a multiple of 8 bytes", path, name,
                (long long)(data_at + begin));
     goto out;
   }
-  t->data = (const float *)p;
+  t->data = NULL;
   sp->begin = begin;
   sp->end = end;
   rc = 0;
@@ -171,6 +174,7 @@ int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
   int fd = -1;
   json_t *hdr = NULL;
   span *spans = NULL;
+  char *text = NULL;
   memset(st, 0, sizeof(*st));
   uint64_t fsize;
   if ((rc = cn__open_regular_at(dirfd, rel, path, INT64_MAX, &fd, &fsize,
@@ -183,33 +187,37 @@ int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
                (long long)fsize);
     goto out;
   }
-  st->n_bytes = (size_t)fsize;
-  if (posix_memalign(&st->bytes, 64, st->n_bytes) != 0) {
-    st->bytes = NULL;
-    rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for %zu bytes", path,
-                    st->n_bytes);
-    goto out;
-  }
-  int rerr = read_whole(fd, st->bytes, st->n_bytes);
+  unsigned char lenb[8];
+  int rerr = read_whole(fd, (char *)lenb, 8);
   if (rerr != 0) {
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot read %zu bytes: %s", path,
-                    st->n_bytes, rerr == EIO ? "the file shrank while being "
-                    "read" : strerror(rerr));
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot read its first 8 bytes: %s",
+                    path, rerr == EIO ? "the file shrank while being read"
+                                      : strerror(rerr));
     goto out;
   }
-  sha256_hex(st->bytes, st->n_bytes, st->sha256);
-  const unsigned char *m = st->bytes;
   uint64_t hlen = 0;
-  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | m[i];
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | lenb[i];
   if (hlen > fsize - 8 || hlen > MAX_HEADER) {
     cn_err_set(err, rc, "%s: header length %llu does not fit in the file "
                "(%lld bytes) or exceeds %u bytes", path,
                (unsigned long long)hlen, (long long)fsize, MAX_HEADER);
     goto out;
   }
+  text = malloc((size_t)hlen + 1);
+  if (text == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for a header of %llu "
+                    "bytes", path, (unsigned long long)hlen);
+    goto out;
+  }
+  if ((rerr = read_whole(fd, text, (size_t)hlen)) != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot read its header of %llu "
+                    "bytes: %s", path, (unsigned long long)hlen,
+                    rerr == EIO ? "the file shrank while being read"
+                                : strerror(rerr));
+    goto out;
+  }
   json_error_t je;
-  hdr = json_loadb((const char *)m + 8, (size_t)hlen, JSON_REJECT_DUPLICATES,
-                   &je);
+  hdr = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
   if (hdr == NULL || !json_is_object(hdr)) {
     cn_err_set(err, rc, "%s: the header is not a JSON object: %s", path,
                hdr == NULL ? je.text : "wrong JSON type");
@@ -222,20 +230,22 @@ int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
     rc = cn_err_set(err, CN_E_NOMEM, "%s: out of memory", path);
     goto out;
   }
-  const char *data = (const char *)m + 8 + hlen;
-  int64_t data_len = (int64_t)(fsize - 8 - hlen);
+  const int64_t data_at = (int64_t)(8 + hlen);
+  const int64_t data_len = (int64_t)(fsize - 8 - hlen);
   const char *name;
   json_t *e;
   int k = 0;
   json_object_foreach(hdr, name, e) {
     if (strcmp(name, "__metadata__") == 0) continue;
-    if (parse_entry(path, name, e, data, (int64_t)(8 + hlen), data_len,
-                    &st->tensors[k], &spans[k], err) != 0)
+    if (parse_entry(path, name, e, data_at, data_len, &st->tensors[k],
+                    &spans[k], err) != 0)
       goto out;
     spans[k].idx = k;
     k++;
   }
-  /* Overlap: sort the byte spans; empty tensors occupy nothing. */
+  /* Overlaps and holes: the sorted byte spans (empty tensors occupy
+   * nothing) must tile the data section from its first byte to the
+   * file's last; anything else is refused before the data is read. */
   qsort(spans, (size_t)k, sizeof(*spans), span_cmp);
   int64_t last_end = 0;
   int last = -1;
@@ -247,15 +257,53 @@ int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
                  st->tensors[spans[i].idx].name);
       goto out;
     }
+    if (spans[i].begin > last_end) {
+      cn_err_set(err, rc, "%s: bytes %lld to %lld of the file lie between "
+                 "tensors, in none of them (before '%s'); a safetensors "
+                 "file has no holes", path, (long long)(data_at + last_end),
+                 (long long)(data_at + spans[i].begin - 1),
+                 st->tensors[spans[i].idx].name);
+      goto out;
+    }
     last_end = spans[i].end;
     last = spans[i].idx;
   }
+  if (last_end < data_len) {
+    cn_err_set(err, rc, "%s: bytes %lld to %lld of the file (%lld bytes) "
+               "belong to no tensor; a safetensors file has no holes and "
+               "ends with its last tensor (trailing bytes are refused, not "
+               "read)", path, (long long)(data_at + last_end),
+               (long long)fsize - 1, (long long)(data_len - last_end));
+    goto out;
+  }
+  /* the header is valid and covers every byte: now the data */
+  st->n_bytes = (size_t)fsize;
+  if (posix_memalign(&st->bytes, 64, st->n_bytes) != 0) {
+    st->bytes = NULL;
+    rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for %zu bytes", path,
+                    st->n_bytes);
+    goto out;
+  }
+  memcpy(st->bytes, lenb, 8);
+  memcpy((char *)st->bytes + 8, text, (size_t)hlen);
+  rerr = read_whole(fd, (char *)st->bytes + data_at, (size_t)data_len);
+  if (rerr != 0) {
+    rc = cn_err_set(err, CN_E_IO, "%s: cannot read %zu bytes: %s", path,
+                    st->n_bytes, rerr == EIO ? "the file shrank while being "
+                    "read" : strerror(rerr));
+    goto out;
+  }
+  sha256_hex(st->bytes, st->n_bytes, st->sha256);
+  for (int i = 0; i < k; i++)
+    st->tensors[spans[i].idx].data =
+        (const float *)((const char *)st->bytes + data_at + spans[i].begin);
   st->n = k;
   rc = 0;
 out:
   if (rc != 0) cn_safetensors_close(st);
   if (fd >= 0) close(fd);
   json_decref(hdr);
+  free(text);
   free(spans);
   return rc;
 }

@@ -60,7 +60,10 @@ static int64_t scratch_cap(const cn_run *r) {
    * (an eighth cost latticelstm 2 more batches at 16 MB, docs/memory.md) */
   int64_t sixteenth = r->mem_budget / 16 / (int64_t)sizeof(float);
   if (r->mem_budget > 0 && sixteenth < cap) cap = sixteenth;
-  return cap;
+  /* a budget under 64 bytes leaves a sixteenth of no float: one float a
+   * launch still divides (slice_needs), and the plan is refused as over
+   * the budget instead of dividing by zero */
+  return cap > 0 ? cap : 1;
 }
 
 /* The rows of batch bt a launch executes at once (all of them unless its
@@ -262,6 +265,104 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
   r->kernels = r->bk->kernels - k0;
   return r->async ? cn__run_fetch_start(r, NULL, 0, err)
                   : cn__run_copy_back(r, NULL, 0, err);
+}
+
+/* Plans r as exec_planned does, under its budget, and executes nothing:
+ * 0 when a plan fits, CN_E_OVER_BUDGET when none does. */
+static int plan_only(cn_run *r, cn_policy_kind policy, cn_err *err) {
+  int rc = cn__sched_plan(r, policy, err);
+  if (rc != 0) return rc;
+  uint8_t *keep = r->reuse ? rows_read_after(r) : NULL;
+  rc = plan_memory(r, keep, err);
+  free(keep);
+  return rc;
+}
+
+/* One probe of cn_run_min_budget: 0 when `in` alone has a plan under
+ * budget (the arena it needs in *arena), 1 when it has none, else a
+ * negative error. *dynamic: the family's graph grows (nothing planned). */
+static int probe_budget(const cn_model *m, cn_backend_ctx *bk,
+                        const cn_instance *in, cn_policy_kind policy,
+                        cn_layout layout, long long budget, long long *arena,
+                        bool *dynamic, cn_err *err) {
+  cn_run *r = cn_run_new(m, bk);
+  if (r == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory for a run");
+  int rc = 0;
+  *dynamic = r->fam->dynamic;
+  if (*dynamic) goto out;
+  cn_run_set_layout(r, layout);
+  cn_run_set_memory_budget(r, budget);
+  if ((rc = cn_run_add(r, in, 0, 0)) < 0) {
+    cn_err_set(err, rc, "could not add the instance");
+    goto out;
+  }
+  cn_err e;
+  cn_err_clear(&e);
+  rc = plan_only(r, policy, &e);
+  if (rc == CN_E_OVER_BUDGET) {
+    rc = 1;
+  } else if (rc != 0) {
+    *err = e;
+  } else {
+    *arena = r->arena_floats * (long long)sizeof(float);
+  }
+out:
+  cn_run_free(r);
+  return rc;
+}
+
+int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
+                      cn_policy_kind policy, cn_layout layout,
+                      long long *bytes, cn_err *err) {
+  *bytes = 0;
+  /* a learned policy may be absent or retrained: the agenda it falls
+   * back to stands in for it */
+  if (policy == CN_POLICY_FSM) policy = CN_POLICY_AGENDA;
+  json_t *j = cn_model_warmup_instance(m);
+  cn_instance *in = NULL;
+  cn_limits lim;
+  cn_limits_default(&lim);
+  cn_err e;
+  cn_err_clear(&e);
+  int rc = 0;
+  if (j == NULL) {
+    rc = cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
+    goto out;
+  }
+  /* a vocabulary that makes no instance (tokens over the limits): no
+   * floor can be told, and none is imposed */
+  if (cn_instance_parse(m, j, &lim, 0, &in, &e) != 0) goto out;
+  bool dynamic = false;
+  long long arena = 0, hi, lo = 0;
+  if ((rc = probe_budget(m, bk, in, policy, layout, 0, &arena, &dynamic,
+                         err)) != 0 || dynamic)
+    goto out;
+  /* the arena without a budget fits under itself as a budget; should a
+   * plan under a budget need more (its own rounding), double it */
+  for (hi = arena > 64 ? arena : 64;; hi *= 2) {
+    rc = probe_budget(m, bk, in, policy, layout, hi, &arena, &dynamic, err);
+    if (rc < 0) goto out;
+    if (rc == 0) break;
+    if (hi > (1LL << 40)) {
+      rc = cn_err_set(err, CN_E_INTERNAL, "no memory budget up to %lld "
+                      "bytes lets the warm-up instance run", hi);
+      goto out;
+    }
+  }
+  /* lo: no plan under it; hi: a plan (every probe is a fresh run) */
+  while (hi - lo > 1) {
+    long long mid = lo + (hi - lo) / 2;
+    rc = probe_budget(m, bk, in, policy, layout, mid, &arena, &dynamic, err);
+    if (rc < 0) goto out;
+    if (rc == 0) hi = mid;
+    else lo = mid;
+  }
+  rc = 0;
+  *bytes = hi;
+out:
+  cn_instance_free(in);
+  json_decref(j);
+  return rc;
 }
 
 /* The family's run-level host pass (finish), which sees all the run's
