@@ -94,6 +94,7 @@ struct cn__conn {
   size_t url_len;
   hdr h[MAX_HEADERS];
   int nh;
+  bool head_done;           /* every header line read to its end       */
   bool expect_continue;
   /* a chunked body's framing, checked on the raw bytes (conn_parse.c's
    * chunk_check): where in it the next byte is, and the chunk's size */
