@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "logfmt_test_util.h"
 #include "serve_harness.h"
 
 static th_daemon d;
@@ -235,47 +236,12 @@ Test(repo, names_escaped_in_metrics_and_log, .fini = teardown,
   free(log);
 }
 
-/* One logfmt line (go-logfmt's grammar): `key=value` pairs split by
- * spaces, a key and a bare value holding no space, '=', '"' or control
- * character, a quoted value with backslash escapes. The pairs, or -1 if
- * the line is not logfmt; *n_msg and *n_level count those keys. */
-static int logfmt_pairs(const char *p, int *n_msg, int *n_level) {
-  int pairs = 0;
-  *n_msg = *n_level = 0;
-  while (*p) {
-    const char *k = p;
-    while (*p && *p != '=' && *p != ' ' && *p != '"' &&
-           (unsigned char)*p >= 0x20)
-      p++;
-    if (p == k || *p != '=') return -1;
-    size_t kl = (size_t)(p - k);
-    if (kl == 3 && strncmp(k, "msg", 3) == 0) (*n_msg)++;
-    if (kl == 5 && strncmp(k, "level", 5) == 0) (*n_level)++;
-    p++;
-    if (*p == '"') {
-      for (p++; *p && *p != '"'; p++) {
-        if ((unsigned char)*p < 0x20) return -1;
-        if (*p == '\\' && *++p == '\0') return -1;
-      }
-      if (*p++ != '"') return -1;
-    } else {
-      while (*p && *p != ' ' && *p != '=' && *p != '"' &&
-             (unsigned char)*p >= 0x20)
-        p++;
-    }
-    pairs++;
-    if (*p == ' ') p++;
-    else if (*p) return -1;
-  }
-  return pairs;
-}
-
 /* Every line of the log is one logfmt record with one msg and one level
  * (a value could once add fields: "version=v1 msg=injected level=error"). */
 static void log_is_logfmt(char *log) {
   for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
     int n_msg, n_level;
-    int pairs = logfmt_pairs(line, &n_msg, &n_level);
+    int pairs = tu_logfmt_pairs(line, &n_msg, &n_level);
     cr_expect(pairs > 0 && n_msg == 1 && n_level == 1,
               "not one logfmt record (%d pairs, %d msg, %d level): %s",
               pairs, n_msg, n_level, line);
