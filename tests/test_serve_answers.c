@@ -93,7 +93,7 @@ static long long answer_bound(const char *body) {
  * and a big request of its own gets 503 answer_memory_full with
  * Retry-After; once the unread connections close, their answers are
  * given back and the big request is served. Without the bound each
- * unread answer was held until idle-timeout-s (a probe: 60 connections,
+ * unread answer was held until idle-timeout-s (60 connections held
  * 968 MB). */
 Test(serve_answers, unread_answers_are_bounded, .fini = teardown,
      .timeout = 240) {
