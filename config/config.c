@@ -148,6 +148,14 @@ static const cn_config_key keys[] = {
             "answer could pass it (bounded from the model's sizes, the "
             "instances and outputs/return_hidden before it runs) gets 413",
             "serve"),
+    INT_KEY("max-answer-memory", 1024, 0x7fffffff, "268435456",
+            SRV(max_answer_memory),
+            "bytes of answers held at once: written to clients that have "
+            "not read them yet, or reserved (their max-answer-bytes bound) "
+            "for requests admitted and not yet answered; an inference whose "
+            "answer would pass it gets 503 answer_memory_full; at least "
+            "max-answer-bytes",
+            "serve"),
     INT_KEY("max-instances-per-request", 1, 1 << 20, "1024",
             SRV(max_instances_per_request),
             "most instances in one request (413 beyond)", "serve"),

@@ -39,6 +39,7 @@ typedef struct cn_serve_config {
   int max_body_bytes;
   int max_body_memory;
   int max_answer_bytes;    /* bound on one answer's JSON; beyond: 413     */
+  int max_answer_memory;   /* answers held or reserved at once; beyond: 503 */
   int max_instances_per_request;
   int timeout_ms;          /* default per-request timeout, 0 = none       */
   int drain_grace_ms;

@@ -111,14 +111,18 @@ static void write_progress(cn__conn *c) {
   c->wq_seen = q;
 }
 
+/* A write the socket did not take at once: its buffer is held until it
+ * is out, or cancelled by the close (answer_held: max-answer-memory). */
 typedef struct wreq {
   uv_write_t w;
   char *buf;
+  size_t len;
 } wreq;
 
 static void on_written(uv_write_t *w, int status) {
   wreq *q = (wreq *)w;
   cn__conn *c = w->data;
+  atomic_fetch_sub(&c->srv->answer_held, (long long)q->len);
   free(q->buf);
   free(q);
   c->writes--;
@@ -171,6 +175,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     return;
   }
   q->buf = buf;
+  q->len = len;
   q->w.data = c;
   if (uv_write(&q->w, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
     free(buf);
@@ -178,6 +183,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     cn__conn_close(c);
     return;
   }
+  atomic_fetch_add(&c->srv->answer_held, (long long)len);
   if (c->writes++ == 0) cn__conn_progress_start(c);
   c->wq_seen = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
   c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;

@@ -17,7 +17,8 @@
  * socket is still read (into a bounded buffer) so that a client that
  * hangs up is seen at once (499); while an answer is unwritten nothing is
  * read, so a client that does not read its answers holds one answer's
- * memory, not more.
+ * memory, not more, and all clients together at most max-answer-memory
+ * (conn.c counts what waits to be written, request.c reserves).
  *
  * Input and output are separate from the socket (cn__conn_feed, the
  * sink), so tests/fuzz/fuzz_http.c drives the same parser and handlers in
@@ -95,6 +96,7 @@ struct cn__conn {
   size_t url_len;
   hdr h[MAX_HEADERS];
   int nh;
+  bool head_done;           /* every header line read to its end       */
   bool expect_continue;
   /* a chunked body's framing, checked on the raw bytes (conn_parse.c's
    * chunk_check): where in it the next byte is, and the chunk's size */

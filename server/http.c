@@ -89,7 +89,7 @@ static void infer_ready(cn__req *r) {
   }
   cn_err e;
   cn_err_clear(&e);
-  if (cn__infer_parse(r, &e) != 0) {
+  if (cn__infer_parse(r, &e) != 0 || cn__req_reserve_answer(r, &e) != 0) {
     answer_cn_err(r, &e);
     return;
   }
@@ -105,6 +105,12 @@ static void http_parsed(cn__req *r) {
     return;
   }
   cn__infer_commit(r, &r->parsed);
+  cn_err e;
+  cn_err_clear(&e);
+  if (cn__req_reserve_answer(r, &e) != 0) {
+    answer_cn_err(r, &e);
+    return;
+  }
   r->state = CN__REQ_WAITING;
   hand_over(r);
 }

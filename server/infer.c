@@ -36,7 +36,7 @@ static int64_t envelope_bound(const cn__req *r, const cn__parsed *p) {
  * is core's (cn_model_answer_bound), from the model's sizes, each
  * instance and the flags, so nothing of it runs (#21: a 328 KB request
  * once asked for a 227 MB answer). */
-static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
+static int check_answer(const cn__req *r, cn__parsed *p, cn_err *e) {
   int64_t max = r->srv->cfg.serve.max_answer_bytes;
   int64_t b = envelope_bound(r, p);
   for (int i = 0; i < p->n_inst; i++)
@@ -46,6 +46,7 @@ static int check_answer(const cn__req *r, const cn__parsed *p, cn_err *e) {
          ((p->flags & CN_OUT_UNKNOWN)
               ? 3 + 12 * (int64_t)cn_instance_unknown(p->inst[i], NULL, 0)
               : 0);
+  p->answer_bound = b; /* reserved of max-answer-memory (http.c) */
   if (b <= max) return 0;
   return cn_err_set(e, CN_E_TOO_LARGE,
                     "the answer could be %lld bytes (a bound from the "
@@ -207,6 +208,7 @@ void cn__infer_commit(cn__req *r, cn__parsed *p) {
   r->timeout_ms = p->timeout_ms;
   r->v2_id = p->v2_id;
   r->v2_outputs = p->v2_outputs;
+  r->answer_bound = p->answer_bound;
   memset(p, 0, sizeof(*p));
 }
 

@@ -103,7 +103,10 @@ static int requested_outputs(const cn__model_entry *me, const json_t *j,
     const json_t *par = json_object_get(o, "parameters");
     if (name == NULL)
       return BAD(e, "\"outputs\"[%zu] must be an object with a \"name\"", i);
-    if (json_is_true(json_object_get(par, "binary_data")))
+    const json_t *bd = json_object_get(par, "binary_data");
+    if (bd != NULL && !json_is_boolean(bd))
+      return BAD(e, "output %.64s: \"binary_data\" must be a boolean", name);
+    if (json_is_true(bd))
       return BAD(e, "output %.64s: binary tensor data is not supported", name);
     unsigned bit = 0;
     for (int k = 0; k < CN__V2_N_OUTPUTS; k++)
@@ -221,7 +224,10 @@ static int copy_parameters(const json_t *j, json_t *v1, unsigned want,
   const json_t *par = json_object_get(j, "parameters");
   if (par != NULL && !json_is_object(par))
     return BAD(e, "\"parameters\" must be an object");
-  if (json_is_true(json_object_get(par, "binary_data_output")))
+  const json_t *bdo = json_object_get(par, "binary_data_output");
+  if (bdo != NULL && !json_is_boolean(bdo))
+    return BAD(e, "\"binary_data_output\" must be a boolean");
+  if (json_is_true(bdo))
     return BAD(e, "binary tensor data is not supported "
                "(binary_data_output)");
   for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -229,7 +235,12 @@ static int copy_parameters(const json_t *j, json_t *v1, unsigned want,
     if (v != NULL) json_object_set(v1, keys[i], v);
   }
   if (!(want & CN__V2_HIDDEN)) return 0;
-  if (json_is_false(json_object_get(v1, "return_hidden")))
+  const json_t *rh = json_object_get(v1, "return_hidden");
+  /* a return_hidden that is no boolean is left for /v1's check to refuse
+   * ("must be a boolean"), with HIDDEN asked for or not: it once became
+   * true here, and "yes" was 200 with HIDDEN, 400 without */
+  if (rh != NULL && !json_is_boolean(rh)) return 0;
+  if (json_is_false(rh))
     return BAD(e, "HIDDEN is asked for in \"outputs\" but "
                "parameters.return_hidden is false");
   json_object_set_new(v1, "return_hidden", json_true());

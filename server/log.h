@@ -19,13 +19,21 @@ extern int cn__log_level;
 
 /* "error" | "warn" | "info" | "debug" -> level; -1 if unknown. */
 int cn__log_parse_level(const char *name);
-/* fmt is the rest of a logfmt line: `msg=... key=value ...`. */
+/* fmt is the rest of a logfmt line: `msg=... key=value ...`. A `%s`
+ * right after `=` is a value, quoted and escaped when it needs (a name, a
+ * version, a path, an id, client text: pass it as it is); one right after
+ * the format's own `"` is escaped; one anywhere else is a literal piece
+ * of the line, copied as it is (log.c). */
 void cn__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* in, for a logfmt value: backslash and double quote escaped, a control
- * character as \n, \r, \t or \xHH (a name never splits a line). */
+ * character as \n, \r, \t or \xHH, a byte that is not UTF-8 as \xHH (a
+ * name never splits a line). */
 void cn__log_escape(char *out, size_t cap, const char *in);
+/* The offset of the first byte of s that is not well-formed UTF-8 (RFC
+ * 3629), or -1 when s is all UTF-8. */
+long cn__utf8_bad_at(const char *s);
 
 #define CN_LOG(level, ...)                              \
   do {                                                  \

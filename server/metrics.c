@@ -243,6 +243,12 @@ void cn__metrics_conn_evicted(cn__metrics *m) {
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_answer_refused(cn__metrics *m) {
+  pthread_mutex_lock(&m->mu);
+  m->answer_refused++;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_overloaded(cn__metrics *m) {
   pthread_mutex_lock(&m->mu);
   m->rejected_overloaded++;
@@ -445,6 +451,10 @@ static void render_refusals(sbuf *b, const cn__metrics *m) {
           "connections without a request in progress closed, unanswered, "
           "to make room for a new one at max-connections",
           m->conns_evicted);
+  counter(b, "canopy_requests_refused_answer_memory_total",
+          "inference requests answered 503 answer_memory_full: their "
+          "answer would have taken the answers held past max-answer-memory",
+          m->answer_refused);
 }
 
 /* Under m->mu: bytes copied by gathers and cells, and the planned arenas. */
@@ -530,6 +540,15 @@ static void render_gauges(sbuf *b, const cn__gauges *g, double start) {
   gauge(b, "canopy_body_bytes",
         "bytes of request bodies held (max-body-memory bounds them)",
         (double)g->body_bytes);
+  gauge(b, "canopy_answer_bytes",
+        "bytes of answers written to connections and not yet taken by "
+        "their clients (with canopy_answer_reserved_bytes, bounded by "
+        "max-answer-memory)",
+        (double)g->answer_held);
+  gauge(b, "canopy_answer_reserved_bytes",
+        "bytes reserved for the answers of requests admitted and not yet "
+        "answered (each its max-answer-bytes bound)",
+        (double)g->answer_reserved);
   gauge(b, "canopy_in_flight_requests",
         "requests accepted and not yet answered", (double)g->in_flight);
   gauge(b, "canopy_workers", "worker threads", (double)g->workers);

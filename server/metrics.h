@@ -44,6 +44,8 @@ typedef struct cn__metrics {
   uint64_t rejected_overloaded;
   uint64_t conns_refused;      /* beyond max-connections                  */
   uint64_t conns_evicted;      /* closed at max-connections for a new one */
+  uint64_t answer_refused;     /* 503: the answer would pass
+                                  max-answer-memory                      */
   uint64_t gather_bytes, cell_bytes, arena_bytes_total;
   uint64_t arena_bytes_last, arena_bytes_peak;
   uint64_t *retrains;         /* [n_models * CN__N_RETRAIN]               */
@@ -62,6 +64,7 @@ typedef struct cn__gauges {
   long long queue_instances, queued_runs, in_flight, workers, ready,
       draining, open_connections;
   long long body_bytes;
+  long long answer_held, answer_reserved; /* max-answer-memory */
 } cn__gauges;
 
 /* in as a Prometheus label value, cut to cap (text format 0.0.4). */
@@ -97,6 +100,7 @@ void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
 void cn__metrics_overloaded(cn__metrics *m);
 void cn__metrics_conn_refused(cn__metrics *m);
 void cn__metrics_conn_evicted(cn__metrics *m);
+void cn__metrics_answer_refused(cn__metrics *m);
 /* One online retraining round of a model's policy. */
 enum { CN__RETRAIN_SWAPPED = 0, CN__RETRAIN_KEPT, CN__RETRAIN_FAILED,
        CN__N_RETRAIN };

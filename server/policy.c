@@ -254,9 +254,9 @@ static void retrain_one(cn__server *s, cn__model_entry *me) {
     int src = cn_policy_cache_store(me->model, cache_dir(s), keep, &serr);
     CN_LOG(CN_LOG_INFO, "msg=policy-swapped model=%s batches_before=%lld "
            "batches_after=%lld lower_bound=%lld agenda=%lld graphs=%d "
-           "train_s=%.3f file=\"%s\" stored=%s%s%s", me->name, before, after,
-           lb, agenda, n, train_s, path, src == 0 ? "yes" : "no",
-           src == 0 ? "" : " error=", src == 0 ? "" : serr.msg);
+           "train_s=%.3f file=\"%s\" stored=%s error=%s", me->name, before,
+           after, lb, agenda, n, train_s, path, src == 0 ? "yes" : "no",
+           src == 0 ? "-" : serr.msg);
     cn_fsm_free(keep);
   } else {
     CN_LOG(CN_LOG_INFO, "msg=policy-kept model=%s batches_current=%lld "

@@ -78,7 +78,7 @@ static bool slot_free(cn__server *s, cn__model_slot *sl) {
       sl->joined != NULL || atomic_load(&sl->entries) != 0 ||
       atomic_load(&sl->decoding) != 0)
     return false;
-  CN_LOG(CN_LOG_INFO, "msg=model-slot-freed model=%s slot=%d", sl->label,
+  CN_LOG(CN_LOG_INFO, "msg=model-slot-freed model=%s slot=%d", sl->name,
          sl->index);
   sl->used = false;
   memset(sl->tried, 0, sizeof(sl->tried));
@@ -218,7 +218,7 @@ static void load_failed(cn__model_slot *sl, const cn_err *err) {
   const char *serving = sl->cur ? sl->cur->version : "-";
   pthread_mutex_unlock(&sl->vmu);
   CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s serving=%s "
-         "error=\"%s\"", sl->label, serving, err->msg);
+         "error=\"%s\"", sl->name, serving, err->msg);
 }
 
 int cn__repo_load_all(cn__server *s, cn_err *err) {
@@ -392,7 +392,7 @@ static int start_load(cn__server *s, cn__model_slot *sl, cn_err *e) {
     slot_signature(s, sl, sl->tried);
     s->loads_pending++;
     CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s loads_in_flight=%d",
-           sl->label, s->loads_pending);
+           sl->name, s->loads_pending);
   }
   pthread_attr_destroy(&at);
   return rc;
@@ -414,11 +414,12 @@ static void start_queued(cn__server *s) {
 void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
   cn_err e;
   cn_err_clear(&e);
-  int cc = cn__dirs_control_char(name);
+  char what[80];
+  const char *flaw = cn__dirs_name_flaw(name, what, sizeof(what));
   /* A load asked for by name makes a slot only for a directory that
    * holds a model.json (or a model already known): junk names would
    * otherwise fill the repository's CN__MAX_MODELS slots. */
-  bool wanted = cc < 0 && (r == NULL ||
+  bool wanted = flaw == NULL && (r == NULL ||
                            cn__repo_find(s, name, strlen(name)) != NULL ||
                            cn__dirs_present(s->cfg.serve.models_dir, name));
   cn__model_slot *sl = wanted ? slot_get(s, name) : NULL;
@@ -431,9 +432,9 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
     if (s->waiting) s->waiting->wprev = r;
     s->waiting = r;
   }
-  if (cc >= 0) {
-    cn_err_set(&e, CN_E_BAD_REQUEST, "a model name holds no control "
-               "character (byte 0x%02x here)", cc);
+  if (flaw != NULL) {
+    cn_err_set(&e, CN_E_BAD_REQUEST, "the model name %s: a model name is "
+               "UTF-8 with no control character", flaw);
     answer_load(NULL, r, NULL, &e);
     return;
   }
@@ -459,7 +460,7 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
       r->lnext = sl->joined;
       sl->joined = r;
       CN_LOG(CN_LOG_INFO, "msg=model-load-joined model=%s id=%s",
-             sl->label, r->id);
+             sl->name, r->id);
     } else {
       sl->rescan_owed = true;
     }
@@ -508,7 +509,7 @@ void cn__repo_on_loaded(uv_async_t *a) {
       /* an unload came while it loaded: the result is discarded. Loads
        * asked for since then get a load of their own. */
       CN_LOG(CN_LOG_INFO, "msg=model-load-discarded model=%s version=%s "
-             "reason=unloaded", sl->label, L->ver ? L->ver->version : "-");
+             "reason=unloaded", sl->name, L->ver ? L->ver->version : "-");
       cn__model_release(L->ver);
       cn_err e;
       cn_err_clear(&e);
@@ -566,7 +567,7 @@ void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
   snprintf(sl->reason, sizeof(sl->reason), "unloaded");
   pthread_mutex_unlock(&sl->vmu);
   CN_LOG(CN_LOG_INFO, "msg=model-unloaded model=%s version=%s "
-         "load_cancelled=%s", sl->label, old ? old->version : "-",
+         "load_cancelled=%s", sl->name, old ? old->version : "-",
          cancelled ? "true" : "false");
   cn__model_release(old); /* its requests finish on it */
   /* its directory gone: the slot is free for another name */

@@ -32,12 +32,23 @@ bool cn__dirs_same(const struct stat a[2], const struct stat b[2]) {
   return true;
 }
 
-/* The first control character of name (a byte below 0x20, or 0x7f)? Such a
- * name would split a log line or a metrics series: it names no model. */
-int cn__dirs_control_char(const char *name) {
+/* Why name can name no model, or NULL: a name is a metrics label, a JSON
+ * string and a log value. A control character (a byte below 0x20, or
+ * 0x7f) would split a log line or a metrics series; bytes that are not
+ * UTF-8 make the exposition invalid (promtool, and so Prometheus, drop
+ * every series of the scrape) and a JSON answer cannot hold them (the
+ * name was silently left out). what (cap bytes) says which byte. */
+const char *cn__dirs_name_flaw(const char *name, char *what, size_t cap) {
   for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-    if (*p < 0x20 || *p == 0x7f) return *p;
-  return -1;
+    if (*p < 0x20 || *p == 0x7f) {
+      snprintf(what, cap, "holds a control character (byte 0x%02x)", *p);
+      return what;
+    }
+  long at = cn__utf8_bad_at(name);
+  if (at < 0) return NULL;
+  snprintf(what, cap, "is not UTF-8 (byte 0x%02x at offset %ld)",
+           (unsigned char)name[at], at);
+  return what;
 }
 
 /* Does models-dir/name hold a model.json (a file, or anything)? */
@@ -94,8 +105,10 @@ int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
     /* a plain file beside the models (a README) is no directory */
     if (serr == ENOTDIR) continue;
     size_t len = strlen(de->d_name);
-    int cc = cn__dirs_control_char(de->d_name);
-    if (serr == 0 && len < CN__NAME_MAX && S_ISREG(st.st_mode) && cc < 0) {
+    char flaw[80];
+    const char *bad_name = cn__dirs_name_flaw(de->d_name, flaw, sizeof(flaw));
+    if (serr == 0 && len < CN__NAME_MAX && S_ISREG(st.st_mode) &&
+        bad_name == NULL) {
       if (n == cap) {
         char **t = realloc(names, (size_t)cap * 2 * sizeof(char *));
         if (t == NULL) continue;
@@ -128,10 +141,10 @@ int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
       snprintf(u->why, sizeof(u->why), "the directory's name has %zu bytes; "
                "a model name has at most %d", len, CN__NAME_MAX - 1);
       snprintf(u->fix, sizeof(u->fix), "rename it");
-    } else if (cc >= 0) {
-      snprintf(u->why, sizeof(u->why), "the directory's name holds a "
-               "control character (byte 0x%02x); a model name has none "
-               "(it would split log lines and metrics)", cc);
+    } else if (bad_name != NULL) {
+      snprintf(u->why, sizeof(u->why), "the directory's name %s; a model "
+               "name is UTF-8 with no control character (it names metrics "
+               "series, JSON answers and log lines)", bad_name);
       snprintf(u->fix, sizeof(u->fix), "rename it");
     } else {
       snprintf(u->why, sizeof(u->why), "'model.json' is not a regular file "
@@ -148,19 +161,18 @@ int cn__dirs_list(const char *dir, char ***out, cn__unservable **bad,
   return n;
 }
 
-/* "model=NAME" for the log, a long name cut to 60 bytes and "...", its
- * control characters, quotes and backslashes escaped (one line a record) */
+/* One record for the log, the name cut to 60 bytes and "..." (the
+ * formatter quotes and escapes it and the reason: one line a record). */
 void cn__dirs_log_unservable(const cn__unservable *u) {
-  char cut[64], esc[260], why[620];
-  snprintf(cut, sizeof(cut), "%.60s", u->name);
-  cn__log_escape(esc, sizeof(esc), cut);
-  cn__log_escape(why, sizeof(why), u->why);
+  char cut[72];
+  snprintf(cut, sizeof(cut), "%.60s%s", u->name,
+           strlen(u->name) > 60 ? "..." : "");
   if (u->not_model)
-    CN_LOG(CN_LOG_WARN, "msg=not-a-model model=%s%s reason=\"%s\"", esc,
-           strlen(u->name) > 60 ? "..." : "", why);
+    CN_LOG(CN_LOG_WARN, "msg=not-a-model model=%s reason=\"%s\"", cut,
+           u->why);
   else
-    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s%s error=\"%s\"",
-           esc, strlen(u->name) > 60 ? "..." : "", why);
+    CN_LOG(CN_LOG_ERROR, "msg=model-load-failed model=%s error=\"%s\"",
+           cut, u->why);
 }
 
 void cn__dirs_free_names(char **names, int n) {

@@ -5,11 +5,13 @@
 #define CANOPY_SERVER_REPO_DIRS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/stat.h>
 
 /* A subdirectory of models-dir that looks like a model but cannot be
  * served: its name is too long (CN__NAME_MAX bytes or more: the model's
- * name is its directory's), its model.json is not a regular file (a
+ * name is its directory's) or not a name (cn__dirs_name_flaw), its
+ * model.json is not a regular file (a
  * directory, a FIFO, a device), or the daemon cannot reach it (a
  * directory it may not enter: mkdtemp's 0700 under another user, issue
  * 37; a dangling symbolic link). Each is a load that failed. A directory
@@ -32,8 +34,9 @@ void cn__dirs_free_unservable(cn__unservable *b, int n);
 void cn__dirs_log_unservable(const cn__unservable *u);
 /* Does models_dir/name hold a model.json (a file, or anything)? */
 bool cn__dirs_present(const char *models_dir, const char *name);
-/* The first control character of name (a byte), or -1. */
-int cn__dirs_control_char(const char *name);
+/* Why name can name no model ("holds a control character (byte 0x0a)",
+ * "is not UTF-8 (byte 0xff at offset 3)", written into what), or NULL. */
+const char *cn__dirs_name_flaw(const char *name, char *what, size_t cap);
 /* The stat of dir's model.json and weights (zeros where absent), and
  * whether two such are the same files unchanged. */
 void cn__dirs_signature(const char *dir, struct stat sig[2]);

@@ -7,6 +7,7 @@
 
 #include "repo_dirs.h"
 #include "handlers.h"
+#include "log.h"
 
 static const char *state_name(int st) {
   switch (st) {
@@ -15,6 +16,32 @@ static const char *state_name(int st) {
     case CN__MODEL_UNAVAILABLE: return "UNAVAILABLE";
     default: return "UNLOADED";
   }
+}
+
+/* A directory's name (or a reason naming it) as a JSON string: a name
+ * that is not UTF-8 is refused (repo_dirs.c), and jansson refuses it too,
+ * so its entry once had no "name" at all; such bytes are written \xHH. */
+static json_t *text_json(const char *t) {
+  json_t *j = json_string(t);
+  if (j != NULL) return j;
+  size_t n = strlen(t), k = 0;
+  char *esc = malloc(4 * n + 1);
+  if (esc == NULL) return json_string("?");
+  while (*t) {
+    long at = cn__utf8_bad_at(t);
+    size_t ok = at < 0 ? strlen(t) : (size_t)at;
+    memcpy(esc + k, t, ok);
+    k += ok;
+    t += ok;
+    if (*t) {
+      k += (size_t)snprintf(esc + k, 5, "\\x%02x", (unsigned char)*t);
+      t++;
+    }
+  }
+  esc[k] = '\0';
+  j = json_string(esc);
+  free(esc);
+  return j;
 }
 
 json_t *cn__repo_index(cn__server *s) {
@@ -49,11 +76,11 @@ json_t *cn__repo_index(cn__server *s) {
   for (int i = 0; n >= 0 && i < n_bad; i++) {
     if (bad[i].not_model) continue;
     json_t *o = json_object();
-    json_object_set_new(o, "name", json_string(bad[i].name));
+    json_object_set_new(o, "name", text_json(bad[i].name));
     json_object_set_new(o, "state", json_string("UNAVAILABLE"));
     char why[360];
     snprintf(why, sizeof(why), "%s: %s", bad[i].why, bad[i].fix);
-    json_object_set_new(o, "reason", json_string(why));
+    json_object_set_new(o, "reason", text_json(why));
     json_array_append_new(arr, o);
   }
   if (n >= 0) cn__dirs_free_unservable(bad, n_bad);

@@ -19,6 +19,9 @@ void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
 /* Answers a request that never waited (its handler decided at once). */
 void cn__req_answer_now(cn__req *r, int status, char *body,
                         const char *ctype);
+/* Reserves r's answer bound (r->answer_bound) of max-answer-memory until
+ * r is answered; CN_E_ANSWER_MEMORY (503) when it does not fit (loop). */
+int cn__req_reserve_answer(cn__req *r, cn_err *e);
 /* /v1's error body {"error": {...}} (instance < 0: none). */
 char *cn__error_body(int code, const char *msg, int instance);
 

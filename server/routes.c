@@ -129,6 +129,8 @@ static cn__gauges gauges(cn__server *s) {
   g.draining = atomic_load(&s->draining);
   g.open_connections = atomic_load(&s->open_conns);
   g.body_bytes = atomic_load(&s->body_bytes);
+  g.answer_held = atomic_load(&s->answer_held);
+  g.answer_reserved = atomic_load(&s->answer_reserved);
   g.ready = !g.draining;
   return g;
 }

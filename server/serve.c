@@ -128,6 +128,13 @@ static int parse_config(int argc, char **argv, cn_config *c) {
                "be held", c->serve.max_body_memory, c->serve.max_body_bytes);
     goto bad;
   }
+  if (c->serve.max_answer_memory < c->serve.max_answer_bytes) {
+    cn_err_set(&err, CN_E_BAD_CONFIG, "max-answer-memory (%d) is less than "
+               "max-answer-bytes (%d): an answer of the largest size could "
+               "never be held", c->serve.max_answer_memory,
+               c->serve.max_answer_bytes);
+    goto bad;
+  }
   if (print) {
     cn_config_write_effective(stdout, c);
     return 1;

@@ -151,6 +151,7 @@ typedef struct cn__parsed {
   long long timeout_ms;
   char *v2_id;          /* a v2 request's "id", owned (NULL: none)      */
   unsigned v2_outputs;  /* a v2 request's "outputs" (CN__V2_*; 0: all)  */
+  long long answer_bound; /* bytes its answer could take (infer.c)     */
 } cn__parsed;
 
 typedef struct cn__req {
@@ -180,6 +181,9 @@ typedef struct cn__req {
   long long timeout_ms;
   char *v2_id;              /* v2: the request's "id", echoed (owned)    */
   unsigned v2_outputs;      /* v2: the outputs asked for (0: all)        */
+  long long answer_bound;   /* bytes its answer could take (infer.c)     */
+  long long answer_reserved; /* of max-answer-memory, until it is answered
+                                (request.c; 0: none)                     */
   double t_arrive;          /* first byte of the request seen (s)        */
   char *body;               /* the upload, bounded by max-body-bytes     */
   size_t body_len, body_cap;
@@ -266,6 +270,10 @@ struct cn__server {
   atomic_int draining;
   atomic_int open_conns;         /* client connections open              */
   atomic_llong body_bytes;       /* request bodies held (max-body-memory) */
+  /* max-answer-memory: bytes of answers written to connections and not
+   * yet taken by their clients (conn.c), and bytes reserved for the
+   * answers of requests admitted and not yet answered (request.c) */
+  atomic_llong answer_held, answer_reserved;
   atomic_llong last_request_us;  /* cn_now_s() of the newest request (or,
                                   * draining, byte read), µs              */
   atomic_int waiting_instances; /* in windows or queued, not yet running */

@@ -408,6 +408,66 @@ Test(serve, sigterm_drains, .fini = teardown, .timeout = 60) {
   cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* The daemon's own request id: "cn-" then the start time and a counter,
+ * both hex (http.c set_id). */
+static bool generated_id(const char *id) {
+  unsigned a, b;
+  char tail;
+  return id != NULL && strlen(id) == 18 &&
+         sscanf(id, "cn-%8x-%6x%c", &a, &b, &tail) == 2;
+}
+
+/* A bad X-Request-Id gets an id of the daemon's own, whatever made it
+ * bad: a control character (the head is refused 400 mid-value; its id
+ * was once the header's name, "X-Request-Id"), a value cut by one, a
+ * space, a quote, nothing, or more than 64 bytes. A good one is echoed
+ * on the 400 of a head refused after it. */
+Test(serve, bad_request_id_gets_a_generated_one, .fini = teardown,
+     .timeout = 30) {
+  th_models(&d, tree_only);
+  th_start(&d, NULL);
+  char long_id[100];
+  memset(long_id, 'a', 65);
+  long_id[65] = '\0';
+  char long_head[200];
+  snprintf(long_head, sizeof(long_head), "X-Request-Id: %s\r\n", long_id);
+  static const char *const bad[] = {
+      "X-Request-Id: a\x01" "b\r\n", "X-Request-Id: abc\x01\r\n",
+      "X-Request-Id: \x01\r\n", "X-Request-Id: a\x7f" "b\r\n",
+      "X-Request-Id: a b\r\n", "X-Request-Id: a\"b\r\n",
+      "X-Request-Id: \r\n", "X-Request-\x01Id: ok\r\n", NULL};
+  for (int i = 0; i <= (int)(sizeof(bad) / sizeof(bad[0])) - 1; i++) {
+    const char *h = bad[i] ? bad[i] : long_head;
+    char req[400];
+    snprintf(req, sizeof(req), "GET /healthz HTTP/1.1\r\nHost: x\r\n%s\r\n",
+             h);
+    int fd = th_connect(d.port);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    th_resp r;
+    cr_assert_eq(th_read(fd, &r), 0, "no answer to %s", h);
+    char id[80];
+    const char *got = th_header(&r, "X-Request-Id", id, sizeof(id));
+    cr_expect(generated_id(got), "header %s: status %d, id '%s'", h,
+              r.status, got ? got : "(none)");
+    th_resp_free(&r);
+    close(fd);
+  }
+  /* a good id before a header that makes the head bad is the request's */
+  const char *req = "GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                    "X-Request-Id: good-1\r\nX-Other: a\x01" "b\r\n\r\n";
+  int fd = th_connect(d.port);
+  cr_assert_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+  th_resp r;
+  cr_assert_eq(th_read(fd, &r), 0);
+  cr_expect_eq(r.status, 400, "%s", r.body);
+  char id[80];
+  cr_expect_str_eq(th_header(&r, "X-Request-Id", id, sizeof(id)), "good-1");
+  th_resp_free(&r);
+  close(fd);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
 Test(serve, promtool_check_metrics, .fini = teardown, .timeout = 30) {
   if (system("command -v promtool >/dev/null") != 0)
     cr_skip_test("promtool not installed (Debian package prometheus)");

@@ -6,6 +6,7 @@
  * a daemon meets at start-up. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "logfmt_test_util.h"
 #include "serve_harness.h"
 
 static th_daemon d;
@@ -261,9 +263,115 @@ Test(repo, names_escaped_in_metrics_and_log, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
   char *log = th_read_file(d.log);
   cr_assert_not_null(log);
-  cr_expect(strstr(log, "model=l\\nm") != NULL, "%s", log);
+  cr_expect(strstr(log, "model=\"l\\nm\"") != NULL, "%s", log);
   for (char *p = strchr(log, '\n'); p && p[1]; p = strchr(p + 1, '\n'))
     cr_expect(strncmp(p + 1, "ts=", 3) == 0, "a log line split: %.80s", p + 1);
+  free(log);
+}
+
+/* Every line of the log is one logfmt record with one msg and one level
+ * (a value could once add fields: "version=v1 msg=injected level=error"). */
+static void log_is_logfmt(char *log) {
+  for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+    int n_msg, n_level;
+    int pairs = tu_logfmt_pairs(line, &n_msg, &n_level);
+    cr_expect(pairs > 0 && n_msg == 1 && n_level == 1,
+              "not one logfmt record (%d pairs, %d msg, %d level): %s",
+              pairs, n_msg, n_level, line);
+  }
+}
+
+/* Is every byte of s (n bytes) ASCII? */
+static bool ascii(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] >= 0x80) return false;
+  return true;
+}
+
+/* A directory whose name is not UTF-8 is refused as one with a control
+ * character is: UNAVAILABLE in the index, its name and reason there as
+ * JSON strings (the entry once had no name), one error log line, and no
+ * series in /metrics, which stays valid for promtool (Prometheus once
+ * dropped every series of the scrape); a load of such a name is 400. A
+ * name with a space and a version with a newline and fields of its own
+ * are each one quoted value of one log line. */
+Test(repo, names_not_utf8_refused_and_log_values_quoted, .fini = teardown,
+     .timeout = 60) {
+  th_models(&d, tree_only);
+  sh("cp -r %s/models/treelstm '%s/models/bad\xff\xfename'", d.dir, d.dir);
+  sh("cp -r %s/models/treelstm '%s/models/sp ace'", d.dir, d.dir);
+  sh("cp -r %s/models/treelstm %s/models/injected", d.dir, d.dir);
+  char mj[600];
+  snprintf(mj, sizeof(mj), "%s/models/injected/model.json", d.dir);
+  json_error_t je;
+  json_t *j = json_load_file(mj, 0, &je);
+  cr_assert_not_null(j, "%s", je.text);
+  json_object_set_new(j, "version",
+                      json_string("v1\nmsg=injected level=error"));
+  cr_assert_eq(json_dump_file(j, mj, JSON_INDENT(2)), 0);
+  json_decref(j);
+  const char *flags[] = {"--strict-startup", "false", "--model-control",
+                         "explicit", NULL};
+  th_start(&d, flags);
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/index", NULL, NULL,
+                       &r), 0);
+  json_t *idx = json_loads(r.body, 0, &je);
+  cr_assert_not_null(idx, "%s", r.body);
+  json_t *e, *bad = NULL;
+  size_t i;
+  json_array_foreach(idx, i, e) {
+    const char *name = json_string_value(json_object_get(e, "name"));
+    cr_expect_not_null(name, "an entry without a name: %s", r.body);
+    if (name != NULL && strncmp(name, "bad", 3) == 0) bad = e;
+  }
+  cr_assert_not_null(bad, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(bad, "name")),
+                   "bad\\xff\\xfename");
+  cr_expect_str_eq(json_string_value(json_object_get(bad, "state")),
+                   "UNAVAILABLE");
+  const char *why = json_string_value(json_object_get(bad, "reason"));
+  cr_expect(why != NULL &&
+                strstr(why, "is not UTF-8 (byte 0xff at offset 3)") != NULL,
+            "%s", r.body);
+  json_decref(idx);
+  th_resp_free(&r);
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect(ascii(r.body, r.body_len), "a byte that is not ASCII");
+  cr_expect(th_metric(r.body, "canopy_model_ready{model=\"sp ace\","
+                              "version=\"c1a197539d7d\"}") >= 0 ||
+                strstr(r.body, "canopy_model_ready{model=\"sp ace\"") != NULL,
+            "%s", r.body);
+  if (system("command -v promtool >/dev/null") == 0) {
+    char path[400], cmd[900];
+    snprintf(path, sizeof(path), "%s/metrics.txt", d.dir);
+    FILE *f = fopen(path, "w");
+    fwrite(r.body, 1, r.body_len, f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < %s > %s.out 2>&1",
+             path, path);
+    cr_expect_eq(system(cmd), 0, "promtool check metrics failed (%s.out)",
+                 path);
+  }
+  th_resp_free(&r);
+  cr_assert_eq(th_http(d.port, "POST", "/v2/repository/models/bad%FF/load",
+                       NULL, NULL, &r), 0);
+  cr_expect_eq(r.status, 400, "%d %s", r.status, r.body);
+  cr_expect(strstr(r.body, "is not UTF-8 (byte 0xff at offset 3)") != NULL,
+            "%s", r.body);
+  th_resp_free(&r);
+  cr_expect_eq(th_stop(&d), 0);
+  char *log = th_read_file(d.log);
+  cr_assert_not_null(log);
+  cr_expect(strstr(log, "msg=model-load-failed model=\"bad\\xff\\xfename\" "
+                        "error=\"the directory's name is not UTF-8") != NULL,
+            "%s", log);
+  cr_expect(strstr(log, "msg=model-loaded model=\"sp ace\" ") != NULL, "%s",
+            log);
+  cr_expect(strstr(log, "msg=model-loaded model=injected "
+                        "version=\"v1\\nmsg=injected level=error\" ") != NULL,
+            "%s", log);
+  log_is_logfmt(log);
   free(log);
 }
 

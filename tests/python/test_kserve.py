@@ -503,6 +503,32 @@ class KServe(unittest.TestCase):
         self.assert_error(self.post(dict(
             self.body(), parameters={"binary_data_output": True})),
             400, "binary")
+        # a parameter of the wrong type is 400 whatever else is asked:
+        # return_hidden "yes" once became true when HIDDEN was among the
+        # outputs (200) and was refused only without it
+        for outputs in (None, [{"name": "HIDDEN"}],
+                        [{"name": "LOGITS"}, {"name": "HIDDEN"}],
+                        [{"name": "LOGITS"}]):
+            for val in ("yes", 1, "true", None, [True]):
+                b = dict(self.body(), parameters={"return_hidden": val})
+                if outputs is not None:
+                    b["outputs"] = outputs
+                self.assert_error(self.post(b), 400,
+                                  "\"return_hidden\" must be a boolean")
+        for key, val in (("outputs", 1), ("timeout_ms", "9"),
+                         ("max_decode_len", True)):
+            for outputs in (None, [{"name": "HIDDEN"}]):
+                b = dict(self.body(), parameters={key: val})
+                if outputs is not None:
+                    b["outputs"] = outputs
+                self.assert_error(self.post(b), 400, "\"%s\"" % key)
+        self.assert_error(self.post(dict(
+            self.body(), parameters={"binary_data_output": "yes"})),
+            400, "\"binary_data_output\" must be a boolean")
+        self.assert_error(self.post(dict(
+            self.body(), outputs=[{"name": "LOGITS",
+                                   "parameters": {"binary_data": 1}}])),
+            400, "\"binary_data\" must be a boolean")
         st, _ = self.c.call("GET", "/v2/models/treelstm/infer")
         self.assertEqual(st, 405)
 
