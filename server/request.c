@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "request.h"
+#include "routes.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 
@@ -85,7 +86,14 @@ static void account(cn__req *r, int status, const char *reason) {
   cn__server *s = r->srv;
   double secs = cn_now_s() - r->t_arrive;
   int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
-  if (status != 499)
+  /* an inference (a body parsed for a model) is counted in its model's
+   * statistics too; queue and compute as this request saw them, -1 where
+   * it never reached a run */
+  if (status != 499 && r->route == CN__RT_INFER && r->me != NULL)
+    cn__metrics_infer_request(&s->metrics, model, status, r->n_inst, secs,
+                              r->queue_ms > 0 ? r->queue_ms / 1e3 : -1,
+                              r->compute_ms > 0 ? r->compute_ms / 1e3 : -1);
+  else if (status != 499)
     cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);
   CN_LOG(status >= 500 && status != 503 && status != 504 ? CN_LOG_ERROR
                                                          : CN_LOG_INFO,
