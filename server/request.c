@@ -86,10 +86,12 @@ static void account(cn__req *r, int status, const char *reason) {
   cn__server *s = r->srv;
   double secs = cn_now_s() - r->t_arrive;
   int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
-  /* an inference (a body parsed for a model) is counted in its model's
-   * statistics too; queue and compute as this request saw them, -1 where
-   * it never reached a run */
-  if (status != 499 && r->route == CN__RT_INFER && r->me != NULL)
+  /* an inference (a POST to a model's version serving) is counted in its
+   * model's statistics too; queue and compute as this request saw them,
+   * -1 where it never reached a run. A wrong version or method named no
+   * inference: only the request counters have it. */
+  if (status != 499 && r->route == CN__RT_INFER && r->me != NULL &&
+      !r->version_bad && strcmp(r->method, "POST") == 0)
     cn__metrics_infer_request(&s->metrics, model, status, r->n_inst, secs,
                               r->queue_ms > 0 ? r->queue_ms / 1e3 : -1,
                               r->compute_ms > 0 ? r->compute_ms / 1e3 : -1);

@@ -720,6 +720,14 @@ class KServe(unittest.TestCase):
         self.assertEqual(bad["inference_stats"]["fail"]["count"],
                          a["fail"]["count"] + 1)
         self.assertEqual(bad["inference_count"], v1["inference_count"])
+        # a wrong version or method is no inference of the model
+        self.assertEqual(self.c.infer(model, self.inputs[model][:1],
+                                      version="v9")[0], 404)
+        self.assertEqual(self.c.call("GET", "/v2/models/%s/infer"
+                                     % model)[0], 405)
+        (bad,) = self.stats(path)
+        self.assertEqual(bad["inference_stats"]["fail"]["count"],
+                         a["fail"]["count"] + 1)
         # the version in the path: the same entry
         v = bad["version"]
         self.assertEqual(self.stats("/v2/models/%s/versions/%s/stats"
