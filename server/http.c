@@ -289,9 +289,12 @@ static void answer_route(cn__req *r) {
                                                       : "use GET");
     return;
   }
-  if ((rt == CN__RT_MODEL || rt == CN__RT_INFER || rt == CN__RT_V2_MODEL ||
-       rt == CN__RT_V2_CONFIG || (rt == CN__RT_V2_STATS && r->model_name_len)) &&
-      me == NULL) {
+  /* a route of one model, or the statistics of one (/v2/models/stats,
+   * every model's, names none) */
+  bool one_model = rt == CN__RT_MODEL || rt == CN__RT_INFER ||
+                   rt == CN__RT_V2_MODEL || rt == CN__RT_V2_CONFIG ||
+                   (rt == CN__RT_V2_STATS && r->model_name_len > 0);
+  if (one_model && me == NULL) {
     answer_no_model(r);
     return;
   }
