@@ -458,8 +458,13 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
     return;
   }
   if (!wanted) {
-    cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
-               "models-dir (it needs a model.json)", name);
+    char near[CN__NAME_MAX];
+    if (cn__repo_nearest(s, name, near, sizeof(near)))
+      cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.120s' in "
+                 "models-dir; did you mean '%s'?", name, near);
+    else
+      cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
+                 "models-dir (it needs a model.json)", name);
     answer_load(NULL, r, NULL, &e);
     return;
   }

@@ -369,6 +369,10 @@ class Lifecycle(unittest.TestCase):
                               token=TOKEN)
             self.assertEqual(st, 404, body)
             self.assertIn("no model directory", body["error"])
+        # a name that differs from a model's in case only is told it
+        st, body = d.post("/v2/repository/models/A/load", token=TOKEN)
+        self.assertEqual(st, 404, body)
+        self.assertIn("did you mean 'a'?", body["error"])
         # models-dir's parent (and models-dir itself) hold a model's files:
         # '..' and '.' once loaded them as models of those names
         for f in os.listdir(self.versions[0]):
