@@ -345,7 +345,7 @@ failed:
     cn_run_stats st;
     cn_decode_get_stats(ss.d, &st);
     double sec = cn_now_s() - t0;
-    cn__metrics_run(&s->metrics, ss.me->index, st.instances, 0, sec,
+    cn__metrics_run(&s->metrics, ss.me->index, st.instances, 0, sec, 0, 0,
                     st.batches, st.lower_bound, st.vertices, st.kernels,
                     st.gather_bytes, st.cell_bytes, st.arena_bytes);
     cn__metrics_decode(&s->metrics, 0, ss.joined, ss.early);

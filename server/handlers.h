@@ -43,6 +43,11 @@ void cn__bigparse_submit(cn__req *r, void (*parsed)(cn__req *r));
 /* GET /v2 and GET /v2/models/{model} bodies (new references). */
 json_t *cn__kserve_server_meta(void);
 json_t *cn__kserve_model_meta(const cn__model_entry *me);
+/* kserve_ext.c: Triton's model configuration and statistics extensions
+ * (new references): me's configuration; the statistics of me, or of
+ * every model serving when me is NULL. */
+json_t *cn__kserve_model_config(cn__server *s, const cn__model_entry *me);
+json_t *cn__kserve_model_stats(cn__server *s, const cn__model_entry *me);
 /* Any thread: the v2 body j as the /v1 request it asks for (*v1, a new
  * reference: {"instances": [...], options}); sets p's v2_id and
  * v2_outputs. On failure *v1 is NULL and e says why (400, or 413 as /v1). */
@@ -50,6 +55,10 @@ int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
                        cn__parsed *p, cn_err *e);
 /* repo.c: the model repository: versions, loads, rescans, the index */
 cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
+/* Loop: the model name name most likely meant (the same but for case, or
+ * one or two edits away) into out; false: none is near. */
+bool cn__repo_nearest(cn__server *s, const char *name, char *out,
+                      size_t cap);
 /* Start-up: may the load and unload routes run (repo_open), said in the
  * log: with a repository-token, on a loopback host, or with
  * repository-insecure (issue #39: anyone on the network could load). */

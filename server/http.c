@@ -175,7 +175,13 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
 static void answer_no_model(cn__req *r) {
   char msg[600];
   cn__model_slot *sl = r->slot;
-  if (sl == NULL) {
+  char near[CN__NAME_MAX];
+  if (sl == NULL && r->model_name_len < CN__NAME_MAX &&
+      cn__repo_nearest(r->srv, r->model_name, near, sizeof(near))) {
+    snprintf(msg, sizeof(msg), "no such model '%s'; did you mean '%s'? "
+             "(names are case-sensitive; GET /v1/models lists them)",
+             r->model_name, near);
+  } else if (sl == NULL) {
     snprintf(msg, sizeof(msg), "no such model '%s' (GET /v1/models lists "
              "them)", r->model_name);
   } else {
@@ -289,8 +295,12 @@ static void answer_route(cn__req *r) {
                                                       : "use GET");
     return;
   }
-  if ((rt == CN__RT_MODEL || rt == CN__RT_INFER || rt == CN__RT_V2_MODEL) &&
-      me == NULL) {
+  /* a route of one model, or the statistics of one (/v2/models/stats,
+   * every model's, names none) */
+  bool one_model = rt == CN__RT_MODEL || rt == CN__RT_INFER ||
+                   rt == CN__RT_V2_MODEL || rt == CN__RT_V2_CONFIG ||
+                   (rt == CN__RT_V2_STATS && r->model_name_len > 0);
+  if (one_model && me == NULL) {
     answer_no_model(r);
     return;
   }
@@ -396,7 +406,8 @@ static cn__req *http_begin(cn__server *s, cn__conn *c, const char *method,
   }
   /* the version this request will use, held until it is freed: a reload
    * meanwhile does not change it */
-  if (rt == CN__RT_INFER || rt == CN__RT_MODEL || rt == CN__RT_V2_MODEL)
+  if (rt == CN__RT_INFER || rt == CN__RT_MODEL || rt == CN__RT_V2_MODEL ||
+      rt == CN__RT_V2_CONFIG || rt == CN__RT_V2_STATS)
     r->me = cn__model_retain(m.slot);
   if (r->me != NULL && r->want_version[0] != '\0' &&
       strcmp(r->want_version, r->me->version) != 0)

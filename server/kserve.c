@@ -28,6 +28,8 @@
 json_t *cn__kserve_server_meta(void) {
   json_t *ext = json_array();
   json_array_append_new(ext, json_string("model_repository"));
+  json_array_append_new(ext, json_string("model_configuration"));
+  json_array_append_new(ext, json_string("statistics"));
   json_t *o = json_object();
   json_object_set_new(o, "name", json_string("canopy"));
   json_object_set_new(o, "version", json_string(CANOPY_VERSION));

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "metrics.h"
 
@@ -72,8 +73,9 @@ int cn__metrics_init(cn__metrics *m, int cap, const char **names) {
   m->model_batches = calloc((size_t)cap + 1, sizeof(uint64_t));
   m->model_lower_bound = calloc((size_t)cap + 1, sizeof(uint64_t));
   m->model_arena_peak = calloc((size_t)cap + 1, sizeof(uint64_t));
+  m->infer = calloc((size_t)cap + 1, sizeof(cn__infer_stats));
   if (m->model_batches == NULL || m->model_lower_bound == NULL ||
-      m->model_arena_peak == NULL)
+      m->model_arena_peak == NULL || m->infer == NULL)
     return -1;
   if (m->request_s == NULL || m->queue_s == NULL || m->compute_s == NULL ||
       m->batch_instances == NULL)
@@ -98,6 +100,7 @@ void cn__metrics_free(cn__metrics *m) {
   free(m->model_batches);
   free(m->model_lower_bound);
   free(m->model_arena_peak);
+  free(m->infer);
   free(m->worker_dev);
   pthread_mutex_destroy(&m->mu);
 }
@@ -126,22 +129,70 @@ static int slot_of(const cn__metrics *m, int model) {
   return model >= 0 && model < m->n_models ? model : m->cap;
 }
 
-void cn__metrics_request(cn__metrics *m, int model, int status,
+/* Under m->mu: a request answered, into its model's counters. */
+static int count_request(cn__metrics *m, int model, int status,
                          int instances, double seconds) {
   int slot = CN__N_STATUS - 1;
   for (int i = 0; i < CN__N_STATUS - 1; i++)
     if (statuses[i] == status) slot = i;
-  pthread_mutex_lock(&m->mu);
   model = slot_of(m, model);
   m->requests[model * CN__N_STATUS + slot]++;
   if (status == 200) m->instances[model] += (uint64_t)instances;
   hist_add(&m->request_s[model], seconds);
+  return model;
+}
+
+void cn__metrics_request(cn__metrics *m, int model, int status,
+                         int instances, double seconds) {
+  pthread_mutex_lock(&m->mu);
+  count_request(m, model, status, instances, seconds);
   pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_infer_request(cn__metrics *m, int model, int status,
+                               int instances, double seconds, double queue_s,
+                               double compute_s) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  pthread_mutex_lock(&m->mu);
+  model = count_request(m, model, status, instances, seconds);
+  cn__infer_stats *st = &m->infer[model];
+  if (status == 200) {
+    st->ok++;
+    st->ok_s += seconds;
+    st->instances += (uint64_t)instances;
+    st->last_ms = (uint64_t)now.tv_sec * 1000u +
+                  (uint64_t)(now.tv_nsec / 1000000);
+  } else {
+    st->fail++;
+    st->fail_s += seconds;
+  }
+  if (queue_s >= 0) {
+    st->queued++;
+    st->queue_s += queue_s;
+  }
+  if (compute_s >= 0 && status == 200) {
+    st->computed++;
+    st->compute_s += compute_s;
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cn__metrics_infer_stats(cn__metrics *m, int model, cn__infer_stats *out) {
+  pthread_mutex_lock(&m->mu);
+  int i = slot_of(m, model);
+  *out = m->infer[i];
+  /* the runs and their compute are the histograms' (one count a run) */
+  out->runs = m->compute_s[i].count;
+  out->run_infer_s = m->compute_s[i].sum;
+  pthread_mutex_unlock(&m->mu);
+  if (i == m->cap) memset(out, 0, sizeof(*out));
 }
 
 void cn__metrics_run(cn__metrics *m, int model, int instances,
                      double queue_s_max,
-                     double compute_s, long long batches,
+                     double compute_s, double input_s, double output_s,
+                     long long batches,
                      long long lower_bound, long long vertices,
                      long long kernels, size_t gather_bytes,
                      size_t cell_bytes, size_t arena_bytes) {
@@ -153,6 +204,8 @@ void cn__metrics_run(cn__metrics *m, int model, int instances,
   m->model_lower_bound[model] += (uint64_t)lower_bound;
   hist_add(&m->batch_instances[model], instances);
   hist_add(&m->compute_s[model], compute_s);
+  m->infer[model].run_input_s += input_s;
+  m->infer[model].run_output_s += output_s;
   m->batches += (uint64_t)batches;
   m->lower_bound += (uint64_t)lower_bound;
   m->vertices += (uint64_t)vertices;
@@ -189,6 +242,7 @@ void cn__metrics_reset_model(cn__metrics *m, int i) {
          CN__N_STATUS * sizeof(uint64_t));
   m->instances[i] = m->model_batches[i] = m->model_lower_bound[i] = 0;
   m->model_arena_peak[i] = 0;
+  memset(&m->infer[i], 0, sizeof(m->infer[i]));
   memset(&m->retrains[(size_t)i * CN__N_RETRAIN], 0,
          CN__N_RETRAIN * sizeof(uint64_t));
   cn__hist *h[] = {&m->request_s[i], &m->queue_s[i], &m->compute_s[i],
@@ -302,27 +356,43 @@ static void gauge(sbuf *b, const char *name, const char *help, double v) {
   sb_printf(b, "%s %.17g\n", name, v);
 }
 
+/* The labels of a series of model slot mi: model="NAME" and a comma, or
+ * nothing for the slot of requests naming no model (health probes,
+ * /metrics, the index, unknown routes and names). A model="" label would
+ * read as a model with an empty name; Prometheus stores an empty label as
+ * no label anyway, so the series are the same ones. */
+static void model_label(char *out, size_t cap, const cn__metrics *m, int mi) {
+  if (mi < m->n_models) snprintf(out, cap, "model=\"%s\",", m->model_names[mi]);
+  else out[0] = '\0';
+}
+
 /* One histogram family with a model label: a series per model slot in
- * use, and one for model="" (requests naming no model) when it has any. */
+ * use, and one without the label (requests naming no model) when it has
+ * any. */
 static void hist(sbuf *b, const char *name, const char *help,
                  const cn__metrics *m, const cn__hist *hs) {
   head(b, name, "histogram", help);
   for (int k = 0; k <= m->n_models; k++) {
     int mi = k < m->n_models ? k : m->cap;
     const cn__hist *h = &hs[mi];
-    const char *model = k < m->n_models ? m->model_names[k] : "";
+    char lab[300]; /* a label value is at most 2 x 128 bytes */
     if (k == m->n_models && h->count == 0) continue;
+    model_label(lab, sizeof(lab), m, mi);
     uint64_t cum = 0;
     for (int i = 0; i < h->n; i++) {
       cum += h->counts[i];
-      sb_printf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", name, model,
-                h->le[i], (unsigned long long)cum);
+      sb_printf(b, "%s_bucket{%sle=\"%g\"} %llu\n", name, lab, h->le[i],
+                (unsigned long long)cum);
     }
     cum += h->counts[h->n];
-    sb_printf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model,
+    sb_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n", name, lab,
               (unsigned long long)cum);
-    sb_printf(b, "%s_sum{model=\"%s\"} %.17g\n%s_count{model=\"%s\"} %llu\n",
-              name, model, h->sum, name, model, (unsigned long long)h->count);
+    /* the labels less their trailing comma: {model="m"} or none */
+    size_t ll = strlen(lab);
+    if (ll > 0) lab[ll - 1] = '\0';
+    sb_printf(b, "%s_sum%s%s%s %.17g\n%s_count%s%s%s %llu\n", name,
+              ll ? "{" : "", lab, ll ? "}" : "", h->sum, name, ll ? "{" : "",
+              lab, ll ? "}" : "", (unsigned long long)h->count);
   }
 }
 
@@ -362,8 +432,9 @@ static void render_requests(sbuf *b, const cn__metrics *m) {
       char st[8];
       if (statuses[si]) snprintf(st, sizeof(st), "%d", statuses[si]);
       else snprintf(st, sizeof(st), "other");
-      sb_printf(b, "canopy_requests_total{model=\"%s\",status=\"%s\"} %llu\n",
-                mi < m->n_models ? m->model_names[mi] : "", st,
+      char lab[300]; /* a label value is at most 2 x 128 bytes */
+      model_label(lab, sizeof(lab), m, mi);
+      sb_printf(b, "canopy_requests_total{%sstatus=\"%s\"} %llu\n", lab, st,
                 (unsigned long long)v);
     }
   head(b, "canopy_instances_total", "counter",

@@ -33,6 +33,13 @@ typedef struct cn__metrics {
   /* per model slot [cap + 1] (the last: requests naming no model) */
   cn__hist *request_s, *queue_s, *compute_s, *batch_instances;
   uint64_t *model_batches, *model_lower_bound; /* [cap + 1]              */
+  /* per model slot [cap + 1], inference requests only (the statistics
+   * extension, GET /v2/models/{m}/stats): answered 200 or not, and their
+   * durations (arrival to answer, s); queue and compute as each request
+   * saw them (the run's time once per request); the run's preparation of
+   * its instances (input) and its answers (output), once per run; and
+   * when the last one was answered (ms since the epoch) */
+  struct cn__infer_stats *infer;
   uint64_t *model_arena_peak;  /* [cap + 1] largest arena of a run (the
                                   live high-water mark, docs/memory.md) */
   uint64_t memory_budget;      /* the memory-budget key, bytes (0: none)  */
@@ -59,6 +66,17 @@ typedef struct cn__metrics {
   double start_time;
 } cn__metrics;
 
+/* A model's inference counters (metrics.c keeps one per slot). */
+typedef struct cn__infer_stats {
+  uint64_t ok, fail;
+  double ok_s, fail_s, queue_s, compute_s;
+  uint64_t queued, computed;   /* requests that started, finished a run   */
+  uint64_t runs;               /* runs executed (execution_count)         */
+  double run_input_s, run_infer_s, run_output_s;
+  uint64_t instances;          /* instances answered 200 (inference_count)*/
+  uint64_t last_ms;            /* wall clock of the last answer, ms        */
+} cn__infer_stats;
+
 /* Values read at render time (owned elsewhere). */
 typedef struct cn__gauges {
   long long queue_instances, queued_runs, in_flight, workers, ready,
@@ -79,9 +97,21 @@ void cn__metrics_free(cn__metrics *m);
 /* model: index or -1 (no model) */
 void cn__metrics_request(cn__metrics *m, int model, int status,
                          int instances, double seconds);
+/* The same for an inference request, which its model's statistics count
+ * too: queue_s and compute_s as the request saw them (< 0: it never
+ * reached a run). One lock, as cn__metrics_request. */
+void cn__metrics_infer_request(cn__metrics *m, int model, int status,
+                               int instances, double seconds, double queue_s,
+                               double compute_s);
+/* A copy of model slot i's inference counters (zeros for no model). */
+void cn__metrics_infer_stats(cn__metrics *m, int model, cn__infer_stats *out);
+/* input_s, output_s: the run's preparation of its instances (within
+ * compute_s) and the layout of its answers (after it), for the
+ * statistics; 0 where not measured apart (decode sessions). */
 void cn__metrics_run(cn__metrics *m, int model, int instances,
                      double queue_s_max,
-                     double compute_s, long long batches,
+                     double compute_s, double input_s, double output_s,
+                     long long batches,
                      long long lower_bound, long long vertices,
                      long long kernels, size_t gather_bytes, size_t cell_bytes,
                      size_t arena_bytes);

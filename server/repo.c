@@ -25,10 +25,12 @@
  * repository's metrics series are repo_report.c's.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "notify.h"
@@ -62,6 +64,48 @@ cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len) {
         strncmp(s->models[i].name, name, len) == 0)
       return &s->models[i];
   return NULL;
+}
+
+/* Levenshtein distance of a and b, letters compared without case, capped
+ * at 3 (the most a suggestion is worth). */
+static int name_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na > 64 || nb > 64) return 3;
+  int row[65];
+  for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= na; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= nb; j++) {
+      int up = row[j];
+      int sub = diag + (tolower((unsigned char)a[i - 1]) !=
+                        tolower((unsigned char)b[j - 1]));
+      int del = row[j] + 1, ins = row[j - 1] + 1;
+      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      diag = up;
+    }
+  }
+  return row[nb] > 3 ? 3 : row[nb];
+}
+
+bool cn__repo_nearest(cn__server *s, const char *name, char *out,
+                      size_t cap) {
+  int n = atomic_load(&s->n_models), best = 3;
+  /* a name that differs only in case, else one or two edits away (one
+   * for a short name: "a" is one edit from every one-letter name) */
+  int most = strlen(name) >= 5 ? 2 : 1;
+  out[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    const cn__model_slot *sl = &s->models[i];
+    if (!sl->used) continue;
+    int d = strcasecmp(sl->name, name) == 0 ? 0
+                                            : name_distance(name, sl->name);
+    if (d < best && d <= most) {
+      best = d;
+      snprintf(out, cap, "%s", sl->name);
+    }
+  }
+  return out[0] != '\0';
 }
 
 bool cn__repo_busy(const cn__model_slot *sl) {
@@ -280,8 +324,8 @@ int cn__repo_load_all(cn__server *s, cn_err *err) {
     load_failed(sl, &e);
     if (sc->strict_startup) {
       *err = e;
-      snprintf(err->msg, sizeof(err->msg), "model %.40s: %.270s", sl->name,
-               e.msg);
+      snprintf(err->msg, sizeof(err->msg), "model %.40s: %.200s (or set "
+               "strict-startup false to start without it)", sl->name, e.msg);
       rc = e.code;
       goto out;
     }
@@ -348,8 +392,17 @@ static void answer_load(cn__model_slot *sl, cn__req *r, cn__model_entry *v,
       json_decref(o);
       cn__req_answer(r, 200, b, NULL);
     } else {
-      cn__req_answer(r, cn_err_http_status(err->code),
-                     cn__error_body(err->code, err->msg, -1), "load-failed");
+      /* a directory whose files do not load (bad model.json, weights cut
+       * short, a warm-up that computes NaN, a file it cannot read) is the
+       * repository's fault, not the server's: 400, as the model
+       * repository extension says a failed load is; out of memory stays
+       * 500 */
+      int st = cn_err_http_status(err->code);
+      if (err->code == CN_E_BAD_MODEL || err->code == CN_E_BAD_CONFIG ||
+          err->code == CN_E_IO || err->code == CN_E_NON_FINITE)
+        st = 400;
+      cn__req_answer(r, st, cn__error_body(err->code, err->msg, -1),
+                     "load-failed");
     }
   }
   cn__req_unref(r);
@@ -439,8 +492,13 @@ void cn__repo_load_async(cn__server *s, const char *name, cn__req *r) {
     return;
   }
   if (!wanted) {
-    cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
-               "models-dir (it needs a model.json)", name);
+    char near[CN__NAME_MAX];
+    if (cn__repo_nearest(s, name, near, sizeof(near)))
+      cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.120s' in "
+                 "models-dir; did you mean '%s'?", name, near);
+    else
+      cn_err_set(&e, CN_E_NO_SUCH_MODEL, "no model directory '%.200s' in "
+                 "models-dir (it needs a model.json)", name);
     answer_load(NULL, r, NULL, &e);
     return;
   }

@@ -93,11 +93,19 @@ json_t *cn__repo_index(cn__server *s) {
   for (int i = 0; i < n; i++) {
     if (cn__repo_find(s, names[i], strlen(names[i])) != NULL) continue;
     json_t *o = json_object();
+    /* past the bound: UNAVAILABLE (it cannot be served); never loaded
+     * nor tried: Triton's UNKNOWN, not UNAVAILABLE, which says a load
+     * failed */
     json_object_set_new(o, "name", json_string(names[i]));
-    json_object_set_new(o, "state", json_string("UNAVAILABLE"));
+    json_object_set_new(o, "state", json_string(
+        used >= CN__MAX_MODELS ? "UNAVAILABLE" : "UNKNOWN"));
     json_object_set_new(o, "reason", json_string(
-        used >= CN__MAX_MODELS ? over : "not loaded: new since the last "
-                                        "scan of models-dir"));
+        used >= CN__MAX_MODELS ? over
+        : strcmp(s->cfg.serve.model_control, "none") == 0
+            ? "not loaded: new since start-up, and model-control is none "
+              "(restart to serve it)"
+            : "not loaded: new since the last scan of models-dir (POST "
+              "/v2/repository/models/{model}/load, or SIGHUP, loads it)"));
     json_array_append_new(arr, o);
   }
   if (n >= 0) cn__dirs_free_names(names, n);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "request.h"
+#include "routes.h"
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
 
@@ -124,7 +125,16 @@ static void account(cn__req *r, int status, const char *reason) {
   double secs = cn_now_s() - r->t_arrive;
   int model = r->me ? r->me->index : r->slot ? r->slot->index : -1;
   release_answer(r); /* the answer, if any, is held from here (conn.c) */
-  if (status != 499)
+  /* an inference (a POST to a model's version serving) is counted in its
+   * model's statistics too; queue and compute as this request saw them,
+   * -1 where it never reached a run. A wrong version or method named no
+   * inference: only the request counters have it. */
+  if (status != 499 && r->route == CN__RT_INFER && r->me != NULL &&
+      !r->version_bad && strcmp(r->method, "POST") == 0)
+    cn__metrics_infer_request(&s->metrics, model, status, r->n_inst, secs,
+                              r->queue_ms > 0 ? r->queue_ms / 1e3 : -1,
+                              r->compute_ms > 0 ? r->compute_ms / 1e3 : -1);
+  else if (status != 499)
     cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);
   CN_LOG(status >= 500 && status != 503 && status != 504 ? CN_LOG_ERROR
                                                          : CN_LOG_INFO,

@@ -46,14 +46,19 @@ cn__route cn__route_find(cn__server *s, const char *path,
     cn__route rt;
     bool v2;
   } fixed[] = {{"/healthz", CN__RT_LIVE, false},
-               {"/v2/health/live", CN__RT_LIVE, false},
+               {"/v2/health/live", CN__RT_V2_LIVE, true},
                {"/readyz", CN__RT_READY, false},
-               {"/v2/health/ready", CN__RT_READY, false},
+               {"/v2/health/ready", CN__RT_V2_READY, true},
                {"/metrics", CN__RT_METRICS, false},
                {"/v1/models", CN__RT_MODELS, false},
                {"/v1/models/", CN__RT_MODELS, false},
-               {"/v2/repository/index", CN__RT_REPO_INDEX, false},
-               {"/v2", CN__RT_V2_SERVER, true}};
+               {"/v2/repository/index", CN__RT_REPO_INDEX, true},
+               /* the protocol's text says GET v2, its yaml /v2/ */
+               {"/v2", CN__RT_V2_SERVER, true},
+               {"/v2/", CN__RT_V2_SERVER, true},
+               /* every model's statistics: never a model named "stats"
+                * (as in Triton's statistics extension) */
+               {"/v2/models/stats", CN__RT_V2_STATS, true}};
   /* the Open Inference Protocol's paths name a version or not */
   static const struct {
     const char *pre, *suffix;
@@ -62,14 +67,18 @@ cn__route cn__route_find(cn__server *s, const char *path,
   } withname[] = {
       {"/v1/models/", "", CN__RT_MODEL, false, false},
       {"/v1/models/", "/infer", CN__RT_INFER, false, false},
-      {"/v2/models/", "/ready", CN__RT_MODEL_READY, false, false},
-      {"/v2/models/", "/ready", CN__RT_MODEL_READY, false, true},
+      {"/v2/models/", "/ready", CN__RT_MODEL_READY, true, false},
+      {"/v2/models/", "/ready", CN__RT_MODEL_READY, true, true},
+      {"/v2/models/", "/config", CN__RT_V2_CONFIG, true, false},
+      {"/v2/models/", "/config", CN__RT_V2_CONFIG, true, true},
+      {"/v2/models/", "/stats", CN__RT_V2_STATS, true, false},
+      {"/v2/models/", "/stats", CN__RT_V2_STATS, true, true},
       {"/v2/models/", "", CN__RT_V2_MODEL, true, false},
       {"/v2/models/", "", CN__RT_V2_MODEL, true, true},
       {"/v2/models/", "/infer", CN__RT_INFER, true, false},
       {"/v2/models/", "/infer", CN__RT_INFER, true, true},
-      {"/v2/repository/models/", "/load", CN__RT_REPO_LOAD, false, false},
-      {"/v2/repository/models/", "/unload", CN__RT_REPO_UNLOAD, false,
+      {"/v2/repository/models/", "/load", CN__RT_REPO_LOAD, true, false},
+      {"/v2/repository/models/", "/unload", CN__RT_REPO_UNLOAD, true,
        false}};
   memset(m, 0, sizeof(*m));
   for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
@@ -85,6 +94,8 @@ cn__route cn__route_find(cn__server *s, const char *path,
     m->v2 = withname[i].v2;
     return m->rt = withname[i].rt;
   }
+  /* no route, but under /v2: the 404 is the protocol's */
+  m->v2 = strncmp(path, "/v2", 3) == 0 && (path[3] == '\0' || path[3] == '/');
   return CN__RT_NONE;
 }
 
@@ -142,6 +153,23 @@ int cn__route_get(cn__server *s, cn__route rt, cn__model_entry *me,
   switch (rt) {
     case CN__RT_LIVE:
       *body = strdup("{\"status\":\"ok\"}");
+      break;
+    case CN__RT_V2_LIVE: /* the Open Inference Protocol's words */
+      *body = strdup("{\"live\":true}");
+      break;
+    case CN__RT_V2_READY:
+      if (atomic_load(&s->draining)) {
+        *status = 503;
+        *body = cn__error_body(CN_E_DRAINING, "draining: not ready", -1);
+      } else {
+        *body = strdup("{\"ready\":true}");
+      }
+      break;
+    case CN__RT_V2_CONFIG:
+      *body = dump(cn__kserve_model_config(s, me));
+      break;
+    case CN__RT_V2_STATS:
+      *body = dump(cn__kserve_model_stats(s, me));
       break;
     case CN__RT_READY:
       if (atomic_load(&s->draining)) {

@@ -21,7 +21,11 @@ typedef enum {
   CN__RT_V2_MODEL,    /* /v2/models/{model}[/versions/{v}]     GET */
   CN__RT_REPO_INDEX,  /* /v2/repository/index               POST */
   CN__RT_REPO_LOAD,   /* /v2/repository/models/{model}/load   POST */
-  CN__RT_REPO_UNLOAD  /* /v2/repository/models/{model}/unload POST */
+  CN__RT_REPO_UNLOAD, /* /v2/repository/models/{model}/unload POST */
+  CN__RT_V2_LIVE,     /* /v2/health/live: {"live": true}       GET */
+  CN__RT_V2_READY,    /* /v2/health/ready: {"ready": true}     GET */
+  CN__RT_V2_CONFIG,   /* /v2/models/{model}[/versions/{v}]/config GET */
+  CN__RT_V2_STATS     /* /v2/models[/{model}[/versions/{v}]]/stats GET */
 } cn__route;
 
 struct cn__server;
@@ -31,8 +35,9 @@ struct cn__model_slot;
 /* What a path names. */
 typedef struct cn__route_match {
   cn__route rt;
-  bool v2;              /* an Open Inference Protocol (KServe v2) route of
-                           kserve.c: its answers and errors are v2's     */
+  bool v2;              /* a path under /v2 (a route or none): the Open
+                           Inference Protocol's, its answers and errors
+                           are v2's ({"error": message})                 */
   struct cn__model_slot *slot; /* the model named; NULL if none or
                            unknown (the caller answers no_such_model)    */
   const char *name;     /* the name as written (for a load of a model not

@@ -114,6 +114,8 @@ typedef struct inflight {
   cn_run *run;
   int **slots;
   double t0;
+  double t_added; /* its instances are in the run: t0 .. t_added is the
+                     statistics' compute_input */
 } inflight;
 
 static void answer_error(cn__job *j, const cn_err *err) {
@@ -144,7 +146,7 @@ static void inflight_free(inflight *f) {
  * at a time). */
 static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   cn__server *s = w->s;
-  *f = (inflight){j, NULL, NULL, cn_now_s()};
+  *f = (inflight){j, NULL, NULL, cn_now_s(), 0};
   f->slots = calloc((size_t)j->n, sizeof(int *));
   f->run = cn_run_new(j->me->model, w->bk);
   if (f->run != NULL) {
@@ -185,6 +187,7 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
   if (live == 0) goto done;
+  f->t_added = cn_now_s();
   if (cn__policy_exec(s, j->me, f->run, &err) != 0) goto fail;
   return true;
 fail:
@@ -221,19 +224,21 @@ static void run_finish(worker_arg *w, inflight *f) {
   atomic_store(&s->ewma_compute_us,
                prev == 0 ? (long long)(ms * 1e3)
                          : (long long)(0.8 * prev + 0.2 * ms * 1e3));
-  cn__metrics_run(&s->metrics, j->me->index, j->st.instances, 0, ms / 1e3,
-                  j->st.batches,
-                  j->st.lower_bound, j->st.vertices, j->st.kernels,
-                  j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
   cn__metrics_memory(&s->metrics, j->me->index, j->st.arena_bytes,
                      j->st.batches - j->st.policy_batches, false);
   note_memory(j->slot, &j->st);
+  double t_out = cn_now_s();
   for (int i = 0; i < j->n; i++) {
     cn__req *r = j->reqs[i];
     if (f->slots[i] == NULL) continue;
     r->compute_ms = ms;
     r->result = format_answer(j, r, f->run, f->slots[i], &r->result_status);
   }
+  /* counted once its answers are laid out: their time is the run's too */
+  cn__metrics_run(&s->metrics, j->me->index, j->st.instances, 0, ms / 1e3,
+                  f->t_added - f->t0, cn_now_s() - t_out, j->st.batches,
+                  j->st.lower_bound, j->st.vertices, j->st.kernels,
+                  j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
   inflight_free(f);
 }
 

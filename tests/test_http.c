@@ -100,7 +100,7 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
   cr_expect_eq(r.status, 200);
   th_resp_free(&r);
   cr_expect_eq(metric("canopy_in_flight_requests"), 1); /* this one */
-  cr_expect_eq(metric("canopy_requests_total{model=\"\",status=\"408\"}"),
+  cr_expect_eq(metric("canopy_requests_total{status=\"408\"}"),
                N_HEAD, "head timeouts");
   cr_expect_eq(th_stop(&d), 0);
 }
@@ -129,7 +129,7 @@ Test(http, stalled_head_gets_408_and_silent_connection_closes_quietly,
   cr_expect_eq(k, 0, "a connection that sent nothing: recv %zd (%.*s)", k,
                k > 0 ? (int)k : 0, b);
   close(none);
-  cr_expect_eq(metric("canopy_requests_total{model=\"\",status=\"408\"}"), 1,
+  cr_expect_eq(metric("canopy_requests_total{status=\"408\"}"), 1,
                "one 408: the silent connection is not a request");
   cr_expect_eq(th_stop(&d), 0);
 }

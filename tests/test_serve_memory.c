@@ -110,6 +110,36 @@ Test(serve_memory, budget_plans_splits_and_refuses, .fini = teardown,
   cr_expect_gt(peak, 0);
   cr_expect_leq(peak, 65536, "a run's arena over the budget");
   th_resp_free(&mr);
+  /* many trees that each fit, every node's output asked for: the rows
+   * their answers read are kept for all of them, so the request does not
+   * fit even one instance at a time; the message says the request is the
+   * unit and what to change */
+  char *mid_tree = balanced(0, 16);
+  json_t *many = json_array();
+  for (int i = 0; i < 200; i++)
+    json_array_append_new(many, json_pack("{s:s}", "tree", mid_tree));
+  json_t *mo = json_pack("{s:o, s:s}", "instances", many, "outputs", "all");
+  char *many_body = json_dumps(mo, JSON_COMPACT);
+  json_decref(mo);
+  char *one = all_body(mid_tree);
+  th_resp rr;
+  cr_assert_eq(th_http(d.port, "POST", "/v1/models/treelstm/infer", one,
+                       NULL, &rr), 0);
+  cr_expect_eq(rr.status, 200, "one tree alone fits: %s", rr.body);
+  th_resp_free(&rr);
+  cr_assert_eq(th_http(d.port, "POST", "/v1/models/treelstm/infer",
+                       many_body, NULL, &rr), 0);
+  cr_expect_eq(rr.status, 413, "%d %s", rr.status, rr.body);
+  cr_expect(strstr(rr.body, "over_memory_budget") != NULL &&
+                strstr(rr.body, "the request needs") != NULL &&
+                strstr(rr.body, "one instance at a time") != NULL &&
+                strstr(rr.body, "outputs \\\"root\\\"") != NULL &&
+                strstr(rr.body, "split the request") != NULL,
+            "%s", rr.body);
+  th_resp_free(&rr);
+  free(one);
+  free(many_body);
+  free(mid_tree);
   free(small);
   free(big);
   free(big_tree);

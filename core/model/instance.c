@@ -2,6 +2,7 @@
  * model: a tree with vocabulary ids and per-node cell kinds. Everything a
  * run needs later is checked here, so a bad instance is refused before it
  * can join (and harm) a run. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,13 +65,32 @@ static int tree_finish(const cn_model *m, const cn_limits *lim,
   return 0;
 }
 
+/* The model as a message names it: its directory's name (the name the
+ * daemon serves it under, and what `canopy run` was given) and its
+ * family, "'sentiment' (treelstm)"; the family alone where the directory
+ * has no name. */
+static const char *model_called(const cn_model *m, char *buf, size_t cap) {
+  const char *d = m->dir ? m->dir : "";
+  size_t n = strlen(d);
+  while (n > 1 && d[n - 1] == '/') n--; /* "models/x/" */
+  size_t b = n;
+  while (b > 0 && d[b - 1] != '/') b--;
+  if (n == b || (n - b == 1 && d[b] == '.'))
+    snprintf(buf, cap, "%s", m->fam->name);
+  else
+    snprintf(buf, cap, "'%.*s' (%s)", (int)(n - b > 128 ? 128 : n - b),
+             d + b, m->fam->name);
+  return buf;
+}
+
 static int parse_tree(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, cn_instance *in, cn_err *err) {
   const json_t *t = json_object_get(inst, "tree");
+  char called[192];
   if (t == NULL)
     return cn_err_set(err, CN_E_BAD_INSTANCE,
                       "instance has no \"tree\" (model %s takes trees)",
-                      m->fam->name);
+                      model_called(m, called, sizeof(called)));
   int rc;
   if (json_is_string(t))
     rc = cn_tree_parse_bracketed(json_string_value(t), json_string_length(t),
@@ -113,11 +133,13 @@ static int check_forms(const cn_model *m, const json_t *inst, cn_err *err) {
       [CN_INPUT_LATTICE] = "\"chars\" or \"text\", and \"words\"",
       [CN_INPUT_DAG] = "\"nodes\""};
   const char *own = NULL;
+  char called[192];
   for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
     if (json_object_get(inst, forms[i].key) == NULL) continue;
     if (!(forms[i].kinds & (1u << m->fam->input)))
       return cn_err_set(err, CN_E_BAD_INSTANCE, "instance has \"%s\", but "
-                        "model %s takes %s", forms[i].key, m->fam->name,
+                        "model %s takes %s", forms[i].key,
+                        model_called(m, called, sizeof(called)),
                         takes[m->fam->input]);
     if (strcmp(forms[i].key, "words") == 0) continue; /* beside either */
     if (own != NULL)

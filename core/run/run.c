@@ -215,10 +215,12 @@ static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
                           ? "the instance needs %lld bytes of arena (states "
                             "%lld + scratch %lld, the best plan found); the "
                             "memory budget is %lld bytes"
-                          : "even one instance at a time the run needs %lld "
-                            "bytes of arena (states %lld, the rows its answers "
-                            "read kept to the end, + scratch %lld); the "
-                            "memory budget is %lld bytes",
+                          : "the request needs %lld bytes of arena even "
+                            "one instance at a time (states %lld, mostly the "
+                            "rows its answers read, kept for every "
+                            "instance, + scratch %lld); the memory budget "
+                            "is %lld bytes: ask for outputs \"root\" or "
+                            "split the request",
                       (long long)need, (long long)states,
                       (long long)(need - states), (long long)B);
   return cn_err_set(err, CN_E_OVER_BUDGET,

@@ -53,8 +53,11 @@ static void check_answer(void *ud, const char *d, size_t n) {
   if (status >= 400 && n > hl) {
     json_t *j = json_loadb(d + hl, n - hl, 0, NULL);
     CHECK(j != NULL);
-    json_t *code = json_object_get(json_object_get(j, "error"), "code");
-    CHECK(json_is_string(code));
+    /* /v1's {"error": {"code", "message"}}, or under /v2 the Open
+     * Inference Protocol's {"error": message} */
+    json_t *err = json_object_get(j, "error");
+    CHECK(json_is_string(err) ||
+          json_is_string(json_object_get(err, "code")));
     json_decref(j);
   }
   free(head);

@@ -45,6 +45,9 @@ CELL_MODELS = {"cells-bilstm": ("bilstm-tagger", "sequences.jsonl",
                "cells-treelstm": ("treelstm", "trees-binary.jsonl",
                                   "treelstm.json")}
 N = 5  # instances a request
+# the daemon's batching, as the model configuration must say it
+MAX_DELAY_US = 1500
+MAX_PER_REQUEST = 1024
 
 
 def head(path, n):
@@ -184,7 +187,9 @@ class KServe(unittest.TestCase):
         cls.log = open(os.path.join(cls.tmp, "serve.log"), "w")
         cls.daemon = subprocess.Popen(
             [BIN, "serve", "--models-dir", models, "--port", str(cls.port),
-             "--workers", "2"], stderr=cls.log, env=env)
+             "--workers", "2", "--max-delay-us", str(MAX_DELAY_US),
+             "--max-instances-per-request", str(MAX_PER_REQUEST)],
+            stderr=cls.log, env=env)
         cls.c = Client(cls.port)
         for _ in range(3000):  # 60 s: ten models to warm up under ASan
             try:
@@ -544,6 +549,228 @@ class KServe(unittest.TestCase):
         self.assertEqual(st, 413)
         self.assert_error(self.post(self.body(
             data=[json.dumps({"tree": deep})])), 413, "max-depth")
+
+    # ---- health, errors and metadata as the protocol spells them -------
+
+    def test_health_bodies(self):
+        """The Open Inference Protocol's REST text: server live
+        {"live": $bool}, server ready {"ready": $bool}, model ready
+        {"name": $string, "ready": $bool}."""
+        self.assertEqual(self.c.call("GET", "/v2/health/live"),
+                         (200, {"live": True}))
+        self.assertEqual(self.c.call("GET", "/v2/health/ready"),
+                         (200, {"ready": True}))
+        for path in ("/v2/models/tagger/ready", "/v2/models/tagger/versions/"
+                     "%s/ready" % self.meta("tagger")["versions"][0]):
+            st, b = self.c.call("GET", path)
+            self.assertEqual(st, 200, b)
+            self.assertEqual((b["name"], b["ready"]), ("tagger", True))
+        # /healthz and /readyz are the daemon's own, unchanged
+        self.assertEqual(self.c.call("GET", "/healthz"),
+                         (200, {"status": "ok"}))
+
+    def test_server_metadata_with_a_slash(self):
+        """The protocol's text says GET v2, its yaml /v2/: both are the
+        server metadata, with the extensions it answers."""
+        st, a = self.c.call("GET", "/v2")
+        self.assertEqual(self.c.call("GET", "/v2/"), (st, a))
+        self.assertEqual(sorted(a), ["extensions", "name", "version"])
+        for ext in ("model_repository", "model_configuration", "statistics"):
+            self.assertIn(ext, a["extensions"])
+
+    def test_every_v2_error_is_a_string(self):
+        """Every error under /v2, whatever the route or the status, is
+        {"error": $string} (the protocol's error objects); /v1 keeps its
+        {"error": {"code", "message"}}."""
+        cases = [
+            ("GET", "/v2/nothing", 404, "no such route"),
+            ("GET", "/v2/models/tagger/nothing", 404, "no such route"),
+            ("GET", "/v2/health", 404, "no such route"),
+            ("POST", "/v2/health/live", 405, "GET"),
+            ("POST", "/v2/health/ready", 405, "GET"),
+            ("POST", "/v2", 405, "GET"),
+            ("GET", "/v2/models/tagger/infer", 405, "POST"),
+            ("POST", "/v2/models/tagger/config", 405, "GET"),
+            ("GET", "/v2/models/no-such/ready", 404, "no-such"),
+            ("GET", "/v2/models/tagger/versions/v9/ready", 404, "v9"),
+            ("GET", "/v2/models/no-such", 404, "no-such"),
+            ("GET", "/v2/models/no-such/config", 404, "no-such"),
+            ("GET", "/v2/models/tagger/versions/v9/config", 404, "v9"),
+            ("GET", "/v2/models/no-such/stats", 404, "no-such"),
+            ("GET", "/v2/models/tagger/versions/v9/stats", 404, "v9"),
+            ("GET", "/v2/repository/index", 405, "POST"),
+            # model-control none: the repository's load and unload refuse
+            ("POST", "/v2/repository/models/tagger/load", 403,
+             "model-control"),
+            ("POST", "/v2/repository/models/tagger/unload", 403,
+             "model-control"),
+        ]
+        for method, path, status, word in cases:
+            with self.subTest(path=path, method=method):
+                self.assert_error(self.c.call(method, path), status, word)
+        st, b = self.c.call("GET", "/v1/models/no-such")
+        self.assertEqual(st, 404)
+        self.assertEqual(sorted(b["error"]), ["code", "message"])
+        self.assertEqual(b["error"]["code"], "no_such_model")
+
+    def test_did_you_mean(self):
+        """A name that differs in case or by a typo is told the name
+        served; a name near none is not."""
+        self.assert_error(self.c.call("GET", "/v2/models/Tagger/ready"),
+                          404, "no such model 'Tagger'",
+                          "did you mean 'tagger'?")
+        self.assert_error(self.post(self.body(), model="treelstn"), 404,
+                          "did you mean 'treelstm'?")
+        st, b = self.c.call("GET", "/v2/models/zzzzzzzz")
+        self.assertEqual(st, 404)
+        self.assertNotIn("did you mean", b["error"])
+
+    def test_message_names_the_model_called(self):
+        self.assert_error(self.post(self.body(data=[json.dumps(
+            {"tokens": ["a"]})])), 400, "model 'treelstm' (treelstm) takes")
+        st, b = self.c.call("POST", "/v1/models/crf/infer",
+                            {"tree": "(a b)"})
+        self.assertEqual(st, 400, b)
+        self.assertIn("model 'crf' (bilstm-tagger) takes", b["error"]["message"])
+
+    # ---- model configuration (Triton's extension) ----------------------
+
+    def test_model_config(self):
+        """Triton's model configuration: the metadata's tensors with
+        model_config.proto's type names and one row's dims, the daemon's
+        batching (max-instances-per-request, max-delay-us) as
+        max_batch_size and dynamic_batching."""
+        types = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32",
+                 "INT64": "TYPE_INT64"}
+        for model in list(MODELS) + list(CELL_MODELS):
+            with self.subTest(model=model):
+                m = self.meta(model)
+                st, cfg = self.c.call("GET", "/v2/models/%s/config" % model)
+                self.assertEqual(st, 200, cfg)
+                self.assertEqual(cfg["name"], model)
+                self.assertEqual(cfg["platform"], m["platform"])
+                self.assertEqual(cfg["backend"], "canopy")
+                self.assertEqual(cfg["max_batch_size"], MAX_PER_REQUEST)
+                self.assertEqual(cfg["dynamic_batching"]
+                                 ["max_queue_delay_microseconds"],
+                                 MAX_DELAY_US)
+                self.assertEqual(cfg["version_policy"],
+                                 {"latest": {"num_versions": 1}})
+                self.assertEqual(len(cfg["input"]), 1)
+                i = cfg["input"][0]
+                self.assertEqual((i["name"], i["data_type"], i["dims"],
+                                  i["reshape"]),
+                                 ("INSTANCE", "TYPE_STRING", [1],
+                                  {"shape": []}))
+                # the outputs: the metadata's, less the rows' dimension
+                self.assertEqual([o["name"] for o in cfg["output"]],
+                                 [o["name"] for o in m["outputs"]])
+                for o, t in zip(cfg["output"], m["outputs"]):
+                    self.assertEqual(o["data_type"], types[t["datatype"]])
+                    if len(t["shape"]) == 2:
+                        self.assertEqual(o["dims"], t["shape"][1:])
+                        self.assertNotIn("reshape", o)
+                    else:
+                        self.assertEqual((o["dims"], o["reshape"]),
+                                         ([1], {"shape": []}))
+                v = m["versions"][0]
+                self.assertEqual(self.c.call(
+                    "GET", "/v2/models/%s/versions/%s/config" % (model, v)),
+                    (200, cfg))
+
+    # ---- statistics (Triton's extension) -------------------------------
+
+    def stats(self, path):
+        st, b = self.c.call("GET", path)
+        self.assertEqual(st, 200, b)
+        self.assertEqual(list(b), ["model_stats"])
+        return b["model_stats"]
+
+    def test_stats_of_every_model(self):
+        """GET /v2/models/stats is every model's statistics (not a model
+        named "stats"), one entry per model and version serving."""
+        all_ = self.stats("/v2/models/stats")
+        served = self.c.call("GET", "/v1/models")[1]["models"]
+        self.assertEqual(sorted((s["name"], s["version"]) for s in all_),
+                         sorted((m["name"], m["version"]) for m in served))
+        durations = ("success", "fail", "queue", "compute_input",
+                     "compute_infer", "compute_output")
+        for s in all_:
+            for k in ("last_inference", "inference_count",
+                      "execution_count"):
+                self.assertIsInstance(s[k], int, (s["name"], k))
+            for k in durations:
+                d = s["inference_stats"][k]
+                self.assertEqual(sorted(d), ["count", "ns"])
+                self.assertGreaterEqual(d["count"], 0)
+                self.assertGreaterEqual(d["ns"], 0)
+
+    def test_stats_count_the_inferences(self):
+        """One request of k instances: inference_count grows by k,
+        success by one request, queue by one, execution_count by the runs
+        (at least one); a failed one counts in fail; last_inference is
+        the wall clock of the last answer (ms since the epoch)."""
+        model = "latticegru"
+        path = "/v2/models/%s/stats" % model
+        (before,) = self.stats(path)
+        self.assertEqual(before["name"], model)
+        k = 3
+        t0 = int(time.time() * 1000)
+        st, r = self.c.infer(model, self.inputs[model][:k])
+        self.assertEqual(st, 200, r)
+        t1 = int(time.time() * 1000)
+        (after,) = self.stats(path)
+        b, a = before["inference_stats"], after["inference_stats"]
+        self.assertEqual(after["inference_count"],
+                         before["inference_count"] + k)
+        self.assertEqual(a["success"]["count"], b["success"]["count"] + 1)
+        self.assertGreater(a["success"]["ns"], b["success"]["ns"])
+        self.assertEqual(a["queue"]["count"], b["queue"]["count"] + 1)
+        self.assertGreaterEqual(after["execution_count"],
+                                before["execution_count"] + 1)
+        for key in ("compute_input", "compute_infer", "compute_output"):
+            self.assertEqual(a[key]["count"], after["execution_count"], key)
+            self.assertGreaterEqual(a[key]["ns"], b[key]["ns"], key)
+        self.assertEqual(a["fail"], b["fail"])
+        self.assertTrue(t0 <= after["last_inference"] <= t1 + 1,
+                        (t0, after["last_inference"], t1))
+        # /v1 requests are the same inferences: counted alike
+        self.v1(model, self.inputs[model][:1], {})
+        (v1,) = self.stats(path)
+        self.assertEqual(v1["inference_count"], after["inference_count"] + 1)
+        # a request refused counts as a failure, and no inference
+        st, _ = self.c.call("POST", "/v1/models/%s/infer" % model,
+                            {"tree": "(a b)"})
+        self.assertEqual(st, 400)
+        (bad,) = self.stats(path)
+        self.assertEqual(bad["inference_stats"]["fail"]["count"],
+                         a["fail"]["count"] + 1)
+        self.assertEqual(bad["inference_count"], v1["inference_count"])
+        # a wrong version or method is no inference of the model
+        self.assertEqual(self.c.infer(model, self.inputs[model][:1],
+                                      version="v9")[0], 404)
+        self.assertEqual(self.c.call("GET", "/v2/models/%s/infer"
+                                     % model)[0], 405)
+        (bad,) = self.stats(path)
+        self.assertEqual(bad["inference_stats"]["fail"]["count"],
+                         a["fail"]["count"] + 1)
+        # the version in the path: the same entry
+        v = bad["version"]
+        self.assertEqual(self.stats("/v2/models/%s/versions/%s/stats"
+                                    % (model, v)), [bad])
+
+    def test_metrics_name_no_empty_model(self):
+        """Requests naming no model (health, metadata, unknown routes) are
+        counted without a model label, never model=\"\"."""
+        self.c.call("GET", "/v2/health/live")
+        self.c.call("GET", "/v2/nothing")
+        c = http.client.HTTPConnection("127.0.0.1", self.port)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        self.assertNotIn('model=""', text)
+        self.assertRegex(text, r'(?m)^canopy_requests_total\{status="404"\} '
+                         r'[1-9]')
 
 
 if __name__ == "__main__":

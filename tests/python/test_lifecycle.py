@@ -259,7 +259,10 @@ class Lifecycle(unittest.TestCase):
             swap_link(link, target)
             st, body = d.post("/v2/repository/models/t/load")
             self.assertNotEqual(st, 200, "%s loaded" % says)
-            self.assertIn(says, body["error"]["message"])
+            # a load that fails is 400, {"error": message} (the model
+            # repository extension's words), never a 500
+            self.assertEqual(st, 400, body)
+            self.assertIn(says, body["error"])
             st, body = d.get("/v2/models/t/ready")
             self.assertEqual((st, body["version"]), (200, good))
             st, body = d.request("POST", "/v1/models/t/infer",
@@ -363,8 +366,12 @@ class Lifecycle(unittest.TestCase):
         for k in range(3):
             st, body = d.post("/v2/repository/models/junk%d/load" % k,
                               token=TOKEN)
-            self.assertEqual((st, body["error"]["code"]),
-                             (404, "no_such_model"), body)
+            self.assertEqual(st, 404, body)
+            self.assertIn("no model directory", body["error"])
+        # a name that differs from a model's in case only is told it
+        st, body = d.post("/v2/repository/models/A/load", token=TOKEN)
+        self.assertEqual(st, 404, body)
+        self.assertIn("did you mean 'a'?", body["error"])
         # models-dir's parent (and models-dir itself) hold a model's files:
         # '..' and '.' once loaded them as models of those names
         for f in os.listdir(self.versions[0]):
@@ -373,8 +380,8 @@ class Lifecycle(unittest.TestCase):
         for name in ("..", "%2e%2e", ".", "%2E", ".hidden"):
             st, body = d.post("/v2/repository/models/%s/load" % name,
                               token=TOKEN)
-            self.assertEqual((st, body["error"]["code"]),
-                             (404, "no_such_model"), (name, body))
+            self.assertEqual(st, 404, (name, body))
+            self.assertIn("no such model", body["error"])
         st, index = d.post("/v2/repository/index", token=None)
         self.assertEqual([e["name"] for e in index], ["a"])
         self.assertEqual(d.post("/v2/repository/index", token=None)[0], 200,
@@ -397,8 +404,10 @@ class Lifecycle(unittest.TestCase):
         bad = os.path.join(self.models, "b")
         shutil.copytree(self.versions[1], bad)
         os.truncate(os.path.join(bad, "weights.safetensors"), 100)
-        with self.assertRaises(RuntimeError):
-            self.start()  # strict-startup true: exits 1
+        with self.assertRaises(RuntimeError) as cm:
+            self.start()  # strict-startup true: exits 1, saying the way out
+        self.assertIn("model b:", str(cm.exception))
+        self.assertIn("strict-startup false", str(cm.exception))
         d = self.start("--strict-startup", "false")
         self.assertEqual(d.get("/readyz")[0], 200)
         self.assertEqual(d.get("/v2/models/a/ready")[0], 200)
@@ -411,6 +420,14 @@ class Lifecycle(unittest.TestCase):
         self.assertIn("weights.safetensors", entry["reason"])
         names = {m["name"] for m in d.get("/v1/models")[1]["models"]}
         self.assertEqual(names, {"a"})
+        # a directory added after start-up was never loaded: UNKNOWN (as
+        # Triton says), not UNAVAILABLE, which is b's failed load
+        os.symlink(self.versions[0], os.path.join(self.models, "c"))
+        st, index = d.request("POST", "/v2/repository/index")
+        states = {e["name"]: (e["state"], e.get("reason", "")) for e in index}
+        self.assertEqual(states["c"][0], "UNKNOWN", states)
+        self.assertIn("not loaded", states["c"][1])
+        self.assertEqual(states["b"][0], "UNAVAILABLE", states)
 
     def test_names_too_long_to_serve(self):
         # a model's name is its directory's, at most 127 bytes; a longer
@@ -439,9 +456,12 @@ class Lifecycle(unittest.TestCase):
                      "/v2/models/%s/ready" % long_name):
             st, body = d.post(path, token=TOKEN, body=self.lines[0]) \
                 if not path.endswith("ready") else d.get(path)
-            self.assertEqual((st, body["error"]["code"]),
-                             (404, "no_such_model"), (path, body))
-            self.assertIn("at most 127", body["error"]["message"])
+            err = body["error"]  # /v1's object, the protocol's string
+            msg = err["message"] if path.startswith("/v1/") else err
+            if path.startswith("/v1/"):
+                self.assertEqual(err["code"], "no_such_model")
+            self.assertEqual(st, 404, (path, body))
+            self.assertIn("at most 127", msg)
         st, index = d.post("/v2/repository/index", token=None)
         states = {e["name"]: e["state"] for e in index}
         self.assertNotEqual(states.get("m" * 127), "READY",
