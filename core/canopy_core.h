@@ -58,7 +58,9 @@ extern "C" {
   XX(NON_FINITE, "non_finite", 500,                                          \
      "the model computed a non-finite value (NaN or infinity)")              \
   XX(OVER_BUDGET, "over_memory_budget", 413,                                 \
-     "the instances do not fit the memory budget")
+     "the instances do not fit the memory budget")                            \
+  XX(UNSUPPORTED_ENCODING, "unsupported_encoding", 415,                       \
+     "the body's Content-Encoding is not one the server takes")
 
 typedef enum {
   CN_OK = 0,
