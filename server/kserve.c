@@ -433,13 +433,16 @@ long long cn__kserve_answer_extra(const cn__req *r, const cn__parsed *p,
   long long x = 0, rows = (long long)p->vertices + p->n_inst;
   size_t label = 0, k;
   const json_t *l;
+  cn__v2_sig g;
+  cn__v2_model_sig(r->me, &g);
   json_array_foreach(json_object_get(r->me->describe, "labels"), k, l)
     if (json_string_length(l) > label) label = json_string_length(l);
-  for (int i = 0; i < CN__V2_N_OUTPUTS; i++)
-    if (p->v2_topk[i] > 0)
-      x += rows * p->v2_topk[i] *
-           (24 + (cn__v2_outputs[i].bit == CN__V2_LOGITS ? (long long)label
-                                                          : 0));
+  for (int i = 0; i < CN__V2_N_OUTPUTS; i++) {
+    bool logits = cn__v2_outputs[i].bit == CN__V2_LOGITS;
+    long long w = logits ? g.classes : g.hidden;
+    long long topk = p->v2_topk[i] < w ? p->v2_topk[i] : w;
+    if (topk > 0) x += rows * topk * (24 + (logits ? (long long)label : 0));
+  }
   if (p->v2_binary != 0)
     x += (values + x) / 3 + 8 * (long long)(p->n_inst + 1) +
          64 * CN__V2_N_OUTPUTS;
