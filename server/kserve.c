@@ -160,10 +160,10 @@ static int requested_outputs(const cn__model_entry *me, const json_t *j,
   int rc = bool_param(rpar, "binary_data_output", "the request's",
                       &all_binary, e);
   if (rc != 0) return rc;
-  if (outs == NULL) {
-    p->v2_binary = all_binary == 1 ? ~0u : 0;
-    return 0;
-  }
+  /* every output, those answered unasked (OFFSETS) too, unless one says
+   * otherwise */
+  p->v2_binary = all_binary == 1 ? ~0u : 0;
+  if (outs == NULL) return 0;
   if (!json_is_array(outs))
     return BAD(e, "\"outputs\" must be an array of {\"name\": ...}");
   json_array_foreach(outs, i, o) {
@@ -191,7 +191,8 @@ static int requested_outputs(const cn__model_entry *me, const json_t *j,
     if ((rc = bool_param(par, "binary_data", where, &bin, e)) != 0 ||
         (rc = classification(par, name, bit, &p->v2_topk[k], e)) != 0)
       return rc;
-    if (bin == 1 || (bin == -1 && all_binary == 1)) p->v2_binary |= bit;
+    if (bin == 1) p->v2_binary |= bit;
+    if (bin == 0) p->v2_binary &= ~bit;
     p->v2_outputs |= bit;
   }
   return 0;

@@ -658,6 +658,21 @@ class KServe(unittest.TestCase):
                                  if n in binary and t["datatype"] == "FP32"
                                  else want[n]["data"], n)
 
+    def test_binary_data_output_covers_offsets(self):
+        """binary_data_output is every output's default, OFFSETS (answered
+        beside per-token outputs without being named) too."""
+        insts = self.inputs["tagger"]
+        ref = {t["name"]: t for t in self.c.infer("tagger", insts)[1]
+               ["outputs"]}
+        st, rh, r = self.c.infer_binary(
+            "tagger", insts, outputs=[{"name": "LABEL"}],
+            parameters={"binary_data_output": True})
+        self.assertEqual(st, 200, r)
+        self.assertEqual([(t["name"], t.get("binary"), t["data"])
+                          for t in r["outputs"]],
+                         [("LABEL", True, ref["LABEL"]["data"]),
+                          ("OFFSETS", True, ref["OFFSETS"]["data"])])
+
     def test_shape_n_1(self):
         """INSTANCE [N, 1], its data flat or nested, is INSTANCE [N]."""
         insts = self.inputs["tagger"]
