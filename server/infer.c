@@ -75,9 +75,6 @@ void cn__parsed_free(cn__parsed *p) {
   p->v2_id = NULL;
 }
 
-/* Reads the options and instances of r's body into p (any thread: it
- * reads r's body, model and the configuration, and writes only p). On
- * failure p holds nothing. */
 /* A body sent with a Content-Encoding, inflated within max-body-bytes
  * (encoding.c): *body and *len become the inflated bytes, *held owns
  * them. */
@@ -95,6 +92,9 @@ static int inflate_body(const cn__req *r, const char **body, size_t *len,
   return rc;
 }
 
+/* Reads the options and instances of r's body into p (any thread: it
+ * reads r's body, model and the configuration, and writes only p). On
+ * failure p holds nothing. */
 int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   cn__server *s = r->srv;
   const cn_serve_config *sc = &s->cfg.serve;

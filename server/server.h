@@ -141,17 +141,9 @@ struct cn__model_slot {
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
 
-/* The output tensors of the Open Inference Protocol (kserve.c), as bits of
- * a request's "outputs" (cn__req.v2_outputs); CN__V2_TENSORS of them. */
-enum {
-  CN__V2_LOGITS = 1u << 0,
-  CN__V2_LABEL = 1u << 1,
-  CN__V2_PATH_SCORE = 1u << 2,
-  CN__V2_OUTPUT_TOKENS = 1u << 3,
-  CN__V2_HIDDEN = 1u << 4,
-  CN__V2_OFFSETS = 1u << 5,
-  CN__V2_TENSORS = 6
-};
+/* How many output tensors the Open Inference Protocol answers (the
+ * CN__V2_* bits at the end of this file). */
+#define CN__V2_TENSORS 6
 
 /* What infer.c reads of a body, before it is the request's. */
 typedef struct cn__parsed {
@@ -329,5 +321,16 @@ struct cn__server {
   cn__metrics metrics;
 };
 
+
+/* The output tensors of the Open Inference Protocol (kserve.c), as bits of
+ * a request's "outputs" (cn__req.v2_outputs). */
+enum {
+  CN__V2_LOGITS = 1u << 0,
+  CN__V2_LABEL = 1u << 1,
+  CN__V2_PATH_SCORE = 1u << 2,
+  CN__V2_OUTPUT_TOKENS = 1u << 3,
+  CN__V2_HIDDEN = 1u << 4,
+  CN__V2_OFFSETS = 1u << 5
+};
 
 #endif
