@@ -266,14 +266,15 @@ static int instance_input(const cn__model_entry *me, const json_t *j,
   *n_els = 0;
   if (!json_is_array(ins) || json_array_size(ins) == 0)
     return BAD(e, "\"inputs\" must be an array holding the tensor INSTANCE "
-               "(BYTES, shape [N])");
+               "(BYTES, shape [N] or [N, 1])");
   json_array_foreach(ins, i, in) {
     const char *name = json_string_value(json_object_get(in, "name"));
     if (name == NULL)
       return BAD(e, "\"inputs\"[%zu] must be an object with a \"name\"", i);
     if (strcmp(name, "INSTANCE") != 0)
       return cn_err_set(e, CN_E_BAD_INSTANCE, "unknown input '%.64s': model "
-                        "'%s' takes one input, INSTANCE (BYTES, shape [N])",
+                        "'%s' takes one input, INSTANCE (BYTES, shape [N] "
+                        "or [N, 1])",
                         name, me->name);
     if (found != NULL)
       return BAD(e, "the input INSTANCE is given twice");
