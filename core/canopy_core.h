@@ -60,7 +60,9 @@ extern "C" {
   XX(OVER_BUDGET, "over_memory_budget", 413,                                 \
      "the instances do not fit the memory budget")                          \
   XX(ANSWER_MEMORY, "answer_memory_full", 503,                               \
-     "the answers held for clients fill max-answer-memory, retry later")
+     "the answers held for clients fill max-answer-memory, retry later")     \
+  XX(UNSUPPORTED_ENCODING, "unsupported_encoding", 415,                      \
+     "the body's Content-Encoding is not one the server takes")
 
 typedef enum {
   CN_OK = 0,

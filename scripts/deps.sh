@@ -5,7 +5,8 @@
 #   --demo: only what building and serving need (scripts/demo.sh)
 set -euo pipefail
 build_pkgs=(build-essential meson ninja-build pkg-config
-            libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev)
+            libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev
+            zlib1g-dev)  # gzip/deflate bodies and answers (server/encoding.c)
 if [ "${1:-}" = "--demo" ]; then
   shift
   pkgs=("${build_pkgs[@]}")

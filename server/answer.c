@@ -1,8 +1,11 @@
 /* answer.c - parts of a /v1 answer that both a run's answers (worker.c)
- * and a decode session's (decode.c) hold.
+ * and a decode session's (decode.c) hold, and the compression both give
+ * an answer (/v1's or v2's) whose client asked for it.
  */
 #include <stdlib.h>
+#include <string.h>
 
+#include "encoding.h"
 #include "work.h"
 
 /* stats.unknown_tokens: the request's words that are not in the model's
@@ -27,4 +30,25 @@ void cn__stats_unknown(json_t *st, const cn__req *r) {
   }
   json_object_set_new(st, "unknown_tokens", json_integer(total));
   if (all != NULL) json_object_set_new(st, "unknown_positions", all);
+}
+
+/* Accept-Encoding gzip or deflate: the answer goes out compressed, done
+ * here on the worker that laid it out rather than on the loop, which
+ * every connection shares. Only a 200's: an error stays plain JSON, as
+ * the few bytes of a message gain nothing. Without memory for it the
+ * answer goes out as it is. */
+void cn__answer_compress(cn__req *r) {
+  if (r->answer_enc == CN__ENC_NONE || r->result == NULL ||
+      r->result_status != 200)
+    return;
+  size_t n = r->result_len ? r->result_len : strlen(r->result), zn;
+  char *z;
+  if (cn__deflate(r->answer_enc, r->result, n, &z, &zn) != 0) return;
+  free(r->result);
+  r->result = z;
+  r->result_len = zn;
+  size_t hl = strlen(r->result_head);
+  snprintf(r->result_head + hl, sizeof(r->result_head) - hl,
+           "Content-Encoding: %s\r\nVary: Accept-Encoding\r\n",
+           cn__enc_name(r->answer_enc));
 }

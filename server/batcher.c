@@ -344,16 +344,7 @@ void cn__batcher_on_done(uv_async_t *a) {
     cn__job *next = j->next;
     for (int i = 0; i < j->n; i++) {
       cn__req *r = j->reqs[i];
-      if (r->state == CN__REQ_WAITING) {
-        char *body = r->result;
-        r->result = NULL;
-        cn__req_answer(r, body ? r->result_status : 500,
-                       body ? body
-                            : cn__error_body(CN_E_INTERNAL,
-                                             "the run produced no result",
-                                             -1),
-                       NULL);
-      }
+      if (r->state == CN__REQ_WAITING) cn__req_answer_result(r);
     }
     cn__job_free(j);
     j = next;

@@ -20,6 +20,11 @@
  * than that), and 16 KiB is ~64 real trees; the most an inline parse
  * holds the loop is ~0.6 ms (16 KiB of `{}` under an ignored key, ~40 ns
  * a byte on this 2-core machine under load; 64 KiB held it 3-7 ms).
+ * A compressed body (Content-Encoding) comes here whatever its size, as
+ * it may inflate a thousandfold, and is in the huge lane unless even
+ * deflate's largest ratio (1,032 to 1) keeps it within the medium one's
+ * 1 MiB: its inflated bytes are held only during its parse, so the
+ * memory of compressed bodies inflated at once is bounded by the lanes.
  *
  * Meanwhile the request is WAITING and on s->waiting, like one queued
  * for a run: conn.c reads no more of its connection and cancels it (499)
@@ -40,6 +45,7 @@
  * once, atomically, long before: the config and models are JSON). */
 #include <stdlib.h>
 
+#include "encoding.h"
 #include "handlers.h"
 
 static void link_waiting(cn__server *s, cn__req *r) {
@@ -147,7 +153,11 @@ void cn__bigparse_submit(cn__req *r, void (*parsed)(cn__req *r)) {
   link_waiting(s, r);
   atomic_fetch_add(&r->refs, 1); /* the parse's, until after_parse */
   r->pnext = NULL;
-  r->pbig = r->body_len > CN__MEDIUM_BODY_BYTES;
+  /* a compressed body by the most it can inflate to (deflate's limit,
+   * 1,032 to 1), so the medium lane's bound holds for it too */
+  r->pbig = r->body_len > (r->body_enc != CN__ENC_NONE
+                               ? CN__MEDIUM_BODY_BYTES / 1032
+                               : CN__MEDIUM_BODY_BYTES);
   cn__req **head = r->pbig ? &s->phead : &s->mhead;
   cn__req **tail = r->pbig ? &s->ptail : &s->mtail;
   if (*tail) (*tail)->pnext = r;

@@ -283,6 +283,7 @@ static void collect(session *ss) {
       if (--q->left > 0) continue;
       cn__req *r = q->r;
       r->result = format(ss, q, now, &r->result_status);
+      cn__answer_compress(r);
       ss->active_inst -= r->n_inst;
       ss->active_vertices -= r->vertices;
       if (cn_decode_active(ss->d) > 0) ss->early += r->n_inst;

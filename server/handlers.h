@@ -48,11 +48,22 @@ json_t *cn__kserve_model_meta(const cn__model_entry *me);
  * every model serving when me is NULL. */
 json_t *cn__kserve_model_config(cn__server *s, const cn__model_entry *me);
 json_t *cn__kserve_model_stats(cn__server *s, const cn__model_entry *me);
-/* Any thread: the v2 body j as the /v1 request it asks for (*v1, a new
- * reference: {"instances": [...], options}); sets p's v2_id and
- * v2_outputs. On failure *v1 is NULL and e says why (400, or 413 as /v1). */
-int cn__kserve_request(const cn__req *r, const json_t *j, json_t **v1,
-                       cn__parsed *p, cn_err *e);
+/* Any thread: of a v2 body of len bytes (inflated), how many are its JSON
+ * (Inference-Header-Content-Length; all without it), or 400. */
+int cn__kserve_header_len(const cn__req *r, size_t len, size_t *json_len,
+                          cn_err *e);
+/* Any thread: the v2 body j (and bin_len bytes of binary tensor data
+ * after it) as the /v1 request it asks for (*v1, a new reference:
+ * {"instances": [...], options}); sets p's v2_id, v2_outputs, v2_binary
+ * and v2_topk. On failure *v1 is NULL and e says why (400, or 413 as
+ * /v1). */
+int cn__kserve_request(const cn__req *r, const json_t *j, const char *bin,
+                       size_t bin_len, json_t **v1, cn__parsed *p,
+                       cn_err *e);
+/* The bytes a v2 answer may add to values, infer.c's bound of its /v1
+ * values: classes, binary data, compression. */
+long long cn__kserve_answer_extra(const cn__req *r, const cn__parsed *p,
+                                  long long values);
 /* repo.c: the model repository: versions, loads, rescans, the index */
 cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
 /* Loop: the model name name most likely meant (the same but for case, or

@@ -15,6 +15,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "encoding.h"
 #include "routes.h"
 #include "handlers.h"
 
@@ -83,7 +84,10 @@ static void infer_ready(cn__req *r) {
     answer_err(r, CN_E_OVERLOADED, full); /* not parsed: batcher.c */
     return;
   }
-  if (r->body_len > CN__BIG_BODY_BYTES && s->hand_over == NULL) {
+  /* a compressed body is parsed off the loop whatever its size: it may
+   * inflate a thousandfold */
+  if ((r->body_len > CN__BIG_BODY_BYTES || r->body_enc != CN__ENC_NONE) &&
+      s->hand_over == NULL) {
     cn__bigparse_submit(r, http_parsed);
     return;
   }
@@ -149,6 +153,27 @@ static bool url_path(char *dst, size_t cap, const char *url) {
   return true;
 }
 
+/* What the head says of the body and the answer, kept for the parse
+ * (which may run on the threadpool, away from the connection): its
+ * content coding, the coding the answer may use, and the binary tensor
+ * data extension's Inference-Header-Content-Length (kserve.c). */
+static void body_framing(cn__req *r, const cn__conn *c) {
+  const char *h = cn__conn_header(c, "Inference-Header-Content-Length");
+  r->v2_hlen = -1;
+  if (h != NULL) {
+    char *end;
+    while (*h == ' ' || *h == '\t') h++;
+    unsigned long long v = strtoull(h, &end, 10);
+    while (*end == ' ' || *end == '\t') end++;
+    r->v2_hlen = *h >= '0' && *h <= '9' && *end == '\0' && v < (1ULL << 40)
+                     ? (long long)v : -2;
+  }
+  r->body_enc = (unsigned char)cn__enc_of_content(
+      cn__conn_header(c, "Content-Encoding"));
+  r->answer_enc = (unsigned char)cn__enc_of_accept(
+      cn__conn_header(c, "Accept-Encoding"));
+}
+
 static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
                         const char *method) {
   cn__req *r = calloc(1, sizeof(*r));
@@ -165,6 +190,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   for (char *p = r->path; *p; p++)
     if (*p < 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) *p = '?';
   set_id(s, r, cn__conn_header(c, "X-Request-Id"));
+  body_framing(r, c);
   atomic_fetch_add(&s->in_flight, 1);
   atomic_fetch_add(&s->requests_seen, 1);
   atomic_store(&s->last_request_us, (long long)(cn_now_s() * 1e6));

@@ -3,11 +3,14 @@
  * of the request is queued. A single INSTANCE object (no "instances") is
  * one instance; its option fields sit beside the instance's own. A v2
  * request (POST /v2/models/{model}/infer) is first made into the /v1
- * request it asks for (kserve.c), then parsed here alike. */
+ * request it asks for (kserve.c), then parsed here alike. A body sent
+ * compressed (Content-Encoding gzip or deflate) is inflated first, within
+ * max-body-bytes (encoding.c). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bodyscan.h"
+#include "encoding.h"
 #include "handlers.h"
 
 static int check_counts(const cn__server *s, const char *body, size_t len,
@@ -46,6 +49,8 @@ static int check_answer(const cn__req *r, cn__parsed *p, cn_err *e) {
          ((p->flags & CN_OUT_UNKNOWN)
               ? 3 + 12 * (int64_t)cn_instance_unknown(p->inst[i], NULL, 0)
               : 0);
+  if (r->v2) b += cn__kserve_answer_extra(r, p, b);
+  else if (r->answer_enc != 0) b += b / 512 + 64; /* deflate's overhead */
   p->answer_bound = b; /* reserved of max-answer-memory (http.c) */
   if (b <= max) return 0;
   return cn_err_set(e, CN_E_TOO_LARGE,
@@ -71,6 +76,23 @@ void cn__parsed_free(cn__parsed *p) {
   p->v2_id = NULL;
 }
 
+/* A body sent with a Content-Encoding, inflated within max-body-bytes
+ * (encoding.c): *body and *len become the inflated bytes, *held owns
+ * them. */
+static int inflate_body(const cn__req *r, const char **body, size_t *len,
+                        char **held, cn_err *e) {
+  if (r->body_enc == CN__ENC_NONE) return 0;
+  if (r->body_enc == CN__ENC_BAD)
+    return cn_err_set(e, CN_E_UNSUPPORTED_ENCODING, "the body's "
+                      "Content-Encoding is not one the daemon takes: send "
+                      "gzip, deflate or identity (one coding)");
+  int rc = cn__inflate(r->body_enc, *body, *len,
+                       (size_t)r->srv->cfg.serve.max_body_bytes, held, len,
+                       e);
+  if (rc == 0) *body = *held;
+  return rc;
+}
+
 /* Reads the options and instances of r's body into p (any thread: it
  * reads r's body, model and the configuration, and writes only p). On
  * failure p holds nothing. */
@@ -78,18 +100,27 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   cn__server *s = r->srv;
   const cn_serve_config *sc = &s->cfg.serve;
   const char *body = r->body ? r->body : "";
+  size_t len = r->body_len, json_len;
+  char *inflated = NULL;
   int rc;
   json_t *j = NULL;
   memset(p, 0, sizeof(*p));
   p->flags = r->flags;
   p->max_decode_len = r->max_decode_len;
   p->timeout_ms = r->timeout_ms;
-  if ((rc = check_counts(s, body, r->body_len, e)) != 0) goto out;
+  if ((rc = inflate_body(r, &body, &len, &inflated, e)) != 0) goto out;
+  /* a v2 body may be a JSON header and binary tensor data after it */
+  json_len = len;
+  if (r->v2 && (rc = cn__kserve_header_len(r, len, &json_len, e)) != 0)
+    goto out;
+  if ((rc = check_counts(s, body, json_len, e)) != 0) goto out;
   json_error_t je;
-  j = json_loadb(body, r->body_len, JSON_REJECT_DUPLICATES, &je);
+  j = json_loadb(body, json_len, JSON_REJECT_DUPLICATES, &je);
   if (j == NULL) {
-    rc = cn_err_set(e, CN_E_BAD_JSON, "the body is not valid JSON: %s",
-                    je.text);
+    rc = cn_err_set(e, CN_E_BAD_JSON, "the %s is not valid JSON: %s",
+                    json_len < len ? "body's JSON header "
+                                     "(Inference-Header-Content-Length)"
+                                   : "body", je.text);
     e->offset = je.position;
     goto out;
   }
@@ -99,7 +130,9 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   }
   if (r->v2) { /* the /v1 request it asks for, parsed as /v1's below */
     json_t *v1;
-    if ((rc = cn__kserve_request(r, j, &v1, p, e)) != 0) goto out;
+    if ((rc = cn__kserve_request(r, j, body + json_len, len - json_len, &v1,
+                                 p, e)) != 0)
+      goto out;
     json_decref(j);
     j = v1;
   }
@@ -195,6 +228,7 @@ int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e) {
   if ((rc = check_answer(r, p, e)) != 0) goto out;
 out:
   json_decref(j);
+  free(inflated);
   if (rc != 0) cn__parsed_free(p);
   return rc;
 }
@@ -209,6 +243,8 @@ void cn__infer_commit(cn__req *r, cn__parsed *p) {
   r->v2_id = p->v2_id;
   r->v2_outputs = p->v2_outputs;
   r->answer_bound = p->answer_bound;
+  r->v2_binary = p->v2_binary;
+  memcpy(r->v2_topk, p->v2_topk, sizeof(r->v2_topk));
   memset(p, 0, sizeof(*p));
 }
 

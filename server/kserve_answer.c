@@ -5,7 +5,10 @@
  * score) or one node's or token's, the latter located by OFFSETS. The
  * values are /v1's own json_t numbers and strings, referenced, never
  * recomputed or reprinted otherwise: the two answers agree byte for byte
- * on every number. */
+ * on every number. A tensor asked for as binary data holds the float32
+ * (or int64) each of those numbers is; one asked for as classes, the
+ * text /v1 prints for each of its top values. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,12 +222,180 @@ static char *internal_error(const char *model, int *status) {
   return b;
 }
 
+/* ---- classification and binary tensor data ---- */
+
+/* Bytes appended to an answer's binary part. */
+typedef struct bytes {
+  char *p;
+  size_t n, cap;
+  bool failed;
+} bytes;
+
+static void put(bytes *b, const void *src, size_t n) {
+  if (b->failed) return;
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + n) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (p == NULL) {
+      b->failed = true;
+      return;
+    }
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, src, n);
+  b->n += n;
+}
+
+/* Little-endian, whatever the host. */
+static void put_le(bytes *b, uint64_t v, int width) {
+  unsigned char u[8];
+  for (int i = 0; i < width; i++) u[i] = (unsigned char)(v >> (8 * i));
+  put(b, u, (size_t)width);
+}
+
+typedef struct scored {
+  double v;
+  size_t i;
+} scored;
+
+/* Higher value first; on a tie, the lower index. */
+static int by_score(const void *a, const void *b) {
+  const scored *x = a, *y = b;
+  if (x->v != y->v) return x->v > y->v ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Triton's classification extension: each row of t ([rows, W] FP32)
+ * becomes its K highest values as BYTES "value:index[:label]", shape
+ * [rows, K] (K at most W). The value is the very text /v1 prints for it;
+ * labels: the model's class names (LOGITS), else NULL. */
+static int classify(json_t *t, int k, const json_t *labels) {
+  const json_t *shape = json_object_get(t, "shape");
+  json_t *data = json_object_get(t, "data");
+  size_t rows = (size_t)json_integer_value(json_array_get(shape, 0));
+  size_t w = (size_t)json_integer_value(json_array_get(shape, 1));
+  size_t kk = (size_t)k < w ? (size_t)k : w;
+  scored *row = malloc((w ? w : 1) * sizeof(*row));
+  json_t *out = json_array();
+  if (row == NULL || out == NULL) {
+    free(row);
+    json_decref(out);
+    return -1;
+  }
+  for (size_t r = 0; r < rows; r++) {
+    for (size_t c = 0; c < w; c++) {
+      row[c].v = json_number_value(json_array_get(data, r * w + c));
+      row[c].i = c;
+    }
+    qsort(row, w, sizeof(*row), by_score);
+    for (size_t c = 0; c < kk; c++) {
+      char *v = json_dumps(json_array_get(data, r * w + row[c].i),
+                           JSON_ENCODE_ANY | DUMP_FLAGS);
+      const char *label = json_string_value(json_array_get(labels,
+                                                           row[c].i));
+      json_array_append_new(out, label ? json_sprintf("%s:%zu:%s", v ? v : "",
+                                                      row[c].i, label)
+                                       : json_sprintf("%s:%zu", v ? v : "",
+                                                      row[c].i));
+      free(v);
+    }
+  }
+  free(row);
+  json_t *ns = json_array();
+  json_array_append_new(ns, json_integer((json_int_t)rows));
+  json_array_append_new(ns, json_integer((json_int_t)kk));
+  json_object_set_new(t, "shape", ns);
+  json_object_set_new(t, "datatype", json_string("BYTES"));
+  json_object_set_new(t, "data", out);
+  return 0;
+}
+
+/* The binary tensor data extension: t's data, little-endian and row-major
+ * (FP32 4 bytes, INT64 8, BYTES a 4-byte length and the bytes), goes to
+ * b; t keeps parameters.binary_data_size in its place. An FP32 value is
+ * the float /v1's number is (which its 9 significant digits give back
+ * exactly). */
+static void to_binary(json_t *t, bytes *b) {
+  const char *dt = json_string_value(json_object_get(t, "datatype"));
+  const json_t *data = json_object_get(t, "data"), *v;
+  size_t i, start = b->n;
+  json_array_foreach(data, i, v) {
+    if (strcmp(dt, "FP32") == 0) {
+      float f = (float)json_number_value(v);
+      uint32_t u;
+      memcpy(&u, &f, sizeof(u));
+      put_le(b, u, 4);
+    } else if (strcmp(dt, "INT64") == 0) {
+      put_le(b, (uint64_t)json_integer_value(v), 8);
+    } else {
+      put_le(b, (uint64_t)json_string_length(v), 4);
+      put(b, json_string_value(v), json_string_length(v));
+    }
+  }
+  json_t *par = json_object();
+  json_object_set_new(par, "binary_data_size",
+                      json_integer((json_int_t)(b->n - start)));
+  json_object_set_new(t, "parameters", par);
+  json_object_del(t, "data");
+}
+
+/* The tensors as r asks for them: classes, binary data (bin). */
+static int finish_tensors(const cn__req *r, const cn__model_entry *me,
+                          json_t *tensors, bytes *bin, bool *binary) {
+  json_t *t;
+  size_t k;
+  *binary = false;
+  json_array_foreach(tensors, k, t) {
+    const char *name = json_string_value(json_object_get(t, "name"));
+    int i = 0;
+    while (i < CN__V2_N_OUTPUTS && strcmp(name, cn__v2_outputs[i].name) != 0)
+      i++;
+    if (i == CN__V2_N_OUTPUTS) continue;
+    unsigned bit = cn__v2_outputs[i].bit;
+    if (r->v2_topk[i] > 0 &&
+        classify(t, r->v2_topk[i],
+                 bit == CN__V2_LOGITS
+                     ? json_object_get(me->describe, "labels")
+                     : NULL) != 0)
+      return -1;
+    if (r->v2_binary & bit) {
+      to_binary(t, bin);
+      *binary = true;
+    }
+  }
+  return bin->failed ? -1 : 0;
+}
+
+/* The answer's bytes: the JSON, then the binary data if any (r's
+ * result_len, result_ctype and result_head then say so). */
+static char *answer_bytes(cn__req *r, json_t *v2, bytes *bin, bool binary) {
+  char *head = json_dumps(v2, DUMP_FLAGS);
+  if (head == NULL || !binary) return head;
+  size_t hl = strlen(head);
+  char *b = realloc(head, hl + bin->n + 1);
+  if (b == NULL) {
+    free(head);
+    return NULL;
+  }
+  if (bin->n > 0) memcpy(b + hl, bin->p, bin->n);
+  b[hl + bin->n] = '\0';
+  r->result_len = hl + bin->n;
+  r->result_ctype = "application/octet-stream";
+  snprintf(r->result_head, sizeof(r->result_head),
+           "Inference-Header-Content-Length: %zu\r\n", hl);
+  return b;
+}
+
 /* Workers: the v2 answer of r from /v1's outputs, one object an instance
  * (takes outs and stats; the stats become "parameters"). */
-char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
-                        json_t *outs, json_t *stats, int *status) {
+char *cn__kserve_answer(cn__req *r, const cn__model_entry *me, json_t *outs,
+                        json_t *stats, int *status) {
   answer a;
   cn__v2_sig g;
+  bytes bin = {0};
+  bool binary = false;
   size_t n = json_array_size(outs), total = 0, i;
   const json_t *o;
   memset(&a, 0, sizeof(a));
@@ -245,10 +416,16 @@ char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
   json_object_set_new(v2, "outputs", tensors);
   answer_free(&a);
   json_decref(outs);
-  char *b = rc == 0 ? json_dumps(v2, DUMP_FLAGS)
-                    : internal_error(me->name, status);
+  char *b = NULL;
+  if (rc == 0 && finish_tensors(r, me, tensors, &bin, &binary) != 0) {
+    *status = 500;
+    b = cn__error_body(CN_E_NOMEM, "no memory for the answer", -1);
+  } else {
+    b = rc == 0 ? answer_bytes(r, v2, &bin, binary)
+                : internal_error(me->name, status);
+    if (rc == 0) *status = 200;
+  }
+  free(bin.p);
   json_decref(v2);
-  if (rc == 0) *status = 200;
   return b;
 }
-

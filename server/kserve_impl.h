@@ -11,7 +11,7 @@ typedef struct cn__v2_output {
   const char *name, *dtype;
   unsigned bit;
 } cn__v2_output;
-enum { CN__V2_N_OUTPUTS = 6 };
+enum { CN__V2_N_OUTPUTS = CN__V2_TENSORS };
 extern const cn__v2_output cn__v2_outputs[CN__V2_N_OUTPUTS];
 
 /* What a model's answers hold, from its description (cn_model_describe). */

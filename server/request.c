@@ -172,11 +172,13 @@ void cn__req_answer_now(cn__req *r, int status, char *body,
   send_body(r, status, body, ctype ? ctype : "application/json");
 }
 
-void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
+/* A waiting request answered (state, its timeout, the waiting list, the
+ * account); false, with body freed, when it was answered already. */
+static bool answered(cn__req *r, int status, char *body, const char *reason) {
   cn__server *s = r->srv;
   if (r->state != CN__REQ_WAITING) {
     free(body);
-    return;
+    return false;
   }
   r->state = CN__REQ_ANSWERED;
   atomic_store(&r->cancelled, 1);
@@ -191,8 +193,28 @@ void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
   if (r->wnext) r->wnext->wprev = r->wprev;
   r->wprev = r->wnext = NULL;
   account(r, status, reason);
+  return true;
+}
+
+void cn__req_answer(cn__req *r, int status, char *body, const char *reason) {
+  if (!answered(r, status, body, reason)) return;
   /* the answer goes out now, on this (the loop) thread; a client that
    * hung up (499) gets nothing */
   if (status == 499) cn__conn_respond(r, 499, body, 0, NULL, NULL);
   else send_body(r, status, body, "application/json");
+}
+
+void cn__req_answer_result(cn__req *r) {
+  char *body = r->result;
+  int status = r->result_status;
+  r->result = NULL;
+  if (body == NULL)
+    cn__req_answer(r, 500, cn__error_body(CN_E_INTERNAL, "the run produced "
+                                          "no result", -1), NULL);
+  else if (status != 200 || r->result_len == 0)
+    cn__req_answer(r, status, body, NULL);
+  else if (answered(r, status, body, NULL))
+    cn__conn_respond(r, status, body, r->result_len,
+                     r->result_ctype ? r->result_ctype : "application/json",
+                     r->result_head);
 }

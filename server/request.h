@@ -16,6 +16,10 @@ void cn__handle_unref_cb(uv_handle_t *h); /* close_cb: h->data is a req */
 /* Answers a waiting request from the loop: closes its handles, records
  * metrics and the log line, writes the answer. Takes over body. */
 void cn__req_answer(cn__req *r, int status, char *body, const char *reason);
+/* The same with the answer a worker left in r (result, result_status; a
+ * 200's result_len bytes of result_ctype with result_head's headers:
+ * binary tensor data, compression); 500 when it left none. */
+void cn__req_answer_result(cn__req *r);
 /* Answers a request that never waited (its handler decided at once). */
 void cn__req_answer_now(cn__req *r, int status, char *body,
                         const char *ctype);

@@ -141,6 +141,10 @@ struct cn__model_slot {
 
 enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
 
+/* How many output tensors the Open Inference Protocol answers (the
+ * CN__V2_* bits at the end of this file). */
+#define CN__V2_TENSORS 6
+
 /* What infer.c reads of a body, before it is the request's. */
 typedef struct cn__parsed {
   cn_instance **inst;
@@ -152,6 +156,9 @@ typedef struct cn__parsed {
   char *v2_id;          /* a v2 request's "id", owned (NULL: none)      */
   unsigned v2_outputs;  /* a v2 request's "outputs" (CN__V2_*; 0: all)  */
   long long answer_bound; /* bytes its answer could take (infer.c)     */
+  unsigned v2_binary;   /* ... those answered as binary tensor data     */
+  int v2_topk[CN__V2_TENSORS]; /* ... classification K, by bit index
+                                  (0: the tensor itself)               */
 } cn__parsed;
 
 typedef struct cn__req {
@@ -184,12 +191,23 @@ typedef struct cn__req {
   long long answer_bound;   /* bytes its answer could take (infer.c)     */
   long long answer_reserved; /* of max-answer-memory, until it is answered
                                 (request.c; 0: none)                     */
+  unsigned v2_binary;       /* v2: those answered as binary tensor data  */
+  int v2_topk[CN__V2_TENSORS]; /* v2: classification K by bit index     */
+  /* the body's framing, from the head (http.c) */
+  long long v2_hlen;        /* Inference-Header-Content-Length: the JSON's
+                               bytes (-1: none; -2: not a byte count)    */
+  unsigned char body_enc;   /* Content-Encoding (encoding.h CN__ENC_*)   */
+  unsigned char answer_enc; /* the coding Accept-Encoding takes          */
   double t_arrive;          /* first byte of the request seen (s)        */
   char *body;               /* the upload, bounded by max-body-bytes     */
   size_t body_len, body_cap;
   /* written by a worker, read by the loop after the run comes back */
   char *result;
   int result_status;
+  size_t result_len;        /* result's bytes when it is not a C string
+                               (binary tensor data, compressed); 0: it is */
+  const char *result_ctype; /* its Content-Type (NULL: JSON)             */
+  char result_head[128];    /* its header lines, each ending in CRLF     */
   double queue_ms, compute_ms;
   /* loop thread only */
   int state;

@@ -30,10 +30,16 @@ void cn__job_free(cn__job *j);
  * answer's stats (worker.c's and decode.c's answers) */
 void cn__stats_unknown(json_t *st, const cn__req *r);
 
+/* answer.c: compresses r's answer (result, a 200) for the coding its
+ * Accept-Encoding took (Content-Encoding in result_head). */
+void cn__answer_compress(cn__req *r);
+
 /* Workers: r's v2 answer from /v1's per-instance outputs (takes outs and
- * stats, which become "parameters"); *status 200, or 500 with the error. */
-char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
-                        json_t *outs, json_t *stats, int *status);
+ * stats, which become "parameters"); *status 200, or 500 with the error.
+ * An answer with binary tensor data sets r's result_len, result_ctype and
+ * result_head. */
+char *cn__kserve_answer(cn__req *r, const cn__model_entry *me, json_t *outs,
+                        json_t *stats, int *status);
 
 /* policy.c: learned policies per model, and the online retrainer */
 void cn__policy_init(cn__server *s, cn__model_entry *me);

@@ -233,6 +233,7 @@ static void run_finish(worker_arg *w, inflight *f) {
     if (f->slots[i] == NULL) continue;
     r->compute_ms = ms;
     r->result = format_answer(j, r, f->run, f->slots[i], &r->result_status);
+    cn__answer_compress(r);
   }
   /* counted once its answers are laid out: their time is the run's too */
   cn__metrics_run(&s->metrics, j->me->index, j->st.instances, 0, ms / 1e3,

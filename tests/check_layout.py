@@ -99,7 +99,8 @@ SERVER_LAYERS = [
               "policy.c", "answer.c", "kserve_answer.c"]),
     ("request", ["request.c", "models.c"]),
     ("net", ["listen.c", "conn_parse.c", "conn.c"]),
-    ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c"]),
+    ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c",
+              "encoding.c"]),
 ]
 
 # Where meson looks for a quoted include after the file's own folder

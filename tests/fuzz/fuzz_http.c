@@ -10,7 +10,8 @@
  *
  * Checked on every answer (each is one write): a status line; an
  * X-Request-Id; a Content-Length equal to the body (or no body: HEAD);
- * a JSON error body of docs/api.md for every status >= 400; nothing after
+ * a JSON error body of docs/api.md for every status >= 400 (/v1's or the
+ * Open Inference Protocol's); nothing after
  * an answer with Connection: close. After each input no request is left
  * in flight and no connection open. */
 #include "fuzz_common.h"
@@ -82,7 +83,14 @@ static void answer_pending(unsigned how) {
    * which may wait in turn: pending is free before it is given */
   cn__req *r = pending;
   pending = NULL;
-  cn__req_answer(r, status, body, NULL); /* no-op if answered */
+  if (status == 200) { /* as a worker leaves it: compressed if asked */
+    r->result = body;
+    r->result_status = 200;
+    cn__answer_compress(r);
+    cn__req_answer_result(r); /* no-op if answered */
+  } else {
+    cn__req_answer(r, status, body, NULL); /* no-op if answered */
+  }
   cn__req_unref(r);
 }
 

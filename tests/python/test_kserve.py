@@ -1,17 +1,26 @@
-"""The Open Inference Protocol (KServe v2) over HTTP (issue 37 item 1,
-docs/api.md "Open Inference Protocol") against a real `canopy serve` on a
-free port, with a client written from the protocol's text (http.client and
-json only): server and model metadata, inference for every family the
-tests build compared instance by instance with /v1's answers (the same
-floats, bit for bit: the cpu backend is batch-invariant), the request id,
-versions in the path, asked-for outputs, and the protocol's errors.
+"""The Open Inference Protocol (KServe v2) over HTTP (docs/api.md "Open
+Inference Protocol") against a real `canopy serve` on a free port, with a
+client written from the protocol's text (http.client and json only):
+server and model metadata, inference for every family the tests build
+compared instance by instance with /v1's answers (the same floats, bit for
+bit: the cpu backend is batch-invariant), the request id, versions in the
+path, asked-for outputs, and the protocol's errors. Then Triton's
+extensions as its documents spell them, with bodies built by hand
+(struct, gzip, zlib): binary tensor data both ways (a JSON header of
+Inference-Header-Content-Length bytes, then the tensors' little-endian
+bytes, BYTES elements length-prefixed), classification ("value:index:label"
+of each row's top K), compressed bodies and answers (a zip bomb is 413),
+and INSTANCE shaped [N, 1].
 
 Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_kserve.py
 (env CANOPY_BIN, CANOPY_DATA, CANOPY_CELLS as for the other tests).
 """
+import gzip
 import http.client
 import json
 import os
+import struct
+import zlib
 import shutil
 import subprocess
 import tempfile
@@ -50,6 +59,72 @@ MAX_DELAY_US = 1500
 MAX_PER_REQUEST = 1024
 
 
+def f32(x):
+    """x as the float32 it rounds to (binary FP32 data holds that)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def as_f32(v):
+    if isinstance(v, list):
+        return [as_f32(x) for x in v]
+    return f32(v) if isinstance(v, float) or isinstance(v, int) else v
+
+
+def pack_elements(elements):
+    """BYTES elements as binary data: a 4-byte little-endian length each,
+    then its bytes (Triton's binary tensor data extension)."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in elements)
+
+
+def unpack_tensor(dtype, raw):
+    """Binary tensor data back into a flat list, by its datatype."""
+    if dtype == "FP32":
+        assert len(raw) % 4 == 0
+        return list(struct.unpack("<%df" % (len(raw) // 4), raw))
+    if dtype == "INT64":
+        assert len(raw) % 8 == 0
+        return list(struct.unpack("<%dq" % (len(raw) // 8), raw))
+    assert dtype == "BYTES", dtype
+    out, off = [], 0
+    while off < len(raw):
+        n, = struct.unpack_from("<I", raw, off)
+        out.append(raw[off + 4:off + 4 + n].decode())
+        off += 4 + n
+    assert off == len(raw)
+    return out
+
+
+def decode_answer(headers, raw):
+    """A v2 answer as the extension describes it: inflated per
+    Content-Encoding; with Inference-Header-Content-Length, its JSON then
+    each tensor's binary data in the order of "outputs" (each such tensor
+    gets "data" back and is marked "binary")."""
+    enc = headers.get("content-encoding")
+    if enc == "gzip":
+        raw = gzip.decompress(raw)
+    elif enc == "deflate":
+        raw = zlib.decompress(raw)
+    else:
+        assert enc is None, enc
+    hl = headers.get("inference-header-content-length")
+    if hl is None:
+        return json.loads(raw)
+    hl = int(hl)
+    r = json.loads(raw[:hl])
+    off = hl
+    for t in r.get("outputs", []):
+        size = t.get("parameters", {}).get("binary_data_size")
+        if size is None:
+            continue
+        assert "data" not in t, t["name"]
+        t["data"] = unpack_tensor(t["datatype"], raw[off:off + size])
+        t["binary"] = True
+        del t["parameters"]
+        off += size
+    assert off == len(raw), (off, len(raw))
+    return r
+
+
 def head(path, n):
     with open(path) as f:
         return [json.loads(next(f)) for _ in range(n)]
@@ -72,6 +147,49 @@ class Client:
         raw = r.read()
         c.close()
         return r.status, json.loads(raw) if raw else None
+
+    def raw(self, method, path, body, headers):
+        """The status, the headers (lower-case names) and the body's
+        bytes as sent."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request(method, path, body=body, headers=headers)
+        r = c.getresponse()
+        raw = r.read()
+        c.close()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, raw
+
+    def infer_binary(self, model, instances, shape=None, parameters=None,
+                     outputs=None, compress=None, accept=None):
+        """As tritonclient sends by default: INSTANCE as binary data after
+        the JSON header. Returns the status, the headers and the decoded
+        answer."""
+        els = pack_elements(json.dumps(i).encode() for i in instances)
+        head = {"inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                            "shape": shape or [len(instances)],
+                            "parameters": {"binary_data_size": len(els)}}]}
+        if parameters:
+            head["parameters"] = parameters
+        if outputs is not None:
+            head["outputs"] = outputs
+        h = json.dumps(head).encode()
+        return self.send_v2(model, h + els, len(h), compress, accept)
+
+    def send_v2(self, model, body, header_len=None, compress=None,
+                accept=None, path=None):
+        headers = {"Content-Type": "application/octet-stream"}
+        if header_len is not None:
+            headers["Inference-Header-Content-Length"] = str(header_len)
+        if compress == "gzip":
+            body = gzip.compress(body)
+        elif compress == "deflate":
+            body = zlib.compress(body)
+        if compress:
+            headers["Content-Encoding"] = compress
+        if accept:
+            headers["Accept-Encoding"] = accept
+        st, rh, raw = self.raw("POST", path or
+                               "/v2/models/%s/infer" % model, body, headers)
+        return st, rh, decode_answer(rh, raw) if raw else None
 
     def infer(self, model, instances, parameters=None, outputs=None,
               request_id=None, version=None):
@@ -252,6 +370,8 @@ class KServe(unittest.TestCase):
         self.assertEqual(m["name"], "canopy")
         self.assertIsInstance(m["version"], str)
         self.assertIn("model_repository", m["extensions"])
+        self.assertIn("binary_tensor_data", m["extensions"])
+        self.assertIn("classification", m["extensions"])
 
     def test_model_metadata(self):
         want = {
@@ -457,6 +577,289 @@ class KServe(unittest.TestCase):
         self.assertEqual(st, 200, r)
         self.assertEqual(count(), before + 1)
 
+    # ---- binary tensor data (Triton's extension) -----------------------
+
+    def check_binary_family(self, model, options, shape2=False,
+                            json_input=False):
+        """tritonclient's defaults: INSTANCE as binary data (or JSON),
+        no outputs named and binary_data_output true: every output comes
+        back as binary data, the numbers the float32s of /v1's."""
+        insts = self.inputs[model]
+        ref = self.v1(model, insts, options)
+        params = dict(options, binary_data_output=True)
+        shape = [len(insts), 1] if shape2 else None
+        if json_input:
+            body = {"inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                                "shape": shape or [len(insts)],
+                                "data": [json.dumps(i) for i in insts]}],
+                    "parameters": params}
+            st, rh, r = self.c.send_v2(model, json.dumps(body).encode())
+        else:
+            st, rh, r = self.c.infer_binary(model, insts, shape=shape,
+                                            parameters=params)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(rh["content-type"], "application/octet-stream")
+        self.assertIn("inference-header-content-length", rh)
+        self.assertTrue(all(t.get("binary") for t in r["outputs"]), r)
+        m = self.meta(model)
+        per = split(r, len(insts), per_row_names(
+            m["parameters"]["family"], m["parameters"]["input"], options))
+        for i, (got, v1) in enumerate(zip(per, ref["outputs"])):
+            want = {k: as_f32(v) if k in ("LOGITS", "HIDDEN", "PATH_SCORE")
+                    else v for k, v in expected(v1).items()}
+            self.assertEqual(got, want, "%s instance %d" % (model, i))
+        return r
+
+    def test_binary_every_family_equals_v1(self):
+        for model, (_, _, _, options) in MODELS.items():
+            for shape2, json_input in ((False, False), (True, False),
+                                       (False, True)):
+                with self.subTest(model=model, shape2=shape2,
+                                  json_input=json_input):
+                    self.check_binary_family(
+                        model, dict(options, return_hidden=True), shape2,
+                        json_input)
+        for model in CELL_MODELS:
+            with self.subTest(model=model):
+                self.check_binary_family(model, {"return_hidden": True})
+
+    def test_binary_request_json_answer(self):
+        """Binary in, JSON out: the very answer of the JSON request."""
+        for model in ("treelstm", "tagger", "nmt", "latticelstm"):
+            opts = dict(MODELS[model][3], return_hidden=True)
+            insts = self.inputs[model]
+            st, rh, r = self.c.infer_binary(model, insts, parameters=opts)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(rh["content-type"], "application/json")
+            self.assertNotIn("inference-header-content-length", rh)
+            self.assertEqual(r["outputs"],
+                             self.c.infer(model, insts, opts)[1]["outputs"])
+
+    def test_binary_some_outputs(self):
+        """binary_data per output, overriding binary_data_output; the
+        binary parts follow the outputs' order."""
+        insts = self.inputs["crf"]
+        ref = self.c.infer("crf", insts)[1]
+        want = {t["name"]: t for t in ref["outputs"]}
+        outs = [{"name": "PATH_SCORE", "parameters": {"binary_data": True}},
+                {"name": "LABEL", "parameters": {"binary_data": False}},
+                {"name": "LOGITS"},
+                {"name": "OFFSETS", "parameters": {"binary_data": True}}]
+        for all_bin in (False, True):
+            st, rh, r = self.c.infer_binary(
+                "crf", insts, outputs=outs,
+                parameters={"binary_data_output": all_bin})
+            self.assertEqual(st, 200, r)
+            got = {t["name"]: t for t in r["outputs"]}
+            self.assertEqual(set(got), {"PATH_SCORE", "LABEL", "LOGITS",
+                                        "OFFSETS"})
+            binary = {n for n, t in got.items() if t.get("binary")}
+            self.assertEqual(binary, {"PATH_SCORE", "OFFSETS"} |
+                             ({"LOGITS"} if all_bin else set()))
+            for n, t in got.items():
+                self.assertEqual(t["shape"], want[n]["shape"], n)
+                self.assertEqual(t["datatype"], want[n]["datatype"], n)
+                self.assertEqual(t["data"], as_f32(want[n]["data"])
+                                 if n in binary and t["datatype"] == "FP32"
+                                 else want[n]["data"], n)
+
+    def test_binary_data_output_covers_offsets(self):
+        """binary_data_output is every output's default, OFFSETS (answered
+        beside per-token outputs without being named) too."""
+        insts = self.inputs["tagger"]
+        ref = {t["name"]: t for t in self.c.infer("tagger", insts)[1]
+               ["outputs"]}
+        st, rh, r = self.c.infer_binary(
+            "tagger", insts, outputs=[{"name": "LABEL"}],
+            parameters={"binary_data_output": True})
+        self.assertEqual(st, 200, r)
+        self.assertEqual([(t["name"], t.get("binary"), t["data"])
+                          for t in r["outputs"]],
+                         [("LABEL", True, ref["LABEL"]["data"]),
+                          ("OFFSETS", True, ref["OFFSETS"]["data"])])
+
+    def test_shape_n_1(self):
+        """INSTANCE [N, 1], its data flat or nested, is INSTANCE [N]."""
+        insts = self.inputs["tagger"]
+        want = self.c.infer("tagger", insts)[1]["outputs"]
+        for data in ([json.dumps(i) for i in insts],
+                     [[json.dumps(i)] for i in insts]):
+            body = {"inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                                "shape": [len(insts), 1], "data": data}]}
+            st, r = self.post(body, model="tagger")
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["outputs"], want)
+        st, rh, r = self.c.infer_binary("tagger", insts,
+                                        shape=[len(insts), 1])
+        self.assertEqual((st, r["outputs"]), (200, want))
+
+    # ---- classification (Triton's extension) ---------------------------
+
+    def check_classes(self, t, rows, k, labels):
+        """t: a classified tensor; rows: the score rows it came from (from
+        /v1); labels: the class names, or None ("value:index")."""
+        width = len(rows[0]) if rows else 0
+        kk = min(k, width)
+        self.assertEqual(t["datatype"], "BYTES")
+        self.assertEqual(t["shape"], [len(rows), kk])
+        self.assertEqual(len(t["data"]), len(rows) * kk)
+        for r, row in enumerate(rows):
+            order = sorted(range(width), key=lambda i: (-row[i], i))[:kk]
+            for j, idx in enumerate(order):
+                parts = t["data"][r * kk + j].split(":", 2)
+                self.assertEqual(len(parts), 3 if labels else 2, parts)
+                self.assertEqual(int(parts[1]), idx, (r, j, row))
+                self.assertEqual(float(parts[0]), row[idx])
+                if labels:
+                    self.assertEqual(parts[2], labels[idx])
+
+    def test_classification(self):
+        for model in list(MODELS) + list(CELL_MODELS):
+            if model == "nmt":
+                continue
+            opts = dict(MODELS.get(model, (0, 0, 0, {}))[3])
+            insts = self.inputs[model]
+            ref = self.v1(model, insts, dict(opts, return_hidden=True))
+            labels = self.c.call("GET", "/v1/models/" + model)[1]["labels"]
+            per_inst = [expected(o) for o in ref["outputs"]]
+            per_row = model in ("childsum", "tagger", "crf", "latticelstm",
+                                "cells-bilstm")
+            rows = {}
+            for name in ("LOGITS", "HIDDEN"):
+                rows[name] = ([x for e in per_inst for x in e[name]]
+                              if per_row and (name == "LOGITS" or
+                                              model != "childsum")
+                              else [e[name] for e in per_inst])
+            for k, binary in ((2, False), (3, True), (1000, False)):
+                with self.subTest(model=model, k=k, binary=binary):
+                    outs = [{"name": "LOGITS",
+                             "parameters": {"classification": k,
+                                            "binary_data": binary}},
+                            {"name": "HIDDEN",
+                             "parameters": {"classification": k}},
+                            {"name": "LABEL"}]
+                    st, rh, r = self.c.infer_binary(model, insts,
+                                                    parameters=opts,
+                                                    outputs=outs)
+                    self.assertEqual(st, 200, r)
+                    got = {t["name"]: t for t in r["outputs"]}
+                    self.assertEqual(bool(got["LOGITS"].get("binary")),
+                                     binary)
+                    self.check_classes(got["LOGITS"], rows["LOGITS"], k,
+                                       labels)
+                    self.check_classes(got["HIDDEN"], rows["HIDDEN"], k,
+                                       None)
+        # nmt: its HIDDEN, the decoder's last state, one row an instance
+        insts = self.inputs["nmt"]
+        ref = self.v1("nmt", insts, {"max_decode_len": 8,
+                                     "return_hidden": True})
+        st, rh, r = self.c.infer_binary(
+            "nmt", insts, parameters={"max_decode_len": 8},
+            outputs=[{"name": "HIDDEN", "parameters": {"classification": 4}}])
+        self.assertEqual(st, 200, r)
+        self.check_classes(r["outputs"][0], [o["h"] for o in ref["outputs"]],
+                           4, None)
+
+    # ---- compression -----------------------------------------------------
+
+    def test_compressed_bodies_and_answers(self):
+        insts = self.inputs["tagger"]
+        plain = self.c.infer("tagger", insts)[1]["outputs"]
+        body = json.dumps({"inputs": [{"name": "INSTANCE",
+                                       "datatype": "BYTES",
+                                       "shape": [len(insts)],
+                                       "data": [json.dumps(i)
+                                                for i in insts]}]}).encode()
+        for enc in ("gzip", "deflate"):
+            for accept in (None, "gzip", "deflate", "br",
+                           "gzip;q=0.2, deflate;q=0.8"):
+                with self.subTest(enc=enc, accept=accept):
+                    st, rh, r = self.c.send_v2("tagger", body, compress=enc,
+                                               accept=accept)
+                    self.assertEqual(st, 200, r)
+                    self.assertEqual(r["outputs"], plain)
+                    want = {"gzip": "gzip", "deflate": "deflate",
+                            "gzip;q=0.2, deflate;q=0.8": "deflate"}
+                    self.assertEqual(rh.get("content-encoding"),
+                                     want.get(accept))
+            # binary both ways, compressed both ways (tritonclient's
+            # request_compression_algorithm)
+            st, rh, r = self.c.infer_binary(
+                "tagger", insts, parameters={"binary_data_output": True},
+                compress=enc, accept=enc)
+            self.assertEqual((st, rh["content-encoding"]), (200, enc))
+            self.assertEqual([t["data"] for t in r["outputs"]],
+                             [as_f32(t["data"]) if t["datatype"] == "FP32"
+                              else t["data"] for t in plain])
+        # a raw deflate stream, which some clients send as "deflate"
+        co = zlib.compressobj(6, zlib.DEFLATED, -15)
+        raw = co.compress(body) + co.flush()
+        st, rh, r = self.c.raw("POST", "/v2/models/tagger/infer", raw,
+                               {"Content-Encoding": "deflate"})
+        self.assertEqual((st, json.loads(r)["outputs"]), (200, plain))
+        # /v1 too
+        v1 = json.dumps({"instances": insts}).encode()
+        ref = self.v1("tagger", insts, {})["outputs"]
+        st, rh, raw = self.c.raw("POST", "/v1/models/tagger/infer",
+                                 gzip.compress(v1),
+                                 {"Content-Encoding": "gzip",
+                                  "Accept-Encoding": "gzip"})
+        self.assertEqual(st, 200, raw)
+        self.assertEqual(rh["content-encoding"], "gzip")
+        self.assertEqual(rh["vary"], "Accept-Encoding")
+        self.assertEqual(json.loads(gzip.decompress(raw))["outputs"], ref)
+
+    def test_compression_errors(self):
+        body = json.dumps(self.body()).encode()
+        z = gzip.compress(body)
+        cases = [
+            ({"Content-Encoding": "br"}, body, 415, "Content-Encoding"),
+            ({"Content-Encoding": "gzip, deflate"}, body, 415, "one coding"),
+            ({"Content-Encoding": "gzip"}, body, 400, "not valid gzip"),
+            ({"Content-Encoding": "gzip"}, z[:-6], 400, "ends before"),
+            ({"Content-Encoding": "deflate"}, zlib.compress(body) + b"x",
+             400, "after its compressed stream"),
+        ]
+        for headers, b, status, words in cases:
+            with self.subTest(headers=headers, status=status):
+                h = dict(headers, **{"Accept-Encoding": "gzip"})
+                st, rh, raw = self.c.raw("POST", "/v2/models/treelstm/infer",
+                                         b, h)
+                self.assertNotIn("content-encoding", rh)  # errors: plain
+                self.assert_error((st, json.loads(raw)), status, words)
+                st, rh, raw = self.c.raw("POST", "/v1/models/treelstm/infer",
+                                         b, h)
+                self.assertEqual(st, status)
+                self.assertEqual(json.loads(raw)["error"]["code"],
+                                 {415: "unsupported_encoding",
+                                  400: "bad_request"}[status])
+
+    def test_zip_bomb_413(self):
+        """64 MiB of spaces in a ~64 KiB gzip body: over max-body-bytes (8
+        MiB) once inflated, 413 on both APIs. With its compressed tail
+        replaced by junk it is still 413, not 400: the daemon stopped at
+        the bound and never read that far."""
+        head = json.dumps(self.body()).encode()[:-1]
+        co = zlib.compressobj(9, zlib.DEFLATED, 16 + 15)
+        z = co.compress(head)
+        chunk = b" " * (1 << 20)
+        for _ in range(64):
+            z += co.compress(chunk)
+        z += co.compress(b"}") + co.flush()
+        self.assertLess(len(z), 1 << 20)
+        junk = z[:len(z) // 2] + b"\xff" * (len(z) - len(z) // 2)
+        for bomb in (z, junk):
+            for path in ("/v2/models/treelstm/infer",
+                         "/v1/models/treelstm/infer"):
+                st, rh, raw = self.c.raw("POST", path, bomb,
+                                         {"Content-Encoding": "gzip"})
+                self.assertEqual(st, 413, raw[:300])
+                err = json.loads(raw)["error"]
+                msg = err if isinstance(err, str) else err["message"]
+                self.assertIn("inflates (gzip) to more than 8388608 bytes "
+                              "(max-body-bytes", msg)
+        self.assertEqual(self.c.call("GET", "/v2/health/ready")[0], 200)
+
     # ---- errors --------------------------------------------------------
 
     def body(self, **tensor):
@@ -479,8 +882,12 @@ class KServe(unittest.TestCase):
                           "no-such")
         self.assert_error(self.post(self.body(shape=[2])), 400,
                           "shape [2]", "1 elements")
-        self.assert_error(self.post(self.body(shape=[1, 1])), 400,
-                          "shape must be [N]")
+        self.assert_error(self.post(self.body(shape=[1, 2])), 400,
+                          "shape must be [N] or [N, 1]")
+        self.assert_error(self.post(self.body(shape=[1, 1, 1])), 400,
+                          "shape must be [N] or [N, 1]")
+        self.assert_error(self.post(self.body(shape=[2, 1])), 400,
+                          "shape [2, 1]", "1 elements")
         self.assert_error(self.post(self.body(data=[7])), 400,
                           "INSTANCE[0] is not a string")
         self.assert_error(self.post(self.body(data=["{\"tree\": "])), 400,
@@ -506,8 +913,22 @@ class KServe(unittest.TestCase):
                                          parameters={"outputs": "some"})),
                           400, "outputs")
         self.assert_error(self.post(dict(
-            self.body(), parameters={"binary_data_output": True})),
-            400, "binary")
+            self.body(), parameters={"binary_data_output": 1})),
+            400, "binary_data_output must be true or false")
+        out = lambda **p: dict(self.body(), outputs=[
+            {"name": "LOGITS", "parameters": p}])
+        self.assert_error(self.post(out(binary_data="yes")), 400,
+                          "output LOGITS parameters.binary_data must be true "
+                          "or false")
+        self.assert_error(self.post(out(classification=-1)), 400,
+                          "parameters.classification must be an integer")
+        self.assert_error(self.post(out(classification="2")), 400,
+                          "parameters.classification must be an integer")
+        self.assert_error(self.post(dict(self.body(), outputs=[
+            {"name": "LABEL", "parameters": {"classification": 2}}])), 400,
+            "classification applies to LOGITS and HIDDEN")
+        self.assert_error(self.post(dict(self.body(), outputs=[
+            {"name": "LOGITS"}, {"name": "LOGITS"}])), 400, "twice")
         # a parameter of the wrong type is 400 whatever else is asked:
         # return_hidden "yes" once became true when HIDDEN was among the
         # outputs (200) and was refused only without it
@@ -527,15 +948,72 @@ class KServe(unittest.TestCase):
                 if outputs is not None:
                     b["outputs"] = outputs
                 self.assert_error(self.post(b), 400, "\"%s\"" % key)
-        self.assert_error(self.post(dict(
-            self.body(), parameters={"binary_data_output": "yes"})),
-            400, "\"binary_data_output\" must be a boolean")
-        self.assert_error(self.post(dict(
-            self.body(), outputs=[{"name": "LOGITS",
-                                   "parameters": {"binary_data": 1}}])),
-            400, "\"binary_data\" must be a boolean")
         st, _ = self.c.call("GET", "/v2/models/treelstm/infer")
         self.assertEqual(st, 405)
+
+    def test_binary_malformed(self):
+        """Every way binary data can be wrong is 400 naming it."""
+        inst = json.dumps(self.inputs["treelstm"][0]).encode()
+        good = pack_elements([inst])
+
+        def send(els, size=None, shape=None, hlen_delta=0, hlen=None,
+                 tensor=None, trailer=b""):
+            t = {"name": "INSTANCE", "datatype": "BYTES",
+                 "shape": shape or [1],
+                 "parameters": {"binary_data_size":
+                                len(els) if size is None else size}}
+            t.update(tensor or {})
+            h = json.dumps({"inputs": [t]}).encode()
+            st, rh, r = self.c.send_v2(
+                "treelstm", h + els + trailer,
+                hlen if hlen is not None else len(h) + hlen_delta)
+            return st, r
+
+        self.assertEqual(send(good)[0], 200)
+        cases = [
+            (dict(els=good, hlen=len(good) + 10 ** 6), "Inference-Header-"
+             "Content-Length is 1"),
+            (dict(els=good, hlen="abc"), "must be a byte count"),
+            (dict(els=good, hlen="-5"), "must be a byte count"),
+            (dict(els=good, hlen_delta=-3), "JSON header"),
+            (dict(els=good, size=-1), "binary_data_size must be an integer "
+             ">= 0"),
+            (dict(els=good, size="12"), "binary_data_size must be an "
+             "integer >= 0"),
+            (dict(els=good, size=len(good) + 1), "runs past the body's end"),
+            (dict(els=struct.pack("<I", len(inst) + 1) + inst),
+             "INSTANCE[0]'s 4-byte length says %d bytes but %d remain"
+             % (len(inst) + 1, len(inst))),
+            (dict(els=struct.pack("<I", 0xffffffff) + inst),
+             "4-byte length says 4294967295 bytes"),
+            (dict(els=good + b"\x01\x00", shape=[2]), "ends inside element "
+             "1's 4-byte length"),
+            (dict(els=good + pack_elements([inst]), shape=[1]),
+             "bytes left over"),
+            (dict(els=good, shape=[3]), "ends inside element 1's 4-byte "
+             "length: it holds fewer than the 3 elements"),
+            (dict(els=good, shape=[100]), "cannot hold that many"),
+            (dict(els=good, shape=[-1]), "cannot hold that many"),
+            (dict(els=good, trailer=b"xyz"), "the body has %d bytes after "
+             "its JSON header (Inference-Header-Content-Length) but its "
+             "inputs' binary_data_size add up to %d"
+             % (len(good) + 3, len(good))),
+            (dict(els=good, tensor={"data": ["{}"]}), "both \"data\" and "
+             "parameters.binary_data_size"),
+            (dict(els=pack_elements([b"{\"tree\": "])),
+             "INSTANCE[0] is not valid JSON"),
+            (dict(els=pack_elements([b"\xff\xfe"])),
+             "INSTANCE[0] is not valid JSON"),
+            (dict(els=pack_elements([inst, b"[1]"]), shape=[2]),
+             "INSTANCE[1] must hold a JSON object"),
+            (dict(els=b"", shape=[0]), "empty"),
+        ]
+        for kw, words in cases:
+            with self.subTest(words=words):
+                self.assert_error(send(**kw), 400, words)
+        # a zero-length JSON header
+        st, rh, r = self.c.send_v2("treelstm", good, 0)
+        self.assert_error((st, r), 400, "JSON header")
 
     def test_limits_as_v1(self):
         many = 1025  # over max-instances-per-request (1,024)
@@ -543,6 +1021,12 @@ class KServe(unittest.TestCase):
                          data=[json.dumps({"tree": "(a b)"})] * many)
         self.assert_error(self.post(body), 413, "max-instances-per-request")
         # a tree deeper than max-depth (512), as /v1 refuses it
+        # the same in binary, and compressed: counted alike
+        els = [json.dumps({"tree": "(a b)"}).encode()] * many
+        st, rh, r = self.c.infer_binary("treelstm", [{"tree": "(a b)"}] *
+                                        many, compress="gzip")
+        self.assert_error((st, r), 413, "max-instances-per-request")
+        self.assertEqual(len(els), many)
         deep = "(a " * 600 + "b" + ")" * 600
         st, v1 = self.c.call("POST", "/v1/models/treelstm/infer",
                              {"tree": deep})
