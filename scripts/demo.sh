@@ -12,6 +12,11 @@
 #      demo runs, the canopy binary, up to date (ninja canopy: nothing to
 #      do when no source changed; an existing build/ is reused as it is
 #      configured). scripts/test.sh turns the tests on in the same build/.
+#      On a fresh clone: 112 build steps and 29 s of user CPU (`meson setup B
+#      -Dtests=false -Dcuda=disabled && ninja -C B canopy` under
+#      /usr/bin/time) where building everything took 271 steps and 81 s
+#      (`meson setup B && ninja -C B`, with the CUDA toolkit installed;
+#      2 shared cores, so wall times varied with the load: 176 s and 429 s).
 #   3. creates the demo models that are missing (scripts/models.sh) under
 #      models/, which git ignores; FORCE=1 remakes them.
 #   4. runs `canopy serve` on them.
