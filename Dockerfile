@@ -3,8 +3,10 @@
 #   docker run --rm -p 8080:8080 -v $PWD/models:/models:ro canopy
 # Serves what is mounted at /models, else the demo models built here
 # (config/deploy/image/entrypoint.sh). docs/deploy.md: the image in
-# Kubernetes (config/deploy/k8s/). tests/deploy/test_image.py runs the
-# build stage's commands against a scratch prefix (no Docker there).
+# Kubernetes (config/deploy/k8s/) and KServe (config/deploy/kserve/).
+# tests/deploy/test_image.py runs the build stage's commands against a
+# scratch prefix (no Docker there); scripts/image_check.sh builds and runs
+# the image for real with podman (opt-in).
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \

@@ -20,14 +20,19 @@
 #                  "podman"; e.g. "podman --storage-driver vfs
 #                  --cgroup-manager cgroupfs --runtime runc" inside a
 #                  container)
+#   RUN_OPTS       more `podman run` options (e.g. "--ulimit host" where
+#                  the container may not raise its own limits)
 #   DEBIAN_MIRROR  for debootstrap (default http://deb.debian.org/debian)
 #   IMAGE          the tag built (default localhost/canopy:check)
 #   KEEP=1         keep the image afterwards
+#   BUILD=0        check the image already tagged $IMAGE (kept by KEEP=1)
+#                  instead of building it
 # Exit 0: every check passed; the last line says so, with the build time
 # and the image's size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r -a podman <<< "${PODMAN:-podman}"
+read -r -a run_opts <<< "${RUN_OPTS:-}"
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 image=${IMAGE:-localhost/canopy:check}
 say() { echo "image_check: $*" >&2; }
@@ -45,22 +50,28 @@ cleanup() {
 trap cleanup EXIT
 
 # 1. The base images.
-if ! "${podman[@]}" image exists debian:12 || \
+if [ "${BUILD:-1}" = 0 ]; then
+  say "BUILD=0: checking the existing $image"
+elif ! "${podman[@]}" image exists debian:12 || \
    ! "${podman[@]}" image exists debian:12-slim; then
   command -v debootstrap >/dev/null || fail "no debian:12 image and no debootstrap"
   say "making debian:12 with debootstrap --variant=minbase bookworm ($mirror)"
   debootstrap --variant=minbase bookworm "$tmp/rootfs" "$mirror" >"$tmp/debootstrap.log" 2>&1 \
     || { tail -20 "$tmp/debootstrap.log" >&2; fail "debootstrap"; }
+  # the .debs debootstrap leaves behind are no part of a base image
+  rm -rf "$tmp"/rootfs/var/cache/apt/archives/*.deb "$tmp"/rootfs/var/lib/apt/lists/*
   tar -C "$tmp/rootfs" -c . | "${podman[@]}" import - debian:12 >/dev/null
   "${podman[@]}" tag debian:12 debian:12-slim
   rm -rf "$tmp/rootfs"
 fi
 
 # 2. The build, unchanged (docker format: OCI images drop HEALTHCHECK).
-say "building $image"
 t0=$(date +%s)
-"${podman[@]}" build --format docker --network host -t "$image" . >"$tmp/build.log" 2>&1 \
-  || { tail -30 "$tmp/build.log" >&2; fail "podman build"; }
+if [ "${BUILD:-1}" != 0 ]; then
+  say "building $image"
+  "${podman[@]}" build --format docker --network host -t "$image" . >"$tmp/build.log" 2>&1 \
+    || { tail -30 "$tmp/build.log" >&2; fail "podman build"; }
+fi
 build_s=$(( $(date +%s) - t0 ))
 size=$("${podman[@]}" image inspect --format '{{.Size}}' "$image")
 
@@ -80,7 +91,7 @@ wait_healthy() {
 run() {  # run NAME [podman run options] -- [canopy arguments]
   local n=$1; shift
   names+=("$n")
-  "${podman[@]}" run -d --name "$n" --network host "$@" >/dev/null
+  "${podman[@]}" run -d --name "$n" --network host "${run_opts[@]}" "$@" >/dev/null
 }
 
 # 3. CANOPY_PORT alone.
