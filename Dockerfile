@@ -3,8 +3,10 @@
 #   docker run --rm -p 8080:8080 -v $PWD/models:/models:ro canopy
 # Serves what is mounted at /models, else the demo models built here
 # (config/deploy/image/entrypoint.sh). docs/deploy.md: the image in
-# Kubernetes (config/deploy/k8s/). tests/deploy/test_image.py runs the
-# build stage's commands against a scratch prefix (no Docker there).
+# Kubernetes (config/deploy/k8s/) and KServe (config/deploy/kserve/).
+# tests/deploy/test_image.py runs the build stage's commands against a
+# scratch prefix (no Docker there); scripts/image_check.sh builds and runs
+# the image for real with podman (opt-in).
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
@@ -33,8 +35,15 @@ RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq 
 COPY --from=build /opt/canopy /opt/canopy
 USER 10001:10001
 WORKDIR /opt/canopy
+# Address and port as daemon keys in the environment, not as CMD flags:
+# `docker run canopy --workers 4` (arguments replace CMD) still listens
+# on 0.0.0.0:8080, and `-e CANOPY_PORT=9000` or `canopy --port 9000`
+# alone moves the daemon and its health check together (the check reads
+# the port where the daemon does: its flags, then this environment).
 ENV PATH=/opt/canopy/bin:$PATH \
-    CANOPY_POLICY_CACHE=/var/cache/canopy/policies
+    CANOPY_POLICY_CACHE=/var/cache/canopy/policies \
+    CANOPY_HOST=0.0.0.0 \
+    CANOPY_PORT=8080
 EXPOSE 8080
 # Ready = models loaded and not draining. bash's /dev/tcp, no curl in the
 # image (config/deploy/image/healthcheck.sh says why).
@@ -44,4 +53,4 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
 # docker stop -t 15, or stop_grace_period in compose.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["canopy-entrypoint"]
-CMD ["--host", "0.0.0.0", "--port", "8080"]
+CMD []

@@ -15,11 +15,14 @@ at a time, so the good lines still get their outputs. 429 and 503 are
 retried after Retry-After (--retries times). Exit status: 0 all lines
 answered, 2 some lines failed, 3 the daemon could not be reached.
     canopy_client.py --model treelstm --input data.jsonl [--batch 32]
+The daemon's address is --url, else $CANOPY_URL, else
+http://127.0.0.1:8080.
 """
 import argparse
 import http.client
 import json
 import math
+import os
 import socket
 import sys
 import time
@@ -225,8 +228,14 @@ def run_file(c, a, lines, out=sys.stdout, log=sys.stderr):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # the daemon's address: --url, else $CANOPY_URL (as curl-examples.sh
+    # and the demo's banner use it), else the daemon's default address
+    ap.add_argument("--url", default=os.environ.get("CANOPY_URL") or
+                    "http://127.0.0.1:8080",
+                    help="the daemon; $CANOPY_URL when set")
     ap.add_argument("--model", required=True)
     ap.add_argument("--input", required=True, help="JSONL file, '-' = stdin")
     ap.add_argument("--batch", type=int, default=32)

@@ -6,17 +6,23 @@ clients/loadgen.py.
 Closed loop (--concurrency N: N connections, each sends its next request
 as soon as the previous answer arrives) or open loop (--rate R: requests
 start at R per second whatever the answers do, up to --concurrency in
-flight). Always bounded: --requests and --duration cap it, and the target
-must be a loopback address unless --allow-remote is given.
+flight). Always bounded, and by what was asked: --duration alone runs
+that long, --requests alone sends that many (within 600 s), both stop at
+whichever comes first, neither sends 2,000 requests or runs 20 s. The
+target must be a loopback address unless --allow-remote is given.
 
-Prints throughput (requests/s, instances/s), p50/p90/p99 latency, errors
-by status, and the batches vs lower bound the daemon reports in /metrics.
+Prints one JSON line: throughput (requests/s, instances/s), p50/p90/p99
+latency, errors by status ("conn-error": no answer), and the batches vs
+lower bound the daemon reports in /metrics (null when /metrics could not
+be read, e.g. the daemon went away during the run: the summary is still
+printed, exit 1).
 """
 import argparse
 import asyncio
 import http.client
 import ipaddress
 import json
+import os
 import socket
 import sys
 import time
@@ -24,10 +30,18 @@ import urllib.parse
 
 
 def metrics(host, port):
-    c = http.client.HTTPConnection(host, port, timeout=10)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
+    """/metrics as {series: value}, or None when the daemon cannot be
+    asked (gone, or not answering 200)."""
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        text = r.read().decode()
+        c.close()
+    except (OSError, http.client.HTTPException, UnicodeDecodeError):
+        return None
+    if r.status != 200:
+        return None
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -47,28 +61,69 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each option's default, except where there is none to
+    show (None, a flag's False: the Bounds text says what happens)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False \
+                or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
+DEFAULT_REQUESTS, DEFAULT_DURATION = 2000, 20
+MAX_REQUESTS, MAX_DURATION = 1_000_000, 600
+
+
+def bounds(requests, duration):
+    """(requests, seconds) the run stops at, from the options given (None:
+    not given): what was asked wins; the defaults bound only a run that
+    asked for neither; MAX_* bound every run."""
+    if requests is None and duration is None:
+        requests, duration = DEFAULT_REQUESTS, DEFAULT_DURATION
+    elif requests is None:
+        requests = MAX_REQUESTS
+    elif duration is None:
+        duration = MAX_DURATION
+    return (max(1, min(requests, MAX_REQUESTS)),
+            max(0.1, min(duration, MAX_DURATION)))
+
+
 def main():
     ap = argparse.ArgumentParser(
-        description="load generator for `canopy serve` (closed or open loop)")
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
-    ap.add_argument("--model", default="treelstm")
+        description="load generator for `canopy serve` (closed or open "
+        "loop); prints one JSON summary line",
+        formatter_class=_Defaults,
+        epilog="Bounds: --duration alone runs that long; --requests alone "
+        "sends that many (within %d s); both: whichever comes first; "
+        "neither: %d requests or %d s, whichever comes first."
+        % (MAX_DURATION, DEFAULT_REQUESTS, DEFAULT_DURATION))
+    ap.add_argument("--url", default=os.environ.get("CANOPY_URL") or
+                    "http://127.0.0.1:8080",
+                    help="the daemon; $CANOPY_URL when set")
+    ap.add_argument("--model", default="treelstm", help="model to load")
     ap.add_argument("--input", required=True, help="JSONL of INSTANCE objects")
     ap.add_argument("--per-request", type=int, default=1,
                     help="instances per request")
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8,
+                    help="connections (closed loop), most requests in "
+                    "flight (open loop)")
     ap.add_argument("--rate", type=float, default=0,
                     help="open loop: requests per second (0: closed loop)")
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--duration", type=float, default=20.0, help="seconds")
-    ap.add_argument("--allow-remote", action="store_true")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="requests to send (see Bounds)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds to run (see Bounds)")
+    ap.add_argument("--allow-remote", action="store_true",
+                    help="allow a target that is not a loopback address")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
     host, port = u.hostname, u.port or 80
     addr = socket.gethostbyname(host)
     if not ipaddress.ip_address(addr).is_loopback and not a.allow_remote:
         sys.exit("loadgen: %s is not a loopback address (--allow-remote)" % host)
-    a.requests = max(1, min(a.requests, 1_000_000))
-    a.duration = max(0.1, min(a.duration, 600.0))
+    a.requests, a.duration = bounds(a.requests, a.duration)
     a.concurrency = max(1, min(a.concurrency, 1024))
     insts = [json.loads(l) for l in open(a.input) if l.strip()]
     bodies = []
@@ -87,12 +142,16 @@ def main():
     reqs = [head + b"%d\r\n\r\n" % len(b) + b for b in bodies]
     state = {"next": 0, "lat": [], "status": {}, "inst": 0}
     m0 = metrics(host, port)
+    if m0 is None:
+        sys.exit("loadgen: cannot read %s/metrics; is `canopy serve` "
+                 "running there?" % a.url)
     t0 = time.monotonic()
     deadline = t0 + a.duration
 
     def take():
         n = state["next"]
-        if n >= a.requests or time.monotonic() > deadline:
+        if (n >= a.requests or time.monotonic() > deadline
+                or state.get("stopped")):
             return None
         state["next"] = n + 1
         return n
@@ -139,11 +198,18 @@ def main():
             start = time.monotonic()
             try:
                 if wr is None:
-                    rd, wr = await asyncio.open_connection(host, port)
+                    try:
+                        rd, wr = await asyncio.open_connection(host, port)
+                    except ConnectionRefusedError:
+                        # nothing listens any more: the daemon went away,
+                        # and every further request would be refused too
+                        state["stopped"] = ("connection refused: the daemon "
+                                            "went away during the run")
+                        raise
                 st, close = await asyncio.wait_for(
                     roundtrip(rd, wr, reqs[n % len(reqs)]), 60)
-            except (OSError, ValueError, asyncio.IncompleteReadError,
-                    asyncio.TimeoutError):
+            except (OSError, ValueError, EOFError,
+                    asyncio.IncompleteReadError, asyncio.TimeoutError):
                 st, close = "conn-error", True
             if close and wr is not None:
                 wr.close()
@@ -164,8 +230,8 @@ def main():
     m1 = metrics(host, port)
     lat = state["lat"]
     ok = len(lat)
-    d = lambda k: m1.get(k, 0) - m0.get(k, 0)
-    runs = d("canopy_runs_total")
+    d = lambda k: (m1 or m0).get(k, 0) - m0.get(k, 0)
+    runs = d("canopy_runs_total") if m1 is not None else 0
     res = {
         "mode": "open %.0f/s" % a.rate if a.rate else "closed",
         "concurrency": a.concurrency, "per_request": a.per_request,
@@ -173,9 +239,9 @@ def main():
         "seconds": round(secs, 3),
         "requests_per_s": round(ok / secs, 1),
         "instances_per_s": round(state["inst"] / secs, 1),
-        "p50_ms": round(pct(lat, 50) * 1e3, 3),
-        "p90_ms": round(pct(lat, 90) * 1e3, 3),
-        "p99_ms": round(pct(lat, 99) * 1e3, 3),
+        "p50_ms": round(pct(lat, 50) * 1e3, 3) if lat else None,
+        "p90_ms": round(pct(lat, 90) * 1e3, 3) if lat else None,
+        "p99_ms": round(pct(lat, 99) * 1e3, 3) if lat else None,
         "errors": {str(k): v for k, v in state["status"].items() if k != 200},
         "runs": int(runs),
         "instances_per_run": round(d("canopy_batch_size_instances_sum") /
@@ -186,6 +252,13 @@ def main():
             d("canopy_compute_duration_seconds_sum") / runs * 1e3, 3)
         if runs else 0,
     }
+    if state.get("stopped"):
+        res["stopped"] = state["stopped"]
+    if m1 is None:  # the daemon went away: its counters are unknown
+        for k in ("runs", "instances_per_run", "batches", "lower_bound",
+                  "median_compute_ms_approx"):
+            res[k] = None
+        res["metrics"] = "unavailable after the run"
     print(json.dumps(res))
     return 0 if not res["errors"] else 1
 

@@ -32,7 +32,25 @@ run "$U/v2"
 run "$U/v2/models/bilstm-tagger"
 run -d '{"id": "demo-2", "inputs": [{"name": "INSTANCE", "datatype": "BYTES", "shape": [1], "data": ["{\"tokens\": [\"the\", \"film\"]}"]}]}' \
   "$U/v2/models/bilstm-tagger/infer" || true
-# errors are JSON objects with a code (docs/api.md)
-run -d '{"tree": "(3 (2 It)"}' "$U/v1/models/treelstm/infer"
-run -d '{"tree": "(2 a)", "timeout_ms": 1}' "$U/v1/models/treelstm/infer"
-run "$U/metrics" | head -n 20
+# errors: the status and the JSON body, whose code says what was wrong and
+# where (docs/api.md; /v2 answers {"error": "..."} as its protocol says).
+# Each example must answer the status it shows: else the script says so
+# and exits 1.
+err() { # expected-status curl-arguments...
+  want=$1
+  shift
+  echo "\$ curl $*    # -> $want" >&2
+  out=$(curl -sS -w '\n%{http_code}' "$@")
+  code=$(printf '%s\n' "$out" | tail -n 1)
+  printf 'HTTP %s %s\n' "$code" "$(printf '%s\n' "$out" | sed '$d')"
+  [ "$code" = "$want" ] || { echo "curl-examples: expected $want, got $code" >&2; exit 1; }
+}
+err 400 -d '{"tree": "(3 (2 It)"}' "$U/v1/models/treelstm/infer"          # bad_tree, with the byte
+err 400 -d '{"tokens": ["It", "is"]}' "$U/v1/models/treelstm/infer"       # bad_instance: a tree model
+err 400 -d 'not json' "$U/v1/models/treelstm/infer"                       # bad_json, with the offset
+err 404 -d '{"tree": "(2 a)"}' "$U/v1/models/no-such-model/infer"         # no_such_model
+err 405 "$U/v1/models/treelstm/infer"                                    # GET on infer: method_not_allowed
+err 400 -d '{"inputs": []}' "$U/v2/models/treelstm/infer"                # /v2: {"error": "..."}
+# the first lines of the metrics (sed reads to the end: no broken pipe)
+echo "\$ curl $U/metrics | sed -n 1,20p" >&2
+curl -sS "$U/metrics" | sed -n 1,20p

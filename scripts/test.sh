@@ -14,13 +14,16 @@ run_suite() { # build-dir, meson setup options...
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 \
       || { cat "$dir.setup.log"; return 1; }
+  else  # e.g. scripts/demo.sh's build/, configured without the tests
+    meson configure "$dir" -Dtests=true "$@" >"$dir.setup.log" 2>&1 \
+      || { cat "$dir.setup.log"; return 1; }
   fi
   ninja -C "$dir" || return 1
   meson test -C "$dir" --print-errorlogs --num-processes 2 || return 1
 }
 
 echo "== release build"
-run_suite build || status=1
+run_suite build -Dcuda=auto || status=1
 echo "== sanitizer build (address, undefined)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -274,6 +274,41 @@ Test(model, missing_key_names_it) {
   expect_load_fail(CN_E_BAD_MODEL, "'vocab'", "model.json");
 }
 
+/* A misspelt key would load without what it meant to set: refused, with
+ * the nearest key (one edit; two for keys of six letters or more), or the
+ * list of keys when none is near. What `canopy model init` writes (seed
+ * included) loads: every other test here loads it. */
+Test(model, unknown_key_is_refused_with_did_you_mean) {
+  init_model("treelstm", NULL, 8);
+  json_t *j = read_json();
+  json_t *labels = json_incref(json_object_get(j, "labels"));
+  json_object_del(j, "labels");
+  json_object_set_new(j, "lables", labels);
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "unknown key 'lables'; did you mean "
+                   "'labels'?", "model.json");
+  j = read_json();
+  json_object_del(j, "lables");
+  json_object_set_new(j, "lowercse", json_true());
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "did you mean 'lowercase'?", NULL);
+  j = read_json();
+  json_object_del(j, "lowercse");
+  json_object_set_new(j, "colour", json_string("green"));
+  write_json(j);
+  expect_load_fail(CN_E_BAD_MODEL, "unknown key 'colour'; the keys are "
+                   "family, hidden", "max_decode_len, version, cells, seed");
+  j = read_json();
+  json_object_del(j, "colour");
+  json_object_set_new(j, "version", json_string("v7"));
+  write_json(j);
+  cn_model *m;
+  cn_err e;
+  cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s", e.msg);
+  cr_assert_str_eq(cn_model_named_version(m), "v7");
+  cn_model_free(m);
+}
+
 Test(model, unknown_family_lists_known) {
   init_model("treegru", NULL, 8);
   json_t *j = read_json();

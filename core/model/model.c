@@ -403,6 +403,68 @@ static int read_model_json(cn_model *m, const char *file, cn_err *err) {
   return 0;
 }
 
+/* Every key model.json may hold (docs/models.md's table; "cells":
+ * docs/cells.md; "seed": written by `canopy model init`, informational). */
+static const char *const MODEL_KEYS[] = {
+    "family", "hidden", "embed", "classes", "vocab", "labels", "lowercase",
+    "type_b_labels", "crf", "word_vocab", "lexicon", "tgt_vocab",
+    "max_decode_len", "version", "cells", "seed"};
+#define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
+
+/* Levenshtein distance of a and b, capped at 3 (only 1 and 2 are used). */
+static int key_distance(const char *a, const char *b) {
+  size_t na = strlen(a), nb = strlen(b);
+  if (na > 64 || nb > 64) return 3;
+  int row[65];
+  for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= na; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= nb; j++) {
+      int up = row[j];
+      int sub = diag + (a[i - 1] != b[j - 1]);
+      int del = row[j] + 1, ins = row[j - 1] + 1;
+      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+      diag = up;
+    }
+  }
+  return row[nb] > 3 ? 3 : row[nb];
+}
+
+/* A key the loader does not know is a mistake, most often a typo
+ * ("lables"), that would otherwise load silently without what it meant
+ * to set: refused, naming the nearest known key when one is within one
+ * edit (two for keys of six letters or more), as configuration keys are
+ * (config/config.c), and else listing the keys. */
+static int check_keys(const cn_model *m, const char *file, cn_err *err) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(m->json, k, v) {
+    size_t i;
+    for (i = 0; i < N_MODEL_KEYS && strcmp(k, MODEL_KEYS[i]) != 0; i++) {}
+    if (i < N_MODEL_KEYS) continue;
+    const char *near = NULL;
+    int best = strlen(k) >= 6 ? 3 : 2;
+    for (i = 0; i < N_MODEL_KEYS; i++) {
+      int d = key_distance(k, MODEL_KEYS[i]);
+      if (d < best) best = d, near = MODEL_KEYS[i];
+    }
+    if (near != NULL)
+      return cn_err_set(err, CN_E_BAD_MODEL, "%s: unknown key '%s'; did you "
+                        "mean '%s'? (docs/models.md lists the keys)", file, k,
+                        near);
+    char known[300];
+    size_t n = 0;
+    known[0] = '\0';
+    for (i = 0; i < N_MODEL_KEYS && n < sizeof(known); i++)
+      n += (size_t)snprintf(known + n, sizeof(known) - n, "%s%s", i ? ", " : "",
+                            MODEL_KEYS[i]);
+    return cn_err_set(err, CN_E_BAD_MODEL, "%s: unknown key '%s'; the keys "
+                      "are %s (docs/models.md)", file, k, known);
+  }
+  return 0;
+}
+
 /* Key 'family': a built-in family, or cells (*cells: described in
  * model.json, docs/cells.md). */
 static int find_family(cn_model *m, const char *file, bool *cells,
@@ -543,6 +605,7 @@ int cn_model_load(const char *dir, cn_model **out, cn_err *err) {
   }
   if ((rc = open_dir(m, dir, err)) != 0 ||
       (rc = read_model_json(m, file, err)) != 0 ||
+      (rc = check_keys(m, file, err)) != 0 ||
       (rc = find_family(m, file, &cells, err)) != 0 ||
       (rc = read_dims(m, file, cells, err)) != 0 ||
       (rc = read_flags(m, file, err)) != 0 ||

@@ -18,6 +18,7 @@ runs on the test machines).
    entrypoint serves them from the installed tree.
 
 usage: test_image.py SOURCE_ROOT   (CANOPY_BIN, CANOPY_DATA from meson)
+       test_image.py --context SOURCE_ROOT   (only the context's size)
 """
 import os
 import re
@@ -40,23 +41,58 @@ def models_listed(port):
     return sorted(m["name"] for m in json.loads(body)["models"])
 
 
-def healthcheck(script, port):
-    r = subprocess.run(["bash", script], env=dict(os.environ,
-                       CANOPY_PORT=str(port)), capture_output=True, timeout=10)
+def healthcheck(script, port=None, pid=None, env=None):
+    """The HEALTHCHECK script's exit status. port: as $CANOPY_PORT; pid:
+    the daemon it reads flags from (default none: "0" names no process,
+    so no daemon of this machine's PID 1 is read by mistake)."""
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CANOPY_PORT", "CANOPY_CONFIG")}
+    e["CANOPY_HEALTHCHECK_PID"] = str(pid or 0)
+    if port is not None:
+        e["CANOPY_PORT"] = str(port)
+    e.update(env or {})
+    r = subprocess.run(["bash", script], env=e, capture_output=True,
+                       timeout=10)
     return r.returncode
 
 
-def run_entrypoint(procs, src, path_dir, mount, demo, tag, env=None):
+def dockerfile_port(src):
+    """The runtime stage listens where its health check probes: the port
+    and address are ENV daemon keys, CMD passes neither (arguments given
+    to `docker run` replace CMD), EXPOSE is that port."""
+    with open(os.path.join(src, "Dockerfile")) as f:
+        runtime = re.split(r"^FROM ", f.read().replace("\\\n", " "),
+                           flags=re.M)[-1]
+    env = dict(re.findall(r"\b(CANOPY_[A-Z_]+)=(\S+)", " ".join(
+        l for l in runtime.splitlines() if l.startswith("ENV "))))
+    check(env.get("CANOPY_PORT") and env.get("CANOPY_HOST") == "0.0.0.0",
+          f"runtime ENV: CANOPY_PORT and CANOPY_HOST=0.0.0.0: {env}")
+    cmd = re.search(r"^CMD (.*)$", runtime, re.M)
+    check(cmd is None or not re.search(r"--(port|host)\b", cmd.group(1)),
+          f"CMD sets the port or host, which ENV sets: {cmd.group(1)}")
+    check(re.search(rf"^EXPOSE {env['CANOPY_PORT']}$", runtime, re.M),
+          f"EXPOSE is not CANOPY_PORT {env['CANOPY_PORT']}")
+    check('CMD ["canopy-healthcheck"]' in runtime, "HEALTHCHECK script")
+    return int(env["CANOPY_PORT"])
+
+
+def run_entrypoint(procs, src, path_dir, mount, demo, tag, env=None,
+                   port_by_env=False):
     """Starts the entrypoint; returns (process, port) once it serves, or
-    (process, None) if it exited."""
+    (process, None) if it exited. port_by_env: the port as CANOPY_PORT,
+    no --port argument."""
     port = free_port()
     e = {"PATH": f"{path_dir}:{os.environ['PATH']}",
          "CANOPY_MODELS_MOUNT": mount, "CANOPY_DEMO_MODELS": demo,
          "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "pc")}
+    argv = ["--host", "127.0.0.1"]
+    if port_by_env:
+        e["CANOPY_PORT"] = str(port)
+    else:
+        argv += ["--port", str(port)]
     e.update(env or {})
     p = procs.start([os.path.join(src, "config/deploy/image/entrypoint.sh"),
-                     "--host", "127.0.0.1", "--port", str(port)],
-                    f"entrypoint-{tag}.log", env=e)
+                     *argv], f"entrypoint-{tag}.log", env=e)
     t_end = time.monotonic() + 60
     while time.monotonic() < t_end:
         if p.poll() is not None:
@@ -88,6 +124,18 @@ def entrypoint_checks(procs, src, path_dir, demo, want_demo):
     check(models_listed(port) == want_demo, "missing mount: demo models")
     check("serving the demo models" in procs.log(p), "no demo-models line")
     check(healthcheck(hc, port) == 0, "healthcheck while ready")
+    # The port the daemon was given is the one probed: its --port flag
+    # wins over a CANOPY_PORT naming nothing, as in the daemon.
+    other = free_port()
+    check(healthcheck(hc, pid=p.pid) == 0, "healthcheck: the daemon's --port")
+    check(healthcheck(hc, other, pid=p.pid) == 0,
+          "healthcheck: --port wins over CANOPY_PORT")
+    check(healthcheck(hc, other) == 1, "healthcheck on a closed port")
+    cfg = os.path.join(procs.dir, "hc.conf")
+    with open(cfg, "w") as f:
+        f.write(f"# a config file\nport {port}\n")
+    check(healthcheck(hc, env={"CANOPY_CONFIG": cfg}) == 0,
+          "healthcheck: the config file's port")
     # Draining: the health check fails at once (the port is closed).
     p.send_signal(signal.SIGTERM)
     t_end, h = time.monotonic() + 5, 0
@@ -96,10 +144,14 @@ def entrypoint_checks(procs, src, path_dir, demo, want_demo):
     check(h == 1, "healthcheck 0 after SIGTERM")
     check(p.wait(20) == 0, f"exit after SIGTERM {p.returncode}")
     check(healthcheck(hc, port) == 1, "healthcheck with nothing listening")
-    # An empty mount: the demo models.
+    # An empty mount: the demo models; the port from the environment
+    # only (the image's way: ENV CANOPY_PORT, no --port).
     os.makedirs(mnt)
-    p, port = run_entrypoint(procs, src, path_dir, mnt, demo, "empty")
+    p, port = run_entrypoint(procs, src, path_dir, mnt, demo, "empty",
+                             port_by_env=True)
     check(port and models_listed(port) == want_demo, "empty mount")
+    check(healthcheck(hc, port, pid=p.pid) == 0,
+          "healthcheck: CANOPY_PORT alone")
     stop(procs, p, "empty")
     # CANOPY_REQUIRE_MODELS=1 and nothing mounted: refuse.
     p, port = run_entrypoint(procs, src, path_dir, mnt, demo, "require",
@@ -135,9 +187,9 @@ def dockerignore_regex(pattern):
     return re.compile(out + r"\Z")
 
 
-def docker_context(src, dst):
-    """Copies src to dst as `docker build` would send it; returns (files,
-    bytes, excluded top-level names)."""
+def docker_context(src, dst=None):
+    """Copies src to dst as `docker build` would send it (dst None: only
+    counts); returns (files, bytes, excluded names)."""
     with open(os.path.join(src, ".dockerignore")) as f:
         pats = [dockerignore_regex(x) for x in f
                 if x.strip() and not x.startswith("#")]
@@ -155,16 +207,19 @@ def docker_context(src, dst):
             else:
                 keep.append(d)
         dirs[:] = keep
-        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        if dst is not None:
+            os.makedirs(os.path.join(dst, rel), exist_ok=True)
         for f in files:
             if any(p.match(rel + f) for p in pats):
                 excluded.add(rel + f)
                 continue
             s = os.path.join(root, f)
             if os.path.islink(s):
-                os.symlink(os.readlink(s), os.path.join(dst, rel, f))
+                if dst is not None:
+                    os.symlink(os.readlink(s), os.path.join(dst, rel, f))
                 continue
-            shutil.copy2(s, os.path.join(dst, rel, f))
+            if dst is not None:
+                shutil.copy2(s, os.path.join(dst, rel, f))
             n += 1
             size += os.path.getsize(s)
     return n, size, excluded
@@ -251,10 +306,13 @@ def body(procs):
     bindir = os.path.join(procs.dir, "bin")
     os.makedirs(bindir)
     os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
+    img_port = dockerfile_port(src)
     entrypoint_checks(procs, src, bindir, demo, ["treelstm"])
     print("entrypoint: demo models when /models is missing or empty, the "
           "mount when not, exit 1 under CANOPY_REQUIRE_MODELS; healthcheck "
-          "0 ready, 1 draining / closed")
+          "0 ready, 1 draining / closed; it probes the daemon's --port, "
+          f"else CANOPY_PORT, else the config file's (image: ENV "
+          f"CANOPY_PORT={img_port}, no --port in CMD)")
 
     if os.environ.get("CANOPY_SANITIZE", "none") not in ("", "none"):
         print("sanitizer build: the Dockerfile build stage (its own release "
@@ -273,4 +331,12 @@ def body(procs):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--context"]:
+        # docs/deploy.md's figures: what `docker build` sends from the tree
+        # given (a fresh clone: `git clone . /tmp/c && test_image.py
+        # --context /tmp/c`), .dockerignore applied, symlinks not counted
+        n, size, excluded = docker_context(os.path.abspath(sys.argv[2]))
+        print(f"{n} files, {size} bytes ({size / 1e6:.1f} MB); left out: "
+              f"{', '.join(sorted(x for x in excluded if '/' not in x))}")
+        sys.exit(0)
     sys.exit(main(body, "deploy_image"))

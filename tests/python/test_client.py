@@ -11,10 +11,14 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import unittest
+import urllib.request
 from daemon_util import free_port, wait_ready
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,11 +30,14 @@ DATA = os.environ.get("CANOPY_DATA",
 PY = "/usr/bin/python3"
 
 
-def run_client(args, stdin=None):
-    """stdin: str, or bytes for input that is not valid UTF-8."""
+def run_client(args, stdin=None, env=None):
+    """stdin: str, or bytes for input that is not valid UTF-8; env: added
+    to the environment (CANOPY_URL removed from it unless given here)."""
     raw = isinstance(stdin, bytes)
+    e = {k: v for k, v in os.environ.items() if k != "CANOPY_URL"}
+    e.update(env or {})
     p = subprocess.run([PY, CLIENT] + args, input=stdin, capture_output=True,
-                       text=not raw, timeout=60)
+                       text=not raw, timeout=60, env=e)
     if raw:
         return (p.returncode, p.stdout.decode().splitlines(),
                 p.stderr.decode())
@@ -76,6 +83,27 @@ class AgainstDaemon(unittest.TestCase):
         self.assertEqual(a["label"], b["label"])
         for x, y in zip(a["logits"], b["logits"]):
             self.assertAlmostEqual(x, y, delta=1e-5)
+
+    def test_canopy_url_is_read(self):
+        """No --url: $CANOPY_URL names the daemon (the demo's banner and
+        curl-examples.sh use it); --url wins over it."""
+        lines = self.lines[:3]
+        stdin = "\n".join(lines) + "\n"
+        code, out, err = run_client(["--model", "treelstm", "--input", "-"],
+                                    stdin=stdin, env={"CANOPY_URL": self.url})
+        self.assertEqual(code, 0, err)
+        for a, b in zip([json.loads(l) for l in out], self.offline(lines)):
+            self.assert_near(a, b)
+        dead = "http://127.0.0.1:%d" % free_port()
+        code, out, err = run_client(["--url", self.url, "--model", "treelstm",
+                                     "--input", "-"], stdin=stdin,
+                                    env={"CANOPY_URL": dead})
+        self.assertEqual((code, len(out)), (0, 3), err)
+        # and CANOPY_URL is what is tried when it names nothing listening
+        code, out, err = run_client(["--model", "treelstm", "--input", "-"],
+                                    stdin=stdin, env={"CANOPY_URL": dead})
+        self.assertEqual(code, 3, err)
+        self.assertIn(dead, err)
 
     def test_bad_line_costs_nothing_else(self):
         lines = list(self.lines[:32])
@@ -220,6 +248,156 @@ class Retries(unittest.TestCase):
                                      path])
         self.assertEqual((code, len(out)), (2, 3), err)
         self.assertNotIn("Traceback", err)
+
+
+LOADGEN = os.path.join(ROOT, "clients", "loadgen.py")
+
+
+def requests_total(url):
+    """The daemon's canopy_requests_total over every label, or None."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    return sum(float(l.rpartition(" ")[2]) for l in text.splitlines()
+               if l.startswith("canopy_requests_total{"))
+
+
+class Loadgen(unittest.TestCase):
+    """clients/loadgen.py (the canopy-loadgen command): the bounds it
+    stops at are the ones asked for, --help states the defaults, and a
+    daemon that goes away mid-run gives the summary, not a traceback."""
+
+    def test_bounds(self):
+        sys.path.insert(0, os.path.join(ROOT, "clients"))
+        try:
+            import canopy_loadgen as lg
+        finally:
+            sys.path.pop(0)
+        self.assertEqual(lg.bounds(None, None), (2000, 20))
+        self.assertEqual(lg.bounds(None, 10), (lg.MAX_REQUESTS, 10))
+        self.assertEqual(lg.bounds(50, None), (50, lg.MAX_DURATION))
+        self.assertEqual(lg.bounds(50, 10), (50, 10))
+        self.assertEqual(lg.bounds(10 ** 9, 10 ** 6),
+                         (lg.MAX_REQUESTS, lg.MAX_DURATION))
+
+    def test_help_shows_defaults(self):
+        p = subprocess.run([PY, LOADGEN, "--help"], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        text = " ".join(p.stdout.split())
+        for want in ("--concurrency CONCURRENCY", "(default: 8)",
+                     "(default: treelstm)", "--duration alone runs that long",
+                     "neither: 2000 requests or 20 s", "$CANOPY_URL"):
+            self.assertIn(want, text)
+
+    def test_duration_alone_and_daemon_going_away(self):
+        """--duration 600 alone: the run goes past the 2,000 requests that
+        once capped it silently (seen in the daemon's /metrics); then the
+        daemon is stopped under it: the loadgen ends at once with its
+        summary (the errors counted, /metrics unavailable), exit 1."""
+        tmp = tempfile.mkdtemp(prefix="canopy-loadgen-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        data = os.path.join(DATA, "trees-binary.jsonl")
+        subprocess.run([BIN, "model", "init", "treelstm",
+                        os.path.join(tmp, "models", "treelstm"), "--hidden",
+                        "4", "--embed", "4", "--classes", "3", "--vocab-from",
+                        data], check=True, capture_output=True)
+        inp = os.path.join(tmp, "in.jsonl")
+        with open(data) as f, open(inp, "w") as g:
+            for _ in range(20):
+                g.write(next(f))
+        port = free_port()
+        url = "http://127.0.0.1:%d" % port
+        log = open(os.path.join(tmp, "serve.log"), "w")
+        self.addCleanup(log.close)
+        d = subprocess.Popen([BIN, "serve", "--models-dir",
+                              os.path.join(tmp, "models"), "--port",
+                              str(port)], stderr=log,
+                             env=dict(os.environ, CANOPY_POLICY_CACHE=
+                                      os.path.join(tmp, "pc")))
+        self.addCleanup(lambda: d.poll() is None and (d.kill(), d.wait()))
+        wait_ready(url, d, 10.0)
+        lg = subprocess.Popen([PY, LOADGEN, "--url", url, "--input", inp,
+                               "--concurrency", "2", "--duration", "600"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        self.addCleanup(lambda: lg.poll() is None and (lg.kill(), lg.wait()))
+        # the event: the daemon has answered more than 2,000 requests
+        # (generous guard: 120 s)
+        t_end = time.monotonic() + 120
+        n = 0
+        while lg.poll() is None and time.monotonic() < t_end:
+            n = requests_total(url) or 0
+            if n > 2100:
+                break
+            time.sleep(0.05)
+        if lg.poll() is not None:
+            self.fail(f"loadgen stopped on its own after {n} requests:\n"
+                      f"{lg.stdout.read()}{lg.stderr.read()}")
+        self.assertGreater(n, 2100)
+        d.send_signal(signal.SIGTERM)
+        self.assertEqual(d.wait(30), 0)
+        out, err = lg.communicate(timeout=120)
+        self.assertEqual(lg.returncode, 1, err)
+        self.assertNotIn("Traceback", err)
+        res = json.loads(out.splitlines()[-1])
+        self.assertGreater(res["ok"], 2000, res)
+        self.assertGreater(res["requests"], res["ok"], res)
+        self.assertEqual(sum(res["errors"].values()),
+                         res["requests"] - res["ok"], res)
+        self.assertIn("went away", res["stopped"])
+        self.assertIsNone(res["runs"], res)
+        self.assertEqual(res["metrics"], "unavailable after the run")
+
+
+class CurlExamples(unittest.TestCase):
+    """clients/curl-examples.sh against a daemon serving models named
+    after their families: it ends cleanly (exit 0, no curl error such as
+    a broken pipe's "curl: (23)"), and each example of its errors section
+    shows the error it is there for: the status it names and a JSON
+    error body."""
+
+    def test_runs_clean_and_errors_show_their_status(self):
+        tmp = tempfile.mkdtemp(prefix="canopy-curl-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        models = os.path.join(tmp, "models")
+        for fam, data, size in (("treelstm", "trees-binary", 8),
+                                ("treegru", "trees-binary", 8),
+                                ("mvrnn", "trees-binary", 8),
+                                ("treelstm-2type", "trees-binary", 8),
+                                ("childsum-treelstm", "trees-nary", 8),
+                                ("bilstm-tagger", "sequences", 8)):
+            subprocess.run([BIN, "model", "init", fam,
+                            os.path.join(models, fam), "--hidden", str(size),
+                            "--embed", str(size), "--classes", "3",
+                            "--vocab-from",
+                            os.path.join(DATA, data + ".jsonl")],
+                           check=True, capture_output=True)
+        port = free_port()
+        url = "http://127.0.0.1:%d" % port
+        log = open(os.path.join(tmp, "serve.log"), "w")
+        self.addCleanup(log.close)
+        d = subprocess.Popen([BIN, "serve", "--models-dir", models, "--port",
+                              str(port)], stderr=log,
+                             env=dict(os.environ, CANOPY_POLICY_CACHE=
+                                      os.path.join(tmp, "pc")))
+        self.addCleanup(lambda: (d.terminate(), d.wait(30)))
+        wait_ready(url, d, 10.0)
+        p = subprocess.run(["sh", os.path.join(ROOT, "clients",
+                                               "curl-examples.sh")],
+                           env=dict(os.environ, CANOPY_URL=url),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+        self.assertNotIn("curl: (", p.stderr)
+        shown = [l for l in p.stdout.splitlines() if l.startswith("HTTP ")]
+        self.assertEqual([l.split()[1] for l in shown],
+                         ["400", "400", "400", "404", "405", "400"], shown)
+        for l in shown:
+            err = json.loads(l.split(None, 2)[2])["error"]
+            self.assertTrue(err, l)
+        self.assertIn("# HELP canopy_", p.stdout)
 
 
 if __name__ == "__main__":

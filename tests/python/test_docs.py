@@ -7,7 +7,9 @@ own help tell a reader must hold in this tree.
 - every *.md file named by `canopy run --help`, `canopy serve --help`,
   `canopy-import --help` and the HELP lines of server/metrics.c exists
   under that name (they once said API.md and MODELS.md, files that live
-  outside the repository).
+  outside the repository);
+- no doc calls a package `pip install ./clients` installs "not
+  installed" (docs/cells.md once did, of canopy_torch).
 
 Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_docs.py
 (env CANOPY_BIN as for the other tests).
@@ -60,6 +62,35 @@ class Docs(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertGreater(len(p.stdout), 200, argv)
         return p.stdout
+
+    def test_installable_packages_are_not_called_uninstallable(self):
+        """A package clients/pyproject.toml installs is not "not
+        installed" / "not installable" in any doc (docs/cells.md once said
+        so of canopy_torch), and the pip line the docs show for it is the
+        one tests/python/test_install.py runs."""
+        with open(os.path.join(ROOT, "clients", "pyproject.toml")) as f:
+            pkgs = re.search(r"^packages\s*=\s*\[([^\]]*)\]", f.read(),
+                             re.M).group(1)
+        pkgs = {p for p in re.findall(r'"([\w.]+)"', pkgs) if "." not in p}
+        self.assertIn("canopy_torch", pkgs)
+        docs = glob.glob(os.path.join(ROOT, "docs", "*.md")) + [
+            os.path.join(ROOT, "README.md"),
+            os.path.join(ROOT, "clients", "README.md")]
+        for path in docs:
+            with open(path) as f:
+                raw = f.read()
+            text = " ".join(raw.split())
+            for sentence in re.split(r"(?<=[.:;])\s", text):
+                for p in pkgs:
+                    if p in sentence:
+                        self.assertNotRegex(
+                            sentence, r"not (installed|installable)",
+                            f"{os.path.relpath(path, ROOT)}: {sentence}")
+            # command lines (a line that starts with the pip command)
+            for line in re.findall(r"^\s*\S*pip install [^\n]*\./clients\b",
+                                   raw, re.M):
+                self.assertIn("--no-build-isolation --no-index ./clients",
+                              line, os.path.relpath(path, ROOT))
 
     def test_help_names_files_that_exist(self):
         texts = {

@@ -9,6 +9,8 @@ Then the installed commands, not the checkout's scripts:
   converts and verifies it (a real `canopy run`), `canopy serve` serves
   the result, canopy-client sends it a JSONL file and canopy-loadgen a
   few requests;
+- canopy-import without --canopy finds the binary through CANOPY_BIN,
+  PATH, or the build/ of the checkout it runs in;
 - canopy-import in a Python without torch names the missing package and
   how to get it, instead of a ModuleNotFoundError traceback;
 - the installed version is meson.build's.
@@ -147,6 +149,60 @@ class Installed(unittest.TestCase):
             d.terminate()
             d.wait(30)
             log.close()
+
+    def test_finds_canopy_without_flag(self):
+        """The installed canopy-import lives in the venv, which holds no
+        build: without --canopy it verifies with $CANOPY_BIN, else `canopy`
+        on PATH, else the build/canopy of the checkout it runs in (as
+        README.md's recipe runs it), and else says where it looked."""
+        work = os.path.join(self.tmp, "find")
+        os.makedirs(work)
+        vfile = os.path.join(work, "vocab.txt")
+        with open(vfile, "w") as f:
+            f.write("<unk>\nthe\ncat\nsat\n")
+        ckpt = os.path.join(work, "ckpt.pt")
+        self.run_ok([self.py, "-c",
+                     "import sys, torch, canopy_torch as ct\n"
+                     "torch.manual_seed(5)\n"
+                     "v = open(sys.argv[1]).read().split()\n"
+                     "m = ct.TreeLSTM(v, hidden=4, embed=3, classes=2)\n"
+                     "torch.save(m.state_dict(), sys.argv[2])\n",
+                     vfile, ckpt], env=self.env, cwd=work)
+        ondir = os.path.join(work, "onpath")
+        os.makedirs(ondir)
+        os.symlink(BIN, os.path.join(ondir, "canopy"))
+        checkout = os.path.join(work, "checkout")
+        os.makedirs(os.path.join(checkout, "build"))
+        open(os.path.join(checkout, "meson.build"), "w").close()
+        os.symlink(BIN, os.path.join(checkout, "build", "canopy"))
+        # no canopy anywhere on this PATH but where a case puts it
+        base = {k: v for k, v in self.env.items() if k != "CANOPY_BIN"}
+        base["PATH"] = os.pathsep.join([self.bin, "/usr/bin", "/bin"])
+        cases = [
+            ("CANOPY_BIN", dict(base, CANOPY_BIN=BIN), work, BIN),
+            ("PATH", dict(base, PATH=ondir + os.pathsep + base["PATH"]),
+             work, os.path.join(ondir, "canopy")),
+            ("checkout", base, checkout,
+             os.path.join(checkout, "build", "canopy")),
+        ]
+        for i, (what, env, cwd, want) in enumerate(cases):
+            out = os.path.join(work, "out%d" % i)
+            p = subprocess.run([self.cmd("canopy-import"), "canopy", ckpt,
+                                out, "--vocab", vfile], env=env, cwd=cwd,
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, f"{what}: {p.stderr}")
+            self.assertIn(f"verifying with {want} on", p.stderr, what)
+            self.assertIn("(verified)", p.stderr, what)
+        p = subprocess.run([self.cmd("canopy-import"), "canopy", ckpt,
+                            os.path.join(work, "none"), "--vocab", vfile],
+                           env=base, cwd=work, capture_output=True,
+                           text=True, timeout=600)
+        self.assertNotEqual(p.returncode, 0, p.stderr)
+        self.assertIn("cannot find the canopy binary", p.stderr)
+        self.assertIn("no canopy on $PATH", p.stderr)
+        self.assertIn("set CANOPY_BIN", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(work, "none")))
 
     def test_missing_torch_is_named(self):
         """A Python whose torch cannot be imported (a torch.py on

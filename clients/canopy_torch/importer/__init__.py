@@ -98,7 +98,7 @@ def build_parser():
                    "ASCII-lowercases every token before look-up")
     g.add_argument("--canopy", metavar="PATH",
                    help="canopy binary to verify with (default $CANOPY_BIN, "
-                   "else <repo>/build/canopy, else canopy on PATH)")
+                   "else canopy on PATH, else the checkout's build/canopy)")
     g.add_argument("--check", metavar="FILE.jsonl",
                    help="inputs (instances of docs/api.md) to verify on")
     g.add_argument("--no-check", action="store_true",
@@ -152,8 +152,6 @@ def _say(msg):
 def main(argv=None, script_dir=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if script_dir is None:
-        script_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
     import torch
     torch.set_num_threads(1)
     fmt = FORMATS[args.format]

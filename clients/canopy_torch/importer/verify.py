@@ -18,26 +18,41 @@ import time
 from .common import EXIT_MISMATCH, ImportFailure
 
 
-def locate_canopy(opt, script_dir):
-    """--canopy, else $CANOPY_BIN, else <repo>/build/canopy next to the
-    script, else `canopy` on PATH."""
+def locate_canopy(opt, script_dir=None):
+    """The canopy binary to verify with: --canopy, else $CANOPY_BIN, else
+    `canopy` on PATH, else a checkout's build/canopy: the checkout the
+    script runs from (clients/canopy-import passes its folder as
+    script_dir), or the current directory's when it is a checkout (a
+    `pip install ./clients` command lives in a venv, which holds no
+    build). A candidate that is named but not executable is an error, not
+    skipped: --canopy or CANOPY_BIN pointing nowhere is a mistake to
+    report, not a reason to verify with another binary."""
     if opt:
         cands = [("--canopy", opt)]
     elif os.environ.get("CANOPY_BIN"):
         cands = [("$CANOPY_BIN", os.environ["CANOPY_BIN"])]
     else:
-        cands = [("the repository build", os.path.join(
-            os.path.dirname(os.path.abspath(script_dir)), "build", "canopy"))]
-        p = shutil.which("canopy")
-        if p:
-            cands.append(("PATH", p))
+        cands = [("PATH", shutil.which("canopy") or "no canopy on $PATH")]
+        roots = []
+        if script_dir:
+            roots.append(os.path.dirname(os.path.abspath(script_dir)))
+        roots.append(os.getcwd())
+        for root in roots:
+            b = os.path.join(root, "build", "canopy")
+            if (os.path.isfile(os.path.join(root, "meson.build"))
+                    and all(b != p for _, p in cands)):
+                cands.append(("the checkout's build", b))
+        if len(cands) == 1:
+            cands.append(("a checkout's build", "not run from a checkout "
+                          "(no meson.build in " + os.getcwd() + ")"))
     for where, p in cands:
         if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     raise ImportFailure(
         "cannot find the canopy binary to verify with ("
         + "; ".join(f"{w}: {p}" for w, p in cands)
-        + "); pass --canopy PATH, set CANOPY_BIN, or --no-check",
+        + "); pass --canopy PATH, set CANOPY_BIN, put canopy on PATH, "
+        "run from a checkout with build/canopy, or --no-check",
         status=EXIT_MISMATCH)
 
 

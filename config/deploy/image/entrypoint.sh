@@ -2,7 +2,8 @@
 # entrypoint.sh - the image's entrypoint: `canopy serve` on the models
 # mounted at /models, or on the demo models built into the image when
 # nothing is mounted there (a missing or empty directory). Arguments are
-# passed to `canopy serve` (the image's CMD: --host 0.0.0.0 --port 8080).
+# passed to `canopy serve` (the image's CMD has none: its environment sets
+# CANOPY_HOST=0.0.0.0 and CANOPY_PORT=8080).
 #
 #   docker run -p 8080:8080 canopy                          # demo models
 #   docker run -p 8080:8080 -v $PWD/models:/models:ro canopy  # your models

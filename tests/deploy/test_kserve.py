@@ -1,0 +1,182 @@
+"""test_kserve.py - config/deploy/kserve/servingruntime.yaml: the fields
+KServe's documentation of ServingRuntime requires or relies on, and the
+pod's process run once outside a cluster. No cluster ran it (none here);
+scripts/validate_kserve_runtime.py checks the file against KServe's CRD
+schema when given that CRD.
+
+From KServe's documentation (Serving Runtimes; the InferenceService's
+storageUri; the Open Inference Protocol):
+- apiVersion serving.kserve.io/v1alpha1, kind ServingRuntime, a name;
+- spec.containers (the one field the spec requires), each with a name;
+  the runtime's main container is `kserve-container`, the one KServe
+  merges the InferenceService's predictor into;
+- spec.supportedModelFormats: entries with a name (required), version a
+  string, autoSelect a boolean, priority (an integer >= 1) only with
+  autoSelect;
+- spec.protocolVersions from v1, v2, grpc-v1, grpc-v2: here [v2], the
+  Open Inference Protocol over REST, which the daemon serves under /v2;
+- the model: the storage initializer puts the storageUri's content at
+  /mnt/models, so that is what the entrypoint serves;
+- one container port (Knative allows one), the probes on it at the
+  protocol's health routes.
+Then: every CANOPY_* variable is a daemon key (or the entrypoint's), the
+user is the image's, and the entrypoint with the container's environment
+and a models directory standing for /mnt/models answers the probes, the
+model's v2 ready route and a v2 inference equal to `canopy run`'s, and
+exits 0 on SIGTERM.
+
+usage: test_kserve.py RUNTIME_YAML REPO_ROOT   (CANOPY_BIN, CANOPY_DATA)
+"""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploylib import (Skip, canopy_bin, check, data_dir,  # noqa: E402
+                       expected_outputs, free_port, init_model, main, near,
+                       request)
+from test_k8s import ENTRYPOINT_VARS, daemon_keys  # noqa: E402
+
+try:
+    import yaml
+except ImportError:
+    yaml = None
+
+PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
+STORAGE_MOUNT = "/mnt/models"
+
+
+def check_runtime(rt, root):
+    """The fields; returns (container, env, port)."""
+    check(rt.get("apiVersion") == "serving.kserve.io/v1alpha1",
+          f"apiVersion {rt.get('apiVersion')}")
+    check(rt.get("kind") == "ServingRuntime", f"kind {rt.get('kind')}")
+    check(rt.get("metadata", {}).get("name"), "metadata.name")
+    spec = rt["spec"]
+    fmts = spec.get("supportedModelFormats")
+    check(isinstance(fmts, list) and fmts, "supportedModelFormats: a list")
+    for f in fmts:
+        check(isinstance(f.get("name"), str) and f["name"],
+              f"supportedModelFormats: an entry without name: {f}")
+        check(isinstance(f.get("version", ""), str),
+              f"supportedModelFormats {f['name']}: version must be a string")
+        check(isinstance(f.get("autoSelect", False), bool),
+              f"supportedModelFormats {f['name']}: autoSelect is a boolean")
+        if "priority" in f:
+            check(f.get("autoSelect") is True and isinstance(
+                f["priority"], int) and f["priority"] >= 1,
+                f"supportedModelFormats {f['name']}: priority >= 1 needs "
+                "autoSelect true")
+    pv = spec.get("protocolVersions")
+    check(pv == ["v2"] and set(pv) <= PROTOCOLS, f"protocolVersions {pv}")
+    check(spec.get("multiModel", False) is False and "builtInAdapter" not in
+          spec, "not a ModelMesh runtime")
+    cs = spec.get("containers")
+    check(isinstance(cs, list) and len(cs) == 1, "one container")
+    c = cs[0]
+    check(c.get("name") == "kserve-container",
+          f"container name {c.get('name')}: KServe merges the predictor "
+          "into kserve-container")
+    check(c.get("image"), "container image")
+    ports = c.get("ports", [])
+    check(len(ports) == 1, f"one container port (Knative): {ports}")
+    port = ports[0]["containerPort"]
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    keys = daemon_keys()
+    for name in env:
+        key = name[len("CANOPY_"):].lower().replace("_", "-")
+        check(name in ENTRYPOINT_VARS or (name.startswith("CANOPY_") and
+                                          key in keys),
+              f"env {name} is no daemon key")
+    check(env.get("CANOPY_PORT") == str(port),
+          f"CANOPY_PORT {env.get('CANOPY_PORT')} != containerPort {port}")
+    check(env.get("CANOPY_HOST") == "0.0.0.0", "CANOPY_HOST 0.0.0.0")
+    check(not any(a.startswith(("--port", "--host", "--models-dir"))
+                  for a in c.get("args", [])),
+          "args set what the environment sets")
+    check(env.get("CANOPY_MODELS_MOUNT") == STORAGE_MOUNT,
+          f"CANOPY_MODELS_MOUNT {env.get('CANOPY_MODELS_MOUNT')}: the "
+          f"storage initializer's {STORAGE_MOUNT}")
+    check(env.get("CANOPY_REQUIRE_MODELS") == "1",
+          "CANOPY_REQUIRE_MODELS=1: never the demo models by mistake")
+    for name, path in (("readinessProbe", "/v2/health/ready"),
+                       ("livenessProbe", "/v2/health/live")):
+        p = c.get(name)
+        check(p and p["httpGet"]["path"] == path and p["httpGet"].get(
+            "port", port) == port, f"{name}: GET {path} on {port}")
+    for k in ("requests", "limits"):
+        r = c.get("resources", {}).get(k, {})
+        check("cpu" in r and "memory" in r, f"resources.{k}: cpu, memory")
+    with open(os.path.join(root, "Dockerfile")) as f:
+        uid = re.search(r"^USER (\d+)", f.read(), re.M).group(1)
+    sc = c.get("securityContext", {})
+    check(sc.get("runAsNonRoot") and str(sc.get("runAsUser")) == uid,
+          f"runAsUser {sc.get('runAsUser')} != the image's USER {uid}")
+    return c, env, port
+
+
+def body(procs):
+    if yaml is None:
+        raise Skip("python3-yaml not installed (scripts/deps.sh)")
+    path, root = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    check(len(docs) == 1, f"{path}: {len(docs)} documents, expected one")
+    c, env, port = check_runtime(docs[0], root)
+    print(f"runtime: {docs[0]['metadata']['name']}, formats "
+          f"{[f['name'] for f in docs[0]['spec']['supportedModelFormats']]}"
+          f", protocols {docs[0]['spec']['protocolVersions']}, port {port}, "
+          f"models at {env['CANOPY_MODELS_MOUNT']}")
+
+    # The pod's process: what the storage initializer leaves at
+    # /mnt/models is a directory of model directories.
+    mdir = init_model(procs)
+    hp = free_port()
+    bindir = os.path.join(procs.dir, "bin")
+    os.makedirs(bindir)
+    os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
+    e = dict(env)
+    e.update({"PATH": f"{bindir}:{os.environ['PATH']}",
+              "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
+              "CANOPY_HOST": "127.0.0.1", "CANOPY_PORT": str(hp),
+              "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
+    p = procs.start([os.path.join(root, "config/deploy/image/entrypoint.sh"),
+                     *c.get("args", [])], "pod.log", env=e)
+    t_end, ready = time.monotonic() + 20, False
+    while time.monotonic() < t_end and not ready and p.poll() is None:
+        try:
+            ready = request(hp, "GET", c["readinessProbe"]["httpGet"]["path"],
+                            timeout=1)[0] == 200
+        except OSError:
+            time.sleep(0.02)
+    check(ready, f"the pod's process is not ready:\n{procs.log(p)}")
+    check(request(hp, "GET", c["livenessProbe"]["httpGet"]["path"])[0] == 200,
+          "liveness")
+    name = os.path.basename(mdir)
+    check(request(hp, "GET", f"/v2/models/{name}/ready")[0] == 200,
+          f"/v2/models/{name}/ready")
+    with open(os.path.join(data_dir(), "trees-binary.jsonl")) as f:
+        lines = [next(f) for _ in range(3)]
+    want = expected_outputs(procs, mdir, lines)
+    req = {"inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                       "shape": [len(lines)],
+                       "data": [x.strip() for x in lines]}]}
+    st, _, b = request(hp, "POST", f"/v2/models/{name}/infer",
+                       json.dumps(req).encode(),
+                       {"Content-Type": "application/json"})
+    check(st == 200, f"v2 infer: {st} {b[:300]!r}")
+    outs = {o["name"]: o for o in json.loads(b)["outputs"]}
+    check("LOGITS" in outs, f"v2 infer outputs: {sorted(outs)}")
+    flat = [x for w in want for x in w["logits"]]
+    near(outs["LOGITS"]["data"], flat, where="LOGITS")
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(20) == 0, f"exit {p.returncode}:\n{procs.log(p)}")
+    print(f"pod process: the probes, /v2/models/{name}/ready and a v2 "
+          "inference (equal to canopy run's) answered; SIGTERM: exit 0")
+
+
+if __name__ == "__main__":
+    sys.exit(main(body, "deploy_kserve"))
