@@ -222,7 +222,14 @@ struct cn_instance {
   int32_t n_spans;
   int32_t *span_start, *span_end, *span_word;
   int32_t *prev_start, *prev;
+  bool in_arena;          /* every array above is a line reader's
+                             (instance_line.c): cn_instance_free leaves it */
 };
+
+/* instance.c: a parsed tree's word ids and cell kinds into in->ids and
+ * in->node_type (allocated here when NULL), the arity checked. */
+int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
+                    cn_instance *in, cn_err *err);
 
 /* ---- sequences, lattices, DAGs (seq_parse.c) ----------------------------
  * Parse the non-tree INSTANCE forms of docs/api.md into *in (kind already set).
