@@ -215,7 +215,8 @@ int cn__jline_read(cn_jline *j, const char *s, size_t len) {
     } else if (c >= '0' && c <= '9') {
       size_t st = i;
       int64_t x = 0;
-      while (i < len && s[i] >= '0' && s[i] <= '9') x = x * 10 + (s[i++] - '0');
+      for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+        if (i - st < 18) x = x * 10 + (s[i] - '0'); /* longer: declined */
       if ((s[st] == '0' && i - st > 1) || i - st > 18) return 1;
       if (i < len && (s[i] == '.' || s[i] == 'e' || s[i] == 'E')) return 1;
       v->kind = CN_JV_INT;
