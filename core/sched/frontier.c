@@ -15,7 +15,9 @@
  * vertex left among their ancestors, i.e. those a type-t batch could run
  * before any other type-t batch. The ratio of the two is eq. 1's second
  * term and the sufficient condition of Lemma 1 / §5.3. Kept incrementally:
- * sub[v][t] counts v's inputs p with "a type-t vertex left at or above p";
+ * sub[t][v] counts v's inputs p with "a type-t vertex left at or above p"
+ * (one row per type, so that a type-t commit walks one row: a quarter of
+ * the memory of [v][t] with four types);
  * committing a type-t vertex clears that flag for it, and a zero count
  * clears it for a non-t consumer in turn. Each (vertex, type) flag clears at
  * most once, so a whole schedule costs O((V + E)·T).
@@ -95,7 +97,7 @@ void cn__frontier_free(cn_frontier *f) {
 /* "A type-t vertex is left at or above p" (see the file comment). */
 static inline bool above(const cn_frontier *f, int32_t p, int t) {
   return !f->done[p] &&
-         (f->vtype[p] == t || f->sub[(size_t)p * f->n_types + t] > 0);
+         (f->vtype[p] == t || f->sub[(size_t)t * f->cap_v + p] > 0);
 }
 
 static void clear_instances(cn_frontier *f, int t);
@@ -138,10 +140,7 @@ static int push_ready(cn_frontier *f, int32_t v) {
 /* Per-vertex state of v from its inputs, as if added now. */
 static int settle(cn_frontier *f, int32_t v) {
   int T = f->n_types, t = f->vtype[v];
-  int32_t d = -1, pend = 0;
-  /* f->sub is NULL unless tracked: no pointer arithmetic on it then */
-  int32_t *sv = f->track_sub ? f->sub + (size_t)v * T : NULL;
-  if (f->track_sub) memset(sv, 0, (size_t)T * sizeof(int32_t));
+  int32_t d = -1, pend = 0, sv[CN_MAX_TYPES] = {0};
   for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
     int32_t p = f->in_edges[i];
     if (f->depth[p] > d) d = f->depth[p];
@@ -152,7 +151,10 @@ static int settle(cn_frontier *f, int32_t v) {
   f->depth[v] = d + 1;
   f->pending[v] = pend;
   f->done[v] = 0;
-  if (f->track_sub && sv[t] == 0) f->n_sub[t]++;
+  if (f->track_sub) {
+    for (int a = 0; a < T; a++) f->sub[(size_t)a * f->cap_v + v] = sv[a];
+    if (sv[t] == 0) f->n_sub[t]++;
+  }
   if (pend == 0 && push_ready(f, v)) return CN_E_NOMEM;
   return 0;
 }
@@ -170,9 +172,17 @@ static int reserve_v(cn_frontier *f, size_t c) {
   if (grow32(&f->depth, c) || grow32(&f->pending, c) ||
       grow32(&f->in_start, c + 1) || grow32(&f->out_head, c) ||
       grow32(&f->out_tail, c) || grow32(&f->stack, c) ||
-      (f->track_sub && grow32(&f->sub, c * (size_t)T)) ||
       (f->comp != NULL && grow32(&f->comp, c)))
     return CN_E_NOMEM;
+  if (f->track_sub) { /* one row per type: each row moves to its place */
+    int32_t *ns = cn__xcalloc(c * (size_t)T, sizeof(int32_t));
+    if (ns == NULL) return CN_E_NOMEM;
+    for (int t = 0; t < T && f->sub != NULL; t++)
+      memcpy(ns + (size_t)t * c, f->sub + (size_t)t * f->cap_v,
+             (size_t)f->nv * sizeof(int32_t));
+    free(f->sub);
+    f->sub = ns;
+  }
   if (f->seen_in != NULL) {
     if (grow32(&f->seen_in, c + 1)) return CN_E_NOMEM;
     memset(f->seen_in + f->cap_v + 1, 0,
@@ -358,14 +368,13 @@ static void clear_instances(cn_frontier *f, int t) {
 /* A type-t vertex v was committed: the flag "type t left at or above" goes
  * false for v, then for every consumer whose count drops to zero. */
 static void clear_sub(cn_frontier *f, int32_t v, int t) {
-  int T = f->n_types;
   int32_t sp = 0;
   f->stack[sp++] = v;
   while (sp > 0) {
     int32_t u = f->stack[--sp];
     for (int32_t e = f->out_head[u]; e >= 0; e = f->e_next[e]) {
       int32_t w = f->e_dst[e];
-      if (--f->sub[(size_t)w * T + t] != 0) continue;
+      if (--f->sub[(size_t)t * f->cap_v + w] != 0) continue;
       if (f->vtype[w] == t)
         f->n_sub[t]++; /* w now heads G^t */
       else
