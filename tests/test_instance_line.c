@@ -286,3 +286,63 @@ Test(instance_line, edges) {
   cn_model_free(m);
   tu_rmdir(dir);
 }
+
+/* "text" lines, made from data/'s tokens (joined by spaces, some by
+ * U+3000 or a tab) and characters (with and without their words): read
+ * as jansson's path reads them, and their variants never read where that
+ * path refuses them. */
+Test(instance_line, text_forms) {
+  static const struct {
+    const char *family, *data;
+    bool lexicon;
+  } fams[] = {{"bilstm-tagger", "sequences.jsonl", false},
+              {"latticelstm", "lattices.jsonl", true}};
+  cn_limits dflt, small;
+  cn_limits_default(&dflt);
+  tight(&small);
+  for (size_t f = 0; f < 2; f++) {
+    cn_model *m = model(fams[f].family, fams[f].data, fams[f].lexicon);
+    cn_line_reader *rd = cn_line_reader_new();
+    int n, read = 0;
+    char **ls = raw_lines(fams[f].data, &n);
+    for (int i = 0; i < n; i++) {
+      json_t *j = json_loads(ls[i], 0, NULL);
+      json_t *items = json_object_get(j, f == 0 ? "tokens" : "chars");
+      size_t cap = 16;
+      for (size_t k = 0; k < json_array_size(items); k++)
+        cap += json_string_length(json_array_get(items, k)) + 4;
+      char *text = malloc(cap);
+      size_t at = 0;
+      for (size_t k = 0; k < json_array_size(items); k++) {
+        if (k > 0 && f == 0) {
+          const char *sep = k % 7 == 0 ? "\xe3\x80\x80" : k % 5 == 0 ? "\t" : " ";
+          memcpy(text + at, sep, strlen(sep));
+          at += strlen(sep);
+        }
+        const char *w = json_string_value(json_array_get(items, k));
+        memcpy(text + at, w, strlen(w));
+        at += strlen(w);
+      }
+      text[at] = '\0';
+      json_t *o = json_pack("{s:s}", "text", text);
+      if (f == 1 && i % 2 == 0)
+        json_object_set(o, "words", json_object_get(j, "words"));
+      char *line = json_dumps(o, JSON_COMPACT);
+      if (i % 64 == 0) cn_line_reader_reset(rd);
+      read += check_line(m, rd, line, strlen(line), &dflt);
+      check_line(m, rd, line, strlen(line), &small);
+      if (i % 100 == 0) check_variants(m, rd, line, &dflt);
+      free(line);
+      json_decref(o);
+      free(text);
+      json_decref(j);
+    }
+    cr_expect_eq(read, n, "%s: %d of %d text lines read", fams[f].family,
+                 read, n);
+    for (int i = 0; i < n; i++) free(ls[i]);
+    free(ls);
+    cn_line_reader_free(rd);
+    cn_model_free(m);
+    tu_rmdir(dir);
+  }
+}

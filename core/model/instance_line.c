@@ -4,8 +4,10 @@
  * bytes (input/jline.c's tape) to the instance in one pass, its arrays in
  * the reader's arena.
  *
+ * "text" is split as seq_parse.c splits it (cn__split_text).
+ *
  * It only ever succeeds. Whatever it does not read, or finds wrong -
- * another key, "text", a tree as JSON nodes, any error a check of
+ * another key, a tree as JSON nodes, any error a check of
  * instance.c or seq_parse.c would report - it declines, and the caller
  * parses the line as before (json_loadb, cn_instance_parse). So every
  * error, its message and its byte offset, comes from the one path that
@@ -25,9 +27,10 @@ struct cn_line_reader {
   cn_arena arena;      /* the instances, until cn_line_reader_reset */
   int64_t *keys;       /* lattices: span keys, sorted to find repeats */
   int32_t *sb, *se;    /* lattices: lexicon spans before they are copied */
-  const char **cs;     /* lattices: the characters, for the lexicon */
+  const char **cs;     /* the characters (lattices) or words of "text" */
   int32_t *cl;
-  int32_t keys_cap, sb_cap, se_cap, cs_cap, cl_cap;
+  int32_t keys_cap, sb_cap, se_cap;
+  int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
 };
 
 cn_line_reader *cn_line_reader_new(void) {
@@ -139,12 +142,37 @@ static int read_items(cn_line_reader *rd, const cn_jval *arr, int32_t at,
   return 0;
 }
 
+/* "text" split into rd->cs / rd->cl (seq_parse.c's split), checked
+ * as get_items checks it, looked up in v into ids; 1: anything else. */
+static int read_text(cn_line_reader *rd, const cn_jval *text, bool chars,
+                     const cn_vocab *v, bool lower, const cn_limits *lim,
+                     cn_instance *in) {
+  if (text == NULL || text->kind != CN_JV_STR) return 1;
+  int32_t n = cn__split_text(text->s, (size_t)text->n, chars,
+                             lim->max_seq_len, &rd->cs, &rd->cl, &rd->text_cap);
+  if (n == -2) return CN_E_NOMEM;
+  if (n <= 0) return 1;
+  in->ids = ALLOC(rd, n, int32_t);
+  if (in->ids == NULL) return CN_E_NOMEM;
+  for (int32_t i = 0; i < n; i++) {
+    if (rd->cl[i] > lim->max_token_len) return 1;
+    in->ids[i] = cn_vocab_lookup(v, rd->cs[i], (size_t)rd->cl[i], lower);
+  }
+  in->n = n;
+  return 0;
+}
+
 static int read_sequence(const cn_model *m, cn_line_reader *rd,
                          const cn_limits *lim, cn_instance *in) {
-  static const char *const keys[] = {"tokens"};
+  static const char *const keys[] = {"tokens"}, *const tkeys[] = {"text"};
   int32_t at;
   const cn_jval *arr = cn__jline_get(&rd->j, 0, "tokens", &at);
-  if (arr == NULL || !only_keys(&rd->j, 0, keys, 1)) return 1;
+  if (arr == NULL) {
+    if (!only_keys(&rd->j, 0, tkeys, 1)) return 1;
+    return read_text(rd, cn__jline_get(&rd->j, 0, "text", NULL), false,
+                     m->vocab, m->lowercase, lim, in);
+  }
+  if (!only_keys(&rd->j, 0, keys, 1)) return 1;
   return read_items(rd, arr, at, m->vocab, m->lowercase, lim, in);
 }
 
@@ -175,21 +203,33 @@ static int lex_span(void *ctx, int32_t b, int32_t e) {
 static int read_lattice(const cn_model *m, cn_line_reader *rd,
                         const cn_limits *lim, cn_instance *in) {
   static const char *const keys[] = {"chars", "words"};
+  static const char *const tkeys[] = {"text", "words"};
   static const char *const wkeys[] = {"start", "end", "token"};
   const cn_jline *j = &rd->j;
   int32_t at, wat;
   const cn_jval *chars = cn__jline_get(j, 0, "chars", &at);
   const cn_jval *words = cn__jline_get(j, 0, "words", &wat);
-  if (chars == NULL || !only_keys(j, 0, keys, 2)) return 1;
-  int rc = read_items(rd, chars, at, m->vocab, m->lowercase, lim, in);
-  if (rc != 0) return rc;
+  int rc;
+  if (chars == NULL) { /* "text": split into rd->cs / rd->cl */
+    if (!only_keys(j, 0, tkeys, 2)) return 1;
+    rc = read_text(rd, cn__jline_get(j, 0, "text", NULL), true, m->vocab,
+                   m->lowercase, lim, in);
+    if (rc != 0) return rc;
+  } else {
+    if (!only_keys(j, 0, keys, 2)) return 1;
+    rc = read_items(rd, chars, at, m->vocab, m->lowercase, lim, in);
+    if (rc != 0) return rc;
+    /* the characters' bytes, for the joined words and the lexicon; the
+     * arrays are the ones cn__split_text grows */
+    int32_t c1 = rd->text_cap, c2 = rd->text_cap; /* one cap for both */
+    if (grow((void **)&rd->cs, &c1, in->n, sizeof(char *)) ||
+        grow((void **)&rd->cl, &c2, in->n, sizeof(int32_t)))
+      return CN_E_NOMEM;
+    rd->text_cap = c1;
+    for (int32_t i = 0, q = at + 1; i < in->n; i++, q = j->v[q].next)
+      rd->cs[i] = j->v[q].s, rd->cl[i] = j->v[q].n;
+  }
   int32_t n = in->n;
-  /* the characters' bytes, for the joined words and the lexicon */
-  if (grow((void **)&rd->cs, &rd->cs_cap, n, sizeof(char *)) ||
-      grow((void **)&rd->cl, &rd->cl_cap, n, sizeof(int32_t)))
-    return CN_E_NOMEM;
-  for (int32_t i = 0, q = at + 1; i < n; i++, q = j->v[q].next)
-    rd->cs[i] = j->v[q].s, rd->cl[i] = j->v[q].n;
   int32_t ns = 0;
   if (words != NULL) {
     if (words->kind != CN_JV_ARR || words->n > lim->max_spans) return 1;

@@ -241,5 +241,11 @@ int cn__parse_lattice(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, cn_instance *in, cn_err *err);
 int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
                   cn_instance *in, cn_err *err);
+/* "text" split as cn__parse_sequence (words at Unicode whitespace) or
+ * cn__parse_lattice (chars: code points) split it, into (*ps)[i],
+ * (*pl)[i], arrays grown to *cap and kept by the caller. Returns the
+ * count, -1 past max items, -2 out of memory. */
+int32_t cn__split_text(const char *s, size_t len, bool chars, int32_t max,
+                       const char ***ps, int32_t **pl, int32_t *cap);
 
 #endif /* CANOPY_MODEL_H */
