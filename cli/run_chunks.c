@@ -41,6 +41,7 @@ typedef struct chunk {
   cn_run *run;         /* issued by chunk_start, done by chunk_finish  */
   totals tot;          /* this chunk's share                           */
   int rc;              /* -1: the run failed (its note is in notes)    */
+  cn_line_reader *rd;  /* its instances, reset when the chunk is reused */
 } chunk;
 
 static void print_error(FILE *out, FILE *notes, const line *l) {
@@ -54,12 +55,18 @@ static void print_error(FILE *out, FILE *notes, const line *l) {
           cn_err_code(l->err.code), l->err.msg);
 }
 
-/* Parses one raw line into l (an instance, or the error it gets). */
-static void parse_line(const run_opts *o, const cn_model *m, const char *buf,
-                       size_t len, long long lineno, line *l) {
+/* Parses one raw line into l (an instance, or the error it gets): read
+ * directly by rd where it can, else (any other shape, and every error)
+ * through jansson and cn_instance_parse. */
+static void parse_line(const run_opts *o, const cn_model *m,
+                       cn_line_reader *rd, const char *buf, size_t len,
+                       long long lineno, line *l) {
   memset(l, 0, sizeof(*l));
   cn_err_clear(&l->err);
   l->lineno = lineno;
+  if (rd != NULL &&
+      cn_instance_parse_line(m, rd, buf, len, &o->cfg.limits, &l->inst) == 0)
+    return;
   json_error_t je;
   json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
   if (j == NULL) {
@@ -172,10 +179,11 @@ typedef struct jobs_ctx {
 static void chunk_start(void *arg, int thread, void *item) {
   jobs_ctx *jc = arg;
   chunk *c = item;
+  cn_line_reader_reset(c->rd); /* the chunk's last instances are freed */
   for (int i = 0; i < c->n; i++) { /* a line may hold a NUL: lengths */
     size_t end = i + 1 < c->n ? c->off[i + 1] : c->used;
-    parse_line(jc->o, jc->m, c->text + c->off[i], end - c->off[i] - 1,
-               c->first_lineno + i, &c->ls[i]);
+    parse_line(jc->o, jc->m, c->rd, c->text + c->off[i],
+               end - c->off[i] - 1, c->first_lineno + i, &c->ls[i]);
   }
   memset(&c->tot, 0, sizeof(c->tot));
   c->run = NULL;
@@ -277,6 +285,7 @@ static void chunks_free(chunk *cs, int n) {
     free(cs[i].ls);
     free(cs[i].out);
     free(cs[i].notes);
+    cn_line_reader_free(cs[i].rd);
   }
   free(cs);
 }
@@ -293,7 +302,9 @@ static int alloc_chunks(long long batch, int jobs, bool overlap, chunk **cs,
   for (int i = 0; i < *n_cs; i++) {
     (*cs)[i].off = calloc((size_t)batch, sizeof(size_t));
     (*cs)[i].ls = calloc((size_t)batch, sizeof(line));
-    if ((*cs)[i].off == NULL || (*cs)[i].ls == NULL) return -1;
+    (*cs)[i].rd = cn_line_reader_new();
+    if ((*cs)[i].off == NULL || (*cs)[i].ls == NULL || (*cs)[i].rd == NULL)
+      return -1;
   }
   return 0;
 }

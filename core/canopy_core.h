@@ -180,6 +180,24 @@ int cn_instance_parse(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, int index, cn_instance **out,
                       cn_err *err);
 void cn_instance_free(cn_instance *inst);
+/* A reader of instance lines (one JSON object a line, as `canopy run`
+ * reads them), reused line after line: what it reads lives in its arena
+ * until cn_line_reader_reset, which keeps the memory for the next lines.
+ * One thread at a time. */
+typedef struct cn_line_reader cn_line_reader;
+cn_line_reader *cn_line_reader_new(void);
+void cn_line_reader_free(cn_line_reader *rd);
+/* Every instance read so far is gone (cn_instance_free is a no-op for
+ * them): their memory serves the next ones. */
+void cn_line_reader_reset(cn_line_reader *rd);
+/* The instance of line[0 .. len) for model m, read without a JSON DOM, as
+ * cn_instance_parse would read json_loadb's object of it. Returns 0 (*out
+ * set, in rd's arena), 1 when it does not read this line (another shape,
+ * or anything cn_instance_parse would refuse: parse it that way, which
+ * says why), or CN_E_NOMEM. It never reports an error of its own. */
+int cn_instance_parse_line(const cn_model *m, cn_line_reader *rd,
+                           const char *line, size_t len, const cn_limits *lim,
+                           cn_instance **out);
 /* The first key of object o that is an instance's form, of any input kind
  * ("tree", "tokens", "text", "chars", "words", "nodes"); NULL when none. */
 const char *cn_instance_form_in(const json_t *o);

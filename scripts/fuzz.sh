@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(tree instance model config http cells bodyscan)
+[ ${#names[@]} -gt 0 ] || names=(tree instance line model config http cells bodyscan)
 command -v clang >/dev/null || { echo "fuzz.sh: needs clang (apt-get install clang)" >&2; exit 2; }
 if [ ! -f build-fuzz/build.ninja ]; then
   CC=clang meson setup build-fuzz -Dfuzzing=true -Dcuda=disabled \

@@ -362,3 +362,40 @@ Test(gemm, parts_read_in_place_give_the_bits_of_a_copy) {
       free(pool), free(W), free(b), free(A), free(zeros), free(C0);
     }
 }
+
+/* A matrix times a vector read in place (cn__gemm_matvec) gives, on every
+ * path, the bits of the packed product of the row x by A packed with
+ * cn__gemm_pack_nt on the portable path: row counts around the 8-row
+ * step, with and without beta, into a column with a stride. */
+Test(gemm, a_matvec_in_place_gives_the_packed_bits) {
+  const char *paths[8];
+  int np = runnable(paths);
+  static const int Ms[] = {1, 7, 8, 9, 33, 128};
+  static const int Ks[] = {1, 5, 64, 130};
+  for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); mi++)
+    for (size_t ki = 0; ki < sizeof(Ks) / sizeof(Ks[0]); ki++)
+      for (int bi = 0; bi < 2; bi++) {
+        int M = Ms[mi], K = Ks[ki], lda = K + 3, inc = 3;
+        float beta = bi ? 0.75f : 0.0f;
+        float *A = rnd((size_t)M * lda), *x = rnd((size_t)K);
+        float *y0 = rnd((size_t)M), *want = malloc((size_t)M * sizeof(float));
+        float *P = malloc(cn__gemm_packed_floats(M, K) * sizeof(float));
+        memcpy(want, y0, (size_t)M * sizeof(float));
+        cr_assert_eq(cn__gemm_force("portable"), 0);
+        cn__gemm_pack_nt(M, K, A, lda, P);
+        cn__gemm_packed(1, M, K, x, K, P, NULL, beta, want, M);
+        for (int p = 0; p < np; p++) {
+          cr_assert_eq(cn__gemm_force(paths[p]), 0);
+          float *y = malloc((size_t)M * inc * sizeof(float));
+          for (int i = 0; i < M; i++) y[(size_t)i * inc] = y0[i];
+          cn__gemm_matvec(M, K, A, lda, x, beta, y, inc);
+          for (int i = 0; i < M; i++)
+            cr_assert(memcmp(&y[(size_t)i * inc], &want[i], sizeof(float)) == 0,
+                      "path %s M=%d K=%d beta=%g row %d: %.9g vs %.9g",
+                      paths[p], M, K, beta, i, y[(size_t)i * inc], want[i]);
+          free(y);
+        }
+        cn__gemm_force(NULL);
+        free(A), free(x), free(y0), free(want), free(P);
+      }
+}

@@ -612,3 +612,87 @@ Test(sched, plan_width_is_the_runs, .timeout = 60) {
   }
   cr_expect_gt(differ, 0);
 }
+
+/* ---- the default policy's schedules on data/, pinned -------------------
+ * The scheduler's bookkeeping may get faster, never different: the default
+ * policy with the memory order (docs/memory.md) must give data/'s runs
+ * exactly the schedules they had when this test was written, batch for
+ * batch, vertex for vertex and row for row. Pinned per family: the total
+ * batches and a hash (FNV-1a) of every run's order, batches and state
+ * offsets, over runs of 64 and one run of all 400 lines, with and without
+ * every output. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static void schedule_hash(const char *family, const char *data,
+                          long long *batches, uint64_t *hash) {
+  char dir[256];
+  cn_model *m = tu_model(family, 8, 8, data, dir, sizeof(dir));
+  json_t *lines = tu_data_lines(data, 400);
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0);
+  *batches = 0;
+  *hash = 0xcbf29ce484222325ull;
+  size_t n = json_array_size(lines);
+  for (unsigned flags = 0; flags <= CN_OUT_ALL; flags += CN_OUT_ALL)
+    for (int per = 64; per <= 400; per += 336)
+      for (size_t i0 = 0; i0 < n; i0 += (size_t)per) {
+        cn_run *r = cn_run_new(m, bk);
+        cn_instance *ins[400];
+        size_t k = 0;
+        for (size_t i = i0; i < n && i < i0 + (size_t)per; i++, k++) {
+          cr_assert_eq(cn_instance_parse(m, json_array_get(lines, i), NULL,
+                                         (int)i, &ins[k], &err), 0, "%s", err.msg);
+          cr_assert_geq(cn_run_add(r, ins[k], flags, 0), 0);
+        }
+        cr_assert_eq(cn_run_exec(r, CN_POLICY_SUFFICIENT, &err), 0, "%s",
+                     err.msg);
+        *batches += r->n_batches;
+        *hash = fnv(*hash, &r->n_batches, sizeof(r->n_batches));
+        *hash = fnv(*hash, r->order, (size_t)r->nv * sizeof(int32_t));
+        for (int32_t b = 0; b < r->n_batches; b++) {
+          int32_t tsn[3] = {r->batches[b].type, r->batches[b].start,
+                            r->batches[b].n};
+          *hash = fnv(*hash, tsn, sizeof(tsn));
+        }
+        *hash = fnv(*hash, r->state_off, (size_t)r->nv * sizeof(int64_t));
+        *hash = fnv(*hash, &r->arena_floats, sizeof(r->arena_floats));
+        cn_run_free(r);
+        for (size_t q = 0; q < k; q++) cn_instance_free(ins[q]);
+      }
+  cn_backend_close(bk);
+  json_decref(lines);
+  cn_model_free(m);
+  tu_rmdir(dir);
+}
+
+Test(sched, default_schedules_on_data_pinned) {
+  static const struct {
+    const char *family, *data;
+    long long batches;
+    uint64_t hash;
+  } want[] = {
+      {"treelstm", "trees-binary.jsonl", 404, 0x7eb8450e37bafde1ull},
+      {"treelstm-2type", "trees-binary.jsonl", 583, 0xdd1153a0d76619e1ull},
+      {"childsum-treelstm", "trees-nary.jsonl", 264, 0xbe9d147d0ccc1eaaull},
+      {"bilstm-tagger", "sequences.jsonl", 1296, 0x8a537b9bc0a855bdull},
+      {"latticelstm", "lattices.jsonl", 5478, 0x3add5954cc060fa5ull},
+      {"latticegru", "dags.jsonl", 1902, 0x6a4a56cde27a2dd9ull},
+  };
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+    long long nb;
+    uint64_t h;
+    schedule_hash(want[i].family, want[i].data, &nb, &h);
+    cr_log_info("{\"%s\", \"%s\", %lld, 0x%016llxull},", want[i].family,
+                want[i].data, nb, (unsigned long long)h);
+    cr_expect_eq(nb, want[i].batches, "%s: %lld batches, pinned %lld",
+                 want[i].family, nb, want[i].batches);
+    cr_expect_eq(h, want[i].hash, "%s: the schedules changed",
+                 want[i].family);
+  }
+}

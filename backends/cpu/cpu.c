@@ -264,11 +264,10 @@ static void copy_add(int M, int N, const float *X, int ldx, float beta,
   }
 }
 
-/* One product C (+)= A·B, P the packing room; packed: the B (or, for a
- * mat-vec, the A) now packed in P, kept across calls while it repeats. A
- * NULL operand is the identity (C = the other, no product); a mat-vec
- * (N = 1) runs as the row vector times Aᵀ, so the packed kernel
- * vectorises over M. */
+/* One product C (+)= A·B, P the packing room; packed: the B now packed
+ * in P, kept across calls while it repeats. A NULL operand is the
+ * identity (C = the other, no product); a mat-vec (N = 1) reads A in
+ * place (cn__gemm_matvec), with the packed kernels' bits. */
 static void batched_one(int M, int N, int K, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C,
                         int ldc, float *P, float *xy, const float **packed) {
@@ -282,22 +281,15 @@ static void batched_one(int M, int N, int K, const float *A, int lda,
     cn__gemm_packed(M, N, K, A, lda, P, NULL, beta, C, ldc);
     return;
   }
-  /* C[M,1]ᵀ = B[K,1]ᵀ · A[M,K]ᵀ */
-  float *x = xy, *y = xy + K;
-  if (A != *packed) cn__gemm_pack_nt(M, K, A, lda, P);
-  *packed = A;
+  /* C[M,1] = A[M,K]·B[K,1], A read in place: each vertex's matrix is
+   * used once, so packing it cost more than the product */
+  float *x = xy;
   const float *b = B;
   if (ldb != 1) { /* a column of B, made a row */
     for (int k = 0; k < K; k++) x[k] = B[(size_t)k * ldb];
     b = x;
   }
-  if (ldc == 1) {
-    cn__gemm_packed(1, M, K, b, K, P, NULL, beta, C, M);
-    return;
-  }
-  for (int i = 0; i < M; i++) y[i] = C[(size_t)i * ldc];
-  cn__gemm_packed(1, M, K, b, K, P, NULL, beta, y, M);
-  for (int i = 0; i < M; i++) C[(size_t)i * ldc] = y[i];
+  cn__gemm_matvec(M, K, A, lda, b, beta, C, ldc);
 }
 
 /* Output by output, its terms one after the other while C_r is in cache

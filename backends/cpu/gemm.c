@@ -393,6 +393,78 @@ void cn__gemm_pack_nn(int N, int K, const float *B, int ldb, float *P) {
   }
 }
 
+/* ---- a matrix times a vector, unpacked ---- */
+
+/* Rows i0 .. i0+7 of y = A·x (+ beta·y), each the arithmetic of
+ * block_portable's element: one running sum from zero, k ascending, one
+ * fused multiply-add per k (fmaf(a, b, s) is fmaf(b, a, s): the product is
+ * exact before its one rounding), then store_row's beta·y + sum. Eight
+ * rows at a time so that eight independent chains keep the FMA units
+ * busy. */
+#define MATVEC_BODY                                                         \
+  int i = 0;                                                                \
+  for (; i + 8 <= M; i += 8) {                                              \
+    const float *a0 = A + (size_t)i * lda;                                  \
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;   \
+    for (int k = 0; k < K; k++) {                                           \
+      float xk = x[k];                                                      \
+      s0 = fmaf(a0[k], xk, s0);                                             \
+      s1 = fmaf(a0[(size_t)lda + k], xk, s1);                               \
+      s2 = fmaf(a0[2 * (size_t)lda + k], xk, s2);                           \
+      s3 = fmaf(a0[3 * (size_t)lda + k], xk, s3);                           \
+      s4 = fmaf(a0[4 * (size_t)lda + k], xk, s4);                           \
+      s5 = fmaf(a0[5 * (size_t)lda + k], xk, s5);                           \
+      s6 = fmaf(a0[6 * (size_t)lda + k], xk, s6);                           \
+      s7 = fmaf(a0[7 * (size_t)lda + k], xk, s7);                           \
+    }                                                                       \
+    float sv[8] = {s0, s1, s2, s3, s4, s5, s6, s7};                         \
+    for (int r = 0; r < 8; r++) {                                           \
+      float t = sv[r], *c = y + (size_t)(i + r) * incy;                     \
+      if (beta != 0.0f) {                                                   \
+        float bc = beta * *c;                                               \
+        t = bc + t;                                                         \
+      }                                                                     \
+      *c = t;                                                               \
+    }                                                                       \
+  }                                                                         \
+  for (; i < M; i++) {                                                      \
+    const float *a = A + (size_t)i * lda;                                   \
+    float t = 0, *c = y + (size_t)i * incy;                                 \
+    for (int k = 0; k < K; k++) t = fmaf(a[k], x[k], t);                    \
+    if (beta != 0.0f) {                                                     \
+      float bc = beta * *c;                                                 \
+      t = bc + t;                                                           \
+    }                                                                       \
+    *c = t;                                                                 \
+  }
+
+static void matvec_portable(int M, int K, const float *A, int lda,
+                            const float *x, float beta, float *y, int incy) {
+  MATVEC_BODY
+}
+
+#ifdef CN_X86
+__attribute__((target("avx2,fma"))) static void matvec_fma(
+    int M, int K, const float *A, int lda, const float *x, float beta,
+    float *y, int incy) {
+  MATVEC_BODY
+}
+#endif
+
+/* Why: a matrix used once (a vertex's own matrix times a vector) costs
+ * more to pack than to multiply; read in place, each element still gets
+ * the packed kernels' arithmetic, so the bits are theirs. */
+void cn__gemm_matvec(int M, int K, const float *A, int lda, const float *x,
+                     float beta, float *y, int incy) {
+#ifdef CN_X86
+  if (cur_path() != &paths[N_PATHS - 1]) {
+    matvec_fma(M, K, A, lda, x, beta, y, incy);
+    return;
+  }
+#endif
+  matvec_portable(M, K, A, lda, x, beta, y, incy);
+}
+
 /* ---- the driver: chunks of rows × strips × blocks of MR rows ---- */
 
 static void strips(const job *p, const gemm_path *g, int s0, int s1) {

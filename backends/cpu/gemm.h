@@ -41,6 +41,11 @@ size_t cn__gemm_packed_floats(int N, int K);
 void cn__gemm_pack_nt(int N, int K, const float *W, int ldw, float *P);
 void cn__gemm_pack_nn(int N, int K, const float *B, int ldb, float *P);
 /* C[M,N] = A[M,K]·(the packed operand) (+ beta·C) (+ bias[N]). */
+/* y[i·incy] = Σ_k A[i, k]·x[k] (+ beta·y[i·incy]) for i < M: the same
+ * bits as cn__gemm_packed of the row x by A packed with cn__gemm_pack_nt,
+ * without packing A. */
+void cn__gemm_matvec(int M, int K, const float *A, int lda, const float *x,
+                     float beta, float *y, int incy);
 void cn__gemm_packed(int M, int N, int K, const float *A, int lda,
                      const float *P, const float *bias, float beta, float *C,
                      int ldc);

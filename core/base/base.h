@@ -28,6 +28,19 @@ static inline uint64_t cn__splitmix64(uint64_t *s) {
 void *cn__xcalloc(size_t n, size_t size);
 void *cn__xrealloc(void *p, size_t n, size_t size);
 
+/* A bump allocator kept across resets (arena.c): allocations live until
+ * cn__arena_reset, which keeps the blocks for the next round, or
+ * cn__arena_free. 16-byte aligned. Zero-initialise the struct. */
+typedef struct cn_arena_block cn_arena_block;
+typedef struct cn_arena {
+  cn_arena_block *first, *cur, *last;
+  size_t bytes; /* held in blocks */
+} cn_arena;
+void *cn__arena_alloc(cn_arena *a, size_t n);
+void *cn__arena_calloc(cn_arena *a, size_t n, size_t size);
+void cn__arena_reset(cn_arena *a);
+void cn__arena_free(cn_arena *a);
+
 /* CLOCK_MONOTONIC in milliseconds, microseconds (util.c; in seconds:
  * canopy_core.h's cn_now_s): for durations only (training limits, compile
  * and cell timings). */

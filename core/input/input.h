@@ -47,6 +47,20 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
 int cn_tree_parse_json(const json_t *root, const cn_limits *lim, cn_tree *out,
                        cn_err *err);
 void cn_tree_free(cn_tree *t);
+/* A tree parsed again and again into the same arrays (t's nodes, children
+ * and pool, the parser's stack), grown to the largest and kept: what a
+ * reader of many lines copies each tree out of. Zero-initialise. */
+typedef struct cn_tree_scratch {
+  cn_tree t;
+  int32_t node_cap, child_cap, stack_cap;
+  size_t pool_cap;
+  void *stack;
+} cn_tree_scratch;
+/* cn_tree_parse_bracketed into sc->t, with the same results and errors. */
+int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
+                                     const cn_limits *lim, cn_tree_scratch *sc,
+                                     cn_err *err);
+void cn__tree_scratch_free(cn_tree_scratch *sc);
 
 /* ---- vocabularies (vocab.c) --------------------------------------------
  * One token a line; line k is id k; id 0 is <unk>. Open-addressing hash. */
@@ -132,5 +146,37 @@ typedef struct cn_tensor_out {
 } cn_tensor_out;
 int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
                          cn_err *err);
+
+
+/* ---- one JSON line, read in one pass (jline.c) ---------------------------
+ * A subset of JSON (objects, arrays, strings, non-negative integers) read
+ * into a flat array of values; anything outside it is declined, for the
+ * caller to read with jansson. Values are in document order; an object's
+ * members are key, value pairs; next is the index after a value's whole
+ * subtree. Strings are not NUL-terminated. Reused line after line. */
+#define CN_JLINE_MAX_DEPTH 32
+typedef enum { CN_JV_OBJ = 1, CN_JV_ARR, CN_JV_STR, CN_JV_INT } cn_jv_kind;
+typedef struct cn_jval {
+  int32_t kind;    /* cn_jv_kind */
+  int32_t n;       /* object: members; array: items; string: bytes */
+  int32_t next;    /* the index after this value and everything in it */
+  const char *s;   /* string: its bytes (in the line, or decoded) */
+  int64_t i;       /* integer */
+} cn_jval;
+typedef struct cn_jline {
+  cn_jval *v;
+  int32_t n, cap;
+  char *buf;       /* decoded strings */
+  size_t buf_used, buf_cap;
+} cn_jline;
+/* Reads s[0 .. len) (one JSON object) onto the tape; the root is v[0].
+ * Returns 0, 1 when the line is outside the subset (nothing to trust in
+ * j then), or CN_E_NOMEM. Strings may point into s: keep s alive. */
+int cn__jline_read(cn_jline *j, const char *s, size_t len);
+/* The value of member key of object v[obj] (NULL: none); *at (may be
+ * NULL) gets its index. */
+const cn_jval *cn__jline_get(const cn_jline *j, int32_t obj, const char *key,
+                             int32_t *at);
+void cn__jline_free(cn_jline *j);
 
 #endif /* CANOPY_INPUT_H */

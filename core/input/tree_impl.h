@@ -24,5 +24,8 @@ int cn__tree_add_node(cn_tree *t, int32_t *cap, const cn__tree_limits *lim,
                       int32_t *idx, cn_err *err);
 /* Builds the children arrays from the parent links, O(n). */
 int cn__tree_link_children(cn_tree *t, cn_err *err);
+/* The same into t->children grown to *cap entries (a scratch tree's);
+ * cap NULL: a fresh array. */
+int cn__tree_link_children_in(cn_tree *t, int32_t *cap, cn_err *err);
 
 #endif

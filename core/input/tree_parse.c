@@ -122,9 +122,19 @@ out:
  * their subtrees, so this is done once at the end: count, prefix-sum, then
  * place nodes in index order, which is each parent's children order. O(n). */
 int cn__tree_link_children(cn_tree *t, cn_err *err) {
+  return cn__tree_link_children_in(t, NULL, err);
+}
+
+int cn__tree_link_children_in(cn_tree *t, int32_t *cap, cn_err *err) {
   int rc = 0;
   int32_t n = t->n_nodes;
-  t->children = cn__xcalloc(n > 1 ? (size_t)(n - 1) : 1, sizeof(int32_t));
+  if (cap == NULL) {
+    t->children = cn__xcalloc(n > 1 ? (size_t)(n - 1) : 1, sizeof(int32_t));
+  } else if (*cap < n) { /* a scratch tree's array, grown to the largest */
+    int32_t *c = cn__xrealloc(t->children, (size_t)n, sizeof(int32_t));
+    if (c != NULL) t->children = c, *cap = n;
+    else free(t->children), t->children = NULL, *cap = 0;
+  }
   if (t->children == NULL) {
     rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
                    "out of memory linking a tree of %d nodes", (int)n);
@@ -363,20 +373,55 @@ out:
   return rc;
 }
 
+static int br_parse(const char *s, size_t len, const cn_limits *lim,
+                    cn_tree *out, cn_tree_scratch *sc, cn_err *err);
+
 /* Why: requests carry trees as Penn / SST strings; this turns one into the
  * pre-order cn_tree every tree family builds its vertices from, or says
  * exactly which byte is wrong. Promises: on success *out owns all its
  * memory; on failure *out is zeroed and err->offset names the byte. */
 int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
                             cn_tree *out, cn_err *err) {
+  memset(out, 0, sizeof(*out));
+  return br_parse(s, len, lim, out, NULL, err);
+}
+
+/* The same parse into a scratch tree whose arrays are reused from the
+ * last call (grown, never shrunk): no allocation once they have grown to
+ * the largest tree. On failure the scratch keeps its arrays and holds no
+ * tree. */
+int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
+                                     const cn_limits *lim, cn_tree_scratch *sc,
+                                     cn_err *err) {
+  sc->t.n_nodes = 0;
+  sc->t.height = 0;
+  return br_parse(s, len, lim, &sc->t, sc, err);
+}
+
+void cn__tree_scratch_free(cn_tree_scratch *sc) {
+  cn_tree_free(&sc->t);
+  free(sc->stack);
+  memset(sc, 0, sizeof(*sc));
+}
+
+/* Why one function serves both: the grammar and every message stay in
+ * one place. sc == NULL: out is fresh and owns what it gets (freed on
+ * failure); else out is sc->t and every array comes from, and goes back
+ * to, the scratch. */
+static int br_parse(const char *s, size_t len, const cn_limits *lim,
+                    cn_tree *out, cn_tree_scratch *sc, cn_err *err) {
   int rc = 0;
   br_ctx c;
   memset(&c, 0, sizeof(c));
-  memset(out, 0, sizeof(*out));
   c.s = s;
   c.len = len;
   c.t = out;
   c.err = err;
+  if (sc != NULL) {
+    c.cap = sc->node_cap;
+    c.stack = sc->stack;
+    c.stack_cap = sc->stack_cap;
+  }
   cn__tree_limits_resolve(lim, &c.lim);
   if (s == NULL && len > 0) {
     rc = cn__tree_fail(err, CN_E_INTERNAL, -1, -1, "no tree string given");
@@ -397,7 +442,13 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
                    br_show_byte((unsigned char)s[i], shown), i);
     goto out;
   }
-  out->pool = malloc(len);
+  if (sc == NULL) {
+    out->pool = malloc(len);
+  } else if (sc->pool_cap < len) {
+    char *p = realloc(out->pool, len);
+    if (p != NULL) out->pool = p, sc->pool_cap = len;
+    else free(out->pool), out->pool = NULL, sc->pool_cap = 0;
+  }
   if (out->pool == NULL) {
     rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
                    "out of memory copying a tree of %zu bytes", len);
@@ -460,11 +511,19 @@ int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
                    (long long)out->nodes[c.stack[c.sp - 1].node].offset);
     goto out;
   }
-  rc = cn__tree_link_children(out, err);
+  rc = cn__tree_link_children_in(out, sc != NULL ? &sc->child_cap : NULL,
+                                 err);
 
 out:
-  free(c.stack);
-  if (rc) cn_tree_free(out);
+  if (sc == NULL) {
+    free(c.stack);
+    if (rc) cn_tree_free(out);
+  } else {
+    sc->node_cap = c.cap;
+    sc->stack = c.stack;
+    sc->stack_cap = c.stack_cap;
+    if (rc) out->n_nodes = 0;
+  }
   return rc;
 }
 

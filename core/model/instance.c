@@ -18,13 +18,13 @@ static bool label_in(const cn_model *m, const cn_tree_node *nd) {
 }
 
 /* Word ids and cell kinds of a parsed tree; arity checked for the family. */
-static int tree_finish(const cn_model *m, const cn_limits *lim,
-                       bool from_json, cn_instance *in, cn_err *err) {
+int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
+                    cn_instance *in, cn_err *err) {
   const cn_tree *t = &in->tree;
   int arity = m->fam->max_arity;
   in->n = t->n_nodes;
-  in->ids = malloc((size_t)t->n_nodes * sizeof(int32_t));
-  in->node_type = malloc((size_t)t->n_nodes);
+  if (in->ids == NULL) in->ids = malloc((size_t)t->n_nodes * sizeof(int32_t));
+  if (in->node_type == NULL) in->node_type = malloc((size_t)t->n_nodes);
   if (in->ids == NULL || in->node_type == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
   for (int32_t i = 0; i < t->n_nodes; i++) {
@@ -101,7 +101,7 @@ static int parse_tree(const cn_model *m, const json_t *inst,
     return cn_err_set(err, CN_E_BAD_INSTANCE,
                       "\"tree\" must be a bracketed string or a node object");
   if (rc != 0) return rc;
-  return tree_finish(m, lim, json_is_object(t), in, err);
+  return cn__tree_finish(m, lim, json_is_object(t), in, err);
 }
 
 /* The keys that say what an instance is (docs/api.md "Instances"). An
@@ -206,7 +206,7 @@ int cn_instance_unknown(const cn_instance *in, int32_t *pos, int cap) {
 }
 
 void cn_instance_free(cn_instance *in) {
-  if (in == NULL) return;
+  if (in == NULL || in->in_arena) return; /* its reader's arena holds it */
   cn_tree_free(&in->tree);
   free(in->ids);
   free(in->node_type);

@@ -222,7 +222,14 @@ struct cn_instance {
   int32_t n_spans;
   int32_t *span_start, *span_end, *span_word;
   int32_t *prev_start, *prev;
+  bool in_arena;          /* every array above is a line reader's
+                             (instance_line.c): cn_instance_free leaves it */
 };
+
+/* instance.c: a parsed tree's word ids and cell kinds into in->ids and
+ * in->node_type (allocated here when NULL), the arity checked. */
+int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
+                    cn_instance *in, cn_err *err);
 
 /* ---- sequences, lattices, DAGs (seq_parse.c) ----------------------------
  * Parse the non-tree INSTANCE forms of docs/api.md into *in (kind already set).
@@ -234,5 +241,11 @@ int cn__parse_lattice(const cn_model *m, const json_t *inst,
                       const cn_limits *lim, cn_instance *in, cn_err *err);
 int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
                   cn_instance *in, cn_err *err);
+/* "text" split as cn__parse_sequence (words at Unicode whitespace) or
+ * cn__parse_lattice (chars: code points) split it, into (*ps)[i],
+ * (*pl)[i], arrays grown to *cap and kept by the caller. Returns the
+ * count, -1 past max items, -2 out of memory. */
+int32_t cn__split_text(const char *s, size_t len, bool chars, int32_t max,
+                       const char ***ps, int32_t **pl, int32_t *cap);
 
 #endif /* CANOPY_MODEL_H */

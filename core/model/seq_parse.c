@@ -86,6 +86,44 @@ static int split_text(const char *s, size_t len, bool chars, piece **out,
   return 0;
 }
 
+int32_t cn__split_text(const char *s, size_t len, bool chars, int32_t max,
+                       const char ***ps, int32_t **pl, int32_t *cap) {
+  int32_t k = 0;
+  size_t i = 0;
+  while (i < len) { /* split_text's walk, into the caller's arrays */
+    int l = u8_len((unsigned char)s[i]);
+    if (i + (size_t)l > len) l = (int)(len - i);
+    if (!chars && is_space(u8_decode(s + i, l))) {
+      i += (size_t)l;
+      continue;
+    }
+    size_t start = i, end = i + (size_t)l;
+    if (!chars)
+      while (end < len) {
+        int m = u8_len((unsigned char)s[end]);
+        if (end + (size_t)m > len) m = (int)(len - end);
+        if (is_space(u8_decode(s + end, m))) break;
+        end += (size_t)m;
+      }
+    if (k == max) return -1;
+    if (k == *cap) {
+      int32_t c = *cap ? *cap * 2 : 64;
+      const char **a = cn__xrealloc((void *)*ps, (size_t)c, sizeof(char *));
+      if (a == NULL) return -2;
+      *ps = a;
+      int32_t *b = cn__xrealloc(*pl, (size_t)c, sizeof(int32_t));
+      if (b == NULL) return -2;
+      *pl = b;
+      *cap = c;
+    }
+    (*ps)[k] = s + start;
+    (*pl)[k] = (int32_t)(end - start);
+    k++;
+    i = end;
+  }
+  return k;
+}
+
 /* The items of an instance: "tokens"/"chars" (array of strings) or "text". */
 static int get_items(const json_t *inst, const char *key, bool chars,
                      const cn_limits *lim, int code, piece **out, int32_t *n,

@@ -15,7 +15,9 @@
  * vertex left among their ancestors, i.e. those a type-t batch could run
  * before any other type-t batch. The ratio of the two is eq. 1's second
  * term and the sufficient condition of Lemma 1 / §5.3. Kept incrementally:
- * sub[v][t] counts v's inputs p with "a type-t vertex left at or above p";
+ * sub[t][v] counts v's inputs p with "a type-t vertex left at or above p"
+ * (one row per type, so that a type-t commit walks one row: a quarter of
+ * the memory of [v][t] with four types);
  * committing a type-t vertex clears that flag for it, and a zero count
  * clears it for a non-t consumer in turn. Each (vertex, type) flag clears at
  * most once, so a whole schedule costs O((V + E)·T).
@@ -95,7 +97,7 @@ void cn__frontier_free(cn_frontier *f) {
 /* "A type-t vertex is left at or above p" (see the file comment). */
 static inline bool above(const cn_frontier *f, int32_t p, int t) {
   return !f->done[p] &&
-         (f->vtype[p] == t || f->sub[(size_t)p * f->n_types + t] > 0);
+         (f->vtype[p] == t || f->sub[(size_t)t * f->cap_v + p] > 0);
 }
 
 static void clear_instances(cn_frontier *f, int t);
@@ -138,10 +140,7 @@ static int push_ready(cn_frontier *f, int32_t v) {
 /* Per-vertex state of v from its inputs, as if added now. */
 static int settle(cn_frontier *f, int32_t v) {
   int T = f->n_types, t = f->vtype[v];
-  int32_t d = -1, pend = 0;
-  /* f->sub is NULL unless tracked: no pointer arithmetic on it then */
-  int32_t *sv = f->track_sub ? f->sub + (size_t)v * T : NULL;
-  if (f->track_sub) memset(sv, 0, (size_t)T * sizeof(int32_t));
+  int32_t d = -1, pend = 0, sv[CN_MAX_TYPES] = {0};
   for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
     int32_t p = f->in_edges[i];
     if (f->depth[p] > d) d = f->depth[p];
@@ -152,8 +151,60 @@ static int settle(cn_frontier *f, int32_t v) {
   f->depth[v] = d + 1;
   f->pending[v] = pend;
   f->done[v] = 0;
-  if (f->track_sub && sv[t] == 0) f->n_sub[t]++;
+  if (f->track_sub) {
+    for (int a = 0; a < T; a++) f->sub[(size_t)a * f->cap_v + v] = sv[a];
+    if (sv[t] == 0) f->n_sub[t]++;
+  }
   if (pend == 0 && push_ready(f, v)) return CN_E_NOMEM;
+  return 0;
+}
+
+/* Room for c vertices (c > cap_v) in every per-vertex array. */
+static int reserve_v(cn_frontier *f, size_t c) {
+  int T = f->n_types;
+  if (c > INT32_MAX / 2) return CN_E_NOMEM;
+  uint8_t *vt = cn__xrealloc(f->vtype, c, 1);
+  if (vt == NULL) return CN_E_NOMEM;
+  f->vtype = vt;
+  uint8_t *dn = cn__xrealloc(f->done, c, 1);
+  if (dn == NULL) return CN_E_NOMEM;
+  f->done = dn;
+  if (grow32(&f->depth, c) || grow32(&f->pending, c) ||
+      grow32(&f->in_start, c + 1) || grow32(&f->out_head, c) ||
+      grow32(&f->out_tail, c) || grow32(&f->stack, c) ||
+      (f->comp != NULL && grow32(&f->comp, c)))
+    return CN_E_NOMEM;
+  if (f->track_sub) { /* one row per type: each row moves to its place */
+    int32_t *ns = cn__xcalloc(c * (size_t)T, sizeof(int32_t));
+    if (ns == NULL) return CN_E_NOMEM;
+    for (int t = 0; t < T && f->sub != NULL; t++)
+      memcpy(ns + (size_t)t * c, f->sub + (size_t)t * f->cap_v,
+             (size_t)f->nv * sizeof(int32_t));
+    free(f->sub);
+    f->sub = ns;
+  }
+  if (f->seen_in != NULL) {
+    if (grow32(&f->seen_in, c + 1)) return CN_E_NOMEM;
+    memset(f->seen_in + f->cap_v + 1, 0,
+           (c - (size_t)f->cap_v) * sizeof(int32_t));
+  }
+  if (f->seen2 != NULL) {
+    if (grow32(&f->seen2, c + 1) || grow32(&f->n1, c + 1))
+      return CN_E_NOMEM;
+    memset(f->seen2 + f->cap_v + 1, 0,
+           (c - (size_t)f->cap_v) * sizeof(int32_t));
+  }
+  f->cap_v = (int32_t)c;
+  return 0;
+}
+
+/* Room for c edges (c > cap_e). */
+static int reserve_e(cn_frontier *f, size_t c) {
+  if (c > INT32_MAX / 2) return CN_E_NOMEM;
+  if (grow32(&f->in_edges, c) || grow32(&f->e_next, c) ||
+      grow32(&f->e_dst, c))
+    return CN_E_NOMEM;
+  f->cap_e = (int32_t)c;
   return 0;
 }
 
@@ -164,42 +215,13 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
   if (type < 0 || type >= T || n_inputs < 0) return CN_E_INTERNAL;
   for (int i = 0; i < n_inputs; i++)
     if (inputs[i] < 0 || inputs[i] >= v) return CN_E_INTERNAL;
-  if (v + 1 > f->cap_v) {
-    size_t c = f->cap_v ? (size_t)f->cap_v * 2 : 256;
-    if (c > INT32_MAX / 2) return CN_E_NOMEM;
-    uint8_t *vt = cn__xrealloc(f->vtype, c, 1);
-    if (vt == NULL) return CN_E_NOMEM;
-    f->vtype = vt;
-    uint8_t *dn = cn__xrealloc(f->done, c, 1);
-    if (dn == NULL) return CN_E_NOMEM;
-    f->done = dn;
-    if (grow32(&f->depth, c) || grow32(&f->pending, c) ||
-        grow32(&f->in_start, c + 1) || grow32(&f->out_head, c) ||
-        grow32(&f->out_tail, c) || grow32(&f->stack, c) ||
-        (f->track_sub && grow32(&f->sub, c * (size_t)T)) ||
-        (f->comp != NULL && grow32(&f->comp, c)))
-      return CN_E_NOMEM;
-    if (f->seen_in != NULL) {
-      if (grow32(&f->seen_in, c + 1)) return CN_E_NOMEM;
-      memset(f->seen_in + f->cap_v + 1, 0,
-             (c - (size_t)f->cap_v) * sizeof(int32_t));
-    }
-    if (f->seen2 != NULL) {
-      if (grow32(&f->seen2, c + 1) || grow32(&f->n1, c + 1))
-        return CN_E_NOMEM;
-      memset(f->seen2 + f->cap_v + 1, 0,
-             (c - (size_t)f->cap_v) * sizeof(int32_t));
-    }
-    f->cap_v = (int32_t)c;
-  }
+  if (v + 1 > f->cap_v &&
+      reserve_v(f, f->cap_v ? (size_t)f->cap_v * 2 : 256) != 0)
+    return CN_E_NOMEM;
   if (f->ne + n_inputs > f->cap_e) {
     size_t c = f->cap_e ? (size_t)f->cap_e : 256;
     while (c < (size_t)f->ne + (size_t)n_inputs) c *= 2;
-    if (c > INT32_MAX / 2) return CN_E_NOMEM;
-    if (grow32(&f->in_edges, c) || grow32(&f->e_next, c) ||
-        grow32(&f->e_dst, c))
-      return CN_E_NOMEM;
-    f->cap_e = (int32_t)c;
+    if (reserve_e(f, c) != 0) return CN_E_NOMEM;
   }
   f->vtype[v] = (uint8_t)type;
   f->out_head[v] = f->out_tail[v] = -1;
@@ -227,13 +249,51 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
   return v;
 }
 
+/* Lays every vertex's consumer list out in one run of edge slots, in the
+ * list's own order (the order the consumers were added), so that walking
+ * it reads consecutive memory instead of chasing e_next across the whole
+ * edge array: the walks of cn__frontier_commit and clear_sub were bound
+ * by those cache misses. The same lists, so the same schedules. Only for
+ * a frontier made of one DAG (cn__frontier_add_dag on an empty one),
+ * whose edges were added in vertex order. */
+static void pack_consumers(cn_frontier *f) {
+  int32_t nv = f->nv, *at = f->stack; /* free until a commit */
+  for (int32_t v = 0; v < nv; v++) at[v] = 0;
+  for (int32_t e = 0; e < f->ne; e++) at[f->in_edges[e]]++;
+  int32_t s = 0;
+  for (int32_t v = 0; v < nv; v++) {
+    int32_t c = at[v];
+    f->out_head[v] = c > 0 ? s : -1;
+    f->out_tail[v] = c > 0 ? s + c - 1 : -1;
+    at[v] = s;
+    s += c;
+  }
+  for (int32_t v = 0; v < nv; v++) /* consumers in the order added */
+    for (int32_t i = f->in_start[v]; i < f->in_start[v + 1]; i++) {
+      int32_t k = at[f->in_edges[i]]++;
+      f->e_dst[k] = v;
+      f->e_next[k] = k + 1;
+    }
+  for (int32_t v = 0; v < nv; v++)
+    if (f->out_tail[v] >= 0) f->e_next[f->out_tail[v]] = -1;
+}
+
 int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
+  bool fresh = f->nv == 0;
+  /* every array sized once, not doubled vertex by vertex */
+  if ((size_t)f->nv + (size_t)g->nv > (size_t)f->cap_v &&
+      reserve_v(f, (size_t)f->nv + (size_t)g->nv) != 0)
+    return CN_E_NOMEM;
+  if ((size_t)f->ne + (size_t)g->in_start[g->nv] > (size_t)f->cap_e &&
+      reserve_e(f, (size_t)f->ne + (size_t)g->in_start[g->nv]) != 0)
+    return CN_E_NOMEM;
   for (int32_t v = 0; v < g->nv; v++) {
     int32_t b = g->in_start[v];
     int32_t w = cn__frontier_add(f, g->vtype[v], g->in_edges + b,
                                  g->in_start[v + 1] - b);
     if (w < 0) return w;
   }
+  if (fresh && f->nv > 0) pack_consumers(f);
   return 0;
 }
 
@@ -308,14 +368,13 @@ static void clear_instances(cn_frontier *f, int t) {
 /* A type-t vertex v was committed: the flag "type t left at or above" goes
  * false for v, then for every consumer whose count drops to zero. */
 static void clear_sub(cn_frontier *f, int32_t v, int t) {
-  int T = f->n_types;
   int32_t sp = 0;
   f->stack[sp++] = v;
   while (sp > 0) {
     int32_t u = f->stack[--sp];
     for (int32_t e = f->out_head[u]; e >= 0; e = f->e_next[e]) {
       int32_t w = f->e_dst[e];
-      if (--f->sub[(size_t)w * T + t] != 0) continue;
+      if (--f->sub[(size_t)t * f->cap_v + w] != 0) continue;
       if (f->vtype[w] == t)
         f->n_sub[t]++; /* w now heads G^t */
       else

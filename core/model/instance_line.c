@@ -1,0 +1,395 @@
+/* instance_line.c - an INSTANCE line read without a JSON DOM: the shapes
+ * `canopy run` reads by the thousand ({"tree": "..."}, {"tokens": [...]},
+ * {"chars": [...], "words": [...]}, {"nodes": [...]}) go from the line's
+ * bytes (input/jline.c's tape) to the instance in one pass, its arrays in
+ * the reader's arena.
+ *
+ * "text" is split as seq_parse.c splits it (cn__split_text).
+ *
+ * It only ever succeeds. Whatever it does not read, or finds wrong -
+ * another key, a tree as JSON nodes, any error a check of
+ * instance.c or seq_parse.c would report - it declines, and the caller
+ * parses the line as before (json_loadb, cn_instance_parse). So every
+ * error, its message and its byte offset, comes from the one path that
+ * always wrote them; and an instance read here equals, array for array,
+ * the one cn_instance_parse makes of the same line
+ * (tests/test_instance_line.c checks both on every line of data/ and on
+ * malformed variants of them).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+struct cn_line_reader {
+  cn_jline j;
+  cn_tree_scratch ts;
+  cn_arena arena;      /* the instances, until cn_line_reader_reset */
+  int64_t *keys;       /* lattices: span keys, sorted to find repeats */
+  int32_t *sb, *se;    /* lattices: lexicon spans before they are copied */
+  const char **cs;     /* the characters (lattices) or words of "text" */
+  int32_t *cl;
+  int32_t keys_cap, sb_cap, se_cap;
+  int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
+};
+
+cn_line_reader *cn_line_reader_new(void) {
+  return calloc(1, sizeof(cn_line_reader));
+}
+
+void cn_line_reader_reset(cn_line_reader *rd) {
+  if (rd != NULL) cn__arena_reset(&rd->arena);
+}
+
+void cn_line_reader_free(cn_line_reader *rd) {
+  if (rd == NULL) return;
+  cn__jline_free(&rd->j);
+  cn__tree_scratch_free(&rd->ts);
+  cn__arena_free(&rd->arena);
+  free(rd->keys);
+  free(rd->sb);
+  free(rd->se);
+  free(rd->cs);
+  free(rd->cl);
+  free(rd);
+}
+
+/* Grows *p to hold n items of size bytes (cap in items); -1: no memory. */
+static int grow(void **p, int32_t *cap, int32_t n, size_t size) {
+  if (n <= *cap) return 0;
+  int32_t c = *cap ? *cap : 64;
+  while (c < n) c *= 2;
+  void *q = cn__xrealloc(*p, (size_t)c, size);
+  if (q == NULL) return -1;
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+/* True when object v[obj] has no member but those named (each at most
+ * once: jline refuses repeats). */
+static bool only_keys(const cn_jline *j, int32_t obj, const char *const *keys,
+                      int n_keys) {
+  int32_t q = obj + 1;
+  for (int32_t m = 0; m < j->v[obj].n; m++) {
+    const cn_jval *k = &j->v[q];
+    bool known = false;
+    for (int i = 0; i < n_keys && !known; i++)
+      known = (size_t)k->n == strlen(keys[i]) &&
+              memcmp(k->s, keys[i], (size_t)k->n) == 0;
+    if (!known) return false;
+    q = j->v[q + 1].next;
+  }
+  return true;
+}
+
+#define ALLOC(rd, n, T) ((T *)cn__arena_alloc(&(rd)->arena, (size_t)(n) * sizeof(T)))
+
+/* {"tree": "(...)"}: the bracketed parse into the scratch tree, copied
+ * into the arena, then instance.c's own word ids and cell kinds. */
+static int read_tree(const cn_model *m, cn_line_reader *rd,
+                     const cn_limits *lim, cn_instance *in) {
+  static const char *const keys[] = {"tree"};
+  const cn_jline *j = &rd->j;
+  const cn_jval *t = cn__jline_get(j, 0, "tree", NULL);
+  if (t == NULL || t->kind != CN_JV_STR || !only_keys(j, 0, keys, 1)) return 1;
+  cn_err err;
+  cn_err_clear(&err);
+  if (cn__tree_parse_bracketed_scratch(t->s, (size_t)t->n, lim, &rd->ts,
+                                       &err) != 0)
+    return 1;
+  const cn_tree *st = &rd->ts.t;
+  cn_tree *dt = &in->tree;
+  int32_t n = st->n_nodes;
+  dt->n_nodes = n;
+  dt->height = st->height;
+  dt->nodes = ALLOC(rd, n, cn_tree_node);
+  dt->children = ALLOC(rd, n > 1 ? n - 1 : 1, int32_t);
+  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
+  in->ids = ALLOC(rd, n, int32_t);
+  in->node_type = ALLOC(rd, n, uint8_t);
+  if (!dt->nodes || !dt->children || !dt->pool || !in->ids || !in->node_type)
+    return CN_E_NOMEM;
+  memcpy(dt->nodes, st->nodes, (size_t)n * sizeof(cn_tree_node));
+  if (n > 1) memcpy(dt->children, st->children, (size_t)(n - 1) * sizeof(int32_t));
+  memcpy(dt->pool, st->pool, (size_t)t->n);
+  for (int32_t i = 0; i < n; i++) { /* words and labels: into the copy */
+    cn_tree_node *nd = &dt->nodes[i];
+    if (nd->word != NULL) nd->word = dt->pool + (nd->word - st->pool);
+    if (nd->label != NULL) nd->label = dt->pool + (nd->label - st->pool);
+  }
+  return cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
+}
+
+/* An array of non-empty strings within the limits (the checks of
+ * seq_parse.c's get_items), looked up in v into ids; 1: anything else. */
+static int read_items(cn_line_reader *rd, const cn_jval *arr, int32_t at,
+                      const cn_vocab *v, bool lower, const cn_limits *lim,
+                      cn_instance *in) {
+  const cn_jline *j = &rd->j;
+  if (arr == NULL || arr->kind != CN_JV_ARR) return 1;
+  int32_t n = arr->n;
+  if (n == 0 || n > lim->max_seq_len) return 1;
+  in->ids = ALLOC(rd, n, int32_t);
+  if (in->ids == NULL) return CN_E_NOMEM;
+  for (int32_t i = 0, q = at + 1; i < n; i++, q = j->v[q].next) {
+    const cn_jval *s = &j->v[q];
+    if (s->kind != CN_JV_STR || s->n == 0 || s->n > lim->max_token_len)
+      return 1;
+    in->ids[i] = cn_vocab_lookup(v, s->s, (size_t)s->n, lower);
+  }
+  in->n = n;
+  return 0;
+}
+
+/* "text" split into rd->cs / rd->cl (seq_parse.c's split), checked
+ * as get_items checks it, looked up in v into ids; 1: anything else. */
+static int read_text(cn_line_reader *rd, const cn_jval *text, bool chars,
+                     const cn_vocab *v, bool lower, const cn_limits *lim,
+                     cn_instance *in) {
+  if (text == NULL || text->kind != CN_JV_STR) return 1;
+  int32_t n = cn__split_text(text->s, (size_t)text->n, chars,
+                             lim->max_seq_len, &rd->cs, &rd->cl, &rd->text_cap);
+  if (n == -2) return CN_E_NOMEM;
+  if (n <= 0) return 1;
+  in->ids = ALLOC(rd, n, int32_t);
+  if (in->ids == NULL) return CN_E_NOMEM;
+  for (int32_t i = 0; i < n; i++) {
+    if (rd->cl[i] > lim->max_token_len) return 1;
+    in->ids[i] = cn_vocab_lookup(v, rd->cs[i], (size_t)rd->cl[i], lower);
+  }
+  in->n = n;
+  return 0;
+}
+
+static int read_sequence(const cn_model *m, cn_line_reader *rd,
+                         const cn_limits *lim, cn_instance *in) {
+  static const char *const keys[] = {"tokens"}, *const tkeys[] = {"text"};
+  int32_t at;
+  const cn_jval *arr = cn__jline_get(&rd->j, 0, "tokens", &at);
+  if (arr == NULL) {
+    if (!only_keys(&rd->j, 0, tkeys, 1)) return 1;
+    return read_text(rd, cn__jline_get(&rd->j, 0, "text", NULL), false,
+                     m->vocab, m->lowercase, lim, in);
+  }
+  if (!only_keys(&rd->j, 0, keys, 1)) return 1;
+  return read_items(rd, arr, at, m->vocab, m->lowercase, lim, in);
+}
+
+static int cmp_key(const void *x, const void *y) {
+  const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+typedef struct lex_acc {
+  cn_line_reader *rd;
+  int32_t n, max;
+} lex_acc;
+
+static int lex_span(void *ctx, int32_t b, int32_t e) {
+  lex_acc *a = ctx;
+  if (a->n == a->max) return CN_E_TOO_LARGE;
+  if (grow((void **)&a->rd->sb, &a->rd->sb_cap, a->n + 1, sizeof(int32_t)) ||
+      grow((void **)&a->rd->se, &a->rd->se_cap, a->n + 1, sizeof(int32_t)))
+    return CN_E_NOMEM;
+  a->rd->sb[a->n] = b;
+  a->rd->se[a->n] = e;
+  a->n++;
+  return 0;
+}
+
+/* {"chars": [...], "words": [{"start", "end", "token"?}, ...]} or chars
+ * alone with the model's lexicon: seq_parse.c's cn__parse_lattice. */
+static int read_lattice(const cn_model *m, cn_line_reader *rd,
+                        const cn_limits *lim, cn_instance *in) {
+  static const char *const keys[] = {"chars", "words"};
+  static const char *const tkeys[] = {"text", "words"};
+  static const char *const wkeys[] = {"start", "end", "token"};
+  const cn_jline *j = &rd->j;
+  int32_t at, wat;
+  const cn_jval *chars = cn__jline_get(j, 0, "chars", &at);
+  const cn_jval *words = cn__jline_get(j, 0, "words", &wat);
+  int rc;
+  if (chars == NULL) { /* "text": split into rd->cs / rd->cl */
+    if (!only_keys(j, 0, tkeys, 2)) return 1;
+    rc = read_text(rd, cn__jline_get(j, 0, "text", NULL), true, m->vocab,
+                   m->lowercase, lim, in);
+    if (rc != 0) return rc;
+  } else {
+    if (!only_keys(j, 0, keys, 2)) return 1;
+    rc = read_items(rd, chars, at, m->vocab, m->lowercase, lim, in);
+    if (rc != 0) return rc;
+    /* the characters' bytes, for the joined words and the lexicon; the
+     * arrays are the ones cn__split_text grows */
+    int32_t c1 = rd->text_cap, c2 = rd->text_cap; /* one cap for both */
+    if (grow((void **)&rd->cs, &c1, in->n, sizeof(char *)) ||
+        grow((void **)&rd->cl, &c2, in->n, sizeof(int32_t)))
+      return CN_E_NOMEM;
+    rd->text_cap = c1;
+    for (int32_t i = 0, q = at + 1; i < in->n; i++, q = j->v[q].next)
+      rd->cs[i] = j->v[q].s, rd->cl[i] = j->v[q].n;
+  }
+  int32_t n = in->n;
+  int32_t ns = 0;
+  if (words != NULL) {
+    if (words->kind != CN_JV_ARR || words->n > lim->max_spans) return 1;
+    ns = words->n;
+    in->span_start = ALLOC(rd, ns ? ns : 1, int32_t);
+    in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
+    in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
+    if (!in->span_start || !in->span_end || !in->span_word ||
+        grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)))
+      return CN_E_NOMEM;
+    for (int32_t k = 0, q = wat + 1; k < ns; k++, q = j->v[q].next) {
+      if (j->v[q].kind != CN_JV_OBJ || !only_keys(j, q, wkeys, 3)) return 1;
+      const cn_jval *js = cn__jline_get(j, q, "start", NULL);
+      const cn_jval *je = cn__jline_get(j, q, "end", NULL);
+      const cn_jval *jt = cn__jline_get(j, q, "token", NULL);
+      if (js == NULL || je == NULL || js->kind != CN_JV_INT ||
+          je->kind != CN_JV_INT || (jt != NULL && jt->kind != CN_JV_STR))
+        return 1;
+      int64_t b = js->i, e = je->i;
+      if (e > n || b >= e || e - b < 2) return 1;
+      in->span_start[k] = (int32_t)b;
+      in->span_end[k] = (int32_t)e;
+      rd->keys[k] = b << 32 | e;
+      /* span k's word: its "token", else its characters joined (as
+       * seq_parse.c's span_words, 1,024 bytes at most, else unknown) */
+      if (jt != NULL) {
+        in->span_word[k] = cn_vocab_lookup(m->word_vocab, jt->s,
+                                           (size_t)jt->n, m->lowercase);
+        continue;
+      }
+      char buf[1024];
+      size_t len = 0;
+      bool fits = true;
+      for (int64_t c = b; c < e; c++) {
+        if (len + (size_t)rd->cl[c] > sizeof(buf)) {
+          fits = false;
+          break;
+        }
+        memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
+        len += (size_t)rd->cl[c];
+      }
+      in->span_word[k] =
+          fits ? cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase) : 0;
+    }
+    qsort(rd->keys, (size_t)ns, sizeof(int64_t), cmp_key);
+    for (int32_t k = 1; k < ns; k++)
+      if (rd->keys[k] == rd->keys[k - 1]) return 1;
+  } else if (m->lexicon != NULL) {
+    lex_acc acc = {rd, 0, lim->max_spans};
+    rc = cn_lexicon_match(m->lexicon, rd->cs, rd->cl, n, m->lowercase,
+                          lex_span, &acc);
+    if (rc != 0) return rc == CN_E_NOMEM ? rc : 1;
+    ns = acc.n;
+    in->span_start = ALLOC(rd, ns ? ns : 1, int32_t);
+    in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
+    in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
+    if (!in->span_start || !in->span_end || !in->span_word) return CN_E_NOMEM;
+    for (int32_t k = 0; k < ns; k++) {
+      in->span_start[k] = rd->sb[k];
+      in->span_end[k] = rd->se[k];
+      char buf[1024];
+      size_t len = 0;
+      bool fits = true;
+      for (int32_t c = rd->sb[k]; c < rd->se[k]; c++) {
+        if (len + (size_t)rd->cl[c] > sizeof(buf)) {
+          fits = false;
+          break;
+        }
+        memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
+        len += (size_t)rd->cl[c];
+      }
+      in->span_word[k] =
+          fits ? cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase) : 0;
+    }
+  } else {
+    in->span_word = ALLOC(rd, 1, int32_t);
+    if (in->span_word == NULL) return CN_E_NOMEM;
+  }
+  in->n_spans = ns;
+  return 0;
+}
+
+/* {"nodes": [{"token", "prev"?}, ...]}: seq_parse.c's cn__parse_dag. */
+static int read_dag(const cn_model *m, cn_line_reader *rd,
+                    const cn_limits *lim, cn_instance *in) {
+  static const char *const keys[] = {"nodes"};
+  static const char *const nkeys[] = {"token", "prev"};
+  const cn_jline *j = &rd->j;
+  int32_t at;
+  const cn_jval *nodes = cn__jline_get(j, 0, "nodes", &at);
+  if (nodes == NULL || nodes->kind != CN_JV_ARR || !only_keys(j, 0, keys, 1))
+    return 1;
+  int32_t n = nodes->n;
+  if (n == 0 || n > lim->max_seq_len) return 1;
+  int64_t edges = 0;
+  for (int32_t q = at + 1, i = 0; i < n; i++, q = j->v[q].next) {
+    if (j->v[q].kind != CN_JV_OBJ || !only_keys(j, q, nkeys, 2)) return 1;
+    const cn_jval *tok = cn__jline_get(j, q, "token", NULL);
+    const cn_jval *prev = cn__jline_get(j, q, "prev", NULL);
+    if (tok == NULL || tok->kind != CN_JV_STR || tok->n > lim->max_token_len ||
+        (prev != NULL && prev->kind != CN_JV_ARR))
+      return 1;
+    edges += prev != NULL ? prev->n : 0;
+  }
+  if (edges > lim->max_spans) return 1;
+  in->n = n;
+  in->ids = ALLOC(rd, n, int32_t);
+  in->prev_start = ALLOC(rd, n + 1, int32_t);
+  in->prev = ALLOC(rd, edges ? edges : 1, int32_t);
+  uint8_t *has_succ = cn__arena_calloc(&rd->arena, (size_t)n, 1);
+  if (!in->ids || !in->prev_start || !in->prev || !has_succ) return CN_E_NOMEM;
+  int32_t e = 0;
+  for (int32_t q = at + 1, i = 0; i < n; i++, q = j->v[q].next) {
+    int32_t pat;
+    const cn_jval *tok = cn__jline_get(j, q, "token", NULL);
+    const cn_jval *prev = cn__jline_get(j, q, "prev", &pat);
+    in->ids[i] = cn_vocab_lookup(m->vocab, tok->s, (size_t)tok->n, m->lowercase);
+    in->prev_start[i] = e;
+    for (int32_t k = 0, p = pat + 1; prev != NULL && k < prev->n;
+         k++, p = j->v[p].next) {
+      const cn_jval *u = &j->v[p];
+      if (u->kind != CN_JV_INT || u->i >= i) return 1;
+      for (int32_t r = in->prev_start[i]; r < e; r++)
+        if (in->prev[r] == (int32_t)u->i) return 1;
+      in->prev[e++] = (int32_t)u->i;
+      has_succ[u->i] = 1;
+    }
+  }
+  in->prev_start[n] = e;
+  for (int32_t i = 0; i + 1 < n; i++)
+    if (!has_succ[i]) return 1;
+  return 0;
+}
+
+/* Why: a JSON DOM per line (a heap node per value, a hash table per
+ * object) cost more than the rest of parsing; this reads the common
+ * shapes straight into the instance (the file comment). */
+int cn_instance_parse_line(const cn_model *m, cn_line_reader *rd,
+                           const char *line, size_t len, const cn_limits *lim,
+                           cn_instance **out) {
+  cn_limits dflt;
+  *out = NULL;
+  if (lim == NULL) {
+    cn_limits_default(&dflt);
+    lim = &dflt;
+  }
+  int rc = cn__jline_read(&rd->j, line, len);
+  if (rc != 0) return rc;
+  cn_instance *in = cn__arena_calloc(&rd->arena, 1, sizeof(*in));
+  if (in == NULL) return CN_E_NOMEM;
+  in->m = m;
+  in->kind = m->fam->input;
+  in->in_arena = true;
+  switch (in->kind) {
+    case CN_INPUT_TREE: rc = read_tree(m, rd, lim, in); break;
+    case CN_INPUT_SEQUENCE: rc = read_sequence(m, rd, lim, in); break;
+    case CN_INPUT_LATTICE: rc = read_lattice(m, rd, lim, in); break;
+    case CN_INPUT_DAG: rc = read_dag(m, rd, lim, in); break;
+    default: rc = 1;
+  }
+  if (rc == 0) *out = in;
+  return rc;
+}
