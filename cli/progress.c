@@ -1,4 +1,4 @@
-/* progress.c - `canopy run`'s progress line on a terminal (issue 37):
+/* progress.c - `canopy run`'s progress line on a terminal:
  * what it shows and when is in progress.h. */
 #include <stdlib.h>
 #include <string.h>

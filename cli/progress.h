@@ -5,7 +5,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-/* A progress line on stderr for a long run (issue 37), only when stderr
+/* A progress line on stderr for a long run, so a long run is seen to
+ * work rather than hang, only when stderr
  * is a terminal (a log or a pipe reads as before): from `after` seconds
  * in (1, or $CANOPY_PROGRESS_AFTER_S), at most 4 times a second, '\r'
  * rewriting it; erased before a note and before the summary line. */

@@ -18,7 +18,7 @@ typedef struct cn__pool cn__pool;
  * An item's work is fn, or with finish != NULL two halves: each thread
  * (the caller's, without threads) holds one started item and starts the
  * next before it finishes the held one, so the device computes one item
- * while the host prepares the next (issue #33 item 3). A thread with no
+ * while the host prepares the next. A thread with no
  * next item at hand finishes what it holds at once. */
 cn__pool *cn__pool_new(int threads, int depth, cn__pool_fn fn,
                        cn__pool_fn finish, void *ctx);

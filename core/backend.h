@@ -138,7 +138,7 @@ struct cn_backend_vt {
    * when host_memory is false; core reads in place otherwise. */
   const float *(*fetch_rows)(cn_backend_ctx *bk, const float *base,
                              const int64_t *off, const int64_t *len, int n);
-  /* Optional, both or neither (issue #33 item 3): fetch_rows in two
+  /* Optional, both or neither: fetch_rows in two
    * halves, so the host can prepare the next run while the device
    * computes this one. fetch_start issues the gather and the copy after
    * all work issued so far and returns at once; the buffer it returns
@@ -150,7 +150,8 @@ struct cn_backend_vt {
   const float *(*fetch_start)(cn_backend_ctx *bk, const float *base,
                               const int64_t *off, const int64_t *len, int n);
   int (*fetch_wait)(cn_backend_ctx *bk, const float *buf);
-  /* Optional (a device; issue #33 item 4): the index arrays of the batch
+  /* Optional (a device, where each copy is a command the stream runs in
+   * order between kernels): the index arrays of the batch
    * about to launch, `words` int64 at host (HOST memory; pointer arrays
    * and slot tables among them), all written before its first compute
    * call: uploaded in one copy. Until the next stage_indices, a compute
@@ -217,7 +218,7 @@ struct cn_backend_vt {
   void (*argmax_rows)(cn_backend_ctx *bk, int n, int w, const float *X,
                       int ld, int32_t *out);
 
-  /* ---- compiled vertex functions (core/cell_*.c, issue #5) ----
+  /* ---- compiled vertex functions (core/cell/) ----
    * dst[r, 0:width] = src[r, 0:width] for r < n (rows ldd / lds floats
    * apart): the gathers and scatters a layout could not avoid. */
   void (*copy_rows)(cn_backend_ctx *bk, float *dst, int ldd, const float *src,

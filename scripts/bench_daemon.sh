@@ -1,5 +1,5 @@
 #!/bin/bash
-# The daemon under load, driven by wrk (issue #24 item 5): a real
+# The daemon under load, driven by wrk: a real
 # `canopy serve` on a free port, wrk with scripts/bench/infer.lua posting
 # bodies built from the 400 real data trees (cycled), closed loop, at
 # concurrency 1/8/64/256 x 1/4 instances a request. One table: req/s,
@@ -15,9 +15,9 @@
 # instances per CPU second of its own (every thread) by the engine's
 # offline instances per CPU second: how efficiently the daemon turns the
 # CPU it gets into answers, apart from what wrk and the kernel's loopback
-# TCP take from it on a shared machine (issue 38 item 2).
-# Then issues 24's and 38's goals, each with its figure. Measures;
-# asserts nothing.
+# TCP take from it on a shared machine.
+# Then the latency and throughput targets, each with its figure.
+# Measures; asserts nothing.
 #
 # usage: scripts/bench_daemon.sh [SECONDS_A_POINT=5]
 #   CANOPY   the binary (default build/canopy)
@@ -164,7 +164,7 @@ for r in rows:
         c[0], c[1], c[2], c[3], r["waiting"], r["wrk"], r["errs"]))
 g = {(r["per"], r["c"]): r for r in rows}
 print()
-print("issue #24 goals (1 instance a request):")
+print("targets (1 instance a request):")
 a, b = g[(1, 1)], g[(1, 64)]
 print("- concurrency 1, p50 <= 0.6 ms: %.2f ms, %s" % (a["p50"], "met" if a["p50"] <= 0.6 else "missed"))
 print("- concurrency 64, >= 0.9x offline: %.2fx (%s of %s trees/s), %s" % (
@@ -172,7 +172,7 @@ print("- concurrency 64, >= 0.9x offline: %.2fx (%s of %s trees/s), %s" % (
     "met" if b["ips"] >= 0.9 * off else "missed"))
 print("- concurrency 64, p99 <= 10 ms: %.2f ms, %s" % (b["p99"], "met" if b["p99"] <= 10 else "missed"))
 print()
-print("issue #38 goals (1 instance a request):")
+print("stricter targets (1 instance a request):")
 print("- concurrency 1, p50 <= 0.5 ms: %.2f ms, %s" % (a["p50"], "met" if a["p50"] <= 0.5 else "missed"))
 print("- concurrency 64, >= 0.9x offline: %.2fx, %s; per CPU second the daemon is %.2fx the engine" % (
     b["ips"] / off, "met" if b["ips"] >= 0.9 * off else "missed", b["ips"] / max(b["cores"][0], 1e-9) / off_cpu))

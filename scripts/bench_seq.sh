@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 3's benchmark: instances/s per policy and batches vs the lower
-# bound for bilstm-tagger, latticelstm and latticegru (H=128, batch 64),
+# Sequence, lattice and DAG families: instances/s per policy and
+# batches vs the lower bound for bilstm-tagger, latticelstm and latticegru (H=128, batch 64),
 # and lstm-nmt decoding batched across requests vs padded to the longest
 # output. Prints Markdown; measures, never asserts.
 # usage: scripts/bench_seq.sh [BUILD_DIR]

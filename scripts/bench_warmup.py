@@ -2,7 +2,7 @@
 """bench_warmup.py - what the warm-up (the `warmup` key, docs/daemon.md
 "Warm-up") changes, the same binary with the key on and off, side by side:
 
-  rss      issue 21's rule against a cold start: RSS at msg=ready, 3 s
+  rss      the rule against a cold start: RSS at msg=ready, 3 s
            later (idle), 2 s after each of six 5 s bursts (32 keep-alive
            clients x 8 trees), and 3 s after the last, of a one-model
            (treelstm) daemon;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # policy_report.sh - regenerates docs/policies-report.md: batches / lower bound for
-# every family x batching policy (issue 4), training time and iterations
+# every family x batching policy, training time and iterations
 # per family, and instances/s per policy.
 #
 # Each family gets a fresh demo model (hidden/embed 64, mvrnn 32). Policies

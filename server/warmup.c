@@ -1,5 +1,5 @@
 /* warmup.c - a model version's warm-up before it serves (docs/daemon.md
- * "Warm-up"; issue 21).
+ * "Warm-up"), so the first requests do not pay a cold start.
  *
  * A fresh worker thread has no OpenBLAS buffers, no glibc arena and no run
  * arena: the first requests made them, so a daemon that never served sat

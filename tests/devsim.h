@@ -1,4 +1,5 @@
-/* devsim.h - a simulated device for the CPU tests (issue #33): the cpu
+/* devsim.h - a simulated device for the CPU tests, so the device path is
+ * tested without a GPU: the cpu
  * backend's kernels behind a vtable with host_memory = false, so core
  * takes the path it takes on a GPU. Its memory is its own (malloc'd
  * blocks from a size-class pool, weights copied in), which core may only

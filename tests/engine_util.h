@@ -33,7 +33,7 @@ json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
 double tu_json_maxdiff(const json_t *a, const json_t *b);
 /* Floats of states one output object prints: logits rows (per node with
  * "nodes", the root's being nodes[0]) and hidden vectors ("h"); what a
- * device must bring back for it (issue 33). */
+ * device must bring back for it. */
 long long tu_answer_floats(const json_t *o);
 void tu_rmdir(const char *dir);
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""An instance's answer never depends on what it was batched with (issue 32).
+"""An instance's answer never depends on what it was batched with.
 
 For every family (and models described by cells), `canopy run` prints the
 same bytes (logits, every node, hidden vectors, tags, CRF path scores,

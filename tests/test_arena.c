@@ -1,5 +1,5 @@
-/* test_arena.c - memory by liveness (issue #35 items 1 and 5,
- * docs/memory.md): the offset allocator against brute force on random
+/* test_arena.c - memory by liveness, with freed rows poisoned
+ * (docs/memory.md): the offset allocator against brute force on random
  * interval sets, every planned run's rows checked for overlap among the
  * rows alive at each batch, and every family's answers, under several
  * policies and both layouts, with reuse and poisoning against the arena
@@ -343,7 +343,7 @@ Test(arena, every_family_poisoned_equals_no_reuse, .timeout = 300) {
   }
 }
 
-/* A memory budget (issue #35 item 2): at 60% and 35% of the arena the
+/* A memory budget: at 60% and 35% of the arena the
  * memory order reaches without one, every planned family fits or says it
  * cannot, answers as without a budget byte for byte with freed rows
  * poisoned, and the policy's batches are where it started. One instance
@@ -485,7 +485,7 @@ Test(arena, poisoning_catches_a_read_after_free) {
   tu_rmdir(dir);
 }
 
-/* The figure of issue #35 at test size: a tree family's live states are
+/* docs/memory.md's figure at test size: a tree family's live states are
  * well under all its states. */
 Test(arena, trees_need_less_than_all_states) {
   char dir[256];

@@ -2,7 +2,7 @@
  * batched by every policy and layout, against the same model run one
  * vertex at a time (tests/reference/compare.py holds them against an
  * independent implementation of docs/models.md); the copies each layout
- * leaves (issue #5's goals as checks on counts, never
+ * leaves (ED-Batch's claims as checks on counts, never
  * on times); the compiler's product batching on cells whose best
  * batching is known. */
 #include <criterion/criterion.h>
@@ -47,7 +47,7 @@ ParameterizedTest(tu_family *c, cell, batched_equals_unbatched,
   tu_rmdir(dir);
 }
 
-/* Issue #5's done-when, as counts: with pq no copy is left inside the
+/* The layouts' promise, as counts: with pq no copy is left inside the
  * cells of these families, naive copies, and pq launches no more kernels
  * than naive. */
 static void copies(const char *family, const char *data) {

@@ -182,8 +182,8 @@ Test(config, duplicate_key_names_both_lines) {
 }
 
 /* Spaces around a number, true/false or a choice are dropped at both
- * ends, from every source alike (probe 3: CANOPY_WORKERS=' 3' was taken
- * and '3 ' refused, as strtoll skips only leading spaces). */
+ * ends, from every source alike (strtoll skips only leading spaces, so
+ * CANOPY_WORKERS=' 3' would be taken and '3 ' refused). */
 Test(config, spaces_around_values_trimmed_alike) {
   cn_config c;
   cn_config_defaults(&c);
@@ -318,7 +318,7 @@ Test(config, byte_order_mark_is_skipped) {
   remove(path);
 }
 
-/* issue 37 3c: --print-config prints the effective configuration, each
+/* --print-config prints the effective configuration, each
  * value with where it came from (defaults < file < environment < flags),
  * as a config file that reads back to the same values; the token is not
  * printed. --print-sample-config is the self-documenting sample. */

@@ -1,4 +1,4 @@
-/* test_cpu_pack.c - the cpu backend's packed weights (issue 38).
+/* test_cpu_pack.c - the cpu backend's packed weights.
  *
  * The cpu backend packs a weight matrix for gemm.c the first time a run
  * multiplies by it and keeps the copy for the model's later runs (a model

@@ -119,7 +119,7 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
     }
   }
   /* Warm: the same runs again allocate nothing on the device, and upload
-   * a batch's indices in one copy (issue #33 item 4; MV-RNN's pointer
+   * a batch's indices in one copy (MV-RNN's pointer
    * arrays with an identity operand, and lstm-nmt's decoding, excepted). */
   long long a0 = cn__backend_cuda_device_allocs(gpu);
   for (int p = CN_POLICY_NONE; p < CN_POLICY__COUNT; p++) {
@@ -140,7 +140,7 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
                cn__backend_cuda_device_allocs(gpu) - a0);
   cr_expect_eq(tu_stats.device_allocs, 0, "%s: the counters saw %lld "
                "allocations after warm-up", c->family, tu_stats.device_allocs);
-  /* idle: the pool's unused blocks go back (#33 item 5) */
+  /* idle: the pool's unused blocks go back */
   cn_backend_counters ctr;
   cn_backend_get_counters(gpu, &ctr);
   long long held = ctr.device_bytes;
@@ -164,7 +164,7 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
   cn_backend_close(cpu);
 }
 
-/* Issue #33 item 4: a batch's indices in one upload and the fused
+/* A batch's indices in one upload and the fused
  * kernels' tables by value (the default) against every call staging its
  * own (CANOPY_CUDA_BATCH_STAGING=0, the path first measured on a GPU):
  * the same kernels on the same numbers, so the same bits, for the

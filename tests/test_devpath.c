@@ -30,8 +30,8 @@ typedef struct started {
 } started;
 
 /* Adds insts[s, e) to a run and executes it: with async on, on the
- * simulated device, it returns with its answers on their way (issue #33
- * item 3). */
+ * simulated device, it returns with its answers on their way (the host
+ * prepares the next run while the device computes this one). */
 static started start_run(cn_backend_ctx *bk, const cn_model *m,
                          const json_t *insts, size_t s, size_t e,
                          unsigned flags, cn_layout layout, bool async) {
@@ -144,7 +144,7 @@ ParameterizedTest(tu_family *c, devpath, family, .timeout = 300) {
                       "argmax)", c->family, lay, got.st.device_syncs,
                       got.argmax_calls);
         cr_expect_gt(got.st.launches, 0);
-        /* a batch's index arrays go up in one copy (issue #33 item 4),
+        /* a batch's index arrays go up in one copy,
          * and the fetch's span table in one more (not counting MV-RNN's
          * pointer arrays with an identity operand, which the device
          * rewrites) */
@@ -310,13 +310,14 @@ Test(devpath, decode_session, .timeout = 300) {
   cn_backend_close(cpu);
 }
 
-/* The figures of issue #33 on the simulated device: a run of (up to)
- * 1,024 instances of CANOPY_DEVPATH_FAMILY (default treelstm) at H =
- * CANOPY_DEVPATH_H (default 128; 512 for the issue's case), root outputs,
+/* The device path's figures on the simulated device (docs/benchmarks.md):
+ * a run of (up to) 1,024 instances of CANOPY_DEVPATH_FAMILY (default
+ * treelstm) at H = CANOPY_DEVPATH_H (default 128; 512 as on the GPU's
+ * tables), root outputs,
  * on a device that stages each batch's indices in one upload and one that
- * does not (CANOPY_CUDA_BATCH_STAGING=0, as the cuda backend). Before
- * issue #33: every state came back (Σ state floats); now: the root
- * logits. Printed; the assertions are only that the answers read less
+ * does not (CANOPY_CUDA_BATCH_STAGING=0, as the cuda backend). Without
+ * fetch_rows every state would come back (Σ state floats); with it, the
+ * root logits. Printed; the assertions are only that the answers read less
  * than a hundredth of the states (trees) and that staging the batch
  * makes fewer uploads and the same answers. */
 Test(devpath, report, .timeout = 600) {

@@ -1,6 +1,6 @@
 /* test_model_files.c - the files a model reads: every path in
  * model.json stays inside its directory, and a load reads one directory
- * whole while it is swapped under it (issue #39). */
+ * whole while it is swapped under it. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -19,8 +19,8 @@
 TestSuite(model, .init = tmp_dir_setup, .fini = tmp_dir_teardown);
 
 /* ---- model: the files a model names stay inside its directory -----------
- * Issue #39: "tgt_vocab": "../../outside/secret.txt" served a secret's
- * lines as decoded tokens. Absolute paths, '..' past the directory and
+ * Unchecked, "tgt_vocab": "../../outside/secret.txt" would serve a
+ * secret's lines as decoded tokens. Absolute paths, '..' past the directory and
  * symlinks that lead out are refused naming the key; a symlink or '..'
  * that stays inside is fine. */
 static void init_in(const char *sub, const char *vocab_from, uint64_t seed) {
@@ -107,9 +107,9 @@ Test(model, paths_in_model_json_stay_inside_the_directory) {
 }
 
 /* ---- model: a load is of one directory, whole ----------------------------
- * Issue #39: model.json, the vocabulary and the weights were opened by path
- * one after the other, so a symlink flip during a load served B's version
- * with A's vocabulary. The directory is opened once now: whatever the
+ * Opened by path one after the other, model.json, the vocabulary and the
+ * weights could come from two versions when a symlink flips during a load
+ * (B's version with A's vocabulary). The directory is opened once: whatever the
  * flips, each load is all A or all B. */
 static atomic_int flipping;
 

@@ -1,4 +1,4 @@
-/* test_run_jobs.c - `canopy run --jobs N` (issue #24 item 2): runs
+/* test_run_jobs.c - `canopy run --jobs N`: runs
  * computed at once on several threads print exactly what --jobs 1 prints,
  * in input order, refused lines included; a bad --jobs value is refused
  * with a message naming it.
@@ -71,7 +71,7 @@ static void spliced_input(const char *dir, const char *data, char *path,
 /* --jobs 2 and 3 print byte for byte what --jobs 1 prints, with the same
  * exit status and summary counts, for a family of each input kind; so do
  * jobs 1 to 3 with CANOPY_RUN_OVERLAP=1 (each job issues its next run
- * before it finishes the one before: the path a GPU takes, issue #33). */
+ * before it finishes the one before: the path a GPU takes). */
 static void same_as_one_job(const char *family, const char *data,
                             const char *flags) {
   char dir[256], input[600], extra[512], path[600];

@@ -202,7 +202,7 @@ Test(serve_outputs, mvrnn, .fini = teardown, .timeout = 40) {
 }
 
 /* Makes the output layer of a model overflow at compute with finite
- * weights (the probe's f03b_overflow.py): row 0 of out.W is +3.4e38, row
+ * weights: row 0 of out.W is +3.4e38, row
  * 1 is -3.4e38, and out.b is FLT_MAX, so logits 0 and 1 are FLT_MAX ±
  * 3.4e38 * sum(h): one of them is infinite unless sum(h) is within 1e-7 of
  * 0, which the fixed seed of `canopy model init` does not give. */
@@ -295,7 +295,7 @@ Test(serve_outputs, non_finite_output_is_an_error, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* issue 37 3d: every /v1 answer says how many of its words the model did
+/* Every /v1 answer says how many of its words the model did
  * not know (stats.unknown_tokens: read as '<unk>'), and where with
  * "unknown_positions": true: one array an instance, a tree's leaves
  * counted left to right. Trees, a tagger's tokens, and lstm-nmt, whose

@@ -1,4 +1,4 @@
-/* packs.h - a cpu context's packed copies of model weights (issue 38).
+/* packs.h - a cpu context's packed copies of model weights.
  *
  * gemm.c multiplies by a packed operand. A model's weight matrices are the
  * same in every run of the model, so a context packs each the first time

@@ -10,7 +10,7 @@
 
 #include "cuda_internal.h"
 
-/* ---- products with a bias: one cublasLt call (issue #33 item 4) -------
+/* ---- products with a bias: one cublasLt call ---------------------------
  * Cᵀ = W·Aᵀ (+ Cᵀ) + bias: the bias is a vector over Cᵀ's rows, which is
  * what cublasLt's BIAS epilogue broadcasts. Plain FP32 compute (no TF32),
  * as the cublasSgemm path. Per shape, the layouts and the heuristic's

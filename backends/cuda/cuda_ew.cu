@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(EW_THREADS)
 /* A slot table and instructions small enough to go by value, as the
  * kernel's parameters (__grid_constant__: read where they are, no copy
  * per thread), so a launch whose index arrays the batch staged uploads
- * nothing (issue #33 item 4). 3,264 bytes: within the 4 KiB every CUDA
+ * nothing. 3,264 bytes: within the 4 KiB every CUDA
  * version takes. */
 #define EW_INLINE_SLOTS 48
 #define EW_INLINE_INSNS 48

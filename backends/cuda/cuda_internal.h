@@ -65,14 +65,14 @@ typedef struct cu_ctx {
   cudaStream_t stream;
   cublasHandle_t blas;
   /* the products with a bias (cuda_blas.cu): one cublasLt call each
-   * instead of a bias kernel and a cublasSgemm (issue #33 item 4); off
+   * instead of a bias kernel and a cublasSgemm: a launch fewer a product; off
    * when cublasLt is refused once (or CANOPY_CUDA_LT=0) */
   cublasLtHandle_t lt;
   cublasLtMatmulDesc_t lt_bias;
   cublasLtMatmulPreference_t lt_pref;
   cu_lt_plan *lt_plans; /* CU_LT_PLANS, direct-mapped by shape */
   bool lt_off;
-  void *blas_ws;        /* cuBLAS's workspace, lent to cublasLt too */
+  void *blas_ws;        /* cuBLAS's workspace, cublasLt's too */
 
   /* The first failure since the last status() call (sticky: compute calls
    * become no-ops until it is reported). */
@@ -111,8 +111,8 @@ typedef struct cu_ctx {
   size_t sb_words;
   const int64_t *sb_dev;
   /* stage_indices and ew_program's tables by value, on (default) or off
-   * (CANOPY_CUDA_BATCH_STAGING=0: every call stages its own arrays, as
-   * before issue #33 item 4, the path measured on an H200) */
+   * (CANOPY_CUDA_BATCH_STAGING=0: every call stages its own arrays, an
+   * upload per index array, the path measured on an H200) */
   bool batch_staging;
 
   /* argmax results: device and pinned host. */
@@ -180,7 +180,7 @@ static inline bool cu_check_blas(cu_ctx *c, cublasStatus_t s,
 }
 
 /* Launch check: the configuration error of the last <<<>>>; counts the
- * launch (issue #33). */
+ * launch (the launches counter of cn_run_stats). */
 #define CN_CUDA_LAUNCHED(c)                                               \
   ((c)->base.ctr.launches++, CN_CUDA_CHECK((c), cudaGetLastError()))
 

@@ -22,7 +22,7 @@ name beside ``out_dir`` and renamed into place at the end (an existing
 The directory is 0755 and its files 0644 whatever the umask, as ``cp -r``
 of a model would make them: a daemon running as another user (systemd's
 DynamicUser, a container's) must read them, and ``tempfile.mkdtemp``
-alone gave 0700, which such a daemon cannot enter (issue 37).
+alone gave 0700, which such a daemon cannot enter.
 """
 import json
 import os

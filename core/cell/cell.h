@@ -1,5 +1,5 @@
 /* cell.h - vertex functions as data: a small op IR, its compiler and its
- * executor (issue #5; ED-Batch §3, Cavs §4.2 fusion).
+ * executor (ED-Batch §3, Cavs §4.2 fusion).
  *
  * A family describes what one vertex of a type computes as an IR graph
  * (cn_ir): sources read from outside the vertex (an embedding row, a
@@ -68,8 +68,9 @@ typedef enum cn_ir_src {
                         [c0, +width) of the edge cell's results            */
 } cn_ir_src;
 
-/* Segment ops (issue #34): a value is per vertex, or per input edge when it
- * derives from a CN_SRC_EDGE source (params are either). Edge values are
+/* Segment ops (child-sum's per-child gates, a lattice char's words): a
+ * value is per vertex, or per input edge when it derives from a
+ * CN_SRC_EDGE source (params are either). Edge values are
  * computed once per edge of the batch, in edge rows (products over E rows,
  * elementwise work), and reach the vertex only through CN_IR_SEG_SUM; an
  * op may not mix an edge value with a vertex one (no broadcast yet). The
@@ -79,7 +80,7 @@ typedef enum cn_ir_src {
  * gather_sum each). Child-Sum Tree-LSTM's forget gates are the example:
  * f_k = σ(U_f h_k + b_f) ⊙ c_k per child, c = … + Σ_k f_k. */
 
-/* Per-vertex weights (issue #34): CN_IR_BMM is, for every vertex, the
+/* Per-vertex weights (MV-RNN's matrices): CN_IR_BMM is, for every vertex, the
  * matrix product L·R of L [m, kk] and R [kk, width / m], each row-major:
  * an operand is a per-vertex value (a, b: a node whose floats are the
  * matrix), or, when a (b) is -1, a block of tensor t shared by the batch:

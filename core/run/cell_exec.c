@@ -245,7 +245,7 @@ typedef struct gather_op {
 /* One cell over a batch's rows, prepared (rows_prepare) before anything
  * of the batch launches (rows_launch): every index array the batch needs
  * is in the run's index room first, so a device uploads them in one copy
- * (stage_indices; issue #33 item 4). */
+ * (stage_indices). */
 struct cn__rows_plan {
   const cn_cell *c;
   int n;

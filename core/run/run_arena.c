@@ -1,5 +1,5 @@
-/* run_arena.c - memory by liveness for planned runs (issue #35 items 1, 5;
- * docs/memory.md).
+/* run_arena.c - memory by liveness for planned runs, with freed rows
+ * poisoned on request (docs/memory.md).
  *
  * A planned run knows its whole batch sequence before it starts, so each
  * vertex's last reader batch is known too (Serenity §3.1: a node's output

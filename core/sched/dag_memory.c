@@ -1,6 +1,6 @@
 /* dag_memory.c - a batch order by memory: the lowest peak of live state
  * bytes at the batch count a policy reached, or the fewest extra batches
- * that bring the peak under a budget (issue #35 item 2, docs/memory.md).
+ * that bring the peak under a budget (docs/memory.md).
  *
  * Serenity (Ahn et al., MLSys 2020) orders single nodes: a dynamic program
  * over zero-indegree sets (§3.1), pruned by an adaptive soft budget

@@ -371,7 +371,8 @@ static int try_distilled(cn_fsm *p, cn_fsm_encoding enc, cn_frontier *fs,
   return 0;
 }
 
-/* Never worse than the heuristics on the sample (issue 4 goal): execute
+/* Never worse than the heuristics on the sample, so that learning a
+ * policy never costs batches against the built-in ones: execute
  * whichever launches fewest batches there (ties keep the FSM, then the
  * order lookahead2, lookahead, sufficient, agenda, depth). */
 static void choose_fallback(cn_fsm *p) {

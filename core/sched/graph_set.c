@@ -1,5 +1,5 @@
 /* graph_set.c - bounded sets of run graphs: the FSM's training sample and
- * the online reservoir of recent traffic (issue 4, item 5).
+ * the online reservoir of recent traffic.
  *
  * A graph is a compact, immutable copy of a run's typed DAG (vertex types
  * and input edges; no instances, no tensors) in one allocation, with its

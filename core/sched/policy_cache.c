@@ -1,4 +1,5 @@
-/* policy_cache.c - learned policies on disk (issue 4, item 4).
+/* policy_cache.c - learned policies on disk, so a restart does not learn
+ * again.
  *
  * One JSON file per model in a cache directory. The file carries the key
  * of what the policy was learned for (the model's family and vertex types,

@@ -92,7 +92,7 @@ static inline uint32_t cn__dag_branch_types(uint32_t live, int forced,
 int cn__dag_beam(const cn_dag *g, int width, int64_t *batches,
                  uint8_t **schedule);
 
-/* dag_memory.c: a batch order by memory (issue #35, docs/memory.md). A
+/* dag_memory.c: a batch order by memory (docs/memory.md). A
  * vertex's row (bytes[its type]) is live from its batch to the batch of
  * its last consumer, or to the end when keep[v] (NULL: nothing kept); a
  * batch's rows are taken while its inputs are still held. */

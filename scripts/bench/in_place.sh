@@ -1,5 +1,5 @@
 #!/bin/bash
-# Products read in place (issue #35 item 3, docs/memory.md "Products over
+# Products read in place (docs/memory.md "Products over
 # concatenations"): `canopy run` with each product's operand rows gathered
 # into a copy first (CANOPY_ROWS_IN_PLACE=0: before) and read where they
 # lie, as a sum of partial products (the default: after), on the same runs:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One kitchen (issue #34 item 4): every family's speed on the compiled op
+# One kitchen: every family's speed on the compiled op
 # IR side by side with the hand-written kernels it replaces. Each case is
 # one `canopy run` of 4,096 instances in runs of 1,024 (the data's
 # instances repeated; mvrnn, whose states are H×H matrices: 512 in runs

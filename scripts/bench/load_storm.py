@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Many concurrent loads of one model (issue 39 item 1): the daemon's peak
+"""Many concurrent loads of one model: the daemon's peak
 memory (VmHWM) and what the load requests were answered.
 
 Starts `canopy serve --model-control explicit` on a free loopback port over

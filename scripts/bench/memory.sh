@@ -1,5 +1,5 @@
 #!/bin/bash
-# Memory (issue #35, docs/memory.md): `canopy run` with every vertex's
+# Memory (docs/memory.md): `canopy run` with every vertex's
 # state kept to the end of its run (--no-arena-reuse: before), with rows
 # reused after their last reader batch in the policy's order (liveness),
 # in the memory order (the default) and under --memory-budget BUDGET, on

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Percent of sgemm peak (issue #24 item 2), all in one run: the machine's
+# Percent of sgemm peak, all in one run: the machine's
 # sgemm peak (numpy/OpenBLAS 2048^3, both cores, and one core for
 # reference), then `canopy run` treelstm throughput at H=128 batch 64 and
 # H=512 batch 256, --jobs 1 and --jobs 2 side by side, converted to GFLOP/s
@@ -16,12 +16,12 @@
 # the last two columns divide GFLOP per CPU second of canopy (user + sys,
 # both jobs) by one core's sgemm GFLOP per CPU second: the fraction of
 # peak each core-second reaches, which that load disturbs far less.
-# Issue 38's table follows: canopy before and after (OLD: an earlier
+# Then the comparison table: canopy before and after (OLD: an earlier
 # binary, run interleaved with CANOPY on the same input), PyTorch
 # level-batched on the same models and trees (TORCH=1: /usr/bin/python3
 # with torch, scripts/bench/torch_models.py, the arithmetic timed, not
-# the parsing), and DyNet's autobatching as the issue measured
-# it (DyNet is not in Debian: its figures are quoted, not measured here).
+# the parsing), and DyNet's autobatching as published
+# (DyNet is not in Debian: its figures are quoted, not measured here).
 # Measures and prints; asserts nothing.
 #
 # usage: scripts/bench/peak.sh [REPEAT=3]   (CANOPY: the binary,
@@ -195,10 +195,10 @@ print("| %d | %d | %.2f | %d | %s | %s..%s | %.1f | %.1f%% | >= %d%%: %s | %.1f 
   done
 done
 
-# Issue 38's table: before and after side by side (--jobs 2: the default
-# on these 2 cores), with DyNet's figures as the issue measured them
+# The comparison: before and after side by side (--jobs 2: the default
+# on these 2 cores), with DyNet's published figures
 echo
-echo "| | canopy before | canopy now | now / before | DyNet autobatch, 2 threads (the issue's figure) | now / DyNet | PyTorch level-batched, best of 1 and 2 threads (this run) | now / PyTorch |"
+echo "| | canopy before | canopy now | now / before | DyNet autobatch, 2 threads (published figure) | now / DyNet | PyTorch level-batched, best of 1 and 2 threads (this run) | now / PyTorch |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 for cfg in "128 64 8854" "512 256 1955"; do
   set -- $cfg

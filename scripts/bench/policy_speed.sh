@@ -1,9 +1,9 @@
 #!/bin/bash
 # End-to-end `canopy run` throughput of every batching policy on CPU
-# (issue #24 item 6: the default of serve and run is the fastest
-# measured). A tree, a sequence, a lattice and a DAG family at H=128 on
-# their 400 real inputs repeated COPIES times, runs of 64, the default
-# --jobs; the fsm policy is learned first (canopy policy train) on the same
+# (the default of serve and run is the fastest measured,
+# docs/policies.md). A tree, a sequence, a lattice and a DAG family at
+# H=128 on their 400 real inputs repeated COPIES times, runs of 64, the
+# default --jobs; the fsm policy is learned first (canopy policy train) on the same
 # data, so its cost is the learned table's, not learning. Policies are
 # interleaved within each repetition so they see the same noise; the
 # median of REPEAT, with the spread, of instances per wall second and per

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch baselines for the Canopy benchmark (issue 8).
+"""PyTorch baselines for the Canopy benchmark (docs/benchmarks.md).
 
 Loads a Canopy model directory (model.json + weights.safetensors, parsed
 directly) and runs treelstm, treegru, childsum-treelstm, bilstm-tagger or

@@ -565,7 +565,7 @@ class TestEngineMadeModels(EngineCase):
 
 
 class TestModes(unittest.TestCase):
-    """issue 37 3a: a model directory written by canopy_torch.save,
+    """A model directory written by canopy_torch.save,
     save_cells or canopy-import is 0755 with 0644 files, whatever the
     umask (tempfile.mkdtemp made it 0700: a daemon running as another
     user could not enter it). Written here under umask 077, the strictest

@@ -1,9 +1,9 @@
-"""The canopy binary's command-line frictions of issue 37:
+"""The canopy binary's command line:
 
-- 3e: `canopy --version` and `canopy serve --version` print meson's project
+- `canopy --version` and `canopy serve --version` print meson's project
   version and `git describe` of the checkout at build time (a tree without
   .git is tests/deploy/test_image.py's: the image's build context);
-- 3h: `canopy run` prints a progress line on stderr when stderr is a
+- `canopy run` prints a progress line on stderr when stderr is a
   terminal (a pty here), and none when it is not.
 
 Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_cli.py
@@ -83,7 +83,7 @@ def run_on_pty(argv, env=None, stdin=None):
 
 
 class Progress(unittest.TestCase):
-    """issue 37 3h: a progress line while a long run or import works, on a
+    """A progress line while a long run or import works, on a
     terminal only. CANOPY_PROGRESS_AFTER_S=0 makes every run "long"."""
 
     @classmethod

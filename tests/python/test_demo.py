@@ -1,4 +1,4 @@
-"""scripts/demo.sh, the README's first command (issue 37 item 3g): a
+"""scripts/demo.sh, the README's first command: a
 second start reuses the build (nothing compiled or linked) and the demo
 models (not remade), CANOPY_PORT and CANOPY_MODELS_DIR are honoured (the
 models outside the checkout here), it says what it does, and --help says

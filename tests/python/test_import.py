@@ -482,9 +482,9 @@ class TestTorchTagger(ImportTest):
         return sd
 
     def test_gru_named_as_gru(self):
-        """issue 37 3b: 3H = 24 rows were read as 4H (H = 6), and the error
-        was a shape mismatch or "found no nn.Linear ([T, 12] with bias)";
-        now it names the GRU it found and the LSTM the format takes."""
+        """A GRU's 3H = 24 rows (H = 6) are not read as an LSTM's 4H: the
+        error names the GRU it found and the LSTM the format takes, not a
+        shape mismatch or "found no nn.Linear ([T, 12] with bias)"."""
         for name in ("gru", "lstm"):
             out = self.path("out")
             rc, err = self.importer("torch-tagger", self.save(self.gru_tagger(

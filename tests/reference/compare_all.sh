@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # canopy against the independent numpy reference (tests/reference), every
-# tree family, every policy and every layout (pq, naive: issue #5),
+# tree family, every policy and every layout (pq, naive),
 # on the real parse trees of data/.
 # Two kinds of model per family: one written by `canopy model init`, one
 # written by the reference's own safetensors writer (with labels, lowercase

@@ -1,6 +1,6 @@
 /* gemm_bench.c - canopy-gemm-bench: backends/cpu/gemm.c against OpenBLAS's
- * sgemm on the products Canopy's models make (issue 32), side by side, and
- * against the two Debian candidates issue 38 named when the build found
+ * sgemm on the products Canopy's models make, side by side, and against
+ * the two Debian candidates for a product library, when the build finds
  * them: oneDNN's matmul primitive (libdnnl-dev 2.6, its weights reordered
  * once into the layout the primitive picks) and libxsmm's JIT kernels
  * (libxsmm-dev 1.17, one kernel dispatched per shape, the weights
