@@ -1,5 +1,6 @@
 /* answer.c - parts of a /v1 answer that both a run's answers (worker.c)
- * and a decode session's (decode.c) hold.
+ * and a decode session's (decode.c) hold, and the text of an answer that
+ * is still a json_t.
  */
 #include <stdlib.h>
 
@@ -27,4 +28,35 @@ void cn__stats_unknown(json_t *st, const cn__req *r) {
   }
   json_object_set_new(st, "unknown_tokens", json_integer(total));
   if (all != NULL) json_object_set_new(st, "unknown_positions", all);
+}
+
+void cn__stats_unknown_write(cn_buf *b, const cn__req *r) {
+  long long total = 0;
+  for (int i = 0; i < r->n_inst; i++)
+    total += cn_instance_unknown(r->inst[i], NULL, 0);
+  cn_buf_puts(b, ",\"unknown_tokens\":");
+  cn_buf_int(b, total);
+  if (!(r->flags & CN_OUT_UNKNOWN)) return;
+  cn_buf_puts(b, ",\"unknown_positions\":[");
+  for (int i = 0; i < r->n_inst; i++) {
+    int n = cn_instance_unknown(r->inst[i], NULL, 0);
+    int32_t *pos = n > 0 ? malloc((size_t)n * sizeof(*pos)) : NULL;
+    if (i > 0) cn_buf_puts(b, ",");
+    cn_buf_puts(b, "[");
+    if (pos != NULL) cn_instance_unknown(r->inst[i], pos, n);
+    for (int k = 0; pos != NULL && k < n; k++) {
+      if (k > 0) cn_buf_puts(b, ",");
+      cn_buf_int(b, pos[k]);
+    }
+    free(pos);
+    cn_buf_puts(b, "]");
+  }
+  cn_buf_puts(b, "]");
+}
+
+char *cn__answer_dump(const json_t *j) {
+  cn_buf b = {0};
+  cn_buf_json(&b, j);
+  if (b.failed) cn_buf_free(&b);
+  return b.p;
 }

@@ -4,8 +4,8 @@
  * row-major, each row one instance's (root, sink, decoder state, path
  * score) or one node's or token's, the latter located by OFFSETS. The
  * values are /v1's own json_t numbers and strings, referenced, never
- * recomputed or reprinted otherwise: the two answers agree byte for byte
- * on every number. */
+ * recomputed, and printed as /v1's are (cn_buf_json: shortest float32):
+ * the two answers agree byte for byte on every number. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,7 +245,7 @@ char *cn__kserve_answer(const cn__req *r, const cn__model_entry *me,
   json_object_set_new(v2, "outputs", tensors);
   answer_free(&a);
   json_decref(outs);
-  char *b = rc == 0 ? json_dumps(v2, DUMP_FLAGS)
+  char *b = rc == 0 ? cn__answer_dump(v2)
                     : internal_error(me->name, status);
   json_decref(v2);
   if (rc == 0) *status = 200;
