@@ -11,9 +11,16 @@
 # execute_s, output_s of the summary) are shown where a binary prints
 # them, per instance in µs and per vertex in ns.
 #
+# With DAEMON=1, then the daemon's CPU per answered request: each binary
+# serves the treelstm model (--workers 1), wrk posts one tree a request
+# at c=64 for 4 s (after 1 s of warm-up), and the daemon's utime + stime
+# over that (/proc/PID/stat, 10 ms ticks) over the requests answered is
+# the figure, interleaved, median of REPEAT.
+#
 # usage: scripts/bench/host.sh OLD_CANOPY [NEW_CANOPY]
 #        (or OLD=... NEW=...; NEW defaults to build/canopy; REPEAT=5,
-#         FAMILIES="treelstm latticelstm bilstm-tagger", WORK=a directory)
+#         FAMILIES="treelstm latticelstm bilstm-tagger", WORK=a directory,
+#         DAEMON=1 for the daemon too: needs wrk)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OLD=${1:-${OLD:-}}
@@ -25,11 +32,13 @@ DATA=${CANOPY_DATA:-data}
 WORK=${WORK:-$(mktemp -d /tmp/canopy-host.XXXXXX)}
 mkdir -p "$WORK"
 
-exec /usr/bin/python3 - "$OLD" "$NEW" "$REPEAT" "$DATA" "$WORK" $FAMILIES <<'EOF'
-import json, os, statistics, subprocess, sys, time
+exec /usr/bin/python3 - "$OLD" "$NEW" "$REPEAT" "$DATA" "$WORK" "${DAEMON:-0}" \
+  $FAMILIES <<'EOF'
+import json, os, re, socket, statistics, subprocess, sys, time
+import urllib.request
 
-old, new, repeat, data, work = sys.argv[1:6]
-families = sys.argv[6:]
+old, new, repeat, data, work, daemon = sys.argv[1:7]
+families = sys.argv[7:]
 repeat = int(repeat)
 # family: (data file, copies of its 400 lines, extra `model init` flags)
 FAM = {"treelstm": ("trees-binary.jsonl", 10, []),
@@ -113,4 +122,69 @@ for f in families:
         print("| " + " | ".join(cells) + " |")
     print("| %s | old/new CPU | | | **%.2f×** | | | |%s" %
           (f, row["old"] / row["new"], " |" * len(STAGES)))
+
+if daemon != "1":
+    sys.exit(0)
+models = os.path.join(work, "served")
+os.makedirs(models, exist_ok=True)
+if not os.path.exists(os.path.join(models, "treelstm")):
+    os.symlink(setup("treelstm")[0], os.path.join(models, "treelstm"))
+bodies = os.path.join(work, "bodies.txt")
+with open(os.path.join(data, "trees-binary.jsonl")) as f, \
+        open(bodies, "w") as out:
+    for line in f.read().splitlines():
+        out.write(json.dumps({"instances": [json.loads(line)]}) + "\n")
+lua = os.path.join(os.getcwd(), "scripts", "bench", "infer.lua")
+
+
+def proc_cpu(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        x = f.read().rsplit(")", 1)[1].split()
+    return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(port, secs):
+    out = subprocess.run(["wrk", "-t1", "-c64", "-d%ds" % secs, "-s", lua,
+                          "http://127.0.0.1:%d/v1/models/treelstm/infer" %
+                          port, "--", bodies], capture_output=True,
+                         text=True).stdout
+    m = re.search(r"(\d+) requests in", out)
+    return int(m.group(1)) if m else 0
+
+
+def serve_once(binary):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    d = subprocess.Popen([binary, "serve", "--models-dir", models, "--port",
+                          str(port), "--workers", "1", "--log-level",
+                          "warn"], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen("http://127.0.0.1:%d/readyz" % port,
+                                       timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        wrk(port, 1)
+        c0 = proc_cpu(d.pid)
+        n = wrk(port, 4)
+        c1 = proc_cpu(d.pid)
+    finally:
+        d.terminate()
+        d.wait()
+    return (c1 - c0) / n * 1e6 if n else float("nan")
+
+
+per = {"old": [], "new": []}
+for rep in range(repeat):
+    for side, binary in (("old", old), ("new", new)):
+        per[side].append(serve_once(binary))
+o, n = statistics.median(per["old"]), statistics.median(per["new"])
+print("\n# the daemon, one tree a request, wrk -c64, --workers 1: CPU µs per "
+      "answered request (median of %d)" % repeat)
+print("| old | new | old/new |\n|---|---|---|\n| %.1f | %.1f | %.2f× |" %
+      (o, n, o / n))
 EOF
