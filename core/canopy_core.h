@@ -236,7 +236,8 @@ int cn_instance_unknown(const cn_instance *inst, int32_t *pos, int cap);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object
- * (docs/api.md) as the daemon prints it (compact, JSON_REAL_PRECISION(9)), for
+ * (docs/api.md) as the daemon prints it (compact, floats by cn_f32_json,
+ * never longer than JSON_REAL_PRECISION(9) printed them), for
  * the request's flags (CN_OUT_*) and max_decode_len (0: the model's):
  * from the model's dimensions, its label and token strings and the
  * instance's size alone, before anything runs (the daemon's
@@ -244,7 +245,8 @@ size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 int64_t cn_model_answer_bound(const cn_model *m, const cn_instance *inst,
                               unsigned flags, int max_decode_len);
 /* The most characters one float (a 32-bit value, or null when it is not
- * finite) prints as at JSON_REAL_PRECISION(9): "-1.23456789e-38". */
+ * finite) prints as, by cn_f32_json or at JSON_REAL_PRECISION(9):
+ * "-1.23456789e-38" (test_f32fmt and f32fmt_all check cn_f32_json). */
 enum { CN_JSON_FLOAT_MAX = 15 };
 
 /* ---- runs ------------------------------------------------------------- */
