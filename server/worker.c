@@ -151,7 +151,6 @@ typedef struct inflight {
   cn_run *run;
   int **slots;
   double t0;
-  double build_s; /* CPU seconds adding the instances (their graphs)  */
 } inflight;
 
 static void answer_error(cn__job *j, const cn_err *err) {
@@ -182,7 +181,7 @@ static void inflight_free(inflight *f) {
  * at a time). */
 static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   cn__server *s = w->s;
-  *f = (inflight){j, NULL, NULL, cn_now_s(), 0};
+  *f = (inflight){j, NULL, NULL, cn_now_s()};
   double c0 = cn_thread_cpu_s();
   f->slots = calloc((size_t)j->n, sizeof(int *));
   f->run = cn_run_new(j->me->model, w->bk);
@@ -223,9 +222,9 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
     live++;
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
-  f->build_s = cn_thread_cpu_s() - c0;
-  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE, f->build_s,
-                    false);
+  /* the instances added: their graphs built (parse) */
+  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE,
+                    cn_thread_cpu_s() - c0, false);
   if (live == 0) goto done;
   if (cn__policy_exec(s, j->me, f->run, &err) != 0) goto fail;
   return true;
