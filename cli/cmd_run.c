@@ -292,7 +292,9 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
           "\"runs\": %lld, \"device_syncs\": %lld, "
           "\"bytes_to_device\": %lld, \"bytes_to_host\": %lld, "
           "\"device_allocs\": %lld, \"launches\": %lld, "
-          "\"copies_to_device\": %lld}\n",
+          "\"copies_to_device\": %lld, \"parse_s\": %.6f, "
+          "\"schedule_s\": %.6f, \"execute_s\": %.6f, "
+          "\"output_s\": %.6f}\n",
           tot->instances, tot->errors, tot->batches, tot->lower_bound, secs,
           secs > 0 ? (double)tot->instances / secs : 0.0,
           cn_policy_name(o->policy), o->batch, jobs,
@@ -301,7 +303,8 @@ static void print_summary(const run_opts *o, int jobs, const totals *tot,
           tot->state_peak, tot->state_total, o->cfg.serve.memory_budget,
           tot->policy_batches, tot->runs, tot->syncs,
           tot->to_device, tot->to_host, tot->allocs, tot->launches,
-          tot->copies);
+          tot->copies, tot->parse_s, tot->schedule_s, tot->execute_s,
+          tot->output_s);
 }
 
 /* `canopy run`: JSON lines in, one output line per input line, in order,

@@ -16,8 +16,6 @@
 #include "run_chunks.h"
 #include "run_pool.h"
 
-#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
-
 /* One line's state inside a chunk: its parsed instance, or its error. */
 typedef struct line {
   cn_instance *inst;
@@ -35,21 +33,22 @@ typedef struct chunk {
   line *ls;            /* [batch]                                      */
   int n;
   long long first_lineno;
-  char *out, *notes;   /* formatted: stdout lines, stderr notes        */
-  size_t out_len, notes_len;
-  FILE *fout, *fnotes; /* open on out and notes while the chunk runs   */
+  cn_buf out;          /* formatted stdout lines (kept from chunk to
+                          chunk: written once, no FILE in between)     */
+  char *notes;         /* stderr notes                                 */
+  size_t notes_len;
+  FILE *fnotes;        /* open on notes while the chunk runs           */
   cn_run *run;         /* issued by chunk_start, done by chunk_finish  */
+  double read_s;       /* CPU the main thread spent reading its lines  */
   totals tot;          /* this chunk's share                           */
   int rc;              /* -1: the run failed (its note is in notes)    */
   cn_line_reader *rd;  /* its instances, reset when the chunk is reused */
 } chunk;
 
-static void print_error(FILE *out, FILE *notes, const line *l) {
+static void print_error(cn_buf *out, FILE *notes, const line *l) {
   json_t *e = cn_err_to_json(&l->err);
-  char *s = json_dumps(e, DUMP_FLAGS);
-  fputs(s, out);
-  fputc('\n', out);
-  free(s);
+  cn_buf_json(out, e);
+  cn_buf_put(out, "\n", 1);
   json_decref(e);
   fprintf(notes, "canopy run: line %lld: %s: %s\n", l->lineno,
           cn_err_code(l->err.code), l->err.msg);
@@ -116,7 +115,7 @@ static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
 
 /* Waits for a run_start'ed run and writes its outputs, in order, to out
  * (and notes on refused lines or a failed run to notes). */
-static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
+static int run_finish(cn_run *r, line *ls, int n, totals *tot, cn_buf *out,
                       FILE *notes) {
   cn_err err;
   cn_err_clear(&err);
@@ -124,8 +123,11 @@ static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
     fprintf(notes, "canopy run: %s\n", err.msg);
     return -1;
   }
+  double t0 = cn_thread_cpu_s();
   cn_run_stats st;
   cn_run_get_stats(r, &st);
+  tot->schedule_s += st.schedule_s;
+  tot->execute_s += st.execute_s;
   tot->batches += st.batches;
   tot->lower_bound += st.lower_bound;
   tot->policy_batches += st.policy_batches;
@@ -150,20 +152,15 @@ static int run_finish(cn_run *r, line *ls, int n, totals *tot, FILE *out,
       tot->errors++;
       continue;
     }
-    json_t *obj = cn_run_output(r, ls[i].slot);
-    if (cn_output_check(obj, &ls[i].err) != 0) { /* NaN: an error line */
-      json_decref(obj);
-      print_error(out, notes, &ls[i]);
+    if (cn_run_write_output(r, ls[i].slot, out, &ls[i].err) != 0) {
+      print_error(out, notes, &ls[i]); /* NaN: an error line */
       tot->errors++;
       continue;
     }
-    char *s = json_dumps(obj, DUMP_FLAGS);
-    fputs(s, out);
-    fputc('\n', out);
-    free(s);
-    json_decref(obj);
+    cn_buf_put(out, "\n", 1);
     tot->instances++;
   }
+  tot->output_s += cn_thread_cpu_s() - t0;
   return 0;
 }
 
@@ -179,6 +176,7 @@ typedef struct jobs_ctx {
 static void chunk_start(void *arg, int thread, void *item) {
   jobs_ctx *jc = arg;
   chunk *c = item;
+  double t0 = cn_thread_cpu_s();
   cn_line_reader_reset(c->rd); /* the chunk's last instances are freed */
   for (int i = 0; i < c->n; i++) { /* a line may hold a NUL: lengths */
     size_t end = i + 1 < c->n ? c->off[i + 1] : c->used;
@@ -187,13 +185,22 @@ static void chunk_start(void *arg, int thread, void *item) {
   }
   memset(&c->tot, 0, sizeof(c->tot));
   c->run = NULL;
-  c->fout = open_memstream(&c->out, &c->out_len);
+  c->out.len = 0;
   c->fnotes = open_memstream(&c->notes, &c->notes_len);
-  if (c->fout == NULL || c->fnotes == NULL)
+  if (c->fnotes == NULL)
     c->rc = -1;
   else
     c->rc = run_start(jc->o, jc->m, jc->bk[thread], c->ls, c->n, c->fnotes,
                       &c->run);
+  /* the lines and their graphs (cn_run_add); the run's own planning and
+   * execution are its stats' */
+  double dt = cn_thread_cpu_s() - t0;
+  cn_run_stats st;
+  if (c->run != NULL) {
+    cn_run_get_stats(c->run, &st);
+    dt -= st.schedule_s + st.execute_s;
+  }
+  c->tot.parse_s += dt;
 }
 
 /* Its second half: wait for the run and format its outputs into memory. */
@@ -202,16 +209,22 @@ static void chunk_finish(void *arg, int thread, void *item) {
   (void)thread;
   chunk *c = item;
   if (c->rc == 0)
-    c->rc = run_finish(c->run, c->ls, c->n, &c->tot, c->fout, c->fnotes);
+    c->rc = run_finish(c->run, c->ls, c->n, &c->tot, &c->out, c->fnotes);
+  if (c->out.failed) {
+    fprintf(c->fnotes, "canopy run: no memory for the answers\n");
+    c->rc = -1;
+  }
+  /* the run and the instances go: counted with the graphs they held */
+  double t0 = cn_thread_cpu_s();
   cn_run_free(c->run);
   c->run = NULL;
   for (int i = 0; i < c->n; i++) {
     cn_instance_free(c->ls[i].inst);
     c->ls[i].inst = NULL;
   }
-  if (c->fout != NULL) fclose(c->fout);
   if (c->fnotes != NULL) fclose(c->fnotes);
-  c->fout = c->fnotes = NULL;
+  c->fnotes = NULL;
+  c->tot.parse_s += cn_thread_cpu_s() - t0;
 }
 
 /* Both halves at once (host backends: nothing to overlap). */
@@ -222,16 +235,22 @@ static void chunk_work(void *arg, int thread, void *item) {
 
 /* Prints a computed chunk and adds its totals; returns its status. */
 static int chunk_emit(chunk *c, totals *tot, cn__progress *pg) {
-  if (c->out != NULL) fwrite(c->out, 1, c->out_len, stdout);
+  double t0 = cn_thread_cpu_s();
+  if (c->out.len > 0) fwrite(c->out.p, 1, c->out.len, stdout);
+  c->out.len = 0;
   if (c->notes != NULL && c->notes_len > 0) cn__progress_clear(pg);
   if (c->notes != NULL) {
     fflush(stdout);
     fwrite(c->notes, 1, c->notes_len, stderr);
   }
-  free(c->out);
   free(c->notes);
-  c->out = c->notes = NULL;
+  c->notes = NULL;
+  tot->output_s += cn_thread_cpu_s() - t0;
   if (c->rc != 0) return -1;
+  tot->parse_s += c->tot.parse_s + c->read_s;
+  tot->schedule_s += c->tot.schedule_s;
+  tot->execute_s += c->tot.execute_s;
+  tot->output_s += c->tot.output_s;
   tot->instances += c->tot.instances;
   tot->errors += c->tot.errors;
   tot->batches += c->tot.batches;
@@ -258,6 +277,7 @@ static int chunk_emit(chunk *c, totals *tot, cn__progress *pg) {
 static int chunk_fill(chunk *c, FILE *in, long long batch, char **buf,
                       size_t *cap, long long *lineno) {
   c->n = 0;
+  double t0 = cn_thread_cpu_s();
   c->used = 0;
   c->first_lineno = *lineno + 1;
   ssize_t len;
@@ -275,6 +295,7 @@ static int chunk_fill(chunk *c, FILE *in, long long batch, char **buf,
     c->off[c->n++] = c->used;
     c->used += (size_t)len + 1;
   }
+  c->read_s = cn_thread_cpu_s() - t0;
   return c->n;
 }
 
@@ -283,7 +304,7 @@ static void chunks_free(chunk *cs, int n) {
     free(cs[i].text);
     free(cs[i].off);
     free(cs[i].ls);
-    free(cs[i].out);
+    cn_buf_free(&cs[i].out);
     free(cs[i].notes);
     cn_line_reader_free(cs[i].rd);
   }

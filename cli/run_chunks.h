@@ -37,6 +37,10 @@ typedef struct totals {
   size_t state_peak, state_total; /* docs/memory.md: the largest run's */
   /* the backend's counters (issue #33), summed over the runs */
   long long runs, syncs, to_device, to_host, allocs, launches, copies;
+  /* CPU seconds by stage, summed over the threads (docs/cli.md):
+   * reading lines, parsing them and building their graphs; planning;
+   * executing; writing the answers */
+  double parse_s, schedule_s, execute_s, output_s;
 } totals;
 
 

@@ -87,6 +87,48 @@ const char *cn_file_kind(unsigned mode);
  * daemon's small ones give memory back, `canopy run`'s large ones keep
  * it for the next run (util.c). */
 void cn_malloc_thresholds(size_t bytes);
+/* The calling thread's CPU time in seconds (CLOCK_THREAD_CPUTIME_ID): the
+ * stage times (docs/daemon.md "Stage times") are read with it, a few
+ * times a run, so that they add up to CPU time and not to time waited. */
+double cn_thread_cpu_s(void);
+
+/* ---- answers written without printf or a JSON tree (base/jsonw.c) ----
+ * A float32 as the shortest decimal that strtof reads back as the same
+ * float32 (Ryū, base/f32fmt.c), laid out as "%.9g" lays out: fixed for
+ * decimal exponents -4..8, else d.ddde-X; ".0" after an integer; "null"
+ * for NaN and infinity. out holds CN_JSON_FLOAT_MAX + 1 bytes; returns
+ * the length (NUL-terminated). */
+size_t cn_f32_json(float x, char *out);
+/* x's shortest digits and exponent (x = digits · 10^exp10); 0, or -1 for
+ * NaN and infinity. Zero is digits 0. */
+int cn_f32_shortest(float x, uint32_t *digits, int *exp10);
+/* A growable output buffer. Appending never fails on its own: it sets
+ * failed (no memory) and later appends do nothing. */
+typedef struct cn_buf {
+  char *p;
+  size_t len, cap;
+  int failed;
+} cn_buf;
+/* Room for n more bytes at b->p + b->len (NULL: no memory). */
+char *cn_buf_room(cn_buf *b, size_t n);
+void cn_buf_put(cn_buf *b, const char *s, size_t n);
+void cn_buf_puts(cn_buf *b, const char *s);
+void cn_buf_float(cn_buf *b, float x);  /* cn_f32_json */
+void cn_buf_int(cn_buf *b, long long v);
+/* A real as cn_buf_json writes one: a float32 value by cn_f32_json, any
+ * other as jansson's "%.9g" (durations in the stats). */
+void cn_buf_double(cn_buf *b, double x);
+/* s as a JSON string (quoted; escapes as jansson's compact dump does). */
+void cn_buf_string(cn_buf *b, const char *s);
+/* n floats as a JSON array; returns whether all were finite (a non-finite
+ * one prints as null). */
+int cn_buf_floats(cn_buf *b, const float *x, int64_t n);
+void cn_buf_free(cn_buf *b);
+/* A JSON value written compactly, as json_dumps(JSON_COMPACT |
+ * JSON_REAL_PRECISION(9)) writes it but for reals that are float32
+ * values: those in cn_f32_json's shortest form. For what is not on a hot
+ * path (errors, stats, v2 answers) that still holds a json_t. */
+void cn_buf_json(cn_buf *b, const json_t *j);
 
 /* Error detail: what and where. instance/node/offset are -1 when unknown. */
 typedef struct cn_err {
@@ -216,7 +258,8 @@ int cn_instance_unknown(const cn_instance *inst, int32_t *pos, int cap);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object
- * (docs/api.md) as the daemon prints it (compact, JSON_REAL_PRECISION(9)), for
+ * (docs/api.md) as the daemon prints it (compact, floats by cn_f32_json,
+ * never longer than JSON_REAL_PRECISION(9) printed them), for
  * the request's flags (CN_OUT_*) and max_decode_len (0: the model's):
  * from the model's dimensions, its label and token strings and the
  * instance's size alone, before anything runs (the daemon's
@@ -224,7 +267,8 @@ size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 int64_t cn_model_answer_bound(const cn_model *m, const cn_instance *inst,
                               unsigned flags, int max_decode_len);
 /* The most characters one float (a 32-bit value, or null when it is not
- * finite) prints as at JSON_REAL_PRECISION(9): "-1.23456789e-38". */
+ * finite) prints as, by cn_f32_json or at JSON_REAL_PRECISION(9):
+ * "-1.23456789e-38" (test_f32fmt and f32fmt_all check cn_f32_json). */
 enum { CN_JSON_FLOAT_MAX = 15 };
 
 /* ---- runs ------------------------------------------------------------- */
@@ -314,6 +358,11 @@ typedef struct cn_run_stats {
   long long device_allocs;   /* device / pinned allocations                */
   long long launches;        /* kernel launches                            */
   long long copies_to_device; /* host -> device copies (uploads) made      */
+  /* CPU seconds of the calling thread (cn_thread_cpu_s) in cn_run_exec
+   * and cn_run_wait: planning the batches and the arena (schedule_s), and
+   * the batches, the copy back and the family's finish (execute_s). A
+   * growing graph's run counts all of it as execute_s. */
+  double schedule_s, execute_s;
 } cn_run_stats;
 
 typedef struct cn_backend_ctx cn_backend_ctx;
@@ -407,6 +456,11 @@ int cn_run_wait(cn_run *r, cn_err *err);
  * live in a host buffer the backend context reuses: read a run's outputs
  * before the context executes another run. */
 json_t *cn_run_output(const cn_run *r, int slot);
+/* cn_run_output's object appended to b, written once (no json_t on the
+ * way for the families that write their own: every float by cn_f32_json;
+ * the same keys in the same order). 0, or CN_E_NON_FINITE (as
+ * cn_output_check says it; b left as it was) or CN_E_NOMEM. */
+int cn_run_write_output(const cn_run *r, int slot, cn_buf *b, cn_err *err);
 /* 0, or CN_E_NON_FINITE with err naming the first field of the output
  * object o (of cn_run_output or cn_decode_output) that holds a non-finite
  * value: "logits", "nodes[3].logits", "h", "path_score". */

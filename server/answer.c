@@ -1,6 +1,7 @@
 /* answer.c - parts of a /v1 answer that both a run's answers (worker.c)
- * and a decode session's (decode.c) hold, and the compression both give
- * an answer (/v1's or v2's) whose client asked for it.
+ * and a decode session's (decode.c) hold, the text of an answer that is
+ * still a json_t, and the compression both give an answer (/v1's or v2's)
+ * whose client asked for it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -51,4 +52,35 @@ void cn__answer_compress(cn__req *r) {
   snprintf(r->result_head + hl, sizeof(r->result_head) - hl,
            "Content-Encoding: %s\r\nVary: Accept-Encoding\r\n",
            cn__enc_name(r->answer_enc));
+}
+
+void cn__stats_unknown_write(cn_buf *b, const cn__req *r) {
+  long long total = 0;
+  for (int i = 0; i < r->n_inst; i++)
+    total += cn_instance_unknown(r->inst[i], NULL, 0);
+  cn_buf_puts(b, ",\"unknown_tokens\":");
+  cn_buf_int(b, total);
+  if (!(r->flags & CN_OUT_UNKNOWN)) return;
+  cn_buf_puts(b, ",\"unknown_positions\":[");
+  for (int i = 0; i < r->n_inst; i++) {
+    int n = cn_instance_unknown(r->inst[i], NULL, 0);
+    int32_t *pos = n > 0 ? malloc((size_t)n * sizeof(*pos)) : NULL;
+    if (i > 0) cn_buf_puts(b, ",");
+    cn_buf_puts(b, "[");
+    if (pos != NULL) cn_instance_unknown(r->inst[i], pos, n);
+    for (int k = 0; pos != NULL && k < n; k++) {
+      if (k > 0) cn_buf_puts(b, ",");
+      cn_buf_int(b, pos[k]);
+    }
+    free(pos);
+    cn_buf_puts(b, "]");
+  }
+  cn_buf_puts(b, "]");
+}
+
+char *cn__answer_dump(const json_t *j) {
+  cn_buf b = {0};
+  cn_buf_json(&b, j);
+  if (b.failed) cn_buf_free(&b);
+  return b.p;
 }

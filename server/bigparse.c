@@ -67,7 +67,10 @@ static void unlink_waiting(cn__server *s, cn__req *r) {
 static void do_parse(uv_work_t *w) {
   cn__req *r = w->data;
   cn_err_clear(&r->perr);
+  double t0 = cn_thread_cpu_s();
   r->prc = cn__infer_parse_into(r, &r->parsed, &r->perr);
+  cn__metrics_stage(&r->srv->metrics, r->me->index, CN__STAGE_PARSE,
+                    cn_thread_cpu_s() - t0, false);
   cn__req_body_free(r);
   /* jansson's tree of the body was built and freed in this pool thread's
    * malloc arena; the pool has four threads, so four arenas would each

@@ -100,7 +100,7 @@ static char *format(session *ss, dreq *q, double now, int *status) {
   json_object_set_new(o, "model_version", json_string(ss->me->version));
   json_object_set_new(o, "outputs", outs);
   json_object_set_new(o, "stats", st);
-  char *body = json_dumps(o, DUMP_FLAGS);
+  char *body = cn__answer_dump(o);
   json_decref(o);
   return body;
 }

@@ -93,7 +93,11 @@ static void infer_ready(cn__req *r) {
   }
   cn_err e;
   cn_err_clear(&e);
-  if (cn__infer_parse(r, &e) != 0 || cn__req_reserve_answer(r, &e) != 0) {
+  double t0 = cn_thread_cpu_s();
+  int rc = cn__infer_parse(r, &e);
+  cn__metrics_stage(&s->metrics, r->me->index, CN__STAGE_PARSE,
+                    cn_thread_cpu_s() - t0, true);
+  if (rc != 0 || cn__req_reserve_answer(r, &e) != 0) {
     answer_cn_err(r, &e);
     return;
   }

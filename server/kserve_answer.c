@@ -4,10 +4,11 @@
  * row-major, each row one instance's (root, sink, decoder state, path
  * score) or one node's or token's, the latter located by OFFSETS. The
  * values are /v1's own json_t numbers and strings, referenced, never
- * recomputed or reprinted otherwise: the two answers agree byte for byte
- * on every number. A tensor asked for as binary data holds the float32
- * (or int64) each of those numbers is; one asked for as classes, the
- * text /v1 prints for each of its top values. */
+ * recomputed, and printed as /v1's are (cn_buf_json: shortest float32):
+ * the two answers agree byte for byte on every number. A tensor asked for
+ * as binary data holds the float32 (or int64) each of those numbers is;
+ * one asked for as classes, the text /v1 prints for each of its top
+ * values. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,8 +292,7 @@ static int classify(json_t *t, int k, const json_t *labels) {
     }
     qsort(row, w, sizeof(*row), by_score);
     for (size_t c = 0; c < kk; c++) {
-      char *v = json_dumps(json_array_get(data, r * w + row[c].i),
-                           JSON_ENCODE_ANY | DUMP_FLAGS);
+      char *v = cn__answer_dump(json_array_get(data, r * w + row[c].i));
       const char *label = json_string_value(json_array_get(labels,
                                                            row[c].i));
       json_array_append_new(out, label ? json_sprintf("%s:%zu:%s", v ? v : "",
@@ -371,7 +371,7 @@ static int finish_tensors(const cn__req *r, const cn__model_entry *me,
 /* The answer's bytes: the JSON, then the binary data if any (r's
  * result_len, result_ctype and result_head then say so). */
 static char *answer_bytes(cn__req *r, json_t *v2, bytes *bin, bool binary) {
-  char *head = json_dumps(v2, DUMP_FLAGS);
+  char *head = cn__answer_dump(v2);
   if (head == NULL || !binary) return head;
   size_t hl = strlen(head);
   char *b = realloc(head, hl + bin->n + 1);

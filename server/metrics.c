@@ -74,8 +74,9 @@ int cn__metrics_init(cn__metrics *m, int cap, const char **names) {
   m->model_lower_bound = calloc((size_t)cap + 1, sizeof(uint64_t));
   m->model_arena_peak = calloc((size_t)cap + 1, sizeof(uint64_t));
   m->infer = calloc((size_t)cap + 1, sizeof(cn__infer_stats));
+  m->stage_s = calloc((size_t)(cap + 1) * CN__N_STAGES, sizeof(double));
   if (m->model_batches == NULL || m->model_lower_bound == NULL ||
-      m->model_arena_peak == NULL || m->infer == NULL)
+      m->model_arena_peak == NULL || m->infer == NULL || m->stage_s == NULL)
     return -1;
   if (m->request_s == NULL || m->queue_s == NULL || m->compute_s == NULL ||
       m->batch_instances == NULL)
@@ -101,6 +102,7 @@ void cn__metrics_free(cn__metrics *m) {
   free(m->model_lower_bound);
   free(m->model_arena_peak);
   free(m->infer);
+  free(m->stage_s);
   free(m->worker_dev);
   pthread_mutex_destroy(&m->mu);
 }
@@ -218,6 +220,16 @@ void cn__metrics_run(cn__metrics *m, int model, int instances,
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_stage(cn__metrics *m, int model, cn__stage stage,
+                       double seconds, bool on_loop) {
+  if (stage < 0 || stage >= CN__N_STAGES || !(seconds > 0)) return;
+  pthread_mutex_lock(&m->mu);
+  model = slot_of(m, model);
+  m->stage_s[(size_t)model * CN__N_STAGES + stage] += seconds;
+  if (on_loop) m->loop_parse_s += seconds;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,
                         long long extra_batches, bool over) {
   pthread_mutex_lock(&m->mu);
@@ -243,6 +255,8 @@ void cn__metrics_reset_model(cn__metrics *m, int i) {
   m->instances[i] = m->model_batches[i] = m->model_lower_bound[i] = 0;
   m->model_arena_peak[i] = 0;
   memset(&m->infer[i], 0, sizeof(m->infer[i]));
+  memset(&m->stage_s[(size_t)i * CN__N_STAGES], 0,
+         CN__N_STAGES * sizeof(double));
   memset(&m->retrains[(size_t)i * CN__N_RETRAIN], 0,
          CN__N_RETRAIN * sizeof(uint64_t));
   cn__hist *h[] = {&m->request_s[i], &m->queue_s[i], &m->compute_s[i],
@@ -366,6 +380,12 @@ static void model_label(char *out, size_t cap, const cn__metrics *m, int mi) {
   else out[0] = '\0';
 }
 
+static void counter_f(sbuf *b, const char *name, const char *help,
+                      double v) {
+  head(b, name, "counter", help);
+  sb_printf(b, "%s %.6f\n", name, v);
+}
+
 /* One histogram family with a model label: a series per model slot in
  * use, and one without the label (requests naming no model) when it has
  * any. */
@@ -469,6 +489,27 @@ static void render_runs(sbuf *b, const cn__metrics *m) {
 
 /* Under m->mu: decode sessions, and the batches launched against their
  * lower bound (docs/models.md), overall and by model. */
+/* Where the CPU went, by model and stage (docs/daemon.md "Stage
+ * times"), and the loop thread's own (http): counters of seconds. */
+static void render_stages(sbuf *b, const cn__metrics *m, double loop_cpu) {
+  static const char *const names[CN__N_STAGES] = {"parse", "schedule",
+                                                  "execute", "output"};
+  head(b, "canopy_stage_seconds_total", "counter",
+       "CPU seconds by model and stage: parse (body to instances and their "
+       "graphs), schedule (the run's plan), execute (its batches), output "
+       "(answers written)");
+  for (int i = 0; i < m->n_models; i++)
+    for (int k = 0; k < CN__N_STAGES; k++)
+      sb_printf(b, "canopy_stage_seconds_total{model=\"%s\",stage=\"%s\"} "
+                "%.6f\n", m->model_names[i], names[k],
+                m->stage_s[(size_t)i * CN__N_STAGES + k]);
+  double http = loop_cpu - m->loop_parse_s;
+  counter_f(b, "canopy_http_seconds_total",
+            "CPU seconds of the HTTP front end: the loop thread's, less "
+            "the parsing it did (in canopy_stage_seconds_total)",
+            http > 0 ? http : 0);
+}
+
 static void render_batching(sbuf *b, const cn__metrics *m) {
   counter(b, "canopy_decode_sessions_total",
           "decode sessions started (continuous-decoding)", m->decode_sessions);
@@ -638,6 +679,7 @@ char *cn__metrics_render(cn__metrics *m, const cn__gauges *g) {
   pthread_mutex_lock(&m->mu);
   render_requests(&b, m);
   render_runs(&b, m);
+  render_stages(&b, m, g->loop_cpu_s);
   render_batching(&b, m);
   render_refusals(&b, m);
   render_memory(&b, m);

@@ -23,6 +23,17 @@ typedef struct cn__hist {
   uint64_t count;
 } cn__hist;
 
+/* Where a request's CPU goes (canopy_stage_seconds_total): its body read
+ * into instances and their graphs built; the run's plan; its batches;
+ * its answer written. The loop thread's other work is http (gauges). */
+typedef enum {
+  CN__STAGE_PARSE = 0,
+  CN__STAGE_SCHEDULE,
+  CN__STAGE_EXECUTE,
+  CN__STAGE_OUTPUT,
+  CN__N_STAGES
+} cn__stage;
+
 typedef struct cn__metrics {
   pthread_mutex_t mu;
   int cap;                    /* model slots; slot cap is "" (no model)   */
@@ -40,6 +51,10 @@ typedef struct cn__metrics {
    * its instances (input) and its answers (output), once per run; and
    * when the last one was answered (ms since the epoch) */
   struct cn__infer_stats *infer;
+  double *stage_s;             /* [(cap + 1) * CN__N_STAGES] CPU seconds
+                                  by stage (cn__stage), summed over the
+                                  threads that did them               */
+  double loop_parse_s;         /* of parse: on the loop thread          */
   uint64_t *model_arena_peak;  /* [cap + 1] largest arena of a run (the
                                   live high-water mark, docs/memory.md) */
   uint64_t memory_budget;      /* the memory-budget key, bytes (0: none)  */
@@ -83,6 +98,8 @@ typedef struct cn__gauges {
       draining, open_connections;
   long long body_bytes;
   long long answer_held, answer_reserved; /* max-answer-memory */
+  double loop_cpu_s; /* the loop thread's CPU seconds since it began
+                        serving (http_s: less what it spent parsing) */
 } cn__gauges;
 
 /* in as a Prometheus label value, cut to cap (text format 0.0.4). */
@@ -121,6 +138,10 @@ int cn__metrics_workers(cn__metrics *m, int n);
 void cn__metrics_worker_backend(cn__metrics *m, int worker,
                                 const cn_backend_counters *c);
 void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
+/* CPU seconds a model's requests spent in a stage; on_loop: the loop
+ * thread's (not http's). */
+void cn__metrics_stage(cn__metrics *m, int model, cn__stage stage,
+                       double seconds, bool on_loop);
 /* A run's memory (issue #35): its arena and the batches a memory budget
  * added; over: a run over the budget split request by request. */
 void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,

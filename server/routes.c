@@ -3,6 +3,7 @@
  * immutable while serving or kept in atomics. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "routes.h"
 #include "handlers.h"
@@ -143,6 +144,14 @@ static cn__gauges gauges(cn__server *s) {
   g.answer_held = atomic_load(&s->answer_held);
   g.answer_reserved = atomic_load(&s->answer_reserved);
   g.ready = !g.draining;
+  /* the loop thread's CPU clock, read from whichever thread renders */
+  clockid_t cid;
+  struct timespec ts;
+  g.loop_cpu_s = 0;
+  if (s->loop_cpu0 > 0 && pthread_getcpuclockid(s->loop_thread, &cid) == 0 &&
+      clock_gettime(cid, &ts) == 0)
+    g.loop_cpu_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 -
+                   s->loop_cpu0;
   return g;
 }
 

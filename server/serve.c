@@ -476,6 +476,8 @@ int cn_cmd_serve(int argc, char **argv) {
   }
   log_ready(s, blas, t_start);
   cn__notify("READY=1\nSTATUS=serving"); /* systemd Type=notify */
+  s->loop_thread = pthread_self();
+  s->loop_cpu0 = cn_thread_cpu_s();
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = 0;
 stop:

@@ -328,6 +328,9 @@ struct cn__server {
   bool rt_stop, rt_started;
   pthread_t rt_thread;
   cn__metrics metrics;
+  pthread_t loop_thread;       /* the thread running the loop, and its CPU
+                                  seconds when it began serving (http_s) */
+  double loop_cpu0;
 };
 
 

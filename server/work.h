@@ -29,6 +29,12 @@ void cn__job_free(cn__job *j);
 /* answer.c: adds unknown_tokens (and, asked for, unknown_positions) to an
  * answer's stats (worker.c's and decode.c's answers) */
 void cn__stats_unknown(json_t *st, const cn__req *r);
+/* The same two keys written into an answer being written (worker.c),
+ * each after a comma. */
+void cn__stats_unknown_write(cn_buf *b, const cn__req *r);
+/* An answer that is a json_t (decode sessions, v2) as text, its floats
+ * as every answer prints them (cn_buf_json); caller frees. */
+char *cn__answer_dump(const json_t *j);
 
 /* answer.c: compresses r's answer (result, a 200) for the coding its
  * Accept-Encoding took (Content-Encoding in result_head). */

@@ -30,11 +30,25 @@ typedef struct worker_arg {
 /* The request's answer. An instance whose output holds a non-finite value
  * (JSON has no NaN) fails its request with 500 non_finite, naming the
  * instance and field; the run's other requests are answered as usual. */
-static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
-                           int *status) {
-  json_t *o = json_object();
+static char *answer_non_finite(cn__job *j, int i, cn_err *err, int *status) {
+  char msg[sizeof(err->msg)];
+  snprintf(msg, sizeof(msg), "instance %d: %.280s", i, err->msg);
+  snprintf(err->msg, sizeof(err->msg), "%s", msg);
+  err->instance = i;
+  CN_LOG(CN_LOG_ERROR, "msg=non-finite-output model=%s version=%s "
+         "error=\"%s\"", j->me->name, j->me->version, err->msg);
+  json_t *e = cn_err_to_json(err);
+  char *body = json_dumps(e, DUMP_FLAGS);
+  json_decref(e);
+  *status = cn_err_http_status(err->code);
+  return body;
+}
+
+/* A v2 request's answer: v2's tensors are laid out from /v1's output
+ * objects (kserve_answer.c). */
+static char *format_v2(cn__job *j, cn__req *r, cn_run *run, int *slots,
+                       int *status) {
   json_t *outs = json_array();
-  *status = 200;
   for (int i = 0; i < r->n_inst; i++) {
     json_t *out = cn_run_output(run, slots[i]);
     cn_err err;
@@ -42,18 +56,7 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
     if (cn_output_check(out, &err) != 0) {
       json_decref(out);
       json_decref(outs);
-      json_decref(o);
-      char msg[sizeof(err.msg)];
-      snprintf(msg, sizeof(msg), "instance %d: %.280s", i, err.msg);
-      snprintf(err.msg, sizeof(err.msg), "%s", msg);
-      err.instance = i;
-      CN_LOG(CN_LOG_ERROR, "msg=non-finite-output model=%s version=%s "
-             "error=\"%s\"", j->me->name, j->me->version, err.msg);
-      json_t *e = cn_err_to_json(&err);
-      char *body = json_dumps(e, DUMP_FLAGS);
-      json_decref(e);
-      *status = cn_err_http_status(err.code);
-      return body;
+      return answer_non_finite(j, i, &err, status);
     }
     json_array_append_new(outs, out);
   }
@@ -62,22 +65,56 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
   json_object_set_new(st, "compute_ms", json_real(r->compute_ms));
   json_object_set_new(st, "batches", json_integer(j->st.batches));
   json_object_set_new(st, "lower_bound", json_integer(j->st.lower_bound));
-  /* which requests shared the run: the same number */
   json_object_set_new(st, "run", json_integer((json_int_t)j->id));
   json_object_set_new(st, "run_requests", json_integer(j->n));
   json_object_set_new(st, "run_instances", json_integer(j->instances));
   cn__stats_unknown(st, r);
-  if (r->v2) { /* the same outputs as v2 tensors (kserve.c) */
-    json_decref(o);
-    return cn__kserve_answer(r, j->me, outs, st, status);
+  return cn__kserve_answer(r, j->me, outs, st, status);
+}
+
+/* A /v1 answer, written once into its buffer: the outputs straight from
+ * the run's states (cn_run_write_output), then the stats; the same keys
+ * in the same order as the json_t it was once dumped from. */
+static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
+                           int *status) {
+  *status = 200;
+  if (r->v2) return format_v2(j, r, run, slots, status);
+  cn_buf b = {0};
+  cn_buf_puts(&b, "{\"model\":");
+  cn_buf_string(&b, j->me->name);
+  cn_buf_puts(&b, ",\"model_version\":");
+  cn_buf_string(&b, j->me->version);
+  cn_buf_puts(&b, ",\"outputs\":[");
+  for (int i = 0; i < r->n_inst; i++) {
+    cn_err err;
+    cn_err_clear(&err);
+    if (i > 0) cn_buf_puts(&b, ",");
+    int rc = cn_run_write_output(run, slots[i], &b, &err);
+    if (rc == CN_E_NON_FINITE) {
+      cn_buf_free(&b);
+      return answer_non_finite(j, i, &err, status);
+    }
+    if (rc != 0) break; /* no memory: b.failed */
   }
-  json_object_set_new(o, "model", json_string(j->me->name));
-  json_object_set_new(o, "model_version", json_string(j->me->version));
-  json_object_set_new(o, "outputs", outs);
-  json_object_set_new(o, "stats", st);
-  char *s = json_dumps(o, DUMP_FLAGS);
-  json_decref(o);
-  return s;
+  cn_buf_puts(&b, "],\"stats\":{\"queue_ms\":");
+  cn_buf_double(&b, r->queue_ms);
+  cn_buf_puts(&b, ",\"compute_ms\":");
+  cn_buf_double(&b, r->compute_ms);
+  cn_buf_puts(&b, ",\"batches\":");
+  cn_buf_int(&b, j->st.batches);
+  cn_buf_puts(&b, ",\"lower_bound\":");
+  cn_buf_int(&b, j->st.lower_bound);
+  /* which requests shared the run: the same number */
+  cn_buf_puts(&b, ",\"run\":");
+  cn_buf_int(&b, (long long)j->id);
+  cn_buf_puts(&b, ",\"run_requests\":");
+  cn_buf_int(&b, j->n);
+  cn_buf_puts(&b, ",\"run_instances\":");
+  cn_buf_int(&b, j->instances);
+  cn__stats_unknown_write(&b, r);
+  cn_buf_puts(&b, "}}");
+  if (b.failed) cn_buf_free(&b);
+  return b.p; /* NULL: no memory, as json_dumps's */
 }
 
 static void run_job(worker_arg *w, cn__job *j);
@@ -147,6 +184,7 @@ static void inflight_free(inflight *f) {
 static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   cn__server *s = w->s;
   *f = (inflight){j, NULL, NULL, cn_now_s(), 0};
+  double c0 = cn_thread_cpu_s();
   f->slots = calloc((size_t)j->n, sizeof(int *));
   f->run = cn_run_new(j->me->model, w->bk);
   if (f->run != NULL) {
@@ -186,6 +224,9 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
     live++;
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
+  /* the instances added: their graphs built (parse) */
+  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE,
+                    cn_thread_cpu_s() - c0, false);
   if (live == 0) goto done;
   f->t_added = cn_now_s();
   if (cn__policy_exec(s, j->me, f->run, &err) != 0) goto fail;
@@ -228,6 +269,7 @@ static void run_finish(worker_arg *w, inflight *f) {
                      j->st.batches - j->st.policy_batches, false);
   note_memory(j->slot, &j->st);
   double t_out = cn_now_s();
+  double c0 = cn_thread_cpu_s();
   for (int i = 0; i < j->n; i++) {
     cn__req *r = j->reqs[i];
     if (f->slots[i] == NULL) continue;
@@ -240,7 +282,17 @@ static void run_finish(worker_arg *w, inflight *f) {
                   f->t_added - f->t0, cn_now_s() - t_out, j->st.batches,
                   j->st.lower_bound, j->st.vertices, j->st.kernels,
                   j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
+  double c1 = cn_thread_cpu_s();
   inflight_free(f);
+  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_OUTPUT, c1 - c0,
+                    false);
+  /* the run's graph freed: with the graph built, as canopy run counts */
+  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE,
+                    cn_thread_cpu_s() - c1, false);
+  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_SCHEDULE,
+                    j->st.schedule_s, false);
+  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_EXECUTE,
+                    j->st.execute_s, false);
 }
 
 static void run_job(worker_arg *w, cn__job *j) {

@@ -102,6 +102,11 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, 2 * (int)r->m->dims.H, hidden);
 }
 
+static int write(const cn_run *r, int slot, cn_buf *b, char *field,
+                 size_t cap) {
+  return cn__tagger_write(r, slot, 2 * (int)r->m->dims.H, hidden, b, field, cap);
+}
+
 static void reads(cn_run *r, int slot) {
   const cn_run_slot *s = &r->slots[slot];
   int H = (int)r->m->dims.H;
@@ -141,6 +146,7 @@ const cn_family cn__fam_bilstm = {
     .state_floats = state_floats,
     .finish = finish,
     .output = output,
+    .write = write,
     .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,

@@ -94,6 +94,7 @@ const cn_family cn__fam_childsum = {
     .count = cn__tree_count,
     .state_floats = state_floats,
     .output = cn__tree_output_h,
+    .write = cn__tree_write_h,
     .reads = cn__tree_reads_h,
     .answer_bound = cn__tree_answer_bound,
     .cell = cell,

@@ -54,6 +54,19 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
                                          float *buf));
 /* The classifier's object: logits, label, label_name of one output row. */
 json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
+/* The same objects written straight into b (family write()): 0, or
+ * CN_E_NON_FINITE with the field named as cn_output_check names it. */
+int cn__tree_write(const cn_run *r, int slot, int h_floats, cn_buf *b,
+                   char *field, size_t cap);
+int cn__tree_write_h(const cn_run *r, int slot, cn_buf *b, char *field,
+                     size_t cap);
+int cn__tagger_write(const cn_run *r, int slot, int h_floats,
+                     void (*hidden)(const cn_run *r, int slot, int i,
+                                    float *buf),
+                     cn_buf *b, char *field, size_t cap);
+/* cn__logits_object's keys, without the braces; false on a non-finite
+ * logit. */
+bool cn__logits_write(const cn_run *r, cn_buf *b, const float *z);
 /* ---- linear-chain CRF decoding (crf.c) ---- */
 /* Viterbi over n instances at once (docs/models.md bilstm-tagger "crf"):
  * instance i has len[i] ≥ 0 tokens whose emissions (C floats each) are

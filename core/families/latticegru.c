@@ -6,6 +6,8 @@
  * embedding and the mean of the predecessors' h (zero without any),
  * described in the op IR below and run compiled (core/cell/cell.h).
  */
+#include <stdio.h>
+
 #include "cell/cell.h"
 #include "families/families.h"
 
@@ -79,6 +81,25 @@ static json_t *output(const cn_run *r, int slot) {
   return o;
 }
 
+/* output()'s object written straight into b. */
+static int write(const cn_run *r, int slot, cn_buf *b, char *field,
+                 size_t cap) {
+  const cn_run_slot *s = &r->slots[slot];
+  int rc = 0;
+  cn_buf_put(b, "{", 1);
+  if (!cn__logits_write(r, b, cn__run_state_host(r, s->out_v0)))
+    rc = CN_E_NON_FINITE, snprintf(field, cap, "logits");
+  if (s->flags & CN_OUT_HIDDEN) {
+    int32_t sink = r->node_vertex[s->node_v0 + s->inst->n - 1];
+    cn_buf_put(b, ",\"h\":", 5);
+    if (!cn_buf_floats(b, cn__run_state_host(r, sink), r->m->dims.H) &&
+        rc == 0)
+      rc = CN_E_NON_FINITE, snprintf(field, cap, "h");
+  }
+  cn_buf_put(b, "}", 1);
+  return rc;
+}
+
 static void reads(cn_run *r, int slot) { /* mirrors output() */
   const cn_run_slot *s = &r->slots[slot];
   cn__run_need(r, s->out_v0, 0, (int)r->m->dims.C);
@@ -117,6 +138,7 @@ const cn_family cn__fam_latticegru = {
     .count = count,
     .state_floats = state_floats,
     .output = output,
+    .write = write,
     .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,

@@ -114,6 +114,11 @@ static json_t *output(const cn_run *r, int slot) {
   return cn__tagger_output(r, slot, (int)r->m->dims.H, hidden);
 }
 
+static int write(const cn_run *r, int slot, cn_buf *b, char *field,
+                 size_t cap) {
+  return cn__tagger_write(r, slot, (int)r->m->dims.H, hidden, b, field, cap);
+}
+
 static void reads(cn_run *r, int slot) {
   const cn_run_slot *s = &r->slots[slot];
   cn__tagger_reads(r, slot);
@@ -222,6 +227,7 @@ const cn_family cn__fam_latticelstm = {
     .count = count,
     .state_floats = state_floats,
     .output = output,
+    .write = write,
     .reads = reads,
     .answer_bound = answer_bound,
     .cell = cell,

@@ -2,6 +2,7 @@
  * vertices, index arrays for batched kernels, the output layer, and the
  * per-instance JSON object of docs/api.md. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "families/families.h"
@@ -115,6 +116,67 @@ json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
   return o;
 }
 
+#define PUTL(b, lit) cn_buf_put(b, lit, sizeof(lit) - 1)
+
+/* The first non-finite field's name, as cn_output_check's find_null
+ * walks the object: keys in order, "[i]" for an object in an array. */
+static int non_finite(char *field, size_t cap, const char *name, int index) {
+  if (index >= 0)
+    snprintf(field, cap, "%s[%d].logits", name, index);
+  else
+    snprintf(field, cap, "%s", name);
+  return CN_E_NON_FINITE;
+}
+
+bool cn__logits_write(const cn_run *r, cn_buf *b, const float *z) {
+  const cn_model *m = r->m;
+  int C = (int)m->dims.C;
+  int label = cn__argmax(z, C);
+  PUTL(b, "\"logits\":");
+  bool ok = cn_buf_floats(b, z, C);
+  PUTL(b, ",\"label\":");
+  cn_buf_int(b, label);
+  if (m->labels != NULL && label < m->n_labels) {
+    PUTL(b, ",\"label_name\":");
+    cn_buf_string(b, m->labels[label]);
+  }
+  return ok;
+}
+
+int cn__tree_write(const cn_run *r, int slot, int h_floats, cn_buf *b,
+                   char *field, size_t cap) {
+  const cn_run_slot *s = &r->slots[slot];
+  int rc = 0;
+  PUTL(b, "{");
+  if (!cn__logits_write(r, b, cn__run_state_host(r, s->out_v0)))
+    rc = non_finite(field, cap, "logits", -1);
+  if (s->flags & CN_OUT_ALL) {
+    PUTL(b, ",\"nodes\":[");
+    for (int32_t i = 0; i < s->n_out; i++) {
+      if (i > 0) PUTL(b, ",");
+      PUTL(b, "{");
+      if (!cn__logits_write(r, b, cn__run_state_host(r, s->out_v0 + i)) &&
+          rc == 0)
+        rc = non_finite(field, cap, "nodes", i);
+      PUTL(b, "}");
+    }
+    PUTL(b, "]");
+  }
+  if (s->flags & CN_OUT_HIDDEN) {
+    int32_t root = r->node_vertex[s->node_v0];
+    PUTL(b, ",\"h\":");
+    if (!cn_buf_floats(b, cn__run_state_host(r, root), h_floats) && rc == 0)
+      rc = non_finite(field, cap, "h", -1);
+  }
+  PUTL(b, "}");
+  return rc;
+}
+
+int cn__tree_write_h(const cn_run *r, int slot, cn_buf *b, char *field,
+                     size_t cap) {
+  return cn__tree_write(r, slot, (int)r->m->dims.H, b, field, cap);
+}
+
 /* Mirrors cn__tree_output: the logits rows, the root's h. */
 void cn__tree_reads(cn_run *r, int slot, int h_floats) {
   const cn_run_slot *s = &r->slots[slot];
@@ -173,6 +235,62 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
     json_object_set_new(o, "h", hs);
   }
   return o;
+}
+
+int cn__tagger_write(const cn_run *r, int slot, int h_floats,
+                     void (*hidden)(const cn_run *r, int slot, int i,
+                                    float *buf),
+                     cn_buf *b, char *field, size_t cap) {
+  const cn_run_slot *s = &r->slots[slot];
+  const cn_model *m = r->m;
+  int C = (int)m->dims.C, rc = 0;
+  PUTL(b, "{\"logits\":[");
+  for (int32_t i = 0; i < s->n_out; i++) {
+    if (i > 0) PUTL(b, ",");
+    if (!cn_buf_floats(b, cn__run_state_host(r, s->out_v0 + i), C) &&
+        rc == 0)
+      rc = non_finite(field, cap, "logits", -1);
+  }
+  PUTL(b, "],\"tags\":[");
+  for (int32_t i = 0; i < s->n_out; i++) {
+    const float *z = cn__run_state_host(r, s->out_v0 + i);
+    int t = r->out_tag != NULL ? r->out_tag[s->out_v0 + i]
+                               : cn__argmax(z, C);
+    if (i > 0) PUTL(b, ",");
+    cn_buf_int(b, t);
+  }
+  PUTL(b, "]");
+  if (m->labels != NULL) {
+    PUTL(b, ",\"tag_names\":[");
+    for (int32_t i = 0; i < s->n_out; i++) {
+      const float *z = cn__run_state_host(r, s->out_v0 + i);
+      int t = r->out_tag != NULL ? r->out_tag[s->out_v0 + i]
+                                 : cn__argmax(z, C);
+      if (i > 0) PUTL(b, ",");
+      cn_buf_string(b, t < m->n_labels ? m->labels[t] : "");
+    }
+    PUTL(b, "]");
+  }
+  if (r->out_score != NULL) {
+    float ps = r->out_score[slot];
+    PUTL(b, ",\"path_score\":");
+    cn_buf_float(b, ps);
+    if (!isfinite(ps) && rc == 0) rc = non_finite(field, cap, "path_score", -1);
+  }
+  if (s->flags & CN_OUT_HIDDEN) {
+    float *buf = malloc((size_t)h_floats * sizeof(float));
+    PUTL(b, ",\"h\":[");
+    for (int32_t i = 0; buf != NULL && i < s->n_out; i++) {
+      hidden(r, slot, i, buf);
+      if (i > 0) PUTL(b, ",");
+      if (!cn_buf_floats(b, buf, h_floats) && rc == 0)
+        rc = non_finite(field, cap, "h", -1);
+    }
+    free(buf);
+    PUTL(b, "]");
+  }
+  PUTL(b, "}");
+  return rc;
 }
 
 /* ---- answer bounds ---- */

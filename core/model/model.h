@@ -75,6 +75,13 @@ struct cn_family {
   int (*finish)(cn_run *r, cn_err *err);
   /* Writes the per-instance output object (docs/api.md). */
   json_t *(*output)(const cn_run *r, int slot);
+  /* output()'s object written straight into b, key for key the same
+   * JSON (cn_run_write_output), with no json_t in between: 0, or
+   * CN_E_NON_FINITE with field naming the first non-finite value's field
+   * as cn_output_check does ("nodes[3].logits"). NULL: output() and
+   * cn_buf_json stand in. */
+  int (*write)(const cn_run *r, int slot, cn_buf *b, char *field,
+               size_t cap);
   /* Names, with cn__run_need, every state span output() and finish()
    * read for this slot: a device backend copies back exactly these
    * (issue #33). It mirrors output() field by field, as answer_bound. */

@@ -244,12 +244,13 @@ static int alloc_arena(cn_run *r, cn_err *err) {
 }
 
 static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
+  double t0 = cn_thread_cpu_s();
   int rc = cn__sched_plan(r, policy, err);
-  if (rc != 0) return rc;
-  uint8_t *keep = r->reuse ? rows_read_after(r) : NULL;
-  rc = plan_memory(r, keep, err);
+  uint8_t *keep = rc == 0 && r->reuse ? rows_read_after(r) : NULL;
+  if (rc == 0) rc = plan_memory(r, keep, err);
   free(keep);
   if (rc == 0) rc = alloc_arena(r, err);
+  r->schedule_s += cn_thread_cpu_s() - t0;
   if (rc != 0) return rc;
   cn__run_bind_weights(r);
   long long k0 = r->bk->kernels;
@@ -389,12 +390,14 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
     r->finished = true;
     return 0;
   }
+  double t0 = cn_thread_cpu_s(), s0 = r->schedule_s;
   int rc = r->fam->dynamic ? cn__run_exec_dynamic(r, policy, err)
                            : exec_planned(r, policy, err);
   cn__run_count(r);
   if (rc != 0) r->finished = true; /* nothing left to wait for */
-  if (rc != 0 || r->fetching) return rc;
-  return run_finish(r, err);
+  if (rc == 0 && !r->fetching) rc = run_finish(r, err);
+  r->execute_s += cn_thread_cpu_s() - t0 - (r->schedule_s - s0);
+  return rc;
 }
 
 int cn_run_wait(cn_run *r, cn_err *err) {
@@ -402,13 +405,16 @@ int cn_run_wait(cn_run *r, cn_err *err) {
     return cn_err_set(err, CN_E_INTERNAL, "cn_run_wait before cn_run_exec");
   if (r->finished) return 0;
   r->ctr0 = r->bk->ctr; /* only this run's wait, not what ran between */
+  double t0 = cn_thread_cpu_s();
   int rc = cn__run_fetch_wait(r, err);
   if (rc != 0) {
     r->finished = true;
     cn__run_count(r);
-    return rc;
+  } else {
+    rc = run_finish(r, err);
   }
-  return run_finish(r, err);
+  r->execute_s += cn_thread_cpu_s() - t0;
+  return rc;
 }
 
 void cn_run_set_async(cn_run *r, int on) { r->async = on != 0; }
@@ -452,6 +458,8 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->device_allocs = r->ctr.allocs;
   s->launches = r->ctr.launches;
   s->copies_to_device = r->ctr.copies_to_device;
+  s->schedule_s = r->schedule_s;
+  s->execute_s = r->execute_s;
 }
 
 /* cn_run_exec with a learned policy (NULL: the agenda). */

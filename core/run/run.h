@@ -116,6 +116,7 @@ struct cn_run {
                            lie when the backend can (gemm_rows; default 1,
                            CANOPY_ROWS_IN_PLACE=0 gathers them as before) */
   long long kernels;
+  double schedule_s, execute_s; /* cn_run_stats': thread CPU seconds    */
   cn_backend_counters ctr0; /* the backend's counters when the run began */
   cn_backend_counters ctr;  /* their difference when it ended           */
   /* memory by liveness (run_arena.c, docs/memory.md): set before exec */

@@ -3,6 +3,7 @@
  * the family's output() per instance, checked for non-finite values.
  * Calls no other file of run/.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,6 +140,37 @@ json_t *cn_run_output(const cn_run *r, int slot) {
   if (slot < 0 || slot >= r->n_slots || !r->executed || !r->finished)
     return NULL; /* not executed, or on its way (cn_run_wait) */
   return r->fam->output(r, slot);
+}
+
+/* The answer of a slot written once into the output buffer: the family's
+ * write() where it has one (every float by cn_f32_json, no json_t in
+ * between), else its output() printed by cn_buf_json. A non-finite value
+ * leaves b as it was and fails with cn_output_check's error. */
+int cn_run_write_output(const cn_run *r, int slot, cn_buf *b, cn_err *err) {
+  if (slot < 0 || slot >= r->n_slots || !r->executed || !r->finished)
+    return cn_err_set(err, CN_E_INTERNAL, "slot %d has no output", slot);
+  size_t at = b->len;
+  if (r->fam->write != NULL) {
+    char field[128] = "";
+    int rc = r->fam->write(r, slot, b, field, sizeof(field));
+    if (rc == 0 && b->failed) rc = CN_E_NOMEM;
+    if (rc == 0) return 0;
+    b->len = at;
+    if (b->p != NULL) b->p[at] = '\0';
+    if (rc == CN_E_NOMEM)
+      return cn_err_set(err, rc, "no memory for the answer");
+    return cn_err_set(err, CN_E_NON_FINITE, "the model computed a "
+                      "non-finite value (NaN or infinity) for '%s'; JSON "
+                      "cannot hold it (the weights or this input overflow)",
+                      field);
+  }
+  json_t *o = r->fam->output(r, slot);
+  int rc = cn_output_check(o, err);
+  if (rc == 0) cn_buf_json(b, o);
+  json_decref(o);
+  if (rc == 0 && b->failed)
+    rc = cn_err_set(err, CN_E_NOMEM, "no memory for the answer");
+  return rc;
 }
 
 /* The first null under v (an output holds null only for a non-finite
