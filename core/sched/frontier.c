@@ -289,7 +289,9 @@ int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
     return CN_E_NOMEM;
   for (int32_t v = 0; v < g->nv; v++) {
     int32_t b = g->in_start[v];
-    int32_t w = cn__frontier_add(f, g->vtype[v], g->in_edges + b,
+    /* a DAG without edges may have no edge array: no offset on NULL */
+    int32_t w = cn__frontier_add(f, g->vtype[v],
+                                 g->in_edges != NULL ? g->in_edges + b : NULL,
                                  g->in_start[v + 1] - b);
     if (w < 0) return w;
   }
