@@ -343,7 +343,8 @@ int cn_cmd_run(int argc, char **argv) {
    * would refuse every line: refused here, naming the smallest that runs */
   long long floor = 0;
   if (o.cfg.serve.memory_budget > 0 &&
-      cn_run_min_budget(m, bk, o.policy, o.layout, &floor, &err) != 0) {
+      cn_run_min_budget(m, bk, o.policy, o.layout,
+                        o.cfg.serve.plan_width, &floor, &err) != 0) {
     fprintf(stderr, "canopy run: %s\n", err.msg);
     goto out;
   }

@@ -417,15 +417,15 @@ void cn_run_set_memory_order(cn_run *r, int on);
 void cn_run_set_memory_budget(cn_run *r, long long bytes);
 /* The smallest memory budget, in bytes, under which m's warm-up instance
  * (cn_model_warmup_instance: a few vertices of each type, root output
- * only) has a plan with `policy` (fsm: the agenda it falls back to) and
- * `layout` on bk: under a smaller budget every request of m is refused
+ * only) has a plan with `policy` (fsm: the agenda it falls back to),
+ * `layout` and `plan_width` on bk: under a smaller budget every request of m is refused
  * (413), so a command refuses such a budget at start-up naming this
  * value. 0 when no budget applies to m's runs (a graph that grows while
  * it runs) or its vocabulary makes no instance. Plans only (a bisection
  * over budgets): nothing executes, nothing is allocated on bk. */
 int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
                       cn_policy_kind policy, cn_layout layout,
-                      long long *bytes, cn_err *err);
+                      int plan_width, long long *bytes, cn_err *err);
 /* After cn_run_exec: re-executes n vertices of one of the run's batches of
  * `type` iters times with `layout` and measures them (the ED-Batch Table 2
  * style report; the run's outputs are unchanged). out->n is 0 when the run

@@ -385,7 +385,7 @@ static int check_budget(cn__server *s, cn_err *err) {
     if (!sl->used || sl->cur == NULL) continue;
     long long floor = 0;
     if ((rc = cn_run_min_budget(sl->cur->model, bk, s->policy, s->layout,
-                                &floor, err)) != 0)
+                                s->cfg.serve.plan_width, &floor, err)) != 0)
       break;
     if (floor > need) {
       need = floor;

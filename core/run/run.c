@@ -286,14 +286,15 @@ static int plan_only(cn_run *r, cn_policy_kind policy, cn_err *err) {
  * negative error. *dynamic: the family's graph grows (nothing planned). */
 static int probe_budget(const cn_model *m, cn_backend_ctx *bk,
                         const cn_instance *in, cn_policy_kind policy,
-                        cn_layout layout, long long budget, long long *arena,
-                        bool *dynamic, cn_err *err) {
+                        cn_layout layout, int plan_width, long long budget,
+                        long long *arena, bool *dynamic, cn_err *err) {
   cn_run *r = cn_run_new(m, bk);
   if (r == NULL) return cn_err_set(err, CN_E_NOMEM, "no memory for a run");
   int rc = 0;
   *dynamic = r->fam->dynamic;
   if (*dynamic) goto out;
   cn_run_set_layout(r, layout);
+  cn_run_set_plan_width(r, plan_width);
   cn_run_set_memory_budget(r, budget);
   if ((rc = cn_run_add(r, in, 0, 0)) < 0) {
     cn_err_set(err, rc, "could not add the instance");
@@ -316,7 +317,7 @@ out:
 
 int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
                       cn_policy_kind policy, cn_layout layout,
-                      long long *bytes, cn_err *err) {
+                      int plan_width, long long *bytes, cn_err *err) {
   *bytes = 0;
   /* a learned policy may be absent or retrained: the agenda it falls
    * back to stands in for it */
@@ -337,13 +338,15 @@ int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
   if (cn_instance_parse(m, j, &lim, 0, &in, &e) != 0) goto out;
   bool dynamic = false;
   long long arena = 0, hi, lo = 0;
-  if ((rc = probe_budget(m, bk, in, policy, layout, 0, &arena, &dynamic,
-                         err)) != 0 || dynamic)
+  if ((rc = probe_budget(m, bk, in, policy, layout, plan_width, 0, &arena,
+                         &dynamic, err)) != 0 ||
+      dynamic)
     goto out;
   /* the arena without a budget fits under itself as a budget; should a
    * plan under a budget need more (its own rounding), double it */
   for (hi = arena > 64 ? arena : 64;; hi *= 2) {
-    rc = probe_budget(m, bk, in, policy, layout, hi, &arena, &dynamic, err);
+    rc = probe_budget(m, bk, in, policy, layout, plan_width, hi, &arena,
+                      &dynamic, err);
     if (rc < 0) goto out;
     if (rc == 0) break;
     if (hi > (1LL << 40)) {
@@ -355,7 +358,8 @@ int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
   /* lo: no plan under it; hi: a plan (every probe is a fresh run) */
   while (hi - lo > 1) {
     long long mid = lo + (hi - lo) / 2;
-    rc = probe_budget(m, bk, in, policy, layout, mid, &arena, &dynamic, err);
+    rc = probe_budget(m, bk, in, policy, layout, plan_width, mid, &arena,
+                      &dynamic, err);
     if (rc < 0) goto out;
     if (rc == 0) hi = mid;
     else lo = mid;
