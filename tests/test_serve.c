@@ -367,13 +367,13 @@ Test(serve, window_split_among_idle_workers, .fini = teardown,
 }
 
 /* SIGTERM with requests waiting in a 10 s window (the span the test has
- * to ask readyz in): readyz turns 503 on an open connection, new
- * connections are refused, every accepted request is answered 200, and
- * the process exits 0. */
+ * to ask readyz in; the drain's grace is longer): readyz turns 503 on an
+ * open connection, new connections are refused, every accepted request is
+ * answered 200, and the process exits 0. */
 Test(serve, sigterm_drains, .fini = teardown, .timeout = 60) {
   th_models(&d, tree_only);
   const char *flags[] = {"--max-delay-us", "10000000", "--work-conserving",
-                         "false", NULL};
+                         "false", "--drain-grace-ms", "60000", NULL};
   th_start(&d, flags);
   int k = th_connect(d.port);
   th_resp r;

@@ -191,9 +191,11 @@ Test(serve_ops, draining_answers_close_the_connection, .fini = teardown,
      .timeout = 90) {
   th_models(&d, tree_only);
   /* w's window (10 s) keeps the drain going while k asks: the one span
-   * the test must act within, a hundred times what it takes */
+   * the test must act within, a hundred times what it takes; the drain's
+   * grace is longer, so that the window, not the grace, ends it */
   const char *flags[] = {"--max-delay-us", "10000000", "--work-conserving",
-                         "false", "--log-level", "debug", NULL};
+                         "false", "--log-level", "debug", "--drain-grace-ms",
+                         "60000", NULL};
   th_start(&d, flags);
   int k = th_connect(d.port);
   th_resp r;
