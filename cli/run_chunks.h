@@ -35,7 +35,7 @@ typedef struct totals {
   long long policy_batches; /* the policy's, before the memory order */
   size_t gather_bytes, cell_bytes, arena_peak;
   size_t state_peak, state_total; /* docs/memory.md: the largest run's */
-  /* the backend's counters (issue #33), summed over the runs */
+  /* the backend's counters (cn_backend_counters), summed over the runs */
   long long runs, syncs, to_device, to_host, allocs, launches, copies;
   /* CPU seconds by stage, summed over the threads (docs/cli.md):
    * reading lines, parsing them and building their graphs; planning;
@@ -48,7 +48,7 @@ typedef struct totals {
  * prints each output line to stdout in input order and notes to stderr,
  * and adds the counts to *tot. overlap: each job issues its next run
  * before it finishes the one before (a device computes one while the
- * host prepares the next; issue #33 item 3). -1 when a run failed,
+ * host prepares the next). -1 when a run failed,
  * memory ran out or the jobs could not start (said on stderr). */
 int cn__run_stream(const run_opts *o, const cn_model *m,
                    cn_backend_ctx **job_bk, int jobs, bool overlap, FILE *in,

@@ -224,7 +224,7 @@ struct cn_backend_vt {
   void (*copy_rows)(cn_backend_ctx *bk, float *dst, int ldd, const float *src,
                     int lds, int n, int width);
   /* One fused elementwise kernel (Cavs' fusion): runs p's instructions in
-   * order on each of n rows; see cn_ew_prog below. */
+   * order on each of n rows; see cn_ew_prog above. */
   void (*ew_program)(cn_backend_ctx *bk, const struct cn_ew_prog *p,
                      const struct cn_ew_slot *slots, int n);
 

@@ -10,7 +10,7 @@
 #include "work.h"
 
 /* stats.unknown_tokens: the request's words that are not in the model's
- * vocabulary (read as '<unk>', issue 37: a client learns that its
+ * vocabulary (read as '<unk>', so a client learns that its
  * tokenisation or casing does not match the model's); with
  * "unknown_positions": true, stats.unknown_positions lists them, one
  * array an instance (cn_instance_unknown's positions). */

@@ -184,8 +184,8 @@ static void full_msg(cn__server *s, int waiting, char *msg, size_t cap) {
  * instance refuses it as cn__batcher_submit would, and parsing the JSON
  * and building its instances only to refuse them is saved. Under
  * overload about half the requests are refused, and that parsing took
- * loop-thread time the runs' dispatch needed (issue 21, overload
- * goodput). A request that could never fit (413) hears so once the
+ * loop-thread time the runs' dispatch needed, lowering the goodput under
+ * overload. A request that could never fit (413) hears so once the
  * queue has room. */
 bool cn__batcher_full(cn__server *s, char *msg, size_t cap) {
   int waiting = atomic_load(&s->waiting_instances);

@@ -483,7 +483,7 @@ static int http_body(cn__req *r, const char *data, size_t n) {
      * A body of up to CN__BIG_BODY_BYTES is counted but never refused:
      * those are bounded by max-connections x 16 KiB already, and a few
      * connections holding big bodies would otherwise turn every ordinary
-     * request away (third probe: 32 half-sent 8 MiB bodies, every POST
+     * request away (32 half-sent 8 MiB bodies would make every POST
      * 429 for body-timeout-s) */
     long long grow = (long long)(cap - r->body_cap);
     long long held = atomic_fetch_add(&r->srv->body_bytes, grow) + grow;

@@ -74,8 +74,8 @@ typedef struct cn__metrics {
   uint64_t window_closes[7];  /* by cn__close_reason                      */
   /* decode sessions (decode.c) */
   uint64_t decode_sessions, decode_joined, decode_early;
-  /* per worker: its backend context's counters (issue #33), as the worker
-   * last copied them */
+  /* per worker: its backend context's counters (cn_backend_counters), as
+   * the worker last copied them */
   cn_backend_counters *worker_dev;
   int n_workers;
   double start_time;
@@ -142,7 +142,7 @@ void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
  * thread's (not http's). */
 void cn__metrics_stage(cn__metrics *m, int model, cn__stage stage,
                        double seconds, bool on_loop);
-/* A run's memory (issue #35): its arena and the batches a memory budget
+/* A run's memory (docs/memory.md): its arena and the batches a memory budget
  * added; over: a run over the budget split request by request. */
 void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,
                         long long extra_batches, bool over);

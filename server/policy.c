@@ -1,5 +1,5 @@
-/* policy.c - learned FSM batching policies in the daemon (ED-Batch §2;
- * issue 4 item 5), per model:
+/* policy.c - learned FSM batching policies in the daemon (ED-Batch §2),
+ * per model:
  *
  *   start-up   cn_policy_cache_load only (a file read: never trains). A HIT
  *              is served at once; a MISS, STALE or CORRUPT file is logged

@@ -176,8 +176,8 @@ static void inflight_free(inflight *f) {
 }
 
 /* Adds j's live requests to a run and issues it. With async the run may
- * still be computing on the device when this returns (issue #33 item 3:
- * the worker prepares its next run meanwhile). True: f holds the run,
+ * still be computing on the device when this returns (the
+ * worker prepares its next run meanwhile). True: f holds the run,
  * run_finish answers it; false: every request already has its answer (an
  * error, no live request, or a run over the budget answered one request
  * at a time). */
@@ -300,7 +300,7 @@ static void run_job(worker_arg *w, cn__job *j) {
   if (run_start(w, j, false, &f)) run_finish(w, &f);
 }
 
-/* The worker's backend counters into /metrics (issue #33). */
+/* The worker's backend counters into /metrics. */
 static void report_backend(worker_arg *w) {
   cn_backend_counters c;
   cn_backend_get_counters(w->bk, &c);
@@ -336,7 +336,7 @@ static void *worker_main(void *arg) {
   bool kept = false; /* ran a job since it last gave memory back */
   /* On a device a worker issues its next run before it reads the answers
    * of the one before, so the host prepares run N+1 (parse, plan, index
-   * arrays) while the device computes run N (issue #33 item 3): at most
+   * arrays) while the device computes run N: at most
    * two runs in flight, and a run waits for nobody when the queue is
    * empty. */
   inflight prev;

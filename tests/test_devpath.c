@@ -1,5 +1,5 @@
-/* test_devpath.c - the device path of core on a simulated device (issue
- * #33; tests/devsim.h): for every family, with and without hidden
+/* test_devpath.c - the device path of core on a simulated device
+ * (tests/devsim.h): for every family, with and without hidden
  * vectors and every output, each run brings to the host exactly the
  * floats its answers print, waits for the device at most twice (plus
  * once per decoder argmax), uploads a batch's index arrays in one copy,

@@ -202,7 +202,7 @@ Test(http, malformed_requests_get_one_json_error, .fini = teardown,
       {"GET /healthz HTTP/1.1\r\nBad Header\r\n\r\n", "bad_request", 400,
        "a header without a colon"},
       {"GET\r\n\r\n", "bad_request", 400, "no URL"},
-      /* RFC 9112 §3.2 (issue #39): HTTP/1.1 needs exactly one Host */
+      /* RFC 9112 §3.2: HTTP/1.1 needs exactly one Host */
       {"GET /healthz HTTP/1.1\r\n\r\n", "bad_request", 400,
        "HTTP/1.1 without Host"},
       {"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
@@ -278,7 +278,7 @@ Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* Finding 8 of the probe (issue 21): Debian's http_parser, built
+/* Debian's http_parser, built
  * non-strict, takes any two bytes after a chunk's data as its CRLF and any
  * junk after a chunk size as an extension. Both are refused 400 (request
  * smuggling behind a proxy that reads the framing another way), also when

@@ -1,5 +1,5 @@
-/* test_serve_memory.c - the memory budget in `canopy serve` (issue #35
- * item 4, docs/memory.md), over real HTTP: answers under the budget equal
+/* test_serve_memory.c - the memory budget in `canopy serve`
+ * (docs/memory.md), over real HTTP: answers under the budget equal
  * those without it; a run holding a request that cannot fit alone is
  * re-run request by request, so the request that fits is answered 200 and
  * the one that does not hears 413 naming the budget; /metrics exports the

@@ -125,10 +125,10 @@ void cn__family_needs(const cn_family *fam, bool *word, bool *tgt) {
 }
 
 /* A file named by model.json key k must lie inside the model directory
- * (issue #39: "tgt_vocab": "../../outside/secret.txt" served a secret's
- * lines as tokens): no absolute path, no '..' that climbs out of it. A
- * symlink is checked where the file is opened (cn__open_regular_at:
- * one that leads out is refused). */
+ * (otherwise "tgt_vocab": "../../outside/secret.txt" would serve that
+ * file's lines as tokens): no absolute path, no '..' that climbs out of
+ * it. A symlink is checked where the file is opened
+ * (cn__open_regular_at: one that leads out is refused). */
 static int inside_path(const char *file, const char *k, const char *name,
                        cn_err *err) {
   if (name[0] == '/')
@@ -300,7 +300,7 @@ int cn__cell_compile(const cn_model *m, int type, const cn_ir *g, int layout,
 }
 
 /* Compiles every type the family describes in the IR, for both compiled
- * layouts, once (issue #5: compile at load, not per run). */
+ * layouts, once at load, so that no run pays for compiling. */
 static int compile_cells(cn_model *m, cn_err *err) {
   cn_ir *g = malloc(sizeof(*g));
   if (g == NULL) return cn_err_set(err, CN_E_NOMEM, "out of memory");

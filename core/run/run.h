@@ -39,8 +39,8 @@ typedef struct cn_run_slot {
  * independent and every product computes a row the same way whatever rows
  * are beside it (backends/cpu/gemm.h), so a slice changes no output; on
  * the CPU it keeps the arena from holding, for the whole run, the scratch
- * of its largest batch alone (issue 35: 31 of treelstm's 51 MB at H=128,
- * runs of 1,024). A device has the memory and pays a launch per slice. */
+ * of its largest batch alone (treelstm at H=128, runs of 1,024: 31 of
+ * its 51 MB). A device has the memory and pays a launch per slice. */
 #define CN__SCRATCH_SLICE_HOST ((int64_t)2 << 20)
 #define CN__SCRATCH_SLICE_DEVICE ((int64_t)64 << 20)
 

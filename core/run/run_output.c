@@ -50,7 +50,7 @@ static int span_cmp(const void *a, const void *b) {
   return (x->v > y->v) - (x->v < y->v);
 }
 
-/* Device backends (issue #33): the answers read a few rows of the run's
+/* Device backends: the answers read a few rows of the run's
  * states (root logits, requested hidden vectors, CRF emissions), so only
  * those come back: the family's reads() names them, they are sorted and
  * merged per vertex, and the backend gathers them on the device into its

@@ -1,5 +1,5 @@
 """clients/canopy_client.py against a real `canopy serve` on a free port,
-and against a tiny fake server for the 429 retries (issue 21, finding 10):
+and against a tiny fake server for the 429 retries:
 one output line per input line, a bad line never costs the good ones their
 outputs, Retry-After honoured a bounded number of times, a clear message
 and no traceback when the daemon is down.

@@ -1,4 +1,4 @@
-"""Documentation slips (issue 37 item 3f): what the docs and the programs'
+"""Documentation slips: what the docs and the programs'
 own help tell a reader must hold in this tree.
 
 - every `outputs` value the docs show is one the daemon accepts (root or

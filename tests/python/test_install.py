@@ -1,4 +1,4 @@
-"""`pip install ./clients` (issue 37 item 2), as README.md shows it: into a
+"""`pip install ./clients`, as README.md shows it: into a
 venv made by /usr/bin/python3 with --system-site-packages (Debian's
 python3-torch), offline (--no-build-isolation --no-index, Debian's
 setuptools), from a copy of clients/ (pip builds in the tree it is given).

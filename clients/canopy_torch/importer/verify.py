@@ -57,7 +57,8 @@ def locate_canopy(opt, script_dir=None):
 
 
 class Progress(object):
-    """A progress line on stderr for a long import (issue 37), only when
+    """A progress line on stderr for a long import (so that a
+    slow one does not look hung), only when
     stderr is a terminal (a log or a pipe reads as before): from `after`
     seconds in (1, or $CANOPY_PROGRESS_AFTER_S, as `canopy run`'s), at
     most 4 times a second, '\\r' rewriting it; erased by done()."""
