@@ -618,7 +618,7 @@ Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* What the docs say of input checks (docs/api.md, issue 21 finding 12):
+/* What the docs say of input checks (docs/api.md):
  * an input limit is 413 too_large naming it, not 400 bad_tree; the
  * messages for timeout_ms and max_decode_len give the range they accept
  * (timeout_ms once claimed the daemon's key had its limit, but the key
