@@ -116,8 +116,8 @@ static bool next_answer(const char *buf, size_t n, size_t *off, answer *a) {
  * the inferences behind it 503 draining (parsed after the drain began:
  * docs/daemon.md), the model's metadata 200; only the last answer says
  * Connection: close, the connection closes after it, and the daemon exits
- * 0. Before the fix the first answer closed the connection and the rest
- * were never answered. With `partial`, a last request cut short follows
+ * 0. If the first answer closed the connection, the rest would never be
+ * answered. With `partial`, a last request cut short follows
  * them and gets no answer. The first request is seen in flight (the
  * canopy_in_flight_requests gauge) before the signal, so the test does not
  * race its window. */

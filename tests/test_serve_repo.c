@@ -411,8 +411,8 @@ Test(repo, routes_need_a_token_off_loopback, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* SIGPIPE during start-up (its stderr a pipe nobody reads) no longer
- * kills the daemon (141); SIGUSR1 and SIGUSR2 are ignored. */
+/* SIGPIPE during start-up (its stderr a pipe nobody reads) does not
+ * kill the daemon (141 by default); SIGUSR1 and SIGUSR2 are ignored. */
 Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
      .timeout = 60) {
   th_models(&d, tree_only);

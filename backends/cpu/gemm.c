@@ -488,7 +488,7 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
  *
  * A thread that makes a large product (a daemon worker, a `canopy run`
  * job) gets helpers the first time, kept until it exits; between products
- * they sleep on a condition variable. This used to be OpenMP, whose
+ * they sleep on a condition variable. OpenMP is not used: its
  * threads spin between parallel regions unless OMP_WAIT_POLICY=passive is
  * in the environment before the process starts (libgomp reads it in its
  * constructor; nothing in the program can change it). Products come every
