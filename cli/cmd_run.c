@@ -5,7 +5,7 @@
  * join a run, plan, execute, format), without HTTP, so its outputs and its
  * summary line are what the daemon would answer for the same instances.
  *
- * --jobs J computes J runs at once, one per thread (issue #24 item 2):
+ * --jobs J computes J runs at once, one per thread:
  * GEMMs of 64-400 rows split badly across BLAS threads, whole runs split
  * perfectly. As in the daemon's workers (server/worker.c), the loaded
  * model is shared read-only (weights, vocabularies and compiled cells are
@@ -364,7 +364,7 @@ int cn_cmd_run(int argc, char **argv) {
   if (o.policy == CN_POLICY_FSM && load_policy(&o, m, bk, &in) != 0) goto out;
   if (open_job_backends(&o, bk, jobs, &job_bk, &err) != 0) goto out;
   /* on a device, each job prepares its next run while the device
-   * computes the one before (issue #33 item 3; docs/cuda.md).
+   * computes the one before (docs/cuda.md).
    * CANOPY_RUN_OVERLAP=0 turns that off (to measure what it gives), =1
    * on for host backends too (the tests: same path, same answers) */
   const char *ov = getenv("CANOPY_RUN_OVERLAP");

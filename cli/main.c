@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
   stdio_on_dev_null();
   /* A peer or a log reader that goes away makes a write fail with EPIPE,
    * never kills the process: from the first instruction, so a daemon
-   * whose stderr pipe closes while its models load lives on (issue #39) */
+   * whose stderr pipe closes while its models load lives on */
   signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
     usage(stderr);

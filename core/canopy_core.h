@@ -292,7 +292,7 @@ typedef enum {
 const char *cn_policy_name(cn_policy_kind p);
 int cn_policy_parse(const char *name, cn_policy_kind *out);
 
-/* How a compiled vertex function's memory is laid out (issue #5, ED-Batch
+/* How a compiled vertex function's memory is laid out (ED-Batch
  * §3): every cell is compiled from its op IR (core/cell/cell.h); pq places
  * its variables by the PQ-tree layout (the default), naive gives every
  * variable its own buffer (gathers and scatters around each batched
@@ -305,7 +305,7 @@ typedef enum {
 
 const char *cn_layout_name(cn_layout l);
 /* "pq" or "naive"; also "fused", the name of the hand-written kernels the
- * compiled cells replaced (issue #34), read as pq so that old configs and
+ * compiled cells replaced, read as pq so that old configs and
  * scripts keep working. */
 int cn_layout_parse(const char *name, cn_layout *out);
 
@@ -351,7 +351,7 @@ typedef struct cn_run_stats {
   size_t gather_bytes;    /* bytes moved by child gathers and scatters      */
   long long kernels;      /* backend calls (gemm, gather, fused kernels)    */
   size_t cell_bytes;      /* bytes moved by copies inside vertex functions  */
-  /* the backend's counters over the run (issue #33; zero on cpu) */
+  /* the backend's counters over the run (zero on cpu) */
   long long device_syncs;    /* host waits for the device                  */
   long long bytes_to_device; /* host -> device                             */
   long long bytes_to_host;   /* device -> host: what the answers read      */
@@ -368,7 +368,7 @@ typedef struct cn_run_stats {
 typedef struct cn_backend_ctx cn_backend_ctx;
 typedef struct cn_run cn_run;
 
-/* What a backend counts as it works (issue #33): a run reports the
+/* What a backend counts as it works: a run reports the
  * difference over its execution, /metrics the totals. A host-memory
  * backend (cpu) leaves them at zero. */
 typedef struct cn_backend_counters {
@@ -403,7 +403,7 @@ void cn_run_set_arena_reuse(cn_run *r, int reuse);
  * so a read after reuse cannot pass unnoticed (default: the environment's
  * CANOPY_POISON_FREED=1). Before cn_run_exec. */
 void cn_run_set_poison(cn_run *r, int poison);
-/* Memory-aware order (docs/memory.md, issue #35): with reuse on, a planned
+/* Memory-aware order (docs/memory.md): with reuse on, a planned
  * run's batches are reordered to the lowest peak of live state bytes
  * found at no more batches than the policy's (default 1; the
  * environment's CANOPY_MEMORY_ORDER=0 makes it 0). Before cn_run_exec. */
@@ -438,7 +438,7 @@ int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
                int max_decode_len);
 /* Plans the arena, schedules with the policy, executes every batch. */
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err);
-/* Host and device overlap (issue #33 item 3, docs/cuda.md): with async
+/* Host and device overlap (docs/cuda.md): with async
  * on (before cn_run_exec), cn_run_exec on a device backend returns as
  * soon as every batch and the copy of what the answers read are issued,
  * so the caller can prepare its next run while the device computes this

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""cell_report.py - issue #5's ED-Batch Table-2-style report of the compiled
+"""cell_report.py - an ED-Batch Table-2-style report of the compiled
 vertex functions: per vertex type of every family with an IR cell, kernels
 and bytes copied per execution, latency at (batch 8, H 64) and (batch 64,
 H 256), naive against pq, and compile time. Prints a markdown table (docs/cells.md).

@@ -104,8 +104,8 @@ static void write_progress(cn__conn *c) {
   if (q < c->wq_seen) {
     cn__conn_progress(c, c->wq_seen - q);
     /* idle-timeout-s is for an answer the client does not read: one it
-     * reads, however big, is not cut (fourth probe: a 53 MB answer read
-     * at 1 MB/s was cut at 30 s) */
+     * reads, however big, is not cut (a 53 MB answer read at 1 MB/s
+     * must not be cut at 30 s) */
     c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
   }
   c->wq_seen = q;
@@ -224,7 +224,7 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   /* Draining: this is the connection's last answer unless bytes of a
    * pipelined request already wait behind it: a whole request, or part of
    * one whose rest may still be in the socket (the read-ahead holds 64
-   * KiB; issue 21, probe finding 4). Those are answered too (an inference
+   * KiB). Those are answered too (an inference
    * 503 draining, health or metadata as usual), the last with Connection:
    * close; the connection is read on until its client is quiet for
    * DRAIN_QUIET_S (cn__conn_drain_quiet). */
@@ -454,16 +454,16 @@ static void refuse_conn(cn__conn *c) {
  *     slower than EVICT_RATE bytes/s (conn_impl.h: a credit of bytes ahead
  *     of that rate, so a burst then silence buys at most EVICT_AHEAD_S);
  *     slowloris with a whole head and a trickled body, or a client that
- *     never reads a big answer (issue 21, second and third probes);
+ *     never reads a big answer;
  *   - failing those, an idle keep-alive connection that has been served
  *     (a well-behaved client, spared while any of the above is open: its
- *     next request could cross the close; third probe).
+ *     next request could cross the close).
  * Among them the one longest without a whole request head goes, counted
  * from accept or the last keep-alive answer. A request waiting for its
  * run, and a body or answer moving faster, are never taken. Otherwise
  * 2,000 connections that each send a byte now and then keep every other
  * client out at the default limit until their deadlines, and an attacker
- * who reconnects keeps them out for good (issue 21, probe finding 6);
+ * who reconnects keeps them out for good;
  * this way the attacker's oldest connection goes, and a client that sends
  * its request at once is served before it can become the oldest. nginx
  * does alike (ngx_drain_connections closes idle keep-alive connections

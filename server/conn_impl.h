@@ -51,8 +51,8 @@
  * max-connections (conn.c's eviction_victim). Its progress is a credit of
  * bytes ahead of that schedule: EVICT_GRACE_S worth at its start, at most
  * EVICT_AHEAD_S worth however fast it went, so a burst followed by silence
- * buys at most EVICT_AHEAD_S (third probe: a 16 KB burst bought the whole
- * body-timeout-s when the rule was the average since the start). */
+ * buys at most EVICT_AHEAD_S (with the average since the start as the
+ * rule, a 16 KB burst would buy the whole body-timeout-s). */
 #define EVICT_RATE 500.0
 #define EVICT_GRACE_S 1.0
 #define EVICT_AHEAD_S 2.0

@@ -72,7 +72,7 @@ bool cn__repo_nearest(cn__server *s, const char *name, char *out,
                       size_t cap);
 /* Start-up: may the load and unload routes run (repo_open), said in the
  * log: with a repository-token, on a loopback host, or with
- * repository-insecure (issue #39: anyone on the network could load). */
+ * repository-insecure (else anyone on the network could load). */
 void cn__repo_guard_init(cn__server *s);
 /* Loop: is a load or its queue under way for sl (an unload cancels it)? */
 bool cn__repo_busy(const cn__model_slot *sl);

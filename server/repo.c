@@ -10,7 +10,7 @@
  * fails leaves the old version serving and records why (index, log,
  * canopy_model_loads_total).
  *
- * Bounds (docs/reliability.md, issue #39): one load per model in flight
+ * Bounds (docs/reliability.md): one load per model in flight
  * (a second POST .../load joins it), max-loads loads at once (429 beyond;
  * a rescan's load waits), CN__MAX_MODELS live slots (a slot is freed once
  * its model is unloaded and its directory gone). An unload cancels a load
@@ -130,7 +130,7 @@ static bool slot_free(cn__server *s, cn__model_slot *sl) {
 }
 
 /* Live slots: the bound counts models the daemon knows now, not every
- * name it ever saw (issue #39). When full, slots of models without a
+ * name it ever saw. When full, slots of models without a
  * version whose directory is gone are freed first. */
 static int live_slots(cn__server *s, bool reclaim) {
   int n = atomic_load(&s->n_models), live = 0;
@@ -605,7 +605,7 @@ void cn__repo_on_loaded(uv_async_t *a) {
 
 void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
   /* a load in flight or queued is cancelled: its result is discarded
-   * (issue #39: it used to make the model READY again), and the requests
+   * (else it would make the model READY again), and the requests
    * that waited on it are told */
   bool cancelled = cn__repo_busy(sl);
   sl->gen++;
@@ -666,8 +666,8 @@ void cn__repo_rescan(cn__server *s, const char *why) {
   for (int i = 0; i < n; i++) {
     cn__model_slot *sl = cn__repo_find(s, names[i], strlen(names[i]));
     /* loading: its files may change after the load opened them, so the
-     * slot gets one more look when the load ends (issue #39: a SIGHUP
-     * during a load was lost) */
+     * slot gets one more look when the load ends (else a SIGHUP
+     * during a load would be lost) */
     if (sl != NULL && sl->loading) {
       sl->rescan_owed = true;
       continue;

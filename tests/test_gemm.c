@@ -1,4 +1,4 @@
-/* test_gemm.c - backends/cpu/gemm.c (issue 32): every element of A·Wᵀ is
+/* test_gemm.c - backends/cpu/gemm.c: every element of A·Wᵀ is
  * computed one fixed way.
  *
  * - Against a naive double-precision product: right to float rounding.

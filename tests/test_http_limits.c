@@ -128,7 +128,7 @@ static bool closed_unanswered(int fd, int ms) {
   return k <= 0;
 }
 
-/* Issue 21, probe finding 6: at max-connections a new connection takes
+/* At max-connections a new connection takes
  * the place of the one that has gone longest without a whole request head
  * (sending its head slowly, or idle after a keep-alive answer), which is
  * closed unanswered; connections with a request in progress are never
@@ -392,8 +392,8 @@ static int ask_big_answer(int rcvbuf) {
   return w;
 }
 
-/* Issue 21, third probe: connections that asked for a big answer and
- * never read it held their slots until idle-timeout-s. At
+/* Connections that asked for a big answer and never read it would hold
+ * their slots until idle-timeout-s. At
  * max-connections an answer that leaves its write queue slower than
  * 500 bytes/s is taken (before an older idle keep-alive connection); the
  * client sees the answer cut short. */
@@ -440,9 +440,9 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* Fourth probe: an answer's idle-timeout-s was counted from when it was
- * queued, so an answer the client reads steadily but for longer than that
- * was cut (53 MB read at 1 MB/s: EOF after 34 MB, logged 200). It counts
+/* Were an answer's idle-timeout-s counted from when it was queued, an
+ * answer the client reads steadily but for longer than that would be cut
+ * (53 MB read at 1 MB/s: EOF after 34 MB, logged 200). It counts
  * from the answer's last progress: a ~14 MB answer read over ~4 s with
  * idle-timeout-s 2 arrives whole. */
 Test(http, a_big_answer_read_steadily_is_not_cut, .fini = teardown,

@@ -110,14 +110,14 @@ static bool next_answer(const char *buf, size_t n, size_t *off, answer *a) {
   return true;
 }
 
-/* Issue 21: n requests pipelined in one send, then SIGTERM while the first
+/* n requests pipelined in one send, then SIGTERM while the first
  * waits in its model's 2 s window. Every request had fully arrived, so
  * every one is answered, in order: the first 200 (its run still happens),
  * the inferences behind it 503 draining (parsed after the drain began:
  * docs/daemon.md), the model's metadata 200; only the last answer says
  * Connection: close, the connection closes after it, and the daemon exits
- * 0. Before the fix the first answer closed the connection and the rest
- * were never answered. With `partial`, a last request cut short follows
+ * 0. If the first answer closed the connection, the rest would never be
+ * answered. With `partial`, a last request cut short follows
  * them and gets no answer. The first request is seen in flight (the
  * canopy_in_flight_requests gauge) before the signal, so the test does not
  * race its window. */
@@ -202,7 +202,7 @@ Test(http, pipelined_request_cut_short_at_sigterm_is_dropped,
   pipelined_at_sigterm(2, true);
 }
 
-/* Issue 21, probe finding 4: two pipelined requests of ~40 KB each in one
+/* Two pipelined requests of ~40 KB each in one
  * write (78 KB, more than the 64 KiB read-ahead) on a keep-alive
  * connection, after SIGTERM. The first is answered 503 draining at once,
  * while the read-ahead holds only part of the second; the connection is

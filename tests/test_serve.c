@@ -137,8 +137,8 @@ Test(serve, routes_and_errors, .fini = teardown, .timeout = 30) {
   json_decref(j);
   th_resp_free(&r);
   /* the model description names the policy in use: by default
-   * sufficient, the fastest measured on CPU (docs/policies.md; the default
-   * was fsm until issue 24), which needs no learned policy */
+   * sufficient, the fastest measured on CPU (docs/policies.md; it replaced
+   * fsm as the default), which needs no learned policy */
   cr_assert_eq(th_http(p, "GET", "/v1/models/treelstm", NULL, NULL, &r), 0);
   j = json_loads(r.body, 0, NULL);
   cr_expect_str_eq(json_string_value(json_object_get(
@@ -564,7 +564,7 @@ static double runs_total(int port) {
 }
 
 /* A request whose answer could pass max-answer-bytes is 413 before it
- * runs (#21: 328 KB of tokens once asked for a 227 MB answer): the error
+ * runs (328 KB of tokens can ask for a 227 MB answer): the error
  * names the key and return_hidden, no run is made for it, and the same
  * instances without return_hidden are served. */
 Test(serve, answer_bytes_413, .fini = teardown, .timeout = 30) {

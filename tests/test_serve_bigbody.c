@@ -366,8 +366,8 @@ Test(serve_bigbody, bodies_held_are_bounded, .fini = teardown, .timeout = 60) {
   th_resp_free(&r);
   close(fd[2]);
   /* an ordinary request is still served: bodies of up to 16 KiB are
-   * never refused for max-body-memory (third probe: a few connections
-   * holding big bodies turned every POST away) */
+   * never refused for max-body-memory (else a few connections
+   * holding big bodies would turn every POST away) */
   cr_assert_eq(th_http(d.port, "POST", INFER, json, NULL, &r), 0);
   cr_expect_eq(r.status, 200, "%s", r.body);
   th_resp_free(&r);

@@ -80,9 +80,9 @@ static void head_read(int fd, int n) {
 }
 
 /* Two daemons on one port: the second must fail, saying why, unless both
- * ask for port sharing. (SO_REUSEPORT used to be set unconditionally, and
- * the second daemon silently took half the traffic.) It fails before
- * loading any model (it used to load them all first). */
+ * ask for port sharing. (With SO_REUSEPORT set unconditionally the second
+ * daemon would silently take half the traffic.) It fails before loading
+ * any model, so that it does not load them all first. */
 Test(serve_ops, port_in_use_is_an_error, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
   th_start(&d, NULL);
@@ -122,8 +122,8 @@ Test(serve_ops, reuse_port_shares_on_purpose, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* SIGHUP (a service manager's reload, a closed terminal) used to kill the
- * daemon with no drain and no log line. */
+/* SIGHUP (a service manager's reload, a closed terminal) must not kill the
+ * daemon (its default action: no drain and no log line). */
 Test(serve_ops, sighup_is_logged_and_ignored, .fini = teardown,
      .timeout = 30) {
   th_models(&d, tree_only);
@@ -240,8 +240,8 @@ Test(serve_ops, draining_answers_close_the_connection, .fini = teardown,
 /* Closed-loop keep-alive clients across a SIGTERM: every request a client
  * sent gets an HTTP answer (200, or 503 draining with Connection: close,
  * after which the client stops, as HTTP/1.1 clients do). A request that
- * meets a closed socket instead is lost. Before the fix, 503 draining
- * kept the connection alive and one request per connection was lost. */
+ * meets a closed socket instead is lost. Were 503 draining to keep the
+ * connection alive, one request per connection would be lost. */
 enum { KA_CLIENTS = 32 };
 typedef struct ka_client {
   int port;
@@ -402,8 +402,8 @@ Test(serve_ops, midbody_abort_frees_the_connection, .fini = teardown,
 }
 
 /* Two Content-Length headers: 400 bad_request, JSON, with a request id,
- * and the connection closed (they used to be accepted, the first one
- * framing the body: request smuggling behind a proxy that reads the other
+ * and the connection closed (accepted, the first one framing the body,
+ * they would allow request smuggling behind a proxy that reads the other
  * one). Equal duplicates are refused too (RFC 9112 §6.3 lets a server
  * refuse them, and http_parser does). */
 Test(serve_ops, conflicting_content_lengths_are_400, .fini = teardown,
@@ -583,8 +583,8 @@ Test(serve_ops, cpu_daemon_maps_no_cuda_library, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* Ambiguous bodies are refused, not half read: duplicate keys (the last
- * one used to win silently) are bad_json; an instance with two forms
+/* Ambiguous bodies are refused, not half read: duplicate keys (else the last
+ * one would win silently) are bad_json; an instance with two forms
  * ("tree" and "tokens") is bad_instance naming them. */
 Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
   th_models(&d, tree_only);
@@ -618,7 +618,7 @@ Test(serve_ops, ambiguous_bodies_are_400, .fini = teardown, .timeout = 30) {
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* What the docs say of input checks (docs/api.md, issue 21 finding 12):
+/* What the docs say of input checks (docs/api.md):
  * an input limit is 413 too_large naming it, not 400 bad_tree; the
  * messages for timeout_ms and max_decode_len give the range they accept
  * (timeout_ms once claimed the daemon's key had its limit, but the key

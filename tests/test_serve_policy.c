@@ -1,5 +1,5 @@
-/* test_serve_policy.c - learned FSM policies in `canopy serve` (issue 4
- * item 5): with an empty policy cache the daemon starts at once on the
+/* test_serve_policy.c - learned FSM policies in `canopy serve`: with an
+ * empty policy cache the daemon starts at once on the
  * agenda fallback; live traffic fills the reservoir; the background
  * retrainer learns a policy that launches fewer batches than agenda on it
  * and swaps it in (GET /v1/models/{m} says "online", /metrics counts it,
@@ -185,8 +185,8 @@ Test(serve_policy, other_kinds, .fini = teardown) {
   cr_expect_eq(system(cmd), 0, "a bad policy must name the key");
 }
 
-/* A FIFO at the model's policy file (probe 3): start-up blocked for ever
- * opening it, with nothing logged. It is now refused as /dev/zero or a
+/* A FIFO at the model's policy file: start-up would block for ever
+ * opening it, with nothing logged. It is refused as /dev/zero or a
  * directory there is: the policy-not-cached warning, agenda, ready. */
 Test(serve_policy, fifo_policy_file_does_not_block_startup,
      .fini = teardown, .timeout = 60) {

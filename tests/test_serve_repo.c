@@ -1,5 +1,5 @@
-/* test_serve_repo.c - the model repository under attack and under races
- * (issue #39), end to end against the real daemon with
+/* test_serve_repo.c - the model repository under attack and under races,
+ * end to end against the real daemon with
  * --model-control explicit: loads bounded and joined, unload cancelling a
  * load, a SIGHUP during a load not lost, slots freed, names escaped in
  * /metrics and the log, the routes guarded off loopback, and the signals
@@ -411,8 +411,8 @@ Test(repo, routes_need_a_token_off_loopback, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* SIGPIPE during start-up (its stderr a pipe nobody reads) no longer
- * kills the daemon (141); SIGUSR1 and SIGUSR2 are ignored. */
+/* SIGPIPE during start-up (its stderr a pipe nobody reads) does not
+ * kill the daemon (141 by default); SIGUSR1 and SIGUSR2 are ignored. */
 Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
      .timeout = 60) {
   th_models(&d, tree_only);
@@ -467,7 +467,7 @@ Test(repo, sigpipe_at_startup_and_sigusr_do_not_kill, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
-/* issue 37 3a: a subdirectory the daemon cannot read is reported, not
+/* A subdirectory the daemon cannot read is reported, not
  * skipped in silence: its model.json a dangling symbolic link or a link
  * loop (and, when not root, a 0700 directory of another mode's making:
  * chmod 000), each in the log with its path and reason, UNAVAILABLE with

@@ -4,14 +4,14 @@
  * small-matrix kernel below M·N 1200, tail kernels for the last M % 16
  * rows, a split of M between threads), and those kernels round the same
  * row's sums differently. So a row's answer depended on how many rows
- * shared its product, differently under each OPENBLAS_CORETYPE (issue 32).
+ * shared its product, differently under each OPENBLAS_CORETYPE.
  * Here the arithmetic of an element is a function of K alone: one running
  * sum, k ascending, one fused multiply-add per k (gemm.h), then beta·C and
  * the bias. FMA rounds once, so the AVX-512, AVX2 and portable paths give
  * the same bits, and no element depends on which rows, or how many, are
  * computed beside it: a block of rows shares loads of B, never sums.
  *
- * Layout (issue 38): B is packed into strips of NR = 32 columns, k-major
+ * Layout: B is packed into strips of NR = 32 columns, k-major
  * (strip s holds B[k, 32s .. 32s+31] for k = 0 .. K-1, zero past N), so a
  * kernel step loads a row of the strip as vectors and broadcasts one
  * element of each of MR rows of A: MR × 32 running sums in registers
@@ -488,14 +488,14 @@ static void strips(const job *p, const gemm_path *g, int s0, int s1) {
  *
  * A thread that makes a large product (a daemon worker, a `canopy run`
  * job) gets helpers the first time, kept until it exits; between products
- * they sleep on a condition variable. This used to be OpenMP, whose
+ * they sleep on a condition variable. OpenMP is not used: its
  * threads spin between parallel regions unless OMP_WAIT_POLICY=passive is
  * in the environment before the process starts (libgomp reads it in its
  * constructor; nothing in the program can change it). Products come every
  * few tens of µs, so a spinning helper held its core all the time: with
  * cores to spare beside the workers (`serve --workers 1` on 2 cores) it
  * took that core from the loop thread, for 10-17% fewer answers a second
- * and twice the p99 (docs/benchmarks.md, issue 38). Strip s0..s1 of the
+ * and twice the p99 (docs/benchmarks.md). Strip s0..s1 of the
  * product goes to member t of nt: the same split as before, and each
  * element is computed by one thread, so the bits do not depend on it. */
 #define MAX_HELPERS 63

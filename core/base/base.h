@@ -62,7 +62,7 @@ int cn__read_regular(const char *path, uint64_t max, size_t extra,
  * opened once: every file of one load comes from the same directory even
  * if a symlink to it flips meanwhile) and never outside it: an absolute
  * rel, '..' past dirfd or a symlink that leads out is refused (openat2
- * RESOLVE_BENEATH, issue #39). path names the file in messages. dirfd
+ * RESOLVE_BENEATH). path names the file in messages. dirfd
  * AT_FDCWD: path as cn__open_regular opens it. */
 int cn__open_regular_at(int dirfd, const char *rel, const char *path,
                         uint64_t max, int *fd, uint64_t *size, cn_err *err);

@@ -84,7 +84,7 @@ struct cn_family {
                size_t cap);
   /* Names, with cn__run_need, every state span output() and finish()
    * read for this slot: a device backend copies back exactly these
-   * (issue #33). It mirrors output() field by field, as answer_bound. */
+   * and no more. It mirrors output() field by field, as answer_bound. */
   void (*reads)(cn_run *r, int slot);
   /* An upper bound on the bytes of output()'s JSON for this instance,
    * flags and max_decode_len (cn_model_answer_bound); it mirrors output()

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """big_bodies.py - the daemon's peak memory and a normal request's latency
-while clients send hostile 8 MiB bodies (issue #21: big bodies).
+while clients send hostile 8 MiB bodies.
 
-For each binary given (--canopy LABEL=PATH, repeatable: e.g. main's build
-and this branch's) and each kind of hostile body, one fresh daemon on a
+For each binary given (--canopy LABEL=PATH, repeatable: e.g. a build of
+the previous release and the current one) and each kind of hostile body,
+one fresh daemon on a
 free loopback port (so that VmHWM, from /proc/PID/status, is that kind's):
 
   - --hostile clients each send --rounds bodies of max-body-bytes (8 MiB),

@@ -2,7 +2,7 @@
 """Two canopy binaries side by side: instances/s of `canopy run` on the
 same models, inputs and flags, interleaved, median of --reps.
 
-Made for issue 32 (products by gemm.c against OpenBLAS): build the old
+For example, products by gemm.c against OpenBLAS: build the old
 commit in another worktree, then
   scripts/bench/compare_binaries.py OLD/build/canopy build/canopy
 Prints one row per (family, H, batch, jobs) with both figures and their

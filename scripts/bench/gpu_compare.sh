@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before and after on one GPU, in one session: the current build
+# Before and after on one GPU, in one invocation: the current build
 # (CANOPY_BIN) against an older one (CANOPY_OLD_BIN, with its cuda module),
 # then the current build with each change turned off in turn (SWITCHES:
 # CANOPY_RUN_OVERLAP=0: no host/device overlap, in canopy run and in the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One session on a machine with an NVIDIA GPU and a cuda build, every step
+# One invocation on a machine with an NVIDIA GPU and a cuda build, every step
 # with a timeout, logs under $OUT (or ./gpu-out). Steps: the GPU;
 # test_cuda; batch invariance on cuda (canopy run --batch 1 against 64 and
 # everything in one run, byte for byte, reported not asserted:

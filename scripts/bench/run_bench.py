@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Canopy vs PyTorch benchmark (issue 8): one command, CSVs and plots.
+"""Canopy vs PyTorch benchmark: one command, CSVs and plots.
 
   /usr/bin/python3 scripts/bench/run_bench.py [--canopy build-bench/canopy]
         [--threads 2] [--repeat 3] [--out docs/bench] [--quick]

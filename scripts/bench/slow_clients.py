@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """slow_clients.py - a normal request's latency while N connections trickle
-request bytes, beside the same with none open (issue #21 item 6).
+request bytes, beside the same with none open.
 
-For each binary given (--canopy LABEL=PATH, repeatable: e.g. main's build
-and this branch's), one daemon on a free loopback port:
+For each binary given (--canopy LABEL=PATH, repeatable: e.g. a build of
+the previous release and the current one), one daemon on a free loopback
+port:
 
   1. --requests sequential POST .../infer of one tree on a fresh
      connection each: p50 / p99 with no slow connection open;

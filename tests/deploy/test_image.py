@@ -267,7 +267,7 @@ def build_stage(procs, src):
     for x in ["canopy"] + names:
         check(os.access(os.path.join(prefix, "bin", x), os.X_OK),
               f"installed tree: bin/{x} missing")
-    # issue 37 3e: the context has no .git (nor the build stage git), and
+    # the context has no .git (nor the build stage git), and
     # the build still says which version it is, and that it has no commit
     with open(os.path.join(src, "meson.build")) as f:
         pv = re.search(r"version\s*:\s*'([^']+)'", f.read()).group(1)

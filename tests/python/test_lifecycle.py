@@ -325,7 +325,7 @@ class Lifecycle(unittest.TestCase):
         self.assertEqual(d.request("POST", "/v1/models/b/infer",
                                    self.lines[0])[0], 404)
         # b's directory is gone: no longer in the repository's index (its
-        # slot is freed once no request holds it, issue 39)
+        # slot is freed once no request holds it)
         # once the last request has let go of b
         st, index = wait_until(
             lambda: d.post("/v2/repository/index", token=None),
