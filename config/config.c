@@ -391,26 +391,6 @@ int cn_config_set_flag(cn_config *c, cn_config_flags *seen, const char *name,
   return cn_config_set(c, name, value, err);
 }
 
-/* Levenshtein distance of a and b, capped: at most 3 is reported. */
-static int edit_distance(const char *a, const char *b) {
-  size_t na = strlen(a), nb = strlen(b);
-  if (na > 64 || nb > 64) return 3;
-  int row[65];
-  for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= na; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
-    for (size_t j = 1; j <= nb; j++) {
-      int up = row[j];
-      int sub = diag + (a[i - 1] != b[j - 1]);
-      int del = row[j] + 1, ins = row[j - 1] + 1;
-      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-      diag = up;
-    }
-  }
-  return row[nb] > 3 ? 3 : row[nb];
-}
-
 /* A CANOPY_ variable that is no key but one or two edits from one
  * (CANOPY_WORKER) is a typo, and stops start-up as a config-file typo
  * does. Others (CANOPY_DATA, CANOPY_BIN: the tests', CANOPY_URL: the
@@ -447,7 +427,7 @@ static int env_typos(cn_err *err) {
     int best = 3;
     const char *near = NULL;
     for (size_t i = 0; i < N_KEYS; i++) {
-      int d = edit_distance(name, keys[i].name);
+      int d = cn_edit_distance(name, keys[i].name, false);
       if (d < best) best = d, near = keys[i].name;
     }
     if (near == NULL || best > (n >= 6 ? 2 : 1)) continue;

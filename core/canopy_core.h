@@ -11,6 +11,7 @@
 #ifndef CANOPY_CORE_H
 #define CANOPY_CORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -91,6 +92,10 @@ void cn_malloc_thresholds(size_t bytes);
  * stage times (docs/daemon.md "Stage times") are read with it, a few
  * times a run, so that they add up to CPU time and not to time waited. */
 double cn_thread_cpu_s(void);
+/* The Levenshtein distance of a and b, capped at 3 (a did-you-mean is
+ * worth one or two edits, never more); letters compared without case when
+ * fold_case. Strings over 64 bytes count as 3 (util.c). */
+int cn_edit_distance(const char *a, const char *b, bool fold_case);
 
 /* ---- answers written without printf or a JSON tree (base/jsonw.c) ----
  * A float32 as the shortest decimal that strtof reads back as the same

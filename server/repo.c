@@ -25,7 +25,6 @@
  * repository's metrics series are repo_report.c's.
  */
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,28 +65,6 @@ cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len) {
   return NULL;
 }
 
-/* Levenshtein distance of a and b, letters compared without case, capped
- * at 3 (the most a suggestion is worth). */
-static int name_distance(const char *a, const char *b) {
-  size_t na = strlen(a), nb = strlen(b);
-  if (na > 64 || nb > 64) return 3;
-  int row[65];
-  for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= na; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
-    for (size_t j = 1; j <= nb; j++) {
-      int up = row[j];
-      int sub = diag + (tolower((unsigned char)a[i - 1]) !=
-                        tolower((unsigned char)b[j - 1]));
-      int del = row[j] + 1, ins = row[j - 1] + 1;
-      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-      diag = up;
-    }
-  }
-  return row[nb] > 3 ? 3 : row[nb];
-}
-
 bool cn__repo_nearest(cn__server *s, const char *name, char *out,
                       size_t cap) {
   int n = atomic_load(&s->n_models), best = 3;
@@ -99,7 +76,7 @@ bool cn__repo_nearest(cn__server *s, const char *name, char *out,
     const cn__model_slot *sl = &s->models[i];
     if (!sl->used) continue;
     int d = strcasecmp(sl->name, name) == 0 ? 0
-                                            : name_distance(name, sl->name);
+        : cn_edit_distance(name, sl->name, true);
     if (d < best && d <= most) {
       best = d;
       snprintf(out, cap, "%s", sl->name);

@@ -411,26 +411,6 @@ static const char *const MODEL_KEYS[] = {
     "max_decode_len", "version", "cells", "seed"};
 #define N_MODEL_KEYS (sizeof(MODEL_KEYS) / sizeof(MODEL_KEYS[0]))
 
-/* Levenshtein distance of a and b, capped at 3 (only 1 and 2 are used). */
-static int key_distance(const char *a, const char *b) {
-  size_t na = strlen(a), nb = strlen(b);
-  if (na > 64 || nb > 64) return 3;
-  int row[65];
-  for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= na; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
-    for (size_t j = 1; j <= nb; j++) {
-      int up = row[j];
-      int sub = diag + (a[i - 1] != b[j - 1]);
-      int del = row[j] + 1, ins = row[j - 1] + 1;
-      row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-      diag = up;
-    }
-  }
-  return row[nb] > 3 ? 3 : row[nb];
-}
-
 /* A key the loader does not know is a mistake, most often a typo
  * ("lables"), that would otherwise load silently without what it meant
  * to set: refused, naming the nearest known key when one is within one
@@ -446,7 +426,7 @@ static int check_keys(const cn_model *m, const char *file, cn_err *err) {
     const char *near = NULL;
     int best = strlen(k) >= 6 ? 3 : 2;
     for (i = 0; i < N_MODEL_KEYS; i++) {
-      int d = key_distance(k, MODEL_KEYS[i]);
+      int d = cn_edit_distance(k, MODEL_KEYS[i], false);
       if (d < best) best = d, near = MODEL_KEYS[i];
     }
     if (near != NULL)
