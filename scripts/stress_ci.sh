@@ -24,6 +24,7 @@
 set -u
 cd "$(dirname "$0")/.."
 BUSY=$((2 * $(nproc))) ROUNDS=3 BUILD=build JOBS= REBUILD=1
+case ${1:-} in --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 while getopts "n:k:C:j:rh" o; do
   case $o in
     n) BUSY=$OPTARG ;;
