@@ -512,7 +512,9 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
         o->base = tmp + x->col;
       } else {
         const cn_ew_slot *sl = &slots[x->slot];
-        o->base = sl->base + x->col;
+        /* a slot with no rows in this batch may have no base: no offset
+         * is applied to a null pointer (undefined in C) */
+        o->base = sl->base != NULL ? sl->base + x->col : NULL;
         o->off = sl->off;
         o->ld = sl->ld;
         o->kind = sl->off != NULL ? 1 : 0;

@@ -158,7 +158,8 @@ int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
 static inline const int32_t *cn__run_inputs(const cn_run *r, int32_t v,
                                             int *n) {
   *n = r->in_start[v + 1] - r->in_start[v];
-  return r->in_edges + r->in_start[v];
+  /* a run with no edges has no in_edges array (no offset on NULL) */
+  return r->in_edges != NULL ? r->in_edges + r->in_start[v] : NULL;
 }
 /* The vertex's state row, in backend memory. */
 static inline float *cn__run_state(const cn_run *r, int32_t v) {
