@@ -198,6 +198,20 @@ static int lex_span(void *ctx, int32_t b, int32_t e) {
   return 0;
 }
 
+/* The word of span [b, e) with no "token": its characters joined (as
+ * seq_parse.c's span_words, 1,024 bytes at most, else unknown: 0). */
+static int32_t span_word(const cn_model *m, const cn_line_reader *rd,
+                         int32_t b, int32_t e) {
+  char buf[1024];
+  size_t len = 0;
+  for (int32_t c = b; c < e; c++) {
+    if (len + (size_t)rd->cl[c] > sizeof(buf)) return 0;
+    memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
+    len += (size_t)rd->cl[c];
+  }
+  return cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase);
+}
+
 /* {"chars": [...], "words": [{"start", "end", "token"?}, ...]} or chars
  * alone with the model's lexicon: seq_parse.c's cn__parse_lattice. */
 static int read_lattice(const cn_model *m, cn_line_reader *rd,
@@ -253,26 +267,13 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       in->span_start[k] = (int32_t)b;
       in->span_end[k] = (int32_t)e;
       rd->keys[k] = b << 32 | e;
-      /* span k's word: its "token", else its characters joined (as
-       * seq_parse.c's span_words, 1,024 bytes at most, else unknown) */
+      /* span k's word: its "token", else its characters joined */
       if (jt != NULL) {
         in->span_word[k] = cn_vocab_lookup(m->word_vocab, jt->s,
                                            (size_t)jt->n, m->lowercase);
         continue;
       }
-      char buf[1024];
-      size_t len = 0;
-      bool fits = true;
-      for (int64_t c = b; c < e; c++) {
-        if (len + (size_t)rd->cl[c] > sizeof(buf)) {
-          fits = false;
-          break;
-        }
-        memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
-        len += (size_t)rd->cl[c];
-      }
-      in->span_word[k] =
-          fits ? cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase) : 0;
+      in->span_word[k] = span_word(m, rd, (int32_t)b, (int32_t)e);
     }
     qsort(rd->keys, (size_t)ns, sizeof(int64_t), cmp_key);
     for (int32_t k = 1; k < ns; k++)
@@ -290,19 +291,7 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     for (int32_t k = 0; k < ns; k++) {
       in->span_start[k] = rd->sb[k];
       in->span_end[k] = rd->se[k];
-      char buf[1024];
-      size_t len = 0;
-      bool fits = true;
-      for (int32_t c = rd->sb[k]; c < rd->se[k]; c++) {
-        if (len + (size_t)rd->cl[c] > sizeof(buf)) {
-          fits = false;
-          break;
-        }
-        memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
-        len += (size_t)rd->cl[c];
-      }
-      in->span_word[k] =
-          fits ? cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase) : 0;
+      in->span_word[k] = span_word(m, rd, rd->sb[k], rd->se[k]);
     }
   } else {
     in->span_word = ALLOC(rd, 1, int32_t);
