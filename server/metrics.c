@@ -230,6 +230,16 @@ void cn__metrics_stage(cn__metrics *m, int model, cn__stage stage,
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_stages(cn__metrics *m, int model,
+                        const double seconds[CN__N_STAGES]) {
+  pthread_mutex_lock(&m->mu);
+  model = slot_of(m, model);
+  for (int k = 0; k < CN__N_STAGES; k++)
+    if (seconds[k] > 0)
+      m->stage_s[(size_t)model * CN__N_STAGES + k] += seconds[k];
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,
                         long long extra_batches, bool over) {
   pthread_mutex_lock(&m->mu);

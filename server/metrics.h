@@ -142,6 +142,9 @@ void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
  * thread's (not http's). */
 void cn__metrics_stage(cn__metrics *m, int model, cn__stage stage,
                        double seconds, bool on_loop);
+/* A worker's run: every stage's seconds (off the loop) under one lock. */
+void cn__metrics_stages(cn__metrics *m, int model,
+                        const double seconds[CN__N_STAGES]);
 /* A run's memory (docs/memory.md): its arena and the batches a memory budget
  * added; over: a run over the budget split request by request. */
 void cn__metrics_memory(cn__metrics *m, int model, size_t arena_bytes,

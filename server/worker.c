@@ -284,15 +284,14 @@ static void run_finish(worker_arg *w, inflight *f) {
                   j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
   double c1 = cn_thread_cpu_s();
   inflight_free(f);
-  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_OUTPUT, c1 - c0,
-                    false);
-  /* the run's graph freed: with the graph built, as canopy run counts */
-  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE,
-                    cn_thread_cpu_s() - c1, false);
-  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_SCHEDULE,
-                    j->st.schedule_s, false);
-  cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_EXECUTE,
-                    j->st.execute_s, false);
+  /* the run's graph freed counts with the graph built, as canopy run
+   * counts it; the four stages under one lock */
+  double sec[CN__N_STAGES] = {0};
+  sec[CN__STAGE_PARSE] = cn_thread_cpu_s() - c1;
+  sec[CN__STAGE_SCHEDULE] = j->st.schedule_s;
+  sec[CN__STAGE_EXECUTE] = j->st.execute_s;
+  sec[CN__STAGE_OUTPUT] = c1 - c0;
+  cn__metrics_stages(&s->metrics, j->me->index, sec);
 }
 
 static void run_job(worker_arg *w, cn__job *j) {
