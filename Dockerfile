@@ -2,8 +2,8 @@
 #   docker build -t canopy . && docker run --rm -p 8080:8080 canopy
 #   docker run --rm -p 8080:8080 -v $PWD/models:/models:ro canopy
 # Serves what is mounted at /models, else the demo models built here
-# (config/deploy/image/entrypoint.sh). docs/deploy.md: the image in
-# Kubernetes (config/deploy/k8s/) and KServe (config/deploy/kserve/).
+# (deploy/image/entrypoint.sh). docs/deploy.md: the image in
+# Kubernetes (deploy/k8s/) and KServe (deploy/kserve/).
 # tests/deploy/test_image.py runs the build stage's commands against a
 # scratch prefix (no Docker there); scripts/image_check.sh builds and runs
 # the image for real with podman (opt-in).
@@ -17,8 +17,8 @@ COPY . .
 RUN meson setup /build -Dtests=false -Dcuda=disabled --prefix /opt/canopy \
     && ninja -C /build && ninja -C /build install \
     && scripts/models.sh /build && cp -r models /opt/canopy/models \
-    && install -m 755 config/deploy/image/entrypoint.sh /opt/canopy/bin/canopy-entrypoint \
-    && install -m 755 config/deploy/image/healthcheck.sh /opt/canopy/bin/canopy-healthcheck
+    && install -m 755 deploy/image/entrypoint.sh /opt/canopy/bin/canopy-entrypoint \
+    && install -m 755 deploy/image/healthcheck.sh /opt/canopy/bin/canopy-healthcheck
 
 FROM debian:12-slim
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can check it; the
@@ -46,7 +46,7 @@ ENV PATH=/opt/canopy/bin:$PATH \
     CANOPY_PORT=8080
 EXPOSE 8080
 # Ready = models loaded and not draining. bash's /dev/tcp, no curl in the
-# image (config/deploy/image/healthcheck.sh says why).
+# image (deploy/image/healthcheck.sh says why).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["canopy-healthcheck"]
 # SIGTERM (docker stop) drains; give it more than drain-grace-ms:

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""validate_kserve_runtime.py - checks config/deploy/kserve/servingruntime.yaml
+"""validate_kserve_runtime.py - checks deploy/kserve/servingruntime.yaml
 (or the files given) against the openAPIV3Schema of KServe's own
 CustomResourceDefinition, as the Kubernetes API server would on `kubectl
 apply`: the schema of the version the document's apiVersion names, and
@@ -21,7 +21,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT = os.path.normpath(os.path.join(HERE, "..", "config", "deploy", "kserve",
+DEFAULT = os.path.normpath(os.path.join(HERE, "..", "deploy", "kserve",
                                         "servingruntime.yaml"))
 
 

@@ -22,5 +22,5 @@ metadata:
 data:
   canopy.conf: |
 HEAD
-  sed -e 's/^/    /' -e 's/^ *$//' ../../canopy.conf
+  sed -e 's/^/    /' -e 's/^ *$//' ../../config/canopy.conf
 } > configmap.yaml

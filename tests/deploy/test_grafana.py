@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""test_grafana.py - config/deploy/grafana/canopy.json against the daemon.
+"""test_grafana.py - deploy/grafana/canopy.json against the daemon.
 
 1. The dashboard is Grafana JSON as it imports: a title and uid, unique
    panel ids, a Prometheus datasource variable every panel and target

@@ -1,7 +1,7 @@
 """test_image.py - the container image without Docker (no Docker daemon
 runs on the test machines).
 
-1. The entrypoint (config/deploy/image/entrypoint.sh) with the build's
+1. The entrypoint (deploy/image/entrypoint.sh) with the build's
    `canopy` on PATH: nothing mounted, an empty mount and a missing one
    serve the demo models; a non-empty mount serves what is mounted, only
    that; CANOPY_REQUIRE_MODELS=1 with nothing mounted exits 1; the
@@ -91,7 +91,7 @@ def run_entrypoint(procs, src, path_dir, mount, demo, tag, env=None,
     else:
         argv += ["--port", str(port)]
     e.update(env or {})
-    p = procs.start([os.path.join(src, "config/deploy/image/entrypoint.sh"),
+    p = procs.start([os.path.join(src, "deploy/image/entrypoint.sh"),
                      *argv], f"entrypoint-{tag}.log", env=e)
     t_end = time.monotonic() + 60
     while time.monotonic() < t_end:
@@ -116,7 +116,7 @@ def stop(procs, p, tag):
 
 
 def entrypoint_checks(procs, src, path_dir, demo, want_demo):
-    hc = os.path.join(src, "config/deploy/image/healthcheck.sh")
+    hc = os.path.join(src, "deploy/image/healthcheck.sh")
     mnt = os.path.join(procs.dir, "mnt")
     # Nothing mounted (no directory): the demo models.
     p, port = run_entrypoint(procs, src, path_dir, mnt, demo, "missing")

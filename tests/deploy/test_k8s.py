@@ -1,4 +1,4 @@
-"""test_k8s.py - config/deploy/k8s/: every manifest parses and has what the
+"""test_k8s.py - deploy/k8s/: every manifest parses and has what the
 deployment relies on. No cluster ran these manifests (none here): the
 checks are on their content, plus one run of the pod's process outside a
 cluster - the image's entrypoint with the Deployment's arguments and
@@ -97,7 +97,7 @@ def body(procs):
     with open(os.path.join(root, "config", "canopy.conf")) as f:
         conf = f.read()
     check(cm["data"].get("canopy.conf") == conf, "configmap.yaml differs "
-          "from config/canopy.conf: run config/deploy/k8s/gen-configmap.sh")
+          "from config/canopy.conf: run deploy/k8s/gen-configmap.sh")
 
     dep = one(docs, "Deployment")
     spec, pod = dep["spec"], dep["spec"]["template"]["spec"]
@@ -181,7 +181,7 @@ def body(procs):
     check(m and "configMap" in vols[m["name"]] and
           vols[m["name"]]["configMap"]["name"] == cm["metadata"]["name"],
           f"{cfg_path} is not on the ConfigMap volume")
-    with open(os.path.join(root, "config/deploy/image/entrypoint.sh")) as f:
+    with open(os.path.join(root, "deploy/image/entrypoint.sh")) as f:
         mount_default = re.search(r"CANOPY_MODELS_MOUNT:-(\S+?)\}",
                                   f.read()).group(1)
     m = mounts.get(env.get("CANOPY_MODELS_MOUNT", mount_default))
@@ -225,7 +225,7 @@ def body(procs):
     e.update({"PATH": f"{bindir}:{os.environ['PATH']}",
               "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
               "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
-    p = procs.start([os.path.join(root, "config/deploy/image/entrypoint.sh"),
+    p = procs.start([os.path.join(root, "deploy/image/entrypoint.sh"),
                      *a], "pod.log", env=e)
     t_end, ready = time.monotonic() + 60, False
     while time.monotonic() < t_end and not ready and p.poll() is None:

@@ -1,4 +1,4 @@
-"""test_kserve.py - config/deploy/kserve/servingruntime.yaml: the fields
+"""test_kserve.py - deploy/kserve/servingruntime.yaml: the fields
 KServe's documentation of ServingRuntime requires or relies on, and the
 pod's process run once outside a cluster. No cluster ran it (none here);
 scripts/validate_kserve_runtime.py checks the file against KServe's CRD
@@ -143,7 +143,7 @@ def body(procs):
               "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
               "CANOPY_HOST": "127.0.0.1", "CANOPY_PORT": str(hp),
               "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
-    p = procs.start([os.path.join(root, "config/deploy/image/entrypoint.sh"),
+    p = procs.start([os.path.join(root, "deploy/image/entrypoint.sh"),
                      *c.get("args", [])], "pod.log", env=e)
     t_end, ready = time.monotonic() + 20, False
     while time.monotonic() < t_end and not ready and p.poll() is None:

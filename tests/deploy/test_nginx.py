@@ -1,4 +1,4 @@
-"""test_nginx.py - config/deploy/nginx.conf in front of two real replicas.
+"""test_nginx.py - deploy/nginx.conf in front of two real replicas.
 
 Two `canopy serve` replicas and a real nginx (its own prefix, temp and log
 paths under a temp dir, free loopback ports, `daemon off`), started here.

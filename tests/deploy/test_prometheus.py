@@ -1,4 +1,4 @@
-"""test_prometheus.py - config/deploy/prometheus.yml and canopy-rules.yml.
+"""test_prometheus.py - deploy/prometheus.yml and canopy-rules.yml.
 
 1. promtool: `check config` on the committed prometheus.yml (which loads
    the rules), `check rules`, and `test rules` on canopy-rules.test.yml.

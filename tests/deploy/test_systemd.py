@@ -1,4 +1,4 @@
-"""test_systemd.py - config/deploy/canopy.service and the notify protocol.
+"""test_systemd.py - deploy/canopy.service and the notify protocol.
 
 1. The unit: `systemd-analyze verify` on a temp copy whose ExecStart names
    the build's binary (verify insists the binary exists; the committed
