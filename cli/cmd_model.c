@@ -34,7 +34,7 @@ static void model_usage(FILE *f) {
           "re-executes N\nvertices (default 8) of each type K times "
           "(default 200) under each layout and\nprints one JSON line per "
           "(type, layout): microseconds, kernels and bytes\ncopied per "
-          "execution (ED-Batch's Table-2 report; scripts/cell_report.sh).\n");
+          "execution (ED-Batch's Table-2 report; scripts/bench/cell_report.py).\n");
 }
 
 static int cmd_init(int argc, char **argv) {

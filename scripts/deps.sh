@@ -18,7 +18,7 @@ pkgs=("${build_pkgs[@]}"
       nginx-light    # tests/deploy/test_nginx.py
       systemd        # systemd-analyze, tests/deploy/test_systemd.py
       python3-yaml   # tests/deploy/test_k8s.py
-      wrk            # scripts/bench_daemon.sh: the daemon under load
+      wrk            # scripts/bench/daemon.sh: the daemon under load
       python3-torch   # canopy_torch and canopy-import, and their tests
       # `pip install ./clients` into a venv, offline (tests/python/test_install.py)
       python3-venv python3-pip python3-setuptools python3-wheel)

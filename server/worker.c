@@ -327,7 +327,7 @@ static void finish_prev(worker_arg *w, inflight *prev, bool *have) {
 static void *worker_main(void *arg) {
   worker_arg *w = arg;
   cn__server *s = w->s;
-  /* named so top -H and scripts/bench_daemon.sh can tell the workers'
+  /* named so top -H and scripts/bench/daemon.sh can tell the workers'
    * CPU from the loop thread's */
   char name[16];
   snprintf(name, sizeof(name), "cn-worker-%d", w->index);

@@ -4,7 +4,7 @@ vertex functions: per vertex type of every family with an IR cell, kernels
 and bytes copied per execution, latency at (batch 8, H 64) and (batch 64,
 H 256), naive against pq, and compile time. Prints a markdown table (docs/cells.md).
 
-usage: scripts/cell_report.py [--canopy build/canopy] [--iters 300]
+usage: scripts/bench/cell_report.py [--canopy build/canopy] [--iters 300]
 Models are made with `canopy model init` in a temporary directory; the
 figures come from `canopy model bench` (one process per model, all layouts
 in one run, so ratios are side by side).
@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 DATA = os.environ.get("CANOPY_DATA") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "data")
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "data")
 FAMILIES = [  # family, data file
     ("treelstm", "trees-binary.jsonl"),
     ("treelstm-2type", "trees-binary.jsonl"),

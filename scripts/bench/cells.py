@@ -1,11 +1,11 @@
 #!/usr/bin/python3
-"""bench_cells.py - a built-in model against the same model described as
+"""cells.py - a built-in model against the same model described as
 cells (docs/cells.md "model.json: cells"), in one run of this script:
 `canopy run` over the same input, alternating, REPEAT times each; prints
 the median instances/s, kernels and batches of each, side by side. It
 measures; it asserts nothing.
 
-    /usr/bin/python3 scripts/bench_cells.py --canopy build/canopy \\
+    /usr/bin/python3 scripts/bench/cells.py --canopy build/canopy \\
         --model models/treelstm --input data/trees-binary.jsonl
 
 The cells description is tests/cells/gen_cells.py's for the family, at the
@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "cells"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "cells"))
 import gen_cells  # noqa: E402
 
 

@@ -19,7 +19,7 @@
 # Then the latency and throughput targets, each with its figure.
 # Measures; asserts nothing.
 #
-# usage: scripts/bench_daemon.sh [SECONDS_A_POINT=5]
+# usage: scripts/bench/daemon.sh [SECONDS_A_POINT=5]
 #   CANOPY   the binary (default build/canopy)
 #   SERVE_BIN  the daemon's binary, for a before/after (default $CANOPY;
 #            the offline reference always uses $CANOPY run --jobs 2)
@@ -27,7 +27,7 @@
 #   PIN      "daemon=CPUS wrk=CPUS" taskset lists (default: no pinning)
 #   SERVE    more `canopy serve` flags (e.g. "--workers 1")
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 CANOPY=${CANOPY:-build/canopy}
 SERVE_BIN=${SERVE_BIN:-$CANOPY}
 DUR=${1:-5}
@@ -43,7 +43,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-command -v wrk >/dev/null || { echo "bench_daemon: wrk is missing (scripts/deps.sh wrk)" >&2; exit 1; }
+command -v wrk >/dev/null || { echo "bench/daemon.sh: wrk is missing (scripts/deps.sh wrk)" >&2; exit 1; }
 
 pin_daemon=() pin_wrk=()
 for p in $PIN; do
@@ -107,7 +107,7 @@ for i in $(seq 100); do
   sleep 0.1
 done
 curl -sf "http://127.0.0.1:$port/readyz" >/dev/null ||
-  { echo "bench_daemon: the daemon did not start:" >&2; cat "$WORK/serve.log" >&2; exit 1; }
+  { echo "bench/daemon.sh: the daemon did not start:" >&2; cat "$WORK/serve.log" >&2; exit 1; }
 URL="http://127.0.0.1:$port/v1/models/treelstm/infer"
 LUA=scripts/bench/infer.lua
 "${pin_wrk[@]}" wrk -t1 -c8 -d1s -s $LUA "$URL" -- "$WORK/bodies-1.txt" >/dev/null # warm-up
@@ -123,7 +123,7 @@ for per in 1 4; do
     s1=$(date +%s.%N)
     t1=$(ticks "$PID")
     line=$(grep '^wrk-json ' "$WORK/wrk.out" | cut -d' ' -f2-)
-    [ -n "$line" ] || { echo "bench_daemon: wrk failed:" >&2; cat "$WORK/wrk.out" >&2; exit 1; }
+    [ -n "$line" ] || { echo "bench/daemon.sh: wrk failed:" >&2; cat "$WORK/wrk.out" >&2; exit 1; }
     ROWS+=("$per $c $t0 $t1 $s0 $s1 $(cat "$WORK/wrk.time") $line")
   done
 done

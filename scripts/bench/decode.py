@@ -25,7 +25,7 @@ outstanding request, past max-connections, and the kernel's SYN retries
    each other.
 
 The model is the reference's (tests/reference/canopy_ref.py) with
---eos-bias so that output lengths vary, as scripts/bench_nmt.py. The
+--eos-bias so that output lengths vary, as scripts/bench/nmt.py. The
 client is Python asyncio on the same machine as the daemon: it takes CPU
 from it, the same for both modes.
 """

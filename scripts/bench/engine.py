@@ -4,7 +4,7 @@
 Prints a Markdown table (median of REPEATS runs, with min..max spread)
 for one model over one data file. Measures, never asserts.
 
-usage: scripts/bench_engine.py [--canopy build/canopy] [--family treelstm]
+usage: scripts/bench/engine.py [--canopy build/canopy] [--family treelstm]
        [--hidden 128] [--embed 128] [--classes 5] [--data FILE]
        [--batch 64] [--repeat 5] [--copies 5] [--outputs root]
 """
@@ -13,7 +13,7 @@ import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time
 def main():
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
+    root = os.path.dirname(os.path.dirname(here))
     ap.add_argument("--canopy", default=os.path.join(root, "build", "canopy"))
     ap.add_argument("--family", default="treelstm")
     ap.add_argument("--hidden", type=int, default=128)

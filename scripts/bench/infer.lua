@@ -1,8 +1,8 @@
--- infer.lua - wrk script for `canopy serve` (scripts/bench_daemon.sh).
+-- infer.lua - wrk script for `canopy serve` (scripts/bench/daemon.sh).
 --
 -- Posts request bodies read from a file, one JSON body a line (each
 -- {"instances": [...]} with 1 or more real data trees, written by
--- bench_daemon.sh), cycling through them in order; each wrk thread starts
+-- daemon.sh), cycling through them in order; each wrk thread starts
 -- at a different line. At the end prints one line, "wrk-json {...}", with
 -- the counts and the latency percentiles (microseconds) the script reads.
 --

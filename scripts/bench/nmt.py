@@ -13,7 +13,7 @@ import argparse, json, os, statistics, subprocess, sys, tempfile
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
+    root = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser()
     ap.add_argument("--canopy", default=os.path.join(root, "build", "canopy"))
     ap.add_argument("--data", required=True)

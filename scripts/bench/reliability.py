@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """reliability.py - the hardening checks of docs/daemon.md against a real
-daemon, printed as one table (scripts/reliability.sh sets it up).
+daemon, printed as one table (scripts/bench/reliability.sh sets it up).
 
 Each check starts its own `canopy serve` on a free loopback port:
 

@@ -4,7 +4,7 @@
 # keep-alive load (also with pipelining clients), 2,000 slow connections, a
 # soak, weights changed under a serving daemon. Each check starts its own
 # daemon on a free port.
-# usage: scripts/reliability.sh [CHECK...]   (default: all; checks are
+# usage: scripts/bench/reliability.sh [CHECK...]   (default: all; checks are
 #        overload sigterm sigterm-pipelined slow soak weights)
 #   SOAK_S=600 (the soak's length), SLOW=2000, MODELS=/tmp/canopy-reliability,
 #   BUILD=build (the build dir: its canopy, and tools/canopy-load for the
@@ -12,7 +12,7 @@
 #   PEAK=c measures its peak with canopy-load --closed too; PEAK_AFTER=1
 #   measures the peak again after the open loop)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 [ -f "$BUILD/build.ninja" ] || meson setup "$BUILD" >/dev/null
 ninja -C "$BUILD" >/dev/null

@@ -13,7 +13,7 @@ port:
      second), and the same requests again while they are open.
 
 Prints one table row per binary, figures side by side, taken in the same
-run. Figures only: no threshold is asserted (scripts/reliability.sh may
+run. Figures only: no threshold is asserted (scripts/bench/reliability.sh may
 judge them). Standard library only.
 
 usage: scripts/bench/slow_clients.py [--canopy LABEL=PATH ...] [--slow N]

@@ -5,7 +5,7 @@ written as two PyTorch cells (canopy_torch.save_cells) and the built-in
 trees in the same process tree, side by side. Measures, never asserts
 (but prints the largest difference between the two models' logits).
 
-usage: scripts/bench_traced.py [--canopy build/canopy] [--hidden 64]
+usage: scripts/bench/traced.py [--canopy build/canopy] [--hidden 64]
        [--trees 400] [--repeat 5] [--threads 1]
 """
 import argparse
@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "clients"))
 
 import torch  # noqa: E402

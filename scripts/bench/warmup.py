@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench_warmup.py - what the warm-up (the `warmup` key, docs/daemon.md
+"""warmup.py - what the warm-up (the `warmup` key, docs/daemon.md
 "Warm-up") changes, the same binary with the key on and off, side by side:
 
   rss      the rule against a cold start: RSS at msg=ready, 3 s
@@ -13,7 +13,7 @@
            lines, serving a models directory (scripts/models.sh's demo
            models), median over N starts.
 
-usage: scripts/bench_warmup.py --canopy build/canopy --models DIR
+usage: scripts/bench/warmup.py --canopy build/canopy --models DIR
            [--model treelstm] [--demo models] [--data data]
            [--runs 10] [--gap S] [CHECK...]
 It prints figures; it asserts nothing.

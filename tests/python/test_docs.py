@@ -29,6 +29,18 @@ PY = "/usr/bin/python3"
 OUTPUTS = re.compile(r'''["`]?outputs["`]?\s*[:=]\s*["`]?([a-z_]+)''')
 MD = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[A-Za-z_][\w-]*\.md)\b")
 
+# A path into one of the tree's folders, as the docs write it.
+TREE_PATH = re.compile(r"(?<![\w./-])((?:scripts|deploy|tests|tools|config|"
+                       r"clients|docs|core|server|backends|cli)/[\w./*-]*"
+                       r"[\w/*])")
+# What the docs write like a path of this tree but is not one.
+OUTSIDE = {
+    # KServe's repository: the ServingRuntime CRD (docs/deploy.md)
+    "config/crd/full/serving.kserve.io_servingruntimes.yaml",
+    # the name tests/check_layout.py gives server/serve.h's part
+    "server/public",
+}
+
 
 def md_refs(text):
     return set(MD.findall(text))
@@ -110,6 +122,46 @@ class Docs(unittest.TestCase):
                                 "no file of the repository")
         self.assertGreaterEqual(seen, 4, "no .md reference found at all: "
                                 "is the pattern still right?")
+
+    def test_paths_named_in_docs_exist(self):
+        """Every path into the tree's folders that README.md, docs/*.md and
+        scripts/bench/README.md name (deploy/nginx.conf,
+        scripts/bench/daemon.sh, tests/deploy/...) is a file or folder of
+        the checkout, so a file that moves takes its references with it.
+        Placeholders (an upper-case NAME, a name cut at `_`) and what OUTSIDE
+        lists (another project's paths, a part's name) are not checked."""
+        docs = glob.glob(os.path.join(ROOT, "docs", "*.md")) + [
+            os.path.join(ROOT, "README.md"),
+            os.path.join(ROOT, "scripts", "bench", "README.md")]
+        bad, seen = [], 0
+        for path in docs:
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    for ref in TREE_PATH.findall(line):
+                        ref = ref.rstrip(".")
+                        if ref in OUTSIDE or re.search(r"[A-Z]{3}|_$", ref):
+                            continue
+                        seen += 1
+                        if not glob.glob(os.path.join(ROOT, ref)):
+                            bad.append(f"{os.path.relpath(path, ROOT)}:{n}: "
+                                       f"{ref}")
+        self.assertEqual(bad, [], "paths that are no file of the tree:\n"
+                         + "\n".join(bad))
+        self.assertGreater(seen, 100, "few paths found: is the pattern "
+                           "still right?")
+
+    def test_every_benchmark_script_is_in_the_bench_readme(self):
+        """scripts/bench/README.md has a row for every script beside it:
+        what it measures, the command and the table it produces."""
+        bench = os.path.join(ROOT, "scripts", "bench")
+        with open(os.path.join(bench, "README.md")) as f:
+            rows = [l for l in f if l.startswith("| `")]
+        named = {re.match(r"\| `([^`]+)`", r).group(1) for r in rows}
+        missing = sorted(n for n in os.listdir(bench)
+                         if n != "README.md" and not n.startswith(".")
+                         and n != "__pycache__" and n not in named)
+        self.assertEqual(missing, [], "scripts/bench/ scripts with no row "
+                         "in scripts/bench/README.md")
 
 
 if __name__ == "__main__":
