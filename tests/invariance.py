@@ -24,11 +24,11 @@ usage: invariance.py CANOPY DATA_DIR WORK_DIR [CELLS_DIR [TEST_BIN ...]]
 Prints the kernels it ran, one line per check, and "N passed, N failed".
 """
 import hashlib, json, os, random, shutil, signal, subprocess, sys
-import threading, time, urllib.request
+import threading
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "reference"))
-from compare_http import free_port, post  # noqa: E402
+                                "python"))
+from daemon_util import free_port, post_json, wait_ready  # noqa: E402
 
 canopy, data, work = sys.argv[1], sys.argv[2], sys.argv[3]
 cells = sys.argv[4] if len(sys.argv) > 4 else None
@@ -207,17 +207,7 @@ def check_daemon(specs, base):
                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        ready = False
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
-                    ready = r.status == 200
-            except OSError:
-                pass
-            if ready or srv.poll() is not None:
-                break
-            time.sleep(0.1)
-        if not ready:
+        if not wait_ready(url, srv, 120):
             report(False, "canopy serve became ready (serve.log: %s)" %
                    open(os.path.join(work, "serve.log")).read()[-600:])
             return
@@ -244,7 +234,7 @@ def check_daemon(specs, base):
                 for c in chunks[k::6]:
                     body = dict(opts, instances=[lines[i] for i in c])
                     try:
-                        st, ans = post(f"{url}/v1/models/{name}/infer", body)
+                        st, ans = post_json(f"{url}/v1/models/{name}/infer", body)
                     except OSError as e:
                         errors.append(str(e))
                         return

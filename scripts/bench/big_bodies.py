@@ -32,7 +32,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from slow_clients import free_port, pct, post  # noqa: E402
+from slow_clients import post  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "python"))
+from daemon_util import free_port, pct, status_kb  # noqa: E402
 
 MAX_BODY = 8388608
 
@@ -52,11 +55,8 @@ KINDS = {
 
 
 def hwm_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
+    kb = status_kb(pid, "VmHWM")
+    return -1 if kb is None else kb
 
 
 def run_one(label, canopy, models, model, small, kind, body, n_hostile,

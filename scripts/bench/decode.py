@@ -32,13 +32,10 @@ from it, the same for both modes.
 import argparse, asyncio, json, os, random, shutil, signal, socket
 import statistics, subprocess, sys, tempfile, time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "python"))
+from daemon_util import free_port, pct  # noqa: E402
+from nmt import make_model  # noqa: E402  (beside this file)
 
 
 class Daemon:
@@ -172,11 +169,6 @@ async def open_loop(port, reqs, arrivals, conns):
     return lat, outs, len(arrivals) / span
 
 
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
-
-
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
@@ -201,13 +193,7 @@ def main():
     work = tempfile.mkdtemp(prefix="canopy-decode-")
     models = os.path.join(work, "models")
     model = os.path.join(models, "nmt")
-    subprocess.run(["/usr/bin/python3",
-                    os.path.join(root, "tests", "reference", "canopy_ref.py"),
-                    "--make-model", model, "--family", "lstm-nmt",
-                    "--hidden", str(a.hidden), "--embed", str(a.hidden),
-                    "--seed", "5", "--vocab-from", a.data, "--eos-bias", "1",
-                    "--model-max-decode-len", str(a.cap)],
-                   check=True, stdout=subprocess.DEVNULL)
+    make_model(model, a.data, a.hidden, a.cap)
     sentences = [json.loads(l) for l in open(a.data) if l.strip()]
     ref = subprocess.run([a.canopy, "run", "--model", model, "--input",
                           a.data], capture_output=True, text=True,

@@ -17,11 +17,13 @@ libraries the loader finds (LD_LIBRARY_PATH; the cuda module from the
 build tree or $CANOPY_CUDA_MODULE); the data files (--data, default
 $CANOPY_DATA, else this checkout's data/).
 """
-import argparse, http.client, json, os, socket, statistics, subprocess
+import argparse, http.client, json, os, statistics, subprocess
 import sys, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+from daemon_util import free_port, wait_ready  # noqa: E402
 torch = torch_models = None  # imported by main(), so that --help needs neither
 
 FILES = {"treelstm": "trees-binary.jsonl", "latticelstm": "lattices.jsonl",
@@ -93,24 +95,15 @@ def post(conn, path, body):
 
 
 def daemon(a, models_dir, name, inp):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     logf = open(os.path.join(models_dir, "..", "serve.log"), "w")
     srv = subprocess.Popen([a.canopy, "serve", "--backend", a.backend,
                             "--models-dir", models_dir, "--port", str(port)],
                            stdout=logf, stderr=subprocess.STDOUT)
     try:
-        for _ in range(600):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/readyz")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        if not wait_ready(f"http://127.0.0.1:{port}", srv, 120):
+            raise RuntimeError("canopy serve was not ready within 120 s "
+                               "(serve.log beside the models)")
         lines = open(inp).read().splitlines()
         bodies = ['{"instances":[%s]}' % l for l in lines]
         path = f"/v1/models/{name}/infer"

@@ -9,8 +9,12 @@ and the count of each status. Run it against two binaries to compare.
 
 usage: load_storm.py CANOPY [--n 100] [--hidden 512] [--data DIR]
 """
-import argparse, collections, http.client, os, socket, subprocess, sys
+import argparse, collections, http.client, os, subprocess, sys
 import tempfile, threading, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "python"))
+from daemon_util import free_port, status_kb, wait_ready  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("canopy")
@@ -29,10 +33,7 @@ subprocess.run([a.canopy, "model", "init", "treelstm", os.path.join(models, "m")
                stderr=subprocess.DEVNULL)
 size = sum(os.path.getsize(os.path.join(models, "m", f))
            for f in os.listdir(os.path.join(models, "m")))
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-port = s.getsockname()[1]
-s.close()
+port = free_port()
 log = open(os.path.join(work, "serve.log"), "w")
 srv = subprocess.Popen([a.canopy, "serve", "--models-dir", models, "--port",
                         str(port), "--model-control", "explicit"],
@@ -40,22 +41,14 @@ srv = subprocess.Popen([a.canopy, "serve", "--models-dir", models, "--port",
 
 
 def hwm():
-    with open(f"/proc/{srv.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM"):
-                return int(line.split()[1]) // 1024
-    return -1
+    kb = status_kb(srv.pid, "VmHWM")
+    return -1 if kb is None else kb // 1024
 
 
 try:
-    for _ in range(300):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/readyz")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            time.sleep(0.1)
+    if not wait_ready(f"http://127.0.0.1:{port}", srv, 60):
+        sys.exit("canopy serve was not ready within 60 s: " +
+                 os.path.join(work, "serve.log"))
     before = hwm()
     got = collections.Counter()
     go = threading.Event()

@@ -11,6 +11,24 @@ The model leans towards </s> so output lengths vary (the reference's
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def make_model(model, data, hidden, cap):
+    """The lstm-nmt model both decoding benchmarks run (this one and
+    decode.py): seeded random weights by the reference's --make-model,
+    leaning towards </s> (--eos-bias) so that output lengths vary, at most
+    cap steps."""
+    subprocess.run(["/usr/bin/python3",
+                    os.path.join(ROOT, "tests", "reference", "canopy_ref.py"),
+                    "--make-model", model, "--family", "lstm-nmt",
+                    "--hidden", str(hidden), "--embed", str(hidden),
+                    "--seed", "5", "--vocab-from", data, "--eos-bias", "1",
+                    "--model-max-decode-len", str(cap)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
@@ -24,13 +42,7 @@ def main():
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="canopy-nmt-")
     model = os.path.join(work, "nmt")
-    subprocess.run(["/usr/bin/python3",
-                    os.path.join(root, "tests", "reference", "canopy_ref.py"),
-                    "--make-model", model, "--family", "lstm-nmt",
-                    "--hidden", str(a.hidden), "--embed", str(a.hidden),
-                    "--seed", "5", "--vocab-from", a.data, "--eos-bias", "1",
-                    "--model-max-decode-len", str(a.cap)],
-                   check=True, stdout=subprocess.DEVNULL)
+    make_model(model, a.data, a.hidden, a.cap)
     rates, out, summ = [], None, None
     for _ in range(a.repeat):
         p = subprocess.run([a.canopy, "run", "--model", model, "--input",

@@ -45,31 +45,14 @@ import sys
 import tempfile
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "python"))
+from daemon_util import free_port, pct, status_kb  # noqa: E402
 
 
 def rss_mb(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
+    kb = status_kb(pid, "VmRSS")
+    return float("nan") if kb is None else kb / 1024.0
 
 
 def cpu_s(pid):

@@ -43,9 +43,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import torch  # noqa: E402
 import torch_models as tm  # noqa: E402
+from daemon_util import free_port  # noqa: E402
 
 DATA = {
     "treelstm": "trees-binary.jsonl",
@@ -159,14 +161,6 @@ def canopy_run(canopy, model, inp, policy, batch, threads, outputs=None, cache=N
         raise SystemExit("canopy run failed (%s): %s" % (" ".join(cmd), p.stderr[-2000:]))
     lines = [l for l in p.stderr.splitlines() if l.startswith("{")]
     return json.loads(lines[-1])
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # --------------------------------------------------------------------------

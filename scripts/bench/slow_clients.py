@@ -30,20 +30,9 @@ import tempfile
 import threading
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "python"))
+from daemon_util import free_port, pct  # noqa: E402
 
 
 def post(port, path, body, timeout=5):

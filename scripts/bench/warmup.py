@@ -30,21 +30,14 @@ import sys
 import threading
 import time
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tests", "python"))
+from daemon_util import free_port, status_kb  # noqa: E402
 
 
 def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1])
-    return -1
+    kb = status_kb(pid, "VmRSS")
+    return -1 if kb is None else kb
 
 
 def request(port, path, body, sock=None):

@@ -5,18 +5,19 @@ ports under one temp dir, talks HTTP to them with the standard library,
 and stops every process it started, even when a check fails or meson's
 timeout sends SIGTERM: `Procs` kills what is still running on exit.
 """
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-HOST = "127.0.0.1"
+# free_port, request and HOST are the Python tests' (tests/python).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "python"))
+from daemon_util import HOST, free_port, request  # noqa: E402,F401
 
 
 class Skip(Exception):
@@ -30,23 +31,6 @@ class Fail(Exception):
 def check(cond, msg):
     if not cond:
         raise Fail(msg)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def request(port, method, path, body=None, headers=None, timeout=10):
-    """One request on a fresh connection: (status, headers dict, body)."""
-    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        c.request(method, path, body=body, headers=headers or {})
-        r = c.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        c.close()
 
 
 def metrics(port):

@@ -1,9 +1,22 @@
-"""What the Python tests share about a daemon they start: a free port on
-loopback, waiting until it answers /readyz, and waiting for any other
-event it shows (never for a fixed time)."""
+"""What the Python tests and benchmark scripts share about a daemon they
+start: a free port on loopback, waiting until it answers /readyz, waiting
+for any other event it shows (never for a fixed time), one request on a
+fresh connection, a JSON POST, a percentile of latencies, the process's
+memory from /proc.
+
+tests/python/*.py import it directly (unittest discover puts this folder on
+the path); tests/deploy/, tests/reference/ and scripts/bench/ put this
+folder on sys.path first. Standard library only.
+"""
+import http.client
+import json
 import socket
 import time
+import urllib.error
 import urllib.request
+
+# The daemons the tests and benchmarks start listen on loopback only.
+HOST = "127.0.0.1"
 
 # How long a wait for an event may take before the test fails: a guard
 # against a hang, not a timing (a busy machine or a sanitizer build is
@@ -14,7 +27,7 @@ DEADLINE_S = 60.0
 def free_port():
     """A port nothing listens on now (the daemon binds it next)."""
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
+    s.bind((HOST, 0))
     p = s.getsockname()[1]
     s.close()
     return p
@@ -44,3 +57,51 @@ def wait_ready(url, proc=None, seconds=DEADLINE_S):
         except OSError:
             time.sleep(0.02)
     return False
+
+
+def request(port, method, path, body=None, headers=None, timeout=10):
+    """One request to the daemon on port, on a fresh connection: (status,
+    headers by lower-case name, body bytes). timeout guards each socket
+    operation against a hang."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+def post_json(url, body, timeout=120):
+    """POSTs body, encoded as JSON, to url: (status, the answer's JSON),
+    for an error status too (the daemon's errors are JSON)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def pct(xs, p):
+    """The p-th percentile of xs by nearest rank: the value of rank
+    floor(p/100 * n) of the n sorted (the largest at p = 100); NaN when xs
+    is empty."""
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
+
+
+def status_kb(pid, field):
+    """A field of /proc/PID/status counted in kB (VmRSS, VmHWM), as an int;
+    None when the process or the field is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None

@@ -26,8 +26,7 @@ import sys
 import tempfile
 import threading
 import unittest
-import urllib.request
-from daemon_util import free_port, wait_ready
+from daemon_util import free_port, post_json, wait_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients"))
@@ -1035,10 +1034,10 @@ class TestDaemon(Case):
                           + self.missing)
 
     def post(self, body):
-        req = urllib.request.Request(self.url + "/v1/models/elman/infer",
-                                     data=json.dumps(body).encode())
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+        st, answer = post_json(self.url + "/v1/models/elman/infer", body,
+                               timeout=30)
+        self.assertEqual(st, 200, answer)
+        return answer
 
     def test_http_equals_pytorch(self):
         results = [None] * len(self.insts)

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 import unittest
-from daemon_util import DEADLINE_S, free_port, wait_until
+from daemon_util import DEADLINE_S, free_port, request, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -77,14 +77,8 @@ class Daemon:
             raise RuntimeError("canopy serve did not start: " + f.read())
 
     def request(self, method, path, body=None, headers=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            c.request(method, path, body=body, headers=headers or {})
-            r = c.getresponse()
-            data = r.read()
-            return r.status, json.loads(data) if data[:1] in b"{[" else data
-        finally:
-            c.close()
+        st, _, data = request(self.port, method, path, body, headers, 30)
+        return st, json.loads(data) if data[:1] in b"{[" else data
 
     def get(self, path):
         return self.request("GET", path)

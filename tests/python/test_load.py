@@ -9,12 +9,12 @@ CANOPY_LOAD names the binary (tests/meson.build sets it).
 import collections
 import json
 import os
-import socket
 import socketserver
 import subprocess
 import tempfile
 import threading
 import unittest
+from daemon_util import free_port
 
 LOAD = os.environ.get("CANOPY_LOAD", "build/tools/canopy-load")
 
@@ -227,10 +227,7 @@ class TestLoad(unittest.TestCase):
         self.assertEqual(r["responses"], sum(r["status"].values()), r)
 
     def test_no_server(self):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()  # nothing listens there now
+        port = free_port()  # nothing listens there now
         r = self.report(run_load(port, self.path, "--rate", "50",
                                  "--duration", "0.3", "--connections", "4"))
         self.assertEqual(r["scheduled"], 15)

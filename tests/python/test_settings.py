@@ -19,7 +19,6 @@ Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_settings.py
 (env CANOPY_BIN, CANOPY_DATA as for the other tests).
 """
 import concurrent.futures
-import http.client
 import json
 import os
 import re
@@ -29,6 +28,7 @@ import subprocess
 import tempfile
 import threading
 import unittest
+from daemon_util import request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -118,13 +118,8 @@ class Started:
 
 
 def ask(port, method, path, body=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE_S)
-    try:
-        c.request(method, path, body=body)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
+    st, _, data = request(port, method, path, body, timeout=DEADLINE_S)
+    return st, data
 
 
 def serve_argv(models, *flags):

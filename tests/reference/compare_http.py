@@ -10,31 +10,14 @@ sends SIGTERM and checks the daemon drains and exits 0.
 usage: compare_http.py --canopy BIN --models-dir DIR
          MODEL=INPUT[:all][:hidden][:decode=N] ...
 """
-import argparse, json, os, signal, socket, subprocess, sys, threading, time
-import urllib.request
+import argparse, json, os, signal, subprocess, sys, threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
 import canopy_ref  # noqa: E402
 import compare  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from daemon_util import free_port, post_json, wait_ready  # noqa: E402
 
 
 def check(base, models_dir, spec, clients=4, per_request=8):
@@ -61,7 +44,7 @@ def check(base, models_dir, spec, clients=4, per_request=8):
                     "outputs": outputs, "return_hidden": hidden}
             if decode is not None:
                 body["max_decode_len"] = decode
-            status, ans = post(f"{base}/v1/models/{name}/infer", body)
+            status, ans = post_json(f"{base}/v1/models/{name}/infer", body)
             if status != 200:
                 errors.append(f"{name}: HTTP {status}: {ans}")
                 continue
@@ -105,18 +88,9 @@ def main():
                           "--policy", "agenda", "--log-level", "warn"])
     ok = False
     try:
-        t_end = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() >= t_end or d.poll() is not None:
-                print("the daemon did not become ready", file=sys.stderr)
-                return 1
-            time.sleep(0.05)
+        if not wait_ready(base, d, 60):
+            print("the daemon did not become ready", file=sys.stderr)
+            return 1
         ok = all([check(base, a.models_dir, s) for s in a.specs])
     finally:
         d.send_signal(signal.SIGTERM)
