@@ -124,15 +124,16 @@ class Docs(unittest.TestCase):
                                 "is the pattern still right?")
 
     def test_paths_named_in_docs_exist(self):
-        """Every path into the tree's folders that README.md, docs/*.md and
-        scripts/bench/README.md name (deploy/nginx.conf,
+        """Every path into the tree's folders that README.md, docs/*.md,
+        scripts/bench/README.md and tests/README.md name (deploy/nginx.conf,
         scripts/bench/daemon.sh, tests/deploy/...) is a file or folder of
         the checkout, so a file that moves takes its references with it.
         Placeholders (an upper-case NAME, a name cut at `_`) and what OUTSIDE
         lists (another project's paths, a part's name) are not checked."""
         docs = glob.glob(os.path.join(ROOT, "docs", "*.md")) + [
             os.path.join(ROOT, "README.md"),
-            os.path.join(ROOT, "scripts", "bench", "README.md")]
+            os.path.join(ROOT, "scripts", "bench", "README.md"),
+            os.path.join(ROOT, "tests", "README.md")]
         bad, seen = [], 0
         for path in docs:
             with open(path, encoding="utf-8") as f:
@@ -162,6 +163,20 @@ class Docs(unittest.TestCase):
                          and n != "__pycache__" and n not in named)
         self.assertEqual(missing, [], "scripts/bench/ scripts with no row "
                          "in scripts/bench/README.md")
+
+    def test_every_test_file_is_in_the_tests_readme(self):
+        """tests/README.md says in one line what each test file proves:
+        every tests/test_*.c, tests/python/test_*.py and
+        tests/deploy/test_*.py has its row there."""
+        with open(os.path.join(ROOT, "tests", "README.md")) as f:
+            rows = {r.split(" | ")[0][2:] for r in f if r.startswith("| ")}
+        files = [os.path.relpath(p, ROOT) for pattern in (
+            "tests/test_*.c", "tests/python/test_*.py",
+            "tests/deploy/test_*.py") for p in
+            glob.glob(os.path.join(ROOT, pattern))]
+        self.assertGreater(len(files), 50)
+        self.assertEqual(sorted(set(files) - rows), [],
+                         "test files with no row in tests/README.md")
 
 
 if __name__ == "__main__":
