@@ -1,8 +1,8 @@
 """What the Python tests and benchmark scripts share about a daemon they
-start: a free port on loopback, waiting until it answers /readyz, waiting
-for any other event it shows (never for a fixed time), one request on a
-fresh connection, a JSON POST, a percentile of latencies, the process's
-memory from /proc.
+start: a free port on loopback, the daemon started there (Served), waiting
+until it answers /readyz, waiting for any other event it shows (never for
+a fixed time), one request on a fresh connection, a JSON POST, a
+percentile of latencies, the process's memory from /proc.
 
 tests/python/*.py import it directly (unittest discover puts this folder on
 the path); tests/deploy/, tests/reference/ and scripts/bench/ put this
@@ -10,7 +10,9 @@ folder on sys.path first. Standard library only.
 """
 import http.client
 import json
+import os
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +33,33 @@ def free_port():
     p = s.getsockname()[1]
     s.close()
     return p
+
+
+class Served:
+    """`canopy serve` (the binary bin) over the models directory models on
+    a free loopback port, its stderr in TMP/serve.log and its learned
+    policies in TMP/policies (never the user's cache), flags added to its
+    command line. ready says whether it answered /readyz within seconds;
+    stop() ends it with SIGTERM."""
+
+    def __init__(self, bin, models, tmp, flags=(), seconds=DEADLINE_S):
+        self.port = free_port()
+        self.url = "http://%s:%d" % (HOST, self.port)
+        env = dict(os.environ,
+                   CANOPY_POLICY_CACHE=os.path.join(tmp, "policies"))
+        self.log = open(os.path.join(tmp, "serve.log"), "w")
+        self.proc = subprocess.Popen(
+            [bin, "serve", "--models-dir", models, "--port", str(self.port)]
+            + list(flags), stderr=self.log, env=env)
+        self.ready = wait_ready(self.url, self.proc, seconds)
+
+    def stop(self):
+        """SIGTERM; returns the exit status once the daemon has drained."""
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=DEADLINE_S)
+        finally:
+            self.log.close()
 
 
 def wait_until(probe, ok=bool, seconds=DEADLINE_S):

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import unittest
-from daemon_util import free_port, post_json, wait_ready
+from daemon_util import Served, post_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "clients"))
@@ -1009,23 +1009,14 @@ class TestDaemon(Case):
         cls.m, cls.insts = elman_model(seed=4, n=24)
         cls.m.save(os.path.join(cls.tmp, "models", "elman"),
                    labels=["A", "B", "C", "D", "E"])
-        cls.port = free_port()
-        env = dict(os.environ,
-                   CANOPY_POLICY_CACHE=os.path.join(cls.tmp, "policies"))
-        cls.log = open(os.path.join(cls.tmp, "serve.log"), "w")
-        cls.daemon = subprocess.Popen(
-            [BIN, "serve", "--models-dir", os.path.join(cls.tmp, "models"),
-             "--port", str(cls.port)], stderr=cls.log, env=env)
-        cls.url = "http://127.0.0.1:%d" % cls.port
-        wait_ready(cls.url, cls.daemon, 10.0)
+        cls.served = Served(BIN, os.path.join(cls.tmp, "models"), cls.tmp)
+        cls.url = cls.served.url
 
     @classmethod
     def tearDownClass(cls):
         if cls.missing:
             return
-        cls.daemon.terminate()
-        cls.daemon.wait(timeout=20)
-        cls.log.close()
+        cls.served.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def setUp(self):

@@ -19,7 +19,7 @@ import threading
 import time
 import unittest
 import urllib.request
-from daemon_util import free_port, wait_ready
+from daemon_util import Served, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -56,21 +56,12 @@ class AgainstDaemon(unittest.TestCase):
                        capture_output=True)
         with open(data) as f:
             cls.lines = [next(f).strip() for _ in range(40)]
-        cls.port = free_port()
-        env = dict(os.environ,
-                   CANOPY_POLICY_CACHE=os.path.join(cls.tmp, "policies"))
-        cls.log = open(os.path.join(cls.tmp, "serve.log"), "w")
-        cls.daemon = subprocess.Popen(
-            [BIN, "serve", "--models-dir", os.path.join(cls.tmp, "models"),
-             "--port", str(cls.port)], stderr=cls.log, env=env)
-        cls.url = "http://127.0.0.1:%d" % cls.port
-        wait_ready(cls.url, cls.daemon, 6.0)
+        cls.served = Served(BIN, os.path.join(cls.tmp, "models"), cls.tmp)
+        cls.url = cls.served.url
 
     @classmethod
     def tearDownClass(cls):
-        cls.daemon.terminate()
-        cls.daemon.wait(timeout=20)
-        cls.log.close()
+        cls.served.stop()
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def offline(self, lines):
@@ -308,17 +299,10 @@ class Loadgen(unittest.TestCase):
         with open(data) as f, open(inp, "w") as g:
             for _ in range(20):
                 g.write(next(f))
-        port = free_port()
-        url = "http://127.0.0.1:%d" % port
-        log = open(os.path.join(tmp, "serve.log"), "w")
-        self.addCleanup(log.close)
-        d = subprocess.Popen([BIN, "serve", "--models-dir",
-                              os.path.join(tmp, "models"), "--port",
-                              str(port)], stderr=log,
-                             env=dict(os.environ, CANOPY_POLICY_CACHE=
-                                      os.path.join(tmp, "pc")))
+        s = Served(BIN, os.path.join(tmp, "models"), tmp)
+        self.addCleanup(s.log.close)
+        url, d = s.url, s.proc
         self.addCleanup(lambda: d.poll() is None and (d.kill(), d.wait()))
-        wait_ready(url, d, 10.0)
         lg = subprocess.Popen([PY, LOADGEN, "--url", url, "--input", inp,
                                "--concurrency", "2", "--duration", "600"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -375,16 +359,9 @@ class CurlExamples(unittest.TestCase):
                             "--vocab-from",
                             os.path.join(DATA, data + ".jsonl")],
                            check=True, capture_output=True)
-        port = free_port()
-        url = "http://127.0.0.1:%d" % port
-        log = open(os.path.join(tmp, "serve.log"), "w")
-        self.addCleanup(log.close)
-        d = subprocess.Popen([BIN, "serve", "--models-dir", models, "--port",
-                              str(port)], stderr=log,
-                             env=dict(os.environ, CANOPY_POLICY_CACHE=
-                                      os.path.join(tmp, "pc")))
-        self.addCleanup(lambda: (d.terminate(), d.wait(30)))
-        wait_ready(url, d, 10.0)
+        s = Served(BIN, models, tmp)
+        self.addCleanup(s.stop)
+        url = s.url
         p = subprocess.run(["sh", os.path.join(ROOT, "clients",
                                                "curl-examples.sh")],
                            env=dict(os.environ, CANOPY_URL=url),
