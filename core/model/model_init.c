@@ -93,21 +93,8 @@ static int fill_text(FILE *f, void *ctx) {
 static int write_atomic(const char *path, const char *text, cn_err *err) {
   char tmp[4096 + 8];
   snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-  switch (cn__file_write_atomic(path, tmp, false, fill_text, (void *)text)) {
-  case CN__FW_OK:
-    return 0;
-  case CN__FW_CREATE:
-    return cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
-                      strerror(errno));
-  case CN__FW_WRITE:
-  case CN__FW_CLOSE:
-    return cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
-                      strerror(errno));
-  case CN__FW_RENAME:
-    break;
-  }
-  return cn_err_set(err, CN_E_IO, "%s: cannot rename to %s: %s", tmp, path,
-                    strerror(errno));
+  return cn__file_write_atomic_err(path, tmp, false, fill_text, (void *)text,
+                                   err);
 }
 
 /* Writes the family's tensors at dims d, in spec order. */
