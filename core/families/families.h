@@ -82,6 +82,9 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
                                          float *buf));
 /* The classifier's object: logits, label, label_name of one output row. */
 json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
+/* o["nodes"]: the classifier's object of each of the slot's output
+ * vertices, in order (outputs=all of a tree). */
+void cn__logits_nodes(const cn_run *r, int slot, json_t *o);
 /* The same objects written straight into b (family write()): 0, or
  * CN_E_NON_FINITE with the field named as cn_output_check names it. */
 int cn__tree_write(const cn_run *r, int slot, int h_floats, cn_buf *b,
