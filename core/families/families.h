@@ -2,7 +2,7 @@
 #ifndef CANOPY_FAMILIES_H
 #define CANOPY_FAMILIES_H
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 extern const cn_family cn__fam_treelstm;
 extern const cn_family cn__fam_treelstm_2type;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 /* The rows the answers read after the run, as the family's reads() names
  * them for a device's fetch (cn__run_need): kept alive to the end. NULL
