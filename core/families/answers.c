@@ -1,6 +1,8 @@
-/* tree_common.c - what the tree families share: building a tree instance's
- * vertices, index arrays for batched kernels, the output layer, and the
- * per-instance JSON object of docs/api.md. */
+/* answers.c - the answers of the tree and tagger families, docs/api.md:
+ * each instance's JSON object (logits, label, per-node and per-token
+ * objects, hidden states), the same written straight into a buffer, the
+ * states they read, and the bound on their size; and the vertices of a
+ * tree instance, which those answers are read from. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

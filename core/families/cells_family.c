@@ -3,7 +3,7 @@
  * (core/model/cells_json.c) copies it into each model with the types the
  * model names, and these callbacks read the model's cn_cells. The vertex
  * graph of each structure is the built-ins' own: a tree as treelstm's
- * (tree_common.c), a sequence as a tagger's chain, a bisequence as
+ * (answers.c), a sequence as a tagger's chain, a bisequence as
  * bilstm-tagger's two chains, a DAG as latticegru's; one output vertex per
  * tree node asked for, per token, or for the DAG's sink. Every type runs
  * its compiled cell (there are no hand-written kernels to fall back on). */

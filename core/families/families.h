@@ -15,10 +15,10 @@ extern const cn_family cn__fam_latticegru;
 extern const cn_family cn__fam_nmt;
 extern const cn_family cn__fam_cells; /* the template (cells_family.c) */
 
-/* ---- tree families (tree_common.c) ---- */
+/* ---- tree families (answers.c) ---- */
 /* The descriptor of a tree classifier (treelstm, treelstm-2type, treegru,
  * childsum-treelstm, mvrnn): tree input, an output layer over classes, and
- * the count, output, write, reads and answer bound of tree_common.c. What
+ * the count, output, write, reads and answer bound of answers.c. What
  * each family has of its own is given: its name, the most children per
  * node (0: the limit's), its tensors, build(), state_floats() and cell(),
  * then its type names, the output type last (n_types is their number). The
