@@ -2,8 +2,8 @@
  * (batcher.c), the queues to and from the workers (jobs.c), the worker
  * threads (worker.c), decode sessions (decode.c), warm-ups (warmup.c),
  * learned policies (policy.c), and the answers the workers lay out
- * (answer.c, kserve_answer.c). No notion of sockets: requests are answered
- * through request.h. */
+ * (answer_parts.c, kserve_answer.c). No notion of sockets: requests are
+ * answered through request.h. */
 #ifndef CANOPY_SERVER_WORK_H
 #define CANOPY_SERVER_WORK_H
 
@@ -26,7 +26,7 @@ void cn__jobs_push(cn__server *s, cn__job *j);
 void cn__jobs_done(cn__server *s, cn__job *j);
 void cn__job_free(cn__job *j);
 
-/* answer.c: adds unknown_tokens (and, asked for, unknown_positions) to an
+/* answer_parts.c: adds unknown_tokens (and, asked for, unknown_positions) to an
  * answer's stats (worker.c's and decode.c's answers) */
 void cn__stats_unknown(json_t *st, const cn__req *r);
 /* The same two keys written into an answer being written (worker.c),
@@ -36,7 +36,7 @@ void cn__stats_unknown_write(cn_buf *b, const cn__req *r);
  * as every answer prints them (cn_buf_json); caller frees. */
 char *cn__answer_dump(const json_t *j);
 
-/* answer.c: compresses r's answer (result, a 200) for the coding its
+/* answer_parts.c: compresses r's answer (result, a 200) for the coding its
  * Accept-Encoding took (Content-Encoding in result_head). */
 void cn__answer_compress(cn__req *r);
 
