@@ -1,4 +1,4 @@
-/* models.c - a loaded version of a model (cn__model_entry) is reference
+/* versions.c - a loaded version of a model (cn__model_entry) is reference
  * counted: its slot holds one reference while new requests get it, and
  * every request and run that uses it holds one (docs/daemon.md, reloads).
  * The last release frees it, its policy with it. Any thread. Below

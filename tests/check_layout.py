@@ -97,7 +97,7 @@ SERVER_LAYERS = [
                   "kserve_ext.c"]),
     ("work", ["batcher.c", "jobs.c", "worker.c", "decode.c", "warmup.c",
               "policy.c", "answer_parts.c", "kserve_answer.c"]),
-    ("request", ["request.c", "models.c"]),
+    ("request", ["request.c", "versions.c"]),
     ("net", ["listen.c", "conn_parse.c", "conn.c"]),
     ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c",
               "encoding.c"]),
