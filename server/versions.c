@@ -9,7 +9,7 @@
 
 #include "request.h"
 
-/* The version's batching policy (policy.c made it): its FSM and its
+/* The version's batching policy (learned_policy.c made it): its FSM and its
  * reservoir of run graphs. */
 static void policy_free(cn__model_entry *me) {
   cn__policy *p = &me->pol;

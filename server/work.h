@@ -1,7 +1,7 @@
 /* work.h - batching and the workers: aggregation windows
  * (batcher.c), the queues to and from the workers (jobs.c), the worker
  * threads (worker.c), decode sessions (decode.c), warm-ups (warmup.c),
- * learned policies (policy.c), and the answers the workers lay out
+ * learned policies (learned_policy.c), and the answers the workers lay out
  * (answer_parts.c, kserve_answer.c). No notion of sockets: requests are
  * answered through request.h. */
 #ifndef CANOPY_SERVER_WORK_H
@@ -47,7 +47,7 @@ void cn__answer_compress(cn__req *r);
 char *cn__kserve_answer(cn__req *r, const cn__model_entry *me, json_t *outs,
                         json_t *stats, int *status);
 
-/* policy.c: learned policies per model, and the online retrainer */
+/* learned_policy.c: learned policies per model, and the online retrainer */
 void cn__policy_init(cn__server *s, cn__model_entry *me);
 /* The policy object of GET /v1/models/{name} (new reference). */
 json_t *cn__policy_describe(cn__server *s, cn__model_entry *me);

@@ -96,7 +96,7 @@ SERVER_LAYERS = [
                   "repo_dirs.c",
                   "kserve_ext.c"]),
     ("work", ["batcher.c", "jobs.c", "worker.c", "decode.c", "warmup.c",
-              "policy.c", "answer_parts.c", "kserve_answer.c"]),
+              "learned_policy.c", "answer_parts.c", "kserve_answer.c"]),
     ("request", ["request.c", "versions.c"]),
     ("net", ["listen.c", "conn_parse.c", "conn.c"]),
     ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c",
