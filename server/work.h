@@ -1,5 +1,5 @@
 /* work.h - batching and the workers: aggregation windows
- * (batcher.c), the queues to and from the workers (jobs.c), the worker
+ * (batcher.c), the queues to and from the workers (job_queue.c), the worker
  * threads (worker.c), decode sessions (decode.c), warm-ups (warmup.c),
  * learned policies (learned_policy.c), and the answers the workers lay out
  * (answer_parts.c, kserve_answer.c). No notion of sockets: requests are
@@ -20,7 +20,7 @@ void cn__batcher_flush_all(cn__server *s);
 void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
 int cn__retry_after_s(cn__server *s);
 
-/* jobs.c: closed runs to the workers (the job queue), finished ones back
+/* job_queue.c: closed runs to the workers (the job queue), finished ones back
  * to the loop (the done queue, done_async) */
 void cn__jobs_push(cn__server *s, cn__job *j);
 void cn__jobs_done(cn__server *s, cn__job *j);
