@@ -212,9 +212,10 @@ def self_test():
     files = {
         "core/canopy_core.h": "",
         "core/base/base.h": '#include "canopy_core.h"\n',
-        "core/sched/sched.h": '#include "base/base.h"\n',
-        "core/sched/fsm.c": '#include "sched/sched.h"\n#include "run/run.h"\n',
-        "core/run/run.h": '#include "sched/sched.h"\n',
+        "core/sched/sched_api.h": '#include "base/base.h"\n',
+        "core/sched/fsm.c": ('#include "sched/sched_api.h"\n'
+                             '#include "run/run_api.h"\n'),
+        "core/run/run_api.h": '#include "sched/sched_api.h"\n',
         "server/serve.c": '#include "canopy_core.h"\n',
         "cli/cmd_run.c": '#include "../server/serve_impl.h"\n',
         "server/serve_impl.h": "",
