@@ -21,9 +21,9 @@ extern const cn_family cn__fam_cells; /* the template (cells_family.c) */
  * the count, output, write, reads and answer bound of answers.c. What
  * each family has of its own is given: its name, the most children per
  * node (0: the limit's), its tensors, build(), state_floats() and cell(),
- * then its type names, the output type last (n_types is their number). The
- * five tables differed only in these; written once, a field the tree
- * families gain is added in one place. */
+ * then its type names, the output type last (n_types is their number).
+ * What the five share is set here only, so a field every tree family
+ * needs is added in one place. */
 #define CN__TREE_FAMILY(NAME, ARITY, TENSORS, BUILD, STATE_FLOATS, CELL, ...) \
   {                                                                         \
       .name = (NAME),                                                       \
