@@ -99,10 +99,75 @@ static void run_usage(FILE *f) {
           "a note on stderr).\n");
 }
 
-static int parse_args(int argc, char **argv, run_opts *o) {
+/* The flags of `run` that name one of a few choices (--outputs, --policy,
+ * --layout, --encoding): 1 when argv[*i] was one and its value was taken,
+ * 0 when it is none of them, -1 (said on stderr) when its value is
+ * missing or not a choice. */
+static int choice_flag(int argc, char **argv, int *i, run_opts *o) {
+  const char *v;
+  int m;
+  if ((m = cn__flag_value(argc, argv, i, "--outputs", &v)) != 0) {
+    if (m < 0) return -1;
+    if (strcmp(v, "all") == 0)
+      o->flags |= CN_OUT_ALL;
+    else if (strcmp(v, "root") != 0) {
+      fprintf(stderr, "canopy run: --outputs must be root or all\n");
+      return -1;
+    }
+  } else if ((m = cn__flag_value(argc, argv, i, "--policy", &v)) != 0) {
+    if (m < 0) return -1;
+    if (cn_policy_parse(v, &o->policy) != 0) {
+      fprintf(stderr,
+              "canopy run: unknown --policy '%s' (none, depth, agenda, "
+              "sufficient, lookahead, lookahead2, plan, fsm)\n",
+              v);
+      return -1;
+    }
+  } else if ((m = cn__flag_value(argc, argv, i, "--layout", &v)) != 0) {
+    if (m < 0 || cn_layout_parse(v, &o->layout) != 0) {
+      fprintf(stderr, "canopy run: --layout must be pq or naive\n");
+      return -1;
+    }
+  } else if ((m = cn__flag_value(argc, argv, i, "--encoding", &v)) != 0) {
+    if (m < 0 || cn_fsm_encoding_parse(v, &o->encoding) != 0) {
+      fprintf(stderr,
+              "canopy run: --encoding must be base, max, sort or bound\n");
+      return -1;
+    }
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* The flags of `run` that take a whole number (--batch, --max-decode-len,
+ * --jobs, --threads), as choice_flag answers. */
+static int number_flag(int argc, char **argv, int *i, run_opts *o) {
   const char *v;
   int m;
   long long x;
+  if ((m = cn__flag_value(argc, argv, i, "--batch", &v)) != 0) {
+    if (m < 0 || cn__parse_int("--batch", v, 1, 1 << 20, &o->batch))
+      return -1;
+  } else if ((m = cn__flag_value(argc, argv, i, "--max-decode-len", &v)) !=
+             0) {
+    if (m < 0 ||
+        cn__parse_int("--max-decode-len", v, 1, 1 << 20, &o->max_decode_len))
+      return -1;
+  } else if ((m = cn__flag_value(argc, argv, i, "--jobs", &v)) != 0) {
+    if (m < 0 || cn__parse_int("--jobs", v, 1, 1024, &o->jobs)) return -1;
+  } else if ((m = cn__flag_value(argc, argv, i, "--threads", &v)) != 0) {
+    if (m < 0 || cn__parse_int("--threads", v, 1, 1024, &x)) return -1;
+    o->threads = x;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+static int parse_args(int argc, char **argv, run_opts *o) {
+  const char *v;
+  int m;
   o->backend = "cpu";
   o->policy = CN_POLICY_SUFFICIENT; /* docs/policies.md: fastest on CPU */
   o->batch = 64;
@@ -136,51 +201,13 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     } else if ((m = cn__flag_value(argc, argv, &i, "--backend", &v)) != 0) {
       if (m < 0) return -1;
       o->backend = v;
-    } else if ((m = cn__flag_value(argc, argv, &i, "--outputs", &v)) != 0) {
-      if (m < 0) return -1;
-      if (strcmp(v, "all") == 0)
-        o->flags |= CN_OUT_ALL;
-      else if (strcmp(v, "root") != 0) {
-        fprintf(stderr, "canopy run: --outputs must be root or all\n");
-        return -1;
-      }
-    } else if ((m = cn__flag_value(argc, argv, &i, "--policy", &v)) != 0) {
-      if (m < 0) return -1;
-      if (cn_policy_parse(v, &o->policy) != 0) {
-        fprintf(stderr,
-                "canopy run: unknown --policy '%s' (none, depth, agenda, "
-                "sufficient, lookahead, lookahead2, plan, fsm)\n",
-                v);
-        return -1;
-      }
-    } else if ((m = cn__flag_value(argc, argv, &i, "--layout", &v)) != 0) {
-      if (m < 0 || cn_layout_parse(v, &o->layout) != 0) {
-        fprintf(stderr, "canopy run: --layout must be pq or naive\n");
-        return -1;
-      }
     } else if ((m = cn__flag_value(argc, argv, &i, "--policy-cache", &v)) !=
                0) {
       if (m < 0) return -1;
       o->policy_cache = v;
-    } else if ((m = cn__flag_value(argc, argv, &i, "--encoding", &v)) != 0) {
-      if (m < 0 || cn_fsm_encoding_parse(v, &o->encoding) != 0) {
-        fprintf(stderr,
-                "canopy run: --encoding must be base, max, sort or bound\n");
-        return -1;
-      }
-    } else if ((m = cn__flag_value(argc, argv, &i, "--batch", &v)) != 0) {
-      if (m < 0 || cn__parse_int("--batch", v, 1, 1 << 20, &o->batch))
-        return -1;
-    } else if ((m = cn__flag_value(argc, argv, &i, "--max-decode-len", &v)) !=
-               0) {
-      if (m < 0 ||
-          cn__parse_int("--max-decode-len", v, 1, 1 << 20, &o->max_decode_len))
-        return -1;
-    } else if ((m = cn__flag_value(argc, argv, &i, "--jobs", &v)) != 0) {
-      if (m < 0 || cn__parse_int("--jobs", v, 1, 1024, &o->jobs)) return -1;
-    } else if ((m = cn__flag_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (m < 0 || cn__parse_int("--threads", v, 1, 1024, &x)) return -1;
-      o->threads = x;
+    } else if ((m = choice_flag(argc, argv, &i, o)) != 0 ||
+               (m = number_flag(argc, argv, &i, o)) != 0) {
+      if (m < 0) return -1;
     } else if (strncmp(a, "--", 2) == 0 && i + 1 < argc &&
                cn_config_find(a + 2) != NULL) {
       if (cn_config_set_flag(&o->cfg, &seen, a + 2, argv[++i], &err) != 0) {

@@ -115,7 +115,7 @@ static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
 
 /* Waits for a run_start'ed run and writes its outputs, in order, to out
  * (and notes on refused lines or a failed run to notes). */
-static int run_finish(cn_run *r, line *ls, int n, totals *tot, cn_buf *out,
+static int write_outputs(cn_run *r, line *ls, int n, totals *tot, cn_buf *out,
                       FILE *notes) {
   cn_err err;
   cn_err_clear(&err);
@@ -209,7 +209,7 @@ static void chunk_finish(void *arg, int thread, void *item) {
   (void)thread;
   chunk *c = item;
   if (c->rc == 0)
-    c->rc = run_finish(c->run, c->ls, c->n, &c->tot, &c->out, c->fnotes);
+    c->rc = write_outputs(c->run, c->ls, c->n, &c->tot, &c->out, c->fnotes);
   if (c->out.failed) {
     fprintf(c->fnotes, "canopy run: no memory for the answers\n");
     c->rc = -1;

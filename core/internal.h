@@ -10,7 +10,7 @@
 #include "input/input.h"
 #include "cell/cell.h"
 #include "model/model.h"
-#include "sched/sched.h"
-#include "run/run.h"
+#include "sched/sched_api.h"
+#include "run/run_api.h"
 
 #endif /* CANOPY_CORE_INTERNAL_H */

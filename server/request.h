@@ -1,6 +1,6 @@
 /* request.h - a request's life after its handler (request.c)
  * and the reference-counted model versions requests and runs hold
- * (models.c): the layer above the connections that both the batching side
+ * (versions.c): the layer above the connections that both the batching side
  * and the handlers answer through. */
 #ifndef CANOPY_SERVER_REQUEST_H
 #define CANOPY_SERVER_REQUEST_H
@@ -29,7 +29,7 @@ int cn__req_reserve_answer(cn__req *r, cn_err *e);
 /* /v1's error body {"error": {...}} (instance < 0: none). */
 char *cn__error_body(int code, const char *msg, int instance);
 
-/* models.c: versions are reference counted. A reference to the version
+/* versions.c: versions are reference counted. A reference to the version
  * new requests get (NULL: none loaded); the last release frees it. */
 cn__model_entry *cn__model_retain(cn__model_slot *sl);
 void cn__model_release(cn__model_entry *me);

@@ -62,8 +62,8 @@ static inline void cn__malloc_trim(void) {
 /* A model's name (its directory's) has fewer bytes than this. */
 #define CN__NAME_MAX 128
 
-/* A model's learned batching policy (policy fsm; policy.c). Workers take
- * a reference to `fsm` under `mu` (a few instructions) and add their run's
+/* A model's learned batching policy (policy fsm; learned_policy.c).
+ * Workers take a reference to `fsm` under `mu` (a few instructions) and add their run's
  * graph to `reservoir` under `rmu`; the retrainer snapshots the reservoir
  * under `rmu`, trains with no lock held, and swaps `fsm` under `mu`. */
 typedef struct cn__policy {
@@ -322,7 +322,7 @@ struct cn__server {
   double drain_started;
   pthread_t *threads;
   int n_threads;
-  /* the online retrainer (policy.c) */
+  /* the online retrainer (learned_policy.c) */
   pthread_mutex_t rtmu;
   pthread_cond_t rtcv;
   bool rt_stop, rt_started;

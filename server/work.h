@@ -1,9 +1,9 @@
 /* work.h - batching and the workers: aggregation windows
- * (batcher.c), the queues to and from the workers (jobs.c), the worker
+ * (batcher.c), the queues to and from the workers (job_queue.c), the worker
  * threads (worker.c), decode sessions (decode.c), warm-ups (warmup.c),
- * learned policies (policy.c), and the answers the workers lay out
- * (answer.c, kserve_answer.c). No notion of sockets: requests are answered
- * through request.h. */
+ * learned policies (learned_policy.c), and the answers the workers lay out
+ * (answer_parts.c, kserve_answer.c). No notion of sockets: requests are
+ * answered through request.h. */
 #ifndef CANOPY_SERVER_WORK_H
 #define CANOPY_SERVER_WORK_H
 
@@ -20,13 +20,13 @@ void cn__batcher_flush_all(cn__server *s);
 void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
 int cn__retry_after_s(cn__server *s);
 
-/* jobs.c: closed runs to the workers (the job queue), finished ones back
+/* job_queue.c: closed runs to the workers (the job queue), finished ones back
  * to the loop (the done queue, done_async) */
 void cn__jobs_push(cn__server *s, cn__job *j);
 void cn__jobs_done(cn__server *s, cn__job *j);
 void cn__job_free(cn__job *j);
 
-/* answer.c: adds unknown_tokens (and, asked for, unknown_positions) to an
+/* answer_parts.c: adds unknown_tokens (and, asked for, unknown_positions) to an
  * answer's stats (worker.c's and decode.c's answers) */
 void cn__stats_unknown(json_t *st, const cn__req *r);
 /* The same two keys written into an answer being written (worker.c),
@@ -36,7 +36,7 @@ void cn__stats_unknown_write(cn_buf *b, const cn__req *r);
  * as every answer prints them (cn_buf_json); caller frees. */
 char *cn__answer_dump(const json_t *j);
 
-/* answer.c: compresses r's answer (result, a 200) for the coding its
+/* answer_parts.c: compresses r's answer (result, a 200) for the coding its
  * Accept-Encoding took (Content-Encoding in result_head). */
 void cn__answer_compress(cn__req *r);
 
@@ -47,7 +47,7 @@ void cn__answer_compress(cn__req *r);
 char *cn__kserve_answer(cn__req *r, const cn__model_entry *me, json_t *outs,
                         json_t *stats, int *status);
 
-/* policy.c: learned policies per model, and the online retrainer */
+/* learned_policy.c: learned policies per model, and the online retrainer */
 void cn__policy_init(cn__server *s, cn__model_entry *me);
 /* The policy object of GET /v1/models/{name} (new reference). */
 json_t *cn__policy_describe(cn__server *s, cn__model_entry *me);

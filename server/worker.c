@@ -145,7 +145,7 @@ static void note_memory(cn__model_slot *sl, const cn_run_stats *st) {
 }
 
 /* A run on its way: issued to the backend, its answers not yet read
- * (run_start, run_finish). */
+ * (run_start, answer_job). */
 typedef struct inflight {
   cn__job *j;
   cn_run *run;
@@ -178,7 +178,7 @@ static void inflight_free(inflight *f) {
 /* Adds j's live requests to a run and issues it. With async the run may
  * still be computing on the device when this returns (the
  * worker prepares its next run meanwhile). True: f holds the run,
- * run_finish answers it; false: every request already has its answer (an
+ * answer_job answers it; false: every request already has its answer (an
  * error, no live request, or a run over the budget answered one request
  * at a time). */
 static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
@@ -247,7 +247,7 @@ done:
 
 /* Waits for f's run, then sets every live request's answer: outputs, or
  * the run's error. */
-static void run_finish(worker_arg *w, inflight *f) {
+static void answer_job(worker_arg *w, inflight *f) {
   cn__server *s = w->s;
   cn__job *j = f->j;
   cn_err err;
@@ -296,7 +296,7 @@ static void run_finish(worker_arg *w, inflight *f) {
 
 static void run_job(worker_arg *w, cn__job *j) {
   inflight f;
-  if (run_start(w, j, false, &f)) run_finish(w, &f);
+  if (run_start(w, j, false, &f)) answer_job(w, &f);
 }
 
 /* The worker's backend counters into /metrics. */
@@ -320,7 +320,7 @@ static void job_over(worker_arg *w, cn__job *j) {
 static void finish_prev(worker_arg *w, inflight *prev, bool *have) {
   if (!*have) return;
   *have = false;
-  run_finish(w, prev);
+  answer_job(w, prev);
   job_over(w, prev->j);
 }
 

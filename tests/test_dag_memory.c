@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 #define NV_MAX 9
 #define INF ((int64_t)1 << 60)

@@ -2,7 +2,7 @@
  * and one cuBLAS handle per context (= per worker thread), the table of
  * backend.h operations, weights uploaded once per (context, tensor),
  * copies and the answers' fetch. The top of backends/cuda: it calls the
- * products (cuda_blas.cu), kernels (cuda_kernels.cu, cuda_ew.cu) and the
+ * products (cuda_blas.cu), kernels (cuda_rows.cu, cuda_ew.cu) and the
  * pool and staging (cuda_mem.cu), none of which calls it. See
  * docs/cuda.md.
  */

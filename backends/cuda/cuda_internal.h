@@ -3,7 +3,7 @@
  * files before it):
  *   cuda_mem.cu     errors, the device made current, the device pool,
  *                   index staging;
- *   cuda_kernels.cu gathers, the fused cells, argmax, elementwise, row
+ *   cuda_rows.cu gathers, the fused cells, argmax, elementwise, row
  *                   copies;
  *   cuda_blas.cu    the cuBLAS products (gemm, gemm_strided, gemm_batched);
  *   cuda_ew.cu      the fused elementwise programs of compiled cells;
@@ -270,7 +270,7 @@ void cu_gemm_strided(cn_backend_ctx *bk, int count, int M, int N, int K,
 bool cu_lt_open(cu_ctx *c);
 void cu_lt_close(cu_ctx *c);
 
-/* cuda_kernels.cu */
+/* cuda_rows.cu */
 bool cu_bias_rows(cu_ctx *c, int M, int N, const float *bias, float beta,
                   float *C, int ldc);
 bool cu_eye(cu_ctx *c, float *I, int H);

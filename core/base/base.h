@@ -92,5 +92,11 @@ typedef enum {
 cn__fw_step cn__file_write_atomic(const char *path, const char *tmp,
                                   bool fresh, int (*fill)(FILE *f, void *ctx),
                                   void *ctx);
+/* cn__file_write_atomic with the failure worded into err (CN_E_IO): the
+ * step and the file it failed on (tmp for creating, writing and closing;
+ * tmp and path for the rename), and errno's text. Returns 0 or CN_E_IO. */
+int cn__file_write_atomic_err(const char *path, const char *tmp, bool fresh,
+                              int (*fill)(FILE *f, void *ctx), void *ctx,
+                              cn_err *err);
 
 #endif /* CANOPY_BASE_H */

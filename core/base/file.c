@@ -67,6 +67,28 @@ cn__fw_step cn__file_write_atomic(const char *path, const char *tmp,
   return step;
 }
 
+/* The callers that write a file whole all word its failure the same way;
+ * one switch over the step, not one per caller. */
+int cn__file_write_atomic_err(const char *path, const char *tmp, bool fresh,
+                              int (*fill)(FILE *f, void *ctx), void *ctx,
+                              cn_err *err) {
+  switch (cn__file_write_atomic(path, tmp, fresh, fill, ctx)) {
+  case CN__FW_OK:
+    return 0;
+  case CN__FW_CREATE:
+    return cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
+                      strerror(errno));
+  case CN__FW_WRITE:
+  case CN__FW_CLOSE:
+    return cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
+                      strerror(errno));
+  case CN__FW_RENAME:
+    break;
+  }
+  return cn_err_set(err, CN_E_IO, "%s: cannot rename to %s: %s", tmp, path,
+                    strerror(errno));
+}
+
 /* Does the open file fd lie inside the directory dirfd? Both as the
  * kernel names them now (/proc/self/fd): the fallback of a kernel without
  * openat2 (Linux < 5.6, or a seccomp filter that refuses it). */

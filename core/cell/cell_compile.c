@@ -414,6 +414,104 @@ static void mark_product_only_sources(cn_cell *c) {
   }
 }
 
+/* The compiler's decisions before any instruction: the uses of each
+ * node, the product trees and per-vertex product sums, how products are
+ * batched, the steps' order and the variables. On failure *why says which
+ * fixed size the cell outgrew. */
+static int plan(compiler *cp, const char **why) {
+  const cn_ir *g = cp->g;
+  for (int v = 0; v < g->n; v++) {
+    if (g->node[v].a >= 0) cp->uses[g->node[v].a]++;
+    if (g->node[v].b >= 0) cp->uses[g->node[v].b]++;
+  }
+  cn__cell_find_trees(cp);
+  cn__cell_find_bmm_sums(cp);
+  int rc = cn__cell_choose_batching(cp);
+  if (rc != 0) *why = " (more than 8 products, or 32 product blocks)";
+  if (rc == 0) rc = add_step(cp->c, CN_STEP_GATHER, 0);
+  if (rc == 0 && (rc = schedule(cp)) != 0)
+    *why = " (more than 8 fused elementwise kernels or 40 steps)";
+  if (rc == 0 && (rc = make_vars(cp)) != 0)
+    *why = " (more than 16 sources, or an identity-filled source that is not "
+           "only a per-vertex product's operand)";
+  return rc;
+}
+
+/* The cell's products over its variables: each per-vertex product's
+ * operand vars (or a weight block), refused where an identity-filled
+ * operand is not square in its place; each batched product's inputs and
+ * outputs. */
+static int bind_products(compiler *cp, const char **why) {
+  cn_cell *c = cp->c;
+  const cn_ir *g = cp->g;
+  c->n_bmm = cp->n_bmm_step;
+  for (int k = 0; k < cp->n_bmm_step; k++) {
+    const cn_ir_node *nd = &g->node[cp->bmm_node[k]];
+    c->bmm[k] = (cn_cell_bmm){
+        .l = nd->a >= 0 ? cp->var_of[nd->a] : -1,
+        .r = nd->b >= 0 ? cp->var_of[nd->b] : -1,
+        .out = cp->var_of[cp->bmm_node[k]],
+        .t = nd->t, .r0 = nd->r0, .c0 = nd->c0,
+        .m = nd->m, .kk = nd->kk, .nn = nd->width / nd->m};
+    /* the identity stands in only where it is square in its place */
+    const cn_cell_bmm *bm = &c->bmm[k];
+    for (int q = 0; q < 2; q++) {
+      int v = q == 0 ? bm->l : bm->r;
+      if (v >= 0 && c->vars[v].src >= 0 &&
+          c->srcs[c->vars[v].src].fill == CN_FILL_IDENTITY &&
+          (q == 0 ? bm->m != bm->kk : bm->kk != bm->nn)) {
+        *why = " (an identity-filled operand of a product that is not square)";
+        return CN_E_INTERNAL;
+      }
+    }
+  }
+  c->n_gemm = cp->n_gemm;
+  for (int j = 0; j < cp->n_gemm; j++) {
+    cn_cell_gemm *gm = &c->gemm[j];
+    gm->n_in = cp->gemm_nin[j];
+    for (int k = 0; k < gm->n_in; k++) gm->in[k] = cp->var_of[cp->gemm_in[j][k]];
+    gm->n_out = cp->gemm_nt[j];
+    for (int q = 0; q < gm->n_out; q++)
+      gm->out[q] = cp->var_of[cp->terms[cp->gemm_terms[j][q]].value];
+  }
+  return 0;
+}
+
+/* Groups the level-sorted elementwise items: each item with the later
+ * ones same_group accepts (at most 16 a group); in_group[i] is item i's
+ * group or -1. Returns the number of groups. Level order inside each
+ * kernel is a valid order for any grouping of same-level instructions
+ * (their operands come from lower levels). */
+static int group_items(const cn_cell *c, const cell_item *items, int n_items,
+                       cell_group *groups, int *in_group) {
+  int n_groups = 0;
+  for (int i = 0; i < n_items; i++) in_group[i] = -1;
+  for (int i = 0; i < n_items; i++) {
+    if (in_group[i] >= 0 || n_groups >= CN_IR_MAX) continue;
+    cell_group gr = {.n = 1, .item = {i}};
+    for (int j = i + 1; j < n_items && gr.n < 16; j++)
+      if (in_group[j] < 0 && same_group(c, &items[i], &items[j]))
+        gr.item[gr.n++] = j;
+    if (gr.n < 2) continue;
+    for (int k = 0; k < gr.n; k++) in_group[gr.item[k]] = n_groups;
+    groups[n_groups++] = gr;
+  }
+  return n_groups;
+}
+
+/* A source read in place (alias): one input edge or segment edge that no
+ * state column holds and no product reads among several inputs. */
+static void mark_alias_sources(cn_cell *c) {
+  for (int s = 0; s < c->n_srcs; s++) {
+    cn_cell_src *src = &c->srcs[s];
+    src->alias = src->var >= 0 && c->vars[src->var].out_col < 0 &&
+                 (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EDGE);
+    for (int j = 0; j < c->n_gemm; j++)
+      for (int k = 0; k < c->gemm[j].n_in && c->gemm[j].n_in > 1; k++)
+        if (c->gemm[j].in[k] == src->var) src->alias = false;
+  }
+}
+
 int cn__cell_compile_one(const cn_tensor *const *w, const char *family,
                          int type, const char *type_name, const cn_ir *g,
                          int layout, cn_cell **out, cn_err *err) {
@@ -442,84 +540,19 @@ int cn__cell_compile_one(const cn_tensor *const *w, const char *family,
   cp->g = g;
   cp->layout = layout;
   cp->c = c;
-  for (int v = 0; v < g->n; v++) {
-    if (g->node[v].a >= 0) cp->uses[g->node[v].a]++;
-    if (g->node[v].b >= 0) cp->uses[g->node[v].b]++;
-  }
-  cn__cell_find_trees(cp);
-  cn__cell_find_bmm_sums(cp);
-  rc = cn__cell_choose_batching(cp);
-  if (rc != 0) why = " (more than 8 products, or 32 product blocks)";
-  if (rc == 0) rc = add_step(c, CN_STEP_GATHER, 0);
-  if (rc == 0 && (rc = schedule(cp)) != 0)
-    why = " (more than 8 fused elementwise kernels or 40 steps)";
-  if (rc == 0 && (rc = make_vars(cp)) != 0)
-    why = " (more than 16 sources, or an identity-filled source that is not "
-          "only a per-vertex product's operand)";
-  if (rc != 0) goto out;
-  /* Per-vertex products: operand vars, or a weight block. */
-  c->n_bmm = cp->n_bmm_step;
-  for (int k = 0; k < cp->n_bmm_step; k++) {
-    const cn_ir_node *nd = &g->node[cp->bmm_node[k]];
-    c->bmm[k] = (cn_cell_bmm){
-        .l = nd->a >= 0 ? cp->var_of[nd->a] : -1,
-        .r = nd->b >= 0 ? cp->var_of[nd->b] : -1,
-        .out = cp->var_of[cp->bmm_node[k]],
-        .t = nd->t, .r0 = nd->r0, .c0 = nd->c0,
-        .m = nd->m, .kk = nd->kk, .nn = nd->width / nd->m};
-    /* the identity stands in only where it is square in its place */
-    const cn_cell_bmm *bm = &c->bmm[k];
-    for (int q = 0; q < 2; q++) {
-      int v = q == 0 ? bm->l : bm->r;
-      if (v >= 0 && c->vars[v].src >= 0 &&
-          c->srcs[c->vars[v].src].fill == CN_FILL_IDENTITY &&
-          (q == 0 ? bm->m != bm->kk : bm->kk != bm->nn)) {
-        rc = CN_E_INTERNAL;
-        why = " (an identity-filled operand of a product that is not square)";
-        goto out;
-      }
-    }
-  }
-  /* Products: operand vars. */
-  c->n_gemm = cp->n_gemm;
-  for (int j = 0; j < cp->n_gemm; j++) {
-    cn_cell_gemm *gm = &c->gemm[j];
-    gm->n_in = cp->gemm_nin[j];
-    for (int k = 0; k < gm->n_in; k++) gm->in[k] = cp->var_of[cp->gemm_in[j][k]];
-    gm->n_out = cp->gemm_nt[j];
-    for (int q = 0; q < gm->n_out; q++)
-      gm->out[q] = cp->var_of[cp->terms[cp->gemm_terms[j][q]].value];
-  }
+  if ((rc = plan(cp, &why)) != 0 || (rc = bind_products(cp, &why)) != 0)
+    goto out;
   /* Elementwise: lower, group, lay out, emit. */
   int n_items = 0;
   rc = lower_ew(cp, items, &n_items);
   if (rc != 0) goto out;
-  /* Level order inside each kernel is a valid order for any grouping of
-   * same-level instructions (their operands come from lower levels). */
   qsort(items, (size_t)n_items, sizeof(*items), item_cmp);
-  int n_groups = 0, in_group[4 * CN_IR_MAX];
-  for (int i = 0; i < n_items; i++) in_group[i] = -1;
-  for (int i = 0; i < n_items; i++) {
-    if (in_group[i] >= 0 || n_groups >= CN_IR_MAX) continue;
-    cell_group gr = {.n = 1, .item = {i}};
-    for (int j = i + 1; j < n_items && gr.n < 16; j++)
-      if (in_group[j] < 0 && same_group(c, &items[i], &items[j]))
-        gr.item[gr.n++] = j;
-    if (gr.n < 2) continue;
-    for (int k = 0; k < gr.n; k++) in_group[gr.item[k]] = n_groups;
-    groups[n_groups++] = gr;
-  }
+  int in_group[4 * CN_IR_MAX];
+  int n_groups = group_items(c, items, n_items, groups, in_group);
   unsigned char kept[CN_IR_MAX];
   rc = cn__cell_layout(c, groups, n_groups, items, kept);
   if (rc != 0) goto out;
-  for (int s = 0; s < c->n_srcs; s++) {
-    cn_cell_src *src = &c->srcs[s];
-    src->alias = src->var >= 0 && c->vars[src->var].out_col < 0 &&
-                 (src->kind == CN_SRC_INPUT || src->kind == CN_SRC_EDGE);
-    for (int j = 0; j < c->n_gemm; j++)
-      for (int k = 0; k < c->gemm[j].n_in && c->gemm[j].n_in > 1; k++)
-        if (c->gemm[j].in[k] == src->var) src->alias = false;
-  }
+  mark_alias_sources(c);
   for (int j = 0; j < c->n_gemm; j++) {
     cn__cell_sort_by_pos(c, c->gemm[j].in, c->gemm[j].n_in);
     cn__cell_sort_by_pos(c, c->gemm[j].out, c->gemm[j].n_out);

@@ -3,7 +3,7 @@
  * (core/model/cells_json.c) copies it into each model with the types the
  * model names, and these callbacks read the model's cn_cells. The vertex
  * graph of each structure is the built-ins' own: a tree as treelstm's
- * (tree_common.c), a sequence as a tagger's chain, a bisequence as
+ * (answers.c), a sequence as a tagger's chain, a bisequence as
  * bilstm-tagger's two chains, a DAG as latticegru's; one output vertex per
  * tree node asked for, per token, or for the DAG's sink. Every type runs
  * its compiled cell (there are no hand-written kernels to fall back on). */
@@ -116,14 +116,8 @@ static json_t *output(const cn_run *r, int slot) {
         seq_hidden);
   json_t *o = cn__logits_object(r, json_object(),
                                 cn__run_state_host(r, s->out_v0));
-  if (cl->structure == CN_CELLS_TREE && (s->flags & CN_OUT_ALL)) {
-    json_t *nodes = json_array();
-    for (int32_t i = 0; i < s->n_out; i++)
-      json_array_append_new(
-          nodes, cn__logits_object(r, json_object(),
-                                   cn__run_state_host(r, s->out_v0 + i)));
-    json_object_set_new(o, "nodes", nodes);
-  }
+  if (cl->structure == CN_CELLS_TREE && (s->flags & CN_OUT_ALL))
+    cn__logits_nodes(r, slot, o);
   if (s->flags & CN_OUT_HIDDEN) {
     int32_t node = cl->structure == CN_CELLS_TREE ? 0 : s->inst->n - 1;
     json_object_set_new(o, "h",

@@ -58,11 +58,7 @@ static int internal_cell(const cn_model *m, cn_ir *g) {
                        cn_ir_linear(g, &hk, 1, CELL_U, H, H, CELL_B, H));
   int fc = cn_ir_seg_sum(g, cn_ir_binary(g, CN_IR_MUL, fk, ck));
   int c = cn_ir_binary(g, CN_IR_ADD, cn_ir_binary(g, CN_IR_MUL, i, u), fc);
-  cn_ir_output(g, cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c)),
-               0);
-  cn_ir_output(g, c, H);
-  g->state_floats = 2 * H;
-  return 0;
+  return cn__ir_lstm_state(g, o, c, H);
 }
 
 /* The cells as op IR (core/cell/cell.h). A leaf has no children (hs = 0):
@@ -75,27 +71,9 @@ static int cell(const cn_model *m, int type, cn_ir *g) {
   int i, o, u;
   iou(g, x, CELL_W, H, &i, &o, &u);
   int c = cn_ir_binary(g, CN_IR_MUL, i, u);
-  cn_ir_output(g, cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c)),
-               0);
-  cn_ir_output(g, c, H);
-  g->state_floats = 2 * H;
-  return 0;
+  return cn__ir_lstm_state(g, o, c, H);
 }
 
-const cn_family cn__fam_childsum = {
-    .name = "childsum-treelstm",
-    .input = CN_INPUT_TREE,
-    .n_types = 3,
-    .type_names = {"leaf", "internal", "output"},
-    .has_classes = true,
-    .max_arity = 0,
-    .tensors = spec,
-    .build = cn__tree_build3,
-    .count = cn__tree_count,
-    .state_floats = state_floats,
-    .output = cn__tree_output_h,
-    .write = cn__tree_write_h,
-    .reads = cn__tree_reads_h,
-    .answer_bound = cn__tree_answer_bound,
-    .cell = cell,
-};
+const cn_family cn__fam_childsum =
+    CN__TREE_FAMILY("childsum-treelstm", 0, spec, cn__tree_build3,
+                    state_floats, cell, "leaf", "internal", "output");

@@ -2,7 +2,7 @@
 #ifndef CANOPY_FAMILIES_H
 #define CANOPY_FAMILIES_H
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 extern const cn_family cn__fam_treelstm;
 extern const cn_family cn__fam_treelstm_2type;
@@ -15,7 +15,35 @@ extern const cn_family cn__fam_latticegru;
 extern const cn_family cn__fam_nmt;
 extern const cn_family cn__fam_cells; /* the template (cells_family.c) */
 
-/* ---- tree families (tree_common.c) ---- */
+/* ---- tree families (answers.c) ---- */
+/* The descriptor of a tree classifier (treelstm, treelstm-2type, treegru,
+ * childsum-treelstm, mvrnn): tree input, an output layer over classes, and
+ * the count, output, write, reads and answer bound of answers.c. What
+ * each family has of its own is given: its name, the most children per
+ * node (0: the limit's), its tensors, build(), state_floats() and cell(),
+ * then its type names, the output type last (n_types is their number).
+ * What the five share is set here only, so a field every tree family
+ * needs is added in one place. */
+#define CN__TREE_FAMILY(NAME, ARITY, TENSORS, BUILD, STATE_FLOATS, CELL, ...) \
+  {                                                                         \
+      .name = (NAME),                                                       \
+      .input = CN_INPUT_TREE,                                               \
+      .n_types = (int)(sizeof((const char *[]){__VA_ARGS__}) /              \
+                       sizeof(const char *)),                               \
+      .type_names = {__VA_ARGS__},                                          \
+      .has_classes = true,                                                  \
+      .max_arity = (ARITY),                                                 \
+      .tensors = (TENSORS),                                                 \
+      .build = (BUILD),                                                     \
+      .count = cn__tree_count,                                              \
+      .state_floats = (STATE_FLOATS),                                       \
+      .output = cn__tree_output_h,                                          \
+      .write = cn__tree_write_h,                                            \
+      .reads = cn__tree_reads_h,                                            \
+      .answer_bound = cn__tree_answer_bound,                                \
+      .cell = (CELL),                                                       \
+  }
+
 typedef struct cn_tree_types {
   int leaf, internal_a, internal_b, output; /* internal_b < 0: one kind */
   bool by_node_type; /* every node's type is inst->node_type[i] (cells)  */
@@ -54,6 +82,9 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
                                          float *buf));
 /* The classifier's object: logits, label, label_name of one output row. */
 json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z);
+/* o["nodes"]: the classifier's object of each of the slot's output
+ * vertices, in order (outputs=all of a tree). */
+void cn__logits_nodes(const cn_run *r, int slot, json_t *o);
 /* The same objects written straight into b (family write()): 0, or
  * CN_E_NON_FINITE with the field named as cn_output_check names it. */
 int cn__tree_write(const cn_run *r, int slot, int h_floats, cn_buf *b,
@@ -91,6 +122,9 @@ struct cn_ir;
  * input edge k. */
 int cn__ir_output_layer(const cn_model *m, struct cn_ir *g, int n_in, int W,
                         int B);
+/* An LSTM vertex's outputs from its output gate o (after σ) and cell c:
+ * h = o ⊙ tanh(c) at column 0, c at H; state_floats 2H. Returns 0. */
+int cn__ir_lstm_state(struct cn_ir *g, int o, int c, int H);
 /* nn.LSTMCell on x = E[vaux], previous [h | c] = input edge 0. */
 int cn__ir_lstm_cell(const cn_model *m, struct cn_ir *g, int E, int Wih,
                      int Whh, int bih, int bhh);

@@ -14,6 +14,16 @@ int cn__ir_output_layer(const cn_model *m, cn_ir *g, int n_in, int W, int B) {
   return 0;
 }
 
+/* The LSTM cells' last step, in every LSTM family alike: h = o ⊙ tanh(c),
+ * the vertex's state [h | c]. */
+int cn__ir_lstm_state(cn_ir *g, int o, int c, int H) {
+  int h = cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c));
+  cn_ir_output(g, h, 0);
+  cn_ir_output(g, c, H);
+  g->state_floats = 2 * H;
+  return 0;
+}
+
 /* docs/models.md (nn.LSTMCell): rows (i, f, g, o); g = W_ih x + b_ih + W_hh h +
  * b_hh; c' = σ(f) ⊙ c + σ(i) ⊙ tanh(g); h' = σ(o) ⊙ tanh(c'). The
  * previous state [h | c] is input edge 0 (zero when there is none). */
@@ -35,11 +45,7 @@ int cn__ir_lstm_cell(const cn_model *m, cn_ir *g, int E, int Wih, int Whh,
   int o = cn_ir_unary(g, CN_IR_SIGMOID, gate[3]);
   int c2 = cn_ir_binary(g, CN_IR_ADD, cn_ir_binary(g, CN_IR_MUL, f, c),
                         cn_ir_binary(g, CN_IR_MUL, i, u));
-  int h2 = cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c2));
-  cn_ir_output(g, h2, 0);
-  cn_ir_output(g, c2, H);
-  g->state_floats = 2 * H;
-  return 0;
+  return cn__ir_lstm_state(g, o, c2, H);
 }
 
 /* docs/models.md (nn.GRUCell): rows (r, z, n); r = σ(W_ir x + b_ir + W_hr h +

@@ -174,11 +174,7 @@ static int char_cell(const cn_model *m, cn_ir *g) {
   int c = cn_ir_binary(
       g, CN_IR_ADD, cn_ir_binary(g, CN_IR_MUL, sw, A),
       cn_ir_binary(g, CN_IR_MUL, cn_ir_const_op(g, CN_IR_RSUB, 1.0f, sw), B));
-  cn_ir_output(g, cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c)),
-               0);
-  cn_ir_output(g, c, H);
-  g->state_floats = 2 * H;
-  return 0;
+  return cn__ir_lstm_state(g, o, c, H);
 }
 
 /* The cells as op IR (core/cell/cell.h), docs/models.md "latticelstm":

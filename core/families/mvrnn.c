@@ -71,20 +71,6 @@ static int cell(const cn_model *m, int type, cn_ir *g) {
   return 0;
 }
 
-const cn_family cn__fam_mvrnn = {
-    .name = "mvrnn",
-    .input = CN_INPUT_TREE,
-    .n_types = 3,
-    .type_names = {"leaf", "internal", "output"},
-    .has_classes = true,
-    .max_arity = 2,
-    .tensors = spec,
-    .build = cn__tree_build3,
-    .count = cn__tree_count,
-    .state_floats = state_floats,
-    .output = cn__tree_output_h,
-    .write = cn__tree_write_h,
-    .reads = cn__tree_reads_h,
-    .answer_bound = cn__tree_answer_bound,
-    .cell = cell,
-};
+const cn_family cn__fam_mvrnn =
+    CN__TREE_FAMILY("mvrnn", 2, spec, cn__tree_build3, state_floats, cell,
+                    "leaf", "internal", "output");

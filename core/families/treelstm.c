@@ -89,45 +89,13 @@ static int cell(const cn_model *m, int type, cn_ir *g) {
       int f = cn_ir_unary(g, CN_IR_SIGMOID, gate[1 + k]);
       c = cn_ir_binary(g, CN_IR_ADD, c, cn_ir_binary(g, CN_IR_MUL, f, ck));
     }
-  int h = cn_ir_binary(g, CN_IR_MUL, o, cn_ir_unary(g, CN_IR_TANH, c));
-  cn_ir_output(g, h, 0);
-  cn_ir_output(g, c, H);
-  g->state_floats = 2 * H;
-  return 0;
+  return cn__ir_lstm_state(g, o, c, H);
 }
 
-const cn_family cn__fam_treelstm = {
-    .name = "treelstm",
-    .input = CN_INPUT_TREE,
-    .n_types = 3,
-    .type_names = {"leaf", "internal", "output"},
-    .has_classes = true,
-    .max_arity = 2,
-    .tensors = spec_treelstm,
-    .build = build,
-    .count = cn__tree_count,
-    .state_floats = state_floats,
-    .output = cn__tree_output_h,
-    .write = cn__tree_write_h,
-    .reads = cn__tree_reads_h,
-    .answer_bound = cn__tree_answer_bound,
-    .cell = cell,
-};
+const cn_family cn__fam_treelstm =
+    CN__TREE_FAMILY("treelstm", 2, spec_treelstm, build, state_floats, cell,
+                    "leaf", "internal", "output");
 
-const cn_family cn__fam_treelstm_2type = {
-    .name = "treelstm-2type",
-    .input = CN_INPUT_TREE,
-    .n_types = 4,
-    .type_names = {"leaf", "internal_a", "internal_b", "output"},
-    .has_classes = true,
-    .max_arity = 2,
-    .tensors = spec_2type,
-    .build = build,
-    .count = cn__tree_count,
-    .state_floats = state_floats,
-    .output = cn__tree_output_h,
-    .write = cn__tree_write_h,
-    .reads = cn__tree_reads_h,
-    .answer_bound = cn__tree_answer_bound,
-    .cell = cell,
-};
+const cn_family cn__fam_treelstm_2type =
+    CN__TREE_FAMILY("treelstm-2type", 2, spec_2type, build, state_floats, cell,
+                    "leaf", "internal_a", "internal_b", "output");

@@ -400,24 +400,7 @@ int cn_safetensors_write(const char *path, const cn_tensor_out *t, int n,
   for (int i = 0; i < 8; i++)
     lenb[i] = (unsigned char)((hlen + pad) >> (8 * i));
   st_fill fill = {lenb, text, hlen, pad, t, n};
-  switch (cn__file_write_atomic(path, tmp, false, fill_tensors, &fill)) {
-  case CN__FW_OK:
-    rc = 0;
-    break;
-  case CN__FW_CREATE:
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
-                    strerror(errno));
-    break;
-  case CN__FW_WRITE:
-    rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
-                    strerror(errno));
-    break;
-  case CN__FW_CLOSE:
-  case CN__FW_RENAME:
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot write: %s", path,
-                    strerror(errno));
-    break;
-  }
+  rc = cn__file_write_atomic_err(path, tmp, false, fill_tensors, &fill, err);
 out:
   json_decref(hdr);
   free(text);

@@ -247,23 +247,7 @@ int cn_vocab_write(const char *path, const char *const *tokens, int n,
   memcpy(tmp, path, pl);
   memcpy(tmp + pl, ".tmp", 5);
   vocab_fill fill = {tokens, n};
-  switch (cn__file_write_atomic(path, tmp, false, fill_tokens, &fill)) {
-  case CN__FW_OK:
-    break;
-  case CN__FW_CREATE:
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
-                    strerror(errno));
-    break;
-  case CN__FW_WRITE:
-    rc = cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
-                    strerror(errno));
-    break;
-  case CN__FW_CLOSE:
-  case CN__FW_RENAME:
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot write: %s", path,
-                    strerror(errno));
-    break;
-  }
+  rc = cn__file_write_atomic_err(path, tmp, false, fill_tokens, &fill, err);
 out:
   free(tmp);
   return rc;

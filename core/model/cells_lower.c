@@ -65,82 +65,181 @@ static int ir_kind(int kind) {
   }
 }
 
-/* Appends to out the pieces that make columns [off, off + w) of op i. */
+/* An input of the vertex (an edge's state, or the sum or mean over its
+ * edges), columns [off, off + w) of it; an input read as the identity
+ * where absent only whole. */
+static int lower_input(cells_ctx *c, int i, int off, int w, int *node) {
+  const jop *p = &c->ops[i];
+  cn_ir *g = c->g;
+  cn_ir_src s = p->kind == OP_INPUT       ? CN_SRC_INPUT
+                : p->kind == OP_INPUT_SUM ? CN_SRC_INPUT_SUM
+                                          : CN_SRC_INPUT_MEAN;
+  *node = cn_ir_src_(g, s, -1, p->edge, p->c0 + off, w,
+                     p->name[0] ? p->name : "input");
+  if (p->identity) {
+    if (off != 0 || w != p->width)
+      return cn__cells_op_err(c, i, "a slice of an input read as the "
+                              "identity where absent");
+    g->node[*node].fill = CN_FILL_IDENTITY;
+  }
+  return 0;
+}
+
+/* A per-vertex matrix product, whole: each operand must lower to one
+ * piece. */
+static int lower_matmul(cells_ctx *c, int i, int off, int w, int *node) {
+  const jop *p = &c->ops[i];
+  if (off != 0 || w != p->width)
+    return cn__cells_op_err(c, i, "a slice of a matmul's result (slice "
+                            "its operands instead)");
+  int ab[2] = {-1, -1}, ref[2] = {p->a, p->b}, rc;
+  for (int q = 0; q < 2; q++) {
+    if (ref[q] < 0) continue;
+    piece pc[CN_CELLS_MAX_PIECES];
+    int npc = 0;
+    if ((rc = lower(c, ref[q], 0, c->ops[ref[q]].width, pc, &npc)))
+      return rc;
+    if (npc != 1)
+      return cn__cells_op_err(c, i, "'%s' is a concatenation of %d "
+                              "values; a matmul operand must be one",
+                              q == 0 ? "a" : "b", npc);
+    ab[q] = pc[0].node;
+  }
+  int M = p->m, K = p->a >= 0 ? c->ops[p->a].width / M : p->r1 - p->r0;
+  *node = cn_ir_bmm(c->g, ab[0], ab[1], p->t, p->r0, p->c0, M, K, w / M);
+  return 0;
+}
+
+/* A segment sum over the input edges: one per piece of its operand,
+ * appended to out. */
+static int lower_edge_sum(cells_ctx *c, int i, int off, int w, piece *out,
+                          int *np) {
+  piece a[CN_CELLS_MAX_PIECES];
+  int na = 0, rc;
+  if ((rc = lower(c, c->ops[i].a, off, w, a, &na))) return rc;
+  for (int k = 0; k < na; k++)
+    if ((rc = push_piece(c, i, out, np, cn_ir_seg_sum(c->g, a[k].node),
+                         a[k].w)))
+      return rc;
+  return 0;
+}
+
+/* A linear over every piece of its operands, weight rows [r0 + off, +w). */
+static int lower_linear(cells_ctx *c, int i, int off, int w, int *node) {
+  const jop *p = &c->ops[i];
+  piece x[CN_CELLS_MAX_PIECES];
+  int nx = 0, xs[CN_CELLS_MAX_PIECES], rc;
+  for (int k = 0; k < p->nx; k++)
+    if ((rc = lower(c, p->x[k], 0, c->ops[p->x[k]].width, x, &nx))) return rc;
+  for (int k = 0; k < nx; k++) xs[k] = x[k].node;
+  *node = cn_ir_linear(c->g, xs, nx, p->t, p->r0 + off, w, p->bt,
+                       p->r0 + off);
+  return 0;
+}
+
+/* A one-operand op (a function, a scale, k - a, a + k). Over an operand of
+ * several pieces, the op of each piece is appended to out and *node stays
+ * -1. */
+static int lower_unary(cells_ctx *c, int i, int off, int w, piece *out,
+                       int *np, int *node) {
+  const jop *p = &c->ops[i];
+  cn_ir *g = c->g;
+  piece a[CN_CELLS_MAX_PIECES];
+  int na = 0, at = off, rc;
+  if ((rc = lower(c, p->a, off, w, a, &na))) return rc;
+  if (na > 1) { /* elementwise over each piece */
+    for (int k = 0; k < na; k++) {
+      int o1 = -1;
+      if ((rc = lower_one(c, i, at, a[k].w, &o1)) ||
+          (rc = push_piece(c, i, out, np, o1, a[k].w)))
+        return rc;
+      at += a[k].w;
+    }
+    return 0;
+  }
+  if (p->kind == OP_SHIFT) /* a + k = k - (-a) */
+    *node = cn_ir_const_op(g, CN_IR_RSUB, p->k,
+                           cn_ir_const_op(g, CN_IR_SCALE, -1.0f, a[0].node));
+  else if (p->kind == OP_SCALE || p->kind == OP_RSUB)
+    *node = cn_ir_const_op(g, ir_kind(p->kind), p->k, a[0].node);
+  else
+    *node = cn_ir_unary(g, ir_kind(p->kind), a[0].node);
+  return 0;
+}
+
+/* A two-operand op. Where either operand is several pieces, it is cut at
+ * every boundary of either, each segment's op appended to out (each lies
+ * within one piece of each operand), and *node stays -1. */
+static int lower_binary(cells_ctx *c, int i, int off, int w, piece *out,
+                        int *np, int *node) {
+  const jop *p = &c->ops[i];
+  piece a[CN_CELLS_MAX_PIECES], b[CN_CELLS_MAX_PIECES];
+  int na = 0, nb = 0, rc;
+  if ((rc = lower(c, p->a, off, w, a, &na)) ||
+      (rc = lower(c, p->b, off, w, b, &nb)))
+    return rc;
+  if (na == 1 && nb == 1) {
+    *node = cn_ir_binary(c->g, ir_kind(p->kind), a[0].node, b[0].node);
+    return 0;
+  }
+  int ia = 0, ib = 0, ea = off + a[0].w, eb = off + b[0].w, at = off;
+  while (at < off + w) {
+    int end = ea < eb ? ea : eb, o1 = -1;
+    if ((rc = lower_one(c, i, at, end - at, &o1)) ||
+        (rc = push_piece(c, i, out, np, o1, end - at)))
+      return rc;
+    at = end;
+    if (at == ea && ++ia < na) ea += a[ia].w;
+    if (at == eb && ++ib < nb) eb += b[ib].w;
+  }
+  return 0;
+}
+
+/* A concat: the pieces of the parts that columns [off, off + w) cover,
+ * appended to out. */
+static int lower_concat(cells_ctx *c, int i, int off, int w, piece *out,
+                        int *np) {
+  const jop *p = &c->ops[i];
+  int base = 0, rc;
+  for (int k = 0; k < p->nx && base < off + w; k++) {
+    int xw = c->ops[p->x[k]].width;
+    int lo = off > base ? off : base;
+    int hi = off + w < base + xw ? off + w : base + xw;
+    if (lo < hi && (rc = lower(c, p->x[k], lo - base, hi - lo, out, np)))
+      return rc;
+    base += xw;
+  }
+  return 0;
+}
+
+/* Appends to out the pieces that make columns [off, off + w) of op i: the
+ * memoized node, or the op's own lowering (one step per kind above); an
+ * op lowered to one node is memoized and appended here. */
 static int lower(cells_ctx *c, int i, int off, int w, piece *out, int *np) {
   const jop *p = &c->ops[i];
   cn_ir *g = c->g;
-  int node = memo_find(c, i, off, w), rc;
+  int node = memo_find(c, i, off, w), rc = 0;
   if (node >= 0) return push_piece(c, i, out, np, node, w);
   switch (p->kind) {
   case OP_INPUT:
   case OP_INPUT_SUM:
-  case OP_INPUT_MEAN: {
-    cn_ir_src s = p->kind == OP_INPUT       ? CN_SRC_INPUT
-                  : p->kind == OP_INPUT_SUM ? CN_SRC_INPUT_SUM
-                                            : CN_SRC_INPUT_MEAN;
-    node = cn_ir_src_(g, s, -1, p->edge, p->c0 + off, w,
-                      p->name[0] ? p->name : "input");
-    if (p->identity) {
-      if (off != 0 || w != p->width)
-        return cn__cells_op_err(c, i, "a slice of an input read as the "
-                                "identity where absent");
-      g->node[node].fill = CN_FILL_IDENTITY;
-    }
-    break;
-  }
+  case OP_INPUT_MEAN: rc = lower_input(c, i, off, w, &node); break;
   case OP_TABLE:
     node = cn_ir_src_(g, CN_SRC_EMBED, p->t, 0, off, w,
                       p->name[0] ? p->name : "table");
     break;
-  case OP_MATMUL: {
-    if (off != 0 || w != p->width)
-      return cn__cells_op_err(c, i, "a slice of a matmul's result (slice "
-                              "its operands instead)");
-    int ab[2] = {-1, -1}, ref[2] = {p->a, p->b};
-    for (int q = 0; q < 2; q++) {
-      if (ref[q] < 0) continue;
-      piece pc[CN_CELLS_MAX_PIECES];
-      int npc = 0;
-      if ((rc = lower(c, ref[q], 0, c->ops[ref[q]].width, pc, &npc)))
-        return rc;
-      if (npc != 1)
-        return cn__cells_op_err(c, i, "'%s' is a concatenation of %d "
-                                "values; a matmul operand must be one",
-                                q == 0 ? "a" : "b", npc);
-      ab[q] = pc[0].node;
-    }
-    int M = p->m, K = p->a >= 0 ? c->ops[p->a].width / M : p->r1 - p->r0;
-    node = cn_ir_bmm(g, ab[0], ab[1], p->t, p->r0, p->c0, M, K, w / M);
-    break;
-  }
+  case OP_MATMUL: rc = lower_matmul(c, i, off, w, &node); break;
   case OP_INPUT_EACH:
     node = cn_ir_src_(g, CN_SRC_EDGE, -1, 0, p->c0 + off, w,
                       p->name[0] ? p->name : "input_each");
     break;
-  case OP_EDGE_SUM: {
-    piece a[CN_CELLS_MAX_PIECES];
-    int na = 0;
-    if ((rc = lower(c, p->a, off, w, a, &na))) return rc;
-    for (int k = 0; k < na; k++)
-      if ((rc = push_piece(c, i, out, np, cn_ir_seg_sum(g, a[k].node),
-                           a[k].w)))
-        return rc;
-    return 0;
-  }
+  case OP_EDGE_SUM: return lower_edge_sum(c, i, off, w, out, np);
   case OP_EMBED:
     node = cn_ir_src_(g, CN_SRC_EMBED, p->t, 0, off, w,
                       p->name[0] ? p->name : "x");
     break;
   case OP_PARAM: node = cn_ir_param(g, p->t, p->c0 + off, w); break;
-  case OP_LINEAR: {
-    piece x[CN_CELLS_MAX_PIECES];
-    int nx = 0, xs[CN_CELLS_MAX_PIECES];
-    for (int k = 0; k < p->nx; k++)
-      if ((rc = lower(c, p->x[k], 0, c->ops[p->x[k]].width, x, &nx))) return rc;
-    for (int k = 0; k < nx; k++) xs[k] = x[k].node;
-    node = cn_ir_linear(g, xs, nx, p->t, p->r0 + off, w, p->bt, p->r0 + off);
-    break;
-  }
+  case OP_LINEAR: rc = lower_linear(c, i, off, w, &node); break;
   case OP_SIGMOID:
   case OP_TANH:
   case OP_EXP:
@@ -148,70 +247,15 @@ static int lower(cells_ctx *c, int i, int off, int w, piece *out, int *np) {
   case OP_STEP:
   case OP_SCALE:
   case OP_RSUB:
-  case OP_SHIFT: {
-    piece a[CN_CELLS_MAX_PIECES];
-    int na = 0, at = off;
-    if ((rc = lower(c, p->a, off, w, a, &na))) return rc;
-    if (na > 1) { /* elementwise over each piece */
-      for (int k = 0; k < na; k++) {
-        int o1 = -1;
-        if ((rc = lower_one(c, i, at, a[k].w, &o1)) ||
-            (rc = push_piece(c, i, out, np, o1, a[k].w)))
-          return rc;
-        at += a[k].w;
-      }
-      return 0;
-    }
-    if (p->kind == OP_SHIFT) /* a + k = k - (-a) */
-      node = cn_ir_const_op(g, CN_IR_RSUB, p->k,
-                            cn_ir_const_op(g, CN_IR_SCALE, -1.0f, a[0].node));
-    else if (p->kind == OP_SCALE || p->kind == OP_RSUB)
-      node = cn_ir_const_op(g, ir_kind(p->kind), p->k, a[0].node);
-    else
-      node = cn_ir_unary(g, ir_kind(p->kind), a[0].node);
-    break;
-  }
+  case OP_SHIFT: rc = lower_unary(c, i, off, w, out, np, &node); break;
   case OP_ADD:
   case OP_SUB:
   case OP_MUL:
-  case OP_DIV: {
-    piece a[CN_CELLS_MAX_PIECES], b[CN_CELLS_MAX_PIECES];
-    int na = 0, nb = 0;
-    if ((rc = lower(c, p->a, off, w, a, &na)) ||
-        (rc = lower(c, p->b, off, w, b, &nb)))
-      return rc;
-    if (na == 1 && nb == 1) {
-      node = cn_ir_binary(g, ir_kind(p->kind), a[0].node, b[0].node);
-      break;
-    }
-    /* Cut at every boundary of either operand; each segment lies within
-     * one piece of each. */
-    int ia = 0, ib = 0, ea = off + a[0].w, eb = off + b[0].w, at = off;
-    while (at < off + w) {
-      int end = ea < eb ? ea : eb, o1 = -1;
-      if ((rc = lower_one(c, i, at, end - at, &o1)) ||
-          (rc = push_piece(c, i, out, np, o1, end - at)))
-        return rc;
-      at = end;
-      if (at == ea && ++ia < na) ea += a[ia].w;
-      if (at == eb && ++ib < nb) eb += b[ib].w;
-    }
-    return 0;
-  }
+  case OP_DIV: rc = lower_binary(c, i, off, w, out, np, &node); break;
   case OP_SLICE: return lower(c, p->a, p->c0 + off, w, out, np);
-  case OP_CONCAT: {
-    int base = 0;
-    for (int k = 0; k < p->nx && base < off + w; k++) {
-      int xw = c->ops[p->x[k]].width;
-      int lo = off > base ? off : base;
-      int hi = off + w < base + xw ? off + w : base + xw;
-      if (lo < hi && (rc = lower(c, p->x[k], lo - base, hi - lo, out, np)))
-        return rc;
-      base += xw;
-    }
-    return 0;
+  case OP_CONCAT: return lower_concat(c, i, off, w, out, np);
   }
-  }
+  if (rc != 0 || node < 0) return rc; /* failed, or its pieces are in out */
   if (g->overflow)
     return cn__cells_op_err(c, i,
                             "the type needs more than %d IR nodes (CN_IR_MAX) "

@@ -93,21 +93,8 @@ static int fill_text(FILE *f, void *ctx) {
 static int write_atomic(const char *path, const char *text, cn_err *err) {
   char tmp[4096 + 8];
   snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-  switch (cn__file_write_atomic(path, tmp, false, fill_text, (void *)text)) {
-  case CN__FW_OK:
-    return 0;
-  case CN__FW_CREATE:
-    return cn_err_set(err, CN_E_IO, "%s: cannot create: %s", tmp,
-                      strerror(errno));
-  case CN__FW_WRITE:
-  case CN__FW_CLOSE:
-    return cn_err_set(err, CN_E_IO, "%s: write failed: %s", tmp,
-                      strerror(errno));
-  case CN__FW_RENAME:
-    break;
-  }
-  return cn_err_set(err, CN_E_IO, "%s: cannot rename to %s: %s", tmp, path,
-                    strerror(errno));
+  return cn__file_write_atomic_err(path, tmp, false, fill_text, (void *)text,
+                                   err);
 }
 
 /* Writes the family's tensors at dims d, in spec order. */
@@ -405,6 +392,115 @@ static int check_size(const char *k, int v, int max, cn_err *err) {
   return 0;
 }
 
+/* The sizes the directory is made at: the options' or the defaults. */
+typedef struct init_sizes {
+  int h, d, c, maxv; /* hidden, embed, classes (0: none), vocabulary */
+} init_sizes;
+
+/* The options checked against the family before anything is written:
+ * sizes in range, mvrnn's square matrices, a directory, --lexicon and
+ * --crf only for the families that read them. */
+static int check_opts(const cn_model_init_opts *o, const cn_family *fam,
+                      init_sizes *z, cn_err *err) {
+  int rc;
+  bool mv = strcmp(fam->name, "mvrnn") == 0;
+  z->h = o->hidden ? o->hidden : 64;
+  z->d = o->embed ? o->embed : mv ? z->h : 64;
+  z->c = fam->has_classes ? (o->classes ? o->classes : 5) : 0;
+  z->maxv = o->max_vocab ? o->max_vocab : 20000;
+  if ((rc = check_size("hidden", z->h, MAX_SIZE, err)) ||
+      (rc = check_size("embed", z->d, MAX_SIZE, err)) ||
+      (fam->has_classes && (rc = check_size("classes", z->c, 1 << 20, err))) ||
+      (rc = check_size("max_vocab", z->maxv, 1 << 24, err)))
+    return rc;
+  if (mv && z->d != z->h)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "family mvrnn needs embed == "
+                      "hidden (embed=%d, hidden=%d)", z->d, z->h);
+  if (o->dir == NULL || o->dir[0] == '\0')
+    return cn_err_set(err, CN_E_BAD_CONFIG, "no model directory given");
+  if (o->lexicon != NULL && fam->input != CN_INPUT_LATTICE)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "--lexicon is for lattice "
+                      "families (latticelstm), not %s", fam->name);
+  if (o->crf && !fam->crf)
+    return cn_err_set(err, CN_E_BAD_CONFIG, "--crf is for bilstm-tagger, not "
+                      "%s", fam->name);
+  return 0;
+}
+
+/* The tokens the vocabularies are ranked from: the lexicon's words, then
+ * the instances of --vocab-from, or the built-in list (a lattice family's
+ * characters to src, its words to word). */
+static int collect_tokens(const cn_model_init_opts *o, const cn_family *fam,
+                          toklist *src, toklist *word, cn_err *err) {
+  int rc = 0;
+  if (o->lexicon != NULL && (rc = lexicon_words(o->lexicon, word, err)))
+    return rc;
+  if (o->vocab_from != NULL) return collect_file(fam, o->vocab_from, src, word,
+                                                 err);
+  for (size_t i = 0; i < CN_ARRAY_SIZE(builtin) && rc == 0; i++) {
+    const char *w = builtin[i];
+    size_t n = strlen(w);
+    if (fam->input != CN_INPUT_LATTICE) rc = tl_add(src, w, n);
+    else if ((rc = add_chars(src, w)) == 0 && n >= 2)
+      rc = tl_add(word, w, n);
+  }
+  if (rc != 0) cn_err_set(err, rc, "out of memory");
+  return rc;
+}
+
+/* vocab.txt, words.txt, tgt_vocab.txt: voc[k] of nv[k] tokens each (0
+ * where the family needs none). The target side of lstm-nmt shares the
+ * source tokens (there is no target text to learn from). */
+static int rank_vocabs(const cn_family *fam, const toklist *src,
+                       const toklist *word, int maxv, const char **voc[3],
+                       int nv[3], cn_err *err) {
+  static const char *const sp[] = {"<unk>", "<s>", "</s>"};
+  bool need_word, need_tgt;
+  cn__family_needs(fam, &need_word, &need_tgt);
+  int rc;
+  if ((rc = cn__vocab_rank(src->s, src->n, sp, 1, maxv, &voc[0], &nv[0])) ||
+      (need_word &&
+       (rc = cn__vocab_rank(word->s, word->n, sp, 1, maxv, &voc[1], &nv[1]))) ||
+      (need_tgt &&
+       (rc = cn__vocab_rank(src->s, src->n, sp, 3, maxv, &voc[2], &nv[2])))) {
+    if (rc == CN_E_NOMEM) cn_err_set(err, rc, "out of memory");
+  }
+  return rc;
+}
+
+/* The directory's files but model.json: the vocabularies, the weights at
+ * dims, the lexicon's copy; model.json, which would make a half-written
+ * directory load, is removed first. */
+static int write_files(const cn_model_init_opts *o, const cn_family *fam,
+                       const cn_dims *dims, const char **const voc[3],
+                       const int nv[3], cn_err *err) {
+  static const char *const file[] = {"vocab.txt", "words.txt",
+                                     "tgt_vocab.txt"};
+  char path[4096];
+  int rc;
+  if ((rc = mkdirs(o->dir, err)) ||
+      (rc = path_in(path, sizeof(path), o->dir, "model.json", err)))
+    return rc;
+  if (unlink(path) != 0 && errno != ENOENT)
+    return cn_err_set(err, CN_E_IO, "%s: cannot remove the old file: %s",
+                      path, strerror(errno));
+  for (int i = 0; i < 3; i++) {
+    if (nv[i] == 0) continue;
+    if ((rc = path_in(path, sizeof(path), o->dir, file[i], err)) ||
+        (rc = cn_vocab_write(path, voc[i], nv[i], err)))
+      return rc;
+  }
+  if ((rc = path_in(path, sizeof(path), o->dir, "weights.safetensors",
+                    err)) ||
+      (rc = write_weights(fam, dims, o->seed, path, err)))
+    return rc;
+  if (o->lexicon != NULL &&
+      ((rc = path_in(path, sizeof(path), o->dir, "lexicon.txt", err)) ||
+       (rc = copy_lexicon(o->lexicon, path, err))))
+    return rc;
+  return 0;
+}
+
 /* The whole directory, in the order the file comment explains. */
 int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
   int rc = 0;
@@ -422,91 +518,18 @@ int cn_model_init(const cn_model_init_opts *o, cn_err *err) {
                     "families: %s", o->family ? o->family : "(none)", known);
     goto out;
   }
-  bool mv = strcmp(fam->name, "mvrnn") == 0;
-  int h = o->hidden ? o->hidden : 64;
-  int d = o->embed ? o->embed : mv ? h : 64;
-  int c = fam->has_classes ? (o->classes ? o->classes : 5) : 0;
-  int maxv = o->max_vocab ? o->max_vocab : 20000;
-  if ((rc = check_size("hidden", h, MAX_SIZE, err)) ||
-      (rc = check_size("embed", d, MAX_SIZE, err)) ||
-      (fam->has_classes && (rc = check_size("classes", c, 1 << 20, err))) ||
-      (rc = check_size("max_vocab", maxv, 1 << 24, err)))
+  init_sizes z;
+  if ((rc = check_opts(o, fam, &z, err)) ||
+      (rc = collect_tokens(o, fam, &src, &word, err)) ||
+      (rc = rank_vocabs(fam, &src, &word, z.maxv, voc, nv, err)))
     goto out;
-  if (mv && d != h) {
-    rc = cn_err_set(err, CN_E_BAD_CONFIG, "family mvrnn needs embed == "
-                    "hidden (embed=%d, hidden=%d)", d, h);
-    goto out;
-  }
-  if (o->dir == NULL || o->dir[0] == '\0') {
-    rc = cn_err_set(err, CN_E_BAD_CONFIG, "no model directory given");
-    goto out;
-  }
-  bool need_word, need_tgt;
-  cn__family_needs(fam, &need_word, &need_tgt);
-  if (o->lexicon != NULL && fam->input != CN_INPUT_LATTICE) {
-    rc = cn_err_set(err, CN_E_BAD_CONFIG, "--lexicon is for lattice "
-                    "families (latticelstm), not %s", fam->name);
-    goto out;
-  }
-  if (o->crf && !fam->crf) {
-    rc = cn_err_set(err, CN_E_BAD_CONFIG, "--crf is for bilstm-tagger, not "
-                    "%s", fam->name);
-    goto out;
-  }
-  if (o->lexicon != NULL && (rc = lexicon_words(o->lexicon, &word, err)))
-    goto out;
-  if (o->vocab_from != NULL) {
-    rc = collect_file(fam, o->vocab_from, &src, &word, err);
-  } else {
-    for (size_t i = 0; i < CN_ARRAY_SIZE(builtin) && rc == 0; i++) {
-      const char *w = builtin[i];
-      size_t n = strlen(w);
-      if (fam->input != CN_INPUT_LATTICE) rc = tl_add(&src, w, n);
-      else if ((rc = add_chars(&src, w)) == 0 && n >= 2)
-        rc = tl_add(&word, w, n);
-    }
-    if (rc != 0) cn_err_set(err, rc, "out of memory");
-  }
-  /* vocab.txt, words.txt, tgt_vocab.txt: the target side of lstm-nmt
-   * shares the source tokens (there is no target text to learn from). */
-  static const char *const sp[] = {"<unk>", "<s>", "</s>"};
-  if (rc != 0 ||
-      (rc = cn__vocab_rank(src.s, src.n, sp, 1, maxv, &voc[0], &nv[0])) ||
-      (need_word &&
-       (rc = cn__vocab_rank(word.s, word.n, sp, 1, maxv, &voc[1], &nv[1]))) ||
-      (need_tgt &&
-       (rc = cn__vocab_rank(src.s, src.n, sp, 3, maxv, &voc[2], &nv[2])))) {
-    if (rc == CN_E_NOMEM) cn_err_set(err, rc, "out of memory");
-    goto out;
-  }
-  if ((rc = mkdirs(o->dir, err)) ||
-      (rc = path_in(path, sizeof(path), o->dir, "model.json", err)))
-    goto out;
-  if (unlink(path) != 0 && errno != ENOENT) {
-    rc = cn_err_set(err, CN_E_IO, "%s: cannot remove the old file: %s", path,
-                    strerror(errno));
-    goto out;
-  }
-  cn_dims dims = {.H = h, .D = d, .C = c, .Dw = d,
+  cn_dims dims = {.H = z.h, .D = z.d, .C = z.c, .Dw = z.d,
                   .V = nv[0], .Vw = nv[1], .Vt = nv[2], .crf = o->crf != 0};
   dims.K = dims.V < 256 ? dims.V : 256; /* mvrnn leaf.M */
-  static const char *const file[] = {"vocab.txt", "words.txt",
-                                     "tgt_vocab.txt"};
-  for (int i = 0; i < 3; i++) {
-    if (nv[i] == 0) continue;
-    if ((rc = path_in(path, sizeof(path), o->dir, file[i], err)) ||
-        (rc = cn_vocab_write(path, voc[i], nv[i], err)))
-      goto out;
-  }
-  if ((rc = path_in(path, sizeof(path), o->dir, "weights.safetensors",
-                    err)) ||
-      (rc = write_weights(fam, &dims, o->seed, path, err)))
+  if ((rc = write_files(o, fam, &dims, voc, nv, err)))
     goto out;
-  if (o->lexicon != NULL &&
-      ((rc = path_in(path, sizeof(path), o->dir, "lexicon.txt", err)) ||
-       (rc = copy_lexicon(o->lexicon, path, err))))
-    goto out;
-  j = model_json(fam, h, d, c, nv, o->seed, o->lexicon != NULL, o->crf != 0);
+  j = model_json(fam, z.h, z.d, z.c, nv, o->seed, o->lexicon != NULL,
+                 o->crf != 0);
   text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
   if (text == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "model.json: out of memory");

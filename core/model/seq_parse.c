@@ -385,6 +385,69 @@ out:
 
 /* ---- word DAGs ---- */
 
+/* The first pass over a DAG's nodes: each an object with a string
+ * "token" and an array "prev" (or none); *edges, their predecessors in
+ * all, within max-spans. */
+static int dag_count_edges(const json_t *nodes, size_t n,
+                           const cn_limits *lim, size_t *edges, cn_err *err) {
+  *edges = 0;
+  for (size_t j = 0; j < n; j++) {
+    const json_t *nd = json_array_get(nodes, j);
+    const json_t *prev = json_object_get(nd, "prev");
+    if (!json_is_object(nd) || !json_is_string(json_object_get(nd, "token")) ||
+        (prev != NULL && !json_is_array(prev))) {
+      err->node = (int)j;
+      return cn_err_set(err, CN_E_BAD_LATTICE,
+                        "node %zu: needs a string \"token\" and an array "
+                        "\"prev\"", j);
+    }
+    *edges += json_array_size(prev);
+  }
+  if (*edges > (size_t)lim->max_spans)
+    return cn_err_set(err, CN_E_TOO_LARGE,
+                      "the DAG has %zu predecessor edges, over the limit of "
+                      "%d (max-spans)", *edges, lim->max_spans);
+  return 0;
+}
+
+/* Node j of a DAG the first pass checked: its token's id, and its
+ * predecessors appended at in->prev[*at ..], each an earlier node listed
+ * once, marked in has_succ. */
+static int dag_node(const cn_model *m, const json_t *nd, size_t j,
+                    const cn_limits *lim, cn_instance *in, int32_t *at,
+                    char *has_succ, cn_err *err) {
+  const json_t *tok = json_object_get(nd, "token");
+  const json_t *prev = json_object_get(nd, "prev");
+  if (json_string_length(tok) > (size_t)lim->max_token_len) {
+    err->node = (int)j;
+    return cn_err_set(err, CN_E_TOO_LARGE,
+                      "node %zu: token of %zu bytes, over the limit of %d "
+                      "(max-token-len)", j, json_string_length(tok),
+                      lim->max_token_len);
+  }
+  in->ids[j] = cn_vocab_lookup(m->vocab, json_string_value(tok),
+                               json_string_length(tok), m->lowercase);
+  in->prev_start[j] = *at;
+  for (size_t k = 0; k < json_array_size(prev); k++) {
+    const json_t *p = json_array_get(prev, k);
+    json_int_t u = json_is_integer(p) ? json_integer_value(p) : -1;
+    err->node = (int)j;
+    if (!json_is_integer(p) || u < 0 || (size_t)u >= j)
+      return cn_err_set(err, CN_E_BAD_LATTICE,
+                        "node %zu: prev[%zu] must be the index of an earlier "
+                        "node (0..%zu): nodes come in topological order",
+                        j, k, j ? j - 1 : 0);
+    for (int32_t q = in->prev_start[j]; q < *at; q++)
+      if (in->prev[q] == (int32_t)u)
+        return cn_err_set(err, CN_E_BAD_LATTICE,
+                          "node %zu: predecessor %lld is listed twice", j,
+                          (long long)u);
+    in->prev[(*at)++] = (int32_t)u;
+    has_succ[u] = 1;
+  }
+  return 0;
+}
+
 int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
                   cn_instance *in, cn_err *err) {
   const json_t *nodes = json_object_get(inst, "nodes");
@@ -410,70 +473,20 @@ int cn__parse_dag(const cn_model *m, const json_t *inst, const cn_limits *lim,
     rc = cn_err_set(err, CN_E_NOMEM, "no memory");
     goto out;
   }
-  size_t edges = 0;
-  for (size_t j = 0; j < n; j++) {
-    const json_t *nd = json_array_get(nodes, j);
-    const json_t *prev = json_object_get(nd, "prev");
-    if (!json_is_object(nd) || !json_is_string(json_object_get(nd, "token")) ||
-        (prev != NULL && !json_is_array(prev))) {
-      err->node = (int)j;
-      rc = cn_err_set(err, CN_E_BAD_LATTICE,
-                      "node %zu: needs a string \"token\" and an array "
-                      "\"prev\"", j);
-      goto out;
-    }
-    edges += json_array_size(prev);
-  }
-  if (edges > (size_t)lim->max_spans) {
-    rc = cn_err_set(err, CN_E_TOO_LARGE,
-                    "the DAG has %zu predecessor edges, over the limit of %d "
-                    "(max-spans)", edges, lim->max_spans);
-    goto out;
-  }
+  size_t edges;
+  if ((rc = dag_count_edges(nodes, n, lim, &edges, err)) != 0) goto out;
   in->prev = malloc((edges ? edges : 1) * sizeof(int32_t));
   if (in->prev == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "no memory");
     goto out;
   }
   int32_t at = 0;
-  for (size_t j = 0; j < n; j++) {
-    const json_t *nd = json_array_get(nodes, j);
-    const json_t *tok = json_object_get(nd, "token");
-    const json_t *prev = json_object_get(nd, "prev");
-    if (json_string_length(tok) > (size_t)lim->max_token_len) {
-      err->node = (int)j;
-      rc = cn_err_set(err, CN_E_TOO_LARGE,
-                      "node %zu: token of %zu bytes, over the limit of %d "
-                      "(max-token-len)", j, json_string_length(tok),
-                      lim->max_token_len);
+  for (size_t j = 0; j < n; j++)
+    if ((rc = dag_node(m, json_array_get(nodes, j), j, lim, in, &at,
+                       has_succ, err)) != 0)
       goto out;
-    }
-    in->ids[j] = cn_vocab_lookup(m->vocab, json_string_value(tok),
-                                 json_string_length(tok), m->lowercase);
-    in->prev_start[j] = at;
-    for (size_t k = 0; k < json_array_size(prev); k++) {
-      const json_t *p = json_array_get(prev, k);
-      json_int_t u = json_is_integer(p) ? json_integer_value(p) : -1;
-      err->node = (int)j;
-      if (!json_is_integer(p) || u < 0 || (size_t)u >= j) {
-        rc = cn_err_set(err, CN_E_BAD_LATTICE,
-                        "node %zu: prev[%zu] must be the index of an earlier "
-                        "node (0..%zu): nodes come in topological order",
-                        j, k, j ? j - 1 : 0);
-        goto out;
-      }
-      for (int32_t q = in->prev_start[j]; q < at; q++)
-        if (in->prev[q] == (int32_t)u) {
-          rc = cn_err_set(err, CN_E_BAD_LATTICE,
-                          "node %zu: predecessor %lld is listed twice", j,
-                          (long long)u);
-          goto out;
-        }
-      in->prev[at++] = (int32_t)u;
-      has_succ[u] = 1;
-    }
-  }
   in->prev_start[n] = at;
+  /* one sink: every node but the last has a successor */
   for (size_t j = 0; j + 1 < n; j++)
     if (!has_succ[j]) {
       err->node = (int)j;

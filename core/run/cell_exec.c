@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 typedef struct view {
   float *base;

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 /* The rows the answers read after the run, as the family's reads() names
  * them for a device's fetch (cn__run_need): kept alive to the end. NULL
@@ -375,14 +375,14 @@ out:
 /* The family's run-level host pass (finish), which sees all the run's
  * states at once: a CRF decodes all its instances together there instead
  * of one at a time. */
-static int run_finish(cn_run *r, cn_err *err) {
+static int family_finish(cn_run *r, cn_err *err) {
   r->finished = true;
   int rc = r->fam->finish != NULL ? r->fam->finish(r, err) : 0;
   cn__run_count(r);
   return rc;
 }
 
-/* Every batch, then run_finish. Asynchronous (cn_run_set_async) on a
+/* Every batch, then family_finish. Asynchronous (cn_run_set_async) on a
  * device backend with fetch_start: returns once every batch and the fetch
  * of what the answers read are issued; cn_run_wait does the rest. */
 int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
@@ -399,7 +399,7 @@ int cn_run_exec(cn_run *r, cn_policy_kind policy, cn_err *err) {
                            : exec_planned(r, policy, err);
   cn__run_count(r);
   if (rc != 0) r->finished = true; /* nothing left to wait for */
-  if (rc == 0 && !r->fetching) rc = run_finish(r, err);
+  if (rc == 0 && !r->fetching) rc = family_finish(r, err);
   r->execute_s += cn_thread_cpu_s() - t0 - (r->schedule_s - s0);
   return rc;
 }
@@ -415,7 +415,7 @@ int cn_run_wait(cn_run *r, cn_err *err) {
     r->finished = true;
     cn__run_count(r);
   } else {
-    rc = run_finish(r, err);
+    rc = family_finish(r, err);
   }
   r->execute_s += cn_thread_cpu_s() - t0;
   return rc;

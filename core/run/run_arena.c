@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 /* Every block and every freed range is a multiple of this many floats
  * (64 bytes), so every block starts aligned as the per-type buffers did. */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 /* A type with no arena row (state_floats 0) whose cell has results: they
  * go to the batch's scratch, after the cell's own, for decoded(). */

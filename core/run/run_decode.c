@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 enum { SLOT_RUNNING, SLOT_DONE, SLOT_OUTPUT };
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
   if (need <= *cap) return 0;

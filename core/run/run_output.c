@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 const float *cn__run_state_host_at(const cn_run *r, int32_t v, int col) {
   if (r->bk->vt->host_memory) return r->arena + r->state_off[v] + col;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 int64_t cn__sched_lower_bound(const cn_run *r) {
   cn_dag g = cn__run_dag(r);

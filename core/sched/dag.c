@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 int64_t cn__dag_lower_bound(const cn_dag *g) {
   int T = g->n_types;

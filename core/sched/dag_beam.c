@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 /* One instance's automaton. States are numbered in creation order; state 0
  * is "nothing done". */

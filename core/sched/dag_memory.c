@@ -49,7 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 typedef struct mplan {
   const cn_dag *g;

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 typedef struct tt_entry {
   uint64_t k1, k2;

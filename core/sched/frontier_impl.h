@@ -2,7 +2,7 @@
 #ifndef CANOPY_FRONTIER_IMPL_H
 #define CANOPY_FRONTIER_IMPL_H
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 static inline void max_into(int32_t *best, const int32_t *tl, int T) {
   for (int t = 0; t < T; t++)

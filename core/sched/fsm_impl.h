@@ -5,7 +5,7 @@
 
 #include <stdatomic.h>
 
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 /* The Q table: open addressing on the state key (0 = empty slot; a
  * non-empty frontier never encodes to 0). seen[i] has bit a set once

@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "backends.h"
-#include "run/run.h"
+#include "run/run_api.h"
 
 static double cpu_now(void) {
   struct timespec t;

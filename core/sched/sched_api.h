@@ -1,4 +1,4 @@
-/* sched.h - the scheduler (sched/): typed DAGs (cn_dag), the frontier of
+/* sched_api.h - the scheduler (sched/): typed DAGs (cn_dag), the frontier of
  * ED-Batch Alg. 1, the heuristics, learned FSM policies, plan and optimum
  * searches, graph sets. It decides from a cn_dag it is given and never
  * sees a run or calls execution: core/run asks it for the next batch

@@ -1,6 +1,8 @@
-/* tree_common.c - what the tree families share: building a tree instance's
- * vertices, index arrays for batched kernels, the output layer, and the
- * per-instance JSON object of docs/api.md. */
+/* answers.c - the answers of the tree and tagger families, docs/api.md:
+ * each instance's JSON object (logits, label, per-node and per-token
+ * objects, hidden states), the same written straight into a buffer, the
+ * states they read, and the bound on their size; and the vertices of a
+ * tree instance, which those answers are read from. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,18 +98,21 @@ json_t *cn__logits_object(const cn_run *r, json_t *o, const float *z) {
   return o;
 }
 
+void cn__logits_nodes(const cn_run *r, int slot, json_t *o) {
+  const cn_run_slot *s = &r->slots[slot];
+  json_t *nodes = json_array();
+  for (int32_t i = 0; i < s->n_out; i++)
+    json_array_append_new(
+        nodes, cn__logits_object(r, json_object(),
+                                 cn__run_state_host(r, s->out_v0 + i)));
+  json_object_set_new(o, "nodes", nodes);
+}
+
 json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
   const cn_run_slot *s = &r->slots[slot];
   json_t *o = json_object();
   cn__logits_object(r, o, cn__run_state_host(r, s->out_v0));
-  if (s->flags & CN_OUT_ALL) {
-    json_t *nodes = json_array();
-    for (int32_t i = 0; i < s->n_out; i++)
-      json_array_append_new(
-          nodes, cn__logits_object(r, json_object(),
-                               cn__run_state_host(r, s->out_v0 + i)));
-    json_object_set_new(o, "nodes", nodes);
-  }
+  if (s->flags & CN_OUT_ALL) cn__logits_nodes(r, slot, o);
   if (s->flags & CN_OUT_HIDDEN) {
     int32_t root = r->node_vertex[s->node_v0];
     json_object_set_new(o, "h",

@@ -1,4 +1,4 @@
-/* models.c - a loaded version of a model (cn__model_entry) is reference
+/* versions.c - a loaded version of a model (cn__model_entry) is reference
  * counted: its slot holds one reference while new requests get it, and
  * every request and run that uses it holds one (docs/daemon.md, reloads).
  * The last release frees it, its policy with it. Any thread. Below
@@ -9,7 +9,7 @@
 
 #include "request.h"
 
-/* The version's batching policy (policy.c made it): its FSM and its
+/* The version's batching policy (learned_policy.c made it): its FSM and its
  * reservoir of run graphs. */
 static void policy_free(cn__model_entry *me) {
   cn__policy *p = &me->pol;

@@ -1,4 +1,4 @@
-/* answer.c - parts of a /v1 answer that both a run's answers (worker.c)
+/* answer_parts.c - parts of a /v1 answer that both a run's answers (worker.c)
  * and a decode session's (decode.c) hold, the text of an answer that is
  * still a json_t, and the compression both give an answer (/v1's or v2's)
  * whose client asked for it.

@@ -1,4 +1,4 @@
-/* run.h - runs (run/): the vertex graph of many instances, planned into
+/* run_api.h - runs (run/): the vertex graph of many instances, planned into
  * one arena and executed batch by batch on a backend. A run builds its
  * cn_dag, asks core/sched for the schedule (or, for a graph that grows,
  * for the next type, batch by batch), and executes each batch through the
@@ -11,7 +11,7 @@
 #include "base/base.h"
 #include "cell/cell.h"
 #include "model/model.h"
-#include "sched/sched.h"
+#include "sched/sched_api.h"
 
 /* ---- runs -----------------------------------------------------------------
  * Files, lowest first (each calls only files before it): run_graph.c (the

@@ -1,4 +1,4 @@
-/* cuda_kernels.cu - gathers, argmax and the identity gemm_batched uses
+/* cuda_rows.cu - gathers, argmax and the identity gemm_batched uses
  * for a NULL operand. Each is one kernel launch over the batch (one thread
  * per output float, grid-stride), preceded by one asynchronous copy of the call's
  * host index arrays into the staging ring (cu_stage). The arithmetic

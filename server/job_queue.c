@@ -1,4 +1,4 @@
-/* jobs.c - the two queues between the loop and the workers: closed runs
+/* job_queue.c - the two queues between the loop and the workers: closed runs
  * go to the workers (cn__jobs_push, a FIFO under qmu, a worker woken), and
  * finished ones come back (cn__jobs_done, a stack under dmu, the loop
  * woken through done_async). Below the batcher, which fills the first, and

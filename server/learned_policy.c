@@ -1,4 +1,4 @@
-/* policy.c - learned FSM batching policies in the daemon (ED-Batch §2),
+/* learned_policy.c - learned FSM batching policies in the daemon (ED-Batch §2),
  * per model:
  *
  *   start-up   cn_policy_cache_load only (a file read: never trains). A HIT
