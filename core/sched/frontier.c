@@ -288,13 +288,6 @@ static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
   const int T = f->n_types;
   const int32_t nv = g->nv;
   const int32_t *is = g->in_start, *ie = g->in_edges;
-  for (int32_t v = 0; v < nv; v++)
-    if (g->vtype[v] >= T) return CN_E_INTERNAL;
-  for (int32_t e = 0; e < is[nv]; e++) /* inputs come first */
-    if (ie[e] < 0) return CN_E_INTERNAL;
-  for (int32_t v = 0; v < nv; v++)
-    for (int32_t i = is[v]; i < is[v + 1]; i++)
-      if (ie[i] >= v) return CN_E_INTERNAL;
   memcpy(f->vtype, g->vtype, (size_t)nv);
   memset(f->done, 0, (size_t)nv);
   memcpy(f->in_start, is, ((size_t)nv + 1) * sizeof(int32_t));
@@ -303,26 +296,54 @@ static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
   f->nv = nv;
   for (int32_t v = 0; v < nv; v++) {
     int32_t d = -1;
-    for (int32_t i = is[v]; i < is[v + 1]; i++)
+    for (int32_t i = is[v]; i < is[v + 1]; i++) {
+      if ((uint32_t)ie[i] >= (uint32_t)v) /* inputs come first */
+        return CN_E_INTERNAL;
       if (f->depth[ie[i]] > d) d = f->depth[ie[i]];
+    }
     f->depth[v] = d + 1;
     f->pending[v] = is[v + 1] - is[v];
   }
   for (int32_t v = 0; v < nv; v++) { /* in vertex order: the same sums */
+    if (f->vtype[v] >= T) return CN_E_INTERNAL;
     f->n_of_type[f->vtype[v]]++;
     f->depth_sum[f->vtype[v]] += f->depth[v];
   }
-  if (f->track_sub)
-    for (int a = 0; a < T; a++) {
-      int32_t *sa = f->sub + (size_t)a * f->cap_v;
-      for (int32_t v = 0; v < nv; v++) {
-        int32_t c = 0;
-        for (int32_t i = is[v]; i < is[v + 1]; i++)
-          c += f->vtype[ie[i]] == a || sa[ie[i]] > 0;
-        sa[v] = c;
-        if (c == 0 && f->vtype[v] == a) f->n_sub[a]++;
-      }
+  if (f->track_sub) {
+    /* above(p, a) for every a at once: anc[p], the types among p and its
+     * ancestors (bit a), is p's own type and its inputs' anc; sub[a][v]
+     * counts v's inputs with bit a, summed a byte per type through
+     * spread[] (CN_MAX_TYPES <= 8) where v has fewer than 256 inputs.
+     * anc lives in the stack, which is free until a commit. */
+    uint64_t spread[256];
+    for (int m = 0; m < 256; m++) {
+      spread[m] = 0;
+      for (int a = 0; a < 8; a++)
+        if (m >> a & 1) spread[m] |= (uint64_t)1 << (8 * a);
     }
+    uint8_t *anc = (uint8_t *)f->stack;
+    const size_t cap = (size_t)f->cap_v;
+    for (int32_t v = 0; v < nv; v++) {
+      unsigned m = 1u << f->vtype[v];
+      uint64_t c = 0;
+      for (int32_t i = is[v]; i < is[v + 1]; i++) {
+        m |= anc[ie[i]];
+        c += spread[anc[ie[i]]];
+      }
+      anc[v] = (uint8_t)m;
+      if (is[v + 1] - is[v] < 256)
+        for (int a = 0; a < T; a++)
+          f->sub[(size_t)a * cap + v] = (int32_t)(c >> (8 * a) & 255);
+      else
+        for (int a = 0; a < T; a++) {
+          int32_t k = 0;
+          for (int32_t i = is[v]; i < is[v + 1]; i++) k += anc[ie[i]] >> a & 1;
+          f->sub[(size_t)a * cap + v] = k;
+        }
+      int t = f->vtype[v];
+      if (f->sub[(size_t)t * cap + v] == 0) f->n_sub[t]++;
+    }
+  }
   pack_consumers(f);
   for (int32_t v = 0; v < nv; v++)
     if (f->pending[v] == 0 && push_ready(f, v)) return CN_E_NOMEM;
