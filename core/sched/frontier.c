@@ -252,8 +252,8 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
 /* Lays every vertex's consumer list out in one run of edge slots, in the
  * list's own order (the order the consumers were added), so that walking
  * it reads consecutive memory instead of chasing e_next across the whole
- * edge array: the walks of cn__frontier_commit and clear_sub were bound
- * by those cache misses. The same lists, so the same schedules. Only for
+ * edge array: cn__frontier_commit's walks (the ready counts, the sub
+ * flags) were bound by those cache misses. The same lists, so the same schedules. Only for
  * a frontier made of one DAG (cn__frontier_add_dag on an empty one),
  * whose edges were added in vertex order. */
 static void pack_consumers(cn_frontier *f) {
