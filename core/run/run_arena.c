@@ -130,61 +130,12 @@ void cn__oalloc_done(cn_offset_alloc *a) {
 
 /* ---- planning a run's rows ---------------------------------------------- */
 
+/* A row of the batch being placed and the batch that reads it last
+ * (n_batches: never). */
 typedef struct row_key {
-  int32_t death; /* the batch that reads the row last (n_batches: never) */
-  int64_t key;   /* within one death: the reader's row, edge; else the
-                    row's place in the scheduler's order */
+  int32_t death;
   int32_t v;
 } row_key;
-
-static int key_cmp(const void *a, const void *b) {
-  const row_key *x = a, *y = b;
-  if (x->death != y->death) return (x->death > y->death) - (x->death < y->death);
-  return (x->key > y->key) - (x->key < y->key);
-}
-
-/* Sorts a batch's n row keys by (death, key). Within one death the keys
- * are distinct (a reader's (row, edge), or the row's own place), so the
- * order is unique: an LSD radix sort on one dense number (death - b) ·
- * (max key + 1) + key, 11 bits a pass, passes over a constant digit
- * skipped. It replaced qsort, which took 15% of a small model's host time
- * per run (docs/cuda.md: the GPU path is bound by that host time). */
-static void sort_keys(row_key *k, row_key *tmp, int32_t n, int32_t b) {
-  if (n < 2) return;
-  uint64_t kmax = 0, dmax = 0;
-  for (int32_t i = 0; i < n; i++) {
-    if ((uint64_t)k[i].key > kmax) kmax = (uint64_t)k[i].key;
-    if ((uint64_t)(k[i].death - b) > dmax) dmax = (uint64_t)(k[i].death - b);
-  }
-  const uint64_t span = kmax + 1;
-  if (span > UINT64_MAX / (dmax + 1)) { /* cannot happen at any real size */
-    qsort(k, (size_t)n, sizeof(*k), key_cmp);
-    return;
-  }
-  const uint64_t top = (dmax + 1) * span;
-  enum { BITS = 11, R = 1 << BITS };
-  uint32_t count[R];
-  for (int shift = 0; shift < 64 && (top - 1) >> shift; shift += BITS) {
-    memset(count, 0, sizeof(count));
-    for (int32_t i = 0; i < n; i++) {
-      uint64_t c = (uint64_t)(k[i].death - b) * span + (uint64_t)k[i].key;
-      count[(c >> shift) & (R - 1)]++;
-    }
-    uint32_t first = (uint32_t)((((uint64_t)(k[0].death - b) * span +
-                                  (uint64_t)k[0].key) >> shift) & (R - 1));
-    if (count[first] == (uint32_t)n) continue; /* one digit: nothing moves */
-    for (uint32_t d = 0, s = 0; d < R; d++) {
-      uint32_t c = count[d];
-      count[d] = s;
-      s += c;
-    }
-    for (int32_t i = 0; i < n; i++) {
-      uint64_t c = (uint64_t)(k[i].death - b) * span + (uint64_t)k[i].key;
-      tmp[count[(c >> shift) & (R - 1)]++] = k[i];
-    }
-    memcpy(k, tmp, (size_t)n * sizeof(*k));
-  }
-}
 
 /* The rows of batch b that one block holds: the whole batch, or under a
  * memory budget each slice a launch executes (run.c's slice_needs keeps a
@@ -209,15 +160,22 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   int rc = -1;
   int32_t *batch_of = malloc((size_t)nv * sizeof(int32_t) + 1);
   int32_t *death = malloc((size_t)nv * sizeof(int32_t) + 1);
-  int64_t *rkey = malloc((size_t)nv * sizeof(int64_t) + 1);
+  /* next[v]: the row after v in its batch's list of rows read later;
+   * head[b]: that list's first (-1: none); seq: one batch's new entries */
+  int32_t *next = malloc((size_t)nv * sizeof(int32_t) + 1);
+  int32_t *head = malloc(((size_t)B + 1) * sizeof(int32_t));
+  int32_t *seq = malloc((size_t)nv * sizeof(int32_t) + 1);
+  uint8_t *listed = calloc((size_t)nv + 1, 1);
   int32_t *unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
   int64_t *block = NULL;
   int32_t *n_at = calloc((size_t)B + 1, sizeof(int32_t));
   rel_free *rel = NULL, *sorted = NULL;
   row_key *keys = NULL;
   cn_offset_alloc a = {0};
-  int64_t n_rel = 0, cap_rel = 0, max_n = 0, max_in = 1;
-  if (!batch_of || !death || !rkey || !unit0 || !n_at) goto out;
+  int64_t n_rel = 0, cap_rel = 0, max_n = 0;
+  if (!batch_of || !death || !next || !head || !seq || !listed || !unit0 ||
+      !n_at)
+    goto out;
   unit0[0] = 0;
   for (int32_t b = 0; b < B; b++) {
     int32_t ur = unit_rows(r, b);
@@ -232,40 +190,53 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
       int32_t v = r->order[bt->start + i];
       batch_of[v] = b;
       death[v] = b;
-      rkey[v] = -1;
     }
+    head[b] = -1;
   }
   /* the last reader of each row (Serenity §3.1's out-degree count, as the
    * batch of the last consumer) */
   for (int32_t v = 0; v < nv; v++) {
     int k;
     const int32_t *in = cn__run_inputs(r, v, &k);
-    if (k + 1 > max_in) max_in = k + 1;
     for (int q = 0; q < k; q++)
       if (batch_of[v] > death[in[q]]) death[in[q]] = batch_of[v];
   }
   for (int32_t v = 0; v < nv; v++)
     if (keep == NULL || keep[v]) death[v] = B;
-  keys = malloc(2 * (size_t)max_n * sizeof(row_key) + 1);
+  keys = malloc((size_t)max_n * sizeof(row_key) + 1);
   if (keys == NULL) goto out;
   /* Rows in each batch, from the last batch back: by death, then in the
-   * order their last reader batch (already ordered) reads them. */
+   * order their last reader batch (already ordered) reads them, by the
+   * first (row, edge) reading each. No sort: the rows a batch d reads
+   * last are listed in that order as d is placed, each list put in front
+   * of its batch's (lists from later batches come after), so a batch's
+   * order is its rows dying in it (the scheduler's order), its list, then
+   * the rows kept (the scheduler's order): O(rows + edges) in all. */
   for (int32_t b = B - 1; b >= 0; b--) {
     const cn_run_batch *bt = &r->batches[b];
-    int32_t *ord = r->order + bt->start;
-    for (int32_t i = 0; i < bt->n; i++) {
-      int32_t v = ord[i];
-      bool by_reader = death[v] > b && death[v] < B && rkey[v] >= 0;
-      keys[i] = (row_key){death[v], by_reader ? rkey[v] : i, v};
-    }
-    sort_keys(keys, keys + max_n, bt->n, b);
+    int32_t *ord = r->order + bt->start, n = 0;
+    for (int32_t i = 0; i < bt->n; i++)
+      if (death[ord[i]] == b) keys[n++] = (row_key){b, ord[i]};
+    for (int32_t v = head[b]; v >= 0; v = next[v])
+      keys[n++] = (row_key){death[v], v};
+    for (int32_t i = 0; i < bt->n; i++)
+      if (death[ord[i]] == B) keys[n++] = (row_key){B, ord[i]};
+    if (n != bt->n) goto out; /* cannot happen: every row is in one part */
+    int32_t ns = 0;
     for (int32_t i = 0; i < bt->n; i++) {
       int32_t v = ord[i] = keys[i].v;
       int k;
       const int32_t *in = cn__run_inputs(r, v, &k);
       for (int q = 0; q < k; q++) /* the first (row, edge) reading it */
-        if (death[in[q]] == b && rkey[in[q]] < 0)
-          rkey[in[q]] = (int64_t)i * max_in + q;
+        if (death[in[q]] == b && !listed[in[q]]) {
+          listed[in[q]] = 1;
+          seq[ns++] = in[q];
+        }
+    }
+    while (ns > 0) { /* in front of each batch's list, in reading order */
+      int32_t u = seq[--ns];
+      next[u] = head[batch_of[u]];
+      head[batch_of[u]] = u;
     }
     /* the frees of its blocks (one per unit), group by group as rows die:
      * each block from its front */
@@ -343,7 +314,10 @@ out:
   cn__oalloc_done(&a);
   free(batch_of);
   free(death);
-  free(rkey);
+  free(next);
+  free(head);
+  free(seq);
+  free(listed);
   free(block);
   free(unit0);
   free(n_at);

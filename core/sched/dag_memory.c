@@ -63,6 +63,11 @@ typedef struct mplan {
   /* one evaluation's arrays; alt: a second pos[] (best_on) */
   int32_t *dl, *pos, *alt, *pend, *rem, *rdy, *take, *prev;
   int32_t rbase[CN_MAX_TYPES + 1], rn[CN_MAX_TYPES];
+  const uint8_t *skel;            /* the skeleton being walked */
+  int32_t *kcnt, *dhead, *dtail;  /* [position]: rows due, bucket ends */
+  int64_t *kfreed;                /* [position]: bytes freed after it */
+  int32_t *dnext;                 /* [v]: next in its deadline's bucket */
+  uint8_t *cand;                  /* [v]: could ever run early (gain > 0) */
   int32_t n_take;                 /* the batch being formed: take[0 ..) */
   int32_t *srcs;                  /* sources (no inputs), by group */
   int32_t *src_start;             /* [G + 1] */
@@ -129,17 +134,13 @@ typedef struct outcome {
   bool ok;            /* every vertex found a batch */
 } outcome;
 
-static void push_ready(mplan *P, int32_t v) {
-  int t = P->g->vtype[v];
-  P->rdy[P->rbase[t] + P->rn[t]++] = v;
-}
-
 /* v joins the batch being formed: its inputs have one reader fewer left;
  * returns the bytes of those it was the last reader of. */
-static int64_t take(mplan *P, int32_t v) {
+static int64_t take(mplan *P, int32_t v, int32_t p) {
   const cn_dag *g = P->g;
   int64_t freed = 0;
   P->take[P->n_take++] = v;
+  P->pos[v] = p;
   for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
     int32_t u = g->in_edges[e];
     if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
@@ -147,16 +148,13 @@ static int64_t take(mplan *P, int32_t v) {
   return freed;
 }
 
-/* Walks skeleton skel[0 .. K): deadlines from the sinks back, then the
- * batches forwards (the file's comment). early: run a ready vertex before
- * its deadline when it frees more than it takes and the step stays under
- * cap. Group k (G > 1) owns skel[k·K0 .. (k + 1)·K0). Writes pos[v]. */
-static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
-                    int64_t cap) {
+/* The deadlines of skeleton skel[0 .. K) (the file's comment): dl[v], the
+ * latest batch of v's type before its consumers' deadlines (and within
+ * its group's copy, G > 1). False when some vertex has none. One pass
+ * from the sinks back: O(V + E + K·T). */
+static bool deadlines(mplan *P, const uint8_t *skel, int32_t K) {
   const cn_dag *g = P->g;
   const int T = P->T;
-  outcome o = {0, 0, 0, 0, false};
-  P->evals++;
   /* prev[t·(K + 1) + p]: the last type-t position before p, -1 none */
   for (int t = 0; t < T; t++) {
     int32_t last = -1, *pv = P->prev + (size_t)t * (K + 1);
@@ -170,14 +168,81 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
     for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++)
       if (P->dl[P->out_edges[e]] < lim) lim = P->dl[P->out_edges[e]];
     int32_t d = P->prev[(size_t)g->vtype[v] * (K + 1) + lim];
-    if (d < 0 || (P->group && d < P->group[v] * P->K0)) return o;
+    if (d < 0 || (P->group && d < P->group[v] * P->K0)) return false;
     P->dl[v] = d;
   }
+  return true;
+}
+
+/* The walk with every vertex at its deadline (as late as possible), given
+ * valid deadlines: each batch holds exactly the vertices due there (their
+ * inputs, due earlier, have run), so no ready list is needed: a row is
+ * taken at dl[v], dies after the batch of its last reader (at once when
+ * it has none), or never when kept. One counting pass, O(V + E + K);
+ * the same outcome and pos[] as walking the batches. */
+static outcome eval_alap(mplan *P, int32_t K) {
+  outcome o = {0, 0, 0, 0, true};
+  P->evals++;
+  int32_t *cnt = P->kcnt;
+  int64_t *freed = P->kfreed;
+  memset(cnt, 0, (size_t)K * sizeof(int32_t));
+  memset(freed, 0, (size_t)K * sizeof(int64_t));
+  for (int32_t v = 0; v < P->nv; v++) {
+    int32_t p = P->dl[v];
+    P->pos[v] = p;
+    cnt[p]++;
+    if (kept(P, v)) continue;
+    int32_t death = -1; /* the last reader's batch */
+    for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++)
+      if (P->dl[P->out_edges[e]] > death) death = P->dl[P->out_edges[e]];
+    /* freed after its last reader's step; read by nobody: after its own */
+    freed[death >= 0 ? death : p] += vbytes(P, v);
+  }
+  int64_t live = 0;
+  for (int32_t p = 0; p < K; p++) {
+    if (cnt[p] == 0) continue;
+    o.batches++;
+    int64_t step = live + (int64_t)cnt[p] * P->m->bytes[P->skel[p]];
+    if (step > o.peak) o.peak = step, o.at = p;
+    live = step - freed[p];
+    o.area += live;
+  }
+  return o;
+}
+
+/* v became ready: due at its deadline, and a candidate to run earlier
+ * when its inputs could ever free more than it takes (cand[v]). */
+static void push_ready(mplan *P, int32_t v) {
+  int32_t d = P->dl[v];
+  P->dnext[v] = -1;
+  if (P->dtail[d] < 0) P->dhead[d] = v;
+  else P->dnext[P->dtail[d]] = v;
+  P->dtail[d] = v;
+  if (P->cand[v]) {
+    int t = P->g->vtype[v];
+    P->rdy[P->rbase[t] + P->rn[t]++] = v;
+  }
+}
+
+/* The walk forwards with early runs: each batch runs the vertices due
+ * there, then those ready ones of its type that free more than they take
+ * while the step stays under cap (the file's comment), in the order they
+ * became ready. Writes pos[v]. The due vertices come from buckets by
+ * deadline; the candidates for an early run from a list per type that
+ * holds only vertices whose inputs could ever free more than they take
+ * (cand) and is scanned only when the cap leaves room for one more row:
+ * the same choices as scanning every ready vertex at every batch. */
+static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
+  const cn_dag *g = P->g;
+  const uint8_t *skel = P->skel;
+  outcome o = {0, 0, 0, 0, false};
+  P->evals++;
   for (int32_t v = 0; v < P->nv; v++) {
     P->pend[v] = g->in_start[v + 1] - g->in_start[v];
     P->rem[v] = P->out_start[v + 1] - P->out_start[v];
     P->pos[v] = -1;
   }
+  for (int32_t p = 0; p < K; p++) P->dhead[p] = P->dtail[p] = -1;
   memset(P->rn, 0, sizeof(P->rn));
   int64_t live = 0;
   int32_t done = 0;
@@ -189,30 +254,30 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
     }
     const int t = skel[p];
     const int64_t w = P->m->bytes[t];
-    int32_t *q = P->rdy + P->rbase[t], n = P->rn[t], kept_n = 0;
     int64_t freed = 0;
     P->n_take = 0;
-    for (int32_t i = 0; i < n; i++) /* the vertices due now */
-      if (P->dl[q[i]] == p) freed += take(P, q[i]);
-      else q[kept_n++] = q[i];
-    n = kept_n;
-    if (early) { /* those that free more than they take, under cap */
-      kept_n = 0;
-      for (int32_t i = 0; i < n; i++) {
+    for (int32_t v = P->dhead[p]; v >= 0; v = P->dnext[v]) /* due now */
+      if (P->pos[v] < 0) freed += take(P, v, p);
+    int32_t *q = P->rdy + P->rbase[t], n = P->rn[t];
+    if (n > 0 && live + (int64_t)(P->n_take + 1) * w <= cap) {
+      int32_t kept_n = 0, i = 0;
+      for (; i < n; i++) {
         int32_t v = q[i];
+        if (P->pos[v] >= 0) continue; /* ran at or before its deadline */
+        if (live + (int64_t)(P->n_take + 1) * w > cap) break; /* no room */
         int64_t gain = -w;
         for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
           int32_t u = g->in_edges[e];
           if (P->rem[u] == 1 && !kept(P, u)) gain += vbytes(P, u);
         }
-        if (gain > 0 && live + (int64_t)(P->n_take + 1) * w <= cap)
-          freed += take(P, v);
+        if (gain > 0)
+          freed += take(P, v, p);
         else
           q[kept_n++] = v;
       }
-      n = kept_n;
+      memmove(q + kept_n, q + i, (size_t)(n - i) * sizeof(int32_t));
+      P->rn[t] = kept_n + (n - i);
     }
-    P->rn[t] = n;
     const int32_t nt = P->n_take;
     if (nt == 0) continue;
     o.batches++;
@@ -221,7 +286,6 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
     live = step - freed;
     for (int32_t i = 0; i < nt; i++) {
       int32_t v = P->take[i];
-      P->pos[v] = p;
       if (P->rem[v] == 0 && !kept(P, v)) live -= w; /* nobody reads it */
       for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++) {
         int32_t c = P->out_edges[e];
@@ -233,6 +297,21 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
   }
   o.ok = done == P->nv;
   return o;
+}
+
+/* Walks skeleton skel[0 .. K): deadlines from the sinks back, then the
+ * batches forwards (the file's comment). early: run a ready vertex before
+ * its deadline when it frees more than it takes and the step stays under
+ * cap. Group k (G > 1) owns skel[k·K0 .. (k + 1)·K0). Writes pos[v]. */
+static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
+                    int64_t cap) {
+  outcome none = {0, 0, 0, 0, false};
+  P->skel = skel;
+  if (!deadlines(P, skel, K)) {
+    P->evals++;
+    return none;
+  }
+  return early ? eval_early(P, K, cap) : eval_alap(P, K);
 }
 
 /* The schedule of pos[] (positions < K) into order/batches, empty
@@ -275,7 +354,11 @@ static outcome best_on(mplan *P, const uint8_t *skel, int32_t K,
   outcome a = eval(P, skel, K, false, 0);
   swap_pos(P); /* a's schedule kept in alt */
   int64_t cap = budget > 0 ? budget : a.ok ? a.peak : INT64_MAX;
-  outcome b = eval(P, skel, K, true, cap);
+  /* the same deadlines as a's: walked again only when they are valid */
+  outcome b = a;
+  b.ok = false;
+  if (a.ok) b = eval_early(P, K, cap);
+  else P->evals++;
   if (better(b, a)) return b;
   swap_pos(P);
   return a;
@@ -383,10 +466,20 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
   P.rdy = malloc(nv1);
   P.take = malloc(nv1);
   P.srcs = malloc(nv1);
+  P.dnext = malloc(nv1);
+  P.cand = malloc((size_t)g->nv + 1);
   base = malloc((size_t)nb0 + 1);
   if (!P.dl || !P.pos || !P.alt || !P.pend || !P.rem || !P.rdy || !P.take ||
-      !P.srcs || !base)
+      !P.srcs || !P.dnext || !P.cand || !base)
     goto out;
+  /* An early run frees at most its inputs' rows (those not kept): a
+   * vertex whose inputs cannot outweigh its own row never runs early. */
+  for (int32_t v = 0; v < g->nv; v++) {
+    int64_t gain = -vbytes(&P, v);
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      if (!kept(&P, g->in_edges[e])) gain += vbytes(&P, g->in_edges[e]);
+    P.cand[v] = gain > 0;
+  }
   {
     int32_t cnt[CN_MAX_TYPES + 1] = {0};
     for (int32_t v = 0; v < g->nv; v++) cnt[g->vtype[v]]++;
@@ -405,10 +498,21 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     free(skel);
     free(cand);
     free(P.prev);
+    free(P.kcnt);
+    free(P.kfreed);
+    free(P.dhead);
+    free(P.dtail);
     skel = malloc((size_t)k_max + 1);
     cand = malloc((size_t)k_max + 1);
     P.prev = malloc((size_t)P.T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
-    if (!skel || !cand || !P.prev) goto out;
+    size_t k1 = ((size_t)k_max + 1) * sizeof(int32_t);
+    P.kcnt = malloc(k1);
+    P.dhead = malloc(k1);
+    P.dtail = malloc(k1);
+    P.kfreed = malloc(((size_t)k_max + 1) * sizeof(int64_t));
+    if (!skel || !cand || !P.prev || !P.kcnt || !P.dhead || !P.dtail ||
+        !P.kfreed)
+      goto out;
     for (int32_t k = 0; k < G; k++) memcpy(skel + (size_t)k * nb0, base, nb0);
     outcome o = best_on(&P, skel, K, budget);
     /* Under a budget, one group: insert batches while that lowers the
@@ -500,6 +604,12 @@ out:
   free(P.rdy);
   free(P.take);
   free(P.prev);
+  free(P.kcnt);
+  free(P.kfreed);
+  free(P.dhead);
+  free(P.dtail);
+  free(P.dnext);
+  free(P.cand);
   free(skel);
   free(cand);
   free(base);

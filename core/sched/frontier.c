@@ -252,8 +252,8 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
 /* Lays every vertex's consumer list out in one run of edge slots, in the
  * list's own order (the order the consumers were added), so that walking
  * it reads consecutive memory instead of chasing e_next across the whole
- * edge array: the walks of cn__frontier_commit and clear_sub were bound
- * by those cache misses. The same lists, so the same schedules. Only for
+ * edge array: cn__frontier_commit's walks (the ready counts, the sub
+ * flags) were bound by those cache misses. The same lists, so the same schedules. Only for
  * a frontier made of one DAG (cn__frontier_add_dag on an empty one),
  * whose edges were added in vertex order. */
 static void pack_consumers(cn_frontier *f) {
@@ -278,6 +278,78 @@ static void pack_consumers(cn_frontier *f) {
     if (f->out_tail[v] >= 0) f->e_next[f->out_tail[v]] = -1;
 }
 
+/* cn__frontier_add of every vertex of g, in order, into an empty
+ * frontier, in passes over arrays instead of a call per vertex: the same
+ * state (depths, pending counts, sub rows, ready FIFOs in vertex order,
+ * consumers laid out as pack_consumers does) at a fraction of the cost.
+ * Nothing is committed yet, so every input is pending and sub[a][v]
+ * counts v's inputs p with a type-a vertex at or above p. */
+static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
+  const int T = f->n_types;
+  const int32_t nv = g->nv;
+  const int32_t *is = g->in_start, *ie = g->in_edges;
+  memcpy(f->vtype, g->vtype, (size_t)nv);
+  memset(f->done, 0, (size_t)nv);
+  memcpy(f->in_start, is, ((size_t)nv + 1) * sizeof(int32_t));
+  if (is[nv] > 0) memcpy(f->in_edges, ie, (size_t)is[nv] * sizeof(int32_t));
+  f->ne = is[nv];
+  f->nv = nv;
+  for (int32_t v = 0; v < nv; v++) {
+    int32_t d = -1;
+    for (int32_t i = is[v]; i < is[v + 1]; i++) {
+      if ((uint32_t)ie[i] >= (uint32_t)v) /* inputs come first */
+        return CN_E_INTERNAL;
+      if (f->depth[ie[i]] > d) d = f->depth[ie[i]];
+    }
+    f->depth[v] = d + 1;
+    f->pending[v] = is[v + 1] - is[v];
+  }
+  for (int32_t v = 0; v < nv; v++) { /* in vertex order: the same sums */
+    if (f->vtype[v] >= T) return CN_E_INTERNAL;
+    f->n_of_type[f->vtype[v]]++;
+    f->depth_sum[f->vtype[v]] += f->depth[v];
+  }
+  if (f->track_sub) {
+    /* above(p, a) for every a at once: anc[p], the types among p and its
+     * ancestors (bit a), is p's own type and its inputs' anc; sub[a][v]
+     * counts v's inputs with bit a, summed a byte per type through
+     * spread[] (CN_MAX_TYPES <= 8) where v has fewer than 256 inputs.
+     * anc lives in the stack, which is free until a commit. */
+    uint64_t spread[256];
+    for (int m = 0; m < 256; m++) {
+      spread[m] = 0;
+      for (int a = 0; a < 8; a++)
+        if (m >> a & 1) spread[m] |= (uint64_t)1 << (8 * a);
+    }
+    uint8_t *anc = (uint8_t *)f->stack;
+    const size_t cap = (size_t)f->cap_v;
+    for (int32_t v = 0; v < nv; v++) {
+      unsigned m = 1u << f->vtype[v];
+      uint64_t c = 0;
+      for (int32_t i = is[v]; i < is[v + 1]; i++) {
+        m |= anc[ie[i]];
+        c += spread[anc[ie[i]]];
+      }
+      anc[v] = (uint8_t)m;
+      if (is[v + 1] - is[v] < 256)
+        for (int a = 0; a < T; a++)
+          f->sub[(size_t)a * cap + v] = (int32_t)(c >> (8 * a) & 255);
+      else
+        for (int a = 0; a < T; a++) {
+          int32_t k = 0;
+          for (int32_t i = is[v]; i < is[v + 1]; i++) k += anc[ie[i]] >> a & 1;
+          f->sub[(size_t)a * cap + v] = k;
+        }
+      int t = f->vtype[v];
+      if (f->sub[(size_t)t * cap + v] == 0) f->n_sub[t]++;
+    }
+  }
+  pack_consumers(f);
+  for (int32_t v = 0; v < nv; v++)
+    if (f->pending[v] == 0 && push_ready(f, v)) return CN_E_NOMEM;
+  return 0;
+}
+
 int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
   bool fresh = f->nv == 0;
   /* every array sized once, not doubled vertex by vertex */
@@ -287,6 +359,8 @@ int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
   if ((size_t)f->ne + (size_t)g->in_start[g->nv] > (size_t)f->cap_e &&
       reserve_e(f, (size_t)f->ne + (size_t)g->in_start[g->nv]) != 0)
     return CN_E_NOMEM;
+  if (fresh && g->nv > 0 && f->comp == NULL && f->tail == NULL)
+    return add_dag_fresh(f, g);
   for (int32_t v = 0; v < g->nv; v++) {
     int32_t b = g->in_start[v];
     /* a DAG without edges may have no edge array: no offset on NULL */
@@ -367,24 +441,6 @@ static void clear_instances(cn_frontier *f, int t) {
   f->cin_n[t] = 0;
 }
 
-/* A type-t vertex v was committed: the flag "type t left at or above" goes
- * false for v, then for every consumer whose count drops to zero. */
-static void clear_sub(cn_frontier *f, int32_t v, int t) {
-  int32_t sp = 0;
-  f->stack[sp++] = v;
-  while (sp > 0) {
-    int32_t u = f->stack[--sp];
-    for (int32_t e = f->out_head[u]; e >= 0; e = f->e_next[e]) {
-      int32_t w = f->e_dst[e];
-      if (--f->sub[(size_t)t * f->cap_v + w] != 0) continue;
-      if (f->vtype[w] == t)
-        f->n_sub[t]++; /* w now heads G^t */
-      else
-        f->stack[sp++] = w; /* each w is pushed once: its count hit 0 */
-    }
-  }
-}
-
 int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
   if (t < 0 || t >= f->n_types) return 0;
   int64_t h = f->qhead[t], e = f->qtail[t];
@@ -403,13 +459,43 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
   clear_instances(f, t);
   f->qc_n[t] = 0;
   if (f->track_sub) f->n_sub[t] -= n;
+  if (!f->track_sub) {
+    for (int32_t i = 0; i < n; i++)
+      for (int32_t k = f->out_head[out[i]]; k >= 0; k = f->e_next[k]) {
+        int32_t w = f->e_dst[k];
+        if (--f->pending[w] == 0 && push_ready(f, w)) return CN_E_NOMEM;
+      }
+    return n;
+  }
+  /* With sub: one walk over each vertex's consumers both counts their
+   * inputs down and starts the walk that clears the flag "a type-t vertex left at or
+   * above" for them (the rest of which follows
+   * before the next vertex): each edge is read once, not twice. The
+   * counts do not depend on each other, so the ready order and every
+   * count are those of the two walks one after the other. */
+  int32_t *st = f->sub + (size_t)t * f->cap_v;
   for (int32_t i = 0; i < n; i++) {
-    int32_t v = out[i];
+    int32_t v = out[i], sp = 0;
     for (int32_t k = f->out_head[v]; k >= 0; k = f->e_next[k]) {
       int32_t w = f->e_dst[k];
       if (--f->pending[w] == 0 && push_ready(f, w)) return CN_E_NOMEM;
+      if (--st[w] != 0) continue;
+      if (f->vtype[w] == t)
+        f->n_sub[t]++; /* w now heads G^t */
+      else
+        f->stack[sp++] = w;
     }
-    if (f->track_sub) clear_sub(f, v, t);
+    while (sp > 0) { /* the flag cleared below the consumers */
+      int32_t u = f->stack[--sp];
+      for (int32_t k = f->out_head[u]; k >= 0; k = f->e_next[k]) {
+        int32_t w = f->e_dst[k];
+        if (--st[w] != 0) continue;
+        if (f->vtype[w] == t)
+          f->n_sub[t]++;
+        else
+          f->stack[sp++] = w;
+      }
+    }
   }
   return n;
 }
