@@ -260,6 +260,15 @@ json_t *cn_model_warmup_instance(const cn_model *m);
  * NULL): a tree leaf's position among the leaves left to right, a token's,
  * a character's or a DAG node's index. */
 int cn_instance_unknown(const cn_instance *inst, int32_t *pos, int cap);
+/* A tree's internal nodes whose label (a bracket label, or a JSON node's
+ * "label") the model does not list, and which therefore took the default
+ * internal type: for a model whose node types are chosen by label
+ * (treelstm-2type's type_b_labels, a "cells" model's label types;
+ * cn_model_reads_labels). 0 for every other model and input kind. */
+int cn_instance_unknown_labels(const cn_instance *inst);
+/* 1 when the model chooses a tree node's type by its label (its stats
+ * then carry unknown_labels), else 0. */
+int cn_model_reads_labels(const cn_model *m);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object
