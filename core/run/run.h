@@ -138,6 +138,8 @@ struct cn_run {
   int64_t state_floats_total; /* every vertex's state (the arena without
                                  reuse, less scratch); 0: not planned     */
   int64_t state_floats_live;  /* the most floats held at once (no holes) */
+  int32_t *build_room;   /* cn__run_build_room's                        */
+  int64_t cap_build_room;
   struct cn_arena_free *frees; /* ranges freed, by the batch after which */
   int64_t n_frees, poison_next;
 };
@@ -154,6 +156,12 @@ int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
                            const int32_t *inputs, int n_inputs);
 /* Reserves n entries of node_vertex for a slot; returns the first. */
 int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
+/* Room for n int32_t that a build() works in while it adds one instance
+ * (spans grouped by end, a vertex's input list): the run's own, grown
+ * geometrically and reused by every later build(), so adding an
+ * instance allocates nothing once the run has seen its largest. Valid
+ * until the next call; NULL: no memory. */
+int32_t *cn__run_build_room(cn_run *r, int64_t n);
 /* Inputs of vertex v. */
 static inline const int32_t *cn__run_inputs(const cn_run *r, int32_t v,
                                             int *n) {

@@ -85,6 +85,7 @@ void cn_run_free(cn_run *r) {
   free(r->out_score);
   free(r->frees);
   free(r->slice_rows);
+  free(r->build_room);
   free(r);
 }
 
@@ -129,6 +130,17 @@ int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
     r->state_off[v] = -1;
   }
   return v;
+}
+
+int32_t *cn__run_build_room(cn_run *r, int64_t n) {
+  if (n <= r->cap_build_room) return r->build_room;
+  int64_t c = r->cap_build_room ? r->cap_build_room : 256;
+  while (c < n) c *= 2;
+  int32_t *p = cn__xrealloc(r->build_room, (size_t)c, sizeof(int32_t));
+  if (p == NULL) return NULL;
+  r->build_room = p;
+  r->cap_build_room = c;
+  return p;
 }
 
 /* Reserves the node -> vertex map of a slot (n nodes, filled by build()). */
