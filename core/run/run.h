@@ -17,7 +17,8 @@
  * Files, lowest first (each calls only files before it): run_graph.c (the
  * graph, index staging), cell_exec.c (compiled cells), run_batch.c (one
  * batch), run_output.c (the answers' states), run_sched.c (the plan),
- * run_dynamic.c (a growing graph), run.c (cn_run_exec), run_decode.c.
+ * run_step.c (one batch step, every loop's), run_dynamic.c (a growing
+ * graph), run.c (cn_run_exec), run_decode.c.
  * A run's graph is kept as arrays (struct of arrays), grown per run, never
  * per vertex. Vertices are added in a topological order: a vertex's inputs
  * exist before it. Each vertex gets, when its batch is planned, a row in its
@@ -219,9 +220,20 @@ void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
  * frontier, the graph growing as decoded() adds vertices. */
 int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
 /* The run's own scratch block and index staging, grown to at least that
- * much (run_dynamic.c; decode sessions too). */
+ * much (run_step.c). */
 int cn__run_ensure_scratch(cn_run *r, int64_t floats);
 int cn__run_ensure_idx(cn_run *r, int64_t n);
+/* One batch step of any run (run_step.c): the batch of n vertices of
+ * `type`, their state rows placed, with `edges` inputs in all; its room
+ * grown to what it needs, executed, counted in n_batches. edges < 0: a
+ * planned run, whose plan sized the room and counted the batches.
+ * Returns 0, CN_E_NOMEM, or the error a decoded() left in exec_rc. */
+int cn__run_step(cn_run *r, int type, const int32_t *verts, int32_t n,
+                 int64_t edges);
+/* The stats every run reports alike, planned or a decode session's
+ * (run.c): its counts, arena, copies and the backend's counters as
+ * cn__run_count last took them; the rest zero. */
+void cn__run_stats_common(const cn_run *r, cn_run_stats *s);
 /* Binds the model's tensors to the run's backend (run_batch.c). */
 void cn__run_bind_weights(cn_run *r);
 /* After the last batch (run_output.c): checks the backend's status and, on a device
