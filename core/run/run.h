@@ -152,9 +152,33 @@ typedef struct cn_run_span {
   int64_t at;
 } cn_run_span;
 
-/* Adds a vertex with the given inputs; returns its index or -1 (no memory). */
-int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
-                           const int32_t *inputs, int n_inputs);
+/* Adds a vertex with the given inputs; returns its index or -1 (no memory).
+ * cn__run_add_vertex_grow (run_graph.c) does it all: the arrays grown,
+ * a dynamic run's frontier told; cn__run_add_vertex inlines the common
+ * case, a planned run with room, as a build() adds vertex after vertex
+ * (a lattice hundreds an instance). */
+int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
+                                int aux, const int32_t *inputs,
+                                int n_inputs);
+static inline int32_t cn__run_add_vertex(cn_run *r, int type, int slot,
+                                         int node, int aux,
+                                         const int32_t *inputs,
+                                         int n_inputs) {
+  int32_t v = r->nv;
+  if (v + 1 > r->cap_v || r->ne + n_inputs > r->cap_e || r->live != NULL)
+    return cn__run_add_vertex_grow(r, type, slot, node, aux, inputs,
+                                   n_inputs);
+  r->vtype[v] = (uint8_t)type;
+  r->vslot[v] = slot;
+  r->vnode[v] = node;
+  r->vaux[v] = aux;
+  for (int k = 0; k < n_inputs; k++) r->in_edges[r->ne + k] = inputs[k];
+  r->ne += n_inputs;
+  r->in_start[v + 1] = r->ne;
+  r->nv = v + 1;
+  r->n_of_type[type]++;
+  return v;
+}
 /* Reserves n entries of node_vertex for a slot; returns the first. */
 int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
 /* Room for n int32_t that a build() works in while it adds one instance

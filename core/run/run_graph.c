@@ -89,8 +89,9 @@ void cn_run_free(cn_run *r) {
   free(r);
 }
 
-int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
-                           const int32_t *inputs, int n_inputs) {
+int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
+                                int aux, const int32_t *inputs,
+                                int n_inputs) {
   int32_t v = r->nv;
   if (v + 1 > r->cap_v) {
     /* All per-vertex arrays share one capacity, doubled when full. */
