@@ -60,7 +60,8 @@ static void print_error(cn_buf *out, FILE *notes, const line *l) {
 static void parse_line(const run_opts *o, const cn_model *m,
                        cn_line_reader *rd, const char *buf, size_t len,
                        long long lineno, line *l) {
-  memset(l, 0, sizeof(*l));
+  l->inst = NULL; /* field by field: the error's 320-byte message is */
+  l->slot = 0;    /* written only when there is one                  */
   cn_err_clear(&l->err);
   l->lineno = lineno;
   if (rd != NULL &&
