@@ -446,6 +446,12 @@ int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
  * has no vertex of the type. Static families only. */
 int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
                       cn_cell_bench *out, cn_err *err);
+/* Room for the graph of about `instances` instances and `vertices`
+ * vertices before the first cn_run_add (a caller that runs batch after
+ * batch of similar size passes the last one's counts, cn_run_stats), so
+ * the graph's arrays are allocated once instead of grown by doubling.
+ * Only a hint: cn_run_add grows past it. 0 or CN_E_NOMEM. */
+int cn_run_reserve(cn_run *r, int instances, long long vertices);
 /* Adds an instance; returns its slot (0, 1, ...) or a negative error.
  * max_decode_len: lstm-nmt cap from the request (0: model default). */
 int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,
