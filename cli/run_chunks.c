@@ -43,6 +43,7 @@ typedef struct chunk {
   totals tot;          /* this chunk's share                           */
   int rc;              /* -1: the run failed (its note is in notes)    */
   cn_line_reader *rd;  /* its instances, reset when the chunk is reused */
+  long long last_vertices; /* of its last run: the next one's reserve */
 } chunk;
 
 static void print_error(cn_buf *out, FILE *notes, const line *l) {
@@ -60,7 +61,8 @@ static void print_error(cn_buf *out, FILE *notes, const line *l) {
 static void parse_line(const run_opts *o, const cn_model *m,
                        cn_line_reader *rd, const char *buf, size_t len,
                        long long lineno, line *l) {
-  memset(l, 0, sizeof(*l));
+  l->inst = NULL; /* field by field: the error's 320-byte message is */
+  l->slot = 0;    /* written only when there is one                  */
   cn_err_clear(&l->err);
   l->lineno = lineno;
   if (rd != NULL &&
@@ -83,12 +85,16 @@ static void parse_line(const run_opts *o, const cn_model *m,
 /* Issues one chunk of lines as one run (*rp; on a device backend it may
  * still be computing on return): notes on a failed run go to notes. */
 static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
-                     line *ls, int n, FILE *notes, cn_run **rp) {
+                     line *ls, int n, long long reserve, FILE *notes,
+                     cn_run **rp) {
   cn_run *r = *rp = cn_run_new(m, bk);
   if (r == NULL) {
     fprintf(notes, "canopy run: no memory for a run\n");
     return -1;
   }
+  /* the graph's arrays at the last run's size at once (a hint: a failure
+   * leaves them to grow as they go) */
+  (void)cn_run_reserve(r, n, reserve);
   cn_run_set_async(r, 1);
   cn_run_set_layout(r, o->layout);
   cn_run_set_plan_width(r, o->cfg.serve.plan_width);
@@ -190,8 +196,8 @@ static void chunk_start(void *arg, int thread, void *item) {
   if (c->fnotes == NULL)
     c->rc = -1;
   else
-    c->rc = run_start(jc->o, jc->m, jc->bk[thread], c->ls, c->n, c->fnotes,
-                      &c->run);
+    c->rc = run_start(jc->o, jc->m, jc->bk[thread], c->ls, c->n,
+                      c->last_vertices, c->fnotes, &c->run);
   /* the lines and their graphs (cn_run_add); the run's own planning and
    * execution are its stats' */
   double dt = cn_thread_cpu_s() - t0;
@@ -199,6 +205,7 @@ static void chunk_start(void *arg, int thread, void *item) {
   if (c->run != NULL) {
     cn_run_get_stats(c->run, &st);
     dt -= st.schedule_s + st.execute_s;
+    c->last_vertices = st.vertices;
   }
   c->tot.parse_s += dt;
 }

@@ -260,6 +260,15 @@ json_t *cn_model_warmup_instance(const cn_model *m);
  * NULL): a tree leaf's position among the leaves left to right, a token's,
  * a character's or a DAG node's index. */
 int cn_instance_unknown(const cn_instance *inst, int32_t *pos, int cap);
+/* A tree's internal nodes whose label (a bracket label, or a JSON node's
+ * "label") the model does not list, and which therefore took the default
+ * internal type: for a model whose node types are chosen by label
+ * (treelstm-2type's type_b_labels, a "cells" model's label types;
+ * cn_model_reads_labels). 0 for every other model and input kind. */
+int cn_instance_unknown_labels(const cn_instance *inst);
+/* 1 when the model chooses a tree node's type by its label (its stats
+ * then carry unknown_labels), else 0. */
+int cn_model_reads_labels(const cn_model *m);
 /* Vertices this instance adds to a run (for the per-run vertex limit). */
 size_t cn_instance_vertices(const cn_instance *inst, int outputs_all);
 /* An upper bound, in bytes, on the JSON of this instance's output object
@@ -437,6 +446,12 @@ int cn_run_min_budget(const cn_model *m, cn_backend_ctx *bk,
  * has no vertex of the type. Static families only. */
 int cn_run_bench_type(cn_run *r, int type, cn_layout layout, int n, int iters,
                       cn_cell_bench *out, cn_err *err);
+/* Room for the graph of about `instances` instances and `vertices`
+ * vertices before the first cn_run_add (a caller that runs batch after
+ * batch of similar size passes the last one's counts, cn_run_stats), so
+ * the graph's arrays are allocated once instead of grown by doubling.
+ * Only a hint: cn_run_add grows past it. 0 or CN_E_NOMEM. */
+int cn_run_reserve(cn_run *r, int instances, long long vertices);
 /* Adds an instance; returns its slot (0, 1, ...) or a negative error.
  * max_decode_len: lstm-nmt cap from the request (0: model default). */
 int cn_run_add(cn_run *r, const cn_instance *inst, unsigned flags,

@@ -9,6 +9,14 @@
 #include "encoding.h"
 #include "work.h"
 
+/* stats.unknown_labels (models that type tree nodes by label): the
+ * request's bracket labels the model does not list. */
+static long long labels_unknown(const cn__req *r) {
+  long long n = 0;
+  for (int i = 0; i < r->n_inst; i++) n += cn_instance_unknown_labels(r->inst[i]);
+  return n;
+}
+
 /* stats.unknown_tokens: the request's words that are not in the model's
  * vocabulary (read as '<unk>', so a client learns that its
  * tokenisation or casing does not match the model's); with
@@ -30,6 +38,8 @@ void cn__stats_unknown(json_t *st, const cn__req *r) {
     json_array_append_new(all, a);
   }
   json_object_set_new(st, "unknown_tokens", json_integer(total));
+  if (cn_model_reads_labels(r->me->model))
+    json_object_set_new(st, "unknown_labels", json_integer(labels_unknown(r)));
   if (all != NULL) json_object_set_new(st, "unknown_positions", all);
 }
 
@@ -60,6 +70,10 @@ void cn__stats_unknown_write(cn_buf *b, const cn__req *r) {
     total += cn_instance_unknown(r->inst[i], NULL, 0);
   cn_buf_puts(b, ",\"unknown_tokens\":");
   cn_buf_int(b, total);
+  if (cn_model_reads_labels(r->me->model)) {
+    cn_buf_puts(b, ",\"unknown_labels\":");
+    cn_buf_int(b, labels_unknown(r));
+  }
   if (!(r->flags & CN_OUT_UNKNOWN)) return;
   cn_buf_puts(b, ",\"unknown_positions\":[");
   for (int i = 0; i < r->n_inst; i++) {

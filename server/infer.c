@@ -22,7 +22,8 @@ static int check_counts(const cn__server *s, const char *body, size_t len,
 
 /* The answer's envelope beside its outputs (worker.c format_answer):
  * {"model":..,"model_version":..,"outputs":[..],"stats":{..}} with two
- * reals and six integers in "stats" (unknown_tokens the sixth), and with
+ * reals and six integers in "stats" (unknown_tokens the sixth; a seventh,
+ * unknown_labels, with its key, for a model that reads labels), and with
  * unknown_positions its key and brackets. A v2 answer (kserve.c) holds the
  * same values less the per-instance keys, plus its "id", six tensors'
  * names, datatypes and shapes, and an offset an instance. */
@@ -32,7 +33,7 @@ static int64_t envelope_bound(const cn__req *r, const cn__parsed *p) {
   if (r->v2)
     strs += 6 * (int64_t)(p->v2_id ? strlen(p->v2_id) : 0) + 1024 +
             24 * (int64_t)p->n_inst;
-  return 320 + strs;
+  return 320 + 40 + strs;
 }
 
 /* Refuses a request whose answer could pass max-answer-bytes: the bound

@@ -107,6 +107,8 @@ static void same_instance(const cn_instance *x, const cn_instance *y,
     EQ_ARR(x->prev, y->prev, x->prev_start[x->n], "prev");
   }
   cr_assert_eq(cn_instance_vertices(x, 1), cn_instance_vertices(y, 1));
+  cr_assert_eq(cn_instance_unknown_labels(x), cn_instance_unknown_labels(y),
+               "unknown labels on: %.120s", line);
 }
 
 static long long n_fast, n_slow_only;
@@ -345,4 +347,91 @@ Test(instance_line, text_forms) {
     cn_model_free(m);
     tu_rmdir(dir);
   }
+}
+
+/* The internal nodes' labels a bracketed tree holds that are not NP or
+ * PP (treelstm-2type's type_b_labels as `model init` writes them),
+ * counted on the text itself: a '(' whose label is followed by another
+ * '(' opens an internal node. The reference for unknown_labels. */
+static int labels_not_np_pp(const char *t) {
+  int n = 0;
+  for (const char *p = t; *p != '\0'; p++) {
+    if (*p != '(') continue;
+    const char *l = p + 1, *e = l;
+    while (*e != '\0' && *e != ' ' && *e != '(' && *e != ')') e++;
+    const char *q = e;
+    while (*q == ' ') q++;
+    if (*q != '(' || e == l) continue; /* a leaf, or no label */
+    size_t len = (size_t)(e - l);
+    if (!(len == 2 && (memcmp(l, "NP", 2) == 0 || memcmp(l, "PP", 2) == 0)))
+      n++;
+  }
+  return n;
+}
+
+/* stats.unknown_labels' count: on treelstm-2type, every internal label
+ * but NP and PP, read both ways, on every line of data/ and on labels
+ * that differ from a listed one by case; on a JSON tree (typed by
+ * "type") and on a model that reads no labels, none. */
+Test(instance_line, unknown_labels) {
+  cn_model *m = model("treelstm-2type", "trees-binary.jsonl", false);
+  cr_assert_eq(cn_model_reads_labels(m), 1);
+  cn_line_reader *rd = cn_line_reader_new();
+  cn_limits lim;
+  cn_limits_default(&lim);
+  int n, some = 0;
+  char **ls = raw_lines("trees-binary.jsonl", &n);
+  for (int i = 0; i < n; i++) {
+    json_t *j = json_loads(ls[i], 0, NULL);
+    cr_assert_not_null(j);
+    int want = labels_not_np_pp(json_string_value(json_object_get(j, "tree")));
+    json_decref(j);
+    cn_instance *in = NULL;
+    if (i % 64 == 0) cn_line_reader_reset(rd);
+    cr_assert_eq(cn_instance_parse_line(m, rd, ls[i], strlen(ls[i]), &lim,
+                                        &in), 0);
+    cr_expect_eq(cn_instance_unknown_labels(in), want, "line %d", i + 1);
+    check_line(m, rd, ls[i], strlen(ls[i]), &lim); /* jansson's the same */
+    some += want > 0;
+    free(ls[i]);
+  }
+  free(ls);
+  cr_expect(some > 0);
+  static const struct {
+    const char *line;
+    int want;
+  } cases[] = {
+      {"{\"tree\": \"(NP (np (W a) (W b)) (PP (W c) (Pp (W d) (W e))))\"}", 2},
+      {"{\"tree\": \"(PP (NP (W a) (W b)) (W c))\"}", 0},
+      {"{\"tree\": \"(W a)\"}", 0},
+      {"{\"tree\": {\"children\": [{\"word\": \"a\"}, {\"word\": \"b\"}],"
+       " \"type\": \"b\"}}", 0},
+  };
+  for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+    json_t *j = json_loads(cases[k].line, 0, NULL);
+    cr_assert_not_null(j, "%s", cases[k].line);
+    cn_instance *in = NULL;
+    cn_err err;
+    cr_assert_eq(cn_instance_parse(m, j, &lim, 0, &in, &err), 0, "%s: %s",
+                 cases[k].line, err.msg);
+    cr_expect_eq(cn_instance_unknown_labels(in), cases[k].want, "%s",
+                 cases[k].line);
+    cn_instance_free(in);
+    json_decref(j);
+  }
+  cn_line_reader_free(rd);
+  cn_model_free(m);
+  tu_rmdir(dir);
+  /* treelstm reads no label: none is unknown */
+  m = model("treelstm", "trees-binary.jsonl", false);
+  cr_assert_eq(cn_model_reads_labels(m), 0);
+  json_t *j = json_loads(cases[0].line, 0, NULL);
+  cn_instance *in = NULL;
+  cn_err err;
+  cr_assert_eq(cn_instance_parse(m, j, &lim, 0, &in, &err), 0);
+  cr_expect_eq(cn_instance_unknown_labels(in), 0);
+  cn_instance_free(in);
+  json_decref(j);
+  cn_model_free(m);
+  tu_rmdir(dir);
 }

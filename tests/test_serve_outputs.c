@@ -298,7 +298,8 @@ Test(serve_outputs, non_finite_output_is_an_error, .fini = teardown,
 /* Every /v1 answer says how many of its words the model did
  * not know (stats.unknown_tokens: read as '<unk>'), and where with
  * "unknown_positions": true: one array an instance, a tree's leaves
- * counted left to right. Trees, a tagger's tokens, and lstm-nmt, whose
+ * counted left to right; a model that types nodes by label, how many
+ * labels it does not list (stats.unknown_labels). Trees, a tagger's tokens, and lstm-nmt, whose
  * answers come from the continuous decoder (decode.c). */
 static json_t *post_json(const char *model, const char *body, int want) {
   char path[128];
@@ -313,7 +314,8 @@ static json_t *post_json(const char *model, const char *body, int want) {
 }
 
 Test(serve_outputs, unknown_tokens, .fini = teardown, .timeout = 60) {
-  th_models(&d, (const char *const[]){"treelstm", "bilstm-tagger", NULL});
+  th_models(&d, (const char *const[]){"treelstm", "bilstm-tagger",
+                                      "treelstm-2type", NULL});
   char cmd[1400]; /* th_models' lstm-nmt has a vocabulary of trees: none */
   snprintf(cmd, sizeof(cmd), "%s model init lstm-nmt %s/models/nmt "
            "--vocab-from %s/sequences.jsonl >/dev/null 2>&1", th_bin(),
@@ -330,6 +332,16 @@ Test(serve_outputs, unknown_tokens, .fini = teardown, .timeout = 60) {
                          JSON_COMPACT);
   cr_expect_str_eq(pos, "[[0,2],[]]");
   free(pos);
+  /* treelstm reads no labels: no count of them */
+  cr_expect_null(json_object_get(st, "unknown_labels"));
+  json_decref(j);
+  /* treelstm-2type types nodes by label (NP, PP listed): "np" and "S"
+   * are not listed, and the answer counts them */
+  j = post_json("treelstm-2type", "{\"instances\": ["
+                "{\"tree\": \"(S (np (W your) (W dreams)) (NP (W a) (W b)))\"},"
+                "{\"tree\": \"(PP (W your) (W dreams))\"}]}", 200);
+  st = json_object_get(j, "stats");
+  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_labels")), 2);
   json_decref(j);
   /* without the option: the count only */
   j = post_json("bilstm-tagger", "{\"tokens\": [\"zzqx\", \"your\", "

@@ -28,6 +28,14 @@ typedef unsigned __int128 u128;
 #define N_POW 48
 static uint64_t inv5[N_INV], pow5[N_POW];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+static void tables_init(void);
+/* Set before main (a static library's constructor runs with the
+ * program's), so the per-number path reads a flag and calls nothing;
+ * pthread_once stays for a caller that runs before constructors do. */
+static bool tables_ready;
+__attribute__((constructor)) static void tables_at_load(void) {
+  pthread_once(&tables_once, tables_init);
+}
 
 /* ceil(log2(5^e)) for e > 0, 1 for e = 0 (exact for 0 <= e <= 3528). */
 static inline int32_t bits5(int32_t e) {
@@ -52,6 +60,7 @@ static void tables_init(void) {
       inv5[i] = (uint64_t)(num / p) + 1;
     }
   }
+  __atomic_store_n(&tables_ready, true, __ATOMIC_RELEASE);
 }
 
 /* (m · factor) >> shift, the product exact in 128 bits (m < 2^27). */
@@ -71,7 +80,8 @@ static inline uint32_t pow5_factor(uint32_t v) {
  * its ends scaled by 10^-q with 64-bit approximations of the powers of 5
  * exact enough that no end is misjudged, then digits removed while the
  * interval still holds a number with fewer. */
-static void shortest(uint32_t bits, uint32_t *digits, int32_t *exp10) {
+static inline void shortest(uint32_t bits, uint32_t *digits,
+                            int32_t *exp10) {
   uint32_t frac = bits & 0x7fffffu, bexp = (bits >> 23) & 0xffu;
   int32_t e2;
   uint32_t m2;
@@ -174,84 +184,116 @@ static void shortest(uint32_t bits, uint32_t *digits, int32_t *exp10) {
   *exp10 = e10 + removed;
 }
 
-int cn_f32_shortest(float x, uint32_t *digits, int *exp10) {
-  uint32_t bits;
-  memcpy(&bits, &x, sizeof(bits));
+/* The bits' shortest digits, or -1 for NaN and infinity: the path both
+ * public functions share, inline. */
+static inline int shortest_of(uint32_t bits, uint32_t *digits, int *exp10) {
   if (((bits >> 23) & 0xffu) == 0xffu) return -1; /* NaN, infinity */
   if ((bits & 0x7fffffffu) == 0) {
     *digits = 0;
     *exp10 = 0;
     return 0;
   }
-  pthread_once(&tables_once, tables_init);
+  if (!__atomic_load_n(&tables_ready, __ATOMIC_ACQUIRE))
+    pthread_once(&tables_once, tables_init);
   int32_t e;
   shortest(bits, digits, &e);
   *exp10 = e;
   return 0;
 }
 
-static int n_digits(uint32_t v) {
-  int n = 1;
-  while (v >= 10) v /= 10, n++;
-  return n;
+int cn_f32_shortest(float x, uint32_t *digits, int *exp10) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  return shortest_of(bits, digits, exp10);
 }
 
-/* Writes v's n decimal digits to out. */
-static void put_digits(char *out, uint32_t v, int n) {
-  for (int i = n - 1; i >= 0; i--) {
-    out[i] = (char)('0' + v % 10);
-    v /= 10;
+/* Decimal digits of v < 10^9 (a float32's shortest digits are at most
+ * nine): compares, no division. */
+static inline int n_digits(uint32_t v) {
+  return v < 10000 ? (v < 100 ? 1 + (v >= 10) : 3 + (v >= 1000))
+                   : v < 100000000
+                         ? (v < 1000000 ? 5 + (v >= 100000)
+                                        : 7 + (v >= 10000000))
+                         : 9 + (v >= 1000000000);
+}
+
+static const char two_digits[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233"
+    "34353637383940414243444546474849505152535455565758596061626364656667"
+    "68697071727374757677787980818283848586878889909192939495969798990";
+
+/* Writes v's n decimal digits to out[0 .. n), two at a time from the
+ * right. */
+static inline void put_digits(char *out, uint32_t v, int n) {
+  char *p = out + n;
+  while (v >= 100) {
+    uint32_t q = v / 100, r = v - q * 100;
+    p -= 2;
+    memcpy(p, two_digits + 2 * r, 2);
+    v = q;
+  }
+  if (v >= 10) {
+    p -= 2;
+    memcpy(p, two_digits + 2 * v, 2);
+  } else {
+    *--p = (char)('0' + v);
   }
 }
 
+/* Why its own layout code rather than printf: the answers' numbers are
+ * most of their bytes, and "%.9g"'s layout (fixed for decimal exponents
+ * -4..8, else d.ddde-X, ".0" after an integer) is a few copies once the
+ * digits are known. */
 size_t cn_f32_json(float x, char *out) {
-  uint32_t d;
+  uint32_t bits, d;
   int e;
-  size_t at = 0;
-  if (cn_f32_shortest(x, &d, &e) != 0) {
+  memcpy(&bits, &x, sizeof(bits));
+  if (shortest_of(bits, &d, &e) != 0) {
     memcpy(out, "null", 5);
     return 4;
   }
-  if (signbit(x)) out[at++] = '-';
+  char *p = out;
+  if (bits >> 31) *p++ = '-';
   int n = n_digits(d);
   int X = e + n - 1; /* the exponent of the first digit */
   if (X >= -4 && X < 9) { /* fixed, as %.9g chooses */
-    if (X < 0) {
-      out[at++] = '0';
-      out[at++] = '.';
-      for (int z = -1; z > X; z--) out[at++] = '0';
-      put_digits(out + at, d, n);
-      at += (size_t)n;
+    if (X < 0) { /* "0.", zeros, the digits: at most 0.0001ddddddddd */
+      memcpy(p, "0.0000", 6);
+      p += 1 - X;
+      put_digits(p, d, n);
+      p += n;
     } else if (e >= 0) { /* an integer: digits, zeros, ".0" */
-      put_digits(out + at, d, n);
-      at += (size_t)n;
-      for (int z = 0; z < e; z++) out[at++] = '0';
-      out[at++] = '.';
-      out[at++] = '0';
-    } else { /* the point inside the digits */
-      char tmp[10];
-      put_digits(tmp, d, n);
-      memcpy(out + at, tmp, (size_t)X + 1);
-      at += (size_t)X + 1;
-      out[at++] = '.';
-      memcpy(out + at, tmp + X + 1, (size_t)(n - X - 1));
-      at += (size_t)(n - X - 1);
+      put_digits(p, d, n);
+      p += n;
+      for (int z = 0; z < e; z++) *p++ = '0'; /* e <= 8: X < 9 */
+      memcpy(p, ".0", 2);
+      p += 2;
+    } else { /* the point inside the digits: write them one place on,
+              * then move the integer part back over the gap */
+      put_digits(p + 1, d, n);
+      memmove(p, p + 1, (size_t)X + 1);
+      p[X + 1] = '.';
+      p += n + 1;
     }
   } else { /* d.ddde-X: no '+', no leading zeros in the exponent */
-    char tmp[10];
-    put_digits(tmp, d, n);
-    out[at++] = tmp[0];
+    put_digits(p + 1, d, n);
+    p[0] = p[1];
     if (n > 1) {
-      out[at++] = '.';
-      memcpy(out + at, tmp + 1, (size_t)n - 1);
-      at += (size_t)n - 1;
+      p[1] = '.';
+      p += n + 1;
+    } else {
+      p += 1;
     }
-    out[at++] = 'e';
+    *p++ = 'e';
     int ex = X;
-    if (ex < 0) out[at++] = '-', ex = -ex;
-    if (ex >= 10) out[at++] = (char)('0' + ex / 10);
-    out[at++] = (char)('0' + ex % 10);
+    if (ex < 0) *p++ = '-', ex = -ex;
+    if (ex >= 10) {
+      memcpy(p, two_digits + 2 * ex, 2);
+      p += 2;
+    } else {
+      *p++ = (char)('0' + ex);
+    }
   }
-  out[at] = '\0';
-  return at;
+  *p = '\0';
+  return (size_t)(p - out);
 }

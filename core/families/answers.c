@@ -283,7 +283,10 @@ int cn__tagger_write(const cn_run *r, int slot, int h_floats,
     if (!isfinite(ps) && rc == 0) rc = non_finite(field, cap, "path_score", -1);
   }
   if (s->flags & CN_OUT_HIDDEN) {
-    float *buf = malloc((size_t)h_floats * sizeof(float));
+    /* a row on the stack unless it is wide: no allocation an answer */
+    float row[512];
+    float *buf = h_floats <= 512 ? row
+                                 : malloc((size_t)h_floats * sizeof(float));
     PUTL(b, ",\"h\":[");
     for (int32_t i = 0; buf != NULL && i < s->n_out; i++) {
       hidden(r, slot, i, buf);
@@ -291,7 +294,7 @@ int cn__tagger_write(const cn_run *r, int slot, int h_floats,
       if (!cn_buf_floats(b, buf, h_floats) && rc == 0)
         rc = non_finite(field, cap, "h", -1);
     }
-    free(buf);
+    if (buf != row) free(buf);
     PUTL(b, "]");
   }
   PUTL(b, "}");

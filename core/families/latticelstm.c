@@ -13,6 +13,7 @@
  * where the policies differ most on this family.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cell/cell.h"
 #include "families/families.h"
@@ -53,11 +54,13 @@ static int build(cn_run *r, int slot) {
   int32_t n = in->n, m = in->n_spans;
   int rc = CN_E_NOMEM;
   int32_t base = cn__run_reserve_nodes(r, n);
-  /* spans grouped by end: by_end[first[e] .. first[e + 1]) */
-  int32_t *first = calloc((size_t)n + 2, sizeof(int32_t));
-  int32_t *by_end = malloc(((size_t)m + 1) * sizeof(int32_t));
-  int32_t *inputs = malloc(((size_t)2 * m + 2) * sizeof(int32_t));
-  if (base < 0 || !first || !by_end || !inputs) goto out;
+  /* spans grouped by end: by_end[first[e] .. first[e + 1]), in the
+   * run's build room (nothing allocated per instance) */
+  int32_t *first = cn__run_build_room(r, (int64_t)n + 2 + (m + 1) +
+                                             (2 * (int64_t)m + 2));
+  if (base < 0 || first == NULL) goto out;
+  int32_t *by_end = first + n + 2, *inputs = by_end + m + 1;
+  memset(first, 0, ((size_t)n + 2) * sizeof(int32_t));
   for (int32_t k = 0; k < m; k++) first[in->span_end[k] + 1]++;
   for (int32_t e = 0; e <= n; e++) first[e + 1] += first[e];
   for (int32_t k = 0; k < m; k++) by_end[first[in->span_end[k]]++] = k;
@@ -91,9 +94,6 @@ static int build(cn_run *r, int slot) {
   }
   rc = 0;
 out:
-  free(first);
-  free(by_end);
-  free(inputs);
   return rc;
 }
 

@@ -28,6 +28,17 @@ static inline bool str_plain(unsigned char c) {
   return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
 }
 
+/* Whether any of the 8 bytes in w is not plain: '"', '\\', a control
+ * byte (< 0x20) or non-ASCII (>= 0x80). Exact as a whole (no byte is
+ * missed, none is flagged wrongly when none is there): the byte-wise
+ * zero test on w ^ '"', w ^ '\\', and w less 0x20, or a high bit. */
+static inline bool word_special(uint64_t w) {
+  const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+  uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+  uint64_t t = ((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w);
+  return ((t | w) & high) != 0;
+}
+
 static inline bool ws(unsigned char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
@@ -74,6 +85,12 @@ static int32_t tape_push(cn_jline *j) {
 static int read_string(cn_jline *j, const char *s, size_t len, size_t *i,
                        const char **out, int32_t *out_len) {
   size_t p = *i, start = p;
+  /* eight bytes at a time while none ends the run (long strings: a
+   * tree's text), then byte by byte */
+  for (uint64_t w; p + 8 <= len; p += 8) {
+    memcpy(&w, s + p, 8);
+    if (word_special(w)) break;
+  }
   while (p < len && str_plain((unsigned char)s[p])) p++;
   if (p < len && s[p] == '"') { /* the common case: nothing to decode */
     *out = s + start;

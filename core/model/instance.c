@@ -8,13 +8,39 @@
 
 #include "model/model.h"
 
-static bool label_in(const cn_model *m, const cn_tree_node *nd) {
-  if (nd->label == NULL) return false;
-  for (int i = 0; i < m->n_type_b_labels; i++)
-    if (strlen(m->type_b_labels[i]) == (size_t)nd->label_len &&
-        memcmp(m->type_b_labels[i], nd->label, (size_t)nd->label_len) == 0)
+/* label in the list? (n bytes of a tree's label against C strings) */
+static bool listed(char *const *list, int n, const cn_tree_node *nd) {
+  for (int i = 0; i < n; i++)
+    if (strlen(list[i]) == (size_t)nd->label_len &&
+        memcmp(list[i], nd->label, (size_t)nd->label_len) == 0)
       return true;
   return false;
+}
+
+static bool label_in(const cn_model *m, const cn_tree_node *nd) {
+  return nd->label != NULL &&
+         listed(m->type_b_labels, m->n_type_b_labels, nd);
+}
+
+int cn_model_reads_labels(const cn_model *m) {
+  if (m->fam->input != CN_INPUT_TREE) return 0;
+  if (m->cells == NULL) return m->n_type_b_labels > 0;
+  for (int t = 0; t < m->cells->n_types; t++)
+    if (m->cells->type[t].n_labels > 0) return 1;
+  return 0;
+}
+
+/* Why: a label the model does not list takes the default internal type
+ * without a word said; a client whose parser writes "np" where the model
+ * lists "NP" learns it from this count, as unknown_tokens tells it of
+ * its words. */
+static bool label_unknown(const cn_model *m, const cn_tree_node *nd) {
+  if (nd->label == NULL) return false;
+  if (m->cells == NULL) return !listed(m->type_b_labels, m->n_type_b_labels, nd);
+  for (int t = 0; t < m->cells->n_types; t++)
+    if (listed(m->cells->type[t].labels, m->cells->type[t].n_labels, nd))
+      return false;
+  return true;
 }
 
 /* Word ids and cell kinds of a parsed tree; arity checked for the family. */
@@ -27,6 +53,9 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
   if (in->node_type == NULL) in->node_type = malloc((size_t)t->n_nodes);
   if (in->ids == NULL || in->node_type == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
+  /* a JSON tree of treelstm-2type says its nodes' "type", not a label */
+  bool by_label = cn_model_reads_labels(m) && (m->cells != NULL || !from_json);
+  in->n_unknown_labels = 0;
   for (int32_t i = 0; i < t->n_nodes; i++) {
     const cn_tree_node *nd = &t->nodes[i];
     if (nd->n_children > 0) {
@@ -47,6 +76,7 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
                           lim->max_children);
       }
       in->ids[i] = 0;
+      if (by_label && label_unknown(m, nd)) in->n_unknown_labels++;
       if (m->cells != NULL) { /* docs/cells.md: leaf, internal, by label */
         in->node_type[i] = (uint8_t)cn__cells_tree_type(m, nd);
         continue;
@@ -203,6 +233,10 @@ int cn_instance_unknown(const cn_instance *in, int32_t *pos, int cap) {
     word++;
   }
   return n;
+}
+
+int cn_instance_unknown_labels(const cn_instance *in) {
+  return in->kind == CN_INPUT_TREE ? in->n_unknown_labels : 0;
 }
 
 void cn_instance_free(cn_instance *in) {

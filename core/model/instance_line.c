@@ -212,13 +212,29 @@ static int32_t span_word(const cn_model *m, const cn_line_reader *rd,
   return cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase);
 }
 
+/* The members of a word object v[q] ({"start", "end", "token"?}) in one
+ * pass over its keys (a lattice has hundreds of words; a lookup per key
+ * read the keys three times); 1: not an object, or another key. */
+static int word_members(const cn_jline *j, int32_t q, const cn_jval **js,
+                        const cn_jval **je, const cn_jval **jt) {
+  if (j->v[q].kind != CN_JV_OBJ) return 1;
+  int32_t k = q + 1;
+  for (int32_t m = 0; m < j->v[q].n; m++, k = j->v[k + 1].next) {
+    const cn_jval *key = &j->v[k];
+    if (key->n == 5 && memcmp(key->s, "start", 5) == 0) *js = &j->v[k + 1];
+    else if (key->n == 3 && memcmp(key->s, "end", 3) == 0) *je = &j->v[k + 1];
+    else if (key->n == 5 && memcmp(key->s, "token", 5) == 0) *jt = &j->v[k + 1];
+    else return 1;
+  }
+  return 0;
+}
+
 /* {"chars": [...], "words": [{"start", "end", "token"?}, ...]} or chars
  * alone with the model's lexicon: seq_parse.c's cn__parse_lattice. */
 static int read_lattice(const cn_model *m, cn_line_reader *rd,
                         const cn_limits *lim, cn_instance *in) {
   static const char *const keys[] = {"chars", "words"};
   static const char *const tkeys[] = {"text", "words"};
-  static const char *const wkeys[] = {"start", "end", "token"};
   const cn_jline *j = &rd->j;
   int32_t at, wat;
   const cn_jval *chars = cn__jline_get(j, 0, "chars", &at);
@@ -254,11 +270,10 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     if (!in->span_start || !in->span_end || !in->span_word ||
         grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)))
       return CN_E_NOMEM;
+    bool sorted = true; /* the keys ascending as sent: no sort needed */
     for (int32_t k = 0, q = wat + 1; k < ns; k++, q = j->v[q].next) {
-      if (j->v[q].kind != CN_JV_OBJ || !only_keys(j, q, wkeys, 3)) return 1;
-      const cn_jval *js = cn__jline_get(j, q, "start", NULL);
-      const cn_jval *je = cn__jline_get(j, q, "end", NULL);
-      const cn_jval *jt = cn__jline_get(j, q, "token", NULL);
+      const cn_jval *js = NULL, *je = NULL, *jt = NULL;
+      if (word_members(j, q, &js, &je, &jt) != 0) return 1;
       if (js == NULL || je == NULL || js->kind != CN_JV_INT ||
           je->kind != CN_JV_INT || (jt != NULL && jt->kind != CN_JV_STR))
         return 1;
@@ -267,6 +282,7 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       in->span_start[k] = (int32_t)b;
       in->span_end[k] = (int32_t)e;
       rd->keys[k] = b << 32 | e;
+      if (k > 0 && rd->keys[k] <= rd->keys[k - 1]) sorted = false;
       /* span k's word: its "token", else its characters joined */
       if (jt != NULL) {
         in->span_word[k] = cn_vocab_lookup(m->word_vocab, jt->s,
@@ -275,9 +291,13 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       }
       in->span_word[k] = span_word(m, rd, (int32_t)b, (int32_t)e);
     }
-    qsort(rd->keys, (size_t)ns, sizeof(int64_t), cmp_key);
-    for (int32_t k = 1; k < ns; k++)
-      if (rd->keys[k] == rd->keys[k - 1]) return 1;
+    /* a repeated span is refused (jansson's path says which): strictly
+     * ascending keys have none, else sorted they sit side by side */
+    if (!sorted) {
+      qsort(rd->keys, (size_t)ns, sizeof(int64_t), cmp_key);
+      for (int32_t k = 1; k < ns; k++)
+        if (rd->keys[k] == rd->keys[k - 1]) return 1;
+    }
   } else if (m->lexicon != NULL) {
     lex_acc acc = {rd, 0, lim->max_spans};
     rc = cn_lexicon_match(m->lexicon, rd->cs, rd->cl, n, m->lowercase,

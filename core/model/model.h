@@ -229,6 +229,7 @@ struct cn_instance {
   int32_t n_spans;
   int32_t *span_start, *span_end, *span_word;
   int32_t *prev_start, *prev;
+  int32_t n_unknown_labels; /* trees: cn_instance_unknown_labels        */
   bool in_arena;          /* every array above is a line reader's
                              (instance_line.c): cn_instance_free leaves it */
 };

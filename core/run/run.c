@@ -256,11 +256,11 @@ static int exec_planned(cn_run *r, cn_policy_kind policy, cn_err *err) {
   long long k0 = r->bk->kernels;
   for (int32_t b = 0; b < r->n_batches; b++) {
     const cn_run_batch *bt = &r->batches[b];
-    for (int32_t i = 0, rows = r->slice_rows[b]; i < bt->n; i += rows) {
-      r->idx_used = 0;
-      cn__run_exec_batch(r, bt->type, r->order + bt->start + i,
-                         bt->n - i < rows ? bt->n - i : rows);
-    }
+    for (int32_t i = 0, rows = r->slice_rows[b]; i < bt->n; i += rows)
+      if ((rc = cn__run_step(r, bt->type, r->order + bt->start + i,
+                             bt->n - i < rows ? bt->n - i : rows, -1)) != 0)
+        return cn_err_set(err, rc, "the run could not execute (%s)",
+                          cn_err_default_msg(rc));
     if (r->poison) cn__run_poison(r, b);
   }
   /* a device backend's fetch waits for the batches itself */
@@ -435,13 +435,25 @@ void cn__run_count(cn_run *r) {
   r->ctr0 = *b;
 }
 
-void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
+void cn__run_stats_common(const cn_run *r, cn_run_stats *s) {
   memset(s, 0, sizeof(*s));
   s->instances = r->n_slots;
   s->vertices = r->nv;
   s->batches = r->n_batches;
-  s->lower_bound = r->lower_bound;
   s->arena_bytes = (size_t)r->arena_floats * sizeof(float);
+  s->gather_bytes = r->gather_bytes;
+  s->cell_bytes = r->cell_bytes;
+  s->device_syncs = r->ctr.syncs;
+  s->bytes_to_device = r->ctr.bytes_to_device;
+  s->bytes_to_host = r->ctr.bytes_to_host;
+  s->device_allocs = r->ctr.allocs;
+  s->launches = r->ctr.launches;
+  s->copies_to_device = r->ctr.copies_to_device;
+}
+
+void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
+  cn__run_stats_common(r, s);
+  s->lower_bound = r->lower_bound;
   /* the state region: the live high-water mark of a planned run (all the
    * states without reuse, and for a growing graph) */
   s->state_bytes = (size_t)r->scratch_off * sizeof(float);
@@ -453,15 +465,7 @@ void cn_run_get_stats(const cn_run *r, cn_run_stats *s) {
   s->arena_bytes_unbudgeted = r->arena_unbudgeted > 0
                                   ? (size_t)r->arena_unbudgeted
                                   : s->arena_bytes;
-  s->gather_bytes = r->gather_bytes;
-  s->cell_bytes = r->cell_bytes;
   s->kernels = r->kernels;
-  s->device_syncs = r->ctr.syncs;
-  s->bytes_to_device = r->ctr.bytes_to_device;
-  s->bytes_to_host = r->ctr.bytes_to_host;
-  s->device_allocs = r->ctr.allocs;
-  s->launches = r->ctr.launches;
-  s->copies_to_device = r->ctr.copies_to_device;
   s->schedule_s = r->schedule_s;
   s->execute_s = r->execute_s;
 }

@@ -17,7 +17,8 @@
  * Files, lowest first (each calls only files before it): run_graph.c (the
  * graph, index staging), cell_exec.c (compiled cells), run_batch.c (one
  * batch), run_output.c (the answers' states), run_sched.c (the plan),
- * run_dynamic.c (a growing graph), run.c (cn_run_exec), run_decode.c.
+ * run_step.c (one batch step, every loop's), run_dynamic.c (a growing
+ * graph), run.c (cn_run_exec), run_decode.c.
  * A run's graph is kept as arrays (struct of arrays), grown per run, never
  * per vertex. Vertices are added in a topological order: a vertex's inputs
  * exist before it. Each vertex gets, when its batch is planned, a row in its
@@ -138,6 +139,8 @@ struct cn_run {
   int64_t state_floats_total; /* every vertex's state (the arena without
                                  reuse, less scratch); 0: not planned     */
   int64_t state_floats_live;  /* the most floats held at once (no holes) */
+  int32_t *build_room;   /* cn__run_build_room's                        */
+  int64_t cap_build_room;
   struct cn_arena_free *frees; /* ranges freed, by the batch after which */
   int64_t n_frees, poison_next;
 };
@@ -149,11 +152,41 @@ typedef struct cn_run_span {
   int64_t at;
 } cn_run_span;
 
-/* Adds a vertex with the given inputs; returns its index or -1 (no memory). */
-int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
-                           const int32_t *inputs, int n_inputs);
+/* Adds a vertex with the given inputs; returns its index or -1 (no memory).
+ * cn__run_add_vertex_grow (run_graph.c) does it all: the arrays grown,
+ * a dynamic run's frontier told; cn__run_add_vertex inlines the common
+ * case, a planned run with room, as a build() adds vertex after vertex
+ * (a lattice hundreds an instance). */
+int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
+                                int aux, const int32_t *inputs,
+                                int n_inputs);
+static inline int32_t cn__run_add_vertex(cn_run *r, int type, int slot,
+                                         int node, int aux,
+                                         const int32_t *inputs,
+                                         int n_inputs) {
+  int32_t v = r->nv;
+  if (v + 1 > r->cap_v || r->ne + n_inputs > r->cap_e || r->live != NULL)
+    return cn__run_add_vertex_grow(r, type, slot, node, aux, inputs,
+                                   n_inputs);
+  r->vtype[v] = (uint8_t)type;
+  r->vslot[v] = slot;
+  r->vnode[v] = node;
+  r->vaux[v] = aux;
+  for (int k = 0; k < n_inputs; k++) r->in_edges[r->ne + k] = inputs[k];
+  r->ne += n_inputs;
+  r->in_start[v + 1] = r->ne;
+  r->nv = v + 1;
+  r->n_of_type[type]++;
+  return v;
+}
 /* Reserves n entries of node_vertex for a slot; returns the first. */
 int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
+/* Room for n int32_t that a build() works in while it adds one instance
+ * (spans grouped by end, a vertex's input list): the run's own, grown
+ * geometrically and reused by every later build(), so adding an
+ * instance allocates nothing once the run has seen its largest. Valid
+ * until the next call; NULL: no memory. */
+int32_t *cn__run_build_room(cn_run *r, int64_t n);
 /* Inputs of vertex v. */
 static inline const int32_t *cn__run_inputs(const cn_run *r, int32_t v,
                                             int *n) {
@@ -211,9 +244,20 @@ void cn__run_batch_needs(const cn_run *r, int type, int64_t n, int64_t edges,
  * frontier, the graph growing as decoded() adds vertices. */
 int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err);
 /* The run's own scratch block and index staging, grown to at least that
- * much (run_dynamic.c; decode sessions too). */
+ * much (run_step.c). */
 int cn__run_ensure_scratch(cn_run *r, int64_t floats);
 int cn__run_ensure_idx(cn_run *r, int64_t n);
+/* One batch step of any run (run_step.c): the batch of n vertices of
+ * `type`, their state rows placed, with `edges` inputs in all; its room
+ * grown to what it needs, executed, counted in n_batches. edges < 0: a
+ * planned run, whose plan sized the room and counted the batches.
+ * Returns 0, CN_E_NOMEM, or the error a decoded() left in exec_rc. */
+int cn__run_step(cn_run *r, int type, const int32_t *verts, int32_t n,
+                 int64_t edges);
+/* The stats every run reports alike, planned or a decode session's
+ * (run.c): its counts, arena, copies and the backend's counters as
+ * cn__run_count last took them; the rest zero. */
+void cn__run_stats_common(const cn_run *r, cn_run_stats *s);
 /* Binds the model's tensors to the run's backend (run_batch.c). */
 void cn__run_bind_weights(cn_run *r);
 /* After the last batch (run_output.c): checks the backend's status and, on a device

@@ -286,16 +286,8 @@ static int launch(cn_decode *d, int t) {
     r->state_off[verts[i]] = d->used;
     d->used += r->state_floats[t];
   }
-  int64_t scratch, idx;
-  cn__run_batch_needs(r, t, n, edges, &scratch, &idx);
-  if (cn__run_ensure_scratch(r, scratch) != 0 ||
-      cn__run_ensure_idx(r, idx) != 0)
-    return CN_E_NOMEM;
-  r->idx_used = 0;
   int32_t nv0 = r->nv;
-  cn__run_exec_batch(r, t, verts, n);
-  if (r->exec_rc != 0) return r->exec_rc;
-  r->n_batches++;
+  if ((rc = cn__run_step(r, t, verts, n, edges)) != 0) return rc;
   for (int32_t v = nv0; v < r->nv; v++) d->left[r->vslot[v]]++;
   for (int32_t i = 0; i < n; i++) {
     int32_t s = r->vslot[verts[i]];
@@ -397,23 +389,10 @@ long long cn_decode_vertices(const cn_decode *d) { return d->r->nv; }
 long long cn_decode_batches(const cn_decode *d) { return d->r->n_batches; }
 
 void cn_decode_get_stats(const cn_decode *d, cn_run_stats *s) {
-  const cn_run *r = d->r;
-  memset(s, 0, sizeof(*s));
-  s->instances = r->n_slots;
-  s->vertices = r->nv;
-  s->batches = r->n_batches;
+  cn__run_count(d->r); /* the backend's counters up to now */
+  cn__run_stats_common(d->r, s);
   s->lower_bound = 0; /* Σ depth over a graph that never closes: none */
-  s->arena_bytes = (size_t)r->arena_floats * sizeof(float);
-  s->gather_bytes = r->gather_bytes;
-  s->cell_bytes = r->cell_bytes;
-  s->kernels = r->bk->kernels - d->k0;
-  cn__run_count(d->r);
-  s->device_syncs = r->ctr.syncs;
-  s->bytes_to_device = r->ctr.bytes_to_device;
-  s->bytes_to_host = r->ctr.bytes_to_host;
-  s->device_allocs = r->ctr.allocs;
-  s->launches = r->ctr.launches;
-  s->copies_to_device = r->ctr.copies_to_device;
+  s->kernels = d->r->bk->kernels - d->k0;
 }
 
 void cn_decode_free(cn_decode *d) {

@@ -21,29 +21,7 @@
 
 #include "run/run_api.h"
 
-int cn__run_ensure_scratch(cn_run *r, int64_t floats) {
-  if (floats <= r->scratch_floats) return 0;
-  int64_t want = floats + floats / 2;
-  float *p = r->bk->vt->alloc(r->bk, (size_t)want * sizeof(float));
-  if (p == NULL) return CN_E_NOMEM;
-  if (r->scratch != NULL) r->bk->vt->free(r->bk, r->scratch);
-  r->scratch = p;
-  r->scratch_floats = want;
-  r->own_scratch = true;
-  return 0;
-}
-
-int cn__run_ensure_idx(cn_run *r, int64_t n) {
-  if (cn__cell_plans(r) != 0) return CN_E_NOMEM;
-  if (n <= r->idx_cap) return 0;
-  int64_t *p = realloc(r->idx_host, (size_t)n * 2 * sizeof(int64_t));
-  if (p == NULL) return CN_E_NOMEM;
-  r->idx_host = p;
-  r->idx_cap = n * 2;
-  return 0;
-}
-
-/* Rows for the batch, its scratch and index room, then the kernels. */
+/* Rows for the batch, in launch order, then the batch step. */
 static int launch(cn_run *r, int t, const int32_t *verts, int32_t n,
                   int64_t *next_row) {
   int64_t edges = 0;
@@ -54,16 +32,7 @@ static int launch(cn_run *r, int t, const int32_t *verts, int32_t n,
     r->state_off[verts[i]] =
         r->type_base[t] + next_row[t]++ * r->state_floats[t];
   }
-  int64_t scratch, idx;
-  cn__run_batch_needs(r, t, n, edges, &scratch, &idx);
-  if (cn__run_ensure_scratch(r, scratch) != 0 ||
-      cn__run_ensure_idx(r, idx) != 0)
-    return CN_E_NOMEM;
-  r->idx_used = 0;
-  cn__run_exec_batch(r, t, verts, n);
-  if (r->exec_rc != 0) return r->exec_rc;
-  r->n_batches++;
-  return 0;
+  return cn__run_step(r, t, verts, n, edges);
 }
 
 int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err) {

@@ -85,21 +85,47 @@ void cn_run_free(cn_run *r) {
   free(r->out_score);
   free(r->frees);
   free(r->slice_rows);
+  free(r->build_room);
   free(r);
 }
 
-int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
-                           const int32_t *inputs, int n_inputs) {
+/* The per-vertex arrays (one capacity for all) at capacity c. */
+static int vertex_room(cn_run *r, size_t c) {
+  if (c > INT32_MAX / 2 || resize((void **)&r->vtype, c, 1) ||
+      resize((void **)&r->vslot, c, 4) || resize((void **)&r->vnode, c, 4) ||
+      resize((void **)&r->vaux, c, 4) ||
+      resize((void **)&r->in_start, c + 1, 4))
+    return -1;
+  r->cap_v = (int32_t)c;
+  return 0;
+}
+
+/* Why: a run of a thousand lattices grows its graph arrays from 256
+ * entries by doubling, copying each array a dozen times; the caller
+ * that knows the last run's size has them allocated at once. Edges are
+ * reserved at two a vertex (a tree's and a lattice's are fewer) and the
+ * node map at one a vertex (nodes have a vertex each). */
+int cn_run_reserve(cn_run *r, int instances, long long vertices) {
+  if (r->executed || instances < 0 || vertices < 0) return 0;
+  if (vertices > INT32_MAX / 4) vertices = INT32_MAX / 4;
+  int32_t v = (int32_t)vertices, slots = r->cap_slots;
+  if ((v > r->cap_v && vertex_room(r, (size_t)v) != 0) ||
+      grow((void **)&r->in_edges, &r->cap_e, 2 * v, sizeof(int32_t)) ||
+      grow((void **)&r->node_vertex, &r->cap_nodev, v, sizeof(int32_t)) ||
+      grow((void **)&r->slots, &slots, instances, sizeof(cn_run_slot)))
+    return CN_E_NOMEM;
+  r->cap_slots = slots;
+  return 0;
+}
+
+int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
+                                int aux, const int32_t *inputs,
+                                int n_inputs) {
   int32_t v = r->nv;
   if (v + 1 > r->cap_v) {
     /* All per-vertex arrays share one capacity, doubled when full. */
-    size_t c = r->cap_v ? (size_t)r->cap_v * 2 : 256;
-    if (c > INT32_MAX / 2 || resize((void **)&r->vtype, c, 1) ||
-        resize((void **)&r->vslot, c, 4) || resize((void **)&r->vnode, c, 4) ||
-        resize((void **)&r->vaux, c, 4) ||
-        resize((void **)&r->in_start, c + 1, 4))
+    if (vertex_room(r, r->cap_v ? (size_t)r->cap_v * 2 : 256) != 0)
       return -1;
-    r->cap_v = (int32_t)c;
   }
   if (grow((void **)&r->in_edges, &r->cap_e, r->ne + n_inputs,
            sizeof(int32_t)))
@@ -129,6 +155,17 @@ int32_t cn__run_add_vertex(cn_run *r, int type, int slot, int node, int aux,
     r->state_off[v] = -1;
   }
   return v;
+}
+
+int32_t *cn__run_build_room(cn_run *r, int64_t n) {
+  if (n <= r->cap_build_room) return r->build_room;
+  int64_t c = r->cap_build_room ? r->cap_build_room : 256;
+  while (c < n) c *= 2;
+  int32_t *p = cn__xrealloc(r->build_room, (size_t)c, sizeof(int32_t));
+  if (p == NULL) return NULL;
+  r->build_room = p;
+  r->cap_build_room = c;
+  return p;
 }
 
 /* Reserves the node -> vertex map of a slot (n nodes, filled by build()). */
