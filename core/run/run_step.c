@@ -7,7 +7,7 @@
  */
 #include <stdlib.h>
 
-#include "run/run.h"
+#include "run/run_api.h"
 
 int cn__run_ensure_scratch(cn_run *r, int64_t floats) {
   if (floats <= r->scratch_floats) return 0;
