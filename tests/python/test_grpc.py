@@ -711,11 +711,11 @@ class GrpcQueueAndDrain(GrpcBase):
                        "--max-delay-us", "3000000",
                        "--work-conserving", "false")
         s = self.stub(d)
-        ref = []
-        for inst in self.insts:
-            st, r = d.http("POST", "/v1/models/treelstm/infer", inst)
-            self.assertEqual(st, 200, r)
-            ref.append(r["outputs"][0])
+        # the references: one /v1 request of the 16 (one window)
+        st, r = d.http("POST", "/v1/models/treelstm/infer",
+                       {"instances": self.insts})
+        self.assertEqual(st, 200, r)
+        ref = r["outputs"]
         # a second connection, raw HTTP/2: the preface and SETTINGS, the
         # server's SETTINGS acknowledged; after SIGTERM it must see GOAWAY
         h2 = socket.create_connection(("127.0.0.1", d.gport),
