@@ -524,21 +524,17 @@ class Grpc(GrpcBase):
                                 for m in v1["models"]))
 
     def test_metrics_count_grpc_with_a_protocol_label(self):
-        """A gRPC inference is counted in canopy_requests_total like /v1's,
-        under the label protocol="grpc"."""
-        def count():
-            st, text = self.d.http("GET", "/metrics")
-            n = 0.0
-            for line in text.decode().splitlines():
-                if (line.startswith("canopy_requests_total{")
-                        and 'model="crf"' in line
-                        and 'protocol="grpc"' in line
-                        and 'status="200"' in line):
-                    n += float(line.rsplit(" ", 1)[1])
-            return n
-        before = count()
+        """A gRPC inference is counted in canopy_requests_total like /v1's
+        (by model and status), and as one gRPC request in
+        canopy_protocol_requests_total{protocol="grpc"}."""
+        def counts():
+            return (self.d.metric('canopy_requests_total{model="crf",'
+                                  'status="200"}'),
+                    self.d.metric('canopy_protocol_requests_total{'
+                                  'protocol="grpc"}'))
+        (m0, g0) = counts()
         self.s.ModelInfer(self.request("crf", self.inputs["crf"][:1]))
-        self.assertEqual(count(), before + 1)
+        self.assertEqual(counts(), (m0 + 1, g0 + 1))
 
     def test_repository_index_unload_load(self):
         pb = self.pb
