@@ -23,9 +23,9 @@ pkgs=("${build_pkgs[@]}"
       systemd        # systemd-analyze, tests/deploy/test_systemd.py
       python3-yaml   # tests/deploy/test_k8s.py
       # tests/python/test_grpc.py: a gRPC client with stubs generated at test
-      # time from server/grpc_service.proto; scripts/bench/grpc.py
+      # time from server/grpc_service.proto; scripts/bench/grpc_vs_http.py
       python3-grpcio python3-grpc-tools
-      nghttp2-client # h2load: scripts/bench/grpc.py, gRPC (h2c) and HTTP/1.1 alike
+      nghttp2-client # h2load: scripts/bench/grpc_vs_http.py, gRPC (h2c) and HTTP/1.1 alike
       wrk            # scripts/bench_daemon.sh: the daemon under load
       python3-torch   # canopy_torch and canopy-import, and their tests
       # `pip install ./clients` into a venv, offline (tests/python/test_install.py)

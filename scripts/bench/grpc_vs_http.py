@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""grpc.py - the daemon's three inference transports side by side, in
+"""grpc_vs_http.py - the daemon's three inference transports side by side, in
 one run, on one `canopy serve`: gRPC ModelInfer (INSTANCE in
 raw_input_contents, as tritonclient.grpc sends it), HTTP/JSON (/v2 with
 INSTANCE in "data", and /v1 as the baseline) and HTTP/binary (/v2 with
@@ -26,7 +26,7 @@ status 200 must grow by as many requests as h2load saw succeed: a gRPC
 error is an HTTP 200 with grpc-status in the trailers, which h2load
 counts as a success). Measures; asserts no time.
 
-usage: scripts/bench/grpc.py [--seconds 5] [--hidden 128]
+usage: scripts/bench/grpc_vs_http.py [--seconds 5] [--hidden 128]
        (CANOPY: the binary, default build/canopy)
 """
 import argparse
@@ -114,7 +114,7 @@ def main():
     ap.add_argument("--serve", default="", help="more `canopy serve` flags")
     a = ap.parse_args()
     if not shutil.which("h2load"):
-        sys.exit("grpc.py: h2load is missing (scripts/deps.sh "
+        sys.exit("grpc_vs_http.py: h2load is missing (scripts/deps.sh "
                  "nghttp2-client)")
     work = tempfile.mkdtemp(prefix="canopy-benchgrpc-")
     proc = None
@@ -167,7 +167,7 @@ def main():
             except OSError:
                 time.sleep(0.05)
         else:
-            sys.exit("grpc.py: the daemon did not start: " +
+            sys.exit("grpc_vs_http.py: the daemon did not start: " +
                      open(os.path.join(work, "serve.log")).read())
 
         # every transport's answer is /v1's, bit for bit
