@@ -241,7 +241,8 @@ def main():
                                           .split()[:3]),
                  MODEL, a.hidden, os.path.basename(DATA), a.seconds))
         print("# %s serve --grpc-port, defaults%s" % (
-            CANOPY, " plus " + a.serve if a.serve else ""))
+            os.path.relpath(CANOPY, ROOT), " plus " + a.serve if a.serve
+            else ""))
         print()
         print("| transport | concurrency | connections x streams | req/s | "
               "mean latency ms | daemon CPU us / request |")
