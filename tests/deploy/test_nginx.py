@@ -288,37 +288,53 @@ def grpc_through_nginx(procs, port, replicas, lines, expected):
     pb, rpc = generate_stubs(procs.dir)
     before = [served(p) for p in replicas]
     ch = grpc.insecure_channel(f"{HOST}:{port}")
+    err = os.path.join(procs.dir, "canopy.error.log")
     try:
-        stub = rpc.GRPCInferenceServiceStub(ch)
-        check(stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live,
-              "ServerLive through nginx")
-        calls = 40
-        for k in range(calls):
-            inst = lines[k].encode().strip()
-            req = pb.ModelInferRequest(model_name="treelstm", id=f"g{k}")
-            req.inputs.add(name="INSTANCE", datatype="BYTES", shape=[1])
-            req.raw_input_contents.append(struct.pack("<I", len(inst))
-                                          + inst)
-            resp = stub.ModelInfer(req, timeout=30)
-            check(resp.id == f"g{k}", f"gRPC id {resp.id!r}, sent g{k}")
-            names = [t.name for t in resp.outputs]
-            raw = resp.raw_output_contents[names.index("LOGITS")]
-            logits = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-            near({"logits": logits},
-                 {"logits": expected[k]["logits"]}, where=f"gRPC tree {k}")
-        other = ch.unary_unary("/other.Service/Method")
-        try:
-            other(b"", timeout=30)
-            check(False, "a method of another service was answered")
-        except grpc.RpcError as e:
-            check(e.code() == grpc.StatusCode.UNIMPLEMENTED,
-                  f"another service through nginx: {e.code()}")
+        grpc_calls(grpc, pb, rpc, ch, lines, expected)
+        took = [served(p) - b for p, b in zip(replicas, before)]
+        check(sum(took) == GRPC_CALLS, f"replicas answered {took} of "
+              f"{GRPC_CALLS} calls")
+        check(min(took) > 0, f"gRPC calls through nginx, per replica: "
+              f"{took}")
+    except (grpc.RpcError, Fail) as e:
+        why = (f"{e.code()} {e.details()}" if isinstance(e, grpc.RpcError)
+               else str(e))
+        raise Fail(f"gRPC through nginx: {why}\nnginx error log:\n" +
+                   (open(err, errors="replace").read()[-3000:]
+                    if os.path.exists(err) else "(none)")) from e
     finally:
         ch.close()
-    took = [served(p) - b for p, b in zip(replicas, before)]
-    check(sum(took) == calls, f"replicas answered {took} of {calls} calls")
-    check(min(took) > 0, f"gRPC calls through nginx, per replica: {took}")
-    print(f"  gRPC through nginx: {calls} calls, per replica {took}")
+    print(f"  gRPC through nginx: {GRPC_CALLS} calls, per replica {took}")
+
+
+GRPC_CALLS = 40
+
+
+def grpc_calls(grpc, pb, rpc, ch, lines, expected):
+    """The calls of grpc_through_nginx on the channel ch."""
+    stub = rpc.GRPCInferenceServiceStub(ch)
+    check(stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live,
+          "ServerLive through nginx")
+    for k in range(GRPC_CALLS):
+        inst = lines[k].encode().strip()
+        req = pb.ModelInferRequest(model_name="treelstm", id=f"g{k}")
+        req.inputs.add(name="INSTANCE", datatype="BYTES", shape=[1])
+        req.raw_input_contents.append(struct.pack("<I", len(inst))
+                                      + inst)
+        resp = stub.ModelInfer(req, timeout=30)
+        check(resp.id == f"g{k}", f"gRPC id {resp.id!r}, sent g{k}")
+        names = [t.name for t in resp.outputs]
+        raw = resp.raw_output_contents[names.index("LOGITS")]
+        logits = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        near({"logits": logits},
+             {"logits": expected[k]["logits"]}, where=f"gRPC tree {k}")
+    other = ch.unary_unary("/other.Service/Method")
+    try:
+        other(b"", timeout=30)
+        check(False, "a method of another service was answered")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNIMPLEMENTED,
+              f"another service through nginx: {e.code()}")
 
 
 if __name__ == "__main__":
