@@ -1,0 +1,369 @@
+"""The gRPC front end (docs/api.md "gRPC") against a real `canopy serve`
+on free ports, with a client made from the protocol's service definition:
+the stubs are generated at test time from server/grpc_service.proto by
+Debian's python3-grpc-tools, and called through python3-grpcio.
+
+Checked: ServerLive, ServerReady, ServerMetadata, ModelReady (a model not
+served is not ready), ModelMetadata, ModelConfig, ModelStatistics and
+RepositoryIndex against the /v2 JSON answers they are made from;
+ModelInfer on a tagger and a tree model, with its instances sent both as
+contents.bytes_contents and as raw_input_contents, whose LOGITS are the
+float32 bit patterns of the numbers /v1 prints for the same instances
+(and whose labels and offsets are /v1's); the request id both ways; the
+errors (NOT_FOUND for an unknown model or version, INVALID_ARGUMENT with
+/v1's message, RESOURCE_EXHAUSTED over grpc-max-message-bytes,
+UNIMPLEMENTED for a method not served); the calls counted under
+protocol="grpc" in /metrics; and a SIGTERM drain that exits 0.
+
+Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_grpc.py
+(env CANOPY_BIN, CANOPY_DATA as for the other tests).
+"""
+import http.client
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from daemon_util import free_port, wait_ready, wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
+DATA = os.environ.get("CANOPY_DATA", os.path.join(ROOT, "data"))
+PROTO = os.path.join(ROOT, "server", "grpc_service.proto")
+N = 4  # instances a request
+MAX_MESSAGE = 4096
+
+try:
+    import grpc
+    from grpc_tools import protoc
+except ImportError:  # the suite's deps install them (scripts/deps.sh)
+    grpc = None
+
+
+def head(path, n):
+    with open(path) as f:
+        return [json.loads(next(f)) for _ in range(n)]
+
+
+def stubs(tmp):
+    """grpc_service_pb2 and its _grpc module, generated from the .proto."""
+    out = os.path.join(tmp, "stubs")
+    os.makedirs(out)
+    rc = protoc.main(["protoc", "-I" + os.path.dirname(PROTO),
+                      "--python_out=" + out, "--grpc_python_out=" + out,
+                      PROTO])
+    assert rc == 0, "protoc failed on " + PROTO
+    sys.path.insert(0, out)
+    import grpc_service_pb2 as pb
+    import grpc_service_pb2_grpc as pbg
+    return pb, pbg
+
+
+def f32_bytes(values):
+    """/v1's printed numbers as the float32s they read back as."""
+    return struct.pack("<%df" % len(values), *values)
+
+
+def bytes_elements(raw):
+    """A BYTES tensor's raw contents: 4-byte little-endian lengths and
+    bytes."""
+    out, off = [], 0
+    while off < len(raw):
+        n, = struct.unpack_from("<I", raw, off)
+        out.append(raw[off + 4:off + 4 + n].decode())
+        off += 4 + n
+    assert off == len(raw)
+    return out
+
+
+@unittest.skipIf(grpc is None, "python3-grpcio / python3-grpc-tools missing")
+class TestGrpc(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="canopy-grpc-")
+        cls.pb, pbg = stubs(cls.tmp)
+        models = os.path.join(cls.tmp, "models")
+        for name, fam, data in (("tagger", "bilstm-tagger", "sequences.jsonl"),
+                                ("tree", "treelstm", "trees-binary.jsonl")):
+            subprocess.run([BIN, "model", "init", fam,
+                            os.path.join(models, name), "--hidden", "8",
+                            "--embed", "8", "--vocab-from",
+                            os.path.join(DATA, data), "--seed", "5"],
+                           check=True, capture_output=True)
+        cls.inputs = {"tagger": head(os.path.join(DATA, "sequences.jsonl"), N),
+                      "tree": head(os.path.join(DATA, "trees-binary.jsonl"),
+                                   N)}
+        cls.port, cls.gport = free_port(), free_port()
+        cls.log_path = os.path.join(cls.tmp, "serve.log")
+        cls.log = open(cls.log_path, "w")
+        env = dict(os.environ,
+                   CANOPY_POLICY_CACHE=os.path.join(cls.tmp, "policies"))
+        cls.daemon = subprocess.Popen(
+            [BIN, "serve", "--models-dir", models, "--port", str(cls.port),
+             "--grpc-port", str(cls.gport), "--workers", "2",
+             "--grpc-max-message-bytes", str(MAX_MESSAGE),
+             "--model-control", "explicit"],
+            stderr=cls.log, env=env)
+        if not wait_ready("http://127.0.0.1:%d" % cls.port, cls.daemon):
+            cls.tearDownClass()
+            raise RuntimeError("canopy serve was not ready")
+        cls.channel = grpc.insecure_channel("127.0.0.1:%d" % cls.gport)
+        cls.s = pbg.GRPCInferenceServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "channel", None) is not None:
+            cls.channel.close()
+        if cls.daemon.poll() is None:
+            cls.daemon.terminate()
+            cls.daemon.wait(timeout=60)
+        cls.log.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    # ---- helpers ---------------------------------------------------------
+
+    def http(self, method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request(method, path, body=json.dumps(body) if body is not None
+                  else None)
+        r = c.getresponse()
+        raw = r.read()
+        c.close()
+        return r.status, (json.loads(raw) if raw and
+                          r.getheader("Content-Type") == "application/json"
+                          else raw.decode())
+
+    def infer_request(self, model, instances, raw=False, **kw):
+        pb = self.pb
+        els = [json.dumps(i).encode() for i in instances]
+        t = pb.ModelInferRequest.InferInputTensor(
+            name="INSTANCE", datatype="BYTES", shape=[len(els)])
+        q = pb.ModelInferRequest(model_name=model, inputs=[t], **kw)
+        if raw:
+            q.raw_input_contents.append(
+                b"".join(struct.pack("<I", len(e)) + e for e in els))
+        else:
+            t.contents.bytes_contents.extend(els)
+            q.inputs[0].CopyFrom(t)
+        return q
+
+    def assert_code(self, fn, req, code, text=None):
+        with self.assertRaises(grpc.RpcError) as cm:
+            fn(req, timeout=60)
+        self.assertEqual(cm.exception.code(), code,
+                         cm.exception.details())
+        if text is not None:
+            self.assertEqual(cm.exception.details(), text)
+        return cm.exception.details()
+
+    # ---- health and metadata --------------------------------------------
+
+    def test_health(self):
+        pb = self.pb
+        self.assertTrue(self.s.ServerLive(pb.ServerLiveRequest()).live)
+        self.assertTrue(self.s.ServerReady(pb.ServerReadyRequest()).ready)
+        self.assertTrue(self.s.ModelReady(
+            pb.ModelReadyRequest(name="tagger")).ready)
+        self.assertFalse(self.s.ModelReady(
+            pb.ModelReadyRequest(name="nothing")).ready)
+
+    def test_metadata_as_v2(self):
+        pb = self.pb
+        st, v2 = self.http("GET", "/v2")
+        m = self.s.ServerMetadata(pb.ServerMetadataRequest())
+        self.assertEqual((m.name, m.version, list(m.extensions)),
+                         (v2["name"], v2["version"], v2["extensions"]))
+        for model in ("tagger", "tree"):
+            st, v2 = self.http("GET", "/v2/models/" + model)
+            self.assertEqual(st, 200)
+            m = self.s.ModelMetadata(pb.ModelMetadataRequest(name=model))
+            self.assertEqual(m.name, v2["name"])
+            self.assertEqual(list(m.versions), v2["versions"])
+            self.assertEqual(m.platform, v2["platform"])
+            for got, want in ((m.inputs, v2["inputs"]),
+                              (m.outputs, v2["outputs"])):
+                self.assertEqual(
+                    [(t.name, t.datatype, list(t.shape)) for t in got],
+                    [(t["name"], t["datatype"], t["shape"]) for t in want])
+            # the version serving, named
+            v = v2["versions"][0]
+            self.assertEqual(self.s.ModelMetadata(pb.ModelMetadataRequest(
+                name=model, version=v)).versions, [v])
+
+    def test_config_stats_index(self):
+        pb = self.pb
+        st, cfg = self.http("GET", "/v2/models/tagger/config")
+        c = self.s.ModelConfig(pb.ModelConfigRequest(name="tagger")).config
+        self.assertEqual((c.name, c.platform, c.backend, c.max_batch_size),
+                         (cfg["name"], cfg["platform"], cfg["backend"],
+                          cfg["max_batch_size"]))
+        self.assertEqual([(t.name, pb.DataType.Name(t.data_type),
+                           list(t.dims)) for t in c.output],
+                         [(t["name"], t["data_type"], t["dims"])
+                          for t in cfg["output"]])
+        self.assertEqual(c.dynamic_batching.max_queue_delay_microseconds,
+                         cfg["dynamic_batching"]
+                         ["max_queue_delay_microseconds"])
+        self.assertEqual(c.parameters["family"].string_value,
+                         "bilstm-tagger")
+        # statistics: after one inference the count moved by its instances
+        before = self.s.ModelStatistics(
+            pb.ModelStatisticsRequest(name="tree")).model_stats[0]
+        self.s.ModelInfer(self.infer_request("tree", self.inputs["tree"]),
+                          timeout=60)
+        after = self.s.ModelStatistics(
+            pb.ModelStatisticsRequest(name="tree")).model_stats[0]
+        self.assertEqual(after.inference_count - before.inference_count, N)
+        self.assertEqual(after.inference_stats.success.count -
+                         before.inference_stats.success.count, 1)
+        allm = self.s.ModelStatistics(pb.ModelStatisticsRequest())
+        self.assertEqual(sorted(m.name for m in allm.model_stats),
+                         ["tagger", "tree"])
+        idx = self.s.RepositoryIndex(pb.RepositoryIndexRequest())
+        st, v2 = self.http("POST", "/v2/repository/index", {})
+        self.assertEqual([(m.name, m.version, m.state) for m in idx.models],
+                         [(m["name"], m.get("version", ""), m["state"])
+                          for m in v2])
+
+    # ---- inference --------------------------------------------------------
+
+    def check_infer(self, model, raw):
+        insts = self.inputs[model]
+        st, v1 = self.http("POST", "/v1/models/%s/infer" % model,
+                           {"instances": insts})
+        self.assertEqual(st, 200, v1)
+        r = self.s.ModelInfer(self.infer_request(model, insts, raw=raw,
+                                                 id="call-7"), timeout=60)
+        self.assertEqual((r.model_name, r.model_version, r.id),
+                         (model, v1["model_version"], "call-7"))
+        outs = {o.name: (o, r.raw_output_contents[i])
+                for i, o in enumerate(r.outputs)}
+        self.assertEqual(len(r.raw_output_contents), len(r.outputs))
+        o, logits = outs["LOGITS"]
+        self.assertEqual(o.datatype, "FP32")
+        if model == "tagger":  # a row a token, OFFSETS per instance
+            rows = [row for out in v1["outputs"] for row in out["logits"]]
+            labels = [t for out in v1["outputs"] for t in out["tag_names"]]
+            off = struct.unpack_from("<%dq" % (N + 1), outs["OFFSETS"][1])
+            lens = [len(out["logits"]) for out in v1["outputs"]]
+            self.assertEqual(list(off), [sum(lens[:i]) for i in range(N + 1)])
+        else:
+            rows = [out["logits"] for out in v1["outputs"]]
+            labels = [out["label_name"] for out in v1["outputs"]]
+        self.assertEqual(list(o.shape), [len(rows), len(rows[0])])
+        # bit for bit: the float32s /v1 prints
+        self.assertEqual(logits, f32_bytes([x for row in rows for x in row]))
+        self.assertEqual(bytes_elements(outs["LABEL"][1]), labels)
+        self.assertEqual(r.parameters["run_instances"].WhichOneof(
+            "parameter_choice"), "int64_param")
+
+    def test_infer_bytes_contents_as_v1(self):
+        self.check_infer("tagger", raw=False)
+        self.check_infer("tree", raw=False)
+
+    def test_infer_raw_contents_as_v1(self):
+        self.check_infer("tagger", raw=True)
+        self.check_infer("tree", raw=True)
+
+    def test_request_id_and_metrics(self):
+        _, m0 = self.http("GET", "/metrics")
+        q = self.infer_request("tree", self.inputs["tree"][:1])
+        _, call = self.s.ModelInfer.with_call(
+            q, metadata=[("x-request-id", "grpc-req-42")], timeout=60)
+        self.assertIn(("x-request-id", "grpc-req-42"),
+                      tuple(call.initial_metadata()))
+
+        def counted(text):
+            for line in text.splitlines():
+                if line.startswith('canopy_protocol_requests_total'
+                                   '{protocol="grpc"} '):
+                    return int(line.split()[1])
+            return None
+        st, m1 = self.http("GET", "/metrics")
+        self.assertGreater(counted(m1), counted(m0))
+        def lines():
+            with open(self.log_path) as f:
+                return [l for l in f if "id=grpc-req-42 " in l]
+        logged = wait_until(lines)
+        self.assertTrue(logged)
+        self.assertIn("protocol=grpc", logged[0])
+        self.assertIn("status=200", logged[0])
+
+    # ---- errors -----------------------------------------------------------
+
+    def test_errors(self):
+        pb = self.pb
+        C = grpc.StatusCode
+        self.assert_code(self.s.ModelInfer, self.infer_request(
+            "nothing", self.inputs["tree"]), C.NOT_FOUND)
+        self.assert_code(self.s.ModelMetadata,
+                         pb.ModelMetadataRequest(name="nothing"), C.NOT_FOUND)
+        self.assert_code(self.s.ModelInfer, self.infer_request(
+            "tree", self.inputs["tree"], model_version="nope"), C.NOT_FOUND)
+        # a bad instance: /v2's message for it, which is /v1's
+        bad = [{"tokens": 3}]
+        st, v1 = self.http("POST", "/v1/models/tagger/infer",
+                           {"instances": bad})
+        st2, v2 = self.http("POST", "/v2/models/tagger/infer", {
+            "inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                        "shape": [1], "data": [json.dumps(bad[0])]}]})
+        self.assertEqual((st, st2), (400, 400))
+        self.assertIn(v1["error"]["message"], v2["error"])
+        self.assert_code(self.s.ModelInfer,
+                         self.infer_request("tagger", bad),
+                         C.INVALID_ARGUMENT, v2["error"])
+        # over grpc-max-message-bytes
+        big = [{"tokens": ["w"] * 2000}]
+        self.assert_code(self.s.ModelInfer, self.infer_request("tagger", big),
+                         C.RESOURCE_EXHAUSTED)
+        # a method the daemon does not serve
+        unknown = self.channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        self.assert_code(unknown, b"", C.UNIMPLEMENTED)
+
+
+@unittest.skipIf(grpc is None, "python3-grpcio / python3-grpc-tools missing")
+class TestGrpcDrain(unittest.TestCase):
+    def test_sigterm_exits_zero_after_calls(self):
+        """SIGTERM with a gRPC connection open: the daemon drains (GOAWAY)
+        and exits 0; a call after the drain began is not served."""
+        tmp = tempfile.mkdtemp(prefix="canopy-grpc-drain-")
+        try:
+            pb, pbg = stubs(tmp)
+            models = os.path.join(tmp, "models")
+            subprocess.run([BIN, "model", "init", "treelstm",
+                            os.path.join(models, "tree"), "--hidden", "8",
+                            "--embed", "8", "--seed", "5"],
+                           check=True, capture_output=True)
+            port, gport = free_port(), free_port()
+            with open(os.path.join(tmp, "serve.log"), "w") as log:
+                d = subprocess.Popen(
+                    [BIN, "serve", "--models-dir", models, "--port",
+                     str(port), "--grpc-port", str(gport)],
+                    stderr=log, env=dict(os.environ, CANOPY_POLICY_CACHE=
+                                         os.path.join(tmp, "p")))
+                self.assertTrue(wait_ready("http://127.0.0.1:%d" % port, d))
+                ch = grpc.insecure_channel("127.0.0.1:%d" % gport)
+                s = pbg.GRPCInferenceServiceStub(ch)
+                self.assertTrue(s.ServerLive(pb.ServerLiveRequest(),
+                                             timeout=60).live)
+                d.send_signal(signal.SIGTERM)
+                self.assertEqual(d.wait(timeout=60), 0)
+                with self.assertRaises(grpc.RpcError) as cm:
+                    s.ServerLive(pb.ServerLiveRequest(), timeout=60)
+                self.assertEqual(cm.exception.code(),
+                                 grpc.StatusCode.UNAVAILABLE)
+                ch.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
