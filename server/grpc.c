@@ -87,6 +87,12 @@ struct gconn {
   double deadline;          /* idle or first-request deadline (0: none) */
   double last_out;          /* DATA last went out (or the answer began)  */
   int in_recv;              /* inside nghttp2_session_mem_recv           */
+  int in_sink;              /* inside an in-memory connection's answer  */
+  /* in-memory connections done with while one of them was answering
+   * (in_sink): freed once outside its stack (conn.c goes on using the one
+   * answering after its sink returns) */
+  cn__conn **graveyard;
+  int n_grave, grave_cap;
   size_t wbytes;            /* in the socket's write queue              */
   cn__conn_sink sink;
   void *sink_ud;
@@ -107,7 +113,36 @@ static bool tick_open;
 
 static void stream_free(gstream *st);
 
+/* The in-memory connections set aside while an answer was being
+ * written (in_sink): freed now. */
+static void bury(gconn *gc) {
+  for (int i = 0; i < gc->n_grave; i++) cn__conn_free_mem(gc->graveyard[i]);
+  gc->n_grave = 0;
+}
+
+/* A call's in-memory connection is done with: freed, or set aside while
+ * an answer is on the stack. A request still waiting on it is answered
+ * 499 first, as for a client that hung up. */
+static void release_mc(gconn *gc, cn__conn *mc) {
+  cn__conn_eof(mc);
+  if (gc->in_sink == 0) {
+    cn__conn_free_mem(mc);
+    return;
+  }
+  if (gc->n_grave == gc->grave_cap) {
+    int cap = gc->grave_cap ? gc->grave_cap * 2 : 8;
+    cn__conn **g = realloc(gc->graveyard, (size_t)cap * sizeof(*g));
+    if (g == NULL) abort(); /* freeing it now would be a use after free */
+    gc->graveyard = g;
+    gc->grave_cap = cap;
+  }
+  gc->graveyard[gc->n_grave++] = mc;
+}
+
 static void gconn_free(gconn *gc) {
+  gc->in_sink = 0;
+  bury(gc);
+  free(gc->graveyard);
   nghttp2_session_del(gc->ng);
   free(gc);
 }
@@ -365,7 +400,10 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
       answer(st, CN__GRPC_OK, NULL, f, len + 5, id);
     }
   }
-  flush(st->gc);
+  gconn *gc = st->gc; /* st may be freed by the flush (stream closed) */
+  gc->in_sink++;
+  flush(gc);
+  gc->in_sink--;
 }
 
 /* ---- calls -------------------------------------------------------------- */
@@ -384,8 +422,7 @@ static void stream_free(gstream *st) {
   if (st->mc != NULL) {
     cn__conn *mc = st->mc;
     st->mc = NULL;
-    cn__conn_eof(mc); /* a call still waiting: 499, as a hung-up client */
-    cn__conn_free_mem(mc);
+    release_mc(gc, mc);
   }
   body_release(st);
   if (st->out != NULL)
@@ -472,6 +509,7 @@ static void dispatch(gstream *st) {
     answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the call");
     return;
   }
+  cn__conn_set_protocol(st->mc, CN__PROTO_GRPC);
   cn__conn_feed(st->mc, req, rlen);
   free(req);
 }
@@ -718,6 +756,7 @@ static gconn *gconn_new(cn__server *s) {
 
 /* Bytes read: through nghttp2, then the calls they completed. */
 static void feed(gconn *gc, const char *data, size_t n) {
+  if (gc->in_sink == 0) bury(gc);
   if (gc->closed) return;
   gc->in_recv++;
   ssize_t rc = nghttp2_session_mem_recv(gc->ng, (const uint8_t *)data, n);
@@ -766,6 +805,7 @@ static void reads(gconn *gc) {
 
 /* Deadlines (the sweep timer; the fuzz target calls it with a time). */
 static void tick(gconn *gc, double now) {
+  if (gc->in_sink == 0) bury(gc);
   if (gc->closed) return;
   const cn_serve_config *sc = &gc->srv->cfg.serve;
   bool answering = gc->wbytes > 0;

@@ -322,6 +322,14 @@ static int infer_request(const Inference__ModelInferRequest *q,
   /* every output as binary data: it becomes raw_output_contents */
   json_t *par = params_json(q->n_parameters, (void *const *)q->parameters);
   json_object_set_new(par, "binary_data_output", json_true());
+  /* the call's deadline (grpc-timeout) is the request's timeout_ms unless
+   * its parameters name one: the daemon gives up at the same time as the
+   * client (504, DEADLINE_EXCEEDED) */
+  if (meta != NULL && meta->timeout_ms > 0 &&
+      json_object_get(par, "timeout_ms") == NULL)
+    json_object_set_new(par, "timeout_ms",
+                        json_integer(meta->timeout_ms < 3600000
+                                         ? meta->timeout_ms : 3600000));
   json_object_set_new(j, "parameters", par);
   if (q->n_outputs > 0) {
     outs = json_array();

@@ -1,5 +1,6 @@
-/* listen.c - the listening socket and the descriptor limit; conn.c
- * serves the connections it accepts (uv_tcp in the libuv loop). */
+/* listen.c - the listening sockets and the descriptor limit; conn.c
+ * serves the HTTP connections they accept (uv_tcp in the libuv loop), and
+ * grpc.c those of grpc-port when it is set. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>

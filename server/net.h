@@ -58,6 +58,10 @@ void cn__conn_tick(cn__conn *c, double now);
 void cn__conn_eof(cn__conn *c);
 bool cn__conn_closed(const cn__conn *c);
 void cn__conn_free_mem(cn__conn *c);
+/* How the connection's requests arrive (metrics.h CN__PROTO_*): HTTP,
+ * unless set (grpc.c's in-memory connections are gRPC calls). */
+void cn__conn_set_protocol(cn__conn *c, int protocol);
+int cn__conn_protocol(const cn__conn *c);
 
 /* grpc.c: the gRPC front end, HTTP/2 connections on grpc-port whose calls
  * become HTTP/1.1 requests on in-memory connections (grpc.h). Built with

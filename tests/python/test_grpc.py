@@ -14,7 +14,10 @@ with the instances sent as raw_input_contents and as
 contents.bytes_contents; the request id echoed; the protocol's status
 codes (NOT_FOUND for an unknown model or version, INVALID_ARGUMENT with
 the message the HTTP front end gives, RESOURCE_EXHAUSTED when the queue
-is full, UNAVAILABLE while draining); 64 concurrent calls on one channel
+is full or a message is over grpc-max-message-bytes, UNIMPLEMENTED for a
+method not served, UNAVAILABLE while draining); the request id from the
+x-request-id metadata, echoed and in the log line with protocol=grpc; the
+calls counted by protocol in /metrics; 64 concurrent calls on one channel
 all answered right; and a SIGTERM with calls in flight: each is answered,
 the connection gets a GOAWAY and is closed, and the daemon exits 0.
 
@@ -57,6 +60,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
 PROTO = os.path.join(ROOT, "server", "grpc_service.proto")
 FLOATS = ("LOGITS", "HIDDEN", "PATH_SCORE")
+# grpc-max-message-bytes of the daemon serving every family: every
+# request of the tests fits, one of 20,000 tokens does not
+MAX_MESSAGE = 65536
 
 
 def generate_stubs(out):
@@ -290,7 +296,8 @@ class Grpc(GrpcBase):
                    "trees-binary.jsonl", 8, 8, [])
         try:
             cls.d = cls.start(models, "--workers", "2",
-                              "--model-control", "explicit")
+                              "--model-control", "explicit",
+                              "--grpc-max-message-bytes", str(MAX_MESSAGE))
         except Exception:
             cls.tearDownClass()
             raise
@@ -313,6 +320,9 @@ class Grpc(GrpcBase):
         pb = self.pb
         self.assertTrue(self.s.ServerLive(pb.ServerLiveRequest()).live)
         self.assertTrue(self.s.ServerReady(pb.ServerReadyRequest()).ready)
+        # a model not served is not ready (an answer, not an error)
+        self.assertFalse(self.s.ModelReady(pb.ModelReadyRequest(
+            name="no-such")).ready)
         for model in list(MODELS) + list(CELL_MODELS):
             r = self.s.ModelReady(pb.ModelReadyRequest(name=model))
             self.assertTrue(r.ready, model)
@@ -401,6 +411,13 @@ class Grpc(GrpcBase):
             want = {k: as_f32(v) if k in FLOATS else v
                     for k, v in expected(v1).items()}
             self.assertEqual(got, want, "%s instance %d" % (model, i))
+        # the run's stats as the answer's parameters, as /v2's JSON has
+        # them: /v1's stats keys, integers as int64, the rest as double
+        for k, v in ref["stats"].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                self.assertEqual(resp.parameters[k].WhichOneof(
+                    "parameter_choice"), "int64_param" if isinstance(
+                        v, int) else "double_param", (model, k))
         types = {"LOGITS": "FP32", "HIDDEN": "FP32", "PATH_SCORE": "FP32",
                  "LABEL": "BYTES", "OUTPUT_TOKENS": "BYTES",
                  "OFFSETS": "INT64"}
@@ -536,6 +553,21 @@ class Grpc(GrpcBase):
         self.s.ModelInfer(self.request("crf", self.inputs["crf"][:1]))
         self.assertEqual(counts(), (m0 + 1, g0 + 1))
 
+    def test_request_id_from_metadata_is_echoed_and_logged(self):
+        """x-request-id sent as metadata is the call's request id: echoed
+        in the initial metadata and on the log line, which says
+        protocol=grpc."""
+        q = self.request("treelstm", self.inputs["treelstm"][:1])
+        _, call = self.s.ModelInfer.with_call(
+            q, metadata=[("x-request-id", "grpc-req-42")], timeout=DEADLINE_S)
+        self.assertIn(("x-request-id", "grpc-req-42"),
+                      tuple(call.initial_metadata()))
+        logged = wait_until(lambda: [ln for ln in self.d.text().splitlines()
+                                     if "id=grpc-req-42 " in ln])
+        self.assertTrue(logged)
+        self.assertIn("protocol=grpc", logged[0])
+        self.assertIn("status=200", logged[0])
+
     def test_repository_index_unload_load(self):
         pb = self.pb
         st, idx = self.d.http("POST", "/v2/repository/index")
@@ -652,6 +684,17 @@ class Grpc(GrpcBase):
         req = self.request("treelstm", [json.loads(good)])
         req.raw_input_contents[0] = pack_elements([b"(a b)"])
         self.assert_code(lambda: self.s.ModelInfer(req), IA, "INSTANCE[0]")
+        # a message over grpc-max-message-bytes
+        self.assert_code(lambda: self.s.ModelInfer(self.request(
+            "tagger", [{"tokens": ["w"] * 20000}])),
+            grpc.StatusCode.RESOURCE_EXHAUSTED)
+        # a method the daemon does not serve
+        unknown = self.d.channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda x: x,
+            response_deserializer=lambda x: x)
+        self.assert_code(lambda: unknown(b"", timeout=DEADLINE_S),
+                         grpc.StatusCode.UNIMPLEMENTED)
         # and the daemon answers on
         self.check_family("treelstm", {})
 
