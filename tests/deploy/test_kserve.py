@@ -41,8 +41,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (Skip, canopy_bin, check, data_dir,  # noqa: E402
-                       expected_outputs, free_port, init_model, main, near,
-                       request)
+                       expected_outputs, free_port, grpc_built, init_model,
+                       main, near, request)
 from test_k8s import ENTRYPOINT_VARS, daemon_keys  # noqa: E402
 
 try:
@@ -145,6 +145,9 @@ def body(procs):
         docs = [d for d in yaml.safe_load_all(f) if d]
     check(len(docs) == 1, f"{path}: {len(docs)} documents, expected one")
     c, env, port, grpc_rt = check_runtime(docs[0], root)
+    if grpc_rt and not grpc_built():
+        raise Skip("a grpc-v2 runtime, and this canopy has no gRPC front "
+                   "end (meson -Dgrpc)")
     print(f"runtime: {docs[0]['metadata']['name']}, formats "
           f"{[f['name'] for f in docs[0]['spec']['supportedModelFormats']]}"
           f", protocols {docs[0]['spec']['protocolVersions']}, port {port}, "
