@@ -26,7 +26,7 @@ status 200 must grow by as many requests as h2load saw succeed: a gRPC
 error is an HTTP 200 with grpc-status in the trailers, which h2load
 counts as a success). Measures; asserts no time.
 
-usage: scripts/bench/grpc_vs_http.py [--seconds 5] [--hidden 128]
+usage: scripts/bench/grpc_vs_http.py [--seconds 5] [--hidden 128] [--repeat 3]
        (CANOPY: the binary, default build/canopy)
 """
 import argparse
@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -111,6 +112,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of every point, interleaved; the table "
+                    "gives each figure's median")
     ap.add_argument("--serve", default="", help="more `canopy serve` flags")
     a = ap.parse_args()
     if not shutil.which("h2load"):
@@ -212,34 +216,42 @@ def main():
             ("HTTP/JSON /v1", http_url + "/v1/models/%s/infer" % MODEL,
              "v1", ["--h1"]),
         ]
-        rows = []
+        rows = {}
+        points = []
         for conc in (1, 64):
             for label, url, body, extra in kinds:
                 shapes = [(conc, 1)]
                 if body == "grpc" and conc > 1:
                     shapes = [(1, conc), (conc, 1)]
                 for clients, streams in shapes:
-                    n0, c0 = answered_200(port), cpu_s(proc.pid)
-                    ok, rps, ms = h2load(
-                        ["-c", str(clients), "-m", str(streams),
-                         "-d", os.path.join(work, body + ".body")] + extra +
-                        [url], a.seconds)
-                    c1, n1 = cpu_s(proc.pid), answered_200(port)
-                    done = n1 - n0
-                    # the warm-up second's requests are answered but not
-                    # in h2load's count: the daemon's count is at least it
-                    if done < ok:
-                        raise RuntimeError("%s: h2load saw %d succeed, the "
-                                           "daemon answered %d with 200"
-                                           % (label, ok, done))
-                    rows.append((label, conc, "%d x %d" % (clients, streams),
-                                 rps, ms, (c1 - c0) / done * 1e6))
+                    points.append((conc, label, url, body, extra, clients,
+                                   streams))
+        for _ in range(a.repeat):
+            for conc, label, url, body, extra, clients, streams in points:
+                n0, c0 = answered_200(port), cpu_s(proc.pid)
+                ok, rps, ms = h2load(
+                    ["-c", str(clients), "-m", str(streams),
+                     "-d", os.path.join(work, body + ".body")] + extra +
+                    [url], a.seconds)
+                c1, n1 = cpu_s(proc.pid), answered_200(port)
+                done = n1 - n0
+                # the warm-up second's requests are answered but not
+                # in h2load's count: the daemon's count is at least it
+                if done < ok:
+                    raise RuntimeError("%s: h2load saw %d succeed, the "
+                                       "daemon answered %d with 200"
+                                       % (label, ok, done))
+                rows.setdefault((label, conc, "%d x %d" % (
+                    clients, streams)), []).append(
+                    (rps, ms, (c1 - c0) / done * 1e6))
         print("# %s UTC, %d cores, load %s; %s H=%d, one tree of %s a "
-              "request; h2load %d s a point (1 s warm-up), closed loop"
+              "request; h2load %d s a point (1 s warm-up), closed loop; "
+              "median of %d interleaved rounds"
               % (time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                  os.cpu_count(), " ".join(open("/proc/loadavg").read()
                                           .split()[:3]),
-                 MODEL, a.hidden, os.path.basename(DATA), a.seconds))
+                 MODEL, a.hidden, os.path.basename(DATA), a.seconds,
+                 a.repeat))
         print("# %s serve --grpc-port, defaults%s" % (
             os.path.relpath(CANOPY, ROOT), " plus " + a.serve if a.serve
             else ""))
@@ -247,7 +259,8 @@ def main():
         print("| transport | concurrency | connections x streams | req/s | "
               "mean latency ms | daemon CPU us / request |")
         print("|---|---:|---|---:|---:|---:|")
-        for label, conc, shape, rps, ms, us in rows:
+        for (label, conc, shape), got in rows.items():
+            rps, ms, us = (statistics.median(x) for x in zip(*got))
             print("| %s | %d | %s | %s | %.2f | %.0f |"
                   % (label, conc, shape, format(round(rps), ","), ms, us))
     finally:
