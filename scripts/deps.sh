@@ -22,9 +22,6 @@ pkgs=("${build_pkgs[@]}"
       nginx-light    # tests/deploy/test_nginx.py
       systemd        # systemd-analyze, tests/deploy/test_systemd.py
       python3-yaml   # tests/deploy/test_k8s.py
-      # tests/python/test_grpc.py: a gRPC client with stubs generated at test
-      # time from server/grpc_service.proto; scripts/bench/grpc_vs_http.py
-      python3-grpcio python3-grpc-tools
       nghttp2-client # h2load: scripts/bench/grpc_vs_http.py, gRPC (h2c) and HTTP/1.1 alike
       wrk            # scripts/bench_daemon.sh: the daemon under load
       python3-torch   # canopy_torch and canopy-import, and their tests
