@@ -651,16 +651,26 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
   return 0;
 }
 
+/* A call is dispatched when its message has ended (END_STREAM), or as
+ * soon as its headers refuse it (a method not served, not a gRPC POST):
+ * a client of a streaming method (ModelStreamInfer) does not end its side
+ * before the first answer, and would otherwise wait for the message
+ * deadline instead of UNIMPLEMENTED. */
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
                          void *ud) {
   gconn *gc = ud;
-  if ((f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) ||
-      !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
-    return 0;
+  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
   gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (st == NULL || st->complete) return 0;
-  st->complete = true;
-  if (st->answered || st->ready) return 0;
+  if (st == NULL) return 0;
+  bool end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  bool refused = f->hd.type == NGHTTP2_HEADERS &&
+                 (st->method < 0 || !st->post || !st->grpc_ct);
+  if (!end && !refused) return 0;
+  if (end) {
+    if (st->complete) return 0;
+    st->complete = true;
+  }
+  if (st->answered || st->ready || st->dispatched) return 0;
   st->ready = true;
   if (gc->rtail) gc->rtail->rnext = st;
   else gc->rhead = st;

@@ -40,6 +40,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 from daemon_util import DEADLINE_S, free_port, wait_ready, wait_until
@@ -610,6 +611,29 @@ class Grpc(GrpcBase):
         self.assertNotIn("no-such", [m.name for m in r.models])
 
     # ---- errors ----------------------------------------------------------
+
+    def test_streaming_method_is_unimplemented_at_once(self):
+        """ModelStreamInfer (what tritonclient.grpc's start_stream opens)
+        is not served: the call is answered UNIMPLEMENTED on its headers,
+        while the client's side is still open. (Waiting for its end, the
+        daemon would answer only at the message deadline, with
+        DEADLINE_EXCEEDED.)"""
+        more = threading.Event()
+
+        def requests():
+            yield b""
+            more.wait(DEADLINE_S)  # the client's side stays open
+
+        call = self.d.channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda x: x,
+            response_deserializer=lambda x: x)
+        try:
+            self.assert_code(lambda: list(call(requests(),
+                                               timeout=DEADLINE_S)),
+                             grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer")
+        finally:
+            more.set()
 
     def test_not_found(self):
         pb, NF = self.pb, grpc.StatusCode.NOT_FOUND
