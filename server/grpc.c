@@ -80,6 +80,7 @@ struct gconn {
   cn__server *srv;
   uv_tcp_t tcp;
   bool sock, counted, closed, reading, goaway;
+  bool lingering;           /* done: FIN sent, reading until the peer's */
   nghttp2_session *ng;
   gstream *streams, *rhead, *rtail; /* open calls; complete, to dispatch */
   int n_streams;
@@ -179,6 +180,36 @@ typedef struct wreq {
 static void reads(gconn *gc);
 static void flush(gconn *gc);
 
+/* How long a finished connection reads (and drops) the client's bytes
+ * after its FIN, as the HTTP front end's LINGER_S. */
+#define GRPC_LINGER_S 2.0
+
+static void on_shutdown(uv_shutdown_t *sh, int status) {
+  (void)status;
+  free(sh);
+}
+
+/* The connection is done (GOAWAY sent or received, every call closed) and
+ * its last frames are queued: send FIN once they are out, and read,
+ * dropping, until the client closes or GRPC_LINGER_S passes. Closing at
+ * once loses answers the client has not read yet: a close with the
+ * client's bytes unread (a WINDOW_UPDATE, a PING, a call sent before the
+ * GOAWAY reached it) sends RST, and so does the kernel for bytes arriving
+ * after the close, either of which discards what was on its way to the
+ * client (the answers to the calls a drain finished). */
+static void gconn_linger(gconn *gc) {
+  gc->lingering = true;
+  gc->deadline = cn_now_s() + GRPC_LINGER_S;
+  uv_shutdown_t *sh = malloc(sizeof(*sh));
+  if (sh == NULL ||
+      uv_shutdown(sh, (uv_stream_t *)&gc->tcp, on_shutdown) != 0) {
+    free(sh);
+    gconn_close(gc);
+    return;
+  }
+  reads(gc);
+}
+
 static void on_written(uv_write_t *w, int status) {
   wreq *q = (wreq *)w;
   gconn *gc = w->data;
@@ -240,7 +271,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
  * sent or received, every call closed). Not inside mem_recv: the frames
  * received are handled first. */
 static void flush(gconn *gc) {
-  if (gc->closed || gc->in_recv > 0) return;
+  if (gc->closed || gc->lingering || gc->in_recv > 0) return;
   while (gc->wbytes < WBUF_MAX) {
     char *buf = NULL;
     size_t len = 0, cap = 0;
@@ -277,8 +308,9 @@ static void flush(gconn *gc) {
     if (gc->closed) return;
   }
   if (!nghttp2_session_want_read(gc->ng) &&
-      !nghttp2_session_want_write(gc->ng) && gc->wbytes == 0) {
-    gconn_close(gc);
+      !nghttp2_session_want_write(gc->ng)) {
+    if (gc->sock) gconn_linger(gc);
+    else if (gc->wbytes == 0) gconn_close(gc);
     return;
   }
   reads(gc);
@@ -767,7 +799,7 @@ static gconn *gconn_new(cn__server *s) {
 /* Bytes read: through nghttp2, then the calls they completed. */
 static void feed(gconn *gc, const char *data, size_t n) {
   if (gc->in_sink == 0) bury(gc);
-  if (gc->closed) return;
+  if (gc->closed || gc->lingering) return;
   gc->in_recv++;
   ssize_t rc = nghttp2_session_mem_recv(gc->ng, (const uint8_t *)data, n);
   gc->in_recv--;
@@ -803,7 +835,7 @@ static void on_read(uv_stream_t *stm, ssize_t n, const uv_buf_t *b) {
 
 static void reads(gconn *gc) {
   if (!gc->sock || gc->closed) return;
-  bool want = gc->wbytes < WBUF_MAX;
+  bool want = gc->wbytes < WBUF_MAX || gc->lingering;
   if (want && !gc->reading) {
     if (uv_read_start((uv_stream_t *)&gc->tcp, on_alloc, on_read) == 0)
       gc->reading = true;
@@ -817,6 +849,10 @@ static void reads(gconn *gc) {
 static void tick(gconn *gc, double now) {
   if (gc->in_sink == 0) bury(gc);
   if (gc->closed) return;
+  if (gc->lingering) {
+    if (now > gc->deadline) gconn_close(gc);
+    return;
+  }
   const cn_serve_config *sc = &gc->srv->cfg.serve;
   bool answering = gc->wbytes > 0;
   for (gstream *st = gc->streams, *next; st != NULL; st = next) {
