@@ -841,8 +841,10 @@ static void tick(gconn *gc, double now) {
                             nghttp2_session_get_last_proc_stream_id(gc->ng),
                             NGHTTP2_NO_ERROR, NULL, 0);
     }
+    /* closes once the GOAWAY is written (no call open: nghttp2 wants to
+     * read no more); a peer that does not read it is closed as stalled */
     flush(gc);
-    gconn_close(gc);
+    if (!gc->closed && gc->wbytes == 0) gconn_close(gc);
     return;
   }
   flush(gc);
