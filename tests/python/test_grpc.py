@@ -118,13 +118,20 @@ class TestGrpc(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        """SIGTERM; the daemon must drain and exit 0 (under ASan a leak or
+        an error exits otherwise, and fails the test)."""
         if getattr(cls, "channel", None) is not None:
             cls.channel.close()
         if cls.daemon.poll() is None:
             cls.daemon.terminate()
-            cls.daemon.wait(timeout=60)
+        rc = cls.daemon.wait(timeout=60)
         cls.log.close()
+        with open(cls.log_path) as f:
+            log = f.read()
         shutil.rmtree(cls.tmp, ignore_errors=True)
+        if rc != 0:
+            raise AssertionError("canopy serve exited %d:\n%s" %
+                                 (rc, log[-4000:]))
 
     # ---- helpers ---------------------------------------------------------
 
