@@ -648,6 +648,20 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
   }
   memcpy(st->in + st->in_len, data, len);
   st->in_len += len;
+  /* the message's prefix says its length: one too long is refused now,
+   * not once its bytes have arrived */
+  const unsigned char *u = (const unsigned char *)st->in;
+  if (st->in_len >= 5 &&
+      ((size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
+       (size_t)u[4]) > (size_t)sc->grpc_max_message_bytes) {
+    snprintf(err, sizeof(err), "the request message is %zu bytes, over the "
+             "limit of %d (grpc-max-message-bytes)",
+             (size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
+                 (size_t)u[4],
+             sc->grpc_max_message_bytes);
+    body_release(st);
+    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
+  }
   return 0;
 }
 
