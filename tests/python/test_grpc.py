@@ -13,7 +13,10 @@ float32 bit patterns of the numbers /v1 prints for the same instances
 errors (NOT_FOUND for an unknown model or version, INVALID_ARGUMENT with
 /v1's message, RESOURCE_EXHAUSTED over grpc-max-message-bytes,
 UNIMPLEMENTED for a method not served); the calls counted under
-protocol="grpc" in /metrics; and a SIGTERM drain that exits 0.
+protocol="grpc" in /metrics; the bounds on peers grpcio does not imitate
+(a raw HTTP/2 client: a message that stops half-way, an over-long
+prefix, an idle connection, a window kept shut); and a SIGTERM with a
+call in flight, which is answered before the daemon exits 0.
 
 Run: /usr/bin/python3 -m unittest discover -s tests/python -p test_grpc.py
 (env CANOPY_BIN, CANOPY_DATA as for the other tests).
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.request
 
 from daemon_util import free_port, wait_ready, wait_until
 
@@ -490,9 +494,11 @@ class TestGrpcBounds(unittest.TestCase):
 
 @unittest.skipIf(grpc is None, "python3-grpcio / python3-grpc-tools missing")
 class TestGrpcDrain(unittest.TestCase):
-    def test_sigterm_exits_zero_after_calls(self):
-        """SIGTERM with a gRPC connection open: the daemon drains (GOAWAY)
-        and exits 0; a call after the drain began is not served."""
+    def test_sigterm_answers_calls_in_flight_then_exits_zero(self):
+        """SIGTERM while a call waits in its aggregation window (2 s, not
+        work-conserving): the connection gets GOAWAY, the call is still
+        answered with /v1's numbers, the daemon exits 0, and a call after
+        it is UNAVAILABLE."""
         tmp = tempfile.mkdtemp(prefix="canopy-grpc-drain-")
         try:
             pb, pbg = stubs(tmp)
@@ -502,18 +508,42 @@ class TestGrpcDrain(unittest.TestCase):
                             "--embed", "8", "--seed", "5"],
                            check=True, capture_output=True)
             port, gport = free_port(), free_port()
+            tree = {"tree": "(3 (2 It) (4 (2 's) (2 fine)))"}
             with open(os.path.join(tmp, "serve.log"), "w") as log:
                 d = subprocess.Popen(
                     [BIN, "serve", "--models-dir", models, "--port",
-                     str(port), "--grpc-port", str(gport)],
+                     str(port), "--grpc-port", str(gport),
+                     "--work-conserving", "false", "--max-delay-us",
+                     "2000000"],
                     stderr=log, env=dict(os.environ, CANOPY_POLICY_CACHE=
                                          os.path.join(tmp, "p")))
-                self.assertTrue(wait_ready("http://127.0.0.1:%d" % port, d))
+                url = "http://127.0.0.1:%d" % port
+                self.assertTrue(wait_ready(url, d))
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                c.request("POST", "/v1/models/tree/infer",
+                          json.dumps({"instances": [tree]}))
+                v1 = json.loads(c.getresponse().read())
+                c.close()
                 ch = grpc.insecure_channel("127.0.0.1:%d" % gport)
                 s = pbg.GRPCInferenceServiceStub(ch)
-                self.assertTrue(s.ServerLive(pb.ServerLiveRequest(),
-                                             timeout=60).live)
+                t = pb.ModelInferRequest.InferInputTensor(
+                    name="INSTANCE", datatype="BYTES", shape=[1])
+                t.contents.bytes_contents.append(json.dumps(tree).encode())
+                fut = s.ModelInfer.future(pb.ModelInferRequest(
+                    model_name="tree", inputs=[t]), timeout=60)
+
+                def in_flight():
+                    with urllib.request.urlopen(url + "/metrics") as r:
+                        for line in r.read().decode().splitlines():
+                            if line.startswith("canopy_in_flight_requests "):
+                                return float(line.split()[1])
+                self.assertEqual(wait_until(in_flight, lambda v: v == 1), 1)
                 d.send_signal(signal.SIGTERM)
+                r = fut.result(timeout=60)
+                logits = r.raw_output_contents[
+                    [o.name for o in r.outputs].index("LOGITS")]
+                self.assertEqual(logits,
+                                 f32_bytes(v1["outputs"][0]["logits"]))
                 self.assertEqual(d.wait(timeout=60), 0)
                 with self.assertRaises(grpc.RpcError) as cm:
                     s.ServerLive(pb.ServerLiveRequest(), timeout=60)
