@@ -83,7 +83,6 @@ struct gconn {
   nghttp2_session *ng;
   gstream *streams, *rhead, *rtail; /* open calls; complete, to dispatch */
   int n_streams;
-  bool served;              /* has received a request                   */
   double deadline;          /* idle or first-request deadline (0: none) */
   double last_out;          /* DATA last went out (or the answer began)  */
   int in_recv;              /* inside nghttp2_session_mem_recv           */
@@ -543,7 +542,6 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   if (gc->streams) gc->streams->prev = st;
   gc->streams = st;
   gc->n_streams++;
-  gc->served = true;
   gc->deadline = 0;
   atomic_store(&gc->srv->last_request_us, (long long)(st->t_begin * 1e6));
   nghttp2_session_set_stream_user_data(ng, st->id, st);
@@ -872,6 +870,8 @@ static void on_tick(uv_timer_t *t) {
   }
 }
 
+static void free_handle(uv_handle_t *h) { free(h); }
+
 static void on_connection(uv_stream_t *ls, int status) {
   cn__server *s = ls->data;
   if (status < 0) {
@@ -880,15 +880,15 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   gconn *gc = gconn_new(s);
-  uv_tcp_t *tcp = gc ? &gc->tcp : malloc(sizeof(uv_tcp_t));
-  if (tcp == NULL) return;
-  uv_tcp_init(&s->loop, tcp);
   if (gc == NULL) { /* no memory: accepted and closed at once */
-    tcp->data = tcp;
-    if (uv_accept(ls, (uv_stream_t *)tcp) == 0) {}
-    uv_close((uv_handle_t *)tcp, (uv_close_cb)free);
+    uv_tcp_t *tcp = malloc(sizeof(*tcp));
+    if (tcp == NULL) return;
+    uv_tcp_init(&s->loop, tcp);
+    (void)uv_accept(ls, (uv_stream_t *)tcp);
+    uv_close((uv_handle_t *)tcp, free_handle);
     return;
   }
+  uv_tcp_init(&s->loop, &gc->tcp);
   gc->sock = true;
   gc->tcp.data = gc;
   if (uv_accept(ls, (uv_stream_t *)&gc->tcp) != 0) {
