@@ -94,7 +94,8 @@ class TestGrpc(unittest.TestCase):
         cls.pb, pbg = stubs(cls.tmp)
         models = os.path.join(cls.tmp, "models")
         for name, fam, data in (("tagger", "bilstm-tagger", "sequences.jsonl"),
-                                ("tree", "treelstm", "trees-binary.jsonl")):
+                                ("tree", "treelstm", "trees-binary.jsonl"),
+                                ("spare", "treelstm", "trees-binary.jsonl")):
             subprocess.run([BIN, "model", "init", fam,
                             os.path.join(models, name), "--hidden", "8",
                             "--embed", "8", "--vocab-from",
@@ -235,12 +236,37 @@ class TestGrpc(unittest.TestCase):
                          before.inference_stats.success.count, 1)
         allm = self.s.ModelStatistics(pb.ModelStatisticsRequest())
         self.assertEqual(sorted(m.name for m in allm.model_stats),
-                         ["tagger", "tree"])
+                         ["spare", "tagger", "tree"])
         idx = self.s.RepositoryIndex(pb.RepositoryIndexRequest())
         st, v2 = self.http("POST", "/v2/repository/index", {})
         self.assertEqual([(m.name, m.version, m.state) for m in idx.models],
                          [(m["name"], m.get("version", ""), m["state"])
                           for m in v2])
+
+    def test_unload_and_load(self):
+        """RepositoryModelUnload stops a model serving (ModelReady false,
+        ModelInfer the status and message /v2 gives: NOT_FOUND), and
+        RepositoryModelLoad brings it back; each answered once done."""
+        pb = self.pb
+        self.s.RepositoryModelUnload(
+            pb.RepositoryModelUnloadRequest(model_name="spare"), timeout=60)
+        self.assertFalse(self.s.ModelReady(
+            pb.ModelReadyRequest(name="spare")).ready)
+        st, v2 = self.http("POST", "/v2/models/spare/infer", {
+            "inputs": [{"name": "INSTANCE", "datatype": "BYTES",
+                        "shape": [1],
+                        "data": [json.dumps(self.inputs["tree"][0])]}]})
+        self.assertEqual(st, 404)
+        self.assert_code(self.s.ModelInfer,
+                         self.infer_request("spare", self.inputs["tree"][:1]),
+                         grpc.StatusCode.NOT_FOUND, v2["error"])
+        self.s.RepositoryModelLoad(
+            pb.RepositoryModelLoadRequest(model_name="spare"), timeout=60)
+        self.assertTrue(self.s.ModelReady(
+            pb.ModelReadyRequest(name="spare")).ready)
+        r = self.s.ModelInfer(self.infer_request(
+            "spare", self.inputs["tree"][:1]), timeout=60)
+        self.assertEqual(r.model_name, "spare")
 
     # ---- inference --------------------------------------------------------
 
