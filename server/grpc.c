@@ -84,7 +84,6 @@ struct gconn {
   nghttp2_session *ng;
   gstream *streams, *rhead, *rtail; /* open calls; complete, to dispatch */
   int n_streams;
-  bool served;              /* has received a request                   */
   double deadline;          /* idle or first-request deadline (0: none) */
   double last_out;          /* DATA last went out (or the answer began)  */
   int in_recv;              /* inside nghttp2_session_mem_recv           */
@@ -575,7 +574,6 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
   if (gc->streams) gc->streams->prev = st;
   gc->streams = st;
   gc->n_streams++;
-  gc->served = true;
   gc->deadline = 0;
   atomic_store(&gc->srv->last_request_us, (long long)(st->t_begin * 1e6));
   nghttp2_session_set_stream_user_data(ng, st->id, st);
@@ -680,6 +678,20 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
   }
   memcpy(st->in + st->in_len, data, len);
   st->in_len += len;
+  /* the message's prefix says its length: one too long is refused now,
+   * not once its bytes have arrived */
+  const unsigned char *u = (const unsigned char *)st->in;
+  if (st->in_len >= 5 &&
+      ((size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
+       (size_t)u[4]) > (size_t)sc->grpc_max_message_bytes) {
+    snprintf(err, sizeof(err), "the request message is %zu bytes, over the "
+             "limit of %d (grpc-max-message-bytes)",
+             (size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
+                 (size_t)u[4],
+             sc->grpc_max_message_bytes);
+    body_release(st);
+    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
+  }
   return 0;
 }
 
@@ -887,8 +899,10 @@ static void tick(gconn *gc, double now) {
                             nghttp2_session_get_last_proc_stream_id(gc->ng),
                             NGHTTP2_NO_ERROR, NULL, 0);
     }
+    /* closes once the GOAWAY is written (no call open: nghttp2 wants to
+     * read no more); a peer that does not read it is closed as stalled */
     flush(gc);
-    gconn_close(gc);
+    if (!gc->closed && gc->wbytes == 0) gconn_close(gc);
     return;
   }
   flush(gc);
@@ -902,6 +916,8 @@ static void on_tick(uv_timer_t *t) {
   }
 }
 
+static void free_handle(uv_handle_t *h) { free(h); }
+
 static void on_connection(uv_stream_t *ls, int status) {
   cn__server *s = ls->data;
   if (status < 0) {
@@ -910,15 +926,15 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   gconn *gc = gconn_new(s);
-  uv_tcp_t *tcp = gc ? &gc->tcp : malloc(sizeof(uv_tcp_t));
-  if (tcp == NULL) return;
-  uv_tcp_init(&s->loop, tcp);
   if (gc == NULL) { /* no memory: accepted and closed at once */
-    tcp->data = tcp;
-    if (uv_accept(ls, (uv_stream_t *)tcp) == 0) {}
-    uv_close((uv_handle_t *)tcp, (uv_close_cb)free);
+    uv_tcp_t *tcp = malloc(sizeof(*tcp));
+    if (tcp == NULL) return;
+    uv_tcp_init(&s->loop, tcp);
+    (void)uv_accept(ls, (uv_stream_t *)tcp);
+    uv_close((uv_handle_t *)tcp, free_handle);
     return;
   }
+  uv_tcp_init(&s->loop, &gc->tcp);
   gc->sock = true;
   gc->tcp.data = gc;
   if (uv_accept(ls, (uv_stream_t *)&gc->tcp) != 0) {

@@ -20,6 +20,11 @@ x-request-id metadata, echoed and in the log line with protocol=grpc; the
 calls counted by protocol in /metrics; 64 concurrent calls on one channel
 all answered right; and a SIGTERM with calls in flight: each is answered,
 the connection gets a GOAWAY and is closed, and the daemon exits 0.
+A raw HTTP/2 client (frames and HPACK literals from RFC 9113 and 7541)
+does what grpcio never does, against a daemon with 1 s timeouts: a
+message that stops half-way is DEADLINE_EXCEEDED, an over-long prefix
+RESOURCE_EXHAUSTED before the rest is sent, an idle connection gets
+GOAWAY and is closed, a window kept shut closes the connection.
 
 Nothing waits on time: each step waits for an event the daemon shows
 (/metrics, its log, a socket's state), with daemon_util's deadline only
@@ -176,17 +181,6 @@ class Daemon:
             self.p.wait(timeout=DEADLINE_S)
         self.log.close()
         return self.p.returncode
-
-
-def raw_tensor(datatype, values):
-    """Flat values as a raw_input_contents / raw_output_contents entry:
-    the protocol's little-endian row-major bytes, BYTES elements each a
-    4-byte length then the bytes."""
-    if datatype == "BYTES":
-        return pack_elements(values)
-    return struct.pack("<%d%s" % (len(values),
-                                  {"FP32": "f", "INT64": "q"}[datatype]),
-                       *values)
 
 
 class GrpcBase(unittest.TestCase):
@@ -825,7 +819,7 @@ class GrpcQueueAndDrain(GrpcBase):
         return split(self.decode(resp), 1, set())[0]
 
 
-def frame(ftype, flags, stream, payload):
+def frame(ftype, flags, stream, payload=b""):
     """One HTTP/2 frame (RFC 9113 section 4.1)."""
     n = len(payload)
     return (struct.pack(">BHBBI", n >> 16, n & 0xffff, ftype, flags,
@@ -855,6 +849,152 @@ def read_frames(sock, until):
         if not b:
             return out
         buf += b
+
+
+def header_block(fields):
+    """HPACK literals without indexing, new names, no Huffman (RFC 7541
+    6.2.2): enough for a client, no table to keep."""
+    out = b""
+    for k, v in fields:
+        k, v = k.encode(), v.encode()
+        assert len(k) < 127 and len(v) < 127
+        out += b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v
+    return out
+
+
+class RawH2:
+    """A gRPC client at the frame level, written from RFC 9113 and gRPC's
+    HTTP/2 mapping, for what grpcio never does: a message that stops
+    half-way, a window kept shut, a connection left idle."""
+
+    def __init__(self, port, window=65535):
+        import socket
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" +
+                       frame(4, 0, 0, struct.pack(">HI", 4, window)))
+
+    def call(self, stream, method, message=None, end=True):
+        self.s.sendall(frame(1, 4 | (1 if message is None and end else 0),
+                             stream, header_block([
+                                 (":method", "POST"), (":scheme", "http"),
+                                 (":path", "/inference.GRPCInferenceService/"
+                                  + method),
+                                 (":authority", "canopy"),
+                                 ("content-type", "application/grpc"),
+                                 ("te", "trailers")])))
+        if message is not None:
+            self.s.sendall(frame(0, 1 if end else 0, stream, message))
+
+    def frames_until_close(self):
+        """The server's frames (type, flags, stream) until it closes the
+        connection (the test's deadline guards a server that never does)."""
+        buf, out = b"", []
+        while True:
+            d = self.s.recv(65536)
+            if not d:
+                return out
+            buf += d
+            while len(buf) >= 9:
+                n = int.from_bytes(buf[:3], "big")
+                if len(buf) < 9 + n:
+                    break
+                out.append((buf[3], buf[4],
+                            int.from_bytes(buf[5:9], "big") & 0x7fffffff))
+                buf = buf[9 + n:]
+
+    def close(self):
+        self.s.close()
+
+
+def grpc_message(payload):
+    """A gRPC length-prefixed message (uncompressed)."""
+    return b"\x00" + struct.pack(">I", len(payload)) + payload
+
+
+class TestGrpcBounds(unittest.TestCase):
+    """The limits of docs/api.md "gRPC" on peers grpcio does not imitate,
+    against a daemon whose timeouts are 1 s; each test waits for the event
+    (the server's log line, its frames, its close), never for a time."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="canopy-grpc-bounds-")
+        models = os.path.join(cls.tmp, "models")
+        subprocess.run([BIN, "model", "init", "bilstm-tagger",
+                        os.path.join(models, "tagger"), "--hidden", "8",
+                        "--embed", "8", "--seed", "5"],
+                       check=True, capture_output=True)
+        cls.port, cls.gport = free_port(), free_port()
+        cls.log_path = os.path.join(cls.tmp, "serve.log")
+        cls.log = open(cls.log_path, "w")
+        cls.daemon = subprocess.Popen(
+            [BIN, "serve", "--models-dir", models, "--port", str(cls.port),
+             "--grpc-port", str(cls.gport), "--log-level", "debug",
+             "--idle-timeout-s", "1", "--header-timeout-s", "1",
+             "--body-timeout-s", "1", "--grpc-max-message-bytes", "1024"],
+            stderr=cls.log, env=dict(os.environ, CANOPY_POLICY_CACHE=
+                                     os.path.join(cls.tmp, "p")))
+        if not wait_ready("http://127.0.0.1:%d" % cls.port, cls.daemon):
+            cls.tearDownClass()
+            raise RuntimeError("canopy serve was not ready")
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.daemon.poll() is None:
+            cls.daemon.terminate()
+        rc = cls.daemon.wait(timeout=60)
+        cls.log.close()
+        with open(cls.log_path) as f:
+            log = f.read()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+        if rc != 0:
+            raise AssertionError("canopy serve exited %d:\n%s" %
+                                 (rc, log[-4000:]))
+
+    def logged(self, text):
+        def lines():
+            with open(self.log_path) as f:
+                return [l for l in f if text in l]
+        return wait_until(lines)
+
+    def test_message_that_stops_half_way(self):
+        """A call whose message never ends: DEADLINE_EXCEEDED (4) after
+        header-timeout-s + body-timeout-s, as HTTP's 408."""
+        c = RawH2(self.gport)
+        c.call(1, "ModelInfer", grpc_message(b"\x0a\x06tagger")[:6],
+               end=False)
+        self.assertTrue(self.logged("msg=grpc-call method=ModelInfer "
+                                    "stream=1 grpc_status=4"))
+        c.close()
+
+    def test_message_over_the_limit_refused_at_once(self):
+        """A prefix that says more than grpc-max-message-bytes:
+        RESOURCE_EXHAUSTED (8) without the rest being sent."""
+        c = RawH2(self.gport)
+        c.call(3, "ModelInfer", b"\x00" + struct.pack(">I", 1 << 20) +
+               b"x" * 10, end=False)
+        self.assertTrue(self.logged("msg=grpc-call method=ModelInfer "
+                                    "stream=3 grpc_status=8"))
+        c.close()
+
+    def test_idle_connection_gets_goaway_and_closes(self):
+        c = RawH2(self.gport)
+        c.call(1, "ServerLive", grpc_message(b""))
+        frames = c.frames_until_close()
+        c.close()
+        types = [t for t, _, _ in frames]
+        self.assertIn(1, types)  # the answer's HEADERS
+        self.assertEqual(types[-1], 7)  # GOAWAY, then the close
+
+    def test_window_kept_shut_closes_the_connection(self):
+        """A peer that never opens its window: the answer cannot move and
+        the connection is closed after idle-timeout-s."""
+        c = RawH2(self.gport, window=0)
+        c.call(1, "ServerMetadata", grpc_message(b""))
+        frames = c.frames_until_close()
+        c.close()
+        self.assertFalse([f for f in frames if f[0] == 0 and f[2] == 1])
+        self.assertTrue(self.logged("msg=grpc-connection-stalled"))
 
 
 if __name__ == "__main__":
