@@ -308,6 +308,27 @@ class TestGrpc(unittest.TestCase):
         self.check_infer("tagger", raw=True)
         self.check_infer("tree", raw=True)
 
+    def test_compressed_messages(self):
+        """grpcio's gzip and deflate requests are inflated (the same
+        answer as uncompressed); one that inflates past
+        grpc-max-message-bytes is RESOURCE_EXHAUSTED."""
+        insts = self.inputs["tree"]
+        plain = self.s.ModelInfer(self.infer_request("tree", insts),
+                                  timeout=60)
+        for c in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            r = self.s.ModelInfer(self.infer_request("tree", insts),
+                                  compression=c, timeout=60)
+            self.assertEqual(list(r.raw_output_contents),
+                             list(plain.raw_output_contents))
+        big = [{"tokens": ["w"] * 2000}]  # ~10 KB, compresses to ~100 B
+        details = self.assert_code(
+            lambda q, timeout: self.s.ModelInfer(
+                q, compression=grpc.Compression.Gzip, timeout=timeout),
+            self.infer_request("tagger", big),
+            grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("inflates (gzip) to more than %d bytes "
+                      "(grpc-max-message-bytes" % MAX_MESSAGE, details)
+
     def test_request_id_and_metrics(self):
         _, m0 = self.http("GET", "/metrics")
         q = self.infer_request("tree", self.inputs["tree"][:1])
