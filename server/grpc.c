@@ -7,7 +7,8 @@
  * has to send (nghttp2_session_mem_send), so there is no thread and no
  * second loop: a call is a stream, and a connection carries up to
  * MAX_STREAMS of them at once. A call's one request message is gathered
- * (bounded by grpc-max-message-bytes and max-body-memory), turned by
+ * (bounded by grpc-max-message-bytes and max-body-memory; inflated by
+ * encoding.c within the same bound when it comes compressed), turned by
  * grpc_service.c into the HTTP/1.1 request of /v2 it asks for, and fed to
  * an in-memory HTTP connection (cn__conn_new_mem): the same routing,
  * limits, batching, answers, metrics and logs as HTTP. The HTTP answer
