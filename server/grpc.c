@@ -7,7 +7,8 @@
  * has to send (nghttp2_session_mem_send), so there is no thread and no
  * second loop: a call is a stream, and a connection carries up to
  * MAX_STREAMS of them at once. A call's one request message is gathered
- * (bounded by grpc-max-message-bytes and max-body-memory), turned by
+ * (bounded by grpc-max-message-bytes and max-body-memory; inflated by
+ * encoding.c within the same bound when it comes compressed), turned by
  * grpc_service.c into the HTTP/1.1 request of /v2 it asks for, and fed to
  * an in-memory HTTP connection (cn__conn_new_mem): the same routing,
  * limits, batching, answers, metrics and logs as HTTP. The HTTP answer
@@ -36,6 +37,7 @@
 
 #include <nghttp2/nghttp2.h>
 
+#include "encoding.h"
 #include "grpc.h"
 
 /* Calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS). */
@@ -57,6 +59,7 @@ typedef struct gstream {
   int method;               /* grpc_service.c's index; -1 unknown       */
   char path[160];
   bool post, grpc_ct;       /* :method POST, content-type application/grpc */
+  char encoding[16];        /* grpc-encoding: a compressed message's coding */
   cn__grpc_meta meta;
   double t_begin;           /* its first frame (the call's deadline)    */
   /* the request: its framed messages */
@@ -376,9 +379,10 @@ static void answer(gstream *st, int status, const char *message,
   char code[8], pmsg[1800];
   snprintf(code, sizeof(code), "%d", status);
   pct_encode(st->message, pmsg, sizeof(pmsg));
-  nghttp2_nv h[6] = {NV(":status", "200"),
-                     NV("content-type", "application/grpc")};
-  size_t nh = 2;
+  nghttp2_nv h[7] = {NV(":status", "200"),
+                     NV("content-type", "application/grpc"),
+                     NV("grpc-accept-encoding", "identity,deflate,gzip")};
+  size_t nh = 3;
   if (reqid != NULL && reqid[0] != '\0') h[nh++] = (nghttp2_nv)NV("x-request-id", reqid);
   int rc;
   if (msg != NULL) {
@@ -507,11 +511,6 @@ static void dispatch(gstream *st) {
   const unsigned char *u = (const unsigned char *)st->in;
   size_t len = (size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
                (size_t)u[4];
-  if (u[0] != 0) {
-    answer_err(st, CN__GRPC_UNIMPLEMENTED, "compressed messages are not "
-               "taken: send them uncompressed (grpc-encoding identity)");
-    return;
-  }
   if (len != st->in_len - 5) {
     snprintf(err, sizeof(err), "the request is %zu bytes but its message "
              "prefix says %zu: a unary call carries one message",
@@ -519,7 +518,39 @@ static void dispatch(gstream *st) {
     answer_err(st, CN__GRPC_INVALID_ARGUMENT, err);
     return;
   }
+  const char *msg = st->in + 5;
+  char *inflated = NULL;
+  if (u[0] != 0) { /* compressed: inflated within grpc-max-message-bytes */
+    int enc = strcmp(st->encoding, "gzip") == 0      ? CN__ENC_GZIP
+              : strcmp(st->encoding, "deflate") == 0 ? CN__ENC_DEFLATE
+                                                     : CN__ENC_BAD;
+    if (enc == CN__ENC_BAD) {
+      snprintf(err, sizeof(err), "the message is compressed with '%.15s': "
+               "this server takes gzip, deflate or identity "
+               "(grpc-encoding)", st->encoding);
+      answer_err(st, CN__GRPC_UNIMPLEMENTED, err);
+      return;
+    }
+    cn_err e;
+    cn_err_clear(&e);
+    size_t sent = len;
+    if (cn__inflate(enc, msg, sent, (size_t)sc->grpc_max_message_bytes,
+                    &inflated, &len, &e) != 0) {
+      if (e.code == CN_E_TOO_LARGE)
+        snprintf(err, sizeof(err), "the message inflates (%s) to more than "
+                 "%d bytes (grpc-max-message-bytes; it was sent as %zu "
+                 "bytes)", st->encoding, sc->grpc_max_message_bytes, sent);
+      else
+        snprintf(err, sizeof(err), "%s", e.msg);
+      answer_err(st, e.code == CN_E_BAD_REQUEST ? CN__GRPC_INVALID_ARGUMENT
+                                                : CN__GRPC_RESOURCE_EXHAUSTED,
+                 err);
+      return;
+    }
+    msg = inflated;
+  }
   if (atomic_load(&s->open_conns) >= sc->max_connections) {
+    free(inflated);
     snprintf(err, sizeof(err), "too many connections and calls in progress "
              "(max-connections %d); retry later", sc->max_connections);
     answer_err(st, CN__GRPC_UNAVAILABLE, err);
@@ -527,8 +558,9 @@ static void dispatch(gstream *st) {
   }
   char *req;
   size_t rlen;
-  int rc = cn__grpc_request(st->method, (const uint8_t *)st->in + 5, len,
+  int rc = cn__grpc_request(st->method, (const uint8_t *)msg, len,
                             &st->meta, &req, &rlen, err, sizeof(err));
+  free(inflated);
   body_release(st);
   if (rc != 0) {
     answer_err(st, rc, err);
@@ -627,6 +659,8 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
   } else if (IS("authorization")) {
     copy_value(st->meta.authorization, sizeof(st->meta.authorization),
                value, vl);
+  } else if (IS("grpc-encoding")) {
+    copy_value(st->encoding, sizeof(st->encoding), value, vl);
   } else if (IS("grpc-timeout")) {
     st->meta.timeout_ms = grpc_timeout_ms((const char *)value, vl);
   }

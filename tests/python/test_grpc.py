@@ -442,6 +442,24 @@ class Grpc(GrpcBase):
         self.check_family("treelstm", {"outputs": "all",
                                        "return_hidden": True})
 
+    def test_compressed_messages(self):
+        """grpcio's gzip and deflate requests (grpc-encoding) are
+        inflated: the same answer as uncompressed; one that inflates past
+        grpc-max-message-bytes is RESOURCE_EXHAUSTED."""
+        insts = self.inputs["treelstm"]
+        plain = self.s.ModelInfer(self.request("treelstm", insts))
+        for c in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            r = self.s.ModelInfer(self.request("treelstm", insts),
+                                  compression=c, timeout=DEADLINE_S)
+            self.assertEqual(list(r.raw_output_contents),
+                             list(plain.raw_output_contents), c)
+        big = [{"tokens": ["w"] * 20000}]  # ~100 KB, gzip: well under 1 KB
+        details = self.assert_code(lambda: self.s.ModelInfer(
+            self.request("tagger", big), compression=grpc.Compression.Gzip,
+            timeout=DEADLINE_S), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("inflates (gzip) to more than %d bytes "
+                      "(grpc-max-message-bytes" % MAX_MESSAGE, details)
+
     def test_version_and_asked_outputs(self):
         """The version serving in model_version; asking for some outputs
         answers those, in the order asked."""
