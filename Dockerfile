@@ -11,10 +11,12 @@ FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
       libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev zlib1g-dev \
+      libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN meson setup /build -Dtests=false -Dcuda=disabled --prefix /opt/canopy \
+RUN meson setup /build -Dtests=false -Dcuda=disabled -Dgrpc=enabled \
+      --prefix /opt/canopy \
     && ninja -C /build && ninja -C /build install \
     && scripts/models.sh /build && cp -r models /opt/canopy/models \
     && install -m 755 deploy/image/entrypoint.sh /opt/canopy/bin/canopy-entrypoint \
@@ -26,7 +28,7 @@ FROM debian:12-slim
 # one directory it may write.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends libjansson4 libuv1 \
-      libhttp-parser2.9 libssl3 zlib1g \
+      libhttp-parser2.9 libssl3 zlib1g libnghttp2-14 libprotobuf-c1 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 canopy \
     && useradd --system --uid 10001 --gid 10001 --home /opt/canopy canopy \
@@ -44,7 +46,9 @@ ENV PATH=/opt/canopy/bin:$PATH \
     CANOPY_POLICY_CACHE=/var/cache/canopy/policies \
     CANOPY_HOST=0.0.0.0 \
     CANOPY_PORT=8080
-EXPOSE 8080
+# 8001: gRPC, where --grpc-port / CANOPY_GRPC_PORT opens it (off by
+# default; the Kubernetes and KServe manifests set 8001)
+EXPOSE 8080 8001
 # Ready = models loaded and not draining. bash's /dev/tcp, no curl in the
 # image (deploy/image/healthcheck.sh says why).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \

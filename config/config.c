@@ -53,6 +53,16 @@ static const cn_config_key keys[] = {
     STR_KEY("host", "127.0.0.1", host, "address to listen on", NULL),
     INT_KEY("port", 0, 65535, "8080", SRV(port), "TCP port to listen on",
             "serve"),
+    INT_KEY("grpc-port", 0, 65535, "0", SRV(grpc_port),
+            "TCP port of the gRPC front end (inference.GRPCInferenceService, "
+            "cleartext HTTP/2; Triton's is 8001); 0: no gRPC",
+            "serve"),
+    INT_KEY("grpc-max-message-bytes", 64, 1 << 30, "8388608",
+            SRV(grpc_max_message_bytes),
+            "largest gRPC request message, in bytes (RESOURCE_EXHAUSTED "
+            "beyond); the /v2 request it becomes is held to max-body-bytes "
+            "too",
+            "serve"),
     BOOL_KEY("reuse-port", "false", SRV(reuse_port),
              "share the port with other processes that set it too "
              "(SO_REUSEPORT); false: a port in use is a start-up error"),

@@ -14,6 +14,8 @@
 typedef struct cn_serve_config {
   char host[256];          /* listen address (IPv4 or IPv6 literal)       */
   int port;
+  int grpc_port;           /* the gRPC front end's port; 0: none          */
+  int grpc_max_message_bytes; /* largest gRPC request message             */
   bool reuse_port;         /* SO_REUSEPORT: share the port on purpose     */
   char models_dir[1024];
   char config[1024];       /* the config file this came from, if any      */

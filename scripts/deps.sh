@@ -6,7 +6,10 @@
 set -euo pipefail
 build_pkgs=(build-essential meson ninja-build pkg-config
             libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev
-            zlib1g-dev)  # gzip/deflate bodies and answers (server/encoding.c)
+            zlib1g-dev  # gzip/deflate bodies and answers (server/encoding.c)
+            # the gRPC front end (server/grpc.c): HTTP/2, and the messages
+            # generated from server/grpc_service.proto
+            libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler)
 if [ "${1:-}" = "--demo" ]; then
   shift
   pkgs=("${build_pkgs[@]}")
@@ -14,10 +17,12 @@ else
 pkgs=("${build_pkgs[@]}"
       libopenblas0   # scripts/bench/run_bench.py: OpenBLAS sgemm, the peak it compares with
       libcriterion-dev python3 python3-numpy curl
+      python3-grpcio python3-grpc-tools  # tests/python/test_grpc.py
       prometheus     # promtool; the deploy tests' Prometheus server
       nginx-light    # tests/deploy/test_nginx.py
       systemd        # systemd-analyze, tests/deploy/test_systemd.py
       python3-yaml   # tests/deploy/test_k8s.py
+      nghttp2-client # h2load: scripts/bench/grpc_vs_http.py, gRPC (h2c) and HTTP/1.1 alike
       wrk            # scripts/bench/daemon.sh: the daemon under load
       python3-torch   # canopy_torch and canopy-import, and their tests
       # `pip install ./clients` into a venv, offline (tests/python/test_install.py)

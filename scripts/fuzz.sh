@@ -12,7 +12,12 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(tree instance line model config http cells bodyscan)
+if [ ${#names[@]} -eq 0 ]; then
+  names=(tree instance line model config http cells bodyscan)
+  # the gRPC front end's target exists where meson's grpc feature is on
+  pkg-config --exists libnghttp2 libprotobuf-c && command -v protoc-c \
+    >/dev/null && names+=(grpc)
+fi
 command -v clang >/dev/null || { echo "fuzz.sh: needs clang (apt-get install clang)" >&2; exit 2; }
 if [ ! -f build-fuzz/build.ninja ]; then
   CC=clang meson setup build-fuzz -Dfuzzing=true -Dcuda=disabled \

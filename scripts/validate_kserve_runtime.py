@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """validate_kserve_runtime.py - checks deploy/kserve/servingruntime.yaml
-(or the files given) against the openAPIV3Schema of KServe's own
-CustomResourceDefinition, as the Kubernetes API server would on `kubectl
+and servingruntime-grpc.yaml (or the files given) against the
+openAPIV3Schema of KServe's own CustomResourceDefinition, as the Kubernetes API server would on `kubectl
 apply`: the schema of the version the document's apiVersion names, and
 no field the API server would prune as unknown (a structural schema keeps
 only the fields it declares, so a misspelt field would vanish silently).
@@ -21,8 +21,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT = os.path.normpath(os.path.join(HERE, "..", "deploy", "kserve",
-                                        "servingruntime.yaml"))
+DEFAULT = [os.path.normpath(os.path.join(HERE, "..", "deploy", "kserve", f))
+           for f in ("servingruntime.yaml", "servingruntime-grpc.yaml")]
 
 
 def pruned(doc, schema, path="", out=None):
@@ -82,7 +82,7 @@ def main(argv):
               "openAPIV3Schema", file=sys.stderr)
         return 2
     bad = 0
-    for path in argv[2:] or [DEFAULT]:
+    for path in argv[2:] or DEFAULT:
         with open(path) as f:
             docs = [d for d in yaml.safe_load_all(f) if d]
         for d in docs:

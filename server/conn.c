@@ -425,6 +425,12 @@ cn__conn *cn__conn_new_mem(cn__server *s, cn__conn_sink sink, void *ud) {
   return c;
 }
 
+void cn__conn_set_protocol(cn__conn *c, int protocol) {
+  c->protocol = protocol;
+}
+
+int cn__conn_protocol(const cn__conn *c) { return c->protocol; }
+
 bool cn__conn_closed(const cn__conn *c) {
   return c->phase == PH_CLOSED || c->phase == PH_LINGER;
 }

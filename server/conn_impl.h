@@ -71,6 +71,7 @@ struct cn__conn {
   cn__server *srv;
   uv_tcp_t tcp;
   bool sock;                /* a socket; else output goes to sink      */
+  int protocol;             /* how its requests arrived (CN__PROTO_*)  */
   bool counted;             /* in open_conns                           */
   bool refused;             /* beyond max-connections: in refused_conns */
   cn__conn *prev, *next;    /* s->conns                                */

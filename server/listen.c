@@ -1,5 +1,6 @@
-/* listen.c - the listening socket and the descriptor limit; conn.c
- * serves the connections it accepts (uv_tcp in the libuv loop). */
+/* listen.c - the listening sockets and the descriptor limit; conn.c
+ * serves the HTTP connections they accept (uv_tcp in the libuv loop), and
+ * grpc.c those of grpc-port when it is set. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -58,7 +59,8 @@ static const char *in_use_hint(int e) {
  * when the operator asks for it (reuse-port): a second daemon started by
  * mistake must fail, not silently take half the traffic. */
 static int bound_socket(const cn_serve_config *sc, const struct addrinfo *ai,
-                        int *bound_port, cn_err *err) {
+                        const char *key, int port, int *bound_port,
+                        cn_err *err) {
   int one = 1;
   int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
                   0);
@@ -77,17 +79,45 @@ static int bound_socket(const cn_serve_config *sc, const struct addrinfo *ai,
     int e = errno;
     close(fd);
     return cn_err_set(err, CN_E_BAD_CONFIG,
-                      "port: cannot listen on %s:%d: %s%s", sc->host,
-                      sc->port, strerror(e), in_use_hint(e));
+                      "%s: cannot listen on %s:%d: %s%s", key, sc->host,
+                      port, strerror(e), in_use_hint(e));
   }
   struct sockaddr_storage ss;
   socklen_t sl = sizeof(ss);
-  *bound_port = sc->port;
+  *bound_port = port;
   if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0)
     *bound_port = ntohs(ss.ss_family == AF_INET6
                             ? ((struct sockaddr_in6 *)&ss)->sin6_port
                             : ((struct sockaddr_in *)&ss)->sin_port);
   return fd;
+}
+
+/* grpc-port, bound with the HTTP port (the same host, the same rules). */
+static int grpc_bind(cn__server *s, const struct addrinfo *http_ai,
+                     cn_err *err) {
+#ifdef CN_HAVE_GRPC
+  const cn_serve_config *sc = &s->cfg.serve;
+  struct addrinfo ai = *http_ai;
+  struct sockaddr_storage ss;
+  memcpy(&ss, http_ai->ai_addr, http_ai->ai_addrlen);
+  if (ss.ss_family == AF_INET6)
+    ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)sc->grpc_port);
+  else
+    ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)sc->grpc_port);
+  ai.ai_addr = (struct sockaddr *)&ss;
+  int fd = bound_socket(sc, &ai, "grpc-port", sc->grpc_port,
+                        &s->grpc_bound_port, err);
+  if (fd < 0) return fd;
+  s->grpc_fd = fd;
+  s->grpc_bound = true;
+  return 0;
+#else
+  (void)http_ai;
+  return cn_err_set(err, CN_E_BAD_CONFIG, "grpc-port %d: this canopy was "
+                    "built without gRPC (meson -Dgrpc: libnghttp2-dev, "
+                    "libprotobuf-c-dev, protobuf-c-compiler); set grpc-port "
+                    "0", s->cfg.serve.grpc_port);
+#endif
 }
 
 int cn__http_bind(cn__server *s, cn_err *err) {
@@ -105,16 +135,43 @@ int cn__http_bind(cn__server *s, cn_err *err) {
   if (getaddrinfo(host, port, &hints, &ai) != 0 || ai == NULL)
     return cn_err_set(err, CN_E_BAD_CONFIG,
                       "host: '%s' is not an IPv4 or IPv6 address", sc->host);
-  int fd = bound_socket(sc, ai, &s->bound_port, err);
+  int fd = bound_socket(sc, ai, "port", sc->port, &s->bound_port, err);
+  if (fd >= 0) s->listen_fd = fd;
+  if (fd >= 0 && sc->grpc_port != 0) fd = grpc_bind(s, ai, err);
   freeaddrinfo(ai);
-  if (fd < 0) return fd;
-  s->listen_fd = fd;
+  if (fd < 0) {
+    cn__http_unbind(s);
+    return fd;
+  }
   return 0;
 }
 
 void cn__http_unbind(cn__server *s) {
   if (s->listen_fd >= 0) close(s->listen_fd);
   s->listen_fd = -1;
+  if (s->grpc_bound) close(s->grpc_fd);
+  s->grpc_bound = false;
+}
+
+/* The gRPC port, bound by cn__http_bind: listening from here on. */
+static int grpc_start(cn__server *s, cn_err *err) {
+#ifdef CN_HAVE_GRPC
+  if (!s->grpc_bound) return 0;
+  const cn_serve_config *sc = &s->cfg.serve;
+  if (listen(s->grpc_fd, 511) != 0) {
+    int e = errno;
+    return cn_err_set(err, CN_E_BAD_CONFIG,
+                      "grpc-port: cannot listen on %s:%d: %s%s", sc->host,
+                      sc->grpc_port, strerror(e), in_use_hint(e));
+  }
+  if (cn__grpc_listen(s, s->grpc_fd, err) != 0) return err->code;
+  s->grpc_bound = false; /* the listener's now */
+  CN_LOG(CN_LOG_INFO, "msg=listening-grpc host=%s port=%d "
+         "max_message_bytes=%d", sc->host, s->grpc_bound_port,
+         sc->grpc_max_message_bytes);
+#endif
+  (void)s, (void)err;
+  return 0;
 }
 
 int cn__http_start(cn__server *s, cn_err *err) {
@@ -133,6 +190,10 @@ int cn__http_start(cn__server *s, cn_err *err) {
     return err->code;
   }
   s->listen_fd = -1; /* the listener's now */
+  if (grpc_start(s, err) != 0) {
+    cn__http_unbind(s);
+    return err->code;
+  }
   CN_LOG(CN_LOG_INFO, "msg=listening host=%s port=%d reuse_port=%s "
          "max_connections=%d header_timeout_s=%d body_timeout_s=%d",
          sc->host, s->bound_port, sc->reuse_port ? "true" : "false",
@@ -142,7 +203,17 @@ int cn__http_start(cn__server *s, cn_err *err) {
 
 /* Drain: no new connections (the listening socket is closed, so connect()
  * is refused); open connections keep being served. */
-void cn__http_quiesce(cn__server *s) { cn__conn_quiesce(s); }
+void cn__http_quiesce(cn__server *s) {
+  cn__conn_quiesce(s);
+#ifdef CN_HAVE_GRPC
+  cn__grpc_quiesce(s);
+#endif
+}
 
 /* Stop: every connection closes, before the loop's last turn. */
-void cn__http_close_handles(cn__server *s) { cn__conn_close_all(s); }
+void cn__http_close_handles(cn__server *s) {
+#ifdef CN_HAVE_GRPC
+  cn__grpc_close_all(s);
+#endif
+  cn__conn_close_all(s);
+}

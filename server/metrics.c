@@ -144,6 +144,13 @@ static int count_request(cn__metrics *m, int model, int status,
   return model;
 }
 
+void cn__metrics_protocol(cn__metrics *m, int protocol) {
+  if (protocol < 0 || protocol >= CN__N_PROTOS) protocol = CN__PROTO_HTTP;
+  pthread_mutex_lock(&m->mu);
+  m->protocol_requests[protocol]++;
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_request(cn__metrics *m, int model, int status,
                          int instances, double seconds) {
   pthread_mutex_lock(&m->mu);
@@ -467,6 +474,14 @@ static void render_requests(sbuf *b, const cn__metrics *m) {
       sb_printf(b, "canopy_requests_total{%sstatus=\"%s\"} %llu\n", lab, st,
                 (unsigned long long)v);
     }
+  head(b, "canopy_protocol_requests_total", "counter",
+       "requests answered (those of canopy_requests_total), by how they "
+       "arrived: http (/v1, /v2) or grpc (each call is the /v2 request it "
+       "asks for)");
+  static const char *const protos[CN__N_PROTOS] = {"http", "grpc"};
+  for (int p = 0; p < CN__N_PROTOS; p++)
+    sb_printf(b, "canopy_protocol_requests_total{protocol=\"%s\"} %llu\n",
+              protos[p], (unsigned long long)m->protocol_requests[p]);
   head(b, "canopy_instances_total", "counter",
        "instances answered with outputs, by model");
   for (int mi = 0; mi < m->n_models; mi++)

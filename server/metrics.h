@@ -34,6 +34,11 @@ typedef enum {
   CN__N_STAGES
 } cn__stage;
 
+/* How a request arrived (canopy_protocol_requests_total): HTTP (/v1 and
+ * /v2 alike), or a gRPC call (server/grpc.c), which becomes the same
+ * HTTP request. */
+enum { CN__PROTO_HTTP = 0, CN__PROTO_GRPC, CN__N_PROTOS };
+
 typedef struct cn__metrics {
   pthread_mutex_t mu;
   int cap;                    /* model slots; slot cap is "" (no model)   */
@@ -65,6 +70,8 @@ typedef struct cn__metrics {
   uint64_t instances_dropped, cancelled_timeout, cancelled_disconnect;
   uint64_t rejected_overloaded;
   uint64_t conns_refused;      /* beyond max-connections                  */
+  uint64_t protocol_requests[CN__N_PROTOS]; /* requests answered, by how
+                                  they arrived (CN__PROTO_*)             */
   uint64_t conns_evicted;      /* closed at max-connections for a new one */
   uint64_t answer_refused;     /* 503: the answer would pass
                                   max-answer-memory                      */
@@ -111,6 +118,9 @@ void cn__metrics_set_models(cn__metrics *m, int n);
 /* Slot i holds another model from now on: its counters start again. */
 void cn__metrics_reset_model(cn__metrics *m, int i);
 void cn__metrics_free(cn__metrics *m);
+/* A request answered (any status but 499) that arrived by protocol
+ * (CN__PROTO_*). */
+void cn__metrics_protocol(cn__metrics *m, int protocol);
 /* model: index or -1 (no model) */
 void cn__metrics_request(cn__metrics *m, int model, int status,
                          int instances, double seconds);

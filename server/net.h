@@ -58,5 +58,24 @@ void cn__conn_tick(cn__conn *c, double now);
 void cn__conn_eof(cn__conn *c);
 bool cn__conn_closed(const cn__conn *c);
 void cn__conn_free_mem(cn__conn *c);
+/* How the connection's requests arrive (metrics.h CN__PROTO_*): HTTP,
+ * unless set (grpc.c's in-memory connections are gRPC calls). */
+void cn__conn_set_protocol(cn__conn *c, int protocol);
+int cn__conn_protocol(const cn__conn *c);
+
+/* grpc.c: the gRPC front end, HTTP/2 connections on grpc-port whose calls
+ * become HTTP/1.1 requests on in-memory connections (grpc.h). Built with
+ * nghttp2 and protobuf-c (CN_HAVE_GRPC). */
+int cn__grpc_listen(cn__server *s, int fd, cn_err *err);
+void cn__grpc_quiesce(cn__server *s); /* drain: GOAWAY, no new connections */
+void cn__grpc_close_all(cn__server *s);
+/* In memory (tests/fuzz/fuzz_grpc.c), as cn__conn_new_mem: the client's
+ * bytes in with cn__grpc_feed, the server's out to sink. */
+typedef struct cn__grpc_conn cn__grpc_conn;
+cn__grpc_conn *cn__grpc_new_mem(cn__server *s, cn__conn_sink sink, void *ud);
+void cn__grpc_feed(cn__grpc_conn *c, const char *data, size_t n);
+void cn__grpc_tick(cn__grpc_conn *c, double now);
+bool cn__grpc_closed(const cn__grpc_conn *c);
+void cn__grpc_free_mem(cn__grpc_conn *c);
 
 #endif

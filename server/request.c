@@ -129,6 +129,8 @@ static void account(cn__req *r, int status, const char *reason) {
    * model's statistics too; queue and compute as this request saw them,
    * -1 where it never reached a run. A wrong version or method named no
    * inference: only the request counters have it. */
+  int proto = r->conn != NULL ? cn__conn_protocol(r->conn) : CN__PROTO_HTTP;
+  if (status != 499) cn__metrics_protocol(&s->metrics, proto);
   if (status != 499 && r->route == CN__RT_INFER && r->me != NULL &&
       !r->version_bad && strcmp(r->method, "POST") == 0)
     cn__metrics_infer_request(&s->metrics, model, status, r->n_inst, secs,
@@ -140,12 +142,12 @@ static void account(cn__req *r, int status, const char *reason) {
                                                          : CN_LOG_INFO,
          "msg=request id=%s method=%s path=\"%s\" model=%s version=%s "
          "status=%d instances=%d queue_ms=%.3f compute_ms=%.3f "
-         "total_ms=%.3f%s%s",
+         "total_ms=%.3f%s%s%s",
          r->id, r->method, r->path,
          r->me ? r->me->name : r->slot ? r->slot->name : "-",
          r->me ? r->me->version : "-", status, r->n_inst, r->queue_ms,
          r->compute_ms, secs * 1e3, reason ? " reason=" : "",
-         reason ? reason : "");
+         reason ? reason : "", proto == CN__PROTO_GRPC ? " protocol=grpc" : "");
 }
 
 /* Sends body (taking it over) on the request's connection (conn.c adds

@@ -266,6 +266,9 @@ struct cn__server {
   bool listening;
   int listen_fd;             /* bound, not yet listening: -1 none     */
   int bound_port;
+  bool grpc_bound;           /* grpc-port bound, not yet listening: grpc_fd */
+  int grpc_fd;
+  int grpc_bound_port;
   uv_timer_t conn_timer;     /* the deadline sweep                     */
   cn__conn *conns;           /* every client connection (loop thread)  */
   int refused_conns;         /* beyond max-connections, being answered */

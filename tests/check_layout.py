@@ -98,7 +98,8 @@ SERVER_LAYERS = [
     ("work", ["batcher.c", "job_queue.c", "worker.c", "decode.c", "warmup.c",
               "learned_policy.c", "answer_parts.c", "kserve_answer.c"]),
     ("request", ["request.c", "versions.c"]),
-    ("net", ["listen.c", "conn_parse.c", "conn.c"]),
+    ("net", ["listen.c", "conn_parse.c", "conn.c", "grpc.c",
+             "grpc_service.c", "grpc_service.pb-c.c"]),
     ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c",
               "encoding.c"]),
 ]
@@ -155,6 +156,12 @@ def scan(root):
                             if not os.path.isfile(cand) and \
                                     os.path.isfile(cand + ".in"):
                                 cand += ".in"
+                            # or protoc-c's header of a .proto in the tree
+                            # (server/grpc_service.proto: custom_target)
+                            if not os.path.isfile(cand) and \
+                                    cand.endswith(".pb-c.h") and \
+                                    os.path.isfile(cand[:-7] + ".proto"):
+                                cand = cand[:-7] + ".proto"
                             if os.path.isfile(cand):
                                 hit = os.path.relpath(cand, root)
                                 break

@@ -102,6 +102,12 @@ class Procs:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def grpc_built():
+    """Whether the canopy under test has the gRPC front end (meson's
+    grpc feature; CANOPY_GRPC from the test's environment, else assumed)."""
+    return os.environ.get("CANOPY_GRPC", "1") == "1"
+
+
 def canopy_bin():
     b = os.environ.get("CANOPY_BIN")
     if not b:

@@ -59,7 +59,7 @@ def healthcheck(script, port=None, pid=None, env=None):
 def dockerfile_port(src):
     """The runtime stage listens where its health check probes: the port
     and address are ENV daemon keys, CMD passes neither (arguments given
-    to `docker run` replace CMD), EXPOSE is that port."""
+    to `docker run` replace CMD), EXPOSE is that port (and the gRPC one)."""
     with open(os.path.join(src, "Dockerfile")) as f:
         runtime = re.split(r"^FROM ", f.read().replace("\\\n", " "),
                            flags=re.M)[-1]
@@ -70,8 +70,9 @@ def dockerfile_port(src):
     cmd = re.search(r"^CMD (.*)$", runtime, re.M)
     check(cmd is None or not re.search(r"--(port|host)\b", cmd.group(1)),
           f"CMD sets the port or host, which ENV sets: {cmd.group(1)}")
-    check(re.search(rf"^EXPOSE {env['CANOPY_PORT']}$", runtime, re.M),
-          f"EXPOSE is not CANOPY_PORT {env['CANOPY_PORT']}")
+    # EXPOSE: CANOPY_PORT first, then the gRPC port the manifests set
+    check(re.search(rf"^EXPOSE {env['CANOPY_PORT']}( \d+)*$", runtime,
+                    re.M), f"EXPOSE is not CANOPY_PORT {env['CANOPY_PORT']}")
     check('CMD ["canopy-healthcheck"]' in runtime, "HEALTHCHECK script")
     return int(env["CANOPY_PORT"])
 

@@ -10,13 +10,14 @@ usage: test_k8s.py K8S_DIR REPO_ROOT   (CANOPY_BIN, CANOPY_DATA from meson)
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (Fail, Skip, canopy_bin, check, free_port,  # noqa
-                       init_model, main, request)
+                       grpc_built, init_model, main, request)
 
 try:
     import yaml
@@ -126,6 +127,19 @@ def body(procs):
     check(port, "container port named http")
     svc_port = one(docs, "Service")["spec"]["ports"][0]
     check(svc_port["targetPort"] in ("http", port), "Service targetPort")
+    # gRPC: the container port named grpc is the one --grpc-port opens,
+    # and the Service passes it on marked as h2c (cleartext HTTP/2)
+    gport = ports.get("grpc")
+    check(gport, "container port named grpc")
+    cargs = c.get("args", [])
+    check("--grpc-port" in cargs and
+          cargs[cargs.index("--grpc-port") + 1] == str(gport),
+          f"--grpc-port in args is not the grpc container port {gport}")
+    svc_grpc = [x for x in one(docs, "Service")["spec"]["ports"]
+                if x["name"] == "grpc"]
+    check(len(svc_grpc) == 1 and svc_grpc[0]["targetPort"] in
+          ("grpc", gport) and svc_grpc[0].get("appProtocol") ==
+          "kubernetes.io/h2c", f"Service port grpc (h2c): {svc_grpc}")
 
     def probe(name, path):
         p = c.get(name)
@@ -213,11 +227,12 @@ def body(procs):
     cfg = os.path.join(procs.dir, "canopy.conf")
     with open(cfg, "w") as f:
         f.write(cm["data"]["canopy.conf"])
-    hp = free_port()
+    hp, hg = free_port(), free_port()
     a = []
     for x in args:
         a.append({cfg_path: cfg, "0.0.0.0": "127.0.0.1",
-                  str(port): str(hp)}.get(x, x))
+                  str(port): str(hp),
+                  str(gport): str(hg) if grpc_built() else "0"}.get(x, x))
     bindir = os.path.join(procs.dir, "bin")
     os.makedirs(bindir)
     os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
@@ -237,12 +252,33 @@ def body(procs):
     check(ready, f"the pod's process is not ready:\n{procs.log(p)}")
     st = request(hp, "GET", c["livenessProbe"]["httpGet"]["path"])[0]
     check(st == 200, f"liveness {st}")
+    # the gRPC port takes a connection: an HTTP/2 preface is answered
+    # with the server's SETTINGS frame (RFC 9113 section 3.4)
+    if grpc_built():
+        check_h2_settings(hg)
+    else:
+        print("gRPC port: not checked, this canopy has no gRPC front end")
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     check(p.wait(tgp - pre_s) == 0, f"exit {p.returncode}")
     print(f"pod process: ready and live on the probes' paths; SIGTERM to "
           f"exit 0 in {(time.monotonic() - t0) * 1e3:.0f} ms (budget "
           f"{tgp - pre_s} s after preStop)")
+
+
+def check_h2_settings(port):
+    """An HTTP/2 client preface and empty SETTINGS to port; the first
+    frame back must be the server's SETTINGS."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as g:
+        g.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                  b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        head = b""
+        while len(head) < 9:
+            b = g.recv(9 - len(head))
+            check(b, "the gRPC port closed without a SETTINGS frame")
+            head += b
+        check(head[3] == 4, f"the gRPC port's first frame is type {head[3]},"
+              f" not SETTINGS")
 
 
 if __name__ == "__main__":

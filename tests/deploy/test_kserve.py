@@ -1,4 +1,5 @@
-"""test_kserve.py - deploy/kserve/servingruntime.yaml: the fields
+"""test_kserve.py - deploy/kserve/servingruntime.yaml (REST) or
+servingruntime-grpc.yaml (gRPC): the fields
 KServe's documentation of ServingRuntime requires or relies on, and the
 pod's process run once outside a cluster. No cluster ran it (none here);
 scripts/validate_kserve_runtime.py checks the file against KServe's CRD
@@ -13,16 +14,20 @@ storageUri; the Open Inference Protocol):
 - spec.supportedModelFormats: entries with a name (required), version a
   string, autoSelect a boolean, priority (an integer >= 1) only with
   autoSelect;
-- spec.protocolVersions from v1, v2, grpc-v1, grpc-v2: here [v2], the
-  Open Inference Protocol over REST, which the daemon serves under /v2;
+- spec.protocolVersions from v1, v2, grpc-v1, grpc-v2: [v2], the Open
+  Inference Protocol over REST, which the daemon serves under /v2, or
+  [grpc-v2], the protocol over gRPC (inference.GRPCInferenceService);
 - the model: the storage initializer puts the storageUri's content at
   /mnt/models, so that is what the entrypoint serves;
-- one container port (Knative allows one), the probes on it at the
-  protocol's health routes.
+- one container port (Knative allows one): for v2 the HTTP port, the
+  probes on it at the protocol's health routes; for grpc-v2 the gRPC port
+  named h2c (KServe and Knative route HTTP/2 to a port so named), the
+  probes on the HTTP port (Knative >= 1.3 allows a probe on another port).
 Then: every CANOPY_* variable is a daemon key (or the entrypoint's), the
 user is the image's, and the entrypoint with the container's environment
 and a models directory standing for /mnt/models answers the probes, the
-model's v2 ready route and a v2 inference equal to `canopy run`'s, and
+model's v2 ready route and a v2 inference equal to `canopy run`'s (for
+grpc-v2, a gRPC ModelInfer on the h2c port too, with python3-grpcio), and
 exits 0 on SIGTERM.
 
 usage: test_kserve.py RUNTIME_YAML REPO_ROOT   (CANOPY_BIN, CANOPY_DATA)
@@ -36,8 +41,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (Skip, canopy_bin, check, data_dir,  # noqa: E402
-                       expected_outputs, free_port, init_model, main, near,
-                       request)
+                       expected_outputs, free_port, grpc_built, init_model,
+                       main, near, request)
 from test_k8s import ENTRYPOINT_VARS, daemon_keys  # noqa: E402
 
 try:
@@ -71,7 +76,9 @@ def check_runtime(rt, root):
                 f"supportedModelFormats {f['name']}: priority >= 1 needs "
                 "autoSelect true")
     pv = spec.get("protocolVersions")
-    check(pv == ["v2"] and set(pv) <= PROTOCOLS, f"protocolVersions {pv}")
+    check(pv in (["v2"], ["grpc-v2"]) and set(pv) <= PROTOCOLS,
+          f"protocolVersions {pv}")
+    grpc_rt = pv == ["grpc-v2"]
     check(spec.get("multiModel", False) is False and "builtInAdapter" not in
           spec, "not a ModelMesh runtime")
     cs = spec.get("containers")
@@ -91,10 +98,22 @@ def check_runtime(rt, root):
         check(name in ENTRYPOINT_VARS or (name.startswith("CANOPY_") and
                                           key in keys),
               f"env {name} is no daemon key")
-    check(env.get("CANOPY_PORT") == str(port),
-          f"CANOPY_PORT {env.get('CANOPY_PORT')} != containerPort {port}")
+    if grpc_rt:
+        check(ports[0].get("name") == "h2c", f"the gRPC port's name "
+              f"{ports[0].get('name')}: h2c routes HTTP/2 to it")
+        check(env.get("CANOPY_GRPC_PORT") == str(port),
+              f"CANOPY_GRPC_PORT {env.get('CANOPY_GRPC_PORT')} != "
+              f"containerPort {port}")
+        http_port = int(env.get("CANOPY_PORT") or 0)
+        check(http_port and http_port != port, f"CANOPY_PORT {http_port}: "
+              "the probes' HTTP port")
+    else:
+        check(env.get("CANOPY_PORT") == str(port),
+              f"CANOPY_PORT {env.get('CANOPY_PORT')} != containerPort {port}")
+        http_port = port
     check(env.get("CANOPY_HOST") == "0.0.0.0", "CANOPY_HOST 0.0.0.0")
-    check(not any(a.startswith(("--port", "--host", "--models-dir"))
+    check(not any(a.startswith(("--port", "--grpc-port", "--host",
+                                "--models-dir"))
                   for a in c.get("args", [])),
           "args set what the environment sets")
     check(env.get("CANOPY_MODELS_MOUNT") == STORAGE_MOUNT,
@@ -106,7 +125,7 @@ def check_runtime(rt, root):
                        ("livenessProbe", "/v2/health/live")):
         p = c.get(name)
         check(p and p["httpGet"]["path"] == path and p["httpGet"].get(
-            "port", port) == port, f"{name}: GET {path} on {port}")
+            "port", port) == http_port, f"{name}: GET {path} on {http_port}")
     for k in ("requests", "limits"):
         r = c.get("resources", {}).get(k, {})
         check("cpu" in r and "memory" in r, f"resources.{k}: cpu, memory")
@@ -115,7 +134,7 @@ def check_runtime(rt, root):
     sc = c.get("securityContext", {})
     check(sc.get("runAsNonRoot") and str(sc.get("runAsUser")) == uid,
           f"runAsUser {sc.get('runAsUser')} != the image's USER {uid}")
-    return c, env, port
+    return c, env, port, grpc_rt
 
 
 def body(procs):
@@ -125,7 +144,10 @@ def body(procs):
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     check(len(docs) == 1, f"{path}: {len(docs)} documents, expected one")
-    c, env, port = check_runtime(docs[0], root)
+    c, env, port, grpc_rt = check_runtime(docs[0], root)
+    if grpc_rt and not grpc_built():
+        raise Skip("a grpc-v2 runtime, and this canopy has no gRPC front "
+                   "end (meson -Dgrpc)")
     print(f"runtime: {docs[0]['metadata']['name']}, formats "
           f"{[f['name'] for f in docs[0]['spec']['supportedModelFormats']]}"
           f", protocols {docs[0]['spec']['protocolVersions']}, port {port}, "
@@ -134,7 +156,7 @@ def body(procs):
     # The pod's process: what the storage initializer leaves at
     # /mnt/models is a directory of model directories.
     mdir = init_model(procs)
-    hp = free_port()
+    hp, hg = free_port(), free_port()
     bindir = os.path.join(procs.dir, "bin")
     os.makedirs(bindir)
     os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
@@ -142,6 +164,7 @@ def body(procs):
     e.update({"PATH": f"{bindir}:{os.environ['PATH']}",
               "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
               "CANOPY_HOST": "127.0.0.1", "CANOPY_PORT": str(hp),
+              "CANOPY_GRPC_PORT": str(hg) if grpc_rt else "0",
               "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
     p = procs.start([os.path.join(root, "deploy/image/entrypoint.sh"),
                      *c.get("args", [])], "pod.log", env=e)
@@ -172,10 +195,42 @@ def body(procs):
     check("LOGITS" in outs, f"v2 infer outputs: {sorted(outs)}")
     flat = [x for w in want for x in w["logits"]]
     near(outs["LOGITS"]["data"], flat, where="LOGITS")
+    if grpc_rt:
+        grpc_infer(procs, root, hg, name, lines, flat)
     p.send_signal(signal.SIGTERM)
     check(p.wait(20) == 0, f"exit {p.returncode}:\n{procs.log(p)}")
     print(f"pod process: the probes, /v2/models/{name}/ready and a v2 "
           "inference (equal to canopy run's) answered; SIGTERM: exit 0")
+
+
+def grpc_infer(procs, root, port, name, lines, flat):
+    """A gRPC ModelInfer on the runtime's h2c port, with stubs generated
+    from server/grpc_service.proto: LOGITS equal to `canopy run`'s."""
+    try:
+        import grpc
+        import grpc_tools  # noqa: F401
+    except ImportError as e:
+        print(f"gRPC inference: skipped, python3-grpcio or python3-grpc-tools"
+              f" missing ({e})")
+        return
+    import struct
+    sys.path.insert(0, os.path.join(root, "tests", "python"))
+    from test_grpc import generate_stubs
+    pb, rpc = generate_stubs(procs.dir)
+    req = pb.ModelInferRequest(model_name=name)
+    req.inputs.add(name="INSTANCE", datatype="BYTES", shape=[len(lines)])
+    req.raw_input_contents.append(b"".join(
+        struct.pack("<I", len(x.strip().encode())) + x.strip().encode()
+        for x in lines))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        resp = rpc.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=30)
+    names = [t.name for t in resp.outputs]
+    check("LOGITS" in names, f"gRPC infer outputs: {names}")
+    raw = resp.raw_output_contents[names.index("LOGITS")]
+    near(list(struct.unpack(f"<{len(raw) // 4}f", raw)), flat,
+         where="gRPC LOGITS")
+    print(f"pod process: a gRPC ModelInfer on the h2c port (equal to "
+          f"canopy run's)")
 
 
 if __name__ == "__main__":
