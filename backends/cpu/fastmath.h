@@ -53,8 +53,12 @@ typedef int32_t cn_v16i __attribute__((vector_size(64)));
 /* m ? x : y lane by lane, m a comparison's all-ones or zeros. */
 #define CN_VSEL_(VI, m, x, y) ((__typeof__(x))(((VI)(x) & (m)) | ((VI)(y) & ~(m))))
 
+/* Always inlined: each clone of the fused loops (cpu.c's target_clones)
+ * must get its own copy, never a call that passes a vector between code
+ * built for different instruction sets (gcc's -Wpsabi). */
+#define CN_VINL_ __attribute__((always_inline)) static inline
 #define CN_VEC_MATH_(V, VI, S)                                              \
-  static inline V cn_exp_##S(V x) {                                         \
+  CN_VINL_ V cn_exp_##S(V x) {                                         \
     V lo = (V){0} - 87.3f, hi = (V){0} + 88.3f;                               \
     x = CN_VSEL_(VI, x > lo, x, lo); /* fmaxf(x, -87.3f) */                 \
     x = CN_VSEL_(VI, x < hi, x, hi); /* fminf(x, 88.3f)  */                 \
@@ -72,19 +76,20 @@ typedef int32_t cn_v16i __attribute__((vector_size(64)));
     VI e = (__builtin_convertvector(n, VI) + 127) << 23;                    \
     return p * (V)e;                                                        \
   }                                                                         \
-  static inline V cn_sigmoid_##S(V x) { return 1.0f / (1.0f + cn_exp_##S(-x)); } \
-  static inline V cn_tanh_##S(V x) {                                        \
+  CN_VINL_ V cn_sigmoid_##S(V x) { return 1.0f / (1.0f + cn_exp_##S(-x)); } \
+  CN_VINL_ V cn_tanh_##S(V x) {                                        \
     return 2.0f / (1.0f + cn_exp_##S(-2.0f * x)) - 1.0f;                    \
   }                                                                         \
-  static inline V cn_relu_##S(V x) {                                        \
+  CN_VINL_ V cn_relu_##S(V x) {                                        \
     return CN_VSEL_(VI, x > 0.0f, x, (V){0});                                \
   }                                                                         \
-  static inline V cn_step_##S(V x) {                                        \
+  CN_VINL_ V cn_step_##S(V x) {                                        \
     return CN_VSEL_(VI, x > 0.0f, (V){0} + 1.0f, (V){0});                     \
   }
 CN_VEC_MATH_(cn_v8, cn_v8i, v8)
 CN_VEC_MATH_(cn_v16, cn_v16i, v16)
 #undef CN_VEC_MATH_
+#undef CN_VINL_
 
 static inline float cn_relu(float x) { return x > 0.0f ? x : 0.0f; }
 static inline float cn_step(float x) { return x > 0.0f ? 1.0f : 0.0f; }
