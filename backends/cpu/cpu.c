@@ -1,7 +1,8 @@
 /* cpu.c - the CPU backend: gemm.c for every product (one fixed order of
- * sums, so answers never depend on the batch), plain loops the compiler
- * vectorises for gathers and the compiled cells' fused elementwise
- * programs: backend.h's general operations, no family's own kernel.
+ * sums, so answers never depend on the batch), plain loops for gathers,
+ * and the compiled cells' fused elementwise programs run a tile of rows
+ * at a time in vector blocks (fastmath.h): backend.h's general
+ * operations, no family's own kernel.
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
  * mapped them, and core reads results in place. A weight matrix is packed
