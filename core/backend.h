@@ -40,18 +40,43 @@ struct cn_backend_ctx {
  * width; instructions run in order, each over its whole width, row by row
  * (so a later instruction may read what an earlier one wrote in the same
  * row, at any column). */
+/* The instruction set, written once: X(NAME, ARITY, EXPR) for each op,
+ * in the order of its number (CN_EW_MOV = 0, ...). EXPR computes one float
+ * of d from the floats a and b of the operands (b only when ARITY is 2);
+ * a backend expands the list where it runs the ops (cpu.c's row loops,
+ * cuda_ew.cu's kernel), after defining the functions EXPR calls:
+ * cn_ew_sigmoid(x) = 1/(1+e^-x), cn_ew_tanh(x) and cn_ew_exp(x), each to
+ * the accuracy of docs/models.md; cn_ew_relu(x) = x > 0 ? x : 0 and
+ * cn_ew_step(x) = x > 0 ? 1 : 0, exactly (a NaN gives 0: STEP is a mask
+ * for a choice made per element). */
+#define CN_EW_OPS(X)                                      \
+  X(MOV, 1, a)                  /* d = a            */    \
+  X(ADD, 2, a + b)              /* d = a + b        */    \
+  X(SUB, 2, a - b)              /* d = a - b        */    \
+  X(MUL, 2, a * b)              /* d = a * b        */    \
+  X(DIV, 2, a / b)              /* d = a / b        */    \
+  X(SIGMOID, 1, cn_ew_sigmoid(a)) /* d = 1/(1+e^-a) */    \
+  X(TANH, 1, cn_ew_tanh(a))     /* d = tanh(a)      */    \
+  X(EXP, 1, cn_ew_exp(a))       /* d = e^a          */    \
+  X(RELU, 1, cn_ew_relu(a))     /* d = max(a, 0)    */    \
+  X(STEP, 1, cn_ew_step(a))     /* d = a > 0 ? 1 : 0 */
+
 enum cn_ew_op {
-  CN_EW_MOV,     /* d = a            */
-  CN_EW_ADD,     /* d = a + b        */
-  CN_EW_SUB,     /* d = a - b        */
-  CN_EW_MUL,     /* d = a * b        */
-  CN_EW_DIV,     /* d = a / b        */
-  CN_EW_SIGMOID, /* d = 1/(1+e^-a)   */
-  CN_EW_TANH,    /* d = tanh(a)      */
-  CN_EW_EXP,     /* d = e^a          */
-  CN_EW_RELU,    /* d = max(a, 0)    */
-  CN_EW_STEP     /* d = a > 0 ? 1 : 0 (a mask: NaN gives 0) */
+#define CN_EW_ENUM_(NAME, ARITY, EXPR) CN_EW_##NAME,
+  CN_EW_OPS(CN_EW_ENUM_)
+#undef CN_EW_ENUM_
+  CN_EW__COUNT /* the number of ops; not an op */
 };
+
+/* Whether op reads its b operand (otherwise b may hold anything). */
+static inline bool cn_ew_binary(int op) {
+  switch (op) {
+#define CN_EW_BIN_(NAME, ARITY, EXPR) case CN_EW_##NAME: return ARITY == 2;
+    CN_EW_OPS(CN_EW_BIN_)
+#undef CN_EW_BIN_
+  default: return false;
+  }
+}
 
 typedef struct cn_ew_arg {
   int16_t slot; /* < 0: the constant k */

@@ -2,6 +2,7 @@
  * on memory core must treat as a device's. */
 #include "devsim.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -365,9 +366,34 @@ static void sim_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
   CPU(bk)->vt->copy_rows(CPU(bk), dst, ldd, src, lds, n, width);
 }
 
+/* An operand's slot as cuda_ew.cu accepts it: a constant (< 0), a slot
+ * of the table, or the tmp slot. */
+static bool sim_slot_ok(const cn_ew_prog *p, int slot) {
+  return slot < 0 || slot < p->n_slots || slot == p->tmp_slot;
+}
+
+/* cuda_ew.cu refuses a program with an op outside backend.h's list or an
+ * operand outside the table (b only for an op that reads one); so does
+ * the simulated device, loudly, so a compiler that emits one fails the
+ * CPU tests as it would fail on a GPU. */
+static void sim_ew_check(const cn_ew_prog *p) {
+  for (int i = 0; i < p->n_insn; i++) {
+    const cn_ew_insn *in = &p->insn[i];
+    if (in->op < CN_EW__COUNT && sim_slot_ok(p, in->d.slot) &&
+        sim_slot_ok(p, in->a.slot) &&
+        (!cn_ew_binary(in->op) || sim_slot_ok(p, in->b.slot)))
+      continue;
+    fprintf(stderr, "devsim ew_program: instruction %d: bad op %d or slot "
+            "(%d, %d, %d) of %d\n", i, (int)in->op, (int)in->d.slot,
+            (int)in->a.slot, (int)in->b.slot, p->n_slots);
+    abort();
+  }
+}
+
 static void sim_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
                            const cn_ew_slot *slots, int n) {
   if (n <= 0 || p == NULL || p->n_insn <= 0) return;
+  sim_ew_check(p);
   /* as cuda_ew.cu: the off arrays (an edge slot's seg[n] long) and the
    * segments the batch did not stage, and the slot table and
    * instructions when they are too big to pass by value, in one upload */

@@ -1,7 +1,8 @@
 /* cpu.c - the CPU backend: gemm.c for every product (one fixed order of
- * sums, so answers never depend on the batch), plain loops the compiler
- * vectorises for gathers and the compiled cells' fused elementwise
- * programs: backend.h's general operations, no family's own kernel.
+ * sums, so answers never depend on the batch), plain loops for gathers,
+ * and the compiled cells' fused elementwise programs run a tile of rows
+ * at a time in vector blocks (fastmath.h): backend.h's general
+ * operations, no family's own kernel.
  *
  * Memory is host memory (vt.host_memory): weights are used where the model
  * mapped them, and core reads results in place. A weight matrix is packed
@@ -53,11 +54,6 @@ static const float *zeros(cn_backend_ctx *bk, int n) {
   return c->zeros;
 }
 
-#define ROW(off, add) ((off) >= 0 ? base + (off) + (add) : zeros(bk, H))
-
-#define sigm cn_sigmoid
-#define tanhf cn_tanh
-#define expf cn_exp
 
 /* The fused loops are compiled three times, for AVX-512, AVX2 and the
  * x86-64 baseline, and picked at load time (gcc function multi-versioning).
@@ -371,38 +367,45 @@ static void cpu_copy_rows(cn_backend_ctx *bk, float *dst, int ldd,
            (size_t)width * sizeof(float));
 }
 
-/* One instruction over w floats. d may be a or b exactly (an accumulating
- * chain), so no restrict; the loops still vectorise behind gcc's overlap
- * check. Inlined into ew_rows, so each of its clones has its own. */
-static inline void ew_apply(int op, int w, float *d, const float *a,
-                            const float *b) {
-  switch (op) {
-  case CN_EW_MOV: for (int j = 0; j < w; j++) d[j] = a[j]; break;
-  case CN_EW_ADD: for (int j = 0; j < w; j++) d[j] = a[j] + b[j]; break;
-  case CN_EW_SUB: for (int j = 0; j < w; j++) d[j] = a[j] - b[j]; break;
-  case CN_EW_MUL: for (int j = 0; j < w; j++) d[j] = a[j] * b[j]; break;
-  case CN_EW_DIV: for (int j = 0; j < w; j++) d[j] = a[j] / b[j]; break;
-  case CN_EW_SIGMOID: for (int j = 0; j < w; j++) d[j] = sigm(a[j]); break;
-  case CN_EW_TANH: for (int j = 0; j < w; j++) d[j] = tanhf(a[j]); break;
-  case CN_EW_RELU:
-    for (int j = 0; j < w; j++) d[j] = a[j] > 0.0f ? a[j] : 0.0f;
-    break;
-  case CN_EW_STEP:
-    for (int j = 0; j < w; j++) d[j] = a[j] > 0.0f ? 1.0f : 0.0f;
-    break;
-  default: for (int j = 0; j < w; j++) d[j] = expf(a[j]); break;
-  }
-}
+/* ---- the fused elementwise program (backend.h cn_ew_prog) ----
+ *
+ * Rows go through the program a tile at a time: each instruction runs over
+ * every row of the tile before the next one starts, so its op is decoded
+ * once per tile rather than once per row. An instruction whose operands
+ * all lie at fixed strides (rows of the batch, the tile's scratch, a
+ * constant or broadcast row) is one two-dimensional loop over the tile,
+ * each row a few vector operations with no decoding, no pointer lookup
+ * and no overlap check (at H = 8 an instruction is 8 floats, and the
+ * bookkeeping around them cost many times the arithmetic). The per-row
+ * scratch (the tmp slot) is one row per row of the tile, the tile as long
+ * as keeps it within EW_TILE_BYTES (in L1 with the rows' operands). Rows
+ * are independent (backend.h), so the order changes no value: every float
+ * is the same expression of the same operands.
+ *
+ * A segment loop's instructions run per edge, in edge order, row by row,
+ * as the contract states them: they may write the per-row scratch that
+ * the next edge overwrites. */
+#define EW_TILE_BYTES 16384
+#define EW_TILE_MAX 64
 
-static inline bool ew_binary(int op) {
-  return op >= CN_EW_ADD && op <= CN_EW_DIV;
-}
+/* The op expressions' functions (backend.h CN_EW_OPS), from fastmath.h,
+ * on a float or on a block of 8 or 16 (the same bits either way). */
+#define EW_FN_(x, f)                                                       \
+  _Generic((x), cn_v16: f##_v16, cn_v8: f##_v8, default: f)(x)
+#define cn_ew_sigmoid(x) EW_FN_(x, cn_sigmoid)
+#define cn_ew_tanh(x) EW_FN_(x, cn_tanh)
+#define cn_ew_exp(x) EW_FN_(x, cn_exp)
+#define cn_ew_relu(x) EW_FN_(x, cn_relu)
+#define cn_ew_step(x) EW_FN_(x, cn_step)
 
-/* An operand resolved once per program: where its rows are, so the row
- * loop does no decoding. kind 0: base + r·ld (+ col); 1: base + off[r]
- * (+ col), a missing row (off < 0) reads `zero` / is not written; 2: a
- * fixed row (tmp scratch, a constant row); 3: none (a unary op's b). A
- * broadcast bias is kind 0 with ld 0. */
+/* How an operand's row is found, resolved once per program:
+ * EWK_ROWS base + r·ld (ld 0: a broadcast row); EWK_OFF base + off[r],
+ * a missing row (off < 0) reads `zero` and is not written; EWK_TMP the
+ * tile's scratch, base + t·ld for the row's place t in the tile;
+ * EWK_FIXED base (a constant row); EWK_NONE: a unary op's b, or a
+ * constant d (nothing is written). */
+enum { EWK_ROWS, EWK_OFF, EWK_TMP, EWK_FIXED, EWK_NONE };
+
 typedef struct ew_operand {
   float *base;
   const int64_t *off;
@@ -413,51 +416,187 @@ typedef struct ew_operand {
 
 typedef struct ew_step {
   int op, width;
+  bool serial; /* d overlaps a or b at other columns: one float at a time */
+  bool flat;   /* every operand at a fixed stride: one 2-D loop a tile */
   ew_operand x[3]; /* d, a, b */
 } ew_step;
 
-static inline float *ew_row(const ew_operand *o, int64_t r) {
+__attribute__((always_inline)) static inline float *
+ew_row(const ew_operand *o, int64_t r, int64_t t) {
   switch (o->kind) {
-  case 0: return o->base + r * o->ld;
-  case 1: return o->off[r] < 0 ? NULL : o->base + o->off[r];
-  case 2: return o->base;
+  case EWK_ROWS: return o->base + r * o->ld;
+  case EWK_OFF: return o->off[r] < 0 ? NULL : o->base + o->off[r];
+  case EWK_TMP: return o->base + t * o->ld;
+  case EWK_FIXED: return o->base;
   default: return NULL;
   }
 }
 
-/* Steps [i0, i1) on row r, edge operands at edge e. Always inlined: each
- * clone of ew_rows (target_clones) must get its own, vectorised copy. */
-__attribute__((always_inline)) static inline void ew_steps(const ew_step *st, int i0, int i1, int r,
-                            int64_t e, const float *zero) {
-  for (int i = i0; i < i1; i++) {
-    const ew_step *s = &st[i];
-    int64_t rd = s->x[0].edge ? e : r, ra = s->x[1].edge ? e : r,
-            rb = s->x[2].edge ? e : r;
-    float *d = ew_row(&s->x[0], rd);
-    if (d == NULL) continue; /* never write a missing row */
-    const float *a = ew_row(&s->x[1], ra), *b = ew_row(&s->x[2], rb);
-    if (a == NULL) a = zero;
-    if (b == NULL && s->x[2].kind != 3) b = zero;
-    ew_apply(s->op, s->width, d, a, b);
+/* For each op of the list, three loops:
+ * ew_<op>: one row of w floats, in blocks of 16 and 8 (vectors: each
+ *   read whole before any of it is written, so d may be a or b exactly,
+ *   an accumulating chain; no overlap check), then the floats left one by
+ *   one;
+ * ew_<op>_2d: that over `rows` rows, each operand ld floats after the
+ *   last (ld 0: the same row every time);
+ * ew_<op>_serial: the plain loop in column order, for an instruction
+ *   whose d overlaps a source at other columns (core emits none). */
+#define EW_BLOCK(V, ARITY, EXPR)                                           \
+  for (; j + (int)(sizeof(V) / 4) <= w; j += (int)(sizeof(V) / 4)) {      \
+    V a, b = {0}, d_;                                                      \
+    memcpy(&a, pa + j, sizeof(V));                                         \
+    if (ARITY == 2) memcpy(&b, pb + j, sizeof(V));                         \
+    (void)b;                                                               \
+    d_ = (EXPR);                                                           \
+    memcpy(pd + j, &d_, sizeof(V));                                        \
+  }
+#define EW_OP_FN(NAME, ARITY, EXPR)                                        \
+  __attribute__((always_inline)) static inline void ew_##NAME(             \
+      int w, float *pd, const float *pa, const float *pb) {                \
+    int j = 0;                                                             \
+    EW_BLOCK(cn_v16, ARITY, EXPR)                                          \
+    EW_BLOCK(cn_v8, ARITY, EXPR)                                           \
+    for (; j < w; j++) {                                                   \
+      float a = pa[j], b = ARITY == 2 ? pb[j] : 0.0f;                      \
+      (void)b;                                                             \
+      pd[j] = (EXPR);                                                      \
+    }                                                                      \
+  }                                                                        \
+  __attribute__((always_inline)) static inline void ew_##NAME##_2d(        \
+      int64_t rows, int w, float *pd, int64_t ldd, const float *pa,        \
+      int64_t lda, const float *pb, int64_t ldb) {                         \
+    for (int64_t r = 0; r < rows; r++) {                                   \
+      ew_##NAME(w, pd, pa, pb);                                            \
+      pd += ldd;                                                           \
+      pa += lda;                                                           \
+      pb += ldb;                                                           \
+    }                                                                      \
+  }                                                                        \
+  static void ew_##NAME##_serial(int w, float *pd, const float *pa,        \
+                                 const float *pb) {                        \
+    for (int j = 0; j < w; j++) {                                          \
+      float a = pa[j], b = ARITY == 2 ? pb[j] : 0.0f;                      \
+      (void)b;                                                             \
+      pd[j] = (EXPR);                                                      \
+    }                                                                      \
+  }
+CN_EW_OPS(EW_OP_FN)
+#undef EW_OP_FN
+
+/* Operand x's row at the tile's first row r0, and the floats from one
+ * row to the next (a flat step's operands only). */
+static inline float *ew_flat(const ew_operand *o, int64_t r0, int64_t *ld) {
+  switch (o->kind) {
+  case EWK_ROWS: *ld = o->ld; return o->base + r0 * o->ld;
+  case EWK_TMP: *ld = o->ld; return o->base;
+  default: *ld = 0; return o->base;
   }
 }
 
-/* Every row through every step, in order (the per-row scratch and the
- * row's operands stay in L1 while the steps run over it), the segment
- * loop's steps [eb, ee) once per edge of the row. One function compiled
- * per instruction set, with ew_apply's loops inlined. */
-CN_VEC static void ew_rows(const ew_step *st, int n_st, int n,
-                           const float *zero, int eb, int ee,
-                           const int64_t *seg) {
-  if (ee <= eb) { /* no segment loop: every operand at row r */
-    for (int r = 0; r < n; r++) ew_steps(st, 0, n_st, r, r, zero);
+/* Step s on the rows [r0, r1) of the tile starting at row t0; in a
+ * segment loop (r1 = r0 + 1) its edge operands at edge e. Always inlined:
+ * each clone of ew_rows (target_clones) gets its own vectorised copy. */
+__attribute__((always_inline)) static inline void
+ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
+             const float *zero) {
+  const int w = s->width;
+  if (s->flat) { /* the rows [r0, r1) as one 2-D loop */
+    int64_t ldd, lda, ldb = 0;
+    float *d = ew_flat(&s->x[0], r0, &ldd);
+    const float *a = ew_flat(&s->x[1], r0, &lda), *b = a;
+    if (s->x[2].kind != EWK_NONE) b = ew_flat(&s->x[2], r0, &ldb);
+    switch (s->op) {
+#define EW_CASE(NAME, ARITY, EXPR)                                         \
+  case CN_EW_##NAME:                                                       \
+    ew_##NAME##_2d(r1 - r0, w, d, ldd, a, lda, b, ldb);                    \
+    break;
+      CN_EW_OPS(EW_CASE)
+#undef EW_CASE
+    default: break;
+    }
     return;
   }
-  for (int r = 0; r < n; r++) {
-    ew_steps(st, 0, eb, r, r, zero);
-    for (int64_t e = seg[r]; e < seg[r + 1]; e++)
-      ew_steps(st, eb, ee, r, e, zero);
-    ew_steps(st, ee, n_st, r, r, zero);
+  switch (s->op) {
+#define EW_CASE(NAME, ARITY, EXPR)                                         \
+  case CN_EW_##NAME:                                                       \
+    for (int64_t r = r0; r < r1; r++) {                                    \
+      float *d = ew_row(&s->x[0], s->x[0].edge ? e : r, r - t0);           \
+      if (d == NULL) continue; /* never write a missing row */            \
+      const float *a = ew_row(&s->x[1], s->x[1].edge ? e : r, r - t0);     \
+      const float *b = NULL;                                               \
+      if (a == NULL) a = zero;                                             \
+      if (ARITY == 2) {                                                    \
+        b = ew_row(&s->x[2], s->x[2].edge ? e : r, r - t0);                \
+        if (b == NULL) b = zero;                                           \
+      }                                                                    \
+      if (s->serial)                                                       \
+        ew_##NAME##_serial(w, d, a, b);                                    \
+      else                                                                 \
+        ew_##NAME(w, d, a, b);                                             \
+    }                                                                      \
+    break;
+    CN_EW_OPS(EW_CASE)
+#undef EW_CASE
+  default: break;
+  }
+}
+
+/* The rows [0, n) through every step, a tile of `tile` rows at a time;
+ * the segment loop's steps [eb, ee) once per edge of each row. One
+ * function compiled per instruction set, the ops' loops inlined. */
+CN_VEC static void ew_rows(const ew_step *st, int n_st, int64_t n,
+                           int64_t tile, const float *zero, int eb, int ee,
+                           const int64_t *seg) {
+  for (int64_t r0 = 0; r0 < n; r0 += tile) {
+    int64_t r1 = r0 + tile < n ? r0 + tile : n;
+    for (int i = 0; i < eb; i++) ew_step_rows(&st[i], r0, r1, r0, 0, zero);
+    for (int64_t r = r0; ee > eb && r < r1; r++)
+      for (int64_t e = seg[r]; e < seg[r + 1]; e++)
+        for (int i = eb; i < ee; i++)
+          ew_step_rows(&st[i], r, r + 1, r0, e, zero);
+    for (int i = ee > eb ? ee : eb; i < n_st; i++)
+      ew_step_rows(&st[i], r0, r1, r0, 0, zero);
+  }
+}
+
+/* Whether operands x and y of one instruction of width w are the same
+ * slot at overlapping but different columns (core's compiler emits none;
+ * the plain loop keeps such an instruction's column order). */
+static bool ew_shifted(const cn_ew_arg *x, const cn_ew_arg *y, int w) {
+  return x->slot >= 0 && x->slot == y->slot && x->col != y->col &&
+         x->col < y->col + w && y->col < x->col + w;
+}
+
+/* Resolves operand q (0: d, 1: a, 2: b) of instruction i: a constant
+ * becomes a row of k at *kp (a constant d writes nothing), the tmp slot
+ * the tile's scratch. */
+static void ew_resolve(const cn_ew_prog *p, const cn_ew_slot *slots, int i,
+                       int q, float *tmp, float **kp, ew_operand *o) {
+  const cn_ew_insn *in = &p->insn[i];
+  const cn_ew_arg *x = q == 0 ? &in->d : q == 1 ? &in->a : &in->b;
+  bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
+  *o = (ew_operand){NULL, NULL, 0, EWK_NONE, 0};
+  if (q == 2 && !cn_ew_binary(in->op)) return;
+  if (x->slot < 0) {
+    if (q == 0) return;
+    o->kind = EWK_FIXED;
+    for (int j = 0; j < in->width; j++) (*kp)[j] = x->k;
+    o->base = *kp;
+    *kp += in->width;
+  } else if (x->slot == p->tmp_slot) {
+    o->kind = EWK_TMP;
+    o->base = tmp + x->col;
+    o->ld = p->tmp_width;
+  } else {
+    const cn_ew_slot *sl = &slots[x->slot];
+    /* a slot with no rows in this batch may have no base: no offset is
+     * applied to a null pointer (undefined in C) */
+    o->base = sl->base != NULL ? sl->base + x->col : NULL;
+    o->off = sl->off;
+    o->ld = sl->ld;
+    o->kind = sl->off != NULL ? EWK_OFF : EWK_ROWS;
+    o->edge = loop && i >= p->edge_begin && i < p->edge_end &&
+              x->slot >= p->edge_slot0;
   }
 }
 
@@ -466,12 +605,18 @@ CN_VEC static void ew_rows(const ew_step *st, int n_st, int n,
 static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
                            const cn_ew_slot *slots, int n) {
   cpu_ctx *c = (cpu_ctx *)bk;
-  int64_t need = p->tmp_width, maxw = 1;
+  if (n <= 0 || p->n_insn <= 0) return;
+  int64_t tw = p->tmp_slot >= 0 && p->tmp_width > 0 ? p->tmp_width : 0;
+  int64_t tile = tw > 0 ? EW_TILE_BYTES / ((int64_t)sizeof(float) * tw) : n;
+  if (tile > EW_TILE_MAX) tile = EW_TILE_MAX;
+  if (tile < 1) tile = 1;
+  if (tile > n) tile = n;
+  int64_t need = tile * tw, maxw = 1;
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
     if (in->width > maxw) maxw = in->width;
     if (in->a.slot < 0) need += in->width;
-    if (in->b.slot < 0 && ew_binary(in->op)) need += in->width;
+    if (in->b.slot < 0 && cn_ew_binary(in->op)) need += in->width;
   }
   if (p->n_insn > c->n_ew_steps) {
     ew_step *t = realloc(c->ew_steps, (size_t)p->n_insn * sizeof(ew_step));
@@ -488,42 +633,25 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
   const float *zero = zeros(bk, (int)maxw);
   bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
   /* c->ew stays NULL while no program needed scratch: no offset on it */
-  float *tmp = c->ew, *kp = c->ew != NULL ? c->ew + p->tmp_width : NULL;
+  float *tmp = c->ew, *kp = c->ew != NULL ? c->ew + tile * tw : NULL;
   ew_step *st = c->ew_steps;
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
-    const cn_ew_arg *args[3] = {&in->d, &in->a, &in->b};
     ew_step *s = &st[i];
     s->op = in->op;
     s->width = in->width;
+    s->serial = ew_shifted(&in->d, &in->a, in->width) ||
+                (cn_ew_binary(in->op) &&
+                 ew_shifted(&in->d, &in->b, in->width));
+    s->flat = !s->serial;
     for (int q = 0; q < 3; q++) {
-      const cn_ew_arg *x = args[q];
       ew_operand *o = &s->x[q];
-      *o = (ew_operand){NULL, NULL, 0, 3, 0};
-      if (q == 2 && !ew_binary(in->op)) continue;
-      if (x->slot < 0) { /* a constant row; a constant d writes nothing */
-        if (q == 0) continue;
-        o->kind = 2;
-        for (int j = 0; j < in->width; j++) kp[j] = x->k;
-        o->base = kp;
-        kp += in->width;
-      } else if (x->slot == p->tmp_slot) {
-        o->kind = 2;
-        o->base = tmp + x->col;
-      } else {
-        const cn_ew_slot *sl = &slots[x->slot];
-        /* a slot with no rows in this batch may have no base: no offset
-         * is applied to a null pointer (undefined in C) */
-        o->base = sl->base != NULL ? sl->base + x->col : NULL;
-        o->off = sl->off;
-        o->ld = sl->ld;
-        o->kind = sl->off != NULL ? 1 : 0;
-        o->edge = loop && i >= p->edge_begin && i < p->edge_end &&
-                  x->slot >= p->edge_slot0;
-      }
+      ew_resolve(p, slots, i, q, tmp, &kp, o);
+      if (o->kind == EWK_OFF || o->edge || (q == 0 && o->kind == EWK_NONE))
+        s->flat = false;
     }
   }
-  ew_rows(st, p->n_insn, n, zero, loop ? p->edge_begin : 0,
+  ew_rows(st, p->n_insn, n, tile, zero, loop ? p->edge_begin : 0,
           loop ? p->edge_end : 0, p->seg);
 }
 

@@ -70,22 +70,30 @@ __device__ __forceinline__ void ew_operand(float *const *rp,
     *p = rp[x.slot] + x.col;
 }
 
-#define EW_UNARY(expr)                                                    \
-  for (int j = tx; j < w; j += G) {                                       \
-    float a = pa ? pa[j] : ka;                                            \
-    pd[j] = (expr);                                                       \
-  }                                                                       \
-  break
-#define EW_BINARY(expr)                                                   \
-  for (int j = tx; j < w; j += G) {                                       \
-    float a = pa ? pa[j] : ka;                                            \
-    float b = pb ? pb[j] : kb;                                            \
-    pd[j] = (expr);                                                       \
-  }                                                                       \
-  break
+/* The op expressions' functions (core/backend.h CN_EW_OPS), as the cpu
+ * backend defines them (σ through expf, no fast math). */
+__device__ __forceinline__ float cn_ew_sigmoid(float x) { return sigm(x); }
+__device__ __forceinline__ float cn_ew_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float cn_ew_exp(float x) { return expf(x); }
+__device__ __forceinline__ float cn_ew_relu(float x) {
+  return x > 0.0f ? x : 0.0f;
+}
+__device__ __forceinline__ float cn_ew_step(float x) {
+  return x > 0.0f ? 1.0f : 0.0f;
+}
+
+/* Each op of the list as a function of one float of each operand. */
+#define EW_FN(NAME, ARITY, EXPR)                                          \
+  __device__ __forceinline__ float ew_f_##NAME(float a, float b) {        \
+    return (EXPR);                                                        \
+  }
+CN_EW_OPS(EW_FN)
+#undef EW_FN
 
 /* Instructions [i0, i1) for this thread's row (live: the row takes part;
- * every thread reaches every barrier). */
+ * every thread reaches every barrier). Each op of the list is a loop over
+ * this thread's columns; b is read only by an op that has one (otherwise
+ * its slot may be garbage). */
 __device__ __forceinline__ void ew_insns(const cn_ew_insn *__restrict__ insn,
                                          int i0, int i1, float *const *rp,
                                          bool live, int tx, int G) {
@@ -99,20 +107,16 @@ __device__ __forceinline__ void ew_insns(const cn_ew_insn *__restrict__ insn,
       const float *pa, *pb = NULL;
       float ka, kb = 0.0f;
       ew_operand(rp, insn[i].a, &pa, &ka);
-      if (op == CN_EW_ADD || op == CN_EW_SUB || op == CN_EW_MUL ||
-          op == CN_EW_DIV) /* b is unused (maybe garbage) otherwise */
-        ew_operand(rp, insn[i].b, &pb, &kb);
       switch (op) {
-        case CN_EW_MOV: EW_UNARY(a);
-        case CN_EW_ADD: EW_BINARY(a + b);
-        case CN_EW_SUB: EW_BINARY(a - b);
-        case CN_EW_MUL: EW_BINARY(a * b);
-        case CN_EW_DIV: EW_BINARY(a / b);
-        case CN_EW_SIGMOID: EW_UNARY(sigm(a));
-        case CN_EW_TANH: EW_UNARY(tanhf(a));
-        case CN_EW_EXP: EW_UNARY(expf(a));
-        case CN_EW_RELU: EW_UNARY(fmaxf(a, 0.0f));
-        case CN_EW_STEP: EW_UNARY(a > 0.0f ? 1.0f : 0.0f);
+#define EW_CASE(NAME, ARITY, EXPR)                                        \
+  case CN_EW_##NAME:                                                      \
+    if (ARITY == 2) ew_operand(rp, insn[i].b, &pb, &kb);                  \
+    for (int j = tx; j < w; j += G)                                       \
+      pd[j] = ew_f_##NAME(pa ? pa[j] : ka,                                \
+                          ARITY == 2 ? (pb ? pb[j] : kb) : 0.0f);         \
+    break;
+        CN_EW_OPS(EW_CASE)
+#undef EW_CASE
         default: break;
       }
     }
@@ -213,14 +217,6 @@ __global__ void __launch_bounds__(EW_THREADS)
                   tmp_shared, tmp_global, n, eb, ee, eslot0, seg);
 }
 
-#undef EW_UNARY
-#undef EW_BINARY
-
-static bool ew_binary(int op) {
-  return op == CN_EW_ADD || op == CN_EW_SUB || op == CN_EW_MUL ||
-         op == CN_EW_DIV;
-}
-
 /* An operand's slot is a constant (< 0), a real slot, or the tmp slot. */
 static bool ew_slot_ok(const cn_ew_prog *p, int slot) {
   return slot < 0 || slot < p->n_slots || slot == p->tmp_slot;
@@ -231,114 +227,119 @@ static size_t even_words(size_t bytes) {
   return (w + 1) & ~(size_t)1;
 }
 
-void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
-                   const cn_ew_slot *slots, int n) {
-  cu_ctx *c = cu_of(bk);
-  if (n <= 0 || p == NULL || p->n_insn <= 0 || !cu_enter(c)) return;
-  if (p->n_slots < 0 || p->tmp_slot > INT16_MAX ||
-      (p->n_slots > 0 && slots == NULL)) {
-    cu_fail(c, __FILE__, __LINE__, "ew_program", "malformed program");
-    return;
-  }
-  const int tmp_slot = p->tmp_slot >= 0 ? p->tmp_slot : -1;
-  const int tmp_width = tmp_slot >= 0 && p->tmp_width > 0 ? p->tmp_width : 0;
-  const int T = p->n_slots > tmp_slot + 1 ? p->n_slots : tmp_slot + 1;
-
-  /* Validate every operand (the kernel indexes rp[] with them). */
+/* Checks every operand (the kernel indexes rp[] with them); the widest
+ * instruction's width, 0 when every one is empty, or -1 after reporting
+ * a malformed one. */
+static int ew_validate(cu_ctx *c, const cn_ew_prog *p) {
   int maxw = 0;
   for (int i = 0; i < p->n_insn; i++) {
     const cn_ew_insn *in = &p->insn[i];
-    if (in->op > CN_EW_STEP || !ew_slot_ok(p, in->d.slot) ||
+    if (in->op >= CN_EW__COUNT || !ew_slot_ok(p, in->d.slot) ||
         !ew_slot_ok(p, in->a.slot) ||
-        (ew_binary(in->op) && !ew_slot_ok(p, in->b.slot))) {
+        (cn_ew_binary(in->op) && !ew_slot_ok(p, in->b.slot))) {
       char why[96];
       snprintf(why, sizeof(why),
                "instruction %d: bad op %d or slot (%d, %d, %d) of %d", i,
                (int)in->op, (int)in->d.slot, (int)in->a.slot,
                (int)in->b.slot, p->n_slots);
       cu_fail(c, __FILE__, __LINE__, "ew_program", why);
-      return;
+      return -1;
     }
     if (in->width > maxw) maxw = in->width;
   }
-  if (maxw <= 0) return; /* every instruction is empty */
+  return maxw;
+}
 
-  /* Geometry and shared memory (see the comment above k_ew_program). */
-  int G = (maxw + 31) / 32 * 32;
-  if (G > EW_THREADS) G = EW_THREADS;
-  int R = EW_THREADS / G;
-  if (R > n) R = n;
-  bool tmp_shared = tmp_width > 0;
+/* A launch's shape (see the comment above k_ew_program): G threads a row,
+ * R rows a block, tmp in shared memory or not, smem bytes of it. False
+ * after reporting a table too big for any block. */
+typedef struct ew_geometry {
+  int G, R;
+  bool tmp_shared;
   size_t smem;
+} ew_geometry;
+
+static bool ew_shape(cu_ctx *c, int T, int tmp_width, int maxw, int n,
+                     ew_geometry *g) {
+  g->G = (maxw + 31) / 32 * 32;
+  if (g->G > EW_THREADS) g->G = EW_THREADS;
+  g->R = EW_THREADS / g->G;
+  if (g->R > n) g->R = n;
+  g->tmp_shared = tmp_width > 0;
   for (;;) {
     size_t row = (size_t)T * sizeof(float *) +
-                 (tmp_shared ? (size_t)tmp_width * sizeof(float) : 0);
-    smem = (size_t)R * row;
-    if (smem <= EW_SMEM) break;
-    if (R > 1) {
-      R /= 2;
-    } else if (tmp_shared) {
-      tmp_shared = false;
+                 (g->tmp_shared ? (size_t)tmp_width * sizeof(float) : 0);
+    g->smem = (size_t)g->R * row;
+    if (g->smem <= EW_SMEM) return true;
+    if (g->R > 1) {
+      g->R /= 2;
+    } else if (g->tmp_shared) {
+      g->tmp_shared = false;
     } else {
       cu_fail(c, __FILE__, __LINE__, "ew_program",
               "too many slots for one block's shared memory");
-      return;
+      return false;
     }
   }
+}
 
-  /* Device scratch for tmp when it is not in shared memory. */
-  float *tmp_global = NULL;
-  if (tmp_width > 0 && !tmp_shared) {
-    size_t need = (size_t)n * (size_t)tmp_width * sizeof(float);
-    if (c->ew_tmp_bytes < need) {
-      /* Whole pool classes (powers of two), so growth is rare. */
-      size_t cls = 4096;
-      while (cls < need) cls <<= 1;
-      need = cls;
-      cu_pool_put(c, c->ew_tmp); /* stream order: safe to hand back */
-      c->ew_tmp = (float *)cu_pool_get(c, need);
-      c->ew_tmp_bytes = c->ew_tmp != NULL ? need : 0;
-      if (c->ew_tmp == NULL) {
-        cu_fail(c, __FILE__, __LINE__, "cudaMalloc(ew_program scratch)",
-                "out of device memory");
-        return;
-      }
+/* The device scratch for tmp when it is not in shared memory: n rows of
+ * tmp_width floats, the context's block grown to whole pool classes
+ * (powers of two, so growth is rare). NULL after reporting. */
+static float *ew_tmp_global(cu_ctx *c, int n, int tmp_width) {
+  size_t need = (size_t)n * (size_t)tmp_width * sizeof(float);
+  if (c->ew_tmp_bytes < need) {
+    size_t cls = 4096;
+    while (cls < need) cls <<= 1;
+    cu_pool_put(c, c->ew_tmp); /* stream order: safe to hand back */
+    c->ew_tmp = (float *)cu_pool_get(c, cls);
+    c->ew_tmp_bytes = c->ew_tmp != NULL ? cls : 0;
+    if (c->ew_tmp == NULL) {
+      cu_fail(c, __FILE__, __LINE__, "cudaMalloc(ew_program scratch)",
+              "out of device memory");
+      return NULL;
     }
-    tmp_global = c->ew_tmp;
   }
+  return c->ew_tmp;
+}
 
-  /* The slot table (each off a device address), the instructions and
-   * the segments: the off arrays and segments the staged batch holds are
-   * read there; the rest, and the table and instructions when they are
-   * too big to go by value, in one staging block:
-   *   [slot table][off arrays (an edge slot's seg[n] long)][insns][seg] */
-  const bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
-  const int64_t E = loop ? p->seg[n] : 0;
-  const bool inl = c->batch_staging && T <= EW_INLINE_SLOTS &&
-                   p->n_insn <= EW_INLINE_INSNS;
-  const size_t w_slots = inl ? 0 : even_words((size_t)T * sizeof(cn_ew_slot));
-  size_t words = 0, insn_at = 0, seg_at = 0;
-  for (int pass = 0; pass < 2; pass++) {
-    words = w_slots;
-    for (int s = 0; s < p->n_slots; s++) {
-      if (s == tmp_slot || slots[s].off == NULL) continue;
-      int64_t len = loop && s >= p->edge_slot0 ? E : n;
-      if (cu_staged(c, slots[s].off, len) == NULL)
-        words += even_words((size_t)len * sizeof(int64_t));
-    }
-    insn_at = words;
-    if (!inl) words += even_words((size_t)p->n_insn * sizeof(cn_ew_insn));
-    seg_at = words;
-    if (loop && cu_staged(c, p->seg, n + 1) == NULL)
-      words += even_words((size_t)(n + 1) * sizeof(int64_t));
-    if (c->sb_host == NULL || words == 0 || cu_stage_fits(c, words)) break;
-    cu_batch_end(c); /* the ring moves on: every array of its own */
+/* Where the staging block's parts go, in words from its start:
+ *   [slot table][off arrays (an edge slot's seg[n] long)][insns][seg]
+ * each only when it is not staged already (the batch's index words) or
+ * passed by value (inl: the table and the instructions). */
+typedef struct ew_layout {
+  size_t w_slots, insn_at, seg_at, words;
+} ew_layout;
+
+static ew_layout ew_plan_words(const cu_ctx *c, const cn_ew_prog *p,
+                               const cn_ew_slot *slots, int n, int T,
+                               bool inl, int tmp_slot, bool loop, int64_t E) {
+  ew_layout L;
+  L.w_slots = inl ? 0 : even_words((size_t)T * sizeof(cn_ew_slot));
+  L.words = L.w_slots;
+  for (int s = 0; s < p->n_slots; s++) {
+    if (s == tmp_slot || slots[s].off == NULL) continue;
+    int64_t len = loop && s >= p->edge_slot0 ? E : n;
+    if (cu_staged(c, slots[s].off, len) == NULL)
+      L.words += even_words((size_t)len * sizeof(int64_t));
   }
-  int64_t *hs = NULL, *ds = NULL;
-  if (words > 0 && !cu_stage_reserve(c, words, &hs, &ds)) return;
-  ew_inline P; /* the table and instructions, when they go by value */
-  cn_ew_slot *tab = inl ? P.slots : (cn_ew_slot *)hs;
-  size_t o = w_slots;
+  L.insn_at = L.words;
+  if (!inl) L.words += even_words((size_t)p->n_insn * sizeof(cn_ew_insn));
+  L.seg_at = L.words;
+  if (loop && cu_staged(c, p->seg, n + 1) == NULL)
+    L.words += even_words((size_t)(n + 1) * sizeof(int64_t));
+  return L;
+}
+
+/* Writes the slot table (each off a device address: staged, or copied
+ * into the block at hs, whose device twin is ds), the instructions and
+ * the segments; returns the segments' device address (NULL: no loop). */
+static const int64_t *ew_fill(cu_ctx *c, const cn_ew_prog *p,
+                              const cn_ew_slot *slots, int n, int T,
+                              int tmp_slot, bool loop, int64_t E,
+                              const ew_layout *L, cn_ew_slot *tab,
+                              cn_ew_insn *insn, int64_t *hs, int64_t *ds) {
+  size_t o = L->w_slots;
   for (int s = 0; s < T; s++) {
     tab[s].base = NULL;
     tab[s].ld = 0;
@@ -357,30 +358,70 @@ void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
       tab[s].off = d;
     }
   }
+  memcpy(insn, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
   const int64_t *dseg = NULL;
   if (loop && (dseg = cu_staged(c, p->seg, n + 1)) == NULL) {
-    memcpy(hs + seg_at, p->seg, (size_t)(n + 1) * sizeof(int64_t));
-    dseg = ds + seg_at;
+    memcpy(hs + L->seg_at, p->seg, (size_t)(n + 1) * sizeof(int64_t));
+    dseg = ds + L->seg_at;
   }
-  if (inl)
-    memcpy(P.insn, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
-  else
-    memcpy(hs + insn_at, p->insn, (size_t)p->n_insn * sizeof(cn_ew_insn));
-  if (!cu_stage_commit(c, hs, words)) return;
+  return dseg;
+}
 
-  unsigned grid = cu_blocks(n, R);
+/* The program's launch: validate, shape, scratch, upload (at most one
+ * copy), one kernel. */
+void cu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
+                   const cn_ew_slot *slots, int n) {
+  cu_ctx *c = cu_of(bk);
+  if (n <= 0 || p == NULL || p->n_insn <= 0 || !cu_enter(c)) return;
+  if (p->n_slots < 0 || p->tmp_slot > INT16_MAX ||
+      (p->n_slots > 0 && slots == NULL)) {
+    cu_fail(c, __FILE__, __LINE__, "ew_program", "malformed program");
+    return;
+  }
+  const int tmp_slot = p->tmp_slot >= 0 ? p->tmp_slot : -1;
+  const int tmp_width = tmp_slot >= 0 && p->tmp_width > 0 ? p->tmp_width : 0;
+  const int T = p->n_slots > tmp_slot + 1 ? p->n_slots : tmp_slot + 1;
+  const int maxw = ew_validate(c, p);
+  if (maxw <= 0) return; /* malformed (reported), or every one empty */
+  ew_geometry g;
+  if (!ew_shape(c, T, tmp_width, maxw, n, &g)) return;
+  float *tmp_global = NULL;
+  if (tmp_width > 0 && !g.tmp_shared &&
+      (tmp_global = ew_tmp_global(c, n, tmp_width)) == NULL)
+    return;
+
+  /* The table and instructions go by value when small enough (and the
+   * batch staged its index words); the rest in one staging block. */
+  const bool loop = p->edge_end > p->edge_begin && p->seg != NULL;
+  const int64_t E = loop ? p->seg[n] : 0;
+  const bool inl = c->batch_staging && T <= EW_INLINE_SLOTS &&
+                   p->n_insn <= EW_INLINE_INSNS;
+  ew_layout L = ew_plan_words(c, p, slots, n, T, inl, tmp_slot, loop, E);
+  if (c->sb_host != NULL && L.words > 0 && !cu_stage_fits(c, L.words)) {
+    cu_batch_end(c); /* the ring moves on: every array of its own */
+    L = ew_plan_words(c, p, slots, n, T, inl, tmp_slot, loop, E);
+  }
+  int64_t *hs = NULL, *ds = NULL;
+  if (L.words > 0 && !cu_stage_reserve(c, L.words, &hs, &ds)) return;
+  ew_inline P; /* the table and instructions, when they go by value */
+  cn_ew_slot *tab = inl ? P.slots : (cn_ew_slot *)hs;
+  cn_ew_insn *insn = inl ? P.insn : (cn_ew_insn *)(hs + L.insn_at);
+  const int64_t *dseg =
+      ew_fill(c, p, slots, n, T, tmp_slot, loop, E, &L, tab, insn, hs, ds);
+  if (!cu_stage_commit(c, hs, L.words)) return;
+
+  unsigned grid = cu_blocks(n, g.R);
   if (grid > 65535u * 8u) grid = 65535u * 8u; /* grid-stride beyond */
+  dim3 block((unsigned)g.G, (unsigned)g.R);
+  int eb = loop ? p->edge_begin : 0, ee = loop ? p->edge_end : 0;
   if (inl)
-    k_ew_program_inline<<<grid, dim3((unsigned)G, (unsigned)R), smem,
-                          c->stream>>>(
-        P, p->n_insn, T, tmp_slot, tmp_width, tmp_shared ? 1 : 0,
-        tmp_global, n, loop ? p->edge_begin : 0, loop ? p->edge_end : 0,
-        p->edge_slot0, dseg);
+    k_ew_program_inline<<<grid, block, g.smem, c->stream>>>(
+        P, p->n_insn, T, tmp_slot, tmp_width, g.tmp_shared ? 1 : 0,
+        tmp_global, n, eb, ee, p->edge_slot0, dseg);
   else
-    k_ew_program<<<grid, dim3((unsigned)G, (unsigned)R), smem, c->stream>>>(
-        (const cn_ew_insn *)(ds + insn_at), p->n_insn,
-        (const cn_ew_slot *)ds, T, tmp_slot, tmp_width, tmp_shared ? 1 : 0,
-        tmp_global, n, loop ? p->edge_begin : 0, loop ? p->edge_end : 0,
-        p->edge_slot0, dseg);
+    k_ew_program<<<grid, block, g.smem, c->stream>>>(
+        (const cn_ew_insn *)(ds + L.insn_at), p->n_insn,
+        (const cn_ew_slot *)ds, T, tmp_slot, tmp_width, g.tmp_shared ? 1 : 0,
+        tmp_global, n, eb, ee, p->edge_slot0, dseg);
   CN_CUDA_LAUNCHED(c);
 }
