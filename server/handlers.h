@@ -24,7 +24,7 @@ int cn__infer_parse(cn__req *r, cn_err *e);
  * nothing on failure), then, on the loop, p becomes r's. */
 int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
 void cn__infer_commit(cn__req *r, cn__parsed *p);
-void cn__parsed_free(cn__parsed *p);
+void cn__parsed_free(cn__parsed *p, cn__server *s);
 /* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
  * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
  * CN__MEDIUM_BODY_BYTES) CN__MEDIUM_PARSES at a time, huge ones

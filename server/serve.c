@@ -425,6 +425,7 @@ static void server_free(cn__server *s) {
   if (!uv_is_active((uv_handle_t *)&s->sigterm)) uv_loop_close(&s->loop);
   if (s->models != NULL) cn__repo_free_all(s);
   free(s->models);
+  cn__readers_free(s);
 }
 
 /* `canopy serve`: start-up all or nothing (file comment), the loop until
