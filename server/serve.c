@@ -199,10 +199,7 @@ static void on_trim_timer(uv_timer_t *t) {
   cn__server *s = t->data;
   long long served = atomic_load(&s->requests_seen);
   if (served == s->trimmed_at || atomic_load(&s->in_flight) != 0) return;
-  pthread_mutex_lock(&s->qmu);
-  bool idle = s->qhead == NULL && s->busy_workers == 0;
-  pthread_mutex_unlock(&s->qmu);
-  if (!idle) return;
+  if (!cn__jobs_idle(s)) return;
   cn__malloc_trim();
   s->trimmed_at = served;
 }
