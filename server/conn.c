@@ -202,7 +202,32 @@ static void release_req(cn__conn *c) {
   c->srv->http->release(r);
 }
 
-/* One answer: status line, headers, body (HEAD: none), in one buffer. */
+/* s's bytes at p; returns the end (the head's pieces, each bounded by the
+ * buffer's size computed before). */
+static char *put(char *p, const char *s, size_t n) {
+  memcpy(p, s, n);
+  return p + n;
+}
+
+static char *put_str(char *p, const char *s) { return put(p, s, strlen(s)); }
+
+/* A string literal's bytes, its length counted by the compiler. */
+#define PUT_LIT(p, lit) put((p), (lit), sizeof(lit) - 1)
+
+/* v in decimal; returns the end. */
+static char *put_uint(char *p, unsigned long long v) {
+  char t[24];
+  int n = 0;
+  do {
+    t[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0) *p++ = t[--n];
+  return p;
+}
+
+/* One answer: status line, headers, body (HEAD: none), in one buffer,
+ * laid out by hand (no format string parsed per answer). */
 void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
                       const char *ctype, const char *extra) {
   cn__conn *c = r->conn;
@@ -230,8 +255,8 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
    * DRAIN_QUIET_S (cn__conn_drain_quiet). */
   if (keep && atomic_load(&s->draining) && c->in_len == 0)
     keep = false;
-  size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
-               (head ? 0 : blen);
+  size_t cap = 512 + strlen(r->id) + strlen(ctype) +
+               (extra ? strlen(extra) : 0) + (head ? 0 : blen);
   char *out = malloc(cap);
   if (out == NULL) {
     free(body);
@@ -239,20 +264,29 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
     cn__conn_close(c);
     return;
   }
-  int n = snprintf(out, cap,
-                   "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
-                   "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s",
-                   status, reason_phrase(status), ctype, blen, r->id,
-                   extra ? extra : "",
-                   !keep ? "Connection: close\r\n"
-                   : c->p.http_minor == 0 ? "Connection: keep-alive\r\n"
-                                          : "");
-  if (status == 429 || status == 503)
-    n += snprintf(out + n, cap - (size_t)n, "Retry-After: %d\r\n",
-                  s->http->retry_after_s(s));
-  n += snprintf(out + n, cap - (size_t)n, "\r\n");
-  if (!head && blen > 0) memcpy(out + n, body, blen);
-  size_t len = (size_t)n + (head ? 0 : blen);
+  char *p = PUT_LIT(out, "HTTP/1.1 ");
+  p = put_uint(p, (unsigned)status);
+  *p++ = ' ';
+  p = put_str(p, reason_phrase(status));
+  p = PUT_LIT(p, "\r\nContent-Type: ");
+  p = put_str(p, ctype);
+  p = PUT_LIT(p, "\r\nContent-Length: ");
+  p = put_uint(p, blen);
+  p = PUT_LIT(p, "\r\nX-Request-Id: ");
+  p = put_str(p, r->id);
+  p = PUT_LIT(p, "\r\n");
+  if (extra != NULL) p = put_str(p, extra);
+  if (!keep) p = PUT_LIT(p, "Connection: close\r\n");
+  else if (c->p.http_minor == 0) p = PUT_LIT(p, "Connection: keep-alive\r\n");
+  if (status == 429 || status == 503) {
+    int ra = s->http->retry_after_s(s);
+    p = PUT_LIT(p, "Retry-After: ");
+    p = put_uint(p, ra < 0 ? 0 : (unsigned)ra);
+    p = PUT_LIT(p, "\r\n");
+  }
+  p = PUT_LIT(p, "\r\n");
+  if (!head && blen > 0) p = put(p, body, blen);
+  size_t len = (size_t)(p - out);
   free(body);
   release_req(c);
   if (keep && c->hcap > 4096) { /* a big head: idle, hold 512 bytes again */

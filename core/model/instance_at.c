@@ -5,19 +5,29 @@
  * reader it only ever succeeds or declines; every error is left to the
  * DOM path (json_loadb, cn_instance_parse), which writes it.
  */
+#include <string.h>
+
 #include "model/model.h"
 
 /* The index just past the JSON value that opens with '{' at s[at], or 0
- * when s[at ..) holds no complete one (strings are skipped whole, their
- * escapes included; what lies inside is for the reader to judge). */
+ * when s[at ..) holds no complete one. A string is skipped whole, to the
+ * first '"' behind an even run of backslashes (memchr: an instance's
+ * bytes are mostly inside its strings); what lies inside is for the
+ * reader to judge. */
 static size_t object_end(const char *s, size_t len, size_t at) {
   int depth = 0;
   for (size_t i = at; i < len; i++) {
     char c = s[i];
     if (c == '"') {
-      for (i++; i < len && s[i] != '"'; i++)
-        if (s[i] == '\\') i++;
-      if (i >= len) return 0;
+      size_t open = i;
+      for (;;) {
+        const char *q = memchr(s + i + 1, '"', len - i - 1);
+        if (q == NULL) return 0;
+        i = (size_t)(q - s);
+        size_t k = i;
+        while (k > open + 1 && s[k - 1] == '\\') k--;
+        if ((i - k) % 2 == 0) break; /* not escaped: the string's end */
+      }
     } else if (c == '{' || c == '[') {
       depth++;
     } else if (c == '}' || c == ']') {
