@@ -149,6 +149,8 @@ enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
  * in flight at a time, past which a reader is freed when given back; and
  * the body bytes past which a reader's memory is not kept at all. */
 #define CN__READERS_KEPT 64
+/* Models whose parses one loop turn times apart (cn__server.parse_*). */
+#define CN__PARSE_MODELS 8
 #define CN__READER_KEEP_BYTES (64 * 1024)
 
 /* What infer.c reads of a body, before it is the request's. */
@@ -340,6 +342,14 @@ struct cn__server {
   bool rt_stop, rt_started;
   pthread_t rt_thread;
   cn__metrics metrics;
+  /* the parse stage of this loop turn (http.c): its parses' wall time by
+   * model, made CPU seconds when the turn's I/O callbacks are over */
+  uv_check_t parse_check;
+  bool parse_open;           /* a parse ran in this turn              */
+  double parse_cpu0, parse_wall0; /* the turn's first parse began     */
+  int parse_n;
+  int parse_model[CN__PARSE_MODELS];
+  double parse_wall[CN__PARSE_MODELS];
   /* line readers that read request bodies without a DOM (request.c
    * cn__reader_take/give): a few kept between requests, under a flag */
   atomic_int readers_lock;
