@@ -190,6 +190,39 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
   cn__conn_reads(c);
 }
 
+/* Writes an answer's head and body (body taken over) out: both in one
+ * writev where the socket takes them at once, so the body is not copied
+ * behind its head; else what is left joined into one buffer and queued
+ * (cn__conn_write). */
+static void write_parts(cn__conn *c, const char *head, size_t hlen,
+                        char *body, size_t blen) {
+  size_t done = 0;
+  if (c->phase != PH_CLOSED && c->sock && c->writes == 0) {
+    uv_buf_t b[2] = {uv_buf_init((char *)head, (unsigned)hlen),
+                     uv_buf_init(body, (unsigned)blen)};
+    int n = uv_try_write((uv_stream_t *)&c->tcp, b, blen > 0 ? 2 : 1);
+    if (n == (int)(hlen + blen)) {
+      free(body);
+      return;
+    }
+    if (n < 0 && n != UV_EAGAIN) {
+      free(body);
+      cn__conn_close(c);
+      return;
+    }
+    if (n > 0) done = (size_t)n;
+  }
+  size_t len = hlen + blen - done;
+  char *buf = malloc(len > 0 ? len : 1);
+  if (buf != NULL) {
+    size_t h = done < hlen ? hlen - done : 0;
+    memcpy(buf, head + (hlen - h), h);
+    if (len > h) memcpy(buf + h, body + (blen - (len - h)), len - h);
+  }
+  free(body);
+  cn__conn_write(c, buf, len); /* NULL: closes */
+}
+
 /* The request is done with: the connection's reference goes. */
 static void release_req(cn__conn *c) {
   cn__req *r = c->r;
@@ -255,9 +288,11 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
    * DRAIN_QUIET_S (cn__conn_drain_quiet). */
   if (keep && atomic_load(&s->draining) && c->in_len == 0)
     keep = false;
+  /* the head: on the stack unless its header lines are long */
+  char hbuf[1024];
   size_t cap = 512 + strlen(r->id) + strlen(ctype) +
-               (extra ? strlen(extra) : 0) + (head ? 0 : blen);
-  char *out = malloc(cap);
+               (extra ? strlen(extra) : 0);
+  char *out = cap <= sizeof(hbuf) ? hbuf : malloc(cap);
   if (out == NULL) {
     free(body);
     release_req(c);
@@ -285,9 +320,12 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
     p = PUT_LIT(p, "\r\n");
   }
   p = PUT_LIT(p, "\r\n");
-  if (!head && blen > 0) p = put(p, body, blen);
-  size_t len = (size_t)(p - out);
-  free(body);
+  size_t hlen = (size_t)(p - out);
+  if (head) { /* HEAD: the length of the body, not the body */
+    free(body);
+    body = NULL;
+    blen = 0;
+  }
   release_req(c);
   if (keep && c->hcap > 4096) { /* a big head: idle, hold 512 bytes again */
     free(c->hb);
@@ -301,7 +339,8 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   c->deadline = keep ? cn_now_s() + s->cfg.serve.idle_timeout_s
                      : cn_now_s() + LINGER_S;
   if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
-  cn__conn_write(c, out, len);
+  write_parts(c, out, hlen, body, blen);
+  if (out != hbuf) free(out);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
   if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);
