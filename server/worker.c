@@ -176,7 +176,8 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
     cn_run_set_memory_budget(f->run, s->cfg.serve.memory_budget);
     cn_run_set_async(f->run, async);
   }
-  int live = 0, dropped = 0;
+  int live = 0, dropped = 0, n_waits = 0;
+  double waits[64]; /* queue waits, into the metrics 64 at a time */
   cn_err err;
   cn_err_clear(&err);
   if (f->slots == NULL || f->run == NULL) {
@@ -190,7 +191,11 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
       continue;
     }
     r->queue_ms = (f->t0 - r->t_arrive) * 1e3;
-    cn__metrics_queue_wait(&s->metrics, j->me->index, f->t0 - r->t_arrive);
+    if (n_waits == 64) {
+      cn__metrics_queue_waits(&s->metrics, j->me->index, waits, n_waits);
+      n_waits = 0;
+    }
+    waits[n_waits++] = f->t0 - r->t_arrive;
     f->slots[i] = malloc((size_t)r->n_inst * sizeof(int));
     if (f->slots[i] == NULL) {
       cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
@@ -207,6 +212,8 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
     live++;
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
+  cn__metrics_queue_waits(&s->metrics, j->me->index, waits, n_waits);
+  n_waits = 0;
   /* the instances added: their graphs built (parse) */
   cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE,
                     cn_thread_cpu_s() - c0, false);
@@ -215,6 +222,7 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   if (cn__policy_exec(s, j->me, f->run, &err) != 0) goto fail;
   return true;
 fail:
+  cn__metrics_queue_waits(&s->metrics, j->me->index, waits, n_waits);
   if (err.code == CN_E_OVER_BUDGET && live > 1) {
     CN_LOG(CN_LOG_INFO, "msg=run-over-budget model=%s requests=%d "
            "error=\"%s\"", j->me->name, live, err.msg);
