@@ -116,7 +116,7 @@ static void write_progress(cn__conn *c) {
 typedef struct wreq {
   uv_write_t w;
   char *buf;
-  size_t len;
+  size_t len;     /* the answer's bytes, counted in answer_held */
 } wreq;
 
 static void on_written(uv_write_t *w, int status) {
@@ -136,9 +136,18 @@ static void on_written(uv_write_t *w, int status) {
   else c->srv->conn_proto->resume(c);
 }
 
+static void write_held(cn__conn *c, char *buf, size_t len, size_t held);
+
 /* Writes buf (taken over) out: at once where the socket takes it, else
  * queued; the connection reads nothing more until it is written. */
 void cn__conn_write(cn__conn *c, char *buf, size_t len) {
+  write_held(c, buf, len, len);
+}
+
+/* The same for the rest of an answer of held bytes (held >= len: what
+ * the socket took of it at once is counted in answer_held as well, as
+ * for an answer written from one buffer). */
+static void write_held(cn__conn *c, char *buf, size_t len, size_t held) {
   if (buf == NULL) {
     cn__conn_close(c);
     return;
@@ -175,7 +184,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     return;
   }
   q->buf = buf;
-  q->len = len;
+  q->len = held;
   q->w.data = c;
   if (uv_write(&q->w, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
     free(buf);
@@ -183,7 +192,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     cn__conn_close(c);
     return;
   }
-  atomic_fetch_add(&c->srv->answer_held, (long long)len);
+  atomic_fetch_add(&c->srv->answer_held, (long long)held);
   if (c->writes++ == 0) cn__conn_progress_start(c);
   c->wq_seen = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
   c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
@@ -220,7 +229,7 @@ static void write_parts(cn__conn *c, const char *head, size_t hlen,
     if (len > h) memcpy(buf + h, body + (blen - (len - h)), len - h);
   }
   free(body);
-  cn__conn_write(c, buf, len); /* NULL: closes */
+  write_held(c, buf, len, hlen + blen); /* NULL: closes */
 }
 
 /* The request is done with: the connection's reference goes. */
