@@ -99,65 +99,6 @@ static void hand_over(cn__req *r) {
 
 static void http_parsed(cn__req *r);
 
-/* ---- the parse stage's CPU seconds on the loop ------------------------
- * Reading the thread's CPU clock is a system call (about 1 us on a busy
- * machine, as much as a fifth of a small body's parse), and a parse was
- * timed by two. Now a loop turn reads it twice, at its first parse and at
- * its end (the check phase, after every I/O callback of the turn); each
- * parse is timed by the monotonic clock (no system call), and its share
- * is its wall time times the turn's CPU over the turn's wall time (at
- * most 1). So the stage stays CPU seconds (a preemption inside a parse is
- * not counted as parse; canopy_http_seconds_total is the loop's CPU less
- * it, as before), at two clock reads a turn however many bodies it
- * parses. */
-
-/* The turn's parses into the metrics. */
-static void parse_turn_end(cn__server *s) {
-  if (!s->parse_open) return;
-  double cpu = cn_thread_cpu_s() - s->parse_cpu0;
-  double wall = cn_now_s() - s->parse_wall0;
-  double k = wall > 0 && cpu < wall ? cpu / wall : 1.0;
-  for (int i = 0; i < s->parse_n; i++)
-    cn__metrics_stage(&s->metrics, s->parse_model[i], CN__STAGE_PARSE,
-                      s->parse_wall[i] * (k > 0 ? k : 0), true);
-  s->parse_n = 0;
-  s->parse_open = false;
-}
-
-static void on_parse_check(uv_check_t *h) {
-  uv_check_stop(h);
-  parse_turn_end(h->data);
-}
-
-/* A parse begins on the loop: the monotonic time it began. */
-static double parse_begin(cn__server *s) {
-  if (s->parse_open) return cn_now_s();
-  s->parse_cpu0 = cn_thread_cpu_s();
-  s->parse_wall0 = cn_now_s();
-  s->parse_open = true;
-  uv_check_start(&s->parse_check, on_parse_check);
-  return s->parse_wall0;
-}
-
-/* A parse of model's body that began at t0 is over. */
-static void parse_end(cn__server *s, int model, double t0) {
-  double w = cn_now_s() - t0;
-  for (int i = 0; i < s->parse_n; i++)
-    if (s->parse_model[i] == model) {
-      s->parse_wall[i] += w;
-      return;
-    }
-  if (s->parse_n == CN__PARSE_MODELS) { /* many models: a turn of its own */
-    double cpu0 = s->parse_cpu0, wall0 = s->parse_wall0;
-    parse_turn_end(s);
-    s->parse_cpu0 = cpu0; /* the rest of the turn goes on from its start */
-    s->parse_wall0 = wall0;
-    s->parse_open = true;
-  }
-  s->parse_model[s->parse_n] = model;
-  s->parse_wall[s->parse_n++] = w;
-}
-
 /* The body is complete: validate, then suspend and hand over. A big body
  * is parsed on the threadpool first (bigparse.c), except with no loop
  * running (the HTTP fuzz target answers requests itself). */
@@ -188,9 +129,9 @@ static void infer_ready(cn__req *r) {
     cn__metrics_stage(&s->metrics, r->me->index, CN__STAGE_PARSE,
                       cn_thread_cpu_s() - t0, true);
   } else {
-    double t0 = parse_begin(s);
+    double t0 = cn__parse_begin(s);
     rc = cn__infer_parse(r, &e);
-    parse_end(s, r->me->index, t0);
+    cn__parse_end(s, r->me->index, t0);
   }
   if (rc != 0 || cn__req_reserve_answer(r, &e) != 0) {
     answer_cn_err(r, &e);

@@ -342,8 +342,9 @@ struct cn__server {
   bool rt_stop, rt_started;
   pthread_t rt_thread;
   cn__metrics metrics;
-  /* the parse stage of this loop turn (http.c): its parses' wall time by
-   * model, made CPU seconds when the turn's I/O callbacks are over */
+  /* the parse stage of this loop turn (parse_time.c): its parses' wall
+   * time by model, made CPU seconds when the turn's I/O callbacks are
+   * over */
   uv_check_t parse_check;
   bool parse_open;           /* a parse ran in this turn              */
   double parse_cpu0, parse_wall0; /* the turn's first parse began     */
