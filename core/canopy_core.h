@@ -245,6 +245,15 @@ void cn_line_reader_reset(cn_line_reader *rd);
 int cn_instance_parse_line(const cn_model *m, cn_line_reader *rd,
                            const char *line, size_t len, const cn_limits *lim,
                            cn_instance **out);
+/* The instance object that opens at buf[at], inside a larger document
+ * buf[0 .. len) (an element of a request's "instances"), read as
+ * cn_instance_parse_line reads a line; *end gets the index just past its
+ * closing brace. Returns 0, 1 (not read: parse it with jansson and
+ * cn_instance_parse, which says why), or CN_E_NOMEM (instance_at.c). */
+int cn_instance_parse_at(const cn_model *m, cn_line_reader *rd,
+                         const char *buf, size_t len, size_t at,
+                         const cn_limits *lim, cn_instance **out,
+                         size_t *end);
 /* The first key of object o that is an instance's form, of any input kind
  * ("tree", "tokens", "text", "chars", "words", "nodes"); NULL when none. */
 const char *cn_instance_form_in(const json_t *o);

@@ -92,6 +92,58 @@ void cn__stats_unknown_write(cn_buf *b, const cn__req *r) {
   cn_buf_puts(b, "]");
 }
 
+void cn__answer_head(cn_buf *b, const cn__model_entry *me) {
+  cn_buf_puts(b, "{\"model\":");
+  cn_buf_string(b, me->name);
+  cn_buf_puts(b, ",\"model_version\":");
+  cn_buf_string(b, me->version);
+  cn_buf_puts(b, ",\"outputs\":[");
+}
+
+/* Why: the stats are the same keys in the same order whether an answer
+ * is written as text (/v1) or built as a json_t (v2): one list of them,
+ * the two forms side by side. */
+void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
+                     const cn__req *r) {
+  cn_buf_puts(b, "],\"stats\":{\"queue_ms\":");
+  cn_buf_double(b, st->queue_ms);
+  cn_buf_puts(b, ",\"compute_ms\":");
+  cn_buf_double(b, st->compute_ms);
+  cn_buf_puts(b, ",\"batches\":");
+  cn_buf_int(b, st->batches);
+  cn_buf_puts(b, ",\"lower_bound\":");
+  cn_buf_int(b, st->lower_bound);
+  if (st->continuous) cn_buf_puts(b, ",\"continuous\":true");
+  /* which requests shared the run: the same number */
+  cn_buf_puts(b, ",\"run\":");
+  cn_buf_int(b, (long long)st->run);
+  if (st->run_requests >= 0) {
+    cn_buf_puts(b, ",\"run_requests\":");
+    cn_buf_int(b, st->run_requests);
+    cn_buf_puts(b, ",\"run_instances\":");
+    cn_buf_int(b, st->run_instances);
+  }
+  cn__stats_unknown_write(b, r);
+  cn_buf_puts(b, "}}");
+}
+
+json_t *cn__answer_stats_json(const cn__answer_stats *st, const cn__req *r) {
+  json_t *o = json_object();
+  json_object_set_new(o, "queue_ms", json_real(st->queue_ms));
+  json_object_set_new(o, "compute_ms", json_real(st->compute_ms));
+  json_object_set_new(o, "batches", json_integer(st->batches));
+  json_object_set_new(o, "lower_bound", json_integer(st->lower_bound));
+  if (st->continuous) json_object_set_new(o, "continuous", json_true());
+  json_object_set_new(o, "run", json_integer((json_int_t)st->run));
+  if (st->run_requests >= 0) {
+    json_object_set_new(o, "run_requests", json_integer(st->run_requests));
+    json_object_set_new(o, "run_instances",
+                        json_integer(st->run_instances));
+  }
+  cn__stats_unknown(o, r);
+  return o;
+}
+
 char *cn__answer_dump(const json_t *j) {
   cn_buf b = {0};
   cn_buf_json(&b, j);

@@ -36,10 +36,7 @@
 
 int cn__retry_after_s(cn__server *s) {
   double compute_s = (double)atomic_load(&s->ewma_compute_us) / 1e6;
-  int queued;
-  pthread_mutex_lock(&s->qmu);
-  queued = s->queued_jobs;
-  pthread_mutex_unlock(&s->qmu);
+  int queued = cn__jobs_queued(s);
   double wait = s->cfg.serve.max_delay_us / 1e6 +
                 (1.0 + (double)queued / s->n_threads) * compute_s;
   int secs = (int)ceil(wait);
@@ -50,12 +47,7 @@ int cn__retry_after_s(cn__server *s) {
 #define MAX_SPLIT 64
 
 /* Workers that would sit idle if one more run were queued now. */
-static int idle_workers(cn__server *s) {
-  pthread_mutex_lock(&s->qmu);
-  int idle = s->n_threads - s->busy_workers - s->queued_jobs;
-  pthread_mutex_unlock(&s->qmu);
-  return idle;
-}
+static int idle_workers(cn__server *s) { return cn__jobs_idle_workers(s); }
 
 /* Moves j's requests from index `from` on into a new run (NULL: no
  * memory, j unchanged). */

@@ -90,7 +90,7 @@ static void after_parse(uv_work_t *w, int status) {
   s->parsing--;
   if (r->pbig) s->parsing_big--;
   if (status != 0 && r->prc == 0) { /* never ran (uv_cancel: not used) */
-    cn__parsed_free(&r->parsed);
+    cn__parsed_free(&r->parsed, r->srv);
     r->prc = cn_err_set(&r->perr, CN_E_INTERNAL, "the parse did not run");
   }
   if (r->state == CN__REQ_WAITING) {
@@ -98,7 +98,7 @@ static void after_parse(uv_work_t *w, int status) {
     r->state = CN__REQ_RECEIVING;
     r->parsed_cb(r);
   } else {
-    cn__parsed_free(&r->parsed); /* answered meanwhile */
+    cn__parsed_free(&r->parsed, r->srv); /* answered meanwhile */
   }
   cn__req_unref(r); /* the parse's reference */
   pump(s);

@@ -116,7 +116,7 @@ static void write_progress(cn__conn *c) {
 typedef struct wreq {
   uv_write_t w;
   char *buf;
-  size_t len;
+  size_t len;     /* the answer's bytes, counted in answer_held */
 } wreq;
 
 static void on_written(uv_write_t *w, int status) {
@@ -136,9 +136,18 @@ static void on_written(uv_write_t *w, int status) {
   else c->srv->conn_proto->resume(c);
 }
 
+static void write_held(cn__conn *c, char *buf, size_t len, size_t held);
+
 /* Writes buf (taken over) out: at once where the socket takes it, else
  * queued; the connection reads nothing more until it is written. */
 void cn__conn_write(cn__conn *c, char *buf, size_t len) {
+  write_held(c, buf, len, len);
+}
+
+/* The same for the rest of an answer of held bytes (held >= len: what
+ * the socket took of it at once is counted in answer_held as well, as
+ * for an answer written from one buffer). */
+static void write_held(cn__conn *c, char *buf, size_t len, size_t held) {
   if (buf == NULL) {
     cn__conn_close(c);
     return;
@@ -175,7 +184,7 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     return;
   }
   q->buf = buf;
-  q->len = len;
+  q->len = held;
   q->w.data = c;
   if (uv_write(&q->w, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0) {
     free(buf);
@@ -183,11 +192,44 @@ void cn__conn_write(cn__conn *c, char *buf, size_t len) {
     cn__conn_close(c);
     return;
   }
-  atomic_fetch_add(&c->srv->answer_held, (long long)len);
+  atomic_fetch_add(&c->srv->answer_held, (long long)held);
   if (c->writes++ == 0) cn__conn_progress_start(c);
   c->wq_seen = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
   c->write_deadline = cn_now_s() + c->srv->cfg.serve.idle_timeout_s;
   cn__conn_reads(c);
+}
+
+/* Writes an answer's head and body (body taken over) out: both in one
+ * writev where the socket takes them at once, so the body is not copied
+ * behind its head; else what is left joined into one buffer and queued
+ * (cn__conn_write). */
+static void write_parts(cn__conn *c, const char *head, size_t hlen,
+                        char *body, size_t blen) {
+  size_t done = 0;
+  if (c->phase != PH_CLOSED && c->sock && c->writes == 0) {
+    uv_buf_t b[2] = {uv_buf_init((char *)head, (unsigned)hlen),
+                     uv_buf_init(body, (unsigned)blen)};
+    int n = uv_try_write((uv_stream_t *)&c->tcp, b, blen > 0 ? 2 : 1);
+    if (n == (int)(hlen + blen)) {
+      free(body);
+      return;
+    }
+    if (n < 0 && n != UV_EAGAIN) {
+      free(body);
+      cn__conn_close(c);
+      return;
+    }
+    if (n > 0) done = (size_t)n;
+  }
+  size_t len = hlen + blen - done;
+  char *buf = malloc(len > 0 ? len : 1);
+  if (buf != NULL) {
+    size_t h = done < hlen ? hlen - done : 0;
+    memcpy(buf, head + (hlen - h), h);
+    if (len > h) memcpy(buf + h, body + (blen - (len - h)), len - h);
+  }
+  free(body);
+  write_held(c, buf, len, hlen + blen); /* NULL: closes */
 }
 
 /* The request is done with: the connection's reference goes. */
@@ -202,7 +244,32 @@ static void release_req(cn__conn *c) {
   c->srv->http->release(r);
 }
 
-/* One answer: status line, headers, body (HEAD: none), in one buffer. */
+/* s's bytes at p; returns the end (the head's pieces, each bounded by the
+ * buffer's size computed before). */
+static char *put(char *p, const char *s, size_t n) {
+  memcpy(p, s, n);
+  return p + n;
+}
+
+static char *put_str(char *p, const char *s) { return put(p, s, strlen(s)); }
+
+/* A string literal's bytes, its length counted by the compiler. */
+#define PUT_LIT(p, lit) put((p), (lit), sizeof(lit) - 1)
+
+/* v in decimal; returns the end. */
+static char *put_uint(char *p, unsigned long long v) {
+  char t[24];
+  int n = 0;
+  do {
+    t[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0) *p++ = t[--n];
+  return p;
+}
+
+/* One answer: status line, headers, body (HEAD: none), in one buffer,
+ * laid out by hand (no format string parsed per answer). */
 void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
                       const char *ctype, const char *extra) {
   cn__conn *c = r->conn;
@@ -230,30 +297,44 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
    * DRAIN_QUIET_S (cn__conn_drain_quiet). */
   if (keep && atomic_load(&s->draining) && c->in_len == 0)
     keep = false;
-  size_t cap = 512 + strlen(r->id) + (extra ? strlen(extra) : 0) +
-               (head ? 0 : blen);
-  char *out = malloc(cap);
+  /* the head: on the stack unless its header lines are long */
+  char hbuf[1024];
+  size_t cap = 512 + strlen(r->id) + strlen(ctype) +
+               (extra ? strlen(extra) : 0);
+  char *out = cap <= sizeof(hbuf) ? hbuf : malloc(cap);
   if (out == NULL) {
     free(body);
     release_req(c);
     cn__conn_close(c);
     return;
   }
-  int n = snprintf(out, cap,
-                   "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
-                   "Content-Length: %zu\r\nX-Request-Id: %s\r\n%s%s",
-                   status, reason_phrase(status), ctype, blen, r->id,
-                   extra ? extra : "",
-                   !keep ? "Connection: close\r\n"
-                   : c->p.http_minor == 0 ? "Connection: keep-alive\r\n"
-                                          : "");
-  if (status == 429 || status == 503)
-    n += snprintf(out + n, cap - (size_t)n, "Retry-After: %d\r\n",
-                  s->http->retry_after_s(s));
-  n += snprintf(out + n, cap - (size_t)n, "\r\n");
-  if (!head && blen > 0) memcpy(out + n, body, blen);
-  size_t len = (size_t)n + (head ? 0 : blen);
-  free(body);
+  char *p = PUT_LIT(out, "HTTP/1.1 ");
+  p = put_uint(p, (unsigned)status);
+  *p++ = ' ';
+  p = put_str(p, reason_phrase(status));
+  p = PUT_LIT(p, "\r\nContent-Type: ");
+  p = put_str(p, ctype);
+  p = PUT_LIT(p, "\r\nContent-Length: ");
+  p = put_uint(p, blen);
+  p = PUT_LIT(p, "\r\nX-Request-Id: ");
+  p = put_str(p, r->id);
+  p = PUT_LIT(p, "\r\n");
+  if (extra != NULL) p = put_str(p, extra);
+  if (!keep) p = PUT_LIT(p, "Connection: close\r\n");
+  else if (c->p.http_minor == 0) p = PUT_LIT(p, "Connection: keep-alive\r\n");
+  if (status == 429 || status == 503) {
+    int ra = s->http->retry_after_s(s);
+    p = PUT_LIT(p, "Retry-After: ");
+    p = put_uint(p, ra < 0 ? 0 : (unsigned)ra);
+    p = PUT_LIT(p, "\r\n");
+  }
+  p = PUT_LIT(p, "\r\n");
+  size_t hlen = (size_t)(p - out);
+  if (head) { /* HEAD: the length of the body, not the body */
+    free(body);
+    body = NULL;
+    blen = 0;
+  }
   release_req(c);
   if (keep && c->hcap > 4096) { /* a big head: idle, hold 512 bytes again */
     free(c->hb);
@@ -267,7 +348,8 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   c->deadline = keep ? cn_now_s() + s->cfg.serve.idle_timeout_s
                      : cn_now_s() + LINGER_S;
   if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
-  cn__conn_write(c, out, len);
+  write_parts(c, out, hlen, body, blen);
+  if (out != hbuf) free(out);
   if (c->phase == PH_CLOSED || c->writes > 0) return; /* on_written goes on */
   if (!keep && !c->sock) cn__conn_close(c);
   else if (!keep) conn_shutdown(c);

@@ -190,8 +190,10 @@ static int on_headers_complete(http_parser *p) {
     return refuse(c, CN_E_BAD_REQUEST, "a request of HTTP version 1.1 needs a "
                   "Host header (RFC 9112 section 3.2)");
   char method[16];
-  snprintf(method, sizeof(method), "%s",
-           http_method_str((enum http_method)p->method));
+  const char *ms = http_method_str((enum http_method)p->method);
+  size_t ml = strnlen(ms, sizeof(method) - 1);
+  memcpy(method, ms, ml);
+  method[ml] = '\0';
   c->r = s->http->begin(s, c, method, c->hb);
   if (c->r == NULL) return refuse(c, CN_E_NOMEM, "out of memory");
   CN_LOG(CN_LOG_DEBUG, "msg=request-head peer=%d method=%s",

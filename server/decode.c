@@ -76,33 +76,33 @@ static int grow(void **p, int *cap, int need, size_t elem) {
   return 0;
 }
 
-/* The request's answer, as worker.c's format_answer (v2's too);
- * stats.batches: the session's batches while the request was in it. */
+/* The request's answer, in the envelope of worker.c's (answer_parts.c), v2's
+ * too; stats.batches: the session's batches while the request was in it. */
 static char *format(session *ss, dreq *q, double now, int *status) {
   cn__req *r = q->r;
   json_t *outs = q->outs;
   q->outs = NULL;
   *status = 200;
   r->compute_ms = (now - q->t_join) * 1e3;
-  json_t *st = json_object();
-  json_object_set_new(st, "queue_ms", json_real(r->queue_ms));
-  json_object_set_new(st, "compute_ms", json_real(r->compute_ms));
-  json_object_set_new(st, "batches",
-                      json_integer(cn_decode_batches(ss->d) - q->b_join));
-  json_object_set_new(st, "lower_bound", json_integer(0));
-  json_object_set_new(st, "continuous", json_true());
-  /* the session's number: its first run's */
-  json_object_set_new(st, "run", json_integer((json_int_t)ss->jobs[0]->id));
-  cn__stats_unknown(st, r);
-  if (r->v2) return cn__kserve_answer(r, ss->me, outs, st, status);
-  json_t *o = json_object();
-  json_object_set_new(o, "model", json_string(ss->me->name));
-  json_object_set_new(o, "model_version", json_string(ss->me->version));
-  json_object_set_new(o, "outputs", outs);
-  json_object_set_new(o, "stats", st);
-  char *body = cn__answer_dump(o);
-  json_decref(o);
-  return body;
+  cn__answer_stats st = {
+      .queue_ms = r->queue_ms, .compute_ms = r->compute_ms,
+      .batches = cn_decode_batches(ss->d) - q->b_join, .lower_bound = 0,
+      .continuous = true,
+      .run = ss->jobs[0]->id, /* the session's number: its first run's */
+      .run_requests = -1};
+  if (r->v2)
+    return cn__kserve_answer(r, ss->me, outs, cn__answer_stats_json(&st, r),
+                             status);
+  cn_buf b = {0};
+  cn__answer_head(&b, ss->me);
+  for (size_t i = 0; i < json_array_size(outs); i++) {
+    if (i > 0) cn_buf_puts(&b, ",");
+    cn_buf_json(&b, json_array_get(outs, i));
+  }
+  cn__answer_tail(&b, &st, r);
+  json_decref(outs);
+  if (b.failed) cn_buf_free(&b);
+  return b.p;
 }
 
 /* Hands one request back to the loop now, in a job of its own (its run's
@@ -207,30 +207,12 @@ static int take_queued(session *ss, cn_err *err) {
     stop_accepting(ss);
     return 0;
   }
-  bool foreign = false;
-  cn__job *got = NULL, **tail = &got;
+  bool foreign;
   int inst = ss->active_inst;
   size_t verts = ss->active_vertices;
-  pthread_mutex_lock(&s->qmu);
-  while (s->qhead != NULL) {
-    cn__job *j = s->qhead;
-    if (j->me != ss->me) {
-      foreign = true;
-      break;
-    }
-    if (inst + j->instances > sc->max_instances ||
-        verts + j->vertices > (size_t)sc->max_vertices)
-      break; /* it waits for room; the ones behind it wait behind it */
-    s->qhead = j->next;
-    if (s->qhead == NULL) s->qtail = NULL;
-    s->queued_jobs--;
-    j->next = NULL;
-    *tail = j;
-    tail = &j->next;
-    inst += j->instances;
-    verts += j->vertices;
-  }
-  pthread_mutex_unlock(&s->qmu);
+  cn__job *got = cn__jobs_take_joins(s, ss->me, &inst, &verts,
+                                     sc->max_instances,
+                                     (size_t)sc->max_vertices, &foreign);
   if (foreign) stop_accepting(ss);
   int rc = 0;
   while (got != NULL) {

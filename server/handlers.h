@@ -24,7 +24,12 @@ int cn__infer_parse(cn__req *r, cn_err *e);
  * nothing on failure), then, on the loop, p becomes r's. */
 int cn__infer_parse_into(const cn__req *r, cn__parsed *p, cn_err *e);
 void cn__infer_commit(cn__req *r, cn__parsed *p);
-void cn__parsed_free(cn__parsed *p);
+void cn__parsed_free(cn__parsed *p, cn__server *s);
+/* parse_time.c (loop thread): a body's parse begins (the monotonic time
+ * it began, for cn__parse_end) and ends; its CPU seconds reach the parse
+ * stage of model when the loop turn ends. */
+double cn__parse_begin(cn__server *s);
+void cn__parse_end(cn__server *s, int model, double t0);
 /* bigparse.c (loop thread): bodies over CN__BIG_BODY_BYTES are parsed on
  * libuv's threadpool, in two lanes with a FIFO each: medium ones (up to
  * CN__MEDIUM_BODY_BYTES) CN__MEDIUM_PARSES at a time, huge ones

@@ -26,6 +26,29 @@
  * $request_id), else a fresh one. Never echo bytes that could split a
  * header, nor quotes or backslashes that would break the logfmt line the
  * id is logged in unquoted. */
+/* src[0 .. n) into dst (cap bytes), cut to cap - 1 and NUL-terminated:
+ * what snprintf's "%.*s" wrote, without its format parse on every
+ * request. */
+static void copy_cut(char *dst, size_t cap, const char *src, size_t n) {
+  if (n > cap - 1) n = cap - 1;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* v in lower-case hex, at least `width` digits (as "%0*llx"); returns the
+ * end. */
+static char *put_hex(char *p, unsigned long long v, int width) {
+  char t[16];
+  int n = 0;
+  do {
+    t[n++] = "0123456789abcdef"[v & 15];
+    v >>= 4;
+  } while (v != 0);
+  while (n < width) t[n++] = '0';
+  while (n > 0) *p++ = t[--n];
+  return p;
+}
+
 static void set_id(cn__server *s, cn__req *r, const char *given) {
   bool ok = given != NULL && given[0] != '\0' && strlen(given) <= 64;
   for (const char *p = given; ok && *p; p++)
@@ -36,8 +59,14 @@ static void set_id(cn__server *s, cn__req *r, const char *given) {
     return;
   }
   unsigned long long n = atomic_fetch_add(&s->next_id, 1);
-  snprintf(r->id, sizeof(r->id), "cn-%08llx-%06llx",
-           (unsigned long long)s->metrics.start_time & 0xffffffffULL, n);
+  /* "cn-%08llx-%06llx": at most 3 + 8 + 1 + 16 bytes and the NUL */
+  char *p = r->id;
+  memcpy(p, "cn-", 3);
+  p = put_hex(p + 3,
+              (unsigned long long)s->metrics.start_time & 0xffffffffULL, 8);
+  *p++ = '-';
+  p = put_hex(p, n, 6);
+  *p = '\0';
 }
 
 static void answer_err(cn__req *r, int code, const char *msg) {
@@ -93,10 +122,17 @@ static void infer_ready(cn__req *r) {
   }
   cn_err e;
   cn_err_clear(&e);
-  double t0 = cn_thread_cpu_s();
-  int rc = cn__infer_parse(r, &e);
-  cn__metrics_stage(&s->metrics, r->me->index, CN__STAGE_PARSE,
-                    cn_thread_cpu_s() - t0, true);
+  int rc;
+  if (s->hand_over != NULL) { /* no loop turns: timed alone */
+    double t0 = cn_thread_cpu_s();
+    rc = cn__infer_parse(r, &e);
+    cn__metrics_stage(&s->metrics, r->me->index, CN__STAGE_PARSE,
+                      cn_thread_cpu_s() - t0, true);
+  } else {
+    double t0 = cn__parse_begin(s);
+    rc = cn__infer_parse(r, &e);
+    cn__parse_end(s, r->me->index, t0);
+  }
   if (rc != 0 || cn__req_reserve_answer(r, &e) != 0) {
     answer_cn_err(r, &e);
     return;
@@ -188,9 +224,9 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   r->conn = c;
   r->t_arrive = cn_now_s();
   r->timeout_ms = s->cfg.serve.timeout_ms;
-  snprintf(r->method, sizeof(r->method), "%s", method);
+  copy_cut(r->method, sizeof(r->method), method, strlen(method));
   /* logged inside quotes: keep it printable and quote-free */
-  snprintf(r->path, sizeof(r->path), "%.*s", (int)sizeof(r->path) - 1, url);
+  copy_cut(r->path, sizeof(r->path), url, strnlen(url, sizeof(r->path)));
   for (char *p = r->path; *p; p++)
     if (*p < 0x20 || *p == '"' || *p == '\\' || *p == 0x7f) *p = '?';
   set_id(s, r, cn__conn_header(c, "X-Request-Id"));
@@ -423,16 +459,11 @@ static cn__req *http_begin(cn__server *s, cn__conn *c, const char *method,
     /* a name too long to be a model's is kept only for messages (cut),
      * never looked up or loaded cut */
     r->model_name_len = m.len;
-    snprintf(r->model_name, sizeof(r->model_name), "%.*s",
-             (int)(m.len < sizeof(r->model_name) ? m.len
-                                                 : sizeof(r->model_name) - 1),
-             m.name);
+    copy_cut(r->model_name, sizeof(r->model_name), m.name, m.len);
   }
   if (m.version != NULL) { /* a version too long to be one never matches */
     r->version_bad = m.vlen >= sizeof(r->want_version);
-    snprintf(r->want_version, sizeof(r->want_version), "%.*s",
-             (int)(r->version_bad ? sizeof(r->want_version) - 1 : m.vlen),
-             m.version);
+    copy_cut(r->want_version, sizeof(r->want_version), m.version, m.vlen);
   }
   /* the version this request will use, held until it is freed: a reload
    * meanwhile does not change it */

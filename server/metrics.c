@@ -298,6 +298,15 @@ void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds) {
   pthread_mutex_unlock(&m->mu);
 }
 
+void cn__metrics_queue_waits(cn__metrics *m, int model, const double *seconds,
+                             int n) {
+  if (n <= 0) return;
+  pthread_mutex_lock(&m->mu);
+  model = slot_of(m, model);
+  for (int i = 0; i < n; i++) hist_add(&m->queue_s[model], seconds[i]);
+  pthread_mutex_unlock(&m->mu);
+}
+
 void cn__metrics_dropped(cn__metrics *m, int instances, int disconnect,
                          int timeout) {
   pthread_mutex_lock(&m->mu);

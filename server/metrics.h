@@ -148,6 +148,10 @@ int cn__metrics_workers(cn__metrics *m, int n);
 void cn__metrics_worker_backend(cn__metrics *m, int worker,
                                 const cn_backend_counters *c);
 void cn__metrics_queue_wait(cn__metrics *m, int model, double seconds);
+/* n of them under one lock (a run's requests: the lock is the loop's
+ * too, taken once a request there). */
+void cn__metrics_queue_waits(cn__metrics *m, int model, const double *seconds,
+                             int n);
 /* CPU seconds a model's requests spent in a stage; on_loop: the loop
  * thread's (not http's). */
 void cn__metrics_stage(cn__metrics *m, int model, cn__stage stage,

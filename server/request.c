@@ -73,9 +73,50 @@ static void release_answer(cn__req *r) {
   r->answer_reserved = 0;
 }
 
+/* The pool's flag: held for a few instructions, by the loop, a pool
+ * thread (bigparse.c) or a worker giving a reader back. */
+static void readers_lock(cn__server *s) {
+  int z = 0;
+  while (!atomic_compare_exchange_weak(&s->readers_lock, &z, 1)) z = 0;
+}
+
+static void readers_unlock(cn__server *s) {
+  atomic_store(&s->readers_lock, 0);
+}
+
+/* Why: a reader grows its tape, scratch and arena to what it reads; kept
+ * between requests, a small request allocates nothing to be read. */
+cn_line_reader *cn__reader_take(cn__server *s) {
+  cn_line_reader *rd = NULL;
+  readers_lock(s);
+  if (s->n_readers > 0) rd = s->readers[--s->n_readers];
+  readers_unlock(s);
+  return rd != NULL ? rd : cn_line_reader_new();
+}
+
+void cn__reader_give(cn__server *s, cn_line_reader *rd, size_t body_bytes) {
+  if (rd == NULL) return;
+  if (body_bytes <= CN__READER_KEEP_BYTES) {
+    cn_line_reader_reset(rd);
+    readers_lock(s);
+    if (s->n_readers < CN__READERS_KEPT) {
+      s->readers[s->n_readers++] = rd;
+      rd = NULL;
+    }
+    readers_unlock(s);
+  }
+  cn_line_reader_free(rd);
+}
+
+void cn__readers_free(cn__server *s) {
+  for (int i = 0; i < s->n_readers; i++) cn_line_reader_free(s->readers[i]);
+  s->n_readers = 0;
+}
+
 static void req_free(cn__req *r) {
   release_answer(r);
   for (int i = 0; i < r->n_inst; i++) cn_instance_free(r->inst[i]);
+  cn__reader_give(r->srv, r->rd, r->rd_bytes);
   cn__model_release(r->me);
   free(r->inst);
   cn__req_body_free(r);

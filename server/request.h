@@ -26,6 +26,16 @@ void cn__req_answer_now(cn__req *r, int status, char *body,
 /* Reserves r's answer bound (r->answer_bound) of max-answer-memory until
  * r is answered; CN_E_ANSWER_MEMORY (503) when it does not fit (loop). */
 int cn__req_reserve_answer(cn__req *r, cn_err *e);
+/* A line reader for a request body read without a DOM (infer.c): one kept
+ * from an earlier request, else a new one (NULL: no memory). Any thread. */
+cn_line_reader *cn__reader_take(cn__server *s);
+/* rd's instances are done with: it is reset and kept for the next request
+ * (CN__READERS_KEPT at most, and only one that read at most
+ * CN__READER_KEEP_BYTES: body_bytes), else freed. Any thread; NULL: none. */
+void cn__reader_give(cn__server *s, cn_line_reader *rd, size_t body_bytes);
+/* The readers kept, freed (the server's end). */
+void cn__readers_free(cn__server *s);
+
 /* /v1's error body {"error": {...}} (instance < 0: none). */
 char *cn__error_body(int code, const char *msg, int instance);
 

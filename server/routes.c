@@ -133,9 +133,7 @@ static char *models_list(cn__server *s) {
 static cn__gauges gauges(cn__server *s) {
   cn__gauges g;
   g.queue_instances = atomic_load(&s->waiting_instances);
-  pthread_mutex_lock(&s->qmu);
-  g.queued_runs = s->queued_jobs;
-  pthread_mutex_unlock(&s->qmu);
+  g.queued_runs = cn__jobs_queued(s);
   g.in_flight = atomic_load(&s->in_flight);
   g.workers = s->n_threads;
   g.draining = atomic_load(&s->draining);

@@ -199,10 +199,7 @@ static void on_trim_timer(uv_timer_t *t) {
   cn__server *s = t->data;
   long long served = atomic_load(&s->requests_seen);
   if (served == s->trimmed_at || atomic_load(&s->in_flight) != 0) return;
-  pthread_mutex_lock(&s->qmu);
-  bool idle = s->qhead == NULL && s->busy_workers == 0;
-  pthread_mutex_unlock(&s->qmu);
-  if (!idle) return;
+  if (!cn__jobs_idle(s)) return;
   cn__malloc_trim();
   s->trimmed_at = served;
 }
@@ -343,6 +340,8 @@ static void init_loop_handles(cn__server *s) {
   s->drain_timer.data = s;
   uv_check_init(&s->loop, &s->idle_check);
   s->idle_check.data = s;
+  uv_check_init(&s->loop, &s->parse_check);
+  s->parse_check.data = s;
   uv_timer_init(&s->loop, &s->trim_timer);
   s->trim_timer.data = s;
   uv_timer_start(&s->trim_timer, on_trim_timer, 1000, 1000);
@@ -425,6 +424,7 @@ static void server_free(cn__server *s) {
   if (!uv_is_active((uv_handle_t *)&s->sigterm)) uv_loop_close(&s->loop);
   if (s->models != NULL) cn__repo_free_all(s);
   free(s->models);
+  cn__readers_free(s);
 }
 
 /* `canopy serve`: start-up all or nothing (file comment), the loop until

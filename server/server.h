@@ -145,6 +145,14 @@ enum { CN__REQ_RECEIVING = 0, CN__REQ_WAITING, CN__REQ_ANSWERED };
  * CN__V2_* bits at the end of this file). */
 #define CN__V2_TENSORS 6
 
+/* Line readers kept between requests (cn__server.readers): one a request
+ * in flight at a time, past which a reader is freed when given back; and
+ * the body bytes past which a reader's memory is not kept at all. */
+#define CN__READERS_KEPT 64
+/* Models whose parses one loop turn times apart (cn__server.parse_*). */
+#define CN__PARSE_MODELS 8
+#define CN__READER_KEEP_BYTES (64 * 1024)
+
 /* What infer.c reads of a body, before it is the request's. */
 typedef struct cn__parsed {
   cn_instance **inst;
@@ -159,6 +167,10 @@ typedef struct cn__parsed {
   unsigned v2_binary;   /* ... those answered as binary tensor data     */
   int v2_topk[CN__V2_TENSORS]; /* ... classification K, by bit index
                                   (0: the tensor itself)               */
+  cn_line_reader *rd;   /* holds inst when they were read without a DOM
+                           (infer.c; NULL: each is cn_instance_free's)  */
+  size_t rd_bytes;      /* the body bytes rd read (request.c keeps a
+                           reader that read few for the next request)  */
 } cn__parsed;
 
 typedef struct cn__req {
@@ -193,6 +205,8 @@ typedef struct cn__req {
                                 (request.c; 0: none)                     */
   unsigned v2_binary;       /* v2: those answered as binary tensor data  */
   int v2_topk[CN__V2_TENSORS]; /* v2: classification K by bit index     */
+  cn_line_reader *rd;       /* the reader inst live in (NULL: none)      */
+  size_t rd_bytes;          /* the body bytes it read                    */
   /* the body's framing, from the head (http.c) */
   long long v2_hlen;        /* Inference-Header-Content-Length: the JSON's
                                bytes (-1: none; -2: not a byte count)    */
@@ -331,6 +345,20 @@ struct cn__server {
   bool rt_stop, rt_started;
   pthread_t rt_thread;
   cn__metrics metrics;
+  /* the parse stage of this loop turn (parse_time.c): its parses' wall
+   * time by model, made CPU seconds when the turn's I/O callbacks are
+   * over */
+  uv_check_t parse_check;
+  bool parse_open;           /* a parse ran in this turn              */
+  double parse_cpu0, parse_wall0; /* the turn's first parse began     */
+  int parse_n;
+  int parse_model[CN__PARSE_MODELS];
+  double parse_wall[CN__PARSE_MODELS];
+  /* line readers that read request bodies without a DOM (request.c
+   * cn__reader_take/give): a few kept between requests, under a flag */
+  atomic_int readers_lock;
+  int n_readers;
+  cn_line_reader *readers[CN__READERS_KEPT];
   pthread_t loop_thread;       /* the thread running the loop, and its CPU
                                   seconds when it began serving (http_s) */
   double loop_cpu0;

@@ -25,6 +25,56 @@ int cn__retry_after_s(cn__server *s);
 void cn__jobs_push(cn__server *s, cn__job *j);
 void cn__jobs_done(cn__server *s, cn__job *j);
 void cn__job_free(cn__job *j);
+/* Runs queued and not yet taken (any thread). */
+int cn__jobs_queued(cn__server *s);
+/* Workers that would sit idle if one more run were queued now. */
+int cn__jobs_idle_workers(cn__server *s);
+/* No run queued and no worker computing one. */
+bool cn__jobs_idle(cn__server *s);
+/* What a worker takes next (cn__jobs_take). */
+typedef enum {
+  CN__TAKE_JOB,    /* *j: a run, the worker counted busy till it is over */
+  CN__TAKE_WARMUP, /* *wu: a warm-up part, before any queued run       */
+  CN__TAKE_EMPTY,  /* CN__WAIT_NONE and nothing queued                 */
+  CN__TAKE_IDLE,   /* CN__WAIT_IDLE and a second passed with nothing   */
+  CN__TAKE_STOP    /* stopping and nothing left: the worker exits      */
+} cn__take;
+typedef enum { CN__WAIT_NONE, CN__WAIT_IDLE, CN__WAIT_FOREVER } cn__wait;
+/* Workers: the next run or warm-up part for worker `worker`, waiting as
+ * `wait` says (CN__WAIT_NONE: not at all when no run is queued). */
+cn__take cn__jobs_take(cn__server *s, int worker, cn__wait wait, cn__job **j,
+                       cn__warmup **wu);
+/* A worker's run is over: it is no longer busy, and j goes back to the
+ * loop (cn__jobs_done). */
+void cn__jobs_over(cn__server *s, cn__job *j);
+/* Decode sessions: the queued runs of version me from the head of the
+ * queue, in order, while they fit in inst instances and verts vertices
+ * beyond the session's (*inst, *verts grow by theirs); a list through
+ * next. *foreign: the head is a run of another version. */
+cn__job *cn__jobs_take_joins(cn__server *s, const cn__model_entry *me,
+                             int *inst, size_t *verts, int max_inst,
+                             size_t max_verts, bool *foreign);
+/* Workers exit once the queued runs are done (cn__workers_stop). */
+void cn__jobs_stop(cn__server *s);
+
+/* answer_parts.c: the stats of an answer, a run's (worker.c) or a decode
+ * session's (decode.c): the keys each has, in the order written. */
+typedef struct cn__answer_stats {
+  double queue_ms, compute_ms;
+  long long batches, lower_bound;
+  bool continuous;          /* "continuous": true (a decode session's)   */
+  unsigned long long run;   /* the run's number (a session's: its first) */
+  int run_requests;         /* < 0: no run_requests nor run_instances    */
+  int run_instances;
+} cn__answer_stats;
+/* /v1's answer envelope, written in one place for both: its head,
+ * {"model":..,"model_version":..,"outputs":[ (the outputs follow), and its
+ * tail, ],"stats":{..}} with unknown_tokens (and unknown_positions). */
+void cn__answer_head(cn_buf *b, const cn__model_entry *me);
+void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
+                     const cn__req *r);
+/* The same stats as a json_t (a v2 answer's "parameters"), new reference. */
+json_t *cn__answer_stats_json(const cn__answer_stats *st, const cn__req *r);
 
 /* answer_parts.c: adds unknown_tokens (and, asked for, unknown_positions) to an
  * answer's stats (worker.c's and decode.c's answers) */

@@ -44,6 +44,15 @@ static char *answer_non_finite(cn__job *j, int i, cn_err *err, int *status) {
   return body;
 }
 
+/* The stats of r's answer from run j. */
+static cn__answer_stats run_stats(const cn__job *j, const cn__req *r) {
+  cn__answer_stats st = {
+      .queue_ms = r->queue_ms, .compute_ms = r->compute_ms,
+      .batches = j->st.batches, .lower_bound = j->st.lower_bound,
+      .run = j->id, .run_requests = j->n, .run_instances = j->instances};
+  return st;
+}
+
 /* A v2 request's answer: v2's tensors are laid out from /v1's output
  * objects (kserve_answer.c). */
 static char *format_v2(cn__job *j, cn__req *r, cn_run *run, int *slots,
@@ -60,31 +69,20 @@ static char *format_v2(cn__job *j, cn__req *r, cn_run *run, int *slots,
     }
     json_array_append_new(outs, out);
   }
-  json_t *st = json_object();
-  json_object_set_new(st, "queue_ms", json_real(r->queue_ms));
-  json_object_set_new(st, "compute_ms", json_real(r->compute_ms));
-  json_object_set_new(st, "batches", json_integer(j->st.batches));
-  json_object_set_new(st, "lower_bound", json_integer(j->st.lower_bound));
-  json_object_set_new(st, "run", json_integer((json_int_t)j->id));
-  json_object_set_new(st, "run_requests", json_integer(j->n));
-  json_object_set_new(st, "run_instances", json_integer(j->instances));
-  cn__stats_unknown(st, r);
-  return cn__kserve_answer(r, j->me, outs, st, status);
+  cn__answer_stats st = run_stats(j, r);
+  return cn__kserve_answer(r, j->me, outs, cn__answer_stats_json(&st, r),
+                           status);
 }
 
-/* A /v1 answer, written once into its buffer: the outputs straight from
- * the run's states (cn_run_write_output), then the stats; the same keys
- * in the same order as the json_t it was once dumped from. */
+/* A /v1 answer, written once into its buffer: the envelope (answer_parts.c)
+ * around the outputs straight from the run's states
+ * (cn_run_write_output). */
 static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
                            int *status) {
   *status = 200;
   if (r->v2) return format_v2(j, r, run, slots, status);
   cn_buf b = {0};
-  cn_buf_puts(&b, "{\"model\":");
-  cn_buf_string(&b, j->me->name);
-  cn_buf_puts(&b, ",\"model_version\":");
-  cn_buf_string(&b, j->me->version);
-  cn_buf_puts(&b, ",\"outputs\":[");
+  cn__answer_head(&b, j->me);
   for (int i = 0; i < r->n_inst; i++) {
     cn_err err;
     cn_err_clear(&err);
@@ -96,23 +94,8 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
     }
     if (rc != 0) break; /* no memory: b.failed */
   }
-  cn_buf_puts(&b, "],\"stats\":{\"queue_ms\":");
-  cn_buf_double(&b, r->queue_ms);
-  cn_buf_puts(&b, ",\"compute_ms\":");
-  cn_buf_double(&b, r->compute_ms);
-  cn_buf_puts(&b, ",\"batches\":");
-  cn_buf_int(&b, j->st.batches);
-  cn_buf_puts(&b, ",\"lower_bound\":");
-  cn_buf_int(&b, j->st.lower_bound);
-  /* which requests shared the run: the same number */
-  cn_buf_puts(&b, ",\"run\":");
-  cn_buf_int(&b, (long long)j->id);
-  cn_buf_puts(&b, ",\"run_requests\":");
-  cn_buf_int(&b, j->n);
-  cn_buf_puts(&b, ",\"run_instances\":");
-  cn_buf_int(&b, j->instances);
-  cn__stats_unknown_write(&b, r);
-  cn_buf_puts(&b, "}}");
+  cn__answer_stats st = run_stats(j, r);
+  cn__answer_tail(&b, &st, r);
   if (b.failed) cn_buf_free(&b);
   return b.p; /* NULL: no memory, as json_dumps's */
 }
@@ -193,7 +176,8 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
     cn_run_set_memory_budget(f->run, s->cfg.serve.memory_budget);
     cn_run_set_async(f->run, async);
   }
-  int live = 0, dropped = 0;
+  int live = 0, dropped = 0, n_waits = 0;
+  double waits[64]; /* queue waits, into the metrics 64 at a time */
   cn_err err;
   cn_err_clear(&err);
   if (f->slots == NULL || f->run == NULL) {
@@ -207,7 +191,11 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
       continue;
     }
     r->queue_ms = (f->t0 - r->t_arrive) * 1e3;
-    cn__metrics_queue_wait(&s->metrics, j->me->index, f->t0 - r->t_arrive);
+    if (n_waits == 64) {
+      cn__metrics_queue_waits(&s->metrics, j->me->index, waits, n_waits);
+      n_waits = 0;
+    }
+    waits[n_waits++] = f->t0 - r->t_arrive;
     f->slots[i] = malloc((size_t)r->n_inst * sizeof(int));
     if (f->slots[i] == NULL) {
       cn_err_set(&err, CN_E_NOMEM, "no memory for the run");
@@ -224,6 +212,8 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
     live++;
   }
   if (dropped > 0) cn__metrics_dropped(&s->metrics, dropped, 0, 0);
+  cn__metrics_queue_waits(&s->metrics, j->me->index, waits, n_waits);
+  n_waits = 0;
   /* the instances added: their graphs built (parse) */
   cn__metrics_stage(&s->metrics, j->me->index, CN__STAGE_PARSE,
                     cn_thread_cpu_s() - c0, false);
@@ -232,6 +222,7 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   if (cn__policy_exec(s, j->me, f->run, &err) != 0) goto fail;
   return true;
 fail:
+  cn__metrics_queue_waits(&s->metrics, j->me->index, waits, n_waits);
   if (err.code == CN_E_OVER_BUDGET && live > 1) {
     CN_LOG(CN_LOG_INFO, "msg=run-over-budget model=%s requests=%d "
            "error=\"%s\"", j->me->name, live, err.msg);
@@ -308,12 +299,8 @@ static void report_backend(worker_arg *w) {
 
 /* A job is over: its requests answered (the loop sends them). */
 static void job_over(worker_arg *w, cn__job *j) {
-  cn__server *s = w->s;
   report_backend(w);
-  pthread_mutex_lock(&s->qmu);
-  s->busy_workers--;
-  pthread_mutex_unlock(&s->qmu);
-  cn__jobs_done(s, j);
+  cn__jobs_over(w->s, j);
 }
 
 /* Answers the run in flight, if any. */
@@ -341,56 +328,36 @@ static void *worker_main(void *arg) {
   inflight prev;
   bool have_prev = false;
   for (;;) {
-    pthread_mutex_lock(&s->qmu);
-    if (have_prev && s->qhead == NULL) {
+    cn__job *j;
+    cn__warmup *wu;
+    cn__take t = cn__jobs_take(s, w->index,
+                               have_prev ? CN__WAIT_NONE
+                               : kept    ? CN__WAIT_IDLE
+                                         : CN__WAIT_FOREVER,
+                               &j, &wu);
+    if (t == CN__TAKE_EMPTY) {
       /* nothing to overlap it with: its answers now */
-      pthread_mutex_unlock(&s->qmu);
       finish_prev(w, &prev, &have_prev);
       continue;
     }
-    cn__warmup *wu = NULL;
-    while (s->qhead == NULL && !s->stopping &&
-           (wu = cn__warmup_next(s, w->index)) == NULL) {
-      if (!kept) {
-        pthread_cond_wait(&s->qcv, &s->qmu);
-        continue;
-      }
+    if (t == CN__TAKE_IDLE) {
       /* A second without work: the run arenas the backend keeps for the
        * next run (up to 256 MiB) go back to the system, so RSS after a
-       * burst returns near its idle value (#21); a busy worker keeps
-       * them and never pays for fresh pages. */
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_sec += 1;
-      if (pthread_cond_timedwait(&s->qcv, &s->qmu, &ts) == ETIMEDOUT &&
-          s->qhead == NULL && !s->stopping) {
-        pthread_mutex_unlock(&s->qmu);
-        cn_backend_release(w->bk);
-        report_backend(w);
-        cn__malloc_trim();
-        kept = false;
-        pthread_mutex_lock(&s->qmu);
-      }
+       * burst returns near its idle value; a busy worker keeps them and
+       * never pays for fresh pages. */
+      cn_backend_release(w->bk);
+      report_backend(w);
+      cn__malloc_trim();
+      kept = false;
+      continue;
     }
-    /* a version's warm-up goes before queued runs: its loader waits */
-    if (wu != NULL || (wu = cn__warmup_next(s, w->index)) != NULL) {
-      pthread_mutex_unlock(&s->qmu);
+    if (t == CN__TAKE_WARMUP) {
       finish_prev(w, &prev, &have_prev);
       cn__warmup_part(s, wu, w->index, w->bk);
       kept = true; /* given back after a second idle, as after a run */
       continue;
     }
-    cn__job *j = s->qhead;
-    if (j == NULL) { /* stopping and nothing left */
-      cn__warmup_abandon(s, w->index);
-      pthread_mutex_unlock(&s->qmu);
-      break;
-    }
-    s->qhead = j->next;
-    if (s->qhead == NULL) s->qtail = NULL;
-    s->queued_jobs--;
-    s->busy_workers++;
-    pthread_mutex_unlock(&s->qmu);
+    if (t == CN__TAKE_STOP) break;
     atomic_fetch_sub(&s->waiting_instances, j->instances);
     kept = true;
     if (cn__decode_wants(s, j)) { /* lstm-nmt: continuous decoding */
@@ -459,10 +426,7 @@ int cn__workers_start(cn__server *s, cn_err *err) {
 
 /* Workers finish the queued runs, then exit; joined here. */
 void cn__workers_stop(cn__server *s) {
-  pthread_mutex_lock(&s->qmu);
-  s->stopping = true;
-  pthread_cond_broadcast(&s->qcv);
-  pthread_mutex_unlock(&s->qmu);
+  cn__jobs_stop(s);
   for (int i = 0; i < s->n_threads; i++) pthread_join(s->threads[i], NULL);
   free(s->threads);
   s->threads = NULL;
