@@ -152,10 +152,10 @@ async def run(args):
     async def check(model, transport, call, fn):
         try:
             await fn()
-            print("%-18s %-5s %-26s ok" % (model, transport, call))
+            print("%-18s %-5s %-32s ok" % (model, transport, call))
         except Exception as e:  # noqa: BLE001 (every failure is reported)
             msg = "%s: %s" % (type(e).__name__, e)
-            print("%-18s %-5s %-26s FAIL %s" % (model, transport, call, msg))
+            print("%-18s %-5s %-32s FAIL %s" % (model, transport, call, msg))
             failures.append((model, transport, call, msg))
 
     async def rest_server():
@@ -198,19 +198,23 @@ async def run(args):
                         dict(opts, instances=insts))
         texts = [json.dumps(x) for x in insts]
 
-        def request(binary):
+        def request(binary, column=False, version=None, params=None):
             """The request as the SDK's documentation writes one: a BYTES
             input from a list (JSON / bytes_contents) or from numpy
-            (binary data / raw_input_contents, the default)."""
+            (binary data / raw_input_contents, the default); shape [N] or
+            [N, 1]; the version named or not."""
+            shape = [len(insts), 1] if column else [len(insts)]
             if binary:
-                i = it.InferInput("INSTANCE", [len(insts)], "BYTES")
-                i.set_data_from_numpy(np.array([t.encode() for t in texts],
-                                               dtype=np.object_))
+                i = it.InferInput("INSTANCE", shape, "BYTES")
+                i.set_data_from_numpy(np.array(
+                    [t.encode() for t in texts], dtype=np.object_)
+                    .reshape(shape))
             else:
-                i = it.InferInput("INSTANCE", [len(insts)], "BYTES",
-                                  list(texts))
+                i = it.InferInput("INSTANCE", shape, "BYTES", list(texts))
             return it.InferRequest(model_name=name, infer_inputs=[i],
-                                   parameters=dict(opts) or None)
+                                   model_version=version,
+                                   parameters=dict(opts, **(params or {}))
+                                   or None)
 
         def compare(resp):
             assert resp.model_name == name, resp.model_name
@@ -229,6 +233,12 @@ async def run(args):
 
         async def rest_infer_binary():
             compare(await rest.infer(base, request(True), model_name=name))
+
+        async def rest_infer_binary_out():
+            compare(await rest.infer(
+                base, request(True, True, ref["model_version"],
+                              {"binary_data_output": True}),
+                model_name=name))
 
         async def grpc_ready():
             assert await grpcc.is_model_ready(name) is True
@@ -251,14 +261,21 @@ async def run(args):
         async def grpc_infer_raw():
             compare(await grpcc.infer(request(True)))
 
+        async def grpc_infer_version():
+            compare(await grpcc.infer(request(True, True,
+                                              ref["model_version"])))
+
         for transport, call, fn in (
                 ("REST", "is_model_ready", rest_ready),
                 ("REST", "infer (JSON)", rest_infer_json),
                 ("REST", "infer (binary)", rest_infer_binary),
+                ("REST", "infer (version, [N,1], bin out)",
+                 rest_infer_binary_out),
                 ("gRPC", "is_model_ready", grpc_ready),
                 ("gRPC", "ModelMetadata (stub)", grpc_metadata),
                 ("gRPC", "infer (bytes_contents)", grpc_infer_contents),
-                ("gRPC", "infer (raw_input)", grpc_infer_raw)):
+                ("gRPC", "infer (raw_input)", grpc_infer_raw),
+                ("gRPC", "infer (version, [N,1])", grpc_infer_version)):
             await check(name, transport, call, fn)
     await rest.close()
     await grpcc.close()
