@@ -17,6 +17,7 @@
 #include "backends.h"
 #include "families/families.h"
 #include "internal.h"
+#include "engine_util.h"
 #include "model_test_util.h"
 
 TestSuite(model, .init = tmp_dir_setup, .fini = tmp_dir_teardown);
@@ -61,26 +62,7 @@ static void write_json(json_t *j) {
  * NULL). */
 static void rewrite_weights(const char *drop, const char *reshape,
                             const char *add, int64_t r, int64_t c) {
-  cn_safetensors st;
-  cn_err e;
-  const char *p = in_dir("weights.safetensors");
-  cr_assert_eq(cn_safetensors_open(p, &st, &e), 0, "%s", e.msg);
-  cn_tensor_out t[CN_MAX_TENSORS + 1];
-  float *big = calloc((size_t)(r * c + 1), sizeof(float));
-  int n = 0;
-  for (int i = 0; i < st.n; i++) {
-    const cn_tensor *s = &st.tensors[i];
-    if (drop && strcmp(s->name, drop) == 0) continue;
-    t[n] = (cn_tensor_out){s->name, s->ndim, {0}, s->data};
-    memcpy(t[n].shape, s->shape, sizeof(s->shape));
-    if (reshape && strcmp(s->name, reshape) == 0)
-      t[n] = (cn_tensor_out){s->name, 2, {r, c}, big};
-    n++;
-  }
-  if (add) t[n++] = (cn_tensor_out){add, 2, {r, c}, big};
-  cr_assert_eq(cn_safetensors_write(p, t, n, &e), 0, "%s", e.msg);
-  cn_safetensors_close(&st);
-  free(big);
+  tu_rewrite_weights(in_dir("weights.safetensors"), drop, reshape, add, r, c);
 }
 
 static const char *data_for(const cn_family *f) {
