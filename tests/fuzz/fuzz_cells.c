@@ -20,11 +20,9 @@ static cn_backend_ctx *bk;
 
 static void setup(void) {
   snprintf(dir, sizeof(dir), "%s/m", fuzz_tmpdir());
-  cn_model_init_opts o = {.family = "treelstm", .dir = dir, .hidden = 4,
-                          .embed = 4, .classes = 3, .seed = 1};
+  fuzz_small_model("treelstm", dir, NULL, NULL);
   cn_err e;
   cn_err_clear(&e);
-  CHECK(cn_model_init(&o, &e) == 0);
   CHECK(cn_backend_open("cpu", 0, &bk, &e) == 0);
 }
 

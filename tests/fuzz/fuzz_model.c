@@ -12,11 +12,7 @@ static char dir[512];
 
 static void make_model(void) {
   snprintf(dir, sizeof(dir), "%s/m", fuzz_tmpdir());
-  cn_model_init_opts o = {.family = "treelstm", .dir = dir, .hidden = 4,
-                          .embed = 4, .classes = 3, .seed = 1};
-  cn_err e;
-  cn_err_clear(&e);
-  CHECK(cn_model_init(&o, &e) == 0);
+  fuzz_small_model("treelstm", dir, NULL, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
