@@ -1,5 +1,6 @@
 """What the Python tests and benchmark scripts share about a daemon they
-start: a free port on loopback, the daemon started there (Served), waiting
+start: where the checkout, the canopy binary and the data are, a free
+port on loopback, the daemon started there (Served), waiting
 until it answers /readyz, waiting for any other event it shows (never for
 a fixed time), one request on a fresh connection, a JSON POST, a
 percentile of latencies, the process's memory from /proc.
@@ -16,6 +17,14 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+
+# The checkout this file is in, the canopy binary under test and the data
+# files: meson test sets CANOPY_BIN and CANOPY_DATA; run by hand, this
+# checkout's build/canopy and data/.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
+DATA = os.environ.get("CANOPY_DATA", os.path.join(ROOT, "data"))
 
 # The daemons the tests and benchmarks start listen on loopback only.
 HOST = "127.0.0.1"

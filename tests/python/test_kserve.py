@@ -27,13 +27,8 @@ import tempfile
 import threading
 import time
 import unittest
-from daemon_util import free_port
+from daemon_util import BIN, DATA, ROOT, free_port
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(ROOT, "data"))
 CELLS = os.environ.get("CANOPY_CELLS", os.path.join(ROOT, "tests", "cells"))
 
 # name: (family, data file, extra `model init` flags, /v1 options sent)

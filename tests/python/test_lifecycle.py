@@ -18,13 +18,9 @@ import tempfile
 import threading
 import time
 import unittest
-from daemon_util import DEADLINE_S, free_port, request, wait_until
+from daemon_util import (BIN, DATA, DEADLINE_S, free_port, request,
+                         wait_until)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(ROOT, "data"))
 TOKEN = "t0ken"
 
 

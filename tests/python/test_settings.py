@@ -28,12 +28,8 @@ import subprocess
 import tempfile
 import threading
 import unittest
-from daemon_util import request
+from daemon_util import BIN, DATA, request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA", os.path.join(ROOT, "data"))
 BODY = json.dumps({"instances": [{"tree": "(S (W a) (S (W b) (W c)))"}]})
 # a deadline against a hung daemon only; every wait below ends on an event
 DEADLINE_S = 120
