@@ -117,13 +117,18 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
   return outs;
 }
 
-json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
-               int batch, unsigned flags, long long *batches,
-               long long *lower_bound) {
+cn_backend_ctx *tu_cpu(void) {
   cn_backend_ctx *bk = NULL;
   cn_err err;
   cn_err_clear(&err);
   cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  return bk;
+}
+
+json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
+               int batch, unsigned flags, long long *batches,
+               long long *lower_bound) {
+  cn_backend_ctx *bk = tu_cpu();
   json_t *outs = tu_run_on(bk, m, insts, pol, batch, flags, batches,
                            lower_bound);
   cn_backend_close(bk);

@@ -30,6 +30,9 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
  * its last call, summed over its runs (instances: the number of runs). */
 extern cn_layout tu_layout;
 extern cn_run_stats tu_stats;
+/* A cpu backend context (failing the test if none opens); the caller
+ * closes it. */
+cn_backend_ctx *tu_cpu(void);
 /* The same on a fresh cpu backend context. */
 json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
                int batch, unsigned flags, long long *batches,

@@ -573,13 +573,12 @@ Test(fsm, cli_run_learns_caches_and_retrains, .timeout = 120) {
  * unbatched ones (policy none) to 1e-5. */
 static json_t *run_all(const cn_model *m, const json_t *insts,
                        const cn_fsm *p, long long *batches) {
-  cn_backend_ctx *bk = NULL;
-  cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  cn_backend_ctx *bk = tu_cpu();
   size_t n = json_array_size(insts);
   cn_instance **in = calloc(n, sizeof(*in));
   cn_run *r = cn_run_new(m, bk);
+  cn_err err;
+  cn_err_clear(&err);
   for (size_t i = 0; i < n; i++) {
     cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, 0,
                                    &in[i], &err), 0);

@@ -77,6 +77,18 @@ static const char *data_for(const cn_family *f) {
   return NULL;
 }
 
+/* Family f's model at H = 16 with its vocabulary from f's data, made in a
+ * fresh tmp_dir and loaded: what the every-family tests start from. */
+static cn_model *fresh_from_data(const cn_family *f) {
+  tmp_dir_teardown();
+  tmp_dir_setup();
+  init_model(f->name, data_for(f), 16);
+  cn_model *m = NULL;
+  cn_err e;
+  cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+  return m;
+}
+
 /* ---- model: init -> load for every family ------------------------------*/
 static void check_loaded(const cn_family *f, const cn_model *m, int h) {
   cr_assert_str_eq(cn_model_family(m), f->name);
@@ -120,12 +132,7 @@ Test(model, init_load_every_family_from_data) {
   cr_assert_gt(cn__family_count(), 0);
   for (int i = 0; i < cn__family_count(); i++) {
     const cn_family *f = cn__family_at(i);
-    tmp_dir_teardown();
-    tmp_dir_setup();
-    init_model(f->name, data_for(f), 16);
-    cn_model *m = NULL;
-    cn_err e;
-    cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    cn_model *m = fresh_from_data(f);
     check_loaded(f, m, 16);
     /* characters (a-z) for lattices, words otherwise */
     cr_assert_gt(m->dims.V, f->input == CN_INPUT_LATTICE ? 20 : 50,
@@ -526,19 +533,14 @@ Test(model, init_lexicon_must_be_a_regular_file) {
  * and links, lstm-nmt's decoder and projection): a worker that ran it has
  * touched every code path a real input of the model's kind touches. */
 Test(model, warmup_instance_touches_every_vertex_type) {
-  cn_backend_ctx *bk = NULL;
+  cn_backend_ctx *bk = tu_cpu();
   cn_err e;
   cn_err_clear(&e);
-  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &e), 0, "%s", e.msg);
   cn_limits lim;
   cn_limits_default(&lim);
   for (int i = 0; i < cn__family_count(); i++) {
     const cn_family *f = cn__family_at(i);
-    tmp_dir_teardown();
-    tmp_dir_setup();
-    init_model(f->name, data_for(f), 16);
-    cn_model *m = NULL;
-    cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    cn_model *m = fresh_from_data(f);
     json_t *j = cn_model_warmup_instance(m);
     cr_assert_not_null(j, "%s", f->name);
     cn_instance *in = NULL;
