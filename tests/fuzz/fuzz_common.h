@@ -6,6 +6,7 @@
 #define CANOPY_FUZZ_COMMON_H
 
 #include <ftw.h>
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,24 @@ static inline void fuzz_small_model(const char *family, const char *dir,
   cn_err_clear(&e);
   CHECK(cn_model_init(&o, &e) == 0);
   if (m != NULL) CHECK(cn_model_load(dir, m, &e) == 0);
+}
+
+/* Loads the model in dir as the daemon would: the model (which describes
+ * itself), or NULL once the refusal is checked to leave no model and to
+ * say why. */
+static inline cn_model *fuzz_load(const char *dir) {
+  cn_model *m = NULL;
+  cn_err e;
+  cn_err_clear(&e);
+  if (cn_model_load(dir, &m, &e) != 0) {
+    CHECK(m == NULL && e.msg[0] != '\0');
+    return NULL;
+  }
+  CHECK(m != NULL);
+  json_t *d = cn_model_describe(m);
+  CHECK(d != NULL);
+  json_decref(d);
+  return m;
 }
 
 #endif
