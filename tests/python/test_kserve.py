@@ -125,6 +125,20 @@ def head(path, n):
         return [json.loads(next(f)) for _ in range(n)]
 
 
+def as_cells_model(d, desc):
+    """Makes the model `canopy model init` left in d a cells model: its
+    model.json becomes the description tests/cells/desc, keeping the labels
+    init wrote where the description has none."""
+    with open(os.path.join(d, "model.json")) as f:
+        labels = json.load(f).get("labels")
+    with open(os.path.join(CELLS, desc)) as f:
+        j = json.load(f)
+    if labels and "labels" not in j:
+        j["labels"] = labels
+    with open(os.path.join(d, "model.json"), "w") as f:
+        json.dump(j, f)
+
+
 class Client:
     """A v2 REST client from the protocol's text: JSON bodies, the HTTP
     status, {"error": string} on failure."""
@@ -285,14 +299,7 @@ class KServe(unittest.TestCase):
         for name, (fam, data, desc) in CELL_MODELS.items():
             d = os.path.join(models, name)
             cls.init(fam, d, data, 16, 12, [])
-            with open(os.path.join(d, "model.json")) as f:
-                labels = json.load(f).get("labels")
-            with open(os.path.join(CELLS, desc)) as f:
-                j = json.load(f)
-            if labels and "labels" not in j:
-                j["labels"] = labels
-            with open(os.path.join(d, "model.json"), "w") as f:
-                json.dump(j, f)
+            as_cells_model(d, desc)
             cls.inputs[name] = head(os.path.join(DATA, data), N)
         cls.port = free_port()
         env = dict(os.environ,
