@@ -25,7 +25,6 @@ usage: scripts/bench/big_bodies.py [--canopy LABEL=PATH ...]
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slow_clients import (binaries_and_model, binaries_args,  # noqa: E402
-                          post)
+                          post, wait_listening)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "tests", "python"))
 from daemon_util import free_port, pct, status_kb  # noqa: E402
@@ -69,12 +68,7 @@ def run_one(label, canopy, models, model, small, kind, body, n_hostile,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     path = "/v1/models/%s/infer" % model
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port)
         for _ in range(20):
             post(port, path, small)  # warm
         base_kb = hwm_kb(p.pid)

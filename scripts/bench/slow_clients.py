@@ -79,12 +79,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
         stdout=log, stderr=log)
     path = "/v1/models/%s/infer" % model
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port)
         post(port, path, body)  # warm
 
         def normal():
@@ -154,6 +149,17 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+
+
+def wait_listening(port):
+    """Until the daemon on port takes a connection (at most about 15 s:
+    after that the first request says what is wrong)."""
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
 
 
 def binaries_args(ap, models):
