@@ -200,20 +200,26 @@ static char *slow_body(void) {
                 "]}]}");
 }
 
-/* The client hangs up while its body is parsed (or waits to be): its
- * connection goes, the daemon answers the next request, and drains. */
-Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
-     .fini = teardown, .timeout = 120) {
+/* Starts the daemon and sends three clients' slow bodies (fd: their
+ * connections), so that parses are running or queued when the test acts. */
+static void start_with_slow_bodies(int fd[3]) {
   th_models(&d, tree_only);
   th_start(&d, NULL);
   char *body = slow_body();
-  int fd[3];
   for (int i = 0; i < 3; i++) {
     fd[i] = th_connect(d.port);
     th_send(fd[i], "POST", INFER, body, NULL);
   }
-  for (int i = 0; i < 3; i++) close(fd[i]);
   free(body);
+}
+
+/* The client hangs up while its body is parsed (or waits to be): its
+ * connection goes, the daemon answers the next request, and drains. */
+Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
+     .fini = teardown, .timeout = 120) {
+  int fd[3];
+  start_with_slow_bodies(fd);
+  for (int i = 0; i < 3; i++) close(fd[i]);
   /* only the /metrics probe's own connection stays */
   double open = -1;
   for (double end = th_now() + TH_DEADLINE_S; th_now() < end && open != 1;) {
@@ -237,15 +243,8 @@ Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
  * daemon exits 0 once the parses are back. */
 Test(serve_bigbody, sigterm_answers_bodies_being_parsed, .fini = teardown,
      .timeout = 120) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
-  char *body = slow_body();
   int fd[3];
-  for (int i = 0; i < 3; i++) {
-    fd[i] = th_connect(d.port);
-    th_send(fd[i], "POST", INFER, body, NULL);
-  }
-  free(body);
+  start_with_slow_bodies(fd);
   kill(d.pid, SIGTERM);
   for (int i = 0; i < 3; i++) {
     th_resp r;
