@@ -1,6 +1,6 @@
 """What the Python tests and benchmark scripts share about a daemon they
-start: where the checkout, the canopy binary and the data are, a free
-port on loopback, the daemon started there (Served), waiting
+start: where the checkout, the canopy binary and the data are, a small
+tree model made with `canopy model init`, a free port on loopback, the daemon started there (Served), waiting
 until it answers /readyz, waiting for any other event it shows (never for
 a fixed time), one request on a fresh connection, a JSON POST, a
 percentile of latencies, the process's memory from /proc.
@@ -120,6 +120,17 @@ def post_json(url, body, timeout=120):
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def init_tree_model(path, hidden, embed, classes, *extra):
+    """`canopy model init treelstm` at path, its vocabulary from the binary
+    trees of the data (the model most daemon tests serve); extra: more
+    init flags."""
+    subprocess.run([BIN, "model", "init", "treelstm", path,
+                    "--hidden", str(hidden), "--embed", str(embed),
+                    "--classes", str(classes), *extra, "--vocab-from",
+                    os.path.join(DATA, "trees-binary.jsonl")],
+                   check=True, capture_output=True)
 
 
 def pct(xs, p):

@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import threading
 import unittest
-from daemon_util import BIN, DATA, request
+from daemon_util import BIN, init_tree_model, request
 
 BODY = json.dumps({"instances": [{"tree": "(S (W a) (S (W b) (W c)))"}]})
 # a deadline against a hung daemon only; every wait below ends on an event
@@ -37,10 +37,7 @@ DEADLINE_S = 120
 
 def init_model(path):
     """The smallest model `canopy model init` makes that serves trees."""
-    subprocess.run([BIN, "model", "init", "treelstm", path, "--hidden", "4",
-                    "--embed", "4", "--classes", "2", "--vocab-from",
-                    os.path.join(DATA, "trees-binary.jsonl")],
-                   check=True, capture_output=True)
+    init_tree_model(path, 4, 4, 2)
 
 
 def numeric_settings():
