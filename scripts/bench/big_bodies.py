@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from slow_clients import (binaries_and_model, binaries_args,  # noqa: E402
-                          post, wait_listening)
+                          post, stop, wait_listening)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "tests", "python"))
 from daemon_util import free_port, pct, status_kb  # noqa: E402
@@ -95,12 +95,7 @@ def run_one(label, canopy, models, model, small, kind, body, n_hostile,
         wall = time.monotonic() - t0
         peak_kb = hwm_kb(p.pid)
     finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
     return {"binary": label, "kind": kind, "base_mb": base_kb / 1024.0,
             "peak_mb": peak_kb / 1024.0, "p50_ms": pct(lat, 50) * 1e3,
             "p99_ms": pct(lat, 99) * 1e3, "max_ms": max(lat) * 1e3

@@ -133,12 +133,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
         for s in conns:
             s.close()
     finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
     return {"binary": label, "slow": len(conns),
             "none_p50_ms": pct(base, 50) * 1e3,
             "none_p99_ms": pct(base, 99) * 1e3, "none_ok": base_ok,
@@ -160,6 +155,16 @@ def wait_listening(port):
             break
         except OSError:
             time.sleep(0.05)
+
+
+def stop(p):
+    """Stops a daemon: SIGTERM, and SIGKILL if it has not exited in 30 s."""
+    p.terminate()
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def binaries_args(ap, models):
