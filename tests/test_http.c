@@ -286,6 +286,13 @@ static int chunked_post(const char *const *parts, int nparts) {
   return fd;
 }
 
+/* A chunked body sent in n parts (each its own read), and what it tests. */
+typedef struct chunked_case {
+  const char *parts[4];
+  int n;
+  const char *what;
+} chunked_case;
+
 Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = ht_teardown,
      .timeout = 30) {
   th_models(&ht_d, ht_tree_only);
@@ -298,24 +305,18 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = ht_teardown,
   snprintf(ws, sizeof(ws), "%s \t;ext=1\r\n", size);
   /* served: BWS before ';', the CRLF after the data in two more reads,
    * and a size with 30 leading zeros (no digits of it) */
-  {
-    char zeros[80];
-    snprintf(zeros, sizeof(zeros), "000000000000000000000000000000%s\r\n",
-             size);
-    const char *parts[] = {zeros, data, "\r\n0\r\n\r\n"};
-    int fd = chunked_post(parts, 3);
+  char zeros[80];
+  snprintf(zeros, sizeof(zeros), "000000000000000000000000000000%s\r\n",
+           size);
+  const chunked_case served[] = {
+      {{zeros, data, "\r\n0\r\n\r\n"}, 3, "leading zeros"},
+      {{ws, data, "\r", "\n0\r\n\r\n"}, 4, "BWS, CRLF in two reads"},
+  };
+  for (size_t i = 0; i < sizeof(served) / sizeof(served[0]); i++) {
+    int fd = chunked_post(served[i].parts, served[i].n);
     th_resp r;
-    cr_assert_eq(th_read(fd, &r), 0);
-    cr_expect_eq(r.status, 200, "leading zeros: %s", r.body);
-    th_resp_free(&r);
-    close(fd);
-  }
-  {
-    const char *parts[] = {ws, data, "\r", "\n0\r\n\r\n"};
-    int fd = chunked_post(parts, 4);
-    th_resp r;
-    cr_assert_eq(th_read(fd, &r), 0);
-    cr_expect_eq(r.status, 200, "%s", r.body);
+    cr_assert_eq(th_read(fd, &r), 0, "%s", served[i].what);
+    cr_expect_eq(r.status, 200, "%s: %s", served[i].what, r.body);
     th_resp_free(&r);
     close(fd);
   }
@@ -344,11 +345,7 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = ht_teardown,
   char junk[64], trail[64];
   snprintf(junk, sizeof(junk), "%s zz\r\n", size);
   snprintf(trail, sizeof(trail), "%s \r\n", size);
-  const struct {
-    const char *parts[4];
-    int n;
-    const char *what;
-  } bad[] = {
+  const chunked_case bad[] = {
       {{body_xx}, 1, "XX after the data, one read"},
       {{line, data, "XX0\r\n\r\n"}, 3, "XX after the data, a later read"},
       {{line, data, "\r", "X0\r\n\r\n"}, 4, "CR then X, later reads"},

@@ -19,6 +19,15 @@
 #include "http_test_util.h"
 #include "serve_harness.h"
 
+/* Waits for the daemon, told to stop, to exit, and expects status 0. */
+static void expect_exit_0(void) {
+  int status;
+  waitpid(ht_d.pid, &status, 0);
+  ht_d.pid = 0;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "exit status %d", status);
+}
+
 /* Pipelined requests in one write are answered in order, each with its
  * own X-Request-Id, an inference waiting for its run among them. */
 Test(http, pipelined_requests_answered_in_order, .fini = ht_teardown,
@@ -169,11 +178,7 @@ static void pipelined_at_sigterm(int n, bool partial) {
                all);
   cr_expect_eq(off, got, "bytes after the last answer: %.200s", all + off);
   free(all);
-  int status;
-  waitpid(ht_d.pid, &status, 0);
-  ht_d.pid = 0;
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "exit status %d", status);
+  expect_exit_0();
 }
 
 Test(http, two_pipelined_requests_answered_at_sigterm, .fini = ht_teardown,
@@ -257,9 +262,5 @@ Test(http, pipelined_past_the_read_ahead_answered_at_sigterm,
   cr_expect_eq(r.status, 200, "%s", r.body);
   th_resp_free(&r);
   close(waiter);
-  int status;
-  waitpid(ht_d.pid, &status, 0);
-  ht_d.pid = 0;
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "exit status %d", status);
+  expect_exit_0();
 }
