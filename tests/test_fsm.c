@@ -47,6 +47,17 @@ static cn_run *fig1(void) {
   return r;
 }
 
+/* Training options of the tests that check what the search finds:
+ * encoding e, no fallback policy, `iterations` steps. */
+static cn_fsm_opts search_opts(int e, int iterations) {
+  cn_fsm_opts o;
+  cn_fsm_opts_default(&o);
+  o.encoding = (cn_fsm_encoding)e;
+  o.fallback = 0;
+  o.iterations = iterations;
+  return o;
+}
+
 Test(fsm, encodings_and_ratio_on_fig1) {
   cn_run *r = fig1();
   cn_dag g = cn__run_dag(r);
@@ -77,12 +88,8 @@ Test(fsm, encodings_and_ratio_on_fig1) {
   cn_graph_set *gs = cn_graph_set_new(4, 4);
   cr_assert_eq(cn_graph_set_add_run(gs, r), 0);
   for (int e = 0; e < CN_FSM_ENC__COUNT; e++) {
-    cn_fsm_opts o;
-    cn_fsm_opts_default(&o);
-    o.encoding = (cn_fsm_encoding)e;
-    o.fallback = 0;
+    cn_fsm_opts o = search_opts(e, 200);
     o.polish_rounds = 0;
-    o.iterations = 200;
     cn_fsm *p = NULL;
     cn_err err;
     cn_err_clear(&err);
@@ -296,11 +303,7 @@ Test(fsm, learning_finds_the_optimum_on_small_dags, .timeout = 60) {
     cn_graph_set *gs = cn_graph_set_new(3, 1);
     cr_assert_eq(cn_graph_set_add_run(gs, r), 0);
     for (int e = 0; e < CN_FSM_ENC__COUNT; e++) {
-      cn_fsm_opts o;
-      cn_fsm_opts_default(&o);
-      o.encoding = (cn_fsm_encoding)e;
-      o.fallback = 0;
-      o.iterations = 300;
+      cn_fsm_opts o = search_opts(e, 300);
       o.seed = (uint64_t)trial + 1;
       cn_fsm *p = NULL;
       cn_err err;
