@@ -207,6 +207,12 @@ tu_family tu_families[] = {
 };
 const size_t tu_n_families = sizeof(tu_families) / sizeof(tu_families[0]);
 
+const char *tu_data_for(const char *family) {
+  for (size_t i = 0; i < tu_n_families; i++)
+    if (strcmp(tu_families[i].family, family) == 0) return tu_families[i].data;
+  return NULL;
+}
+
 /* Each step runs every ready vertex of one type (running fewer of them is
  * never better), so the search is over sets of executed vertices. */
 int tu_brute_force_min(const cn_run *r) {

@@ -60,6 +60,8 @@ typedef struct tu_family {
 } tu_family;
 extern tu_family tu_families[];
 extern const size_t tu_n_families;
+/* The data file of a family of tu_families (NULL for another name). */
+const char *tu_data_for(const char *family);
 
 /* Fewest batches any schedule of the run's graph can launch (<= 32
  * vertices): breadth-first search over the sets of executed vertices. */
