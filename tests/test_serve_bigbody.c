@@ -127,6 +127,18 @@ Test(serve_bigbody, hostile_bodies_refused_before_building, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* The answer to an inference body, checked 200 with n outputs (the
+ * caller frees it). */
+static json_t *post_for_outputs(const char *body, size_t n) {
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, body, NULL, &r), 0);
+  cr_assert_eq(r.status, 200, "%.300s", r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  th_resp_free(&r);
+  cr_assert_eq(json_array_size(json_object_get(j, "outputs")), n);
+  return j;
+}
+
 /* 1,000 real trees in one body (~250 KB: over the 16 KiB that sends a
  * body to the threadpool) answer exactly as the same trees in twenty
  * small bodies (parsed inline). */
@@ -163,22 +175,13 @@ Test(serve_bigbody, big_body_answers_as_small_ones, .fini = teardown,
   snprintf(big + len, cap - len, "]}");
   cr_assert_gt(strlen(big), 64 * 1024);
   cr_assert_lt(strlen(big), 1024 * 1024); /* the medium lane */
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, big, NULL, &r), 0);
-  cr_assert_eq(r.status, 200, "%.300s", r.body);
-  json_t *all = json_loads(r.body, 0, NULL);
-  th_resp_free(&r);
+  json_t *all = post_for_outputs(big, 1000);
   json_t *outs = json_object_get(all, "outputs");
-  cr_assert_eq(json_array_size(outs), 1000);
   for (int s = 0; s < 20; s++) {
     snprintf(small[s] + slen[s], (1 << 18) - slen[s], "]}");
     cr_assert_lt(strlen(small[s]), 16 * 1024);
-    cr_assert_eq(th_http(d.port, "POST", INFER, small[s], NULL, &r), 0);
-    cr_assert_eq(r.status, 200, "%.300s", r.body);
-    json_t *part = json_loads(r.body, 0, NULL);
-    th_resp_free(&r);
+    json_t *part = post_for_outputs(small[s], 50);
     json_t *po = json_object_get(part, "outputs");
-    cr_assert_eq(json_array_size(po), 50);
     for (size_t i = 0; i < 50; i++) {
       char where[64];
       snprintf(where, sizeof(where), "instance %zu", (size_t)s * 50 + i);
