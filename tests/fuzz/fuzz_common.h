@@ -1,7 +1,8 @@
 /* fuzz_common.h - what the libFuzzer targets share: a CHECK that aborts
  * (libFuzzer reports it as a crash), a private temp directory made once
- * per process, and the small models the parsers and loaders run against. Public headers only, so the targets follow the API, not
- * core/'s layout. */
+ * per process, and the small models the parsers and loaders run against.
+ * Public headers only, so the targets follow the API, not core/'s
+ * layout. */
 #ifndef CANOPY_FUZZ_COMMON_H
 #define CANOPY_FUZZ_COMMON_H
 

@@ -1,9 +1,10 @@
 """What the Python tests and benchmark scripts share about a daemon they
 start: where the checkout, the canopy binary and the data are, a small
-tree model made with `canopy model init`, a free port on loopback, the daemon started there (Served), waiting
-until it answers /readyz, waiting for any other event it shows (never for
-a fixed time), one request on a fresh connection, a JSON POST, a
-percentile of latencies, the process's memory from /proc.
+tree model made with `canopy model init`, a free port on loopback, the
+daemon started there (Served), waiting until it answers /readyz, waiting
+for any other event it shows (never for a fixed time), one request on a
+fresh connection, a JSON POST, a percentile of latencies, the process's
+memory from /proc.
 
 tests/python/*.py import it directly (unittest discover puts this folder on
 the path); tests/deploy/, tests/reference/ and scripts/bench/ put this
