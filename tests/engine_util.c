@@ -8,34 +8,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-cn_model *tu_model(const char *family, int H, int D, const char *data,
-                   char *dir, size_t dir_len) {
+cn_model *tu_model_opts(cn_model_init_opts o, char *dir, size_t dir_len) {
   snprintf(dir, dir_len, "/tmp/canopy-test-XXXXXX");
   cr_assert_not_null(mkdtemp(dir));
-  char path[512], mdir[600];
+  char mdir[600];
   snprintf(mdir, sizeof(mdir), "%s/m", dir);
-  if (data != NULL) {
-    const char *root = getenv("CANOPY_DATA");
-    cr_assert_not_null(root, "CANOPY_DATA is not set");
-    snprintf(path, sizeof(path), "%s/%s", root, data);
-  }
-  cn_model_init_opts o = {.family = family, .dir = mdir, .hidden = H,
-                          .embed = D, .classes = 5,
-                          .vocab_from = data ? path : NULL, .seed = 7};
+  o.dir = mdir;
   cn_err err;
   cn_err_clear(&err);
-  cr_assert_eq(cn_model_init(&o, &err), 0, "init %s: %s", family, err.msg);
+  cr_assert_eq(cn_model_init(&o, &err), 0, "init %s: %s", o.family, err.msg);
   cn_model *m = NULL;
-  cr_assert_eq(cn_model_load(mdir, &m, &err), 0, "load %s: %s", family,
+  cr_assert_eq(cn_model_load(mdir, &m, &err), 0, "load %s: %s", o.family,
                err.msg);
   return m;
 }
 
-json_t *tu_data_lines(const char *name, int max) {
+const char *tu_data_path(const char *name, char *path, size_t len) {
   const char *root = getenv("CANOPY_DATA");
   cr_assert_not_null(root, "CANOPY_DATA is not set");
+  snprintf(path, len, "%s/%s", root, name);
+  return path;
+}
+
+cn_model *tu_model(const char *family, int H, int D, const char *data,
+                   char *dir, size_t dir_len) {
   char path[512];
-  snprintf(path, sizeof(path), "%s/%s", root, name);
+  cn_model_init_opts o = {
+      .family = family, .hidden = H, .embed = D, .classes = 5,
+      .vocab_from = data ? tu_data_path(data, path, sizeof(path)) : NULL,
+      .seed = 7};
+  return tu_model_opts(o, dir, dir_len);
+}
+
+json_t *tu_data_lines(const char *name, int max) {
+  char path[512];
+  tu_data_path(name, path, sizeof(path));
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f, "cannot open %s", path);
   json_t *a = json_array();
@@ -110,13 +117,18 @@ json_t *tu_run_on(cn_backend_ctx *bk, const cn_model *m, const json_t *insts,
   return outs;
 }
 
-json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
-               int batch, unsigned flags, long long *batches,
-               long long *lower_bound) {
+cn_backend_ctx *tu_cpu(void) {
   cn_backend_ctx *bk = NULL;
   cn_err err;
   cn_err_clear(&err);
   cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  return bk;
+}
+
+json_t *tu_run(const cn_model *m, const json_t *insts, cn_policy_kind pol,
+               int batch, unsigned flags, long long *batches,
+               long long *lower_bound) {
+  cn_backend_ctx *bk = tu_cpu();
   json_t *outs = tu_run_on(bk, m, insts, pol, batch, flags, batches,
                            lower_bound);
   cn_backend_close(bk);
@@ -152,6 +164,30 @@ double tu_json_maxdiff(const json_t *a, const json_t *b) {
   return json_equal(a, b) ? 0 : 1e30;
 }
 
+void tu_rewrite_weights(const char *path, const char *drop,
+                        const char *reshape, const char *add, int64_t r,
+                        int64_t c) {
+  cn_safetensors st;
+  cn_err e;
+  cr_assert_eq(cn_safetensors_open(path, &st, &e), 0, "%s", e.msg);
+  cn_tensor_out t[CN_MAX_TENSORS + 1];
+  float *big = calloc((size_t)(r * c + 1), sizeof(float));
+  int n = 0;
+  for (int i = 0; i < st.n; i++) {
+    const cn_tensor *s = &st.tensors[i];
+    if (drop && strcmp(s->name, drop) == 0) continue;
+    t[n] = (cn_tensor_out){s->name, s->ndim, {0}, s->data};
+    memcpy(t[n].shape, s->shape, sizeof(s->shape));
+    if (reshape && strcmp(s->name, reshape) == 0)
+      t[n] = (cn_tensor_out){s->name, 2, {r, c}, big};
+    n++;
+  }
+  if (add) t[n++] = (cn_tensor_out){add, 2, {r, c}, big};
+  cr_assert_eq(cn_safetensors_write(path, t, n, &e), 0, "%s", e.msg);
+  cn_safetensors_close(&st);
+  free(big);
+}
+
 void tu_rmdir(const char *dir) {
   char cmd[700];
   snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -170,6 +206,12 @@ tu_family tu_families[] = {
     {"lstm-nmt", "sequences.jsonl"},
 };
 const size_t tu_n_families = sizeof(tu_families) / sizeof(tu_families[0]);
+
+const char *tu_data_for(const char *family) {
+  for (size_t i = 0; i < tu_n_families; i++)
+    if (strcmp(tu_families[i].family, family) == 0) return tu_families[i].data;
+  return NULL;
+}
 
 /* Each step runs every ready vertex of one type (running fewer of them is
  * never better), so the search is over sets of executed vertices. */

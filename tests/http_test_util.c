@@ -1,5 +1,4 @@
-/* http_test_util.c - raw-socket helpers of the HTTP front end's tests
- * (test_http.c, test_http_pipeline.c). */
+/* http_test_util.c - see http_test_util.h. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -9,6 +8,18 @@
 #include <time.h>
 
 #include "http_test_util.h"
+
+th_daemon ht_d;
+const char *const ht_tree_only[] = {"treelstm", NULL};
+const char *const HT_INFER = "/v1/models/treelstm/infer";
+const char *const HT_ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
+                           "(2 fine)))\"}]}";
+
+void ht_teardown(void) { th_cleanup(&ht_d); }
+
+double ht_metric(const char *sample) {
+  return th_metric_at(ht_d.port, sample);
+}
 
 double now_s(void) {
   struct timespec ts;

@@ -223,6 +223,16 @@ int th_http(int port, const char *method, const char *path,
   return rc;
 }
 
+void th_expect_status(int port, const char *method, const char *path,
+                      const char *body, int status) {
+  th_resp r;
+  cr_assert_eq(th_http(port, method, path, body, NULL, &r), 0, "%s %s",
+               method, path);
+  cr_expect_eq(r.status, status, "%s %s: %d %s", method, path, r.status,
+               r.body);
+  th_resp_free(&r);
+}
+
 const char *th_header(const th_resp *r, const char *name, char *buf,
                       size_t n) {
   size_t nl = strlen(name);

@@ -43,6 +43,10 @@ void th_send(int fd, const char *method, const char *path, const char *body,
 int th_read(int fd, th_resp *r);
 int th_http(int port, const char *method, const char *path,
             const char *body, const char *headers, th_resp *r);
+/* th_http on a fresh connection, expected to be answered `status` (a
+ * test failure otherwise, naming the body). */
+void th_expect_status(int port, const char *method, const char *path,
+                      const char *body, int status);
 const char *th_header(const th_resp *r, const char *name, char *buf,
                       size_t n);
 void th_resp_free(th_resp *r);

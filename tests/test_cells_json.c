@@ -30,36 +30,38 @@
 #define C 5
 
 /* ---- the built-ins as cells ------------------------------------------------ */
+/* The built-in families written as cells (tests/cells), each with its
+ * data file. */
 typedef struct builtin {
   const char *family, *data;
 } builtin;
 
-static const builtin builtins[] = {
-    {"treelstm", "trees-binary.jsonl"},
-    {"treelstm-2type", "trees-binary.jsonl"},
-    {"treegru", "trees-binary.jsonl"},
-    {"childsum-treelstm", "trees-nary.jsonl"},
-    {"mvrnn", "trees-binary.jsonl"},
-    {"bilstm-tagger", "sequences.jsonl"},
-    {"latticegru", "dags.jsonl"},
+static builtin builtin_of(const char *family) {
+  builtin b = {family, tu_data_for(family)};
+  cr_assert_not_null(b.data, "no family %s", family);
+  return b;
+}
+
+static const char *const builtins[] = {
+    "treelstm", "treelstm-2type", "treegru",   "childsum-treelstm",
+    "mvrnn",    "bilstm-tagger",  "latticegru",
 };
 
 Test(cells_json, builtins_as_cells_equal_builtins, .timeout = 300) {
-  for (size_t b = 0; b < CN_ARRAY_SIZE(builtins); b++) {
+  for (size_t k = 0; k < CN_ARRAY_SIZE(builtins); k++) {
+    builtin b = builtin_of(builtins[k]);
     char dir[256];
     /* mvrnn's embedding is its vector: D = H */
-    int dd = strcmp(builtins[b].family, "mvrnn") == 0 ? H : D;
-    cn_model *ref_m = tu_model(builtins[b].family, H, dd, builtins[b].data,
-                               dir, sizeof(dir));
-    json_t *j = cells_json(builtins[b].family);
+    int dd = strcmp(b.family, "mvrnn") == 0 ? H : D;
+    cn_model *ref_m = tu_model(b.family, H, dd, b.data, dir, sizeof(dir));
+    json_t *j = cells_json(b.family);
     cn_model *m;
     cn_err e;
-    cr_assert_eq(load_cells(dir, j, &m, &e), 0, "%s: %s",
-                 builtins[b].family, e.msg);
+    cr_assert_eq(load_cells(dir, j, &m, &e), 0, "%s: %s", b.family, e.msg);
     cr_assert_eq(cn_model_n_types(m), cn_model_n_types(ref_m));
     for (int t = 0; t < cn_model_n_types(m); t++)
       cr_assert_str_eq(cn_model_type_name(m, t), cn_model_type_name(ref_m, t));
-    json_t *in = tu_data_lines(builtins[b].data, 60);
+    json_t *in = tu_data_lines(b.data, 60);
     unsigned flags = CN_OUT_ALL | CN_OUT_HIDDEN;
     tu_layout = CN_LAYOUT_PQ; /* the built-in's own IR, unbatched */
     json_t *ref = tu_run(ref_m, in, CN_POLICY_NONE, 1, flags, NULL, NULL);
@@ -69,7 +71,7 @@ Test(cells_json, builtins_as_cells_equal_builtins, .timeout = 300) {
         json_t *got = tu_run(m, in, (cn_policy_kind)p, 64, flags, NULL, NULL);
         double d = tu_json_maxdiff(ref, got);
         cr_expect_leq(d, 1e-5, "%s as cells, layout %s, policy %s: diff %g",
-                      builtins[b].family, cn_layout_name((cn_layout)l),
+                      b.family, cn_layout_name((cn_layout)l),
                       cn_policy_name((cn_policy_kind)p), d);
         json_decref(got);
       }
@@ -90,10 +92,8 @@ Test(cells_json, compiles_like_the_built_in) {
                         "latticegru"};
   for (size_t f = 0; f < CN_ARRAY_SIZE(fams); f++) {
     char dir[256];
-    const builtin *bi = NULL;
-    for (size_t b = 0; b < CN_ARRAY_SIZE(builtins); b++)
-      if (strcmp(builtins[b].family, fams[f]) == 0) bi = &builtins[b];
-    cn_model *ref_m = tu_model(bi->family, H, D, bi->data, dir, sizeof(dir));
+    builtin bi = builtin_of(fams[f]);
+    cn_model *ref_m = tu_model(bi.family, H, D, bi.data, dir, sizeof(dir));
     json_t *j = cells_json(fams[f]);
     cn_model *m;
     cn_err e;

@@ -311,24 +311,7 @@ static void rewrite(const char *drop, const char *reshape, int64_t r,
                     int64_t c) {
   char p[320];
   snprintf(p, sizeof(p), "%s/m/weights.safetensors", dir);
-  cn_safetensors st;
-  cn_err e;
-  cr_assert_eq(cn_safetensors_open(p, &st, &e), 0, "%s", e.msg);
-  cn_tensor_out t[CN_MAX_TENSORS];
-  float *z = calloc((size_t)(r * c + 1), sizeof(float));
-  int n = 0;
-  for (int i = 0; i < st.n; i++) {
-    const cn_tensor *s = &st.tensors[i];
-    if (drop && strcmp(s->name, drop) == 0) continue;
-    t[n] = (cn_tensor_out){s->name, s->ndim, {0}, s->data};
-    memcpy(t[n].shape, s->shape, sizeof(s->shape));
-    if (reshape && strcmp(s->name, reshape) == 0)
-      t[n] = (cn_tensor_out){s->name, 2, {r, c}, z};
-    n++;
-  }
-  cr_assert_eq(cn_safetensors_write(p, t, n, &e), 0, "%s", e.msg);
-  cn_safetensors_close(&st);
-  free(z);
+  tu_rewrite_weights(p, drop, reshape, NULL, r, c);
 }
 
 Test(crf, key_on_a_tree_family_is_a_load_error, .fini = cleanup) {

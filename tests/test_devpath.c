@@ -325,9 +325,7 @@ Test(devpath, report, .timeout = 600) {
   const char *fam = getenv("CANOPY_DEVPATH_FAMILY");
   int H = hs != NULL ? atoi(hs) : 128;
   if (fam == NULL) fam = "treelstm";
-  const char *data = NULL;
-  for (size_t i = 0; i < tu_n_families; i++)
-    if (strcmp(tu_families[i].family, fam) == 0) data = tu_families[i].data;
+  const char *data = tu_data_for(fam);
   cr_assert_not_null(data, "no family %s", fam);
   bool tree = strstr(data, "trees-") == data;
   char dir[256];

@@ -112,10 +112,7 @@ Test(engine, bad_instance_isolated) {
  * overlap, every block is 64-byte aligned and writable to its end, and a
  * block too big for the cache is simply freed. */
 Test(engine, cpu_blocks_reused_never_shared) {
-  cn_backend_ctx *bk = NULL;
-  cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  cn_backend_ctx *bk = tu_cpu();
   size_t sizes[] = {4 << 20, 1000, 4 << 20, 64, 3 << 20, (size_t)300 << 20};
   enum { N = sizeof(sizes) / sizeof(sizes[0]) };
   char *p[N];

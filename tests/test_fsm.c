@@ -47,6 +47,17 @@ static cn_run *fig1(void) {
   return r;
 }
 
+/* Training options of the tests that check what the search finds:
+ * encoding e, no fallback policy, `iterations` steps. */
+static cn_fsm_opts search_opts(int e, int iterations) {
+  cn_fsm_opts o;
+  cn_fsm_opts_default(&o);
+  o.encoding = (cn_fsm_encoding)e;
+  o.fallback = 0;
+  o.iterations = iterations;
+  return o;
+}
+
 Test(fsm, encodings_and_ratio_on_fig1) {
   cn_run *r = fig1();
   cn_dag g = cn__run_dag(r);
@@ -77,12 +88,8 @@ Test(fsm, encodings_and_ratio_on_fig1) {
   cn_graph_set *gs = cn_graph_set_new(4, 4);
   cr_assert_eq(cn_graph_set_add_run(gs, r), 0);
   for (int e = 0; e < CN_FSM_ENC__COUNT; e++) {
-    cn_fsm_opts o;
-    cn_fsm_opts_default(&o);
-    o.encoding = (cn_fsm_encoding)e;
-    o.fallback = 0;
+    cn_fsm_opts o = search_opts(e, 200);
     o.polish_rounds = 0;
-    o.iterations = 200;
     cn_fsm *p = NULL;
     cn_err err;
     cn_err_clear(&err);
@@ -296,11 +303,7 @@ Test(fsm, learning_finds_the_optimum_on_small_dags, .timeout = 60) {
     cn_graph_set *gs = cn_graph_set_new(3, 1);
     cr_assert_eq(cn_graph_set_add_run(gs, r), 0);
     for (int e = 0; e < CN_FSM_ENC__COUNT; e++) {
-      cn_fsm_opts o;
-      cn_fsm_opts_default(&o);
-      o.encoding = (cn_fsm_encoding)e;
-      o.fallback = 0;
-      o.iterations = 300;
+      cn_fsm_opts o = search_opts(e, 300);
       o.seed = (uint64_t)trial + 1;
       cn_fsm *p = NULL;
       cn_err err;
@@ -573,13 +576,12 @@ Test(fsm, cli_run_learns_caches_and_retrains, .timeout = 120) {
  * unbatched ones (policy none) to 1e-5. */
 static json_t *run_all(const cn_model *m, const json_t *insts,
                        const cn_fsm *p, long long *batches) {
-  cn_backend_ctx *bk = NULL;
-  cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  cn_backend_ctx *bk = tu_cpu();
   size_t n = json_array_size(insts);
   cn_instance **in = calloc(n, sizeof(*in));
   cn_run *r = cn_run_new(m, bk);
+  cn_err err;
+  cn_err_clear(&err);
   for (size_t i = 0; i < n; i++) {
     cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, 0,
                                    &in[i], &err), 0);

@@ -23,25 +23,13 @@
 #include "http_test_util.h"
 #include "serve_harness.h"
 
-static th_daemon d;
-static const char *const tree_only[] = {"treelstm", NULL};
-static const char *INFER = "/v1/models/treelstm/infer";
-static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
-                         "(2 fine)))\"}]}";
-
-static void teardown(void) { th_cleanup(&d); }
-
-static double metric(const char *sample) {
-  return th_metric_at(d.port, sample);
-}
-
 /* Connections that send a request head (or body) a few bytes at a time
  * hold no worker and no other client back: a normal request is answered
  * meanwhile, and each slow one gets one 408 JSON and is closed once its
  * deadline passes (header-timeout-s, body-timeout-s). */
 #define N_HEAD 300
 #define N_BODY 100
-Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
+Test(http, slow_clients_get_408_and_others_are_served, .fini = ht_teardown,
      .timeout = 90) {
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
@@ -51,20 +39,20 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
   }
   cr_assert(rl.rlim_cur >= N_HEAD + N_BODY + 64, "RLIMIT_NOFILE %llu",
             (unsigned long long)rl.rlim_cur);
-  th_models(&d, tree_only);
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--header-timeout-s", "2", "--body-timeout-s", "2",
                          "--idle-timeout-s", "60", NULL};
-  th_start(&d, flags);
+  th_start(&ht_d, flags);
   int fd[N_HEAD + N_BODY];
   for (int i = 0; i < N_HEAD + N_BODY; i++) {
-    fd[i] = th_connect(d.port);
+    fd[i] = th_connect(ht_d.port);
     cr_assert(fd[i] >= 0, "connection %d", i);
     if (i < N_HEAD) {
       send_str(fd[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n");
     } else {
       char h[200];
       snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
-               "Content-Length: 1000\r\n\r\n{", INFER);
+               "Content-Length: 1000\r\n\r\n{", HT_INFER);
       send_str(fd[i], h);
     }
   }
@@ -76,11 +64,11 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
       send_str(fd[i], i < N_HEAD ? "X-A: b\r\n" : " ");
     if (!served) {
       th_resp r;
-      cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+      cr_assert_eq(th_http(ht_d.port, "POST", HT_INFER, HT_ONE, NULL, &r), 0);
       cr_expect_eq(r.status, 200, "%s", r.body);
       cr_expect(strstr(r.body, "\"outputs\"") != NULL, "%s", r.body);
       th_resp_free(&r);
-      cr_assert_eq(th_http(d.port, "GET", "/healthz", NULL, NULL, &r), 0);
+      cr_assert_eq(th_http(ht_d.port, "GET", "/healthz", NULL, NULL, &r), 0);
       cr_expect_eq(r.status, 200, "%s", r.body);
       th_resp_free(&r);
       served = true;
@@ -96,13 +84,13 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
   }
   /* and the daemon still serves, with nothing left in flight */
   th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
+  cr_assert_eq(th_http(ht_d.port, "POST", HT_INFER, HT_ONE, NULL, &r), 0);
   cr_expect_eq(r.status, 200);
   th_resp_free(&r);
-  cr_expect_eq(metric("canopy_in_flight_requests"), 1); /* this one */
-  cr_expect_eq(metric("canopy_requests_total{status=\"408\"}"),
+  cr_expect_eq(ht_metric("canopy_in_flight_requests"), 1); /* this one */
+  cr_expect_eq(ht_metric("canopy_requests_total{status=\"408\"}"),
                N_HEAD, "head timeouts");
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* A connection that sends part of a request head and then nothing more
@@ -111,12 +99,12 @@ Test(http, slow_clients_get_408_and_others_are_served, .fini = teardown,
  * to answer, and nginx's ngx_http_wait_request_handler does the same) at
  * the smaller of header-timeout-s and idle-timeout-s. */
 Test(http, stalled_head_gets_408_and_silent_connection_closes_quietly,
-     .fini = teardown, .timeout = 30) {
-  th_models(&d, tree_only);
+     .fini = ht_teardown, .timeout = 30) {
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--header-timeout-s", "1", "--idle-timeout-s", "60",
                          NULL};
-  th_start(&d, flags);
-  int part = th_connect(d.port), none = th_connect(d.port);
+  th_start(&ht_d, flags);
+  int part = th_connect(ht_d.port), none = th_connect(ht_d.port);
   cr_assert(part >= 0 && none >= 0);
   send_str(part, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: st");
   expect_one_error(part, 408, "request_timeout", "a stalled head");
@@ -129,17 +117,17 @@ Test(http, stalled_head_gets_408_and_silent_connection_closes_quietly,
   cr_expect_eq(k, 0, "a connection that sent nothing: recv %zd (%.*s)", k,
                k > 0 ? (int)k : 0, b);
   close(none);
-  cr_expect_eq(metric("canopy_requests_total{status=\"408\"}"), 1,
+  cr_expect_eq(ht_metric("canopy_requests_total{status=\"408\"}"), 1,
                "one 408: the silent connection is not a request");
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Malformed requests on raw sockets: one status line and one JSON error
  * with X-Request-Id each, then close (framing is lost). */
-Test(http, malformed_requests_get_one_json_error, .fini = teardown,
+Test(http, malformed_requests_get_one_json_error, .fini = ht_teardown,
      .timeout = 60) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
+  th_models(&ht_d, ht_tree_only);
+  th_start(&ht_d, NULL);
   static char big_head[40000], long_url[9000];
   strcpy(big_head, "GET /healthz HTTP/1.1\r\nX-Big: ");
   size_t n = strlen(big_head);
@@ -179,7 +167,7 @@ Test(http, malformed_requests_get_one_json_error, .fini = teardown,
        400, "a space before the colon (smuggling)"},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    int fd = th_connect(d.port);
+    int fd = th_connect(ht_d.port);
     cr_assert(fd >= 0);
     send_str(fd, P);
     send_str(fd, cases[i].head);
@@ -211,33 +199,33 @@ Test(http, malformed_requests_get_one_json_error, .fini = teardown,
        "bad_request", 400, "two Host headers in HTTP/1.0"},
   };
   for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++) {
-    int fd = th_connect(d.port);
+    int fd = th_connect(ht_d.port);
     cr_assert(fd >= 0);
     send_str(fd, raw[i].req);
     expect_one_error(fd, raw[i].status, raw[i].code, raw[i].what);
     close(fd);
   }
   /* none of it is left in flight, and the daemon serves on */
-  cr_expect_eq(metric("canopy_in_flight_requests"), 1);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(ht_metric("canopy_in_flight_requests"), 1);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Expect: 100-continue gets the interim answer before the body is sent
  * (curl waits 1 s without it); chunked bodies, in many pieces, give the
  * answer a Content-Length body gives. */
-Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
+Test(http, expect_continue_and_chunked_bodies, .fini = ht_teardown,
      .timeout = 30) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
+  th_models(&ht_d, ht_tree_only);
+  th_start(&ht_d, NULL);
   th_resp plain;
-  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &plain), 0);
+  cr_assert_eq(th_http(ht_d.port, "POST", HT_INFER, HT_ONE, NULL, &plain), 0);
   cr_assert_eq(plain.status, 200);
   json_t *want_doc = json_loads(plain.body, 0, NULL);
   json_t *want = json_object_get(want_doc, "outputs");
   char h[256];
   snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: "
-           "%zu\r\nExpect: 100-continue\r\n\r\n", INFER, strlen(ONE));
-  int fd = th_connect(d.port);
+           "%zu\r\nExpect: 100-continue\r\n\r\n", HT_INFER, strlen(HT_ONE));
+  int fd = th_connect(ht_d.port);
   send_str(fd, h);
   char buf[64] = {0};
   struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -245,7 +233,7 @@ Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
   ssize_t k = recv(fd, buf, 25, 0);
   cr_expect_eq(k, 25);
   cr_expect_str_eq(buf, "HTTP/1.1 100 Continue\r\n\r\n");
-  send_str(fd, ONE);
+  send_str(fd, HT_ONE);
   th_resp r;
   cr_assert_eq(th_read(fd, &r), 0);
   cr_expect_eq(r.status, 200, "%s", r.body);
@@ -253,14 +241,14 @@ Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
   /* chunked, in pieces of 7 bytes, with a chunk extension and a trailer,
    * on the same keep-alive connection */
   snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
-           "Transfer-Encoding: chunked\r\n\r\n", INFER);
+           "Transfer-Encoding: chunked\r\n\r\n", HT_INFER);
   send_str(fd, h);
-  size_t len = strlen(ONE);
+  size_t len = strlen(HT_ONE);
   for (size_t off = 0; off < len; off += 7) {
     size_t m = len - off < 7 ? len - off : 7;
     char c[64];
     snprintf(c, sizeof(c), "%zx%s\r\n%.*s\r\n", m, off == 0 ? ";x=y" : "",
-             (int)m, ONE + off);
+             (int)m, HT_ONE + off);
     send_str(fd, c);
     usleep(2000);
   }
@@ -275,7 +263,7 @@ Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
   th_resp_free(&r);
   close(fd);
   th_resp_free(&plain);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Debian's http_parser, built
@@ -287,8 +275,8 @@ Test(http, expect_continue_and_chunked_bodies, .fini = teardown,
 static int chunked_post(const char *const *parts, int nparts) {
   char h[256];
   snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\n"
-           "Transfer-Encoding: chunked\r\n\r\n", INFER);
-  int fd = th_connect(d.port);
+           "Transfer-Encoding: chunked\r\n\r\n", HT_INFER);
+  int fd = th_connect(ht_d.port);
   cr_assert(fd >= 0);
   send_str(fd, h);
   for (int i = 0; i < nparts; i++) {
@@ -298,36 +286,37 @@ static int chunked_post(const char *const *parts, int nparts) {
   return fd;
 }
 
-Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
+/* A chunked body sent in n parts (each its own read), and what it tests. */
+typedef struct chunked_case {
+  const char *parts[4];
+  int n;
+  const char *what;
+} chunked_case;
+
+Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = ht_teardown,
      .timeout = 30) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
+  th_models(&ht_d, ht_tree_only);
+  th_start(&ht_d, NULL);
   char size[32], data[512];
-  snprintf(size, sizeof(size), "%zx", strlen(ONE));
-  snprintf(data, sizeof(data), "%s", ONE);
+  snprintf(size, sizeof(size), "%zx", strlen(HT_ONE));
+  snprintf(data, sizeof(data), "%s", HT_ONE);
   char line[64], ws[64], body_xx[600];
   snprintf(line, sizeof(line), "%s\r\n", size);
   snprintf(ws, sizeof(ws), "%s \t;ext=1\r\n", size);
   /* served: BWS before ';', the CRLF after the data in two more reads,
    * and a size with 30 leading zeros (no digits of it) */
-  {
-    char zeros[80];
-    snprintf(zeros, sizeof(zeros), "000000000000000000000000000000%s\r\n",
-             size);
-    const char *parts[] = {zeros, data, "\r\n0\r\n\r\n"};
-    int fd = chunked_post(parts, 3);
+  char zeros[80];
+  snprintf(zeros, sizeof(zeros), "000000000000000000000000000000%s\r\n",
+           size);
+  const chunked_case served[] = {
+      {{zeros, data, "\r\n0\r\n\r\n"}, 3, "leading zeros"},
+      {{ws, data, "\r", "\n0\r\n\r\n"}, 4, "BWS, CRLF in two reads"},
+  };
+  for (size_t i = 0; i < sizeof(served) / sizeof(served[0]); i++) {
+    int fd = chunked_post(served[i].parts, served[i].n);
     th_resp r;
-    cr_assert_eq(th_read(fd, &r), 0);
-    cr_expect_eq(r.status, 200, "leading zeros: %s", r.body);
-    th_resp_free(&r);
-    close(fd);
-  }
-  {
-    const char *parts[] = {ws, data, "\r", "\n0\r\n\r\n"};
-    int fd = chunked_post(parts, 4);
-    th_resp r;
-    cr_assert_eq(th_read(fd, &r), 0);
-    cr_expect_eq(r.status, 200, "%s", r.body);
+    cr_assert_eq(th_read(fd, &r), 0, "%s", served[i].what);
+    cr_expect_eq(r.status, 200, "%s: %s", served[i].what, r.body);
     th_resp_free(&r);
     close(fd);
   }
@@ -337,9 +326,9 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
     char one[600], three[2000];
     snprintf(one, sizeof(one), "POST %s HTTP/1.1\r\nHost: x\r\n"
              "Transfer-Encoding: chunked\r\n\r\n%s\r\n%s\r\n0\r\n\r\n",
-             INFER, size, ONE);
+             HT_INFER, size, HT_ONE);
     snprintf(three, sizeof(three), "%s%s", one, one);
-    int fd = th_connect(d.port);
+    int fd = th_connect(ht_d.port);
     cr_assert(fd >= 0);
     send_str(fd, one);
     for (int i = 0; i < 3; i++) {
@@ -352,15 +341,11 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
     close(fd);
   }
   /* refused */
-  snprintf(body_xx, sizeof(body_xx), "%s\r\n%sXX0\r\n\r\n", size, ONE);
+  snprintf(body_xx, sizeof(body_xx), "%s\r\n%sXX0\r\n\r\n", size, HT_ONE);
   char junk[64], trail[64];
   snprintf(junk, sizeof(junk), "%s zz\r\n", size);
   snprintf(trail, sizeof(trail), "%s \r\n", size);
-  const struct {
-    const char *parts[4];
-    int n;
-    const char *what;
-  } bad[] = {
+  const chunked_case bad[] = {
       {{body_xx}, 1, "XX after the data, one read"},
       {{line, data, "XX0\r\n\r\n"}, 3, "XX after the data, a later read"},
       {{line, data, "\r", "X0\r\n\r\n"}, 4, "CR then X, later reads"},
@@ -379,7 +364,7 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
    * §6.1); both were served */
   {
     static char many[4096];
-    snprintf(many, sizeof(many), "%s\r\n0\r\n", ONE);
+    snprintf(many, sizeof(many), "%s\r\n0\r\n", HT_ONE);
     for (int i = 0; i < 150; i++) strcat(many, "X: y\r\n");
     strcat(many, "\r\n");
     const char *parts[] = {line, many};
@@ -388,23 +373,23 @@ Test(http, chunk_framing_is_checked_on_raw_bytes, .fini = teardown,
     close(fd);
     char h10[600];
     snprintf(h10, sizeof(h10), "POST %s HTTP/1.0\r\nTransfer-Encoding: "
-             "chunked\r\n\r\n%s\r\n%s\r\n0\r\n\r\n", INFER, size, ONE);
-    fd = th_connect(d.port);
+             "chunked\r\n\r\n%s\r\n%s\r\n0\r\n\r\n", HT_INFER, size, HT_ONE);
+    fd = th_connect(ht_d.port);
     send_str(fd, h10);
     expect_one_error(fd, 400, "bad_request", "HTTP/1.0 and chunked");
     close(fd);
   }
-  cr_expect_eq(metric("canopy_in_flight_requests"), 1);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(ht_metric("canopy_in_flight_requests"), 1);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* HEAD has the GET headers and no body; HTTP/1.0 closes unless it asks
  * for keep-alive; a chunked body over max-body-bytes is 413. */
-Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
-  th_models(&d, tree_only);
+Test(http, head_http10_and_body_limit, .fini = ht_teardown, .timeout = 30) {
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-body-bytes", "100", NULL};
-  th_start(&d, flags);
-  int fd = th_connect(d.port);
+  th_start(&ht_d, flags);
+  int fd = th_connect(ht_d.port);
   send_str(fd, "HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz "
                "HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   size_t n;
@@ -416,14 +401,14 @@ Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
   cr_expect(strstr(all, "\r\n\r\nHTTP/1.1 200") == second - 4,
             "HEAD sent a body: %s", all);
   free(all);
-  fd = th_connect(d.port);
+  fd = th_connect(ht_d.port);
   send_str(fd, "GET /healthz HTTP/1.0\r\n\r\n");
   all = read_all(fd, &n); /* EOF after one answer */
   cr_expect_eq(count_of(all, n, "HTTP/1.1 200"), 1, "%s", all);
   cr_expect(strcasestr(all, "Connection: close") != NULL, "%s", all);
   free(all);
   close(fd);
-  fd = th_connect(d.port);
+  fd = th_connect(ht_d.port);
   send_str(fd, "GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
   th_resp r;
   cr_assert_eq(th_read(fd, &r), 0);
@@ -436,16 +421,16 @@ Test(http, head_http10_and_body_limit, .fini = teardown, .timeout = 30) {
   cr_assert_eq(th_read(fd, &r), 0, "HTTP/1.0 keep-alive was closed");
   th_resp_free(&r);
   close(fd);
-  fd = th_connect(d.port);
+  fd = th_connect(ht_d.port);
   char h[256];
   snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
-           "chunked\r\n\r\n", INFER);
+           "chunked\r\n\r\n", HT_INFER);
   send_str(fd, h);
   for (int i = 0; i < 20; i++) send_str(fd, "10\r\n0123456789abcdef\r\n");
   expect_one_error(fd, 413, "too_large", "chunked over max-body-bytes");
   close(fd);
-  cr_expect_eq(metric("canopy_in_flight_requests"), 1);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(ht_metric("canopy_in_flight_requests"), 1);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 static long rss_kb(pid_t pid) {
@@ -463,12 +448,12 @@ static long rss_kb(pid_t pid) {
  * daemon stops reading from it once an answer is unwritten, so the
  * client's sends block (the kernel buffers fill) and the daemon's memory
  * does not grow with what the client would send. */
-Test(http, client_that_does_not_read_is_not_buffered, .fini = teardown,
+Test(http, client_that_does_not_read_is_not_buffered, .fini = ht_teardown,
      .timeout = 60) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
-  long before = rss_kb(d.pid);
-  int fd = th_connect(d.port);
+  th_models(&ht_d, ht_tree_only);
+  th_start(&ht_d, NULL);
+  long before = rss_kb(ht_d.pid);
+  int fd = th_connect(ht_d.port);
   int small = 4096;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -485,15 +470,15 @@ Test(http, client_that_does_not_read_is_not_buffered, .fini = teardown,
       usleep(10000);
     }
   }
-  long after = rss_kb(d.pid);
+  long after = rss_kb(ht_d.pid);
   cr_expect_lt(sent, (size_t)(64u << 20), "the daemon read all %zu bytes",
                sent);
   cr_expect_lt(after - before, 64 * 1024, "RSS grew %ld kB", after - before);
   close(fd);
   th_resp r;
-  cr_assert_eq(th_http(d.port, "GET", "/healthz", NULL, NULL, &r), 0);
+  cr_assert_eq(th_http(ht_d.port, "GET", "/healthz", NULL, NULL, &r), 0);
   cr_expect_eq(r.status, 200);
   th_resp_free(&r);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 

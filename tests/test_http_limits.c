@@ -22,31 +22,19 @@
 #include "http_test_util.h"
 #include "serve_harness.h"
 
-static th_daemon d;
-static const char *const tree_only[] = {"treelstm", NULL};
-static const char *INFER = "/v1/models/treelstm/infer";
-static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
-                         "(2 fine)))\"}]}";
-
-static void teardown(void) { th_cleanup(&d); }
-
-static double metric(const char *sample) {
-  return th_metric_at(d.port, sample);
-}
-
 /* The daemon's debug lines name a connection by its client's port: these
  * wait for what it did with one (every test here runs at --log-level
  * debug). */
 static void wait_for(const char *what, int fd) {
   char needle[96];
   snprintf(needle, sizeof(needle), "msg=%s peer=%d", what, th_local_port(fd));
-  th_log_wait(&d, needle, 1);
+  th_log_wait(&ht_d, needle, 1);
 }
 static void wait_slow(const char *phase, int fd) {
   char needle[96];
   snprintf(needle, sizeof(needle), "msg=connection-slow phase=%s peer=%d",
            phase, th_local_port(fd));
-  th_log_wait(&d, needle, 1);
+  th_log_wait(&ht_d, needle, 1);
 }
 #define DEBUG "--log-level", "debug"
 
@@ -55,9 +43,9 @@ static void wait_slow(const char *phase, int fd) {
  * progress, never evicted however long it waits). */
 #define WINDOW "--max-delay-us", "3000000", "--work-conserving", "false", DEBUG
 static int waiting_request(void) {
-  int fd = th_connect(d.port);
+  int fd = th_connect(ht_d.port);
   cr_assert(fd >= 0);
-  th_send(fd, "POST", INFER, ONE, NULL);
+  th_send(fd, "POST", HT_INFER, HT_ONE, NULL);
   return fd;
 }
 
@@ -72,16 +60,16 @@ static void finish_waiting(int fd, const char *what) {
  * progress (none can be evicted), a connection gets one JSON 503 with
  * Retry-After and Connection: close, then EOF; once one closes, a new one
  * is served. */
-Test(http, connection_limit_refuses_cleanly, .fini = teardown,
+Test(http, connection_limit_refuses_cleanly, .fini = ht_teardown,
      .timeout = 120) {
-  th_models(&d, tree_only);
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-connections", "4", WINDOW, NULL};
-  th_start(&d, flags);
+  th_start(&ht_d, flags);
   int fd[4];
   for (int i = 0; i < 4; i++) fd[i] = waiting_request();
   for (int i = 0; i < 4; i++) wait_for("request-head", fd[i]);
   for (int k = 0; k < 3; k++) {
-    int x = th_connect(d.port);
+    int x = th_connect(ht_d.port);
     cr_assert(x >= 0);
     size_t n;
     char *all = read_all(x, &n);
@@ -105,7 +93,7 @@ Test(http, connection_limit_refuses_cleanly, .fini = teardown,
   int ok = 0; /* refused (503) until the daemon has seen the close */
   for (double end = th_now() + TH_DEADLINE_S; th_now() < end && ok != 200;) {
     usleep(10000);
-    if (th_http(d.port, "GET", "/healthz", NULL, NULL, &r) == 0) {
+    if (th_http(ht_d.port, "GET", "/healthz", NULL, NULL, &r) == 0) {
       ok = r.status;
       th_resp_free(&r);
     }
@@ -113,7 +101,7 @@ Test(http, connection_limit_refuses_cleanly, .fini = teardown,
   cr_expect_eq(ok, 200, "a slot freed by a close is not reused");
   for (int i = 0; i < 4; i++)
     if (i != 1) close(fd[i]);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Whether the daemon closed fd without a byte (EOF or a reset), waiting
@@ -135,20 +123,20 @@ static bool closed_unanswered(int fd, int ms) {
  * taken. So connections trickling header bytes cannot keep a normal
  * client out. */
 Test(http, connection_limit_evicts_the_longest_without_a_head,
-     .fini = teardown, .timeout = 120) {
-  th_models(&d, tree_only);
+     .fini = ht_teardown, .timeout = 120) {
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-connections", "6", WINDOW, NULL};
-  th_start(&d, flags);
+  th_start(&ht_d, flags);
   int busy[2], idle, trickle[3];
   for (int i = 0; i < 2; i++) busy[i] = waiting_request(); /* oldest */
   for (int i = 0; i < 2; i++) wait_for("request-head", busy[i]);
-  idle = th_connect(d.port);
+  idle = th_connect(ht_d.port);
   th_send(idle, "GET", "/healthz", NULL, NULL);
   th_resp r;
   cr_assert_eq(th_read(idle, &r), 0);
   th_resp_free(&r);
   for (int i = 0; i < 3; i++) { /* accepted in this order */
-    trickle[i] = th_connect(d.port);
+    trickle[i] = th_connect(ht_d.port);
     send_str(trickle[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n");
     wait_for("connection-accepted", trickle[i]);
   }
@@ -161,7 +149,7 @@ Test(http, connection_limit_evicts_the_longest_without_a_head,
   int *victims[] = {&trickle[0], &trickle[1], &trickle[2], &idle};
   int fresh[4];
   for (int k = 0; k < 4; k++) {
-    fresh[k] = th_connect(d.port);
+    fresh[k] = th_connect(ht_d.port);
     th_send(fresh[k], "GET", "/healthz", NULL, NULL);
     cr_assert_eq(th_read(fresh[k], &r), 0, "new client %d", k);
     cr_expect_eq(r.status, 200, "new client %d: %s", k, r.body);
@@ -180,23 +168,23 @@ Test(http, connection_limit_evicts_the_longest_without_a_head,
   /* evictions from the log: a connection to /metrics could find the
    * closed ones not yet seen closed and take one of their slots (never be
    * refused: they were served, so they can be taken) */
-  cr_expect_eq(th_log_count(&d, "msg=connection-evicted"), 4);
-  cr_expect_eq(metric("canopy_connections_refused_total"), 0);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_log_count(&ht_d, "msg=connection-evicted"), 4);
+  cr_expect_eq(ht_metric("canopy_connections_refused_total"), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Start-up raises the soft RLIMIT_NOFILE to the hard one; a
  * max-connections that still does not fit is lowered, with a line saying
  * so, and the lowered limit is the one enforced. (Criterion runs each test
  * in its own process, so lowering the hard limit here touches no other.) */
-Test(http, max_connections_fit_the_descriptor_limit, .fini = teardown,
+Test(http, max_connections_fit_the_descriptor_limit, .fini = ht_teardown,
      .timeout = 120) {
   struct rlimit rl = {.rlim_cur = 140, .rlim_max = 140};
   cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-  th_models(&d, tree_only);
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-connections", "1000", WINDOW, NULL};
-  th_start(&d, flags);
-  char *log = th_read_file(d.log);
+  th_start(&ht_d, flags);
+  char *log = th_read_file(ht_d.log);
   cr_assert_not_null(log);
   cr_expect(strstr(log, "msg=max-connections-clamped wanted=1000 "
                         "max_connections=12 nofile=140") != NULL,
@@ -206,15 +194,15 @@ Test(http, max_connections_fit_the_descriptor_limit, .fini = teardown,
   int fd[12];
   for (int i = 0; i < 12; i++) fd[i] = waiting_request();
   for (int i = 0; i < 12; i++) wait_for("request-head", fd[i]);
-  int x = th_connect(d.port);
+  int x = th_connect(ht_d.port);
   expect_one_error(x, 503, "unavailable", "the 13th connection");
   close(x);
   for (int i = 0; i < 12; i++) finish_waiting(fd[i], "one of the 12");
   for (int i = 0; i < 12; i++) close(fd[i]);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
-Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
+Test(http, soft_descriptor_limit_is_raised, .fini = ht_teardown,
      .timeout = 120) {
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
@@ -223,16 +211,16 @@ Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
                  (unsigned long long)rl.rlim_max);
   rl.rlim_cur = 256;
   cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
-  th_models(&d, tree_only);
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-connections", "1000", NULL};
-  th_start(&d, flags);
-  char *log = th_read_file(d.log);
+  th_start(&ht_d, flags);
+  char *log = th_read_file(ht_d.log);
   cr_assert_not_null(log);
   cr_expect(strstr(log, "max-connections-clamped") == NULL, "%s", log);
   cr_expect(strstr(log, "max_connections=1000") != NULL, "%s", log);
   free(log);
   char path[64], line[256];
-  snprintf(path, sizeof(path), "/proc/%d/limits", (int)d.pid);
+  snprintf(path, sizeof(path), "/proc/%d/limits", (int)ht_d.pid);
   FILE *f = fopen(path, "r");
   cr_assert_not_null(f);
   unsigned long long soft = 0;
@@ -242,7 +230,7 @@ Test(http, soft_descriptor_limit_is_raised, .fini = teardown,
   cr_expect(soft == rl.rlim_max || rl.rlim_max == RLIM_INFINITY,
             "soft limit %llu, hard %llu", soft,
             (unsigned long long)rl.rlim_max);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Bodies that keep up: a client thread sends FEED bytes to each every
@@ -291,20 +279,20 @@ static void feed_add(feeder *f, int fd, size_t sent) {
  * then. (The 1 s grace of a body just begun is not shown here: that needs
  * the test to act within a second, which a busy machine does not
  * promise.) */
-Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
+Test(http, connection_limit_evicts_slow_bodies_only, .fini = ht_teardown,
      .timeout = 120) {
-  th_models(&d, tree_only);
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-connections", "3", DEBUG, NULL};
-  th_start(&d, flags);
+  th_start(&ht_d, flags);
   enum { BURST = 16000 };
-  memset(big, ' ', LEN - strlen(ONE)); /* JSON: leading white space */
-  strcpy(big + LEN - strlen(ONE), ONE);
+  memset(big, ' ', LEN - strlen(HT_ONE)); /* JSON: leading white space */
+  strcpy(big + LEN - strlen(HT_ONE), HT_ONE);
   char h[256];
   snprintf(h, sizeof(h), "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: "
-           "%d\r\n\r\n", INFER, LEN);
+           "%d\r\n\r\n", HT_INFER, LEN);
   static char part[BURST + 1];
   memcpy(part, big, BURST); /* white space */
-  int slow = th_connect(d.port); /* a 16 KB burst, then nothing */
+  int slow = th_connect(ht_d.port); /* a 16 KB burst, then nothing */
   cr_assert(slow >= 0);
   send_str(slow, h);
   send_str(slow, part);
@@ -314,7 +302,7 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
   cr_assert_eq(pthread_create(&th, NULL, feed, &f), 0);
   int fast[2];
   for (int i = 0; i < 2; i++) {
-    fast[i] = th_connect(d.port);
+    fast[i] = th_connect(ht_d.port);
     cr_assert(fast[i] >= 0);
     send_str(fast[i], h);
     feed_add(&f, fast[i], 0);
@@ -324,8 +312,8 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
    * served */
   wait_slow("body", slow);
   th_resp r;
-  int a = th_connect(d.port);
-  th_send(a, "POST", INFER, ONE, NULL);
+  int a = th_connect(ht_d.port);
+  th_send(a, "POST", HT_INFER, HT_ONE, NULL);
   cr_assert_eq(th_read(a, &r), 0);
   cr_expect_eq(r.status, 200, "%s", r.body);
   th_resp_free(&r);
@@ -333,7 +321,7 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
             "the slow body is open");
   close(slow);
   /* the next takes the idle keep-alive one's, not a fast body's */
-  int b = th_connect(d.port);
+  int b = th_connect(ht_d.port);
   cr_assert(b >= 0);
   send_str(b, h);
   feed_add(&f, b, 0);
@@ -342,7 +330,7 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
   close(a);
   wait_for("request-head", b); /* not a connection without a head */
   /* the next finds three bodies that keep up: refused */
-  int x = th_connect(d.port);
+  int x = th_connect(ht_d.port);
   expect_one_error(x, 503, "unavailable", "a fourth connection");
   close(x);
   pthread_mutex_lock(&f.mu);
@@ -361,9 +349,9 @@ Test(http, connection_limit_evicts_slow_bodies_only, .fini = teardown,
   /* evictions from the log: a connection to /metrics could find the
    * closed ones not yet seen closed and take one of their slots (never be
    * refused: they were served, so they can be taken) */
-  cr_expect_eq(th_log_count(&d, "msg=connection-evicted"), 2);
-  cr_expect_eq(metric("canopy_connections_refused_total"), 1);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_log_count(&ht_d, "msg=connection-evicted"), 2);
+  cr_expect_eq(ht_metric("canopy_connections_refused_total"), 1);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* A connection (its receive buffer rcvbuf bytes) that has asked the
@@ -384,7 +372,7 @@ static int ask_big_answer(int rcvbuf) {
   int w = socket(AF_INET, SOCK_STREAM, 0);
   setsockopt(w, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
   struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_port = htons((uint16_t)d.port),
+                           .sin_port = htons((uint16_t)ht_d.port),
                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   cr_assert_eq(connect(w, (struct sockaddr *)&sa, sizeof(sa)), 0);
   th_send(w, "POST", "/v1/models/bilstm-tagger/infer", body, NULL);
@@ -397,13 +385,13 @@ static int ask_big_answer(int rcvbuf) {
  * max-connections an answer that leaves its write queue slower than
  * 500 bytes/s is taken (before an older idle keep-alive connection); the
  * client sees the answer cut short. */
-Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
+Test(http, connection_limit_evicts_an_unread_answer, .fini = ht_teardown,
      .timeout = 120) {
   const char *const tagger[] = {"bilstm-tagger", NULL};
-  th_models(&d, tagger);
+  th_models(&ht_d, tagger);
   const char *flags[] = {"--max-connections", "2", DEBUG, NULL};
-  th_start(&d, flags);
-  int idle = th_connect(d.port); /* served, idle: older than w */
+  th_start(&ht_d, flags);
+  int idle = th_connect(ht_d.port); /* served, idle: older than w */
   th_resp r;
   th_send(idle, "GET", "/healthz", NULL, NULL);
   cr_assert_eq(th_read(idle, &r), 0);
@@ -412,7 +400,7 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
   /* computed, written until the socket is full, then its lead runs out:
    * the daemon's debug line says so */
   wait_slow("answer", w);
-  int x = th_connect(d.port);
+  int x = th_connect(ht_d.port);
   th_send(x, "GET", "/healthz", NULL, NULL);
   cr_assert_eq(th_read(x, &r), 0, "the new client was not served");
   cr_expect_eq(r.status, 200);
@@ -420,8 +408,8 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
   close(x);
   /* the log, not /metrics: a connection to ask could find x not yet seen
    * closed, and take the idle one's slot */
-  cr_expect_eq(th_log_count(&d, "msg=connection-evicted"), 1);
-  cr_expect_eq(th_log_count(&d, "msg=connection-evicted phase=answer "), 1,
+  cr_expect_eq(th_log_count(&ht_d, "msg=connection-evicted"), 1);
+  cr_expect_eq(th_log_count(&ht_d, "msg=connection-evicted phase=answer "), 1,
                "not w's answer was taken");
   /* w's answer is cut short: the daemon closed it before the end */
   size_t got = 0;
@@ -437,7 +425,7 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
   cr_expect_eq(r.status, 200);
   th_resp_free(&r);
   close(idle);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* Were an answer's idle-timeout-s counted from when it was queued, an
@@ -445,12 +433,12 @@ Test(http, connection_limit_evicts_an_unread_answer, .fini = teardown,
  * (53 MB read at 1 MB/s: EOF after 34 MB, logged 200). It counts
  * from the answer's last progress: a ~14 MB answer read over ~4 s with
  * idle-timeout-s 2 arrives whole. */
-Test(http, a_big_answer_read_steadily_is_not_cut, .fini = teardown,
+Test(http, a_big_answer_read_steadily_is_not_cut, .fini = ht_teardown,
      .timeout = 120) {
   const char *const tagger[] = {"bilstm-tagger", NULL};
-  th_models(&d, tagger);
+  th_models(&ht_d, tagger);
   const char *flags[] = {"--idle-timeout-s", "2", NULL};
-  th_start(&d, flags);
+  th_start(&ht_d, flags);
   int w = ask_big_answer(65536);
   /* read ~14 MB at ~3.5 MB/s: 64 KiB every ~18 ms (the first read waits
    * for the answer to be computed: slow under a sanitizer and load; an
@@ -478,5 +466,5 @@ Test(http, a_big_answer_read_steadily_is_not_cut, .fini = teardown,
                secs);
   cr_expect(secs > 2.5, "read in %.1f s: not past idle-timeout-s", secs);
   close(w);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }

@@ -19,20 +19,21 @@
 #include "http_test_util.h"
 #include "serve_harness.h"
 
-static th_daemon d;
-static const char *const tree_only[] = {"treelstm", NULL};
-static const char *INFER = "/v1/models/treelstm/infer";
-static const char *ONE = "{\"instances\":[{\"tree\":\"(3 (2 It) (4 (2 is) "
-                         "(2 fine)))\"}]}";
-
-static void teardown(void) { th_cleanup(&d); }
+/* Waits for the daemon, told to stop, to exit, and expects status 0. */
+static void expect_exit_0(void) {
+  int status;
+  waitpid(ht_d.pid, &status, 0);
+  ht_d.pid = 0;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "exit status %d", status);
+}
 
 /* Pipelined requests in one write are answered in order, each with its
  * own X-Request-Id, an inference waiting for its run among them. */
-Test(http, pipelined_requests_answered_in_order, .fini = teardown,
+Test(http, pipelined_requests_answered_in_order, .fini = ht_teardown,
      .timeout = 30) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
+  th_models(&ht_d, ht_tree_only);
+  th_start(&ht_d, NULL);
   char req[4096];
   snprintf(req, sizeof(req),
            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-1\r\n\r\n"
@@ -44,8 +45,8 @@ Test(http, pipelined_requests_answered_in_order, .fini = teardown,
            "HEAD /readyz HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-5\r\n\r\n"
            "GET /readyz HTTP/1.1\r\nHost: x\r\nX-Request-Id: p-6\r\n"
            "Connection: close\r\n\r\n",
-           INFER, strlen(ONE), ONE, INFER, strlen(ONE), ONE);
-  int fd = th_connect(d.port);
+           HT_INFER, strlen(HT_ONE), HT_ONE, HT_INFER, strlen(HT_ONE), HT_ONE);
+  int fd = th_connect(ht_d.port);
   send_str(fd, req);
   size_t n;
   char *all = read_all(fd, &n);
@@ -69,7 +70,7 @@ Test(http, pipelined_requests_answered_in_order, .fini = teardown,
     p = end;
   }
   free(all);
-  cr_expect_eq(th_stop(&d), 0);
+  cr_expect_eq(th_stop(&ht_d), 0);
 }
 
 /* One answer taken off the front of buf[*off, n): its status, whether it
@@ -126,10 +127,10 @@ static bool next_answer(const char *buf, size_t n, size_t *off, answer *a) {
  * takes); the window is what ends the drain (its grace is longer). */
 #define WINDOW_US "10000000"
 static void pipelined_at_sigterm(int n, bool partial) {
-  th_models(&d, tree_only);
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-delay-us", WINDOW_US, "--work-conserving",
                          "false", "--drain-grace-ms", "60000", NULL};
-  th_start(&d, flags);
+  th_start(&ht_d, flags);
   char req[8192];
   size_t len = 0;
   for (int i = 0; i < n; i++) {
@@ -141,19 +142,19 @@ static void pipelined_at_sigterm(int n, bool partial) {
       len += (size_t)snprintf(req + len, sizeof(req) - len,
                               "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: q-%d\r\n"
                               "Content-Length: %zu\r\n\r\n%s",
-                              INFER, i + 1, strlen(ONE), ONE);
+                              HT_INFER, i + 1, strlen(HT_ONE), HT_ONE);
   }
   if (partial) /* a request the client had not finished: not answered */
     len += (size_t)snprintf(req + len, sizeof(req) - len,
                             "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: q-cut\r\n"
-                            "Content-Length: 100\r\n\r\n{", INFER);
-  int fd = th_connect(d.port);
+                            "Content-Length: 100\r\n\r\n{", HT_INFER);
+  int fd = th_connect(ht_d.port);
   cr_assert(fd >= 0);
   cr_assert_eq(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
   /* in flight: the first request and the /metrics request asking */
-  cr_assert_eq(th_metric_wait(d.port, "canopy_in_flight_requests", 2), 2,
+  cr_assert_eq(th_metric_wait(ht_d.port, "canopy_in_flight_requests", 2), 2,
                "the first request is not waiting in its window");
-  kill(d.pid, SIGTERM);
+  kill(ht_d.pid, SIGTERM);
   size_t got;
   char *all = read_all(fd, &got); /* until the daemon closes */
   close(fd);
@@ -177,19 +178,15 @@ static void pipelined_at_sigterm(int n, bool partial) {
                all);
   cr_expect_eq(off, got, "bytes after the last answer: %.200s", all + off);
   free(all);
-  int status;
-  waitpid(d.pid, &status, 0);
-  d.pid = 0;
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "exit status %d", status);
+  expect_exit_0();
 }
 
-Test(http, two_pipelined_requests_answered_at_sigterm, .fini = teardown,
+Test(http, two_pipelined_requests_answered_at_sigterm, .fini = ht_teardown,
      .timeout = 60) {
   pipelined_at_sigterm(2, false);
 }
 
-Test(http, three_pipelined_requests_answered_at_sigterm, .fini = teardown,
+Test(http, three_pipelined_requests_answered_at_sigterm, .fini = ht_teardown,
      .timeout = 60) {
   pipelined_at_sigterm(3, false);
 }
@@ -198,7 +195,7 @@ Test(http, three_pipelined_requests_answered_at_sigterm, .fini = teardown,
  * connection is read on for DRAIN_QUIET_S after the answer before it (no
  * Connection: close, as the rest may come), then closed. */
 Test(http, pipelined_request_cut_short_at_sigterm_is_dropped,
-     .fini = teardown, .timeout = 60) {
+     .fini = ht_teardown, .timeout = 60) {
   pipelined_at_sigterm(2, true);
 }
 
@@ -210,28 +207,28 @@ Test(http, pipelined_request_cut_short_at_sigterm_is_dropped,
  * the fix the first answer closed the connection. A request waiting in
  * its model's 2 s window on another connection keeps the drain going. */
 static char *padded_infer(const char *id, size_t pad) {
-  size_t blen = strlen(ONE) + pad;
+  size_t blen = strlen(HT_ONE) + pad;
   char *b = malloc(blen + 512);
   int h = snprintf(b, 512, "POST %s HTTP/1.1\r\nHost: x\r\nX-Request-Id: %s\r\n"
-                   "Content-Length: %zu\r\n\r\n%s", INFER, id, blen, ONE);
+                   "Content-Length: %zu\r\n\r\n%s", HT_INFER, id, blen, HT_ONE);
   memset(b + h, ' ', pad); /* JSON whitespace */
   b[h + pad] = '\0';
   return b;
 }
 
 Test(http, pipelined_past_the_read_ahead_answered_at_sigterm,
-     .fini = teardown, .timeout = 60) {
-  th_models(&d, tree_only);
+     .fini = ht_teardown, .timeout = 60) {
+  th_models(&ht_d, ht_tree_only);
   const char *flags[] = {"--max-delay-us", WINDOW_US, "--work-conserving",
                          "false", "--drain-grace-ms", "60000", NULL};
-  th_start(&d, flags);
-  int waiter = th_connect(d.port), fd = th_connect(d.port);
+  th_start(&ht_d, flags);
+  int waiter = th_connect(ht_d.port), fd = th_connect(ht_d.port);
   cr_assert(waiter >= 0 && fd >= 0);
-  th_send(waiter, "POST", INFER, ONE, NULL);
-  cr_assert_eq(th_metric_wait(d.port, "canopy_in_flight_requests", 2), 2,
+  th_send(waiter, "POST", HT_INFER, HT_ONE, NULL);
+  cr_assert_eq(th_metric_wait(ht_d.port, "canopy_in_flight_requests", 2), 2,
                "the first request is not waiting in its window");
-  kill(d.pid, SIGTERM);
-  th_log_wait(&d, "msg=draining", 1);
+  kill(ht_d.pid, SIGTERM);
+  th_log_wait(&ht_d, "msg=draining", 1);
   char *b = padded_infer("big-1", 39000), *c = padded_infer("big-2", 39000);
   size_t lb = strlen(b), lc = strlen(c);
   char *both = malloc(lb + lc);
@@ -265,9 +262,5 @@ Test(http, pipelined_past_the_read_ahead_answered_at_sigterm,
   cr_expect_eq(r.status, 200, "%s", r.body);
   th_resp_free(&r);
   close(waiter);
-  int status;
-  waitpid(d.pid, &status, 0);
-  d.pid = 0;
-  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-            "exit status %d", status);
+  expect_exit_0();
 }

@@ -22,23 +22,12 @@ static char dir[256];
 
 /* A fresh model of family at H = 4 (test_instance_line.c's). */
 static cn_model *model(const char *family, const char *data) {
-  snprintf(dir, sizeof(dir), "/tmp/canopy-test-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  const char *root = getenv("CANOPY_DATA");
-  cr_assert_not_null(root, "CANOPY_DATA is not set");
-  char path[512], mdir[600];
-  snprintf(path, sizeof(path), "%s/%s", root, data);
-  snprintf(mdir, sizeof(mdir), "%s/m", dir);
-  cn_model_init_opts o = {.family = family, .dir = mdir, .hidden = 4,
-                          .embed = 4, .classes = 3, .vocab_from = path,
+  char path[512];
+  cn_model_init_opts o = {.family = family, .hidden = 4, .embed = 4,
+                          .classes = 3,
+                          .vocab_from = tu_data_path(data, path, sizeof(path)),
                           .seed = 7};
-  cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_model_init(&o, &err), 0, "init %s: %s", family, err.msg);
-  cn_model *m = NULL;
-  cr_assert_eq(cn_model_load(mdir, &m, &err), 0, "load %s: %s", family,
-               err.msg);
-  return m;
+  return tu_model_opts(o, dir, sizeof(dir));
 }
 
 /* Byte for byte the arrays both readers fill, by input kind. */

@@ -26,24 +26,13 @@ static char dir[256];
 /* A fresh model of family at H = 4; a lattice model gets data/'s
  * lexicon when lexicon is set. */
 static cn_model *model(const char *family, const char *data, bool lexicon) {
-  snprintf(dir, sizeof(dir), "/tmp/canopy-test-XXXXXX");
-  cr_assert_not_null(mkdtemp(dir));
-  const char *root = getenv("CANOPY_DATA");
-  cr_assert_not_null(root, "CANOPY_DATA is not set");
-  char path[512], lex[512], mdir[600];
-  snprintf(path, sizeof(path), "%s/%s", root, data);
-  snprintf(lex, sizeof(lex), "%s/lexicon.txt", root);
-  snprintf(mdir, sizeof(mdir), "%s/m", dir);
-  cn_model_init_opts o = {.family = family, .dir = mdir, .hidden = 4,
-                          .embed = 4, .classes = 3, .vocab_from = path,
-                          .seed = 7, .lexicon = lexicon ? lex : NULL};
-  cn_err err;
-  cn_err_clear(&err);
-  cr_assert_eq(cn_model_init(&o, &err), 0, "init %s: %s", family, err.msg);
-  cn_model *m = NULL;
-  cr_assert_eq(cn_model_load(mdir, &m, &err), 0, "load %s: %s", family,
-               err.msg);
-  return m;
+  char path[512], lex[512];
+  cn_model_init_opts o = {
+      .family = family, .hidden = 4, .embed = 4, .classes = 3,
+      .vocab_from = tu_data_path(data, path, sizeof(path)), .seed = 7,
+      .lexicon = lexicon ? tu_data_path("lexicon.txt", lex, sizeof(lex))
+                         : NULL};
+  return tu_model_opts(o, dir, sizeof(dir));
 }
 
 /* The lines of a data file, raw (without their newlines). */

@@ -17,6 +17,7 @@
 #include "backends.h"
 #include "families/families.h"
 #include "internal.h"
+#include "engine_util.h"
 #include "model_test_util.h"
 
 TestSuite(model, .init = tmp_dir_setup, .fini = tmp_dir_teardown);
@@ -61,26 +62,7 @@ static void write_json(json_t *j) {
  * NULL). */
 static void rewrite_weights(const char *drop, const char *reshape,
                             const char *add, int64_t r, int64_t c) {
-  cn_safetensors st;
-  cn_err e;
-  const char *p = in_dir("weights.safetensors");
-  cr_assert_eq(cn_safetensors_open(p, &st, &e), 0, "%s", e.msg);
-  cn_tensor_out t[CN_MAX_TENSORS + 1];
-  float *big = calloc((size_t)(r * c + 1), sizeof(float));
-  int n = 0;
-  for (int i = 0; i < st.n; i++) {
-    const cn_tensor *s = &st.tensors[i];
-    if (drop && strcmp(s->name, drop) == 0) continue;
-    t[n] = (cn_tensor_out){s->name, s->ndim, {0}, s->data};
-    memcpy(t[n].shape, s->shape, sizeof(s->shape));
-    if (reshape && strcmp(s->name, reshape) == 0)
-      t[n] = (cn_tensor_out){s->name, 2, {r, c}, big};
-    n++;
-  }
-  if (add) t[n++] = (cn_tensor_out){add, 2, {r, c}, big};
-  cr_assert_eq(cn_safetensors_write(p, t, n, &e), 0, "%s", e.msg);
-  cn_safetensors_close(&st);
-  free(big);
+  tu_rewrite_weights(in_dir("weights.safetensors"), drop, reshape, add, r, c);
 }
 
 static const char *data_for(const cn_family *f) {
@@ -93,6 +75,18 @@ static const char *data_for(const cn_family *f) {
   case CN_INPUT_DAG: return data_file("dags.jsonl");
   }
   return NULL;
+}
+
+/* Family f's model at H = 16 with its vocabulary from f's data, made in a
+ * fresh tmp_dir and loaded: what the every-family tests start from. */
+static cn_model *fresh_from_data(const cn_family *f) {
+  tmp_dir_teardown();
+  tmp_dir_setup();
+  init_model(f->name, data_for(f), 16);
+  cn_model *m = NULL;
+  cn_err e;
+  cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+  return m;
 }
 
 /* ---- model: init -> load for every family ------------------------------*/
@@ -138,12 +132,7 @@ Test(model, init_load_every_family_from_data) {
   cr_assert_gt(cn__family_count(), 0);
   for (int i = 0; i < cn__family_count(); i++) {
     const cn_family *f = cn__family_at(i);
-    tmp_dir_teardown();
-    tmp_dir_setup();
-    init_model(f->name, data_for(f), 16);
-    cn_model *m = NULL;
-    cn_err e;
-    cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    cn_model *m = fresh_from_data(f);
     check_loaded(f, m, 16);
     /* characters (a-z) for lattices, words otherwise */
     cr_assert_gt(m->dims.V, f->input == CN_INPUT_LATTICE ? 20 : 50,
@@ -544,19 +533,14 @@ Test(model, init_lexicon_must_be_a_regular_file) {
  * and links, lstm-nmt's decoder and projection): a worker that ran it has
  * touched every code path a real input of the model's kind touches. */
 Test(model, warmup_instance_touches_every_vertex_type) {
-  cn_backend_ctx *bk = NULL;
+  cn_backend_ctx *bk = tu_cpu();
   cn_err e;
   cn_err_clear(&e);
-  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &e), 0, "%s", e.msg);
   cn_limits lim;
   cn_limits_default(&lim);
   for (int i = 0; i < cn__family_count(); i++) {
     const cn_family *f = cn__family_at(i);
-    tmp_dir_teardown();
-    tmp_dir_setup();
-    init_model(f->name, data_for(f), 16);
-    cn_model *m = NULL;
-    cr_assert_eq(cn_model_load(tmp_dir, &m, &e), 0, "%s: %s", f->name, e.msg);
+    cn_model *m = fresh_from_data(f);
     json_t *j = cn_model_warmup_instance(m);
     cr_assert_not_null(j, "%s", f->name);
     cn_instance *in = NULL;

@@ -114,10 +114,7 @@ Test(serve_bigbody, hostile_bodies_refused_before_building, .fini = teardown,
   }
   /* the first names the count and the limit as before */
   /* and the daemon still answers */
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
-  cr_expect_eq(r.status, 200);
-  th_resp_free(&r);
+  th_expect_status(d.port, "POST", INFER, ONE, 200);
 #if !defined(__SANITIZE_ADDRESS__)
   /* a memory bound, with a wide margin: the bodies themselves are 32 MB;
    * jansson's trees of them would be ~650 MB each */
@@ -125,6 +122,18 @@ Test(serve_bigbody, hostile_bodies_refused_before_building, .fini = teardown,
   cr_expect(kb > 0 && kb < 300 * 1024, "VmHWM %ld kB", kb);
 #endif
   cr_expect_eq(th_stop(&d), 0);
+}
+
+/* The answer to an inference body, checked 200 with n outputs (the
+ * caller frees it). */
+static json_t *post_for_outputs(const char *body, size_t n) {
+  th_resp r;
+  cr_assert_eq(th_http(d.port, "POST", INFER, body, NULL, &r), 0);
+  cr_assert_eq(r.status, 200, "%.300s", r.body);
+  json_t *j = json_loads(r.body, 0, NULL);
+  th_resp_free(&r);
+  cr_assert_eq(json_array_size(json_object_get(j, "outputs")), n);
+  return j;
 }
 
 /* 1,000 real trees in one body (~250 KB: over the 16 KiB that sends a
@@ -163,22 +172,13 @@ Test(serve_bigbody, big_body_answers_as_small_ones, .fini = teardown,
   snprintf(big + len, cap - len, "]}");
   cr_assert_gt(strlen(big), 64 * 1024);
   cr_assert_lt(strlen(big), 1024 * 1024); /* the medium lane */
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, big, NULL, &r), 0);
-  cr_assert_eq(r.status, 200, "%.300s", r.body);
-  json_t *all = json_loads(r.body, 0, NULL);
-  th_resp_free(&r);
+  json_t *all = post_for_outputs(big, 1000);
   json_t *outs = json_object_get(all, "outputs");
-  cr_assert_eq(json_array_size(outs), 1000);
   for (int s = 0; s < 20; s++) {
     snprintf(small[s] + slen[s], (1 << 18) - slen[s], "]}");
     cr_assert_lt(strlen(small[s]), 16 * 1024);
-    cr_assert_eq(th_http(d.port, "POST", INFER, small[s], NULL, &r), 0);
-    cr_assert_eq(r.status, 200, "%.300s", r.body);
-    json_t *part = json_loads(r.body, 0, NULL);
-    th_resp_free(&r);
+    json_t *part = post_for_outputs(small[s], 50);
     json_t *po = json_object_get(part, "outputs");
-    cr_assert_eq(json_array_size(po), 50);
     for (size_t i = 0; i < 50; i++) {
       char where[64];
       snprintf(where, sizeof(where), "instance %zu", (size_t)s * 50 + i);
@@ -200,20 +200,26 @@ static char *slow_body(void) {
                 "]}]}");
 }
 
-/* The client hangs up while its body is parsed (or waits to be): its
- * connection goes, the daemon answers the next request, and drains. */
-Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
-     .fini = teardown, .timeout = 120) {
+/* Starts the daemon and sends three clients' slow bodies (fd: their
+ * connections), so that parses are running or queued when the test acts. */
+static void start_with_slow_bodies(int fd[3]) {
   th_models(&d, tree_only);
   th_start(&d, NULL);
   char *body = slow_body();
-  int fd[3];
   for (int i = 0; i < 3; i++) {
     fd[i] = th_connect(d.port);
     th_send(fd[i], "POST", INFER, body, NULL);
   }
-  for (int i = 0; i < 3; i++) close(fd[i]);
   free(body);
+}
+
+/* The client hangs up while its body is parsed (or waits to be): its
+ * connection goes, the daemon answers the next request, and drains. */
+Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
+     .fini = teardown, .timeout = 120) {
+  int fd[3];
+  start_with_slow_bodies(fd);
+  for (int i = 0; i < 3; i++) close(fd[i]);
   /* only the /metrics probe's own connection stays */
   double open = -1;
   for (double end = th_now() + TH_DEADLINE_S; th_now() < end && open != 1;) {
@@ -225,10 +231,7 @@ Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
    * before a parse of millions of numbers ends) */
   cr_expect_eq(th_metric_at(d.port, "canopy_requests_cancelled_total{reason="
                                  "\"disconnect\"}"), 3);
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
-  cr_expect_eq(r.status, 200);
-  th_resp_free(&r);
+  th_expect_status(d.port, "POST", INFER, ONE, 200);
   cr_expect_eq(th_stop(&d), 0);
 }
 
@@ -237,15 +240,8 @@ Test(serve_bigbody, hangup_while_parsing_frees_the_connection,
  * daemon exits 0 once the parses are back. */
 Test(serve_bigbody, sigterm_answers_bodies_being_parsed, .fini = teardown,
      .timeout = 120) {
-  th_models(&d, tree_only);
-  th_start(&d, NULL);
-  char *body = slow_body();
   int fd[3];
-  for (int i = 0; i < 3; i++) {
-    fd[i] = th_connect(d.port);
-    th_send(fd[i], "POST", INFER, body, NULL);
-  }
-  free(body);
+  start_with_slow_bodies(fd);
   kill(d.pid, SIGTERM);
   for (int i = 0; i < 3; i++) {
     th_resp r;

@@ -100,10 +100,7 @@ Test(serve_ops, port_in_use_is_an_error, .fini = teardown, .timeout = 30) {
             "models loaded before the port was tried: %s", t ? t : "");
   free(t);
   /* the first one is unaffected */
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
-  cr_expect_eq(r.status, 200);
-  th_resp_free(&r);
+  th_expect_status(d.port, "POST", INFER, ONE, 200);
   cr_expect_eq(th_stop(&d), 0);
 }
 
@@ -560,10 +557,7 @@ Test(serve_ops, cpu_daemon_maps_no_cuda_library, .fini = teardown,
      .timeout = 30) {
   th_models(&d, tree_only);
   th_start(&d, NULL);
-  th_resp r;
-  cr_assert_eq(th_http(d.port, "POST", INFER, ONE, NULL, &r), 0);
-  cr_expect_eq(r.status, 200);
-  th_resp_free(&r);
+  th_expect_status(d.port, "POST", INFER, ONE, 200);
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/maps", (int)d.pid);
   FILE *f = fopen(path, "r"); /* /proc: no size to seek to; stream it */

@@ -313,6 +313,26 @@ static json_t *post_json(const char *model, const char *body, int want) {
   return j;
 }
 
+/* post_json(model, body, 200), its stats checked: unknown_tokens is
+ * tokens and unknown_positions, as compact JSON, is positions (NULL: no
+ * such key). Returns the answer (the caller frees it). */
+static json_t *expect_unknowns(const char *model, const char *body,
+                               long long tokens, const char *positions) {
+  json_t *j = post_json(model, body, 200);
+  json_t *st = json_object_get(j, "stats");
+  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")),
+               tokens, "%s", body);
+  if (positions == NULL) {
+    cr_expect_null(json_object_get(st, "unknown_positions"), "%s", body);
+    return j;
+  }
+  char *pos = json_dumps(json_object_get(st, "unknown_positions"),
+                         JSON_COMPACT);
+  cr_expect_str_eq(pos, positions, "%s", body);
+  free(pos);
+  return j;
+}
+
 Test(serve_outputs, unknown_tokens, .fini = teardown, .timeout = 60) {
   th_models(&d, (const char *const[]){"treelstm", "bilstm-tagger",
                                       "treelstm-2type", NULL});
@@ -322,16 +342,12 @@ Test(serve_outputs, unknown_tokens, .fini = teardown, .timeout = 60) {
            d.dir, th_data());
   cr_assert_eq(system(cmd), 0, "%s", cmd);
   th_start(&d, NULL);
-  json_t *j = post_json("treelstm", "{\"instances\": ["
-                        "{\"tree\": \"(S (W zzqx) (S (W your) (W qqqz)))\"},"
-                        "{\"tree\": \"(S (W your) (W dreams))\"}],"
-                        "\"unknown_positions\": true}", 200);
+  json_t *j = expect_unknowns(
+      "treelstm", "{\"instances\": ["
+      "{\"tree\": \"(S (W zzqx) (S (W your) (W qqqz)))\"},"
+      "{\"tree\": \"(S (W your) (W dreams))\"}],"
+      "\"unknown_positions\": true}", 2, "[[0,2],[]]");
   json_t *st = json_object_get(j, "stats");
-  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 2);
-  char *pos = json_dumps(json_object_get(st, "unknown_positions"),
-                         JSON_COMPACT);
-  cr_expect_str_eq(pos, "[[0,2],[]]");
-  free(pos);
   /* treelstm reads no labels: no count of them */
   cr_expect_null(json_object_get(st, "unknown_labels"));
   json_decref(j);
@@ -344,28 +360,15 @@ Test(serve_outputs, unknown_tokens, .fini = teardown, .timeout = 60) {
   cr_expect_eq(json_integer_value(json_object_get(st, "unknown_labels")), 2);
   json_decref(j);
   /* without the option: the count only */
-  j = post_json("bilstm-tagger", "{\"tokens\": [\"zzqx\", \"your\", "
-                "\"QQQZ\", \"dreams\"]}", 200);
-  st = json_object_get(j, "stats");
-  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 2);
-  cr_expect_null(json_object_get(st, "unknown_positions"));
-  json_decref(j);
-  j = post_json("bilstm-tagger", "{\"tokens\": [\"your\", \"dreams\"], "
-                "\"unknown_positions\": true}", 200);
-  st = json_object_get(j, "stats");
-  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 0);
-  pos = json_dumps(json_object_get(st, "unknown_positions"), JSON_COMPACT);
-  cr_expect_str_eq(pos, "[[]]");
-  free(pos);
-  json_decref(j);
-  j = post_json("nmt", "{\"tokens\": [\"your\", \"zzqx\"], "
-                "\"unknown_positions\": true}", 200);
+  json_decref(expect_unknowns("bilstm-tagger", "{\"tokens\": [\"zzqx\", "
+                              "\"your\", \"QQQZ\", \"dreams\"]}", 2, NULL));
+  json_decref(expect_unknowns("bilstm-tagger", "{\"tokens\": [\"your\", "
+                              "\"dreams\"], \"unknown_positions\": true}",
+                              0, "[[]]"));
+  j = expect_unknowns("nmt", "{\"tokens\": [\"your\", \"zzqx\"], "
+                      "\"unknown_positions\": true}", 1, "[[1]]");
   st = json_object_get(j, "stats");
   cr_expect(json_is_true(json_object_get(st, "continuous")));
-  cr_expect_eq(json_integer_value(json_object_get(st, "unknown_tokens")), 1);
-  pos = json_dumps(json_object_get(st, "unknown_positions"), JSON_COMPACT);
-  cr_expect_str_eq(pos, "[[1]]");
-  free(pos);
   json_decref(j);
   j = post_json("treelstm", "{\"tree\": \"(S (W a) (W b))\", "
                 "\"unknown_positions\": 1}", 400);

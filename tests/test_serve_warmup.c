@@ -174,6 +174,20 @@ Test(warmup, runs_on_every_worker_before_ready, .fini = teardown,
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* The daemon with two workers and strict-startup false over a treelstm
+ * whose weights overflow: starts it and returns treelstm's entry of the
+ * repository index, checked UNAVAILABLE (the caller frees it). */
+static const char *const lenient[] = {"--workers", "2", "--strict-startup",
+                                      "false", NULL};
+static json_t *start_expect_unavailable(void) {
+  th_start(&d, lenient);
+  json_t *e = index_entry(d.port, "treelstm");
+  cr_assert(e != NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(e, "state")),
+                   "UNAVAILABLE");
+  return e;
+}
+
 Test(warmup, overflowing_model_fails_to_load, .fini = teardown,
      .timeout = 60) {
   static const char *const two[] = {"treelstm", "treegru", NULL};
@@ -195,13 +209,7 @@ Test(warmup, overflowing_model_fails_to_load, .fini = teardown,
   cr_expect(strstr(log, "non-finite") != NULL, "%s", log);
   free(log);
   /* strict-startup false: UNAVAILABLE with the reason, the other serves */
-  const char *const fl[] = {"--workers", "2", "--strict-startup", "false",
-                            NULL};
-  th_start(&d, fl);
-  json_t *e = index_entry(d.port, "treelstm");
-  cr_assert(e != NULL);
-  cr_expect_str_eq(json_string_value(json_object_get(e, "state")),
-                   "UNAVAILABLE");
+  json_t *e = start_expect_unavailable();
   const char *why = json_string_value(json_object_get(e, "reason"));
   cr_expect(why != NULL && strstr(why, "warm-up on worker") != NULL &&
                 strstr(why, "non-finite") != NULL, "%s", why ? why : "-");
@@ -264,19 +272,13 @@ Test(warmup, key_off_skips_it, .fini = teardown, .timeout = 60) {
   snprintf(dir, sizeof(dir), "%s/models/treelstm", d.dir);
   overflow_weights(dir);
   /* on (the default), the warm-up refuses the version */
-  const char *const fl[] = {"--workers", "2", "--strict-startup", "false",
-                            NULL};
-  th_start(&d, fl);
-  json_t *e = index_entry(d.port, "treelstm");
-  cr_assert(e != NULL);
-  cr_expect_str_eq(json_string_value(json_object_get(e, "state")),
-                   "UNAVAILABLE");
+  json_t *e = start_expect_unavailable();
   json_decref(e);
   cr_expect_eq(th_stop(&d), 0);
   /* off, in the environment form a container would set: nothing runs, the
    * overflowing version loads */
   setenv("CANOPY_WARMUP", "false", 1);
-  th_start(&d, fl);
+  th_start(&d, lenient);
   unsetenv("CANOPY_WARMUP");
   char *line = warmed_line(d.log, "treelstm");
   cr_expect(line == NULL, "%s", line);

@@ -25,14 +25,14 @@ usage: scripts/bench/big_bodies.py [--canopy LABEL=PATH ...]
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from slow_clients import post  # noqa: E402
+from slow_clients import (binaries_and_model, binaries_args,  # noqa: E402
+                          post, stop, wait_listening)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "tests", "python"))
 from daemon_util import free_port, pct, status_kb  # noqa: E402
@@ -68,12 +68,7 @@ def run_one(label, canopy, models, model, small, kind, body, n_hostile,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     path = "/v1/models/%s/infer" % model
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port)
         for _ in range(20):
             post(port, path, small)  # warm
         base_kb = hwm_kb(p.pid)
@@ -100,12 +95,7 @@ def run_one(label, canopy, models, model, small, kind, body, n_hostile,
         wall = time.monotonic() - t0
         peak_kb = hwm_kb(p.pid)
     finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
     return {"binary": label, "kind": kind, "base_mb": base_kb / 1024.0,
             "peak_mb": peak_kb / 1024.0, "p50_ms": pct(lat, 50) * 1e3,
             "p99_ms": pct(lat, 99) * 1e3, "max_ms": max(lat) * 1e3
@@ -114,32 +104,13 @@ def run_one(label, canopy, models, model, small, kind, body, n_hostile,
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--canopy", action="append", default=[],
-                    help="LABEL=PATH of a canopy binary (repeatable; "
-                         "default: this tree's build/canopy)")
+    binaries_args(ap, "/tmp/canopy-bench-big")
     ap.add_argument("--hostile", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--models", default="/tmp/canopy-bench-big")
-    ap.add_argument("--model", default="treelstm")
-    ap.add_argument("--input", default=os.path.join(
-        os.environ.get("CANOPY_DATA") or os.path.join(root, "data"),
-        "trees-binary.jsonl"))
-    ap.add_argument("--json", action="store_true", help="JSON lines out")
     a = ap.parse_args()
-    bins = [c.split("=", 1) if "=" in c else (c, c) for c in a.canopy]
-    if not bins:
-        bins = [("this", os.path.join(root, "build", "canopy"))]
-    if not os.path.exists(os.path.join(a.models, a.model, "model.json")):
-        subprocess.check_call(
-            [bins[0][1], "model", "init", a.model,
-             os.path.join(a.models, a.model), "--vocab-from", a.input],
-            stdout=subprocess.DEVNULL)
-    with open(a.input) as f:
-        small = json.dumps({"instances": [json.loads(f.readline())]}).encode()
+    bins, small = binaries_and_model(a)
     rows = []
     for kind in a.kinds.split(","):
         body = KINDS[kind]()

@@ -12,12 +12,7 @@
 # usage: scripts/bench/gpu_compare.sh
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
-  sed -n '2,9p;12p' "$0" | sed 's/^# \{0,1\}//'
-  gpu_env_help
-  exit 0
-fi
-gpu_env
+gpu_start "$@"
 bench() { timeout "$1" python3 scripts/bench/gpu.py --data "$D" "${@:2}" 2>&1; }
 # The older build, if there is one: its module, then the command.
 old() {

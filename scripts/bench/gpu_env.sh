@@ -48,6 +48,19 @@ gpu_env_ldd() {
 }
 
 # Resolve and check everything; exit 2 with what is missing.
+# A GPU script's start, given its arguments: --help prints the script's
+# head comment (all but the line that points here) and what it needs, and
+# exits; otherwise gpu_env.
+gpu_start() {
+  if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
+    awk 'NR > 1 && !/^#/ { exit }
+         NR > 1 && !/^#$/ && !/What it needs/' "$0" | sed 's/^# \{0,1\}//'
+    gpu_env_help
+    exit 0
+  fi
+  gpu_env
+}
+
 gpu_env() {
   CANOPY_BIN=${CANOPY_BIN:-$ROOT/build-cuda/canopy}
   if [ ! -x "$CANOPY_BIN" ]; then

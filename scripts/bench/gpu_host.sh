@@ -9,12 +9,7 @@
 # usage: scripts/bench/gpu_host.sh
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
-  sed -n '2,6p;9p' "$0" | sed 's/^# \{0,1\}//'
-  gpu_env_help
-  exit 0
-fi
-gpu_env
+gpu_start "$@"
 W=$OUT/w
 mkdir -p "$W"
 for i in $(seq 82); do cat "$D/trees-binary.jsonl"; done | head -32768 >$W/t32k.jsonl

@@ -9,12 +9,7 @@
 # usage: scripts/bench/gpu_run.sh [quick]   (quick: fewer sizes in gpu.py)
 set -uo pipefail
 . "$(dirname "$0")/gpu_env.sh"
-if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
-  sed -n '2,6p;9p' "$0" | sed 's/^# \{0,1\}//'
-  gpu_env_help
-  exit 0
-fi
-gpu_env
+gpu_start "$@"
 step GPU
 timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
 step test_cuda

@@ -79,12 +79,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
         stdout=log, stderr=log)
     path = "/v1/models/%s/infer" % model
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_listening(port)
         post(port, path, body)  # warm
 
         def normal():
@@ -138,12 +133,7 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
         for s in conns:
             s.close()
     finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop(p)
     return {"binary": label, "slow": len(conns),
             "none_p50_ms": pct(base, 50) * 1e3,
             "none_p99_ms": pct(base, 99) * 1e3, "none_ok": base_ok,
@@ -152,36 +142,53 @@ def run_one(label, canopy, models, model, body, n_slow, n_req, trickle_body,
             "slow_other": during_other, "requests": n_req}
 
 
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def wait_listening(port):
+    """Until the daemon on port takes a connection (at most about 15 s:
+    after that the first request says what is wrong)."""
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+def stop(p):
+    """Stops a daemon: SIGTERM, and SIGKILL if it has not exited in 30 s."""
+    p.terminate()
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def binaries_args(ap, models):
+    """The options of a benchmark that compares canopy binaries on one tree
+    model (this script and big_bodies.py): the binaries, where the model is
+    made (models), which one, the data it is made from, JSON lines out."""
     ap.add_argument("--canopy", action="append", default=[],
                     help="LABEL=PATH of a canopy binary (repeatable; "
                          "default: this tree's build/canopy)")
-    ap.add_argument("--slow", type=int, default=2000)
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--models", default="/tmp/canopy-bench-slow")
+    ap.add_argument("--models", default=models)
     ap.add_argument("--model", default="treelstm")
     ap.add_argument("--input", default=os.path.join(
-        os.environ.get("CANOPY_DATA") or os.path.join(root, "data"),
+        os.environ.get("CANOPY_DATA") or os.path.join(ROOT, "data"),
         "trees-binary.jsonl"))
-    ap.add_argument("--body", action="store_true",
-                    help="trickle body bytes after a whole head instead")
-    ap.add_argument("--max-connections", type=int, default=-1,
-                    help="the daemons' max-connections (default: --slow + "
-                         "64, room for every slow one; 0: the daemon's "
-                         "default, 1024)")
     ap.add_argument("--json", action="store_true", help="JSON lines out")
-    a = ap.parse_args()
+
+
+def binaries_and_model(a):
+    """For binaries_args' options: the (label, path) of each binary, after
+    making the model with the first one where it is not made yet, and a
+    one-instance request body (the input's first line)."""
     bins = [c.split("=", 1) if "=" in c else (c, c) for c in a.canopy]
     if not bins:
-        bins = [("this", os.path.join(root, "build", "canopy"))]
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = a.slow + 256
-    if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, want), hard))
-    n_slow = min(a.slow, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
+        bins = [("this", os.path.join(ROOT, "build", "canopy"))]
     if not os.path.exists(os.path.join(a.models, a.model, "model.json")):
         subprocess.check_call(
             [bins[0][1], "model", "init", a.model,
@@ -189,6 +196,27 @@ def main():
             stdout=subprocess.DEVNULL)
     with open(a.input) as f:
         body = json.dumps({"instances": [json.loads(f.readline())]}).encode()
+    return bins, body
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    binaries_args(ap, "/tmp/canopy-bench-slow")
+    ap.add_argument("--slow", type=int, default=2000)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--body", action="store_true",
+                    help="trickle body bytes after a whole head instead")
+    ap.add_argument("--max-connections", type=int, default=-1,
+                    help="the daemons' max-connections (default: --slow + "
+                         "64, room for every slow one; 0: the daemon's "
+                         "default, 1024)")
+    a = ap.parse_args()
+    bins, body = binaries_and_model(a)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = a.slow + 256
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, want), hard))
+    n_slow = min(a.slow, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
     mc = a.max_connections if a.max_connections >= 0 else n_slow + 64
     rows = [run_one(label, path, a.models, a.model, body, n_slow, a.requests,
                     a.body, mc) for label, path in bins]

@@ -156,6 +156,28 @@ def wait_ready(p, port, procs, path="/readyz", seconds=60):
                f"{procs.log(p)}")
 
 
+def start_pod(procs, root, args, env, container, port, seconds):
+    """The image's entrypoint.sh with args and env as a pod's container
+    runs it: this canopy first on PATH, the models mount and the policy
+    cache under procs.dir. Returns the process once the container's
+    readiness probe answers 200 on port (seconds: a guard against a hang)
+    and its liveness probe answers 200 too."""
+    bindir = os.path.join(procs.dir, "bin")
+    os.makedirs(bindir)
+    os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
+    e = dict(env)
+    e.update({"PATH": f"{bindir}:{os.environ['PATH']}",
+              "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
+              "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
+    p = procs.start([os.path.join(root, "deploy/image/entrypoint.sh"),
+                     *args], "pod.log", env=e)
+    wait_ready(p, port, procs, container["readinessProbe"]["httpGet"]["path"],
+               seconds)
+    st = request(port, "GET", container["livenessProbe"]["httpGet"]["path"])[0]
+    check(st == 200, f"liveness {st}")
+    return p
+
+
 def expected_outputs(procs, model_dir, lines):
     """`canopy run` over the given input lines: one JSON output a line."""
     inp = os.path.join(procs.dir, "expected-in.jsonl")

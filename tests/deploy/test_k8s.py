@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from deploylib import (Fail, Skip, canopy_bin, check, free_port,  # noqa
-                       grpc_built, init_model, main, request)
+                       grpc_built, init_model, main, start_pod)
 
 try:
     import yaml
@@ -233,25 +233,7 @@ def body(procs):
         a.append({cfg_path: cfg, "0.0.0.0": "127.0.0.1",
                   str(port): str(hp),
                   str(gport): str(hg) if grpc_built() else "0"}.get(x, x))
-    bindir = os.path.join(procs.dir, "bin")
-    os.makedirs(bindir)
-    os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
-    e = dict(env)
-    e.update({"PATH": f"{bindir}:{os.environ['PATH']}",
-              "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
-              "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
-    p = procs.start([os.path.join(root, "deploy/image/entrypoint.sh"),
-                     *a], "pod.log", env=e)
-    t_end, ready = time.monotonic() + 60, False
-    while time.monotonic() < t_end and not ready and p.poll() is None:
-        try:
-            ready = request(hp, "GET", c["readinessProbe"]["httpGet"]["path"],
-                            timeout=1)[0] == 200
-        except OSError:
-            time.sleep(0.02)
-    check(ready, f"the pod's process is not ready:\n{procs.log(p)}")
-    st = request(hp, "GET", c["livenessProbe"]["httpGet"]["path"])[0]
-    check(st == 200, f"liveness {st}")
+    p = start_pod(procs, root, a, env, c, hp, 60)
     # the gRPC port takes a connection: an HTTP/2 preface is answered
     # with the server's SETTINGS frame (RFC 9113 section 3.4)
     if grpc_built():

@@ -37,12 +37,11 @@ import os
 import re
 import signal
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from deploylib import (Skip, canopy_bin, check, data_dir,  # noqa: E402
+from deploylib import (Skip, check, data_dir,  # noqa: E402
                        expected_outputs, free_port, grpc_built, init_model,
-                       main, near, request)
+                       main, near, request, start_pod)
 from test_k8s import ENTRYPOINT_VARS, daemon_keys  # noqa: E402
 
 try:
@@ -157,27 +156,9 @@ def body(procs):
     # /mnt/models is a directory of model directories.
     mdir = init_model(procs)
     hp, hg = free_port(), free_port()
-    bindir = os.path.join(procs.dir, "bin")
-    os.makedirs(bindir)
-    os.symlink(os.path.abspath(canopy_bin()), os.path.join(bindir, "canopy"))
-    e = dict(env)
-    e.update({"PATH": f"{bindir}:{os.environ['PATH']}",
-              "CANOPY_MODELS_MOUNT": os.path.join(procs.dir, "models"),
-              "CANOPY_HOST": "127.0.0.1", "CANOPY_PORT": str(hp),
-              "CANOPY_GRPC_PORT": str(hg) if grpc_rt else "0",
-              "CANOPY_POLICY_CACHE": os.path.join(procs.dir, "cache")})
-    p = procs.start([os.path.join(root, "deploy/image/entrypoint.sh"),
-                     *c.get("args", [])], "pod.log", env=e)
-    t_end, ready = time.monotonic() + 20, False
-    while time.monotonic() < t_end and not ready and p.poll() is None:
-        try:
-            ready = request(hp, "GET", c["readinessProbe"]["httpGet"]["path"],
-                            timeout=1)[0] == 200
-        except OSError:
-            time.sleep(0.02)
-    check(ready, f"the pod's process is not ready:\n{procs.log(p)}")
-    check(request(hp, "GET", c["livenessProbe"]["httpGet"]["path"])[0] == 200,
-          "liveness")
+    e = dict(env, CANOPY_HOST="127.0.0.1", CANOPY_PORT=str(hp),
+             CANOPY_GRPC_PORT=str(hg) if grpc_rt else "0")
+    p = start_pod(procs, root, c.get("args", []), e, c, hp, 20)
     name = os.path.basename(mdir)
     check(request(hp, "GET", f"/v2/models/{name}/ready")[0] == 200,
           f"/v2/models/{name}/ready")

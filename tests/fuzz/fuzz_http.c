@@ -14,9 +14,7 @@
  * Open Inference Protocol's); nothing after
  * an answer with Connection: close. After each input no request is left
  * in flight and no connection open. */
-#include "fuzz_common.h"
-#include "routes.h"
-#include "handlers.h"
+#include "fuzz_server.h"
 
 #include <jansson.h>
 #include <strings.h>
@@ -94,44 +92,7 @@ static void answer_pending(unsigned how) {
   cn__req_unref(r);
 }
 
-static void setup(void) {
-  cn_config_defaults(&srv.cfg);
-  char models[600];
-  snprintf(models, sizeof(models), "%s/models", fuzz_tmpdir());
-  char dir[700];
-  snprintf(dir, sizeof(dir), "%s/treelstm", models);
-  cn_model_init_opts o = {.family = "treelstm", .dir = dir, .hidden = 4,
-                          .embed = 4, .classes = 3, .seed = 1};
-  cn_err e;
-  cn_err_clear(&e);
-  CHECK(cn_model_init(&o, &e) == 0);
-  snprintf(srv.cfg.serve.models_dir, sizeof(srv.cfg.serve.models_dir), "%s",
-           models);
-  srv.cfg.serve.max_body_bytes = 4096;
-  /* the repository routes answer (load waits, as an inference does) */
-  snprintf(srv.cfg.serve.model_control, sizeof(srv.cfg.serve.model_control),
-           "explicit");
-  srv.cfg.serve.retrain_interval_s = 0;
-  srv.cfg.serve.warmup = false; /* no worker threads run here to warm it */
-  snprintf(srv.cfg.serve.policy_cache, sizeof(srv.cfg.serve.policy_cache),
-           "%s/policies", fuzz_tmpdir());
-  setenv("CANOPY_POLICY_CACHE", srv.cfg.serve.policy_cache, 1);
-  cn__log_level = -1; /* quiet */
-  pthread_mutex_init(&srv.qmu, NULL);
-  pthread_mutex_init(&srv.dmu, NULL);
-  pthread_mutex_init(&srv.lmu, NULL);
-  srv.n_threads = 1;
-  srv.hand_over = keep_waiting;
-  srv.http = &cn__http_handlers;
-  cn__http1_attach(&srv);
-  const char **names = calloc(CN__MAX_MODELS + 1, sizeof(char *));
-  srv.models = calloc(CN__MAX_MODELS, sizeof(cn__model_slot));
-  CHECK(names && srv.models);
-  CHECK(cn__metrics_init(&srv.metrics, CN__MAX_MODELS, names) == 0);
-  CHECK(uv_loop_init(&srv.loop) == 0);
-  CHECK(cn__repo_load_all(&srv, &e) == 0);
-  cn__repo_guard_init(&srv);
-}
+static void setup(void) { fuzz_server_setup(&srv, keep_waiting); }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (srv.models == NULL) setup();

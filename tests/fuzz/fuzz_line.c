@@ -22,9 +22,7 @@ static cn_line_reader *rd;
 
 static void load_models(void) {
   char lex[512], voc[512];
-  snprintf(lex, sizeof(lex), "%s/lexicon.txt", fuzz_tmpdir());
-  static const char words[] = "ab\nabc\nba\ncat\nthe\n";
-  fuzz_write(lex, (const uint8_t *)words, sizeof(words) - 1);
+  fuzz_lexicon(lex, sizeof(lex));
   /* a vocabulary, so that known and unknown words both occur */
   snprintf(voc, sizeof(voc), "%s/vocab.jsonl", fuzz_tmpdir());
   static const char vocab[] =
@@ -35,13 +33,7 @@ static void load_models(void) {
   for (size_t i = 0; i < N_FAM; i++) {
     char dir[512];
     snprintf(dir, sizeof(dir), "%s/%s", fuzz_tmpdir(), families[i]);
-    cn_model_init_opts o = {.family = families[i], .dir = dir, .hidden = 4,
-                            .embed = 4, .classes = 3, .seed = 1,
-                            .lexicon = i == 3 ? lex : NULL};
-    cn_err e;
-    cn_err_clear(&e);
-    CHECK(cn_model_init(&o, &e) == 0);
-    CHECK(cn_model_load(dir, &models[i], &e) == 0);
+    fuzz_small_model(families[i], dir, i == 3 ? lex : NULL, &models[i]);
   }
   rd = cn_line_reader_new();
   CHECK(rd != NULL);

@@ -12,11 +12,7 @@ static char dir[512];
 
 static void make_model(void) {
   snprintf(dir, sizeof(dir), "%s/m", fuzz_tmpdir());
-  cn_model_init_opts o = {.family = "treelstm", .dir = dir, .hidden = 4,
-                          .embed = 4, .classes = 3, .seed = 1};
-  cn_err e;
-  cn_err_clear(&e);
-  CHECK(cn_model_init(&o, &e) == 0);
+  fuzz_small_model("treelstm", dir, NULL, NULL);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -31,19 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FILE *g = fopen(keep, "rb");
   CHECK(g != NULL);
   fuzz_write(path, data + 1, size - 1);
-  cn_model *m = NULL;
-  cn_err e;
-  cn_err_clear(&e);
-  int rc = cn_model_load(dir, &m, &e);
-  if (rc == 0) {
-    CHECK(m != NULL);
-    json_t *d = cn_model_describe(m);
-    CHECK(d != NULL);
-    json_decref(d);
-    cn_model_free(m);
-  } else {
-    CHECK(m == NULL && e.msg[0] != '\0');
-  }
+  cn_model_free(fuzz_load(dir));
   /* restore the valid file */
   char buf[1 << 16];
   FILE *o = fopen(path, "wb");

@@ -1,8 +1,10 @@
 """What the Python tests and benchmark scripts share about a daemon they
-start: a free port on loopback, the daemon started there (Served), waiting
-until it answers /readyz, waiting for any other event it shows (never for
-a fixed time), one request on a fresh connection, a JSON POST, a
-percentile of latencies, the process's memory from /proc.
+start: where the checkout, the canopy binary and the data are, a small
+tree model made with `canopy model init`, a free port on loopback, the
+daemon started there (Served), waiting until it answers /readyz, waiting
+for any other event it shows (never for a fixed time), one request on a
+fresh connection, a JSON POST, a percentile of latencies, the process's
+memory from /proc.
 
 tests/python/*.py import it directly (unittest discover puts this folder on
 the path); tests/deploy/, tests/reference/ and scripts/bench/ put this
@@ -16,6 +18,14 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+
+# The checkout this file is in, the canopy binary under test and the data
+# files: meson test sets CANOPY_BIN and CANOPY_DATA; run by hand, this
+# checkout's build/canopy and data/.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
+DATA = os.environ.get("CANOPY_DATA", os.path.join(ROOT, "data"))
 
 # The daemons the tests and benchmarks start listen on loopback only.
 HOST = "127.0.0.1"
@@ -111,6 +121,17 @@ def post_json(url, body, timeout=120):
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def init_tree_model(path, hidden, embed, classes, *extra):
+    """`canopy model init treelstm` at path, its vocabulary from the binary
+    trees of the data (the model most daemon tests serve); extra: more
+    init flags."""
+    subprocess.run([BIN, "model", "init", "treelstm", path,
+                    "--hidden", str(hidden), "--embed", str(embed),
+                    "--classes", str(classes), *extra, "--vocab-from",
+                    os.path.join(DATA, "trees-binary.jsonl")],
+                   check=True, capture_output=True)
 
 
 def pct(xs, p):

@@ -446,39 +446,24 @@ class TestTracer(Case):
         self.assertIn(needle, msg)
         return msg
 
-    def test_refuses_sort(self):
-        msg = self.refusal(SortCell(), "torch.sort(")
-        self.assertIn("sort is not supported", msg)
-
-    def test_refuses_data_dependent_branch(self):
-        msg = self.refusal(BranchCell(), "if x.sum() > 0")
-        self.assertIn("data-dependent", msg)
-
-    def test_refuses_unknown_module(self):
-        self.assertIn("GRUCell is not supported",
-                      self.refusal(ModuleCell(), "self.gru(x, h)"))
-
-    def test_refuses_batch_dim(self):
-        self.assertIn("rows are the vertices",
-                      self.refusal(RowsCell(), "h[:1]"))
-
-    def test_refuses_width_mismatch(self):
-        self.assertIn("widths 4 and 2", self.refusal(WidthCell(), "x[:, :2]"))
-
-    def test_refuses_functional_and_loops(self):
-        # F.softmax goes through torch's dispatch: still the user's line
-        self.assertIn("softmax is not supported",
-                      self.refusal(SoftmaxCell(), "F.softmax("))
-        self.assertIn("unpack a split/chunk into names",
-                      self.refusal(LoopCell(), "for g in x.chunk(2, -1):"))
-
-    def test_refuses_unregistered_tensor(self):
-        self.assertIn("not a parameter or buffer",
-                      self.refusal(ConstCell(), "h * self.c"))
-
-    def test_refuses_both_orientations(self):
-        self.assertIn("both as x @ W and as x @ W.t()",
-                      self.refusal(TwoWayCell(), "h @ self.W.t()"))
+    def test_refuses_what_it_cannot_trace(self):
+        # (the cell, the line of its forward the refusal names, what it says)
+        refused = [
+            (SortCell, "torch.sort(", "sort is not supported"),
+            (BranchCell, "if x.sum() > 0", "data-dependent"),
+            (ModuleCell, "self.gru(x, h)", "GRUCell is not supported"),
+            (RowsCell, "h[:1]", "rows are the vertices"),
+            (WidthCell, "x[:, :2]", "widths 4 and 2"),
+            # F.softmax goes through torch's dispatch: still the user's line
+            (SoftmaxCell, "F.softmax(", "softmax is not supported"),
+            (LoopCell, "for g in x.chunk(2, -1):",
+             "unpack a split/chunk into names"),
+            (ConstCell, "h * self.c", "not a parameter or buffer"),
+            (TwoWayCell, "h @ self.W.t()", "both as x @ W and as x @ W.t()"),
+        ]
+        for cell, needle, says in refused:
+            with self.subTest(cell.__name__):
+                self.assertIn(says, self.refusal(cell(), needle))
 
     def test_refuses_x_in_an_internal_cell(self):
         leaf, internal = PeepholeLeaf(3, 2), XInternal()

@@ -15,12 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import unittest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(ROOT, "data"))
+from daemon_util import BIN, DATA, ROOT
 
 
 def project_version():

@@ -49,7 +49,7 @@ import threading
 import unittest
 
 from daemon_util import DEADLINE_S, free_port, wait_ready, wait_until
-from test_kserve import (CELL_MODELS, CELLS, DATA, MODELS, N, as_f32,
+from test_kserve import (CELL_MODELS, DATA, MODELS, N, as_cells_model, as_f32,
                          expected, head, pack_elements, per_row_names,
                          split, unpack_tensor)
 
@@ -100,14 +100,7 @@ def init_models(models, lexicon_lines=3000):
     for name, (fam, data, desc) in CELL_MODELS.items():
         d = os.path.join(models, name)
         init_model(fam, d, data, 16, 12, [])
-        with open(os.path.join(d, "model.json")) as f:
-            labels = json.load(f).get("labels")
-        with open(os.path.join(CELLS, desc)) as f:
-            j = json.load(f)
-        if labels and "labels" not in j:
-            j["labels"] = labels
-        with open(os.path.join(d, "model.json"), "w") as f:
-            json.dump(j, f)
+        as_cells_model(d, desc)
         inputs[name] = head(os.path.join(DATA, data), N)
     return inputs
 

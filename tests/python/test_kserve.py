@@ -27,13 +27,8 @@ import tempfile
 import threading
 import time
 import unittest
-from daemon_util import free_port
+from daemon_util import BIN, DATA, ROOT, free_port
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(ROOT, "data"))
 CELLS = os.environ.get("CANOPY_CELLS", os.path.join(ROOT, "tests", "cells"))
 
 # name: (family, data file, extra `model init` flags, /v1 options sent)
@@ -128,6 +123,20 @@ def decode_answer(headers, raw):
 def head(path, n):
     with open(path) as f:
         return [json.loads(next(f)) for _ in range(n)]
+
+
+def as_cells_model(d, desc):
+    """Makes the model `canopy model init` left in d a cells model: its
+    model.json becomes the description tests/cells/desc, keeping the labels
+    init wrote where the description has none."""
+    with open(os.path.join(d, "model.json")) as f:
+        labels = json.load(f).get("labels")
+    with open(os.path.join(CELLS, desc)) as f:
+        j = json.load(f)
+    if labels and "labels" not in j:
+        j["labels"] = labels
+    with open(os.path.join(d, "model.json"), "w") as f:
+        json.dump(j, f)
 
 
 class Client:
@@ -290,14 +299,7 @@ class KServe(unittest.TestCase):
         for name, (fam, data, desc) in CELL_MODELS.items():
             d = os.path.join(models, name)
             cls.init(fam, d, data, 16, 12, [])
-            with open(os.path.join(d, "model.json")) as f:
-                labels = json.load(f).get("labels")
-            with open(os.path.join(CELLS, desc)) as f:
-                j = json.load(f)
-            if labels and "labels" not in j:
-                j["labels"] = labels
-            with open(os.path.join(d, "model.json"), "w") as f:
-                json.dump(j, f)
+            as_cells_model(d, desc)
             cls.inputs[name] = head(os.path.join(DATA, data), N)
         cls.port = free_port()
         env = dict(os.environ,

@@ -18,21 +18,14 @@ import tempfile
 import threading
 import time
 import unittest
-from daemon_util import DEADLINE_S, free_port, request, wait_until
+from daemon_util import (BIN, DATA, DEADLINE_S, free_port, init_tree_model,
+                         request, wait_until)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA",
-                      os.path.join(ROOT, "data"))
 TOKEN = "t0ken"
 
 
 def init_model(path, seed):
-    subprocess.run([BIN, "model", "init", "treelstm", path, "--hidden", "8",
-                    "--embed", "8", "--classes", "3", "--seed", str(seed),
-                    "--vocab-from", os.path.join(DATA, "trees-binary.jsonl")],
-                   check=True, capture_output=True)
+    init_tree_model(path, 8, 8, 3, "--seed", str(seed))
 
 
 def weights_version(path):
@@ -241,11 +234,7 @@ class Lifecycle(unittest.TestCase):
         b3 = os.path.join(self.tmp, "shape")
         shutil.copytree(self.versions[1], b3)
         other = os.path.join(self.tmp, "h16")
-        subprocess.run([BIN, "model", "init", "treelstm", other, "--hidden",
-                        "16", "--embed", "8", "--classes", "3",
-                        "--vocab-from",
-                        os.path.join(DATA, "trees-binary.jsonl")],
-                       check=True, capture_output=True)
+        init_tree_model(other, 16, 8, 3)
         shutil.copy(os.path.join(other, "weights.safetensors"),
                     os.path.join(b3, "weights.safetensors"))
         broken.append((b3, "shape"))

@@ -28,12 +28,8 @@ import subprocess
 import tempfile
 import threading
 import unittest
-from daemon_util import request
+from daemon_util import BIN, init_tree_model, request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA", os.path.join(ROOT, "data"))
 BODY = json.dumps({"instances": [{"tree": "(S (W a) (S (W b) (W c)))"}]})
 # a deadline against a hung daemon only; every wait below ends on an event
 DEADLINE_S = 120
@@ -41,10 +37,7 @@ DEADLINE_S = 120
 
 def init_model(path):
     """The smallest model `canopy model init` makes that serves trees."""
-    subprocess.run([BIN, "model", "init", "treelstm", path, "--hidden", "4",
-                    "--embed", "4", "--classes", "2", "--vocab-from",
-                    os.path.join(DATA, "trees-binary.jsonl")],
-                   check=True, capture_output=True)
+    init_tree_model(path, 4, 4, 2)
 
 
 def numeric_settings():

@@ -17,12 +17,8 @@ import shutil
 import subprocess
 import tempfile
 import unittest
-from daemon_util import free_port, wait_ready
+from daemon_util import BIN, DATA, free_port, wait_ready
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-BIN = os.environ.get("CANOPY_BIN", os.path.join(ROOT, "build", "canopy"))
-DATA = os.environ.get("CANOPY_DATA", os.path.join(ROOT, "data"))
 STAGES = ("parse_s", "schedule_s", "execute_s", "output_s")
 FAMILIES = [("treelstm", "trees-binary.jsonl", []),
             ("latticelstm", "lattices.jsonl",

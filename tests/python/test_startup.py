@@ -23,8 +23,8 @@ import subprocess
 import tempfile
 import unittest
 
-from daemon_util import free_port, wait_ready
-from test_settings import BIN, BODY, DATA, DEADLINE_S, Started, ask, \
+from daemon_util import free_port, init_tree_model, wait_ready
+from test_settings import BIN, BODY, DEADLINE_S, Started, ask, \
     init_model, serve_argv
 
 MAX_MODELS = 256
@@ -103,11 +103,7 @@ class Startup(unittest.TestCase):
         # still in flight when the SIGTERM sent on their first log line
         # arrives; if one finished first the drain is tested all the same
         big = os.path.join(self.tmp, "big")
-        subprocess.run([BIN, "model", "init", "treelstm", big, "--hidden",
-                        "512", "--embed", "512", "--classes", "2",
-                        "--vocab-from",
-                        os.path.join(DATA, "trees-binary.jsonl")],
-                       check=True, capture_output=True)
+        init_tree_model(big, 512, 512, 2)
         # no grace: the loop stops while the loads are still in flight, and
         # server_stop is left to settle them
         d = Started(serve_argv(self.models, "--model-control", "explicit",

@@ -12,6 +12,23 @@ here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
 rm -rf "$work"
 mkdir -p "$work"
+# Makes the reference's model of fam (H = D = hidden, vocabulary from src,
+# $extra its further flags) beside canopy's $work/c-fam, and compares both
+# against the reference on input; more compare.py flags follow.
+ref_and_compare() {
+  local fam=$1 hidden=$2 src=$3 input=$4
+  shift 4
+  "$py" "$here/canopy_ref.py" --make-model "$work/r-$fam" --family "$fam" \
+      --hidden "$hidden" --embed "$hidden" --classes 4 --seed 5 --labels \
+      --lowercase --vocab-from "$src" "${extra[@]}" >/dev/null
+  for m in c r; do
+    echo "== $fam ($m model) on $(basename "$input")"
+    "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-$fam" \
+        --input "$input" "$@" --return-hidden --policies none,depth,agenda \
+        --batch 1,64 --tol 1e-4 || fail=1
+  done
+}
+
 fail=0
 for fam in treelstm treelstm-2type treegru childsum-treelstm mvrnn; do
   input=$data/trees-binary.jsonl
@@ -22,15 +39,7 @@ for fam in treelstm treelstm-2type treegru childsum-treelstm mvrnn; do
       --vocab-from "$input" --seed 3 2>/dev/null
   extra=()
   [ "$fam" = treelstm-2type ] && extra=(--type-b-labels NP,VP,PP)
-  "$py" "$here/canopy_ref.py" --make-model "$work/r-$fam" --family "$fam" \
-      --hidden 12 --embed 12 --classes 4 --seed 5 --labels --lowercase \
-      --vocab-from "$input" "${extra[@]}" >/dev/null
-  for m in c r; do
-    echo "== $fam ($m model) on $(basename "$input")"
-    "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-$fam" \
-        --input "$input" --outputs all --return-hidden \
-        --policies none,depth,agenda --batch 1,64 --tol 1e-4 || fail=1
-  done
+  ref_and_compare "$fam" 12 "$input" "$input" --outputs all
 done
 # Sequences, lattices (the data's spans, and raw text through the lexicon)
 # and DAGs.
@@ -53,15 +62,7 @@ for spec in bilstm-tagger:sequences.jsonl latticelstm:lattices.jsonl \
   [ "$fam" = latticelstm ] && extra=(--lexicon "$lex")
   "$canopy" model init "$fam" "$work/c-$fam" --hidden 24 --embed 24 \
       --vocab-from "$src" --seed 3 "${extra[@]}" 2>/dev/null
-  "$py" "$here/canopy_ref.py" --make-model "$work/r-$fam" --family "$fam" \
-      --hidden 10 --embed 10 --classes 4 --seed 5 --labels --lowercase \
-      --vocab-from "$src" "${extra[@]}" >/dev/null
-  for m in c r; do
-    echo "== $fam ($m model) on $(basename "$input")"
-    "$py" "$here/compare.py" --canopy "$canopy" --layouts pq,naive --model "$work/$m-$fam" \
-        --input "$input" --return-hidden --policies none,depth,agenda \
-        --batch 1,64 --tol 1e-4 || fail=1
-  done
+  ref_and_compare "$fam" 10 "$src" "$input"
 done
 # bilstm-tagger with the CRF layer ("crf": true): Viterbi tags and
 # path_score against the reference's own Viterbi, runs of 1 and of 64.

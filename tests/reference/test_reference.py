@@ -392,22 +392,18 @@ class SequenceFamiliesTest(TmpDirCase):
         self.assertEqual(res["tags"], [0])
 
     def test_crf_key_checked(self):
-        d = os.path.join(self.tmp, "crf-tree")
-        R.write_model(d, "treelstm", H=2, D=2, C=2, seed=1)
-        with open(os.path.join(d, "model.json")) as f:
-            cfg = json.load(f)
-        cfg["crf"] = True
-        with open(os.path.join(d, "model.json"), "w") as f:
-            json.dump(cfg, f)
-        self.assertRaises(R.LoadError, R.Model, d)
-        d = os.path.join(self.tmp, "crf-missing")
-        R.write_model(d, "bilstm-tagger", H=2, D=2, C=2, seed=1)
-        with open(os.path.join(d, "model.json")) as f:
-            cfg = json.load(f)
-        cfg["crf"] = True
-        with open(os.path.join(d, "model.json"), "w") as f:
-            json.dump(cfg, f)
-        self.assertRaises(R.LoadError, R.Model, d)
+        # on a tree family; on a tagger whose weights have no transitions
+        for name, family in (("crf-tree", "treelstm"),
+                             ("crf-missing", "bilstm-tagger")):
+            with self.subTest(family):
+                d = os.path.join(self.tmp, name)
+                R.write_model(d, family, H=2, D=2, C=2, seed=1)
+                with open(os.path.join(d, "model.json")) as f:
+                    cfg = json.load(f)
+                cfg["crf"] = True
+                with open(os.path.join(d, "model.json"), "w") as f:
+                    json.dump(cfg, f)
+                self.assertRaises(R.LoadError, R.Model, d)
 
     def test_nmt(self):
         m, t = self.model("lstm-nmt", H=3, D=2, vocab=["x", "y"], tgt_vocab=["p", "q", "r"],
