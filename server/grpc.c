@@ -38,73 +38,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "encoding.h"
-#include "grpc.h"
-
-/* Calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS). */
-#define MAX_STREAMS 128
-/* Bytes written and not yet taken by the socket, past which nothing more
- * is read from the connection nor made to send. */
-#define WBUF_MAX (1 << 20)
-/* HTTP/2's flow-control windows: a call's message arrives without waiting
- * on WINDOW_UPDATEs up to this (gRPC's own default is 64 KiB). */
-#define STREAM_WINDOW (1 << 20)
-#define CONN_WINDOW (16 << 20)
-
-typedef struct gconn gconn;
-
-/* One call (an HTTP/2 stream). */
-typedef struct gstream {
-  gconn *gc;
-  int32_t id;
-  int method;               /* grpc_service.c's index; -1 unknown       */
-  char path[160];
-  bool post, grpc_ct;       /* :method POST, content-type application/grpc */
-  char encoding[16];        /* grpc-encoding: a compressed message's coding */
-  cn__grpc_meta meta;
-  double t_begin;           /* its first frame (the call's deadline)    */
-  /* the request: its framed messages */
-  char *in;
-  size_t in_len, in_cap;
-  size_t held;              /* of in_cap, counted in body_bytes          */
-  bool complete;            /* END_STREAM received                      */
-  bool dispatched;          /* handed to the in-memory connection       */
-  bool answered;            /* response submitted                       */
-  bool ready;               /* on the connection's list to dispatch     */
-  cn__conn *mc;             /* the in-memory HTTP connection of the call */
-  /* the answer: one framed message, then the trailers */
-  uint8_t *out;
-  size_t out_len, out_off;
-  int status;
-  char message[600];
-  struct gstream *prev, *next, *rnext;
-} gstream;
-
-struct gconn {
-  cn__server *srv;
-  uv_tcp_t tcp;
-  bool sock, counted, closed, reading, goaway;
-  bool lingering;           /* done: FIN sent, reading until the peer's */
-  nghttp2_session *ng;
-  gstream *streams, *rhead, *rtail; /* open calls; complete, to dispatch */
-  int n_streams;
-  double deadline;          /* idle or first-request deadline (0: none) */
-  double last_out;          /* DATA last went out (or the answer began)  */
-  int in_recv;              /* inside nghttp2_session_mem_recv           */
-  int in_sink;              /* inside an in-memory connection's answer  */
-  /* in-memory connections done with while one of them was answering
-   * (in_sink): freed once outside its stack (conn.c goes on using the one
-   * answering after its sink returns) */
-  cn__conn **graveyard;
-  int n_grave, grave_cap;
-  size_t wbytes;            /* in the socket's write queue              */
-  cn__conn_sink sink;
-  void *sink_ud;
-  gconn *prev, *next;
-};
-
-struct cn__grpc_conn {
-  gconn c;
-};
+#include "grpc_impl.h"
 
 /* ---- the connection list and close ------------------------------------- */
 
@@ -318,95 +252,6 @@ static void flush(gconn *gc) {
   reads(gc);
 }
 
-/* ---- answers ------------------------------------------------------------ */
-
-/* grpc-message is percent-encoded: bytes outside printable ASCII, and
- * '%' itself (gRPC over HTTP/2). */
-static void pct_encode(const char *in, char *out, size_t cap) {
-  size_t o = 0;
-  for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
-    if (o + 4 >= cap) break;
-    if (*p >= 0x20 && *p <= 0x7e && *p != '%') {
-      out[o++] = (char)*p;
-    } else {
-      snprintf(out + o, cap - o, "%%%02X", *p);
-      o += 3;
-    }
-  }
-  out[o] = '\0';
-}
-
-#define NV(n, v)                                                         \
-  {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v),             \
-   NGHTTP2_NV_FLAG_NONE}
-
-static int submit_trailers(gstream *st) {
-  char code[8], msg[1800];
-  snprintf(code, sizeof(code), "%d", st->status);
-  pct_encode(st->message, msg, sizeof(msg));
-  nghttp2_nv tr[2] = {NV("grpc-status", code), NV("grpc-message", msg)};
-  return nghttp2_submit_trailer(st->gc->ng, st->id, tr,
-                                st->message[0] ? 2 : 1);
-}
-
-static ssize_t read_answer(nghttp2_session *ng, int32_t id, uint8_t *buf,
-                           size_t len, uint32_t *flags,
-                           nghttp2_data_source *src, void *ud) {
-  gstream *st = src->ptr;
-  size_t n = st->out_len - st->out_off;
-  if (n > len) n = len;
-  memcpy(buf, st->out + st->out_off, n);
-  st->out_off += n;
-  if (st->out_off == st->out_len) {
-    *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    if (submit_trailers(st) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
-  }
-  return (ssize_t)n;
-}
-
-/* The call's answer: a message (status OK) or a status alone (gRPC's
- * Trailers-Only form). msg (framed, taken over) may be NULL. */
-static void answer(gstream *st, int status, const char *message,
-                   uint8_t *msg, size_t msg_len, const char *reqid) {
-  gconn *gc = st->gc;
-  if (st->answered) {
-    free(msg);
-    return;
-  }
-  st->answered = true;
-  st->status = status;
-  snprintf(st->message, sizeof(st->message), "%s", message ? message : "");
-  char code[8], pmsg[1800];
-  snprintf(code, sizeof(code), "%d", status);
-  pct_encode(st->message, pmsg, sizeof(pmsg));
-  nghttp2_nv h[7] = {NV(":status", "200"),
-                     NV("content-type", "application/grpc"),
-                     NV("grpc-accept-encoding", "identity,deflate,gzip")};
-  size_t nh = 3;
-  if (reqid != NULL && reqid[0] != '\0') h[nh++] = (nghttp2_nv)NV("x-request-id", reqid);
-  int rc;
-  if (msg != NULL) {
-    st->out = msg;
-    st->out_len = msg_len;
-    atomic_fetch_add(&gc->srv->answer_held, (long long)msg_len);
-    nghttp2_data_provider dp = {.source.ptr = st, .read_callback = read_answer};
-    rc = nghttp2_submit_response(gc->ng, st->id, h, nh, &dp);
-  } else {
-    h[nh++] = (nghttp2_nv)NV("grpc-status", code);
-    if (pmsg[0]) h[nh++] = (nghttp2_nv)NV("grpc-message", pmsg);
-    rc = nghttp2_submit_response(gc->ng, st->id, h, nh, NULL);
-  }
-  gc->last_out = cn_now_s();
-  if (rc != 0) nghttp2_submit_rst_stream(gc->ng, NGHTTP2_FLAG_NONE, st->id,
-                                         NGHTTP2_INTERNAL_ERROR);
-  CN_LOG(CN_LOG_DEBUG, "msg=grpc-call method=%s stream=%d grpc_status=%d",
-         cn__grpc_method_name(st->method), st->id, status);
-}
-
-static void answer_err(gstream *st, int status, const char *message) {
-  answer(st, status, message, NULL, 0, NULL);
-}
-
 /* The in-memory connection's sink: the HTTP answer to the call. */
 static void on_http_answer(void *ud, const char *d, size_t n) {
   gstream *st = ud;
@@ -417,13 +262,13 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
   int rc = cn__grpc_answer(st->method, d, n, &msg, &len, err, sizeof(err),
                            id, sizeof(id));
   if (rc != 0) {
-    answer(st, rc, err, NULL, 0, id);
+    cn__grpc_call_answer(st, rc, err, NULL, 0, id);
   } else {
     uint8_t *f = malloc(len + 5);
     if (f == NULL) {
       free(msg);
-      answer(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the answer",
-             NULL, 0, id);
+      cn__grpc_call_answer(st, CN__GRPC_RESOURCE_EXHAUSTED,
+                           "no memory for the answer", NULL, 0, id);
     } else {
       f[0] = 0;
       f[1] = (uint8_t)(len >> 24);
@@ -432,7 +277,7 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
       f[4] = (uint8_t)len;
       memcpy(f + 5, msg, len);
       free(msg);
-      answer(st, CN__GRPC_OK, NULL, f, len + 5, id);
+      cn__grpc_call_answer(st, CN__GRPC_OK, NULL, f, len + 5, id);
     }
   }
   gconn *gc = st->gc; /* st may be freed by the flush (stream closed) */
@@ -443,15 +288,6 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
 
 /* ---- calls -------------------------------------------------------------- */
 
-static void body_release(gstream *st) {
-  if (st->held > 0) atomic_fetch_sub(&st->gc->srv->body_bytes,
-                                     (long long)st->held);
-  st->held = 0;
-  free(st->in);
-  st->in = NULL;
-  st->in_len = st->in_cap = 0;
-}
-
 static void stream_free(gstream *st) {
   gconn *gc = st->gc;
   if (st->mc != NULL) {
@@ -459,7 +295,7 @@ static void stream_free(gstream *st) {
     st->mc = NULL;
     release_mc(gc, mc);
   }
-  body_release(st);
+  cn__grpc_body_release(st);
   if (st->out != NULL)
     atomic_fetch_sub(&gc->srv->answer_held, (long long)st->out_len);
   free(st->out);
@@ -489,8 +325,9 @@ static void dispatch(gstream *st) {
   char err[600];
   st->dispatched = true;
   if (!st->post || !st->grpc_ct) {
-    answer_err(st, CN__GRPC_INVALID_ARGUMENT, "a gRPC call is a POST with "
-               "content-type application/grpc");
+    cn__grpc_call_error(st, CN__GRPC_INVALID_ARGUMENT,
+                        "a gRPC call is a POST with "
+                        "content-type application/grpc");
     return;
   }
   if (st->method < 0) {
@@ -499,11 +336,11 @@ static void dispatch(gstream *st) {
              "ModelReady, ServerMetadata, ModelMetadata, ModelInfer, "
              "ModelConfig, ModelStatistics, RepositoryIndex, "
              "RepositoryModelLoad and RepositoryModelUnload", st->path);
-    answer_err(st, CN__GRPC_UNIMPLEMENTED, err);
+    cn__grpc_call_error(st, CN__GRPC_UNIMPLEMENTED, err);
     return;
   }
   if (st->in_len < 5) {
-    answer_err(st, CN__GRPC_INVALID_ARGUMENT, st->in_len == 0
+    cn__grpc_call_error(st, CN__GRPC_INVALID_ARGUMENT, st->in_len == 0
                ? "the call has no request message"
                : "the request message ends inside its 5-byte prefix");
     return;
@@ -515,7 +352,7 @@ static void dispatch(gstream *st) {
     snprintf(err, sizeof(err), "the request is %zu bytes but its message "
              "prefix says %zu: a unary call carries one message",
              st->in_len - 5, len);
-    answer_err(st, CN__GRPC_INVALID_ARGUMENT, err);
+    cn__grpc_call_error(st, CN__GRPC_INVALID_ARGUMENT, err);
     return;
   }
   const char *msg = st->in + 5;
@@ -528,7 +365,7 @@ static void dispatch(gstream *st) {
       snprintf(err, sizeof(err), "the message is compressed with '%.15s': "
                "this server takes gzip, deflate or identity "
                "(grpc-encoding)", st->encoding);
-      answer_err(st, CN__GRPC_UNIMPLEMENTED, err);
+      cn__grpc_call_error(st, CN__GRPC_UNIMPLEMENTED, err);
       return;
     }
     cn_err e;
@@ -542,9 +379,10 @@ static void dispatch(gstream *st) {
                  "bytes)", st->encoding, sc->grpc_max_message_bytes, sent);
       else
         snprintf(err, sizeof(err), "%s", e.msg);
-      answer_err(st, e.code == CN_E_BAD_REQUEST ? CN__GRPC_INVALID_ARGUMENT
-                                                : CN__GRPC_RESOURCE_EXHAUSTED,
-                 err);
+      cn__grpc_call_error(st, e.code == CN_E_BAD_REQUEST
+                                  ? CN__GRPC_INVALID_ARGUMENT
+                                  : CN__GRPC_RESOURCE_EXHAUSTED,
+                          err);
       return;
     }
     msg = inflated;
@@ -553,7 +391,7 @@ static void dispatch(gstream *st) {
     free(inflated);
     snprintf(err, sizeof(err), "too many connections and calls in progress "
              "(max-connections %d); retry later", sc->max_connections);
-    answer_err(st, CN__GRPC_UNAVAILABLE, err);
+    cn__grpc_call_error(st, CN__GRPC_UNAVAILABLE, err);
     return;
   }
   char *req;
@@ -561,15 +399,16 @@ static void dispatch(gstream *st) {
   int rc = cn__grpc_request(st->method, (const uint8_t *)msg, len,
                             &st->meta, &req, &rlen, err, sizeof(err));
   free(inflated);
-  body_release(st);
+  cn__grpc_body_release(st);
   if (rc != 0) {
-    answer_err(st, rc, err);
+    cn__grpc_call_error(st, rc, err);
     return;
   }
   st->mc = cn__conn_new_mem(s, on_http_answer, st);
   if (st->mc == NULL) {
     free(req);
-    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the call");
+    cn__grpc_call_error(st, CN__GRPC_RESOURCE_EXHAUSTED,
+                        "no memory for the call");
     return;
   }
   cn__conn_set_protocol(st->mc, CN__PROTO_GRPC);
@@ -588,190 +427,6 @@ static void dispatch_ready(gconn *gc) {
   }
 }
 
-/* ---- nghttp2's callbacks ------------------------------------------------ */
-
-static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
-                            void *ud) {
-  gconn *gc = ud;
-  if (f->hd.type != NGHTTP2_HEADERS ||
-      f->headers.cat != NGHTTP2_HCAT_REQUEST)
-    return 0;
-  gstream *st = calloc(1, sizeof(*st));
-  if (st == NULL) return NGHTTP2_ERR_CALLBACK_FAILURE;
-  st->gc = gc;
-  st->id = f->hd.stream_id;
-  st->method = -1;
-  st->t_begin = cn_now_s();
-  st->next = gc->streams;
-  if (gc->streams) gc->streams->prev = st;
-  gc->streams = st;
-  gc->n_streams++;
-  gc->deadline = 0;
-  atomic_store(&gc->srv->last_request_us, (long long)(st->t_begin * 1e6));
-  nghttp2_session_set_stream_user_data(ng, st->id, st);
-  return 0;
-}
-
-/* "<up to 8 digits><unit>", unit H M S m u n, rounded up to ms. */
-static long long grpc_timeout_ms(const char *v, size_t n) {
-  if (n < 2 || n > 9) return 0;
-  long long x = 0;
-  for (size_t i = 0; i + 1 < n; i++) {
-    if (v[i] < '0' || v[i] > '9') return 0;
-    x = x * 10 + (v[i] - '0');
-  }
-  switch (v[n - 1]) {
-    case 'H': return x * 3600000;
-    case 'M': return x * 60000;
-    case 'S': return x * 1000;
-    case 'm': return x;
-    case 'u': return (x + 999) / 1000;
-    case 'n': return (x + 999999) / 1000000;
-    default: return 0;
-  }
-}
-
-static void copy_value(char *dst, size_t cap, const uint8_t *v, size_t n) {
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, v, n);
-  dst[n] = '\0';
-}
-
-static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
-                     const uint8_t *name, size_t nl, const uint8_t *value,
-                     size_t vl, uint8_t flags, void *ud) {
-  if (f->hd.type != NGHTTP2_HEADERS ||
-      f->headers.cat != NGHTTP2_HCAT_REQUEST)
-    return 0;
-  gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (st == NULL) return 0;
-#define IS(lit) (nl == sizeof(lit) - 1 && memcmp(name, lit, nl) == 0)
-  if (IS(":path")) {
-    copy_value(st->path, sizeof(st->path), value, vl);
-    st->method = vl < sizeof(st->path) ? cn__grpc_method(st->path) : -1;
-  } else if (IS(":method")) {
-    st->post = vl == 4 && memcmp(value, "POST", 4) == 0;
-  } else if (IS("content-type")) {
-    st->grpc_ct = vl >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
-                  (vl == 16 || value[16] == '+' || value[16] == ';');
-  } else if (IS("x-request-id")) {
-    copy_value(st->meta.request_id, sizeof(st->meta.request_id), value, vl);
-  } else if (IS("authorization")) {
-    copy_value(st->meta.authorization, sizeof(st->meta.authorization),
-               value, vl);
-  } else if (IS("grpc-encoding")) {
-    copy_value(st->encoding, sizeof(st->encoding), value, vl);
-  } else if (IS("grpc-timeout")) {
-    st->meta.timeout_ms = grpc_timeout_ms((const char *)value, vl);
-  }
-#undef IS
-  return 0;
-}
-
-static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
-                   const uint8_t *data, size_t len, void *ud) {
-  gconn *gc = ud;
-  gstream *st = nghttp2_session_get_stream_user_data(ng, id);
-  if (st == NULL || st->answered || st->dispatched) return 0;
-  cn__server *s = gc->srv;
-  const cn_serve_config *sc = &s->cfg.serve;
-  size_t max = (size_t)sc->grpc_max_message_bytes + 5;
-  char err[300];
-  if (st->in_len + len > max) {
-    snprintf(err, sizeof(err), "the request message is over the limit of "
-             "%d bytes (grpc-max-message-bytes)", sc->grpc_max_message_bytes);
-    body_release(st);
-    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
-    return 0;
-  }
-  if (st->in_len + len > st->in_cap) {
-    size_t cap = st->in_cap ? st->in_cap : 4096;
-    while (cap < st->in_len + len) cap *= 2;
-    if (cap > max) cap = max;
-    long long add = (long long)(cap - st->in_cap);
-    if (atomic_fetch_add(&s->body_bytes, add) + add > sc->max_body_memory) {
-      atomic_fetch_sub(&s->body_bytes, add);
-      snprintf(err, sizeof(err), "the server holds too many request bodies "
-               "(max-body-memory %d bytes); retry later",
-               sc->max_body_memory);
-      body_release(st);
-      answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
-      return 0;
-    }
-    char *q = realloc(st->in, cap);
-    if (q == NULL) {
-      atomic_fetch_sub(&s->body_bytes, add);
-      body_release(st);
-      answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the "
-                 "request message");
-      return 0;
-    }
-    st->in = q;
-    st->in_cap = cap;
-    st->held += (size_t)add;
-  }
-  memcpy(st->in + st->in_len, data, len);
-  st->in_len += len;
-  /* the message's prefix says its length: one too long is refused now,
-   * not once its bytes have arrived */
-  const unsigned char *u = (const unsigned char *)st->in;
-  if (st->in_len >= 5 &&
-      ((size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
-       (size_t)u[4]) > (size_t)sc->grpc_max_message_bytes) {
-    snprintf(err, sizeof(err), "the request message is %zu bytes, over the "
-             "limit of %d (grpc-max-message-bytes)",
-             (size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
-                 (size_t)u[4],
-             sc->grpc_max_message_bytes);
-    body_release(st);
-    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
-  }
-  return 0;
-}
-
-/* A call is dispatched when its message has ended (END_STREAM), or as
- * soon as its headers refuse it (a method not served, not a gRPC POST):
- * a client of a streaming method (ModelStreamInfer) does not end its side
- * before the first answer, and would otherwise wait for the message
- * deadline instead of UNIMPLEMENTED. */
-static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
-                         void *ud) {
-  gconn *gc = ud;
-  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
-  gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (st == NULL) return 0;
-  bool end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
-  bool refused = f->hd.type == NGHTTP2_HEADERS &&
-                 (st->method < 0 || !st->post || !st->grpc_ct);
-  if (!end && !refused) return 0;
-  if (end) {
-    if (st->complete) return 0;
-    st->complete = true;
-  }
-  if (st->answered || st->ready || st->dispatched) return 0;
-  st->ready = true;
-  if (gc->rtail) gc->rtail->rnext = st;
-  else gc->rhead = st;
-  gc->rtail = st;
-  return 0;
-}
-
-static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
-                         void *ud) {
-  gconn *gc = ud;
-  if (f->hd.type == NGHTTP2_DATA) gc->last_out = cn_now_s();
-  /* answered before its message ended (a refusal): the rest is not
-   * wanted */
-  if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
-      (f->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-    gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-    if (st != NULL && !st->complete)
-      nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, f->hd.stream_id,
-                                NGHTTP2_NO_ERROR);
-  }
-  return 0;
-}
-
 static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
                            void *ud) {
   gstream *st = nghttp2_session_get_stream_user_data(ng, id);
@@ -783,12 +438,15 @@ static nghttp2_session_callbacks *callbacks(void) {
   static nghttp2_session_callbacks *cbs;
   if (cbs != NULL) return cbs;
   if (nghttp2_session_callbacks_new(&cbs) != 0) return NULL;
-  nghttp2_session_callbacks_set_on_begin_headers_callback(cbs,
-                                                          on_begin_headers);
-  nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(
+      cbs, cn__grpc_on_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(cbs, cn__grpc_on_header);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs,
+                                                            cn__grpc_on_data);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(
+      cbs, cn__grpc_on_frame_recv);
+  nghttp2_session_callbacks_set_on_frame_send_callback(
+      cbs, cn__grpc_on_frame_send);
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs,
                                                          on_stream_close);
   return cbs;
@@ -913,9 +571,9 @@ static void tick(gconn *gc, double now) {
       snprintf(m, sizeof(m), "the request message did not arrive within "
                "%d s (header-timeout-s + body-timeout-s)",
                sc->header_timeout_s + sc->body_timeout_s);
-      body_release(st);
+      cn__grpc_body_release(st);
       st->dispatched = true;
-      answer_err(st, CN__GRPC_DEADLINE_EXCEEDED, m);
+      cn__grpc_call_error(st, CN__GRPC_DEADLINE_EXCEEDED, m);
       answering = true;
     }
   }
