@@ -30,6 +30,11 @@
  *
  * As conn.c's connections, one can be fed bytes with no socket
  * (cn__grpc_new_mem, cn__grpc_feed): tests/fuzz/fuzz_grpc.c does.
+ *
+ * This file holds a connection's session: its reads and writes, the
+ * dispatch of its calls and its close. The listener, the sweep of the
+ * deadlines, drain and the in-memory entry points are grpc_accept.c's; a
+ * call's framing, limits and answer are grpc_call.c's (grpc_impl.h).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -42,17 +47,13 @@
 
 /* ---- the connection list and close ------------------------------------- */
 
-static gconn *conns;      /* the loop's gRPC connections                 */
-static uv_tcp_t listener;
-static bool listening;
-static uv_timer_t tick_timer;
-static bool tick_open;
+gconn *cn__grpc_conns; /* the loop's gRPC connections */
 
 static void stream_free(gstream *st);
 
 /* The in-memory connections set aside while an answer was being
  * written (in_sink): freed now. */
-static void bury(gconn *gc) {
+void cn__grpc_bury(gconn *gc) {
   for (int i = 0; i < gc->n_grave; i++) cn__conn_free_mem(gc->graveyard[i]);
   gc->n_grave = 0;
 }
@@ -76,23 +77,23 @@ static void release_mc(gconn *gc, cn__conn *mc) {
   gc->graveyard[gc->n_grave++] = mc;
 }
 
-static void gconn_free(gconn *gc) {
+void cn__grpc_conn_free(gconn *gc) {
   gc->in_sink = 0;
-  bury(gc);
+  cn__grpc_bury(gc);
   free(gc->graveyard);
   nghttp2_session_del(gc->ng);
   free(gc);
 }
 
-static void on_closed(uv_handle_t *h) { gconn_free(h->data); }
+static void on_closed(uv_handle_t *h) { cn__grpc_conn_free(h->data); }
 
-static void gconn_close(gconn *gc) {
+void cn__grpc_conn_close(gconn *gc) {
   if (gc->closed) return;
   cn__server *s = gc->srv;
   gc->closed = true;
   while (gc->streams != NULL) stream_free(gc->streams);
   if (gc->prev) gc->prev->next = gc->next;
-  else if (conns == gc) conns = gc->next;
+  else if (cn__grpc_conns == gc) cn__grpc_conns = gc->next;
   if (gc->next) gc->next->prev = gc->prev;
   gc->prev = gc->next = NULL;
   if (gc->counted) atomic_fetch_sub(&s->open_conns, 1);
@@ -114,7 +115,6 @@ typedef struct wreq {
 } wreq;
 
 static void reads(gconn *gc);
-static void flush(gconn *gc);
 
 /* How long a finished connection reads (and drops) the client's bytes
  * after its FIN, as the HTTP front end's LINGER_S. */
@@ -140,7 +140,7 @@ static void gconn_linger(gconn *gc) {
   if (sh == NULL ||
       uv_shutdown(sh, (uv_stream_t *)&gc->tcp, on_shutdown) != 0) {
     free(sh);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   reads(gc);
@@ -154,10 +154,10 @@ static void on_written(uv_write_t *w, int status) {
   free(q);
   if (gc->closed) return;
   if (status < 0) {
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
-  flush(gc);
+  cn__grpc_flush(gc);
 }
 
 /* buf (taken over) to the socket: at once where it takes it, else
@@ -177,7 +177,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
   }
   if (n < 0 && n != UV_EAGAIN) {
     free(buf);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   if (n > 0) {
@@ -187,7 +187,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
   wreq *q = malloc(sizeof(*q));
   if (q == NULL) {
     free(buf);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   q->buf = buf;
@@ -196,7 +196,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
   if (uv_write(&q->w, (uv_stream_t *)&gc->tcp, &b, 1, on_written) != 0) {
     free(buf);
     free(q);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   gc->wbytes += b.len;
@@ -206,7 +206,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
  * socket's queue is full; then the connection closes if it is done (GOAWAY
  * sent or received, every call closed). Not inside mem_recv: the frames
  * received are handled first. */
-static void flush(gconn *gc) {
+void cn__grpc_flush(gconn *gc) {
   if (gc->closed || gc->lingering || gc->in_recv > 0) return;
   while (gc->wbytes < WBUF_MAX) {
     char *buf = NULL;
@@ -216,7 +216,7 @@ static void flush(gconn *gc) {
       ssize_t n = nghttp2_session_mem_send(gc->ng, &p);
       if (n < 0) {
         free(buf);
-        gconn_close(gc);
+        cn__grpc_conn_close(gc);
         return;
       }
       if (n == 0) break;
@@ -226,7 +226,7 @@ static void flush(gconn *gc) {
         char *q = realloc(buf, nc);
         if (q == NULL) {
           free(buf);
-          gconn_close(gc);
+          cn__grpc_conn_close(gc);
           return;
         }
         buf = q;
@@ -246,7 +246,7 @@ static void flush(gconn *gc) {
   if (!nghttp2_session_want_read(gc->ng) &&
       !nghttp2_session_want_write(gc->ng)) {
     if (gc->sock) gconn_linger(gc);
-    else if (gc->wbytes == 0) gconn_close(gc);
+    else if (gc->wbytes == 0) cn__grpc_conn_close(gc);
     return;
   }
   reads(gc);
@@ -282,7 +282,7 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
   }
   gconn *gc = st->gc; /* st may be freed by the flush (stream closed) */
   gc->in_sink++;
-  flush(gc);
+  cn__grpc_flush(gc);
   gc->in_sink--;
 }
 
@@ -454,7 +454,7 @@ static nghttp2_session_callbacks *callbacks(void) {
 
 /* ---- connections -------------------------------------------------------- */
 
-static gconn *gconn_new(cn__server *s) {
+gconn *cn__grpc_conn_new(cn__server *s) {
   nghttp2_session_callbacks *cbs = callbacks();
   gconn *gc = calloc(1, sizeof(*gc));
   if (gc == NULL || cbs == NULL) {
@@ -489,9 +489,9 @@ static gconn *gconn_new(cn__server *s) {
                             ? sc->header_timeout_s
                             : sc->idle_timeout_s);
   gc->last_out = now;
-  gc->next = conns;
-  if (conns) conns->prev = gc;
-  conns = gc;
+  gc->next = cn__grpc_conns;
+  if (cn__grpc_conns) cn__grpc_conns->prev = gc;
+  cn__grpc_conns = gc;
   if (atomic_load(&s->draining)) {
     gc->goaway = true;
     nghttp2_submit_goaway(gc->ng, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR,
@@ -501,8 +501,8 @@ static gconn *gconn_new(cn__server *s) {
 }
 
 /* Bytes read: through nghttp2, then the calls they completed. */
-static void feed(gconn *gc, const char *data, size_t n) {
-  if (gc->in_sink == 0) bury(gc);
+void cn__grpc_conn_feed(gconn *gc, const char *data, size_t n) {
+  if (gc->in_sink == 0) cn__grpc_bury(gc);
   if (gc->closed || gc->lingering) return;
   gc->in_recv++;
   ssize_t rc = nghttp2_session_mem_recv(gc->ng, (const uint8_t *)data, n);
@@ -512,14 +512,14 @@ static void feed(gconn *gc, const char *data, size_t n) {
     CN_LOG(CN_LOG_DEBUG, "msg=grpc-connection-error error=\"%s\"",
            nghttp2_strerror((int)rc));
     /* nghttp2 queued GOAWAY for a protocol error: send it, then close */
-    flush(gc);
-    gconn_close(gc);
+    cn__grpc_flush(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   if (atomic_load(&gc->srv->draining))
     atomic_store(&gc->srv->last_request_us, (long long)(cn_now_s() * 1e6));
   dispatch_ready(gc);
-  flush(gc);
+  cn__grpc_flush(gc);
 }
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
@@ -531,10 +531,10 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
 static void on_read(uv_stream_t *stm, ssize_t n, const uv_buf_t *b) {
   gconn *gc = stm->data;
   if (n < 0) {
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
-  if (n > 0) feed(gc, b->base, (size_t)n);
+  if (n > 0) cn__grpc_conn_feed(gc, b->base, (size_t)n);
 }
 
 static void reads(gconn *gc) {
@@ -547,179 +547,4 @@ static void reads(gconn *gc) {
     uv_read_stop((uv_stream_t *)&gc->tcp);
     gc->reading = false;
   }
-}
-
-/* Deadlines (the sweep timer; the fuzz target calls it with a time). */
-static void tick(gconn *gc, double now) {
-  if (gc->in_sink == 0) bury(gc);
-  if (gc->closed) return;
-  if (gc->lingering) {
-    if (now > gc->deadline) gconn_close(gc);
-    return;
-  }
-  const cn_serve_config *sc = &gc->srv->cfg.serve;
-  bool answering = gc->wbytes > 0;
-  for (gstream *st = gc->streams, *next; st != NULL; st = next) {
-    next = st->next;
-    if (st->answered) {
-      answering = true;
-      continue;
-    }
-    if (!st->dispatched &&
-        now > st->t_begin + sc->header_timeout_s + sc->body_timeout_s) {
-      char m[160];
-      snprintf(m, sizeof(m), "the request message did not arrive within "
-               "%d s (header-timeout-s + body-timeout-s)",
-               sc->header_timeout_s + sc->body_timeout_s);
-      cn__grpc_body_release(st);
-      st->dispatched = true;
-      cn__grpc_call_error(st, CN__GRPC_DEADLINE_EXCEEDED, m);
-      answering = true;
-    }
-  }
-  if (answering && now > gc->last_out + sc->idle_timeout_s) {
-    CN_LOG(CN_LOG_DEBUG, "msg=grpc-connection-stalled streams=%d",
-           gc->n_streams);
-    gconn_close(gc); /* its answers do not move: the peer does not read */
-    return;
-  }
-  if (gc->n_streams == 0 && gc->deadline != 0 && now > gc->deadline) {
-    gc->deadline = 0;
-    if (!gc->goaway) {
-      gc->goaway = true;
-      nghttp2_submit_goaway(gc->ng, NGHTTP2_FLAG_NONE,
-                            nghttp2_session_get_last_proc_stream_id(gc->ng),
-                            NGHTTP2_NO_ERROR, NULL, 0);
-    }
-    /* closes once the GOAWAY is written (no call open: nghttp2 wants to
-     * read no more); a peer that does not read it is closed as stalled */
-    flush(gc);
-    if (!gc->closed && gc->wbytes == 0) gconn_close(gc);
-    return;
-  }
-  flush(gc);
-}
-
-static void on_tick(uv_timer_t *t) {
-  double now = cn_now_s();
-  for (gconn *gc = conns, *next; gc != NULL; gc = next) {
-    next = gc->next;
-    if (gc->sock) tick(gc, now);
-  }
-}
-
-static void free_handle(uv_handle_t *h) { free(h); }
-
-static void on_connection(uv_stream_t *ls, int status) {
-  cn__server *s = ls->data;
-  if (status < 0) {
-    CN_LOG(CN_LOG_WARN, "msg=grpc-accept-failed error=\"%s\"",
-           uv_strerror(status));
-    return;
-  }
-  gconn *gc = gconn_new(s);
-  if (gc == NULL) { /* no memory: accepted and closed at once */
-    uv_tcp_t *tcp = malloc(sizeof(*tcp));
-    if (tcp == NULL) return;
-    uv_tcp_init(&s->loop, tcp);
-    (void)uv_accept(ls, (uv_stream_t *)tcp);
-    uv_close((uv_handle_t *)tcp, free_handle);
-    return;
-  }
-  uv_tcp_init(&s->loop, &gc->tcp);
-  gc->sock = true;
-  gc->tcp.data = gc;
-  if (uv_accept(ls, (uv_stream_t *)&gc->tcp) != 0) {
-    gconn_close(gc);
-    return;
-  }
-  uv_tcp_nodelay(&gc->tcp, 1);
-  if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections) {
-    cn__metrics_conn_refused(&s->metrics);
-    gconn_close(gc); /* refused: HTTP/2 has no answer without a request */
-    return;
-  }
-  gc->counted = true;
-  atomic_fetch_add(&s->open_conns, 1);
-  flush(gc); /* the server's SETTINGS */
-}
-
-/* ---- the daemon's side -------------------------------------------------- */
-
-int cn__grpc_listen(cn__server *s, int fd, cn_err *err) {
-  uv_tcp_init(&s->loop, &listener);
-  listener.data = s;
-  int rc = uv_tcp_open(&listener, fd);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&listener, 511, on_connection);
-  if (rc != 0) {
-    uv_close((uv_handle_t *)&listener, NULL);
-    return cn_err_set(err, CN_E_BAD_CONFIG, "grpc-port: %s",
-                      uv_strerror(rc));
-  }
-  listening = true;
-  uv_timer_init(&s->loop, &tick_timer);
-  tick_timer.data = s;
-  tick_open = true;
-  uv_timer_start(&tick_timer, on_tick, HTTP_TICK_MS, HTTP_TICK_MS);
-  uv_unref((uv_handle_t *)&tick_timer);
-  return 0;
-}
-
-/* Drain: no new connections; each open one gets GOAWAY naming the last
- * call it took, which are answered before it closes. */
-void cn__grpc_quiesce(cn__server *s) {
-  if (listening) {
-    listening = false;
-    uv_close((uv_handle_t *)&listener, NULL);
-  }
-  for (gconn *gc = conns, *next; gc != NULL; gc = next) {
-    next = gc->next;
-    if (gc->goaway || !gc->sock) continue;
-    gc->goaway = true;
-    nghttp2_submit_goaway(gc->ng, NGHTTP2_FLAG_NONE,
-                          nghttp2_session_get_last_proc_stream_id(gc->ng),
-                          NGHTTP2_NO_ERROR, NULL, 0);
-    flush(gc);
-  }
-}
-
-/* Stop: every connection closes (their calls were answered or failed). */
-void cn__grpc_close_all(cn__server *s) {
-  cn__grpc_quiesce(s);
-  for (gconn *gc = conns, *next; gc != NULL; gc = next) {
-    next = gc->next;
-    if (gc->sock) gconn_close(gc);
-  }
-  if (tick_open) {
-    tick_open = false;
-    uv_close((uv_handle_t *)&tick_timer, NULL);
-  }
-}
-
-/* ---- in memory (tests/fuzz/fuzz_grpc.c) --------------------------------- */
-
-cn__grpc_conn *cn__grpc_new_mem(cn__server *s, cn__conn_sink sink,
-                                void *ud) {
-  gconn *gc = gconn_new(s);
-  if (gc == NULL) return NULL;
-  gc->sink = sink;
-  gc->sink_ud = ud;
-  gc->counted = true;
-  atomic_fetch_add(&s->open_conns, 1);
-  flush(gc);
-  return (cn__grpc_conn *)gc;
-}
-
-void cn__grpc_feed(cn__grpc_conn *c, const char *data, size_t n) {
-  feed(&c->c, data, n);
-}
-
-void cn__grpc_tick(cn__grpc_conn *c, double now) { tick(&c->c, now); }
-
-bool cn__grpc_closed(const cn__grpc_conn *c) { return c->c.closed; }
-
-void cn__grpc_free_mem(cn__grpc_conn *c) {
-  gconn_close(&c->c);
-  gconn_free(&c->c);
 }

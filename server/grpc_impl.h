@@ -1,11 +1,13 @@
-/* grpc_impl.h - one gRPC connection and its calls, shared by the two
- * halves of the gRPC front end:
- *   grpc.c       the HTTP/2 session on the loop: connections, their
- *                reads and writes, deadlines, dispatch of a call to its
- *                in-memory HTTP connection, drain, the listener;
- *   grpc_call.c  one call's framing: nghttp2's callbacks that gather its
- *                headers and message within its limits, and its answer
- *                (the response message and the grpc-status trailers).
+/* grpc_impl.h - one gRPC connection and its calls, shared by the three
+ * parts of the gRPC front end:
+ *   grpc.c        the HTTP/2 session on the loop: a connection, its
+ *                 reads and writes, the dispatch of a call to its
+ *                 in-memory HTTP connection, its close;
+ *   grpc_accept.c the listener, accept, the sweep of every connection's
+ *                 deadlines, drain, and the in-memory connections;
+ *   grpc_call.c   one call's framing: nghttp2's callbacks that gather its
+ *                 headers and message within its limits, and its answer
+ *                 (the response message and the grpc-status trailers).
  * All on the loop thread. */
 #ifndef CANOPY_SERVER_GRPC_IMPL_H
 #define CANOPY_SERVER_GRPC_IMPL_H
@@ -79,6 +81,19 @@ struct gconn {
 struct cn__grpc_conn {
   gconn c;
 };
+
+/* grpc.c: the loop's connections (a list), and what grpc_accept.c runs
+ * of a connection: a new one of s (its session, the server's SETTINGS
+ * queued), the bytes read fed to its session, what its session has to
+ * send written out, the in-memory connections set aside while an answer
+ * was on the stack freed, its close, and its memory freed once closed. */
+extern gconn *cn__grpc_conns;
+gconn *cn__grpc_conn_new(cn__server *s);
+void cn__grpc_conn_feed(gconn *gc, const char *data, size_t n);
+void cn__grpc_flush(gconn *gc);
+void cn__grpc_bury(gconn *gc);
+void cn__grpc_conn_close(gconn *gc);
+void cn__grpc_conn_free(gconn *gc);
 
 /* grpc_call.c: a call's answer (status, message, the framed response
  * message f of n bytes or NULL, the request's id for the log), and an

@@ -100,7 +100,7 @@ SERVER_LAYERS = [
               "learned_policy.c", "answer_parts.c", "kserve_answer.c"]),
     ("request", ["request.c", "versions.c"]),
     ("net", ["listen.c", "conn_parse.c", "conn.c", "conn_accept.c",
-             "grpc.c", "grpc_call.c",
+             "grpc.c", "grpc_accept.c", "grpc_call.c",
              "grpc_request.c",
              "grpc_service.c", "grpc_service.pb-c.c"]),
     ("base", ["log.c", "metrics.c", "metrics_text.c", "notify.c", "bodyscan.c",
