@@ -1,11 +1,13 @@
-/* conn_impl.h - one HTTP/1.1 client connection, shared by the two halves
+/* conn_impl.h - one HTTP/1.1 client connection, shared by the three parts
  * of Canopy's front end (libuv sockets, Debian's libhttp-parser, i.e.
  * nodejs's http_parser 2.9):
  *   conn_parse.c  the request side: http_parser's callbacks, the framing
  *                 checks of RFC 9112, parse errors as JSON answers, and
  *                 the pump that hands parsed requests to http.c;
  *   conn.c        the socket side: the answer and its write, reading and
- *                 backpressure, deadlines, accept, close, the listener.
+ *                 backpressure, deadlines, close;
+ *   conn_accept.c accept, the connection limit and eviction, the sweep
+ *                 timer, the listener.
  *
  * One cn__conn per client connection, all on the loop thread. Its input
  * is parsed by http_parser; the parsed request goes to http.c (route,
@@ -149,5 +151,14 @@ void cn__conn_progress(cn__conn *c, size_t n);
 /* The client's TCP port, for debug lines that name a connection (0: not
  * a socket). */
 int cn__conn_peer_port(const cn__conn *c);
+/* What conn_accept.c shares of conn.c: a connection's progress credit at
+ * now (below zero: slower than EVICT_RATE); an answer's progress since
+ * the last look (its write queue); a new connection of s, not yet
+ * listed, and its listing; the close callback that frees it. */
+double cn__conn_credit_at(const cn__conn *c, double now);
+void cn__conn_write_progress(cn__conn *c);
+cn__conn *cn__conn_create(cn__server *s);
+void cn__conn_list_add(cn__server *s, cn__conn *c);
+void cn__conn_on_closed(uv_handle_t *h);
 
 #endif

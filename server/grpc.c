@@ -30,6 +30,11 @@
  *
  * As conn.c's connections, one can be fed bytes with no socket
  * (cn__grpc_new_mem, cn__grpc_feed): tests/fuzz/fuzz_grpc.c does.
+ *
+ * This file holds a connection's session: its reads and writes, the
+ * dispatch of its calls and its close. The listener, the sweep of the
+ * deadlines, drain and the in-memory entry points are grpc_accept.c's; a
+ * call's framing, limits and answer are grpc_call.c's (grpc_impl.h).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -38,87 +43,17 @@
 #include <nghttp2/nghttp2.h>
 
 #include "encoding.h"
-#include "grpc.h"
-
-/* Calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS). */
-#define MAX_STREAMS 128
-/* Bytes written and not yet taken by the socket, past which nothing more
- * is read from the connection nor made to send. */
-#define WBUF_MAX (1 << 20)
-/* HTTP/2's flow-control windows: a call's message arrives without waiting
- * on WINDOW_UPDATEs up to this (gRPC's own default is 64 KiB). */
-#define STREAM_WINDOW (1 << 20)
-#define CONN_WINDOW (16 << 20)
-
-typedef struct gconn gconn;
-
-/* One call (an HTTP/2 stream). */
-typedef struct gstream {
-  gconn *gc;
-  int32_t id;
-  int method;               /* grpc_service.c's index; -1 unknown       */
-  char path[160];
-  bool post, grpc_ct;       /* :method POST, content-type application/grpc */
-  char encoding[16];        /* grpc-encoding: a compressed message's coding */
-  cn__grpc_meta meta;
-  double t_begin;           /* its first frame (the call's deadline)    */
-  /* the request: its framed messages */
-  char *in;
-  size_t in_len, in_cap;
-  size_t held;              /* of in_cap, counted in body_bytes          */
-  bool complete;            /* END_STREAM received                      */
-  bool dispatched;          /* handed to the in-memory connection       */
-  bool answered;            /* response submitted                       */
-  bool ready;               /* on the connection's list to dispatch     */
-  cn__conn *mc;             /* the in-memory HTTP connection of the call */
-  /* the answer: one framed message, then the trailers */
-  uint8_t *out;
-  size_t out_len, out_off;
-  int status;
-  char message[600];
-  struct gstream *prev, *next, *rnext;
-} gstream;
-
-struct gconn {
-  cn__server *srv;
-  uv_tcp_t tcp;
-  bool sock, counted, closed, reading, goaway;
-  bool lingering;           /* done: FIN sent, reading until the peer's */
-  nghttp2_session *ng;
-  gstream *streams, *rhead, *rtail; /* open calls; complete, to dispatch */
-  int n_streams;
-  double deadline;          /* idle or first-request deadline (0: none) */
-  double last_out;          /* DATA last went out (or the answer began)  */
-  int in_recv;              /* inside nghttp2_session_mem_recv           */
-  int in_sink;              /* inside an in-memory connection's answer  */
-  /* in-memory connections done with while one of them was answering
-   * (in_sink): freed once outside its stack (conn.c goes on using the one
-   * answering after its sink returns) */
-  cn__conn **graveyard;
-  int n_grave, grave_cap;
-  size_t wbytes;            /* in the socket's write queue              */
-  cn__conn_sink sink;
-  void *sink_ud;
-  gconn *prev, *next;
-};
-
-struct cn__grpc_conn {
-  gconn c;
-};
+#include "grpc_impl.h"
 
 /* ---- the connection list and close ------------------------------------- */
 
-static gconn *conns;      /* the loop's gRPC connections                 */
-static uv_tcp_t listener;
-static bool listening;
-static uv_timer_t tick_timer;
-static bool tick_open;
+gconn *cn__grpc_conns; /* the loop's gRPC connections */
 
 static void stream_free(gstream *st);
 
 /* The in-memory connections set aside while an answer was being
  * written (in_sink): freed now. */
-static void bury(gconn *gc) {
+void cn__grpc_bury(gconn *gc) {
   for (int i = 0; i < gc->n_grave; i++) cn__conn_free_mem(gc->graveyard[i]);
   gc->n_grave = 0;
 }
@@ -142,23 +77,23 @@ static void release_mc(gconn *gc, cn__conn *mc) {
   gc->graveyard[gc->n_grave++] = mc;
 }
 
-static void gconn_free(gconn *gc) {
+void cn__grpc_conn_free(gconn *gc) {
   gc->in_sink = 0;
-  bury(gc);
+  cn__grpc_bury(gc);
   free(gc->graveyard);
   nghttp2_session_del(gc->ng);
   free(gc);
 }
 
-static void on_closed(uv_handle_t *h) { gconn_free(h->data); }
+static void on_closed(uv_handle_t *h) { cn__grpc_conn_free(h->data); }
 
-static void gconn_close(gconn *gc) {
+void cn__grpc_conn_close(gconn *gc) {
   if (gc->closed) return;
   cn__server *s = gc->srv;
   gc->closed = true;
   while (gc->streams != NULL) stream_free(gc->streams);
   if (gc->prev) gc->prev->next = gc->next;
-  else if (conns == gc) conns = gc->next;
+  else if (cn__grpc_conns == gc) cn__grpc_conns = gc->next;
   if (gc->next) gc->next->prev = gc->prev;
   gc->prev = gc->next = NULL;
   if (gc->counted) atomic_fetch_sub(&s->open_conns, 1);
@@ -180,7 +115,6 @@ typedef struct wreq {
 } wreq;
 
 static void reads(gconn *gc);
-static void flush(gconn *gc);
 
 /* How long a finished connection reads (and drops) the client's bytes
  * after its FIN, as the HTTP front end's LINGER_S. */
@@ -206,7 +140,7 @@ static void gconn_linger(gconn *gc) {
   if (sh == NULL ||
       uv_shutdown(sh, (uv_stream_t *)&gc->tcp, on_shutdown) != 0) {
     free(sh);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   reads(gc);
@@ -220,10 +154,10 @@ static void on_written(uv_write_t *w, int status) {
   free(q);
   if (gc->closed) return;
   if (status < 0) {
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
-  flush(gc);
+  cn__grpc_flush(gc);
 }
 
 /* buf (taken over) to the socket: at once where it takes it, else
@@ -243,7 +177,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
   }
   if (n < 0 && n != UV_EAGAIN) {
     free(buf);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   if (n > 0) {
@@ -253,7 +187,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
   wreq *q = malloc(sizeof(*q));
   if (q == NULL) {
     free(buf);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   q->buf = buf;
@@ -262,7 +196,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
   if (uv_write(&q->w, (uv_stream_t *)&gc->tcp, &b, 1, on_written) != 0) {
     free(buf);
     free(q);
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   gc->wbytes += b.len;
@@ -272,7 +206,7 @@ static void write_out(gconn *gc, char *buf, size_t len) {
  * socket's queue is full; then the connection closes if it is done (GOAWAY
  * sent or received, every call closed). Not inside mem_recv: the frames
  * received are handled first. */
-static void flush(gconn *gc) {
+void cn__grpc_flush(gconn *gc) {
   if (gc->closed || gc->lingering || gc->in_recv > 0) return;
   while (gc->wbytes < WBUF_MAX) {
     char *buf = NULL;
@@ -282,7 +216,7 @@ static void flush(gconn *gc) {
       ssize_t n = nghttp2_session_mem_send(gc->ng, &p);
       if (n < 0) {
         free(buf);
-        gconn_close(gc);
+        cn__grpc_conn_close(gc);
         return;
       }
       if (n == 0) break;
@@ -292,7 +226,7 @@ static void flush(gconn *gc) {
         char *q = realloc(buf, nc);
         if (q == NULL) {
           free(buf);
-          gconn_close(gc);
+          cn__grpc_conn_close(gc);
           return;
         }
         buf = q;
@@ -312,99 +246,10 @@ static void flush(gconn *gc) {
   if (!nghttp2_session_want_read(gc->ng) &&
       !nghttp2_session_want_write(gc->ng)) {
     if (gc->sock) gconn_linger(gc);
-    else if (gc->wbytes == 0) gconn_close(gc);
+    else if (gc->wbytes == 0) cn__grpc_conn_close(gc);
     return;
   }
   reads(gc);
-}
-
-/* ---- answers ------------------------------------------------------------ */
-
-/* grpc-message is percent-encoded: bytes outside printable ASCII, and
- * '%' itself (gRPC over HTTP/2). */
-static void pct_encode(const char *in, char *out, size_t cap) {
-  size_t o = 0;
-  for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
-    if (o + 4 >= cap) break;
-    if (*p >= 0x20 && *p <= 0x7e && *p != '%') {
-      out[o++] = (char)*p;
-    } else {
-      snprintf(out + o, cap - o, "%%%02X", *p);
-      o += 3;
-    }
-  }
-  out[o] = '\0';
-}
-
-#define NV(n, v)                                                         \
-  {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v),             \
-   NGHTTP2_NV_FLAG_NONE}
-
-static int submit_trailers(gstream *st) {
-  char code[8], msg[1800];
-  snprintf(code, sizeof(code), "%d", st->status);
-  pct_encode(st->message, msg, sizeof(msg));
-  nghttp2_nv tr[2] = {NV("grpc-status", code), NV("grpc-message", msg)};
-  return nghttp2_submit_trailer(st->gc->ng, st->id, tr,
-                                st->message[0] ? 2 : 1);
-}
-
-static ssize_t read_answer(nghttp2_session *ng, int32_t id, uint8_t *buf,
-                           size_t len, uint32_t *flags,
-                           nghttp2_data_source *src, void *ud) {
-  gstream *st = src->ptr;
-  size_t n = st->out_len - st->out_off;
-  if (n > len) n = len;
-  memcpy(buf, st->out + st->out_off, n);
-  st->out_off += n;
-  if (st->out_off == st->out_len) {
-    *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    if (submit_trailers(st) != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
-  }
-  return (ssize_t)n;
-}
-
-/* The call's answer: a message (status OK) or a status alone (gRPC's
- * Trailers-Only form). msg (framed, taken over) may be NULL. */
-static void answer(gstream *st, int status, const char *message,
-                   uint8_t *msg, size_t msg_len, const char *reqid) {
-  gconn *gc = st->gc;
-  if (st->answered) {
-    free(msg);
-    return;
-  }
-  st->answered = true;
-  st->status = status;
-  snprintf(st->message, sizeof(st->message), "%s", message ? message : "");
-  char code[8], pmsg[1800];
-  snprintf(code, sizeof(code), "%d", status);
-  pct_encode(st->message, pmsg, sizeof(pmsg));
-  nghttp2_nv h[7] = {NV(":status", "200"),
-                     NV("content-type", "application/grpc"),
-                     NV("grpc-accept-encoding", "identity,deflate,gzip")};
-  size_t nh = 3;
-  if (reqid != NULL && reqid[0] != '\0') h[nh++] = (nghttp2_nv)NV("x-request-id", reqid);
-  int rc;
-  if (msg != NULL) {
-    st->out = msg;
-    st->out_len = msg_len;
-    atomic_fetch_add(&gc->srv->answer_held, (long long)msg_len);
-    nghttp2_data_provider dp = {.source.ptr = st, .read_callback = read_answer};
-    rc = nghttp2_submit_response(gc->ng, st->id, h, nh, &dp);
-  } else {
-    h[nh++] = (nghttp2_nv)NV("grpc-status", code);
-    if (pmsg[0]) h[nh++] = (nghttp2_nv)NV("grpc-message", pmsg);
-    rc = nghttp2_submit_response(gc->ng, st->id, h, nh, NULL);
-  }
-  gc->last_out = cn_now_s();
-  if (rc != 0) nghttp2_submit_rst_stream(gc->ng, NGHTTP2_FLAG_NONE, st->id,
-                                         NGHTTP2_INTERNAL_ERROR);
-  CN_LOG(CN_LOG_DEBUG, "msg=grpc-call method=%s stream=%d grpc_status=%d",
-         cn__grpc_method_name(st->method), st->id, status);
-}
-
-static void answer_err(gstream *st, int status, const char *message) {
-  answer(st, status, message, NULL, 0, NULL);
 }
 
 /* The in-memory connection's sink: the HTTP answer to the call. */
@@ -417,13 +262,13 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
   int rc = cn__grpc_answer(st->method, d, n, &msg, &len, err, sizeof(err),
                            id, sizeof(id));
   if (rc != 0) {
-    answer(st, rc, err, NULL, 0, id);
+    cn__grpc_call_answer(st, rc, err, NULL, 0, id);
   } else {
     uint8_t *f = malloc(len + 5);
     if (f == NULL) {
       free(msg);
-      answer(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the answer",
-             NULL, 0, id);
+      cn__grpc_call_answer(st, CN__GRPC_RESOURCE_EXHAUSTED,
+                           "no memory for the answer", NULL, 0, id);
     } else {
       f[0] = 0;
       f[1] = (uint8_t)(len >> 24);
@@ -432,25 +277,16 @@ static void on_http_answer(void *ud, const char *d, size_t n) {
       f[4] = (uint8_t)len;
       memcpy(f + 5, msg, len);
       free(msg);
-      answer(st, CN__GRPC_OK, NULL, f, len + 5, id);
+      cn__grpc_call_answer(st, CN__GRPC_OK, NULL, f, len + 5, id);
     }
   }
   gconn *gc = st->gc; /* st may be freed by the flush (stream closed) */
   gc->in_sink++;
-  flush(gc);
+  cn__grpc_flush(gc);
   gc->in_sink--;
 }
 
 /* ---- calls -------------------------------------------------------------- */
-
-static void body_release(gstream *st) {
-  if (st->held > 0) atomic_fetch_sub(&st->gc->srv->body_bytes,
-                                     (long long)st->held);
-  st->held = 0;
-  free(st->in);
-  st->in = NULL;
-  st->in_len = st->in_cap = 0;
-}
 
 static void stream_free(gstream *st) {
   gconn *gc = st->gc;
@@ -459,7 +295,7 @@ static void stream_free(gstream *st) {
     st->mc = NULL;
     release_mc(gc, mc);
   }
-  body_release(st);
+  cn__grpc_body_release(st);
   if (st->out != NULL)
     atomic_fetch_sub(&gc->srv->answer_held, (long long)st->out_len);
   free(st->out);
@@ -489,8 +325,9 @@ static void dispatch(gstream *st) {
   char err[600];
   st->dispatched = true;
   if (!st->post || !st->grpc_ct) {
-    answer_err(st, CN__GRPC_INVALID_ARGUMENT, "a gRPC call is a POST with "
-               "content-type application/grpc");
+    cn__grpc_call_error(st, CN__GRPC_INVALID_ARGUMENT,
+                        "a gRPC call is a POST with "
+                        "content-type application/grpc");
     return;
   }
   if (st->method < 0) {
@@ -499,11 +336,11 @@ static void dispatch(gstream *st) {
              "ModelReady, ServerMetadata, ModelMetadata, ModelInfer, "
              "ModelConfig, ModelStatistics, RepositoryIndex, "
              "RepositoryModelLoad and RepositoryModelUnload", st->path);
-    answer_err(st, CN__GRPC_UNIMPLEMENTED, err);
+    cn__grpc_call_error(st, CN__GRPC_UNIMPLEMENTED, err);
     return;
   }
   if (st->in_len < 5) {
-    answer_err(st, CN__GRPC_INVALID_ARGUMENT, st->in_len == 0
+    cn__grpc_call_error(st, CN__GRPC_INVALID_ARGUMENT, st->in_len == 0
                ? "the call has no request message"
                : "the request message ends inside its 5-byte prefix");
     return;
@@ -515,7 +352,7 @@ static void dispatch(gstream *st) {
     snprintf(err, sizeof(err), "the request is %zu bytes but its message "
              "prefix says %zu: a unary call carries one message",
              st->in_len - 5, len);
-    answer_err(st, CN__GRPC_INVALID_ARGUMENT, err);
+    cn__grpc_call_error(st, CN__GRPC_INVALID_ARGUMENT, err);
     return;
   }
   const char *msg = st->in + 5;
@@ -528,7 +365,7 @@ static void dispatch(gstream *st) {
       snprintf(err, sizeof(err), "the message is compressed with '%.15s': "
                "this server takes gzip, deflate or identity "
                "(grpc-encoding)", st->encoding);
-      answer_err(st, CN__GRPC_UNIMPLEMENTED, err);
+      cn__grpc_call_error(st, CN__GRPC_UNIMPLEMENTED, err);
       return;
     }
     cn_err e;
@@ -542,9 +379,10 @@ static void dispatch(gstream *st) {
                  "bytes)", st->encoding, sc->grpc_max_message_bytes, sent);
       else
         snprintf(err, sizeof(err), "%s", e.msg);
-      answer_err(st, e.code == CN_E_BAD_REQUEST ? CN__GRPC_INVALID_ARGUMENT
-                                                : CN__GRPC_RESOURCE_EXHAUSTED,
-                 err);
+      cn__grpc_call_error(st, e.code == CN_E_BAD_REQUEST
+                                  ? CN__GRPC_INVALID_ARGUMENT
+                                  : CN__GRPC_RESOURCE_EXHAUSTED,
+                          err);
       return;
     }
     msg = inflated;
@@ -553,7 +391,7 @@ static void dispatch(gstream *st) {
     free(inflated);
     snprintf(err, sizeof(err), "too many connections and calls in progress "
              "(max-connections %d); retry later", sc->max_connections);
-    answer_err(st, CN__GRPC_UNAVAILABLE, err);
+    cn__grpc_call_error(st, CN__GRPC_UNAVAILABLE, err);
     return;
   }
   char *req;
@@ -561,15 +399,16 @@ static void dispatch(gstream *st) {
   int rc = cn__grpc_request(st->method, (const uint8_t *)msg, len,
                             &st->meta, &req, &rlen, err, sizeof(err));
   free(inflated);
-  body_release(st);
+  cn__grpc_body_release(st);
   if (rc != 0) {
-    answer_err(st, rc, err);
+    cn__grpc_call_error(st, rc, err);
     return;
   }
   st->mc = cn__conn_new_mem(s, on_http_answer, st);
   if (st->mc == NULL) {
     free(req);
-    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the call");
+    cn__grpc_call_error(st, CN__GRPC_RESOURCE_EXHAUSTED,
+                        "no memory for the call");
     return;
   }
   cn__conn_set_protocol(st->mc, CN__PROTO_GRPC);
@@ -588,190 +427,6 @@ static void dispatch_ready(gconn *gc) {
   }
 }
 
-/* ---- nghttp2's callbacks ------------------------------------------------ */
-
-static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f,
-                            void *ud) {
-  gconn *gc = ud;
-  if (f->hd.type != NGHTTP2_HEADERS ||
-      f->headers.cat != NGHTTP2_HCAT_REQUEST)
-    return 0;
-  gstream *st = calloc(1, sizeof(*st));
-  if (st == NULL) return NGHTTP2_ERR_CALLBACK_FAILURE;
-  st->gc = gc;
-  st->id = f->hd.stream_id;
-  st->method = -1;
-  st->t_begin = cn_now_s();
-  st->next = gc->streams;
-  if (gc->streams) gc->streams->prev = st;
-  gc->streams = st;
-  gc->n_streams++;
-  gc->deadline = 0;
-  atomic_store(&gc->srv->last_request_us, (long long)(st->t_begin * 1e6));
-  nghttp2_session_set_stream_user_data(ng, st->id, st);
-  return 0;
-}
-
-/* "<up to 8 digits><unit>", unit H M S m u n, rounded up to ms. */
-static long long grpc_timeout_ms(const char *v, size_t n) {
-  if (n < 2 || n > 9) return 0;
-  long long x = 0;
-  for (size_t i = 0; i + 1 < n; i++) {
-    if (v[i] < '0' || v[i] > '9') return 0;
-    x = x * 10 + (v[i] - '0');
-  }
-  switch (v[n - 1]) {
-    case 'H': return x * 3600000;
-    case 'M': return x * 60000;
-    case 'S': return x * 1000;
-    case 'm': return x;
-    case 'u': return (x + 999) / 1000;
-    case 'n': return (x + 999999) / 1000000;
-    default: return 0;
-  }
-}
-
-static void copy_value(char *dst, size_t cap, const uint8_t *v, size_t n) {
-  if (n >= cap) n = cap - 1;
-  memcpy(dst, v, n);
-  dst[n] = '\0';
-}
-
-static int on_header(nghttp2_session *ng, const nghttp2_frame *f,
-                     const uint8_t *name, size_t nl, const uint8_t *value,
-                     size_t vl, uint8_t flags, void *ud) {
-  if (f->hd.type != NGHTTP2_HEADERS ||
-      f->headers.cat != NGHTTP2_HCAT_REQUEST)
-    return 0;
-  gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (st == NULL) return 0;
-#define IS(lit) (nl == sizeof(lit) - 1 && memcmp(name, lit, nl) == 0)
-  if (IS(":path")) {
-    copy_value(st->path, sizeof(st->path), value, vl);
-    st->method = vl < sizeof(st->path) ? cn__grpc_method(st->path) : -1;
-  } else if (IS(":method")) {
-    st->post = vl == 4 && memcmp(value, "POST", 4) == 0;
-  } else if (IS("content-type")) {
-    st->grpc_ct = vl >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
-                  (vl == 16 || value[16] == '+' || value[16] == ';');
-  } else if (IS("x-request-id")) {
-    copy_value(st->meta.request_id, sizeof(st->meta.request_id), value, vl);
-  } else if (IS("authorization")) {
-    copy_value(st->meta.authorization, sizeof(st->meta.authorization),
-               value, vl);
-  } else if (IS("grpc-encoding")) {
-    copy_value(st->encoding, sizeof(st->encoding), value, vl);
-  } else if (IS("grpc-timeout")) {
-    st->meta.timeout_ms = grpc_timeout_ms((const char *)value, vl);
-  }
-#undef IS
-  return 0;
-}
-
-static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id,
-                   const uint8_t *data, size_t len, void *ud) {
-  gconn *gc = ud;
-  gstream *st = nghttp2_session_get_stream_user_data(ng, id);
-  if (st == NULL || st->answered || st->dispatched) return 0;
-  cn__server *s = gc->srv;
-  const cn_serve_config *sc = &s->cfg.serve;
-  size_t max = (size_t)sc->grpc_max_message_bytes + 5;
-  char err[300];
-  if (st->in_len + len > max) {
-    snprintf(err, sizeof(err), "the request message is over the limit of "
-             "%d bytes (grpc-max-message-bytes)", sc->grpc_max_message_bytes);
-    body_release(st);
-    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
-    return 0;
-  }
-  if (st->in_len + len > st->in_cap) {
-    size_t cap = st->in_cap ? st->in_cap : 4096;
-    while (cap < st->in_len + len) cap *= 2;
-    if (cap > max) cap = max;
-    long long add = (long long)(cap - st->in_cap);
-    if (atomic_fetch_add(&s->body_bytes, add) + add > sc->max_body_memory) {
-      atomic_fetch_sub(&s->body_bytes, add);
-      snprintf(err, sizeof(err), "the server holds too many request bodies "
-               "(max-body-memory %d bytes); retry later",
-               sc->max_body_memory);
-      body_release(st);
-      answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
-      return 0;
-    }
-    char *q = realloc(st->in, cap);
-    if (q == NULL) {
-      atomic_fetch_sub(&s->body_bytes, add);
-      body_release(st);
-      answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, "no memory for the "
-                 "request message");
-      return 0;
-    }
-    st->in = q;
-    st->in_cap = cap;
-    st->held += (size_t)add;
-  }
-  memcpy(st->in + st->in_len, data, len);
-  st->in_len += len;
-  /* the message's prefix says its length: one too long is refused now,
-   * not once its bytes have arrived */
-  const unsigned char *u = (const unsigned char *)st->in;
-  if (st->in_len >= 5 &&
-      ((size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
-       (size_t)u[4]) > (size_t)sc->grpc_max_message_bytes) {
-    snprintf(err, sizeof(err), "the request message is %zu bytes, over the "
-             "limit of %d (grpc-max-message-bytes)",
-             (size_t)u[1] << 24 | (size_t)u[2] << 16 | (size_t)u[3] << 8 |
-                 (size_t)u[4],
-             sc->grpc_max_message_bytes);
-    body_release(st);
-    answer_err(st, CN__GRPC_RESOURCE_EXHAUSTED, err);
-  }
-  return 0;
-}
-
-/* A call is dispatched when its message has ended (END_STREAM), or as
- * soon as its headers refuse it (a method not served, not a gRPC POST):
- * a client of a streaming method (ModelStreamInfer) does not end its side
- * before the first answer, and would otherwise wait for the message
- * deadline instead of UNIMPLEMENTED. */
-static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f,
-                         void *ud) {
-  gconn *gc = ud;
-  if (f->hd.type != NGHTTP2_HEADERS && f->hd.type != NGHTTP2_DATA) return 0;
-  gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-  if (st == NULL) return 0;
-  bool end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
-  bool refused = f->hd.type == NGHTTP2_HEADERS &&
-                 (st->method < 0 || !st->post || !st->grpc_ct);
-  if (!end && !refused) return 0;
-  if (end) {
-    if (st->complete) return 0;
-    st->complete = true;
-  }
-  if (st->answered || st->ready || st->dispatched) return 0;
-  st->ready = true;
-  if (gc->rtail) gc->rtail->rnext = st;
-  else gc->rhead = st;
-  gc->rtail = st;
-  return 0;
-}
-
-static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f,
-                         void *ud) {
-  gconn *gc = ud;
-  if (f->hd.type == NGHTTP2_DATA) gc->last_out = cn_now_s();
-  /* answered before its message ended (a refusal): the rest is not
-   * wanted */
-  if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
-      (f->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-    gstream *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-    if (st != NULL && !st->complete)
-      nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, f->hd.stream_id,
-                                NGHTTP2_NO_ERROR);
-  }
-  return 0;
-}
-
 static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code,
                            void *ud) {
   gstream *st = nghttp2_session_get_stream_user_data(ng, id);
@@ -783,12 +438,15 @@ static nghttp2_session_callbacks *callbacks(void) {
   static nghttp2_session_callbacks *cbs;
   if (cbs != NULL) return cbs;
   if (nghttp2_session_callbacks_new(&cbs) != 0) return NULL;
-  nghttp2_session_callbacks_set_on_begin_headers_callback(cbs,
-                                                          on_begin_headers);
-  nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame_recv);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cbs, on_frame_send);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(
+      cbs, cn__grpc_on_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(cbs, cn__grpc_on_header);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs,
+                                                            cn__grpc_on_data);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(
+      cbs, cn__grpc_on_frame_recv);
+  nghttp2_session_callbacks_set_on_frame_send_callback(
+      cbs, cn__grpc_on_frame_send);
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs,
                                                          on_stream_close);
   return cbs;
@@ -796,7 +454,7 @@ static nghttp2_session_callbacks *callbacks(void) {
 
 /* ---- connections -------------------------------------------------------- */
 
-static gconn *gconn_new(cn__server *s) {
+gconn *cn__grpc_conn_new(cn__server *s) {
   nghttp2_session_callbacks *cbs = callbacks();
   gconn *gc = calloc(1, sizeof(*gc));
   if (gc == NULL || cbs == NULL) {
@@ -831,9 +489,9 @@ static gconn *gconn_new(cn__server *s) {
                             ? sc->header_timeout_s
                             : sc->idle_timeout_s);
   gc->last_out = now;
-  gc->next = conns;
-  if (conns) conns->prev = gc;
-  conns = gc;
+  gc->next = cn__grpc_conns;
+  if (cn__grpc_conns) cn__grpc_conns->prev = gc;
+  cn__grpc_conns = gc;
   if (atomic_load(&s->draining)) {
     gc->goaway = true;
     nghttp2_submit_goaway(gc->ng, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR,
@@ -843,8 +501,8 @@ static gconn *gconn_new(cn__server *s) {
 }
 
 /* Bytes read: through nghttp2, then the calls they completed. */
-static void feed(gconn *gc, const char *data, size_t n) {
-  if (gc->in_sink == 0) bury(gc);
+void cn__grpc_conn_feed(gconn *gc, const char *data, size_t n) {
+  if (gc->in_sink == 0) cn__grpc_bury(gc);
   if (gc->closed || gc->lingering) return;
   gc->in_recv++;
   ssize_t rc = nghttp2_session_mem_recv(gc->ng, (const uint8_t *)data, n);
@@ -854,14 +512,14 @@ static void feed(gconn *gc, const char *data, size_t n) {
     CN_LOG(CN_LOG_DEBUG, "msg=grpc-connection-error error=\"%s\"",
            nghttp2_strerror((int)rc));
     /* nghttp2 queued GOAWAY for a protocol error: send it, then close */
-    flush(gc);
-    gconn_close(gc);
+    cn__grpc_flush(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
   if (atomic_load(&gc->srv->draining))
     atomic_store(&gc->srv->last_request_us, (long long)(cn_now_s() * 1e6));
   dispatch_ready(gc);
-  flush(gc);
+  cn__grpc_flush(gc);
 }
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
@@ -873,10 +531,10 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b) {
 static void on_read(uv_stream_t *stm, ssize_t n, const uv_buf_t *b) {
   gconn *gc = stm->data;
   if (n < 0) {
-    gconn_close(gc);
+    cn__grpc_conn_close(gc);
     return;
   }
-  if (n > 0) feed(gc, b->base, (size_t)n);
+  if (n > 0) cn__grpc_conn_feed(gc, b->base, (size_t)n);
 }
 
 static void reads(gconn *gc) {
@@ -889,179 +547,4 @@ static void reads(gconn *gc) {
     uv_read_stop((uv_stream_t *)&gc->tcp);
     gc->reading = false;
   }
-}
-
-/* Deadlines (the sweep timer; the fuzz target calls it with a time). */
-static void tick(gconn *gc, double now) {
-  if (gc->in_sink == 0) bury(gc);
-  if (gc->closed) return;
-  if (gc->lingering) {
-    if (now > gc->deadline) gconn_close(gc);
-    return;
-  }
-  const cn_serve_config *sc = &gc->srv->cfg.serve;
-  bool answering = gc->wbytes > 0;
-  for (gstream *st = gc->streams, *next; st != NULL; st = next) {
-    next = st->next;
-    if (st->answered) {
-      answering = true;
-      continue;
-    }
-    if (!st->dispatched &&
-        now > st->t_begin + sc->header_timeout_s + sc->body_timeout_s) {
-      char m[160];
-      snprintf(m, sizeof(m), "the request message did not arrive within "
-               "%d s (header-timeout-s + body-timeout-s)",
-               sc->header_timeout_s + sc->body_timeout_s);
-      body_release(st);
-      st->dispatched = true;
-      answer_err(st, CN__GRPC_DEADLINE_EXCEEDED, m);
-      answering = true;
-    }
-  }
-  if (answering && now > gc->last_out + sc->idle_timeout_s) {
-    CN_LOG(CN_LOG_DEBUG, "msg=grpc-connection-stalled streams=%d",
-           gc->n_streams);
-    gconn_close(gc); /* its answers do not move: the peer does not read */
-    return;
-  }
-  if (gc->n_streams == 0 && gc->deadline != 0 && now > gc->deadline) {
-    gc->deadline = 0;
-    if (!gc->goaway) {
-      gc->goaway = true;
-      nghttp2_submit_goaway(gc->ng, NGHTTP2_FLAG_NONE,
-                            nghttp2_session_get_last_proc_stream_id(gc->ng),
-                            NGHTTP2_NO_ERROR, NULL, 0);
-    }
-    /* closes once the GOAWAY is written (no call open: nghttp2 wants to
-     * read no more); a peer that does not read it is closed as stalled */
-    flush(gc);
-    if (!gc->closed && gc->wbytes == 0) gconn_close(gc);
-    return;
-  }
-  flush(gc);
-}
-
-static void on_tick(uv_timer_t *t) {
-  double now = cn_now_s();
-  for (gconn *gc = conns, *next; gc != NULL; gc = next) {
-    next = gc->next;
-    if (gc->sock) tick(gc, now);
-  }
-}
-
-static void free_handle(uv_handle_t *h) { free(h); }
-
-static void on_connection(uv_stream_t *ls, int status) {
-  cn__server *s = ls->data;
-  if (status < 0) {
-    CN_LOG(CN_LOG_WARN, "msg=grpc-accept-failed error=\"%s\"",
-           uv_strerror(status));
-    return;
-  }
-  gconn *gc = gconn_new(s);
-  if (gc == NULL) { /* no memory: accepted and closed at once */
-    uv_tcp_t *tcp = malloc(sizeof(*tcp));
-    if (tcp == NULL) return;
-    uv_tcp_init(&s->loop, tcp);
-    (void)uv_accept(ls, (uv_stream_t *)tcp);
-    uv_close((uv_handle_t *)tcp, free_handle);
-    return;
-  }
-  uv_tcp_init(&s->loop, &gc->tcp);
-  gc->sock = true;
-  gc->tcp.data = gc;
-  if (uv_accept(ls, (uv_stream_t *)&gc->tcp) != 0) {
-    gconn_close(gc);
-    return;
-  }
-  uv_tcp_nodelay(&gc->tcp, 1);
-  if (atomic_load(&s->open_conns) >= s->cfg.serve.max_connections) {
-    cn__metrics_conn_refused(&s->metrics);
-    gconn_close(gc); /* refused: HTTP/2 has no answer without a request */
-    return;
-  }
-  gc->counted = true;
-  atomic_fetch_add(&s->open_conns, 1);
-  flush(gc); /* the server's SETTINGS */
-}
-
-/* ---- the daemon's side -------------------------------------------------- */
-
-int cn__grpc_listen(cn__server *s, int fd, cn_err *err) {
-  uv_tcp_init(&s->loop, &listener);
-  listener.data = s;
-  int rc = uv_tcp_open(&listener, fd);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&listener, 511, on_connection);
-  if (rc != 0) {
-    uv_close((uv_handle_t *)&listener, NULL);
-    return cn_err_set(err, CN_E_BAD_CONFIG, "grpc-port: %s",
-                      uv_strerror(rc));
-  }
-  listening = true;
-  uv_timer_init(&s->loop, &tick_timer);
-  tick_timer.data = s;
-  tick_open = true;
-  uv_timer_start(&tick_timer, on_tick, HTTP_TICK_MS, HTTP_TICK_MS);
-  uv_unref((uv_handle_t *)&tick_timer);
-  return 0;
-}
-
-/* Drain: no new connections; each open one gets GOAWAY naming the last
- * call it took, which are answered before it closes. */
-void cn__grpc_quiesce(cn__server *s) {
-  if (listening) {
-    listening = false;
-    uv_close((uv_handle_t *)&listener, NULL);
-  }
-  for (gconn *gc = conns, *next; gc != NULL; gc = next) {
-    next = gc->next;
-    if (gc->goaway || !gc->sock) continue;
-    gc->goaway = true;
-    nghttp2_submit_goaway(gc->ng, NGHTTP2_FLAG_NONE,
-                          nghttp2_session_get_last_proc_stream_id(gc->ng),
-                          NGHTTP2_NO_ERROR, NULL, 0);
-    flush(gc);
-  }
-}
-
-/* Stop: every connection closes (their calls were answered or failed). */
-void cn__grpc_close_all(cn__server *s) {
-  cn__grpc_quiesce(s);
-  for (gconn *gc = conns, *next; gc != NULL; gc = next) {
-    next = gc->next;
-    if (gc->sock) gconn_close(gc);
-  }
-  if (tick_open) {
-    tick_open = false;
-    uv_close((uv_handle_t *)&tick_timer, NULL);
-  }
-}
-
-/* ---- in memory (tests/fuzz/fuzz_grpc.c) --------------------------------- */
-
-cn__grpc_conn *cn__grpc_new_mem(cn__server *s, cn__conn_sink sink,
-                                void *ud) {
-  gconn *gc = gconn_new(s);
-  if (gc == NULL) return NULL;
-  gc->sink = sink;
-  gc->sink_ud = ud;
-  gc->counted = true;
-  atomic_fetch_add(&s->open_conns, 1);
-  flush(gc);
-  return (cn__grpc_conn *)gc;
-}
-
-void cn__grpc_feed(cn__grpc_conn *c, const char *data, size_t n) {
-  feed(&c->c, data, n);
-}
-
-void cn__grpc_tick(cn__grpc_conn *c, double now) { tick(&c->c, now); }
-
-bool cn__grpc_closed(const cn__grpc_conn *c) { return c->c.closed; }
-
-void cn__grpc_free_mem(cn__grpc_conn *c) {
-  gconn_close(&c->c);
-  gconn_free(&c->c);
 }

@@ -1,10 +1,13 @@
 /* handlers.h - the routes' handlers: requests routed and
  * validated (http.c), infer bodies (infer.c, limits.c, bigparse.c), the
- * Open Inference Protocol (kserve.c) and the model repository (repo.c).
+ * Open Inference Protocol (kserve.c) and the model repository (repo.c,
+ * repo_control.c).
  * They call down into work.h, request.h and net.h; the connections reach
  * them only through cn__http_handlers. */
 #ifndef CANOPY_SERVER_HANDLERS_H
 #define CANOPY_SERVER_HANDLERS_H
+
+#include <sys/stat.h>
 
 #include "work.h"
 
@@ -69,7 +72,8 @@ int cn__kserve_request(const cn__req *r, const json_t *j, const char *bin,
  * values: classes, binary data, compression. */
 long long cn__kserve_answer_extra(const cn__req *r, const cn__parsed *p,
                                   long long values);
-/* repo.c: the model repository: versions, loads, rescans, the index */
+/* repo.c, repo_control.c: the model repository: versions, loads,
+ * unloads, rescans */
 cn__model_slot *cn__repo_find(cn__server *s, const char *name, size_t len);
 /* Loop: the model name name most likely meant (the same but for case, or
  * one or two edits away) into out; false: none is near. */
@@ -98,5 +102,14 @@ void cn__repo_on_loaded(uv_async_t *a);
 json_t *cn__repo_index(cn__server *s);
 /* Prometheus text of canopy_model_ready / canopy_model_loads_total. */
 char *cn__repo_metrics(cn__server *s);
+/* repo.c's slot helpers that repo_control.c's unload and rescan share
+ * (loop thread): the slot's directory signature now; free sl for another
+ * name when nothing holds it (true: freed); answer every request that
+ * joined sl's load with v or err. */
+void cn__repo_slot_signature(cn__server *s, cn__model_slot *sl,
+                             struct stat sig[2]);
+bool cn__repo_slot_free(cn__server *s, cn__model_slot *sl);
+void cn__repo_answer_joined(cn__model_slot *sl, cn__model_entry *v,
+                            const cn_err *err);
 
 #endif

@@ -325,10 +325,10 @@ static char *ready_body(cn__model_entry *me) {
   return b;
 }
 
-/* Every route but a valid POST .../infer or .../load is answered in one
- * go. */
-static void answer_route(cn__req *r) {
-  cn__server *s = r->srv;
+/* The checks every route passes before its answer: a route, a name that
+ * can be a model's, the method, and the model and version the route
+ * names. true: r is answered (refused). */
+static bool route_refused(cn__req *r) {
   cn__route rt = r->route;
   cn__model_entry *me = r->me;
   const char *method = r->method;
@@ -338,7 +338,7 @@ static void answer_route(cn__req *r) {
                     rt == CN__RT_REPO_LOAD || rt == CN__RT_REPO_UNLOAD;
   if (rt == CN__RT_NONE) {
     answer_err(r, CN_E_NO_SUCH_ROUTE, "no such route");
-    return;
+    return true;
   }
   if (r->model_name_len >= CN__NAME_MAX) {
     char msg[160];
@@ -346,7 +346,7 @@ static void answer_route(cn__req *r) {
              "model name has at most %d", r->model_name_len,
              CN__NAME_MAX - 1);
     answer_err(r, CN_E_NO_SUCH_MODEL, msg);
-    return;
+    return true;
   }
   /* models-dir's hidden entries are never models, and '.' and '..' would
    * make the load route read models-dir itself or its parent */
@@ -354,12 +354,12 @@ static void answer_route(cn__req *r) {
     answer_err(r, CN_E_NO_SUCH_MODEL, "no such model: a model name does "
                "not start with '.' (models-dir's hidden entries are never "
                "models)");
-    return;
+    return true;
   }
   if ((wants_post && !post) || (!wants_post && !get)) {
     answer_err(r, CN_E_METHOD_NOT_ALLOWED, wants_post ? "use POST"
                                                       : "use GET");
-    return;
+    return true;
   }
   /* a route of one model, or the statistics of one (/v2/models/stats,
    * every model's, names none) */
@@ -368,54 +368,82 @@ static void answer_route(cn__req *r) {
                    (rt == CN__RT_V2_STATS && r->model_name_len > 0);
   if (one_model && me == NULL) {
     answer_no_model(r);
-    return;
+    return true;
   }
-  if (me != NULL && answer_bad_version(r, me)) return;
-  if (rt == CN__RT_MODEL_READY) {
-    cn__model_entry *cur = cn__model_retain(r->slot);
-    if (cur == NULL) {
-      if (r->slot == NULL) {
-        answer_no_model(r);
-        return;
-      }
-      char msg[200];
-      snprintf(msg, sizeof(msg), "model '%s' is not ready",
-               r->slot->name);
-      answer_err(r, CN_E_UNAVAILABLE, msg);
-      return;
-    }
-    if (answer_bad_version(r, cur)) {
-      cn__model_release(cur);
-      return;
-    }
-    char *b = ready_body(cur);
-    cn__model_release(cur);
-    cn__req_answer_now(r, 200, b, NULL);
-    return;
-  }
-  if (rt == CN__RT_REPO_UNLOAD) {  /* the index only reads: no guard */
-    if (!repo_allowed(r)) return;
-    cn__model_entry *cur = cn__model_retain(r->slot);
-    /* a model loading (or waiting to) is unloaded too: its load is
-     * cancelled */
-    if (cur == NULL && (r->slot == NULL || !cn__repo_busy(r->slot))) {
+  if (me != NULL && answer_bad_version(r, me)) return true;
+  return false;
+}
+
+/* GET .../ready: the version serving now, checked against the one the
+ * request names. */
+static void answer_model_ready(cn__req *r) {
+  cn__model_entry *cur = cn__model_retain(r->slot);
+  if (cur == NULL) {
+    if (r->slot == NULL) {
       answer_no_model(r);
       return;
     }
+    char msg[200];
+    snprintf(msg, sizeof(msg), "model '%s' is not ready",
+             r->slot->name);
+    answer_err(r, CN_E_UNAVAILABLE, msg);
+    return;
+  }
+  if (answer_bad_version(r, cur)) {
     cn__model_release(cur);
-    cn__repo_unload(s, r->slot);
-    cn__req_answer_now(r, 200, strdup("{\"state\":\"UNLOADED\"}"), NULL);
+    return;
+  }
+  char *b = ready_body(cur);
+  cn__model_release(cur);
+  cn__req_answer_now(r, 200, b, NULL);
+}
+
+/* POST .../unload, behind the repository guard. */
+static void answer_repo_unload(cn__req *r) {
+  cn__server *s = r->srv;
+  if (!repo_allowed(r)) return;
+  cn__model_entry *cur = cn__model_retain(r->slot);
+  /* a model loading (or waiting to) is unloaded too: its load is
+   * cancelled */
+  if (cur == NULL && (r->slot == NULL || !cn__repo_busy(r->slot))) {
+    answer_no_model(r);
+    return;
+  }
+  cn__model_release(cur);
+  cn__repo_unload(s, r->slot);
+  cn__req_answer_now(r, 200, strdup("{\"state\":\"UNLOADED\"}"), NULL);
+}
+
+/* POST .../load, behind the repository guard. */
+static void answer_repo_load(cn__req *r) {
+  cn__server *s = r->srv;
+  if (!repo_allowed(r)) return;
+  if (atomic_load(&s->draining)) {
+    answer_err(r, CN_E_DRAINING, "the server is shutting down");
+    return;
+  }
+  /* loaded on a loader thread; the answer comes when it is done */
+  r->state = CN__REQ_WAITING;
+  hand_over(r);
+}
+
+/* Every route but a valid POST .../infer or .../load is answered in one
+ * go. */
+static void answer_route(cn__req *r) {
+  cn__server *s = r->srv;
+  cn__route rt = r->route;
+  cn__model_entry *me = r->me;
+  if (route_refused(r)) return;
+  if (rt == CN__RT_MODEL_READY) {
+    answer_model_ready(r);
+    return;
+  }
+  if (rt == CN__RT_REPO_UNLOAD) { /* the index only reads: no guard */
+    answer_repo_unload(r);
     return;
   }
   if (rt == CN__RT_REPO_LOAD) {
-    if (!repo_allowed(r)) return;
-    if (atomic_load(&s->draining)) {
-      answer_err(r, CN_E_DRAINING, "the server is shutting down");
-      return;
-    }
-    /* loaded on a loader thread; the answer comes when it is done */
-    r->state = CN__REQ_WAITING;
-    hand_over(r);
+    answer_repo_load(r);
     return;
   }
   int status;

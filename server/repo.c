@@ -21,7 +21,8 @@
  * it runs); `cur`, `state` and `reason` are read under the slot's mutex
  * from any thread (the loop, workers, loader threads, the retrainer).
  *
- * Reading the models directory is repo_dirs.c's; the index and the
+ * Unloads, rescans and the guard of the routes are repo_control.c's;
+ * reading the models directory is repo_dirs.c's; the index and the
  * repository's metrics series are repo_report.c's.
  */
 #include <arpa/inet.h>
@@ -49,8 +50,8 @@ struct cn__load {
 
 /* The slot's directory as it is now: recorded when a load of it starts,
  * compared by the next rescan (loop thread, or start-up). */
-static void slot_signature(cn__server *s, cn__model_slot *sl,
-                           struct stat sig[2]) {
+void cn__repo_slot_signature(cn__server *s, cn__model_slot *sl,
+                             struct stat sig[2]) {
   char dir[2048];
   snprintf(dir, sizeof(dir), "%s/%s", s->cfg.serve.models_dir, sl->name);
   cn__dirs_signature(dir, sig);
@@ -91,7 +92,7 @@ bool cn__repo_busy(const cn__model_slot *sl) {
 
 /* Frees sl for another name when nothing holds it: no version, no load,
  * no window, no version alive that points at it (loop thread). */
-static bool slot_free(cn__server *s, cn__model_slot *sl) {
+bool cn__repo_slot_free(cn__server *s, cn__model_slot *sl) {
   pthread_mutex_lock(&sl->vmu);
   bool idle = sl->cur == NULL;
   pthread_mutex_unlock(&sl->vmu);
@@ -113,7 +114,7 @@ static int live_slots(cn__server *s, bool reclaim) {
   int n = atomic_load(&s->n_models), live = 0;
   for (int i = 0; i < n; i++) {
     cn__model_slot *sl = &s->models[i];
-    if (sl->used && reclaim && !cn__dirs_present(s->cfg.serve.models_dir, sl->name) && slot_free(s, sl))
+    if (sl->used && reclaim && !cn__dirs_present(s->cfg.serve.models_dir, sl->name) && cn__repo_slot_free(s, sl))
       continue;
     live += sl->used;
   }
@@ -292,7 +293,7 @@ int cn__repo_load_all(cn__server *s, cn_err *err) {
     cn__model_entry *me;
     cn_err e;
     cn_err_clear(&e);
-    slot_signature(s, sl, sl->tried);
+    cn__repo_slot_signature(s, sl, sl->tried);
     if (version_load(s, sl, &me, &e) == 0) {
       install(sl, me);
       loaded++;
@@ -386,8 +387,8 @@ static void answer_load(cn__model_slot *sl, cn__req *r, cn__model_entry *v,
 }
 
 /* Answers every request that joined sl's load, and forgets them. */
-static void answer_joined(cn__model_slot *sl, cn__model_entry *v,
-                          const cn_err *err) {
+void cn__repo_answer_joined(cn__model_slot *sl, cn__model_entry *v,
+                            const cn_err *err) {
   cn__req *r = sl->joined;
   sl->joined = NULL;
   while (r != NULL) {
@@ -419,7 +420,7 @@ static int start_load(cn__server *s, cn__model_slot *sl, cn_err *e) {
     sl->loading = true;
     sl->queued = false;
     sl->load_gen = sl->gen;
-    slot_signature(s, sl, sl->tried);
+    cn__repo_slot_signature(s, sl, sl->tried);
     s->loads_pending++;
     CN_LOG(CN_LOG_INFO, "msg=model-loading model=%s loads_in_flight=%d",
            sl->name, s->loads_pending);
@@ -549,7 +550,7 @@ void cn__repo_on_loaded(uv_async_t *a) {
       cn_err e;
       cn_err_clear(&e);
       if (sl->joined != NULL && start_load(s, sl, &e) != 0)
-        answer_joined(sl, NULL, &e);
+        cn__repo_answer_joined(sl, NULL, &e);
       free(L);
       L = next;
       continue;
@@ -560,13 +561,13 @@ void cn__repo_on_loaded(uv_async_t *a) {
     } else if (L->err.code != CN_E_DRAINING) {
       load_failed(sl, &L->err);
     }
-    answer_joined(sl, L->ver, &L->err);
+    cn__repo_answer_joined(sl, L->ver, &L->err);
     cn__model_release(L->ver);
     /* a rescan came while it loaded: look once more */
     if (sl->rescan_owed && !atomic_load(&s->draining)) {
       sl->rescan_owed = false;
       struct stat now[2];
-      slot_signature(s, sl, now);
+      cn__repo_slot_signature(s, sl, now);
       if (!cn__dirs_same(now, sl->tried) && cn__dirs_present(s->cfg.serve.models_dir, sl->name))
         cn__repo_load_async(s, sl->name, NULL);
     }
@@ -578,149 +579,4 @@ void cn__repo_on_loaded(uv_async_t *a) {
     s->reload_notify = false;
     cn__notify("READY=1\nSTATUS=serving");
   }
-}
-
-void cn__repo_unload(cn__server *s, cn__model_slot *sl) {
-  /* a load in flight or queued is cancelled: its result is discarded
-   * (else it would make the model READY again), and the requests
-   * that waited on it are told */
-  bool cancelled = cn__repo_busy(sl);
-  sl->gen++;
-  sl->queued = false;
-  sl->rescan_owed = false;
-  if (sl->joined != NULL) {
-    cn_err e;
-    cn_err_clear(&e);
-    cn_err_set(&e, CN_E_UNAVAILABLE, "model '%.128s' was unloaded while it "
-               "loaded: that load is discarded", sl->name);
-    answer_joined(sl, NULL, &e);
-  }
-  pthread_mutex_lock(&sl->vmu);
-  cn__model_entry *old = sl->cur;
-  sl->cur = NULL;
-  sl->state = CN__MODEL_UNLOADED;
-  snprintf(sl->reason, sizeof(sl->reason), "unloaded");
-  pthread_mutex_unlock(&sl->vmu);
-  CN_LOG(CN_LOG_INFO, "msg=model-unloaded model=%s version=%s "
-         "load_cancelled=%s", sl->name, old ? old->version : "-",
-         cancelled ? "true" : "false");
-  cn__model_release(old); /* its requests finish on it */
-  /* its directory gone: the slot is free for another name */
-  if (!cn__dirs_present(s->cfg.serve.models_dir, sl->name)) slot_free(s, sl);
-}
-
-/* Has the directory changed since its last load was tried? A version
- * that failed is not retried, nor one unloaded through the API reloaded,
- * until its files change. */
-static bool slot_changed(cn__server *s, cn__model_slot *sl) {
-  struct stat now[2];
-  slot_signature(s, sl, now);
-  return !cn__dirs_same(now, sl->tried);
-}
-
-void cn__repo_rescan(cn__server *s, const char *why) {
-  /* a service manager's reload (SIGHUP): RELOADING=1 now, READY=1 once
-   * the loads it started are back (sd_notify(3)) */
-  bool reload = strcmp(why, "sighup") == 0;
-  if (reload) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    char msg[96];
-    snprintf(msg, sizeof(msg), "RELOADING=1\nMONOTONIC_USEC=%lld",
-             (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000);
-    cn__notify(msg);
-  }
-  char **names;
-  cn__unservable *bad;
-  int n_bad;
-  int n = cn__dirs_list(s->cfg.serve.models_dir, &names, &bad, &n_bad);
-  if (n < 0) {
-    CN_LOG(CN_LOG_ERROR, "msg=rescan-failed why=%s models_dir=\"%s\"", why,
-           s->cfg.serve.models_dir);
-    return;
-  }
-  int loads = 0, unloads = 0;
-  for (int i = 0; i < n; i++) {
-    cn__model_slot *sl = cn__repo_find(s, names[i], strlen(names[i]));
-    /* loading: its files may change after the load opened them, so the
-     * slot gets one more look when the load ends (else a SIGHUP
-     * during a load would be lost) */
-    if (sl != NULL && sl->loading) {
-      sl->rescan_owed = true;
-      continue;
-    }
-    /* new, reappeared after removal, or changed since the last try */
-    if (sl == NULL || slot_changed(s, sl)) {
-      cn__repo_load_async(s, names[i], NULL);
-      loads++;
-    }
-  }
-  int m = atomic_load(&s->n_models);
-  for (int i = 0; i < m; i++) {
-    cn__model_slot *sl = &s->models[i];
-    if (!sl->used) continue;
-    bool present = false;
-    for (int k = 0; k < n && !present; k++)
-      present = strcmp(names[k], sl->name) == 0;
-    if (present || sl->loading) continue;
-    sl->queued = false;
-    pthread_mutex_lock(&sl->vmu);
-    bool has = sl->cur != NULL;
-    pthread_mutex_unlock(&sl->vmu);
-    /* gone: whatever appears under the name later is new */
-    memset(sl->tried, 0, sizeof(sl->tried));
-    if (has) {
-      cn__repo_unload(s, sl);
-      unloads++;
-    }
-    /* no version and no directory: the slot is free for another name */
-    slot_free(s, sl);
-  }
-  if (loads + unloads > 0 || strcmp(why, "poll") != 0)
-    CN_LOG(CN_LOG_INFO, "msg=rescan why=%s directories=%d loads=%d "
-           "unloads=%d", why, n, loads, unloads);
-  for (int i = 0; i < n_bad && strcmp(why, "poll") != 0; i++)
-    cn__dirs_log_unservable(&bad[i]);
-  cn__dirs_free_unservable(bad, n_bad);
-  cn__dirs_free_names(names, n);
-  if (reload) {
-    s->reload_notify = true;
-    if (s->loads_pending == 0) {
-      s->reload_notify = false;
-      cn__notify("READY=1\nSTATUS=serving");
-    }
-  }
-}
-
-static bool host_is_loopback(const char *host) {
-  struct in_addr a4;
-  struct in6_addr a6;
-  if (inet_pton(AF_INET, host, &a4) == 1)
-    return (ntohl(a4.s_addr) >> 24) == 127;
-  if (inet_pton(AF_INET6, host, &a6) == 1)
-    return IN6_IS_ADDR_LOOPBACK(&a6) ||
-           (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
-  return strcmp(host, "localhost") == 0;
-}
-
-void cn__repo_guard_init(cn__server *s) {
-  const cn_serve_config *sc = &s->cfg.serve;
-  bool token = sc->repository_token[0] != '\0';
-  bool loop = host_is_loopback(sc->host);
-  s->repo_open = token || loop || sc->repository_insecure;
-  if (strcmp(sc->model_control, "none") == 0) return;
-  if (token)
-    CN_LOG(CN_LOG_INFO, "msg=repository-routes state=token");
-  else if (loop)
-    CN_LOG(CN_LOG_INFO, "msg=repository-routes state=loopback host=%s",
-           sc->host);
-  else if (sc->repository_insecure)
-    CN_LOG(CN_LOG_WARN, "msg=repository-routes state=insecure host=%s "
-           "reason=\"repository-insecure: anyone who reaches the port may "
-           "load and unload models\"", sc->host);
-  else
-    CN_LOG(CN_LOG_WARN, "msg=repository-routes state=refused host=%s "
-           "reason=\"no repository-token on a non-loopback host: load and "
-           "unload answer 403 (set repository-token, or "
-           "repository-insecure true)\"", sc->host);
 }

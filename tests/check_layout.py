@@ -92,15 +92,18 @@ CALL_CYCLE_EXCEPTIONS = {}
 SERVER_LAYERS = [
     ("entry", ["serve.c"]),
     ("handlers", ["http.c", "routes.c", "infer.c", "parse_time.c", "limits.c",
-                  "bigparse.c", "kserve.c", "repo.c", "repo_report.c",
+                  "bigparse.c", "kserve.c", "repo.c", "repo_control.c",
+                  "repo_report.c",
                   "repo_dirs.c",
                   "kserve_ext.c"]),
     ("work", ["batcher.c", "job_queue.c", "worker.c", "decode.c", "warmup.c",
               "learned_policy.c", "answer_parts.c", "kserve_answer.c"]),
     ("request", ["request.c", "versions.c"]),
-    ("net", ["listen.c", "conn_parse.c", "conn.c", "grpc.c",
+    ("net", ["listen.c", "conn_parse.c", "conn.c", "conn_accept.c",
+             "grpc.c", "grpc_accept.c", "grpc_call.c",
+             "grpc_request.c",
              "grpc_service.c", "grpc_service.pb-c.c"]),
-    ("base", ["log.c", "metrics.c", "notify.c", "bodyscan.c",
+    ("base", ["log.c", "metrics.c", "metrics_text.c", "notify.c", "bodyscan.c",
               "encoding.c"]),
 ]
 

@@ -155,37 +155,30 @@ typedef struct rel_free {
   int64_t lo, len;
 } rel_free;
 
-int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
-  const int32_t B = r->n_batches, nv = r->nv;
-  int rc = -1;
-  int32_t *batch_of = malloc((size_t)nv * sizeof(int32_t) + 1);
-  int32_t *death = malloc((size_t)nv * sizeof(int32_t) + 1);
+/* The scratch of one row plan (cn__run_plan_live), shared by its steps. */
+typedef struct live_plan {
+  int32_t *batch_of, *death;
   /* next[v]: the row after v in its batch's list of rows read later;
    * head[b]: that list's first (-1: none); seq: one batch's new entries */
-  int32_t *next = malloc((size_t)nv * sizeof(int32_t) + 1);
-  int32_t *head = malloc(((size_t)B + 1) * sizeof(int32_t));
-  int32_t *seq = malloc((size_t)nv * sizeof(int32_t) + 1);
-  uint8_t *listed = calloc((size_t)nv + 1, 1);
-  int32_t *unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
-  int64_t *block = NULL;
-  int32_t *n_at = calloc((size_t)B + 1, sizeof(int32_t));
-  rel_free *rel = NULL, *sorted = NULL;
-  row_key *keys = NULL;
-  cn_offset_alloc a = {0};
-  int64_t n_rel = 0, cap_rel = 0, max_n = 0;
-  if (!batch_of || !death || !next || !head || !seq || !listed || !unit0 ||
-      !n_at)
-    goto out;
-  unit0[0] = 0;
-  for (int32_t b = 0; b < B; b++) {
-    int32_t ur = unit_rows(r, b);
-    unit0[b + 1] = unit0[b] + (r->batches[b].n + ur - 1) / ur;
-  }
-  block = malloc((size_t)unit0[B] * sizeof(int64_t) + 1);
-  if (block == NULL) goto out;
+  int32_t *next, *head, *seq;
+  uint8_t *listed;
+  int32_t *unit0;  /* the first unit (block) of each batch */
+  int64_t *block;  /* each unit's offset */
+  int32_t *n_at;   /* the frees after each batch */
+  rel_free *rel, *sorted;
+  row_key *keys;
+  int64_t n_rel, cap_rel, max_n;
+} live_plan;
+
+/* Each batch's units, each row's batch, and each row's death: the batch
+ * that reads it last (B: kept, or never read). */
+static void plan_deaths(const cn_run *r, const uint8_t *keep,
+                        live_plan *lp) {
+  const int32_t B = r->n_batches, nv = r->nv;
+  int32_t *batch_of = lp->batch_of, *death = lp->death, *head = lp->head;
   for (int32_t b = 0; b < B; b++) {
     const cn_run_batch *bt = &r->batches[b];
-    if (bt->n > max_n) max_n = bt->n;
+    if (bt->n > lp->max_n) lp->max_n = bt->n;
     for (int32_t i = 0; i < bt->n; i++) {
       int32_t v = r->order[bt->start + i];
       batch_of[v] = b;
@@ -203,72 +196,86 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   }
   for (int32_t v = 0; v < nv; v++)
     if (keep == NULL || keep[v]) death[v] = B;
-  keys = malloc((size_t)max_n * sizeof(row_key) + 1);
-  if (keys == NULL) goto out;
-  /* Rows in each batch, from the last batch back: by death, then in the
-   * order their last reader batch (already ordered) reads them, by the
-   * first (row, edge) reading each. No sort: the rows a batch d reads
-   * last are listed in that order as d is placed, each list put in front
-   * of its batch's (lists from later batches come after), so a batch's
-   * order is its rows dying in it (the scheduler's order), its list, then
-   * the rows kept (the scheduler's order): O(rows + edges) in all. */
-  for (int32_t b = B - 1; b >= 0; b--) {
-    const cn_run_batch *bt = &r->batches[b];
-    int32_t *ord = r->order + bt->start, n = 0;
-    for (int32_t i = 0; i < bt->n; i++)
-      if (death[ord[i]] == b) keys[n++] = (row_key){b, ord[i]};
-    for (int32_t v = head[b]; v >= 0; v = next[v])
-      keys[n++] = (row_key){death[v], v};
-    for (int32_t i = 0; i < bt->n; i++)
-      if (death[ord[i]] == B) keys[n++] = (row_key){B, ord[i]};
-    if (n != bt->n) goto out; /* cannot happen: every row is in one part */
-    int32_t ns = 0;
-    for (int32_t i = 0; i < bt->n; i++) {
-      int32_t v = ord[i] = keys[i].v;
-      int k;
-      const int32_t *in = cn__run_inputs(r, v, &k);
-      for (int q = 0; q < k; q++) /* the first (row, edge) reading it */
-        if (death[in[q]] == b && !listed[in[q]]) {
-          listed[in[q]] = 1;
-          seq[ns++] = in[q];
-        }
-    }
-    while (ns > 0) { /* in front of each batch's list, in reading order */
-      int32_t u = seq[--ns];
-      next[u] = head[batch_of[u]];
-      head[batch_of[u]] = u;
-    }
-    /* the frees of its blocks (one per unit), group by group as rows die:
-     * each block from its front */
-    int64_t w = r->state_floats[bt->type];
-    int32_t ur = unit_rows(r, b);
-    for (int32_t i = 0; i < bt->n;) {
-      int32_t d = keys[i].death, j = i;
-      while (j < bt->n && keys[j].death == d) j++;
-      for (int32_t x = i; x < j;) { /* [x, z): the group within one unit */
-        int32_t u0 = x / ur * ur, u1 = u0 + ur < bt->n ? u0 + ur : bt->n;
-        int32_t z = j < u1 ? j : u1;
-        int64_t lo = x == u0 ? 0 : ((x - u0) * w) & ~(int64_t)(GRAIN - 1);
-        int64_t end = z == u1 ? round_up((u1 - u0) * w)
-                              : ((z - u0) * w) & ~(int64_t)(GRAIN - 1);
-        if (d < B && end > lo) {
-          if (n_rel == cap_rel) {
-            cap_rel = cap_rel ? 2 * cap_rel : 256;
-            rel_free *p = cn__xrealloc(rel, (size_t)cap_rel, sizeof(*p));
-            if (p == NULL) goto out;
-            rel = p;
-          }
-          rel[n_rel++] = (rel_free){d, unit0[b] + x / ur, lo, end - lo};
-          n_at[d]++;
-        }
-        x = z;
+}
+
+/* Batch b's rows in their order (see cn__run_plan_live), the rows it
+ * reads last listed in front of their batches' lists, and the frees of
+ * its blocks, group by group as rows die: each block from its front.
+ * Batches are placed from the last back. -1: out of memory. */
+static int plan_batch_rows(cn_run *r, live_plan *lp, int32_t b) {
+  const int32_t B = r->n_batches;
+  int32_t *batch_of = lp->batch_of, *death = lp->death, *next = lp->next,
+          *head = lp->head, *seq = lp->seq, *unit0 = lp->unit0,
+          *n_at = lp->n_at;
+  uint8_t *listed = lp->listed;
+  row_key *keys = lp->keys;
+  const cn_run_batch *bt = &r->batches[b];
+  int32_t *ord = r->order + bt->start, n = 0;
+  for (int32_t i = 0; i < bt->n; i++)
+    if (death[ord[i]] == b) keys[n++] = (row_key){b, ord[i]};
+  for (int32_t v = head[b]; v >= 0; v = next[v])
+    keys[n++] = (row_key){death[v], v};
+  for (int32_t i = 0; i < bt->n; i++)
+    if (death[ord[i]] == B) keys[n++] = (row_key){B, ord[i]};
+  if (n != bt->n) return -1; /* cannot happen: every row is in one part */
+  int32_t ns = 0;
+  for (int32_t i = 0; i < bt->n; i++) {
+    int32_t v = ord[i] = keys[i].v;
+    int k;
+    const int32_t *in = cn__run_inputs(r, v, &k);
+    for (int q = 0; q < k; q++) /* the first (row, edge) reading it */
+      if (death[in[q]] == b && !listed[in[q]]) {
+        listed[in[q]] = 1;
+        seq[ns++] = in[q];
       }
-      i = j;
-    }
   }
+  while (ns > 0) { /* in front of each batch's list, in reading order */
+    int32_t u = seq[--ns];
+    next[u] = head[batch_of[u]];
+    head[batch_of[u]] = u;
+  }
+  /* the frees of its blocks (one per unit), group by group as rows die:
+   * each block from its front */
+  int64_t w = r->state_floats[bt->type];
+  int32_t ur = unit_rows(r, b);
+  for (int32_t i = 0; i < bt->n;) {
+    int32_t d = keys[i].death, j = i;
+    while (j < bt->n && keys[j].death == d) j++;
+    for (int32_t x = i; x < j;) { /* [x, z): the group within one unit */
+      int32_t u0 = x / ur * ur, u1 = u0 + ur < bt->n ? u0 + ur : bt->n;
+      int32_t z = j < u1 ? j : u1;
+      int64_t lo = x == u0 ? 0 : ((x - u0) * w) & ~(int64_t)(GRAIN - 1);
+      int64_t end = z == u1 ? round_up((u1 - u0) * w)
+                            : ((z - u0) * w) & ~(int64_t)(GRAIN - 1);
+      if (d < B && end > lo) {
+        if (lp->n_rel == lp->cap_rel) {
+          lp->cap_rel = lp->cap_rel ? 2 * lp->cap_rel : 256;
+          rel_free *p = cn__xrealloc(lp->rel, (size_t)lp->cap_rel,
+                                     sizeof(*p));
+          if (p == NULL) return -1;
+          lp->rel = p;
+        }
+        lp->rel[lp->n_rel++] = (rel_free){d, unit0[b] + x / ur, lo, end - lo};
+        n_at[d]++;
+      }
+      x = z;
+    }
+    i = j;
+  }
+  return 0;
+}
+
+/* The frees sorted by the batch after which they happen, then the
+ * simulation that places every unit's block in a (r->state_off) and
+ * records the frees at their offsets (r->frees). -1: out of memory. */
+static int plan_place(cn_run *r, live_plan *lp, cn_offset_alloc *a) {
+  const int32_t B = r->n_batches;
+  int32_t *n_at = lp->n_at, *unit0 = lp->unit0;
+  int64_t *block = lp->block, n_rel = lp->n_rel;
+  rel_free *rel = lp->rel, *sorted;
   /* the frees by the batch after which they happen (counting sort) */
-  sorted = malloc((size_t)n_rel * sizeof(rel_free) + 1);
-  if (sorted == NULL) goto out;
+  sorted = lp->sorted = malloc((size_t)n_rel * sizeof(rel_free) + 1);
+  if (sorted == NULL) return -1;
   for (int32_t b = 0, s = 0; b <= B; b++) {
     int32_t c = n_at[b];
     n_at[b] = s;
@@ -279,7 +286,7 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   free(r->frees);
   r->frees = malloc((size_t)n_rel * sizeof(cn_arena_free) + 1);
   r->n_frees = 0;
-  if (r->frees == NULL) goto out;
+  if (r->frees == NULL) return -1;
   /* The simulation: batch b's block is taken after the frees of batches
    * before b (its inputs, dying at b, are still held). */
   int64_t f = 0;
@@ -287,7 +294,7 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
     for (; b > 0 && f < n_at[b - 1]; f++) {
       const rel_free *e = &sorted[f];
       int64_t off = block[e->batch] + e->lo;
-      if (cn__oalloc_free(&a, off, e->len)) goto out;
+      if (cn__oalloc_free(a, off, e->len)) return -1;
       r->frees[r->n_frees++] = (cn_arena_free){e->at, off, e->len};
     }
     const cn_run_batch *bt = &r->batches[b];
@@ -297,7 +304,7 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
       int32_t nu = bt->n - u0 < ur ? bt->n - u0 : ur;
       int64_t size = round_up(nu * w), *at = &block[unit0[b] + u0 / ur];
       *at = 0;
-      if (size > 0 && cn__oalloc_alloc(&a, size, at)) goto out;
+      if (size > 0 && cn__oalloc_alloc(a, size, at)) return -1;
       for (int32_t i = 0; i < nu; i++)
         r->state_off[r->order[bt->start + u0 + i]] = *at + i * w;
     }
@@ -307,23 +314,63 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
     r->frees[r->n_frees++] =
         (cn_arena_free){e->at, block[e->batch] + e->lo, e->len};
   }
+  return 0;
+}
+
+/* Rows in each batch, from the last batch back: by death, then in the
+ * order their last reader batch (already ordered) reads them, by the
+ * first (row, edge) reading each. No sort: the rows a batch d reads
+ * last are listed in that order as d is placed, each list put in front
+ * of its batch's (lists from later batches come after), so a batch's
+ * order is its rows dying in it (the scheduler's order), its list, then
+ * the rows kept (the scheduler's order): O(rows + edges) in all. Then
+ * the blocks are placed by simulating the frees (plan_place). */
+int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
+  const int32_t B = r->n_batches, nv = r->nv;
+  int rc = -1;
+  live_plan lp = {0};
+  lp.batch_of = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.death = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.next = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.head = malloc(((size_t)B + 1) * sizeof(int32_t));
+  lp.seq = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.listed = calloc((size_t)nv + 1, 1);
+  lp.unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
+  lp.n_at = calloc((size_t)B + 1, sizeof(int32_t));
+  cn_offset_alloc a = {0};
+  if (!lp.batch_of || !lp.death || !lp.next || !lp.head || !lp.seq ||
+      !lp.listed || !lp.unit0 || !lp.n_at)
+    goto out;
+  lp.unit0[0] = 0;
+  for (int32_t b = 0; b < B; b++) {
+    int32_t ur = unit_rows(r, b);
+    lp.unit0[b + 1] = lp.unit0[b] + (r->batches[b].n + ur - 1) / ur;
+  }
+  lp.block = malloc((size_t)lp.unit0[B] * sizeof(int64_t) + 1);
+  if (lp.block == NULL) goto out;
+  plan_deaths(r, keep, &lp);
+  lp.keys = malloc((size_t)lp.max_n * sizeof(row_key) + 1);
+  if (lp.keys == NULL) goto out;
+  for (int32_t b = B - 1; b >= 0; b--)
+    if (plan_batch_rows(r, &lp, b) != 0) goto out;
+  if (plan_place(r, &lp, &a) != 0) goto out;
   *states = a.peak;
   r->state_floats_live = a.peak_live;
   rc = 0;
 out:
   cn__oalloc_done(&a);
-  free(batch_of);
-  free(death);
-  free(next);
-  free(head);
-  free(seq);
-  free(listed);
-  free(block);
-  free(unit0);
-  free(n_at);
-  free(rel);
-  free(sorted);
-  free(keys);
+  free(lp.batch_of);
+  free(lp.death);
+  free(lp.next);
+  free(lp.head);
+  free(lp.seq);
+  free(lp.listed);
+  free(lp.block);
+  free(lp.unit0);
+  free(lp.n_at);
+  free(lp.rel);
+  free(lp.sorted);
+  free(lp.keys);
   return rc;
 }
 

@@ -442,6 +442,116 @@ static void waiting_at_peak(const mplan *P, int32_t K, int32_t at,
   }
 }
 
+/* The plan's scratch, sized for g's vertices; which vertices may run
+ * early at all (cand); where each type's rows start (rbase). -1: out of
+ * memory (what was allocated is freed with the plan). */
+static int plan_setup(mplan *P) {
+  const cn_dag *g = P->g;
+  if (cn__dag_consumers(g, &P->out_start, &P->out_edges) != 0) return -1;
+  size_t nv1 = (size_t)g->nv * sizeof(int32_t) + 1;
+  P->dl = malloc(nv1);
+  P->pos = malloc(nv1);
+  P->alt = malloc(nv1);
+  P->pend = malloc(nv1);
+  P->rem = malloc(nv1);
+  P->rdy = malloc(nv1);
+  P->take = malloc(nv1);
+  P->srcs = malloc(nv1);
+  P->dnext = malloc(nv1);
+  P->cand = malloc((size_t)g->nv + 1);
+  if (!P->dl || !P->pos || !P->alt || !P->pend || !P->rem || !P->rdy ||
+      !P->take || !P->srcs || !P->dnext || !P->cand)
+    return -1;
+  /* An early run frees at most its inputs' rows (those not kept): a
+   * vertex whose inputs cannot outweigh its own row never runs early. */
+  for (int32_t v = 0; v < g->nv; v++) {
+    int64_t gain = -vbytes(P, v);
+    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
+      if (!kept(P, g->in_edges[e])) gain += vbytes(P, g->in_edges[e]);
+    P->cand[v] = gain > 0;
+  }
+  {
+    int32_t cnt[CN_MAX_TYPES + 1] = {0};
+    for (int32_t v = 0; v < g->nv; v++) cnt[g->vtype[v]]++;
+    P->rbase[0] = 0;
+    for (int t = 0; t < P->T; t++) P->rbase[t + 1] = P->rbase[t] + cnt[t];
+  }
+  return 0;
+}
+
+/* The scratch of one round of groups, for skeletons of up to k_max
+ * batches: the skeleton and a candidate, and the plan's per-batch lists
+ * (the previous round's freed). -1: out of memory. */
+static int group_scratch(mplan *P, int32_t k_max, uint8_t **skel,
+                         uint8_t **cand) {
+  free(*skel);
+  free(*cand);
+  free(P->prev);
+  free(P->kcnt);
+  free(P->kfreed);
+  free(P->dhead);
+  free(P->dtail);
+  *skel = malloc((size_t)k_max + 1);
+  *cand = malloc((size_t)k_max + 1);
+  P->prev = malloc((size_t)P->T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
+  size_t k1 = ((size_t)k_max + 1) * sizeof(int32_t);
+  P->kcnt = malloc(k1);
+  P->dhead = malloc(k1);
+  P->dtail = malloc(k1);
+  P->kfreed = malloc(((size_t)k_max + 1) * sizeof(int64_t));
+  if (!*skel || !*cand || !P->prev || !P->kcnt || !P->dhead || !P->dtail ||
+      !P->kfreed)
+    return -1;
+  return 0;
+}
+
+/* Under a budget: the batch whose insertion into skel (K batches, plan
+ * o) lowers the peak most: of the type that defers most bytes at o's
+ * peak and the one that frees most, at sampled positions and then
+ * between the best one's neighbours. *tb: its type (-1: none), *pb its
+ * position, *ob its plan. Overwrites P->dl and the schedule in pos[]. */
+static void best_insertion(mplan *P, const uint8_t *skel, int32_t K,
+                           outcome o, int64_t budget, uint8_t *cand,
+                           outcome *ob_out, int *tb_out, int32_t *pb_out) {
+  outcome ob = {0, 0, 0, 0, false};
+  int tb = -1;
+  int32_t pb = -1;
+  int32_t step = K + 1 <= SAMPLE ? 1 : (K + SAMPLE) / SAMPLE;
+  int64_t waiting[CN_MAX_TYPES], freeing[CN_MAX_TYPES];
+  waiting_at_peak(P, K, o.at, P->dl, waiting, freeing); /* pos[]: o's */
+  uint32_t types = 0; /* the type deferring most, the one freeing most */
+  int tw = -1, tf = -1;
+  for (int t = 0; t < P->T; t++) {
+    if (waiting[t] > 0 && (tw < 0 || waiting[t] > waiting[tw])) tw = t;
+    if (freeing[t] > 0 && (tf < 0 || freeing[t] > freeing[tf])) tf = t;
+  }
+  if (tw >= 0) types |= 1u << tw;
+  if (tf >= 0) types |= 1u << tf;
+  for (int t = 0; t < P->T; t++) {
+    if (P->m->bytes[t] <= 0 || !(types >> t & 1)) continue;
+    outcome ot = {0, 0, 0, 0, false};
+    int32_t pt = -1;
+    for (int32_t p = 0; p <= K; p += step) {
+      with_insert(skel, K, t, p, cand);
+      outcome c = eval(P, cand, K + 1, true, budget);
+      if (better(c, ot)) ot = c, pt = p;
+    }
+    /* then the positions between the best one's neighbours */
+    int32_t fine = step / 6 > 1 ? step / 6 : 1;
+    for (int32_t p = pt - step + fine; pt >= 0 && step > 1 && p < pt + step;
+         p += fine) {
+      if (p < 0 || p > K || p == pt) continue;
+      with_insert(skel, K, t, p, cand);
+      outcome c = eval(P, cand, K + 1, true, budget);
+      if (better(c, ot)) ot = c, pt = p;
+    }
+    if (better(ot, ob)) ob = ot, tb = t, pb = pt;
+  }
+  *ob_out = ob;
+  *tb_out = tb;
+  *pb_out = pb;
+}
+
 int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
                       int32_t *order, cn_run_batch *batches,
                       int32_t *n_batches, cn_dag_mem_result *res) {
@@ -456,36 +566,10 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
   if (res->peak_before < 0) return CN_E_NOMEM;
   res->fits = budget <= 0 || res->peak_before <= budget;
   if (g->nv == 0 || nb0 == 0) return 0;
-  if (cn__dag_consumers(g, &P.out_start, &P.out_edges) != 0) goto out;
+  if (plan_setup(&P) != 0) goto out;
   size_t nv1 = (size_t)g->nv * sizeof(int32_t) + 1;
-  P.dl = malloc(nv1);
-  P.pos = malloc(nv1);
-  P.alt = malloc(nv1);
-  P.pend = malloc(nv1);
-  P.rem = malloc(nv1);
-  P.rdy = malloc(nv1);
-  P.take = malloc(nv1);
-  P.srcs = malloc(nv1);
-  P.dnext = malloc(nv1);
-  P.cand = malloc((size_t)g->nv + 1);
   base = malloc((size_t)nb0 + 1);
-  if (!P.dl || !P.pos || !P.alt || !P.pend || !P.rem || !P.rdy || !P.take ||
-      !P.srcs || !P.dnext || !P.cand || !base)
-    goto out;
-  /* An early run frees at most its inputs' rows (those not kept): a
-   * vertex whose inputs cannot outweigh its own row never runs early. */
-  for (int32_t v = 0; v < g->nv; v++) {
-    int64_t gain = -vbytes(&P, v);
-    for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
-      if (!kept(&P, g->in_edges[e])) gain += vbytes(&P, g->in_edges[e]);
-    P.cand[v] = gain > 0;
-  }
-  {
-    int32_t cnt[CN_MAX_TYPES + 1] = {0};
-    for (int32_t v = 0; v < g->nv; v++) cnt[g->vtype[v]]++;
-    P.rbase[0] = 0;
-    for (int t = 0; t < P.T; t++) P.rbase[t + 1] = P.rbase[t] + cnt[t];
-  }
+  if (base == NULL) goto out;
   for (int32_t b = 0; b < nb0; b++) base[b] = (uint8_t)batches[b].type;
   outcome cur = {res->peak_before, 0, nb0, 0, true};
   for (int32_t G = 1;; G = G * 2 < P.n_comp ? G * 2 : P.n_comp) {
@@ -495,24 +579,7 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     P.K0 = G == 1 ? INT32_MAX : nb0;
     int32_t K = nb0 * G;
     int32_t k_max = K + nb0; /* at most one copy's worth of insertions */
-    free(skel);
-    free(cand);
-    free(P.prev);
-    free(P.kcnt);
-    free(P.kfreed);
-    free(P.dhead);
-    free(P.dtail);
-    skel = malloc((size_t)k_max + 1);
-    cand = malloc((size_t)k_max + 1);
-    P.prev = malloc((size_t)P.T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
-    size_t k1 = ((size_t)k_max + 1) * sizeof(int32_t);
-    P.kcnt = malloc(k1);
-    P.dhead = malloc(k1);
-    P.dtail = malloc(k1);
-    P.kfreed = malloc(((size_t)k_max + 1) * sizeof(int64_t));
-    if (!skel || !cand || !P.prev || !P.kcnt || !P.dhead || !P.dtail ||
-        !P.kfreed)
-      goto out;
+    if (group_scratch(&P, k_max, &skel, &cand) != 0) goto out;
     for (int32_t k = 0; k < G; k++) memcpy(skel + (size_t)k * nb0, base, nb0);
     outcome o = best_on(&P, skel, K, budget);
     /* Under a budget, one group: insert batches while that lowers the
@@ -522,41 +589,11 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     bool stale = false; /* pos[] holds a candidate's schedule, not o's */
     while (G == 1 && budget > 0 && o.ok && o.peak > budget && K < k_max &&
            stall < 4) {
-      outcome ob = {0, 0, 0, 0, false};
-      int tb = -1;
-      int32_t pb = -1;
-      int32_t step = K + 1 <= SAMPLE ? 1 : (K + SAMPLE) / SAMPLE;
-      int64_t waiting[CN_MAX_TYPES], freeing[CN_MAX_TYPES];
-      waiting_at_peak(&P, K, o.at, P.dl, waiting, freeing); /* pos[]: o's */
-      stale = true; /* P.dl borrowed; the candidates below overwrite pos[] */
-      uint32_t types = 0; /* the type deferring most, the one freeing most */
-      int tw = -1, tf = -1;
-      for (int t = 0; t < P.T; t++) {
-        if (waiting[t] > 0 && (tw < 0 || waiting[t] > waiting[tw])) tw = t;
-        if (freeing[t] > 0 && (tf < 0 || freeing[t] > freeing[tf])) tf = t;
-      }
-      if (tw >= 0) types |= 1u << tw;
-      if (tf >= 0) types |= 1u << tf;
-      for (int t = 0; t < P.T; t++) {
-        if (m->bytes[t] <= 0 || !(types >> t & 1)) continue;
-        outcome ot = {0, 0, 0, 0, false};
-        int32_t pt = -1;
-        for (int32_t p = 0; p <= K; p += step) {
-          with_insert(skel, K, t, p, cand);
-          outcome c = eval(&P, cand, K + 1, true, budget);
-          if (better(c, ot)) ot = c, pt = p;
-        }
-        /* then the positions between the best one's neighbours */
-        int32_t fine = step / 6 > 1 ? step / 6 : 1;
-        for (int32_t p = pt - step + fine; pt >= 0 && step > 1 && p < pt + step;
-             p += fine) {
-          if (p < 0 || p > K || p == pt) continue;
-          with_insert(skel, K, t, p, cand);
-          outcome c = eval(&P, cand, K + 1, true, budget);
-          if (better(c, ot)) ot = c, pt = p;
-        }
-        if (better(ot, ob)) ob = ot, tb = t, pb = pt;
-      }
+      outcome ob;
+      int tb;
+      int32_t pb;
+      best_insertion(&P, skel, K, o, budget, cand, &ob, &tb, &pb);
+      stale = true; /* P.dl borrowed; the candidates overwrote pos[] */
       if (tb < 0) break;
       if (ob.peak < o.peak) stall = 0;
       else if (ob.peak == o.peak && ob.area < o.area) stall++;

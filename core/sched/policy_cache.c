@@ -142,6 +142,68 @@ static bool types_match(const json_t *types, const cn_model *m) {
 
 #define BAD(...) (rc = cn_err_set(err, CN_E_BAD_MODEL, __VA_ARGS__))
 
+/* The "states" of a policy file into p's Q table: each [key, seen, Q
+ * values], checked against the encoding and the T types. */
+static int states_from_json(cn_fsm *p, json_t *states, cn_fsm_encoding enc,
+                            int T, cn_err *err) {
+  int rc = 0;
+  size_t i;
+  json_t *e;
+  json_array_foreach(states, i, e) {
+    json_int_t k;
+    int seen;
+    json_t *q;
+    if (json_unpack(e, "[I, i, o]", &k, &seen, &q) != 0 || k <= 0 ||
+        k > UINT32_MAX || !key_valid(enc, T, (uint32_t)k) || seen < 0 ||
+        seen >= (1 << T) || !json_is_array(q) ||
+        json_array_size(q) != (size_t)T ||
+        cn__qtab_find(&p->tab, (uint32_t)k) >= 0) {
+      BAD("state %zu is not valid", i);
+      return rc;
+    }
+    int64_t s = cn__qtab_get(&p->tab, (uint32_t)k);
+    if (s < 0) {
+      rc = cn_err_set(err, CN_E_NOMEM, "no memory for the policy");
+      return rc;
+    }
+    p->tab.seen[s] = (uint8_t)seen;
+    for (int a = 0; a < T; a++) {
+      json_t *x = json_array_get(q, (size_t)a);
+      double v = json_number_value(x);
+      if (!json_is_number(x) || !isfinite(v)) {
+        BAD("state %zu has a bad Q value", i);
+        return rc;
+      }
+      p->tab.q[s * T + a] = v;
+    }
+  }
+  return 0;
+}
+
+/* The "stats" of a policy file into p's statistics. */
+static int stats_from_json(cn_fsm *p, json_t *stats, cn_err *err) {
+  int rc = 0;
+  cn_fsm_stats *st = &p->st;
+  json_int_t f = 0, ag = 0, de = 0, su = 0, la = 0, la2 = 0, lb = 0, vx = 0;
+  if (json_unpack(stats,
+                  "{s:I, s:I, s:I, s:I, s?I, s?I, s:I, s:i, s:I, s:i, s:i, "
+                  "s:i, s:F}",
+                  "fsm", &f, "agenda", &ag, "depth", &de, "sufficient", &su,
+                  "lookahead", &la, "lookahead2", &la2,
+                  "lower_bound", &lb, "graphs", &st->graphs, "vertices", &vx,
+                  "iterations", &st->iterations, "best_iteration",
+                  &st->best_iteration, "distilled", &st->distilled,
+                  "seconds", &st->seconds) != 0) {
+    BAD("bad \"stats\"");
+    return rc;
+  }
+  st->fsm = f, st->agenda = ag, st->depth = de, st->sufficient = su;
+  st->lookahead = la;
+  st->lookahead2 = la2;
+  st->lower_bound = lb, st->vertices = vx;
+  return 0;
+}
+
 /* Checks everything and rebuilds the policy. *stale: the file is sound but
  * for another key. */
 static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
@@ -203,54 +265,8 @@ static int from_json(json_t *j, const cn_model *m, cn_fsm_encoding enc,
   for (int t = 0; t < T; t++)
     snprintf(p->type_names[t], sizeof(p->type_names[t]), "%s",
              m->fam->type_names[t]);
-  size_t i;
-  json_t *e;
-  json_array_foreach(states, i, e) {
-    json_int_t k;
-    int seen;
-    json_t *q;
-    if (json_unpack(e, "[I, i, o]", &k, &seen, &q) != 0 || k <= 0 ||
-        k > UINT32_MAX || !key_valid(enc, T, (uint32_t)k) || seen < 0 ||
-        seen >= (1 << T) || !json_is_array(q) ||
-        json_array_size(q) != (size_t)T ||
-        cn__qtab_find(&p->tab, (uint32_t)k) >= 0) {
-      BAD("state %zu is not valid", i);
-      goto out;
-    }
-    int64_t s = cn__qtab_get(&p->tab, (uint32_t)k);
-    if (s < 0) {
-      rc = cn_err_set(err, CN_E_NOMEM, "no memory for the policy");
-      goto out;
-    }
-    p->tab.seen[s] = (uint8_t)seen;
-    for (int a = 0; a < T; a++) {
-      json_t *x = json_array_get(q, (size_t)a);
-      double v = json_number_value(x);
-      if (!json_is_number(x) || !isfinite(v)) {
-        BAD("state %zu has a bad Q value", i);
-        goto out;
-      }
-      p->tab.q[s * T + a] = v;
-    }
-  }
-  cn_fsm_stats *st = &p->st;
-  json_int_t f = 0, ag = 0, de = 0, su = 0, la = 0, la2 = 0, lb = 0, vx = 0;
-  if (json_unpack(stats,
-                  "{s:I, s:I, s:I, s:I, s?I, s?I, s:I, s:i, s:I, s:i, s:i, "
-                  "s:i, s:F}",
-                  "fsm", &f, "agenda", &ag, "depth", &de, "sufficient", &su,
-                  "lookahead", &la, "lookahead2", &la2,
-                  "lower_bound", &lb, "graphs", &st->graphs, "vertices", &vx,
-                  "iterations", &st->iterations, "best_iteration",
-                  &st->best_iteration, "distilled", &st->distilled,
-                  "seconds", &st->seconds) != 0) {
-    BAD("bad \"stats\"");
-    goto out;
-  }
-  st->fsm = f, st->agenda = ag, st->depth = de, st->sufficient = su;
-  st->lookahead = la;
-  st->lookahead2 = la2;
-  st->lower_bound = lb, st->vertices = vx;
+  if ((rc = states_from_json(p, states, enc, T, err)) != 0) goto out;
+  if ((rc = stats_from_json(p, stats, err)) != 0) goto out;
 out:
   if (rc != 0) {
     cn_fsm_free(p);
