@@ -462,7 +462,7 @@ Test(fsm, cache_round_trip_corrupt_and_mismatched, .timeout = 60) {
   cr_expect_eq(cn_policy_cache_load(m, cache, CN_FSM_ENC_SORT, &q, &err),
                CN_CACHE_CORRUPT);
   cr_expect_null(q);
-  /* Not a regular file (probe 3): a FIFO blocked the open for ever, a
+  /* Not a regular file: a FIFO blocked the open for ever, a
    * directory or /dev/zero there is corrupt too, and nothing is read. */
   const char *kinds[] = {"FIFO", "directory", "/dev/zero"};
   for (int i = 0; i < 3; i++) {

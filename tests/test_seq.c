@@ -64,7 +64,7 @@ Test(seq, sequence_errors, .fini = unload) {
   expect_err("{\"tokens\": [\"a\"], \"nodes\": []}", CN_E_BAD_INSTANCE, -2,
              "instance has \"nodes\"");
   /* every input limit names its key as the operator sets it, and its
-   * value (probe 3: "\"tokens\" has 6 items" named neither) */
+   * value ("\"tokens\" has 6 items" named neither) */
   expect_err("{\"tokens\": [\"abcdefghijklmnop\"]}", CN_E_TOO_LARGE, 0,
              "\"tokens\"[0] is 16 bytes, over the limit of 12 (max-token-len)");
   expect_err("{\"text\": \"a abcdefghijklm\"}", CN_E_TOO_LARGE, 1,

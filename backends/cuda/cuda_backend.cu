@@ -119,7 +119,7 @@ static void cu_sync(cn_backend_ctx *bk) {
   CN_CUDA_CHECK(c, cudaStreamSynchronize(c->stream));
 }
 
-/* ---- fetch_rows: what the answers read, and nothing else (#33) ---- */
+/* ---- fetch_rows: what the answers read, and nothing else ---- */
 
 /* Span k (one block each, grid-stride over spans): tab[k] is its float
  * offset in base, tab[n + k] .. tab[n + k + 1] its place in dst. */

@@ -91,7 +91,7 @@ void *cu_pool_get(cu_ctx *c, size_t bytes) {
     c->blocks = b;
     c->cap_blocks = cap;
   }
-  /* Bounded (#33): the blocks kept unused beyond pool_keep_max go back
+  /* Bounded: the blocks kept unused beyond pool_keep_max go back
    * before the device gives a new one. */
   size_t idle = 0;
   for (int i = 0; i < c->n_blocks; i++)
