@@ -38,7 +38,7 @@ static int64_t envelope_bound(const cn__req *r, const cn__parsed *p) {
 
 /* Refuses a request whose answer could pass max-answer-bytes: the bound
  * is core's (cn_model_answer_bound), from the model's sizes, each
- * instance and the flags, so nothing of it runs (#21: a 328 KB request
+ * instance and the flags, so nothing of it runs (a 328 KB request
  * once asked for a 227 MB answer). */
 static int check_answer(const cn__req *r, cn__parsed *p, cn_err *e) {
   int64_t max = r->srv->cfg.serve.max_answer_bytes;

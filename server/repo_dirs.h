@@ -13,8 +13,8 @@
  * name is its directory's) or not a name (cn__dirs_name_flaw), its
  * model.json is not a regular file (a
  * directory, a FIFO, a device), or the daemon cannot reach it (a
- * directory it may not enter: mkdtemp's 0700 under another user, issue
- * 37; a dangling symbolic link). Each is a load that failed. A directory
+ * directory it may not enter: mkdtemp's 0700 under another user;
+ * a dangling symbolic link). Each is a load that failed. A directory
  * with no model.json at all is no model: only logged (not_model). */
 typedef struct {
   char *name;

@@ -210,7 +210,7 @@ static void on_trim_timer(uv_timer_t *t) {
  * each freed mmapped block (a worker's run arena, a big answer) raises
  * the mmap threshold to its size and the trim threshold to twice that, up
  * to 32 and 64 MiB, so after a few runs the workers' arenas kept tens of
- * MB of top chunk for good (#21: 12.9 MB idle, 55-66 MB after bursts,
+ * MB of top chunk for good (measured: 12.9 MB idle, 55-66 MB after bursts,
  * glibc's malloc_stats: 49 MB of arena, 0.1 MB in use; malloc_trim from
  * gdb: no change). Fixed thresholds: a block over 1 MiB is its own
  * mapping, unmapped when freed (cpu.c keeps its run arenas itself, so

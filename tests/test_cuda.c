@@ -89,7 +89,7 @@ ParameterizedTest(tu_family *c, cuda, family_equals_cpu, .timeout = 300) {
       cr_expect_leq(d, 1e-4, "%s policy %s batch %d: cuda differs by %g",
                     c->family, cn_policy_name((cn_policy_kind)p), sizes[s],
                     d);
-      /* #33: only what the answers print comes back, with one wait a run
+      /* only what the answers print comes back, with one wait a run
        * (lstm-nmt also brings each step's argmax, and waits for it) */
       cn_run_stats st = tu_stats;
       long long runs = st.instances;

@@ -1,5 +1,5 @@
-/* test_dag_memory.c - the memory order (core/sched/dag_memory.c, issue
- * #35 item 2) against brute force on small random graphs: every schedule
+/* test_dag_memory.c - the memory order (core/sched/dag_memory.c)
+ * against brute force on small random graphs: every schedule
  * of a graph of up to 9 vertices, by dynamic programming over done-sets,
  * gives the lowest peak reachable in each number of batches. The search
  * must never beat that optimum (it would mean the model or the search is

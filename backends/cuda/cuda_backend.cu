@@ -269,7 +269,7 @@ static const float *cu_fetch_rows(cn_backend_ctx *bk, const float *base,
   return h;
 }
 
-/* Idle (#33 item 5): the pool's unused blocks and the fetch buffers go
+/* Idle: the pool's unused blocks and the fetch buffers go
  * back to the device; weights, staging and cuBLAS's workspace stay. */
 static void cu_release(cn_backend_ctx *bk) {
   cu_ctx *c = cu_of(bk);

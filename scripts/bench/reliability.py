@@ -29,7 +29,7 @@ Each check starts its own `canopy serve` on a free loopback port:
              truncated, under a serving daemon: answers must not change.
 
 Standard library only. Figures, not assertions: a check that breaks a rule
-of the issue is marked "FAIL" in the last column, and the exit status is 1.
+it states is marked "FAIL" in the last column, and the exit status is 1.
 """
 import argparse
 import asyncio
