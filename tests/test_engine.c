@@ -10,6 +10,7 @@
 
 #include "backend.h"
 #include "engine_util.h"
+#include "internal.h"
 
 ParameterizedTestParameters(engine, batched_equals_none) {
   return cr_make_param_array(tu_family, tu_families, tu_n_families);
@@ -192,6 +193,7 @@ Test(engine, reset_run_equals_fresh, .timeout = 240) {
     char dir[256];
     cn_model *m = tu_model(c->family, 16, 16, c->data, dir, sizeof(dir));
     json_t *in = tu_data_lines(c->data, 64);
+    const void *vtype = NULL, *edges = NULL, *order = NULL;
     for (size_t k = 0; k < sizeof(spans) / sizeof(spans[0]); k++) {
       size_t s = spans[k][0], e = spans[k][1];
       if (e > json_array_size(in)) e = json_array_size(in);
@@ -203,6 +205,18 @@ Test(engine, reset_run_equals_fresh, .timeout = 240) {
       if (kept == NULL) kept = cn_run_new(m, bk);
       else cr_assert_eq(cn_run_reset(kept, m, bk), 0);
       char *got = run_span(kept, m, in, s, e, &b);
+      /* the same instances again: the graph and plan arrays the first
+       * time grew are the ones used (nothing reallocated) */
+      if (k == 0) {
+        vtype = kept->vtype;
+        edges = kept->in_edges;
+        order = kept->order;
+      } else if (k == 3) {
+        cr_expect(kept->vtype == vtype && kept->in_edges == edges,
+                  "%s: a reset run grew its graph arrays again", c->family);
+        cr_expect(kept->fam->dynamic || kept->order == order,
+                  "%s: a reset run made a new plan array", c->family);
+      }
       cr_expect_str_eq(got, want, "%s instances [%zu, %zu): a reset run "
                        "answers otherwise", c->family, s, e);
       cr_expect_eq(a.arena_bytes, b.arena_bytes, "%s: arena %zu vs %zu",
