@@ -83,11 +83,17 @@ static void parse_line(const run_opts *o, const cn_model *m,
 }
 
 /* Issues one chunk of lines as one run (*rp; on a device backend it may
- * still be computing on return): notes on a failed run go to notes. */
+ * still be computing on return): notes on a failed run go to notes. *rp,
+ * when not NULL, is the chunk's run of its last chunk, reset: its graph
+ * and plan arrays are reused (cn_run_reset). */
 static int run_start(const run_opts *o, const cn_model *m, cn_backend_ctx *bk,
                      line *ls, int n, long long reserve, FILE *notes,
                      cn_run **rp) {
-  cn_run *r = *rp = cn_run_new(m, bk);
+  if (*rp != NULL && cn_run_reset(*rp, m, bk) != 0) {
+    cn_run_free(*rp);
+    *rp = NULL;
+  }
+  cn_run *r = *rp != NULL ? *rp : (*rp = cn_run_new(m, bk));
   if (r == NULL) {
     fprintf(notes, "canopy run: no memory for a run\n");
     return -1;
@@ -190,7 +196,6 @@ static void chunk_start(void *arg, int thread, void *item) {
                end - c->off[i] - 1, c->first_lineno + i, &c->ls[i]);
   }
   memset(&c->tot, 0, sizeof(c->tot));
-  c->run = NULL;
   c->out.len = 0;
   c->fnotes = open_memstream(&c->notes, &c->notes_len);
   if (c->fnotes == NULL)
@@ -212,8 +217,7 @@ static void chunk_start(void *arg, int thread, void *item) {
 
 /* Its second half: wait for the run and format its outputs into memory. */
 static void chunk_finish(void *arg, int thread, void *item) {
-  (void)arg;
-  (void)thread;
+  jobs_ctx *jc = arg;
   chunk *c = item;
   if (c->rc == 0)
     c->rc = write_outputs(c->run, c->ls, c->n, &c->tot, &c->out, c->fnotes);
@@ -221,10 +225,13 @@ static void chunk_finish(void *arg, int thread, void *item) {
     fprintf(c->fnotes, "canopy run: no memory for the answers\n");
     c->rc = -1;
   }
-  /* the run and the instances go: counted with the graphs they held */
+  /* the run's arena and the instances go: counted with the graphs they
+   * held; the run's host arrays stay for the chunk's next run */
   double t0 = cn_thread_cpu_s();
-  cn_run_free(c->run);
-  c->run = NULL;
+  if (c->run != NULL && cn_run_reset(c->run, jc->m, jc->bk[thread]) != 0) {
+    cn_run_free(c->run);
+    c->run = NULL;
+  }
   for (int i = 0; i < c->n; i++) {
     cn_instance_free(c->ls[i].inst);
     c->ls[i].inst = NULL;
@@ -314,6 +321,7 @@ static void chunks_free(chunk *cs, int n) {
     cn_buf_free(&cs[i].out);
     free(cs[i].notes);
     cn_line_reader_free(cs[i].rd);
+    cn_run_free(cs[i].run);
   }
   free(cs);
 }

@@ -408,6 +408,18 @@ typedef struct cn_backend_counters {
 /* A run gathers many instances and executes them together. It borrows the
  * model, the backend context and the instances: all must outlive it. */
 cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk);
+/* Makes r, executed or not, a fresh run of m on bk, as cn_run_new would
+ * (every setting back to its default, its instances dropped, its arena
+ * given back to its backend), but keeps the host arrays its graph and
+ * plan grew, so that a caller that runs batch after batch (a job of
+ * `canopy run`, a worker of the daemon) allocates and first-touches
+ * nothing for them once it has seen its largest run. Arrays holding more
+ * than CN_RUN_KEEP_BYTES in all are freed instead (docs/memory.md): what
+ * a caller keeps between runs is bounded. The backend arena is never
+ * kept: a run's arena and its budget are its own. 0 or CN_E_NOMEM
+ * (then r is as cn_run_free left nothing of it but r: free it). */
+#define CN_RUN_KEEP_BYTES ((long long)64 << 20)
+int cn_run_reset(cn_run *r, const cn_model *m, cn_backend_ctx *bk);
 /* Chooses the layout the run's vertex functions execute with (default
  * CN_LAYOUT_PQ); before cn_run_exec. */
 void cn_run_set_layout(cn_run *r, cn_layout layout);

@@ -25,6 +25,11 @@ typedef struct worker_arg {
   int index;
   cn_backend_ctx *bk;
   bool overlap; /* issue a run before the one before is answered */
+  /* runs answered, reset (cn_run_reset: their graph and plan arrays, no
+   * arena) for the next ones: two, as many as an overlapping worker has
+   * in flight; freed when the worker goes idle */
+  cn_run *spare[2];
+  int n_spare;
 } worker_arg;
 
 /* The request's answer. An instance whose output holds a non-finite value
@@ -150,8 +155,14 @@ static void answer_error(cn__job *j, const cn_err *err) {
   }
 }
 
-static void inflight_free(inflight *f) {
-  cn_run_free(f->run);
+/* f's run, done: kept reset among the worker's spares (its arena given
+ * back now), or freed when there are two already. */
+static void inflight_free(worker_arg *w, inflight *f) {
+  if (f->run != NULL && w->n_spare < 2 &&
+      cn_run_reset(f->run, f->j->me->model, w->bk) == 0)
+    w->spare[w->n_spare++] = f->run;
+  else
+    cn_run_free(f->run);
   for (int i = 0; f->slots != NULL && i < f->j->n; i++) free(f->slots[i]);
   free(f->slots);
   f->run = NULL;
@@ -169,7 +180,12 @@ static bool run_start(worker_arg *w, cn__job *j, bool async, inflight *f) {
   *f = (inflight){j, NULL, NULL, cn_now_s(), 0};
   double c0 = cn_thread_cpu_s();
   f->slots = calloc((size_t)j->n, sizeof(int *));
-  f->run = cn_run_new(j->me->model, w->bk);
+  f->run = w->n_spare > 0 ? w->spare[--w->n_spare] : NULL;
+  if (f->run != NULL && cn_run_reset(f->run, j->me->model, w->bk) != 0) {
+    cn_run_free(f->run);
+    f->run = NULL;
+  }
+  if (f->run == NULL) f->run = cn_run_new(j->me->model, w->bk);
   if (f->run != NULL) {
     cn_run_set_layout(f->run, s->layout);
     cn_run_set_plan_width(f->run, s->cfg.serve.plan_width);
@@ -226,13 +242,13 @@ fail:
   if (err.code == CN_E_OVER_BUDGET && live > 1) {
     CN_LOG(CN_LOG_INFO, "msg=run-over-budget model=%s requests=%d "
            "error=\"%s\"", j->me->name, live, err.msg);
-    inflight_free(f);
+    inflight_free(w, f);
     run_each(w, j);
     goto done;
   }
   answer_error(j, &err);
 done:
-  inflight_free(f);
+  inflight_free(w, f);
   return false;
 }
 
@@ -245,7 +261,7 @@ static void answer_job(worker_arg *w, inflight *f) {
   cn_err_clear(&err);
   if (cn_run_wait(f->run, &err) != 0) {
     answer_error(j, &err);
-    inflight_free(f);
+    inflight_free(w, f);
     return;
   }
   double ms = (cn_now_s() - f->t0) * 1e3;
@@ -274,7 +290,7 @@ static void answer_job(worker_arg *w, inflight *f) {
                   j->st.lower_bound, j->st.vertices, j->st.kernels,
                   j->st.gather_bytes, j->st.cell_bytes, j->st.arena_bytes);
   double c1 = cn_thread_cpu_s();
-  inflight_free(f);
+  inflight_free(w, f);
   /* the run's graph freed counts with the graph built, as canopy run
    * counts it; the four stages under one lock */
   double sec[CN__N_STAGES] = {0};
@@ -311,6 +327,11 @@ static void finish_prev(worker_arg *w, inflight *prev, bool *have) {
   job_over(w, prev->j);
 }
 
+/* The worker's spare runs, freed: at idle, as the backend's arenas. */
+static void spares_free(worker_arg *w) {
+  while (w->n_spare > 0) cn_run_free(w->spare[--w->n_spare]);
+}
+
 static void *worker_main(void *arg) {
   worker_arg *w = arg;
   cn__server *s = w->s;
@@ -345,6 +366,7 @@ static void *worker_main(void *arg) {
        * next run (up to 256 MiB) go back to the system, so RSS after a
        * burst returns near its idle value; a busy worker keeps them and
        * never pays for fresh pages. */
+      spares_free(w);
       cn_backend_release(w->bk);
       report_backend(w);
       cn__malloc_trim();
@@ -381,6 +403,7 @@ static void *worker_main(void *arg) {
       job_over(w, j);
     }
   }
+  spares_free(w);
   cn_backend_close(w->bk);
   free(w);
   return NULL;

@@ -5,10 +5,12 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "engine_util.h"
+#include "internal.h"
 
 ParameterizedTestParameters(engine, batched_equals_none) {
   return cr_make_param_array(tu_family, tu_families, tu_n_families);
@@ -140,5 +142,94 @@ Test(engine, cpu_blocks_reused_never_shared) {
   bk->vt->free(bk, b);
   bk->vt->free(bk, c);
   for (int i = 1; i < N; i++) bk->vt->free(bk, p[i]); /* 300 MB: not kept */
+  cn_backend_close(bk);
+}
+
+/* Runs insts[s, e) on r (fresh or reset), the outputs as one JSON text
+ * and the run's stats. */
+static char *run_span(cn_run *r, const cn_model *m, const json_t *insts,
+                      size_t s, size_t e, cn_run_stats *st) {
+  cn_err err;
+  cn_instance **in = calloc(e - s, sizeof(*in));
+  json_t *outs = json_array();
+  int *slot = calloc(e - s, sizeof(int));
+  for (size_t i = s; i < e; i++) {
+    cn_err_clear(&err);
+    cr_assert_eq(cn_instance_parse(m, json_array_get(insts, i), NULL, (int)i,
+                                   &in[i - s], &err), 0, "%s", err.msg);
+    slot[i - s] = cn_run_add(r, in[i - s], CN_OUT_ALL | CN_OUT_HIDDEN, 0);
+    cr_assert_geq(slot[i - s], 0);
+  }
+  cn_err_clear(&err);
+  cr_assert_eq(cn_run_exec(r, CN_POLICY_AGENDA, &err), 0, "%s", err.msg);
+  cn_run_get_stats(r, st);
+  for (size_t i = s; i < e; i++)
+    json_array_append_new(outs, cn_run_output(r, slot[i - s]));
+  char *text = json_dumps(outs, JSON_COMPACT | JSON_REAL_PRECISION(9));
+  json_decref(outs);
+  for (size_t i = 0; i < e - s; i++) cn_instance_free(in[i]);
+  free(in);
+  free(slot);
+  return text;
+}
+
+/* A run reset (cn_run_reset) and reused, across every family's model and
+ * across run sizes, large before small so that a kept array holds an
+ * earlier run's entries past the new run's end, answers byte for byte as
+ * a fresh run does, with the same statistics: the same arena, batches and
+ * state peak (nothing of the earlier run counted in). */
+Test(engine, reset_run_equals_fresh, .timeout = 240) {
+  cn_backend_ctx *bk = NULL;
+  cn_err err;
+  cn_err_clear(&err);
+  cr_assert_eq(cn_backend_open("cpu", 0, &bk, &err), 0, "%s", err.msg);
+  cn_run *kept = NULL;
+  const size_t spans[][2] = {{0, 64}, {3, 10}, {10, 11}, {0, 64}};
+  for (size_t f = 0; f < tu_n_families; f++) {
+    const tu_family *c = &tu_families[f];
+    char dir[256];
+    cn_model *m = tu_model(c->family, 16, 16, c->data, dir, sizeof(dir));
+    json_t *in = tu_data_lines(c->data, 64);
+    const void *vtype = NULL, *edges = NULL, *order = NULL;
+    for (size_t k = 0; k < sizeof(spans) / sizeof(spans[0]); k++) {
+      size_t s = spans[k][0], e = spans[k][1];
+      if (e > json_array_size(in)) e = json_array_size(in);
+      if (s >= e) continue;
+      cn_run *fresh = cn_run_new(m, bk);
+      cn_run_stats a, b;
+      char *want = run_span(fresh, m, in, s, e, &a);
+      cn_run_free(fresh);
+      if (kept == NULL) kept = cn_run_new(m, bk);
+      else cr_assert_eq(cn_run_reset(kept, m, bk), 0);
+      char *got = run_span(kept, m, in, s, e, &b);
+      /* the same instances again: the graph and plan arrays the first
+       * time grew are the ones used (nothing reallocated) */
+      if (k == 0) {
+        vtype = kept->vtype;
+        edges = kept->in_edges;
+        order = kept->order;
+      } else if (k == 3) {
+        cr_expect(kept->vtype == vtype && kept->in_edges == edges,
+                  "%s: a reset run grew its graph arrays again", c->family);
+        cr_expect(kept->fam->dynamic || kept->order == order,
+                  "%s: a reset run made a new plan array", c->family);
+      }
+      cr_expect_str_eq(got, want, "%s instances [%zu, %zu): a reset run "
+                       "answers otherwise", c->family, s, e);
+      cr_expect_eq(a.arena_bytes, b.arena_bytes, "%s: arena %zu vs %zu",
+                   c->family, a.arena_bytes, b.arena_bytes);
+      cr_expect_eq(a.state_bytes, b.state_bytes, "%s", c->family);
+      cr_expect_eq(a.batches, b.batches, "%s", c->family);
+      cr_expect_eq(a.vertices, b.vertices, "%s", c->family);
+      free(want);
+      free(got);
+    }
+    /* the next family's model resets a run this one's last ran */
+    json_decref(in);
+    cr_assert_eq(cn_run_reset(kept, m, bk), 0);
+    cn_model_free(m);
+    tu_rmdir(dir);
+  }
+  cn_run_free(kept);
   cn_backend_close(bk);
 }

@@ -115,8 +115,11 @@ static int plan_rows(cn_run *r, const uint8_t *keep, cn_err *err) {
   r->state_floats_total = off;
   /* Scratch and index staging: the most any single launch needs, a batch
    * over the backend's CN__SCRATCH_SLICE_* in slices (slice_needs). */
-  free(r->slice_rows);
-  r->slice_rows = malloc((size_t)(r->n_batches + 1) * sizeof(int32_t));
+  if (r->cap_slice < (int64_t)r->n_batches + 1) {
+    free(r->slice_rows);
+    r->slice_rows = malloc((size_t)(r->n_batches + 1) * sizeof(int32_t));
+    r->cap_slice = r->slice_rows != NULL ? r->n_batches + 1 : 0;
+  }
   if (r->slice_rows == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
                       "batches", (long long)r->n_batches);
@@ -126,8 +129,11 @@ static int plan_rows(cn_run *r, const uint8_t *keep, cn_err *err) {
     if (s > scratch) scratch = s;
     if (need > idx) idx = need;
   }
-  if (r->state_off == NULL)
+  if (r->cap_state_off < (int64_t)r->nv + 1) {
+    free(r->state_off);
     r->state_off = malloc((size_t)(r->nv + 1) * sizeof(int64_t));
+    r->cap_state_off = r->state_off != NULL ? r->nv + 1 : 0;
+  }
   if (r->state_off == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory to plan a run of %lld "
                       "vertices", (long long)r->nv);
@@ -235,7 +241,11 @@ static int plan_memory(cn_run *r, const uint8_t *keep, cn_err *err) {
 static int alloc_arena(cn_run *r, cn_err *err) {
   r->arena = r->bk->vt->alloc(r->bk, (size_t)r->arena_floats * sizeof(float));
   r->scratch = r->arena ? r->arena + r->scratch_off : NULL;
-  r->idx_host = malloc((size_t)r->idx_cap * sizeof(int64_t));
+  if (r->cap_idx_host < r->idx_cap) {
+    free(r->idx_host);
+    r->idx_host = malloc((size_t)r->idx_cap * sizeof(int64_t));
+    r->cap_idx_host = r->idx_host != NULL ? r->idx_cap : 0;
+  }
   if (r->arena == NULL || r->idx_host == NULL || cn__cell_plans(r) != 0)
     return cn_err_set(err, CN_E_NOMEM,
                       "run arena of %lld bytes could not be allocated",

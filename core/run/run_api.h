@@ -143,6 +143,9 @@ struct cn_run {
   int64_t cap_build_room;
   struct cn_arena_free *frees; /* ranges freed, by the batch after which */
   int64_t n_frees, poison_next;
+  /* capacities of the plan's arrays, kept by cn_run_reset (run_graph.c):
+   * order and batches (entries), slice_rows, idx_host */
+  int64_t cap_plan, cap_slice, cap_idx_host;
 };
 
 /* A span of one vertex's state that an answer reads: floats [lo, hi),

@@ -56,6 +56,7 @@ int cn__run_exec_dynamic(cn_run *r, cn_policy_kind policy, cn_err *err) {
   r->scratch_off = off;
   r->arena_floats = off + 16;
   r->arena = r->bk->vt->alloc(r->bk, (size_t)r->arena_floats * sizeof(float));
+  free(r->state_off); /* a reset run's, of another size */
   r->state_off = malloc((size_t)total * sizeof(int64_t));
   verts = malloc((size_t)total * sizeof(int32_t));
   if (r->arena == NULL || r->state_off == NULL || verts == NULL) goto out;

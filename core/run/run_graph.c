@@ -33,9 +33,9 @@ static int resize(void **p, size_t n, size_t elem) {
   return 0;
 }
 
-cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
-  cn_run *r = calloc(1, sizeof(*r));
-  if (r == NULL) return NULL;
+/* The settings of a fresh run of m on bk: what cn_run_new and
+ * cn_run_reset give alike. */
+static void run_defaults(cn_run *r, const cn_model *m, cn_backend_ctx *bk) {
   r->m = m;
   r->fam = m->fam;
   r->bk = bk;
@@ -51,6 +51,12 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   r->rows_in_place = e == NULL || strcmp(e, "0") != 0;
   e = getenv("CANOPY_POISON_FREED");
   r->poison = e != NULL && strcmp(e, "0") != 0 && e[0] != '\0';
+}
+
+cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
+  cn_run *r = calloc(1, sizeof(*r));
+  if (r == NULL) return NULL;
+  run_defaults(r, m, bk);
   r->in_start = malloc(sizeof(int32_t));
   if (r->in_start == NULL) {
     free(r);
@@ -60,12 +66,19 @@ cn_run *cn_run_new(const cn_model *m, cn_backend_ctx *bk) {
   return r;
 }
 
-void cn_run_free(cn_run *r) {
-  if (r == NULL) return;
+/* What the run holds on its backend (its arena, a grown scratch), given
+ * back; a fetch on its way is waited for first. */
+static void release_backend(cn_run *r) {
   if (r->fetching) /* the device may still write into what goes now */
     (void)r->bk->vt->fetch_wait(r->bk, r->host);
+  r->fetching = false;
   if (r->arena != NULL) r->bk->vt->free(r->bk, r->arena);
   if (r->own_scratch && r->scratch != NULL) r->bk->vt->free(r->bk, r->scratch);
+  r->arena = r->scratch = NULL;
+}
+
+/* Every host array of the run, freed (r itself stays). */
+static void release_arrays(cn_run *r) {
   free(r->slots);
   free(r->vtype);
   free(r->vslot);
@@ -86,7 +99,81 @@ void cn_run_free(cn_run *r) {
   free(r->frees);
   free(r->slice_rows);
   free(r->build_room);
+}
+
+void cn_run_free(cn_run *r) {
+  if (r == NULL) return;
+  release_backend(r);
+  release_arrays(r);
   free(r);
+}
+
+/* Bytes of the host arrays cn_run_reset may keep, by their capacities. */
+static long long kept_bytes(const cn_run *r) {
+  return (long long)r->cap_slots * (long long)sizeof(cn_run_slot) +
+         ((long long)r->cap_v + 1) * (1 + 4 * 4) +
+         (long long)r->cap_e * 4 + (long long)r->cap_nodev * 4 +
+         r->cap_state_off * 8 +
+         r->cap_plan * (4 + (long long)sizeof(cn_run_batch)) +
+         r->cap_slice * 4 + r->cap_idx_host * 8 +
+         r->cap_spans * (long long)sizeof(cn_run_span) + r->cap_fetch * 8 +
+         r->cap_build_room * 4;
+}
+
+/* Why: `canopy run` and the daemon's workers run batch after batch; a
+ * fresh run per batch allocated its graph and plan arrays anew each time
+ * (tens of mallocs, and the first touch of every page of them, for runs
+ * of a thousand instances). Kept here with their capacities, they are
+ * reused until a run needs more, and freed when they hold more than
+ * CN_RUN_KEEP_BYTES. Per-run results (a CRF's tags), the freed ranges and
+ * everything on the backend are not kept. */
+int cn_run_reset(cn_run *r, const cn_model *m, cn_backend_ctx *bk) {
+  release_backend(r);
+  free(r->out_tag);
+  free(r->out_score);
+  free(r->frees);
+  r->out_tag = NULL;
+  r->out_score = NULL;
+  r->frees = NULL;
+  if (kept_bytes(r) > CN_RUN_KEEP_BYTES) {
+    release_arrays(r);
+    memset(r, 0, sizeof(*r));
+  }
+  cn_run k = *r; /* the arrays and their capacities */
+  memset(r, 0, sizeof(*r));
+  r->slots = k.slots;
+  r->cap_slots = k.cap_slots;
+  r->vtype = k.vtype;
+  r->vslot = k.vslot;
+  r->vnode = k.vnode;
+  r->vaux = k.vaux;
+  r->in_start = k.in_start;
+  r->cap_v = k.cap_v;
+  r->in_edges = k.in_edges;
+  r->cap_e = k.cap_e;
+  r->node_vertex = k.node_vertex;
+  r->cap_nodev = k.cap_nodev;
+  r->state_off = k.state_off;
+  r->cap_state_off = k.cap_state_off;
+  r->order = k.order;
+  r->batches = k.batches;
+  r->cap_plan = k.cap_plan;
+  r->slice_rows = k.slice_rows;
+  r->cap_slice = k.cap_slice;
+  r->idx_host = k.idx_host;
+  r->cap_idx_host = k.cap_idx_host;
+  r->rows_plans = k.rows_plans;
+  r->spans = k.spans;
+  r->cap_spans = k.cap_spans;
+  r->fetch_idx = k.fetch_idx;
+  r->cap_fetch = k.cap_fetch;
+  r->build_room = k.build_room;
+  r->cap_build_room = k.cap_build_room;
+  run_defaults(r, m, bk);
+  if (r->in_start == NULL && (r->in_start = malloc(sizeof(int32_t))) == NULL)
+    return CN_E_NOMEM;
+  r->in_start[0] = 0;
+  return 0;
 }
 
 /* The per-vertex arrays (one capacity for all) at capacity c. */

@@ -18,8 +18,15 @@ int64_t cn__sched_lower_bound(const cn_run *r) {
 int cn__sched_plan(cn_run *r, cn_policy_kind policy, cn_err *err) {
   int rc = CN_E_NOMEM;
   cn_dag g = cn__run_dag(r);
-  r->order = malloc(((size_t)r->nv + 1) * sizeof(int32_t));
-  r->batches = malloc(((size_t)r->nv + 1) * sizeof(cn_run_batch));
+  /* a reset run keeps its own (cn_run_reset) */
+  if (r->cap_plan < (int64_t)r->nv + 1 || r->order == NULL ||
+      r->batches == NULL) {
+    free(r->order);
+    free(r->batches);
+    r->order = malloc(((size_t)r->nv + 1) * sizeof(int32_t));
+    r->batches = malloc(((size_t)r->nv + 1) * sizeof(cn_run_batch));
+    r->cap_plan = r->order != NULL && r->batches != NULL ? r->nv + 1 : 0;
+  }
   if (r->order == NULL || r->batches == NULL) goto out;
   r->n_batches = 0;
   rc = cn__sched_dag(&g, policy, r->sched_fsm, r->plan_width, r->order,

@@ -24,10 +24,14 @@ int cn__run_ensure_scratch(cn_run *r, int64_t floats) {
 int cn__run_ensure_idx(cn_run *r, int64_t n) {
   if (cn__cell_plans(r) != 0) return CN_E_NOMEM;
   if (n <= r->idx_cap) return 0;
+  if (n <= r->cap_idx_host) { /* kept from an earlier run (cn_run_reset) */
+    r->idx_cap = r->cap_idx_host;
+    return 0;
+  }
   int64_t *p = realloc(r->idx_host, (size_t)n * 2 * sizeof(int64_t));
   if (p == NULL) return CN_E_NOMEM;
   r->idx_host = p;
-  r->idx_cap = n * 2;
+  r->idx_cap = r->cap_idx_host = n * 2;
   return 0;
 }
 

@@ -350,12 +350,32 @@ static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
   return 0;
 }
 
+/* Why: a run of a thousand trees pushes tens of thousands of vertices
+ * through each type's ready queue, which doubled from 64 entries a dozen
+ * times a type (half the run's reallocations, each copying the queue);
+ * a queue's tail only grows, so the type's vertices in all are the most it
+ * holds: sized once to that, as the other arrays are. Capacity only: no
+ * order changes. */
+static int reserve_queues(cn_frontier *f, const cn_dag *g) {
+  int64_t n[CN_MAX_TYPES] = {0};
+  for (int32_t v = 0; v < g->nv; v++)
+    if (g->vtype[v] < CN_MAX_TYPES) n[g->vtype[v]]++;
+  for (int t = 0; t < f->n_types; t++) {
+    int64_t c = f->qtail[t] + n[t];
+    if (c <= f->qcap[t]) continue;
+    if (grow32(&f->q[t], (size_t)c)) return -1;
+    f->qcap[t] = c;
+  }
+  return 0;
+}
+
 int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
   bool fresh = f->nv == 0;
   /* every array sized once, not doubled vertex by vertex */
   if ((size_t)f->nv + (size_t)g->nv > (size_t)f->cap_v &&
       reserve_v(f, (size_t)f->nv + (size_t)g->nv) != 0)
     return CN_E_NOMEM;
+  if (reserve_queues(f, g) != 0) return CN_E_NOMEM;
   if ((size_t)f->ne + (size_t)g->in_start[g->nv] > (size_t)f->cap_e &&
       reserve_e(f, (size_t)f->ne + (size_t)g->in_start[g->nv]) != 0)
     return CN_E_NOMEM;
@@ -541,6 +561,14 @@ int cn__frontier_tails(cn_frontier *f) {
   f->tail = cn__xcalloc((size_t)f->cap_v * (size_t)T, sizeof(int32_t));
   f->seen_in = cn__xcalloc((size_t)f->cap_v + 1, sizeof(int32_t));
   if (f->tail == NULL || f->seen_in == NULL) return CN_E_NOMEM;
+  /* the queue of ready vertices with consumers at once at its most (a
+   * vertex is ready once), as reserve_queues does for the ready queues */
+  for (int t = 0; t < T; t++) {
+    int64_t c = f->n_of_type[t];
+    if (c <= f->qc_cap[t]) continue;
+    if (grow32(&f->qc[t], (size_t)c)) return CN_E_NOMEM;
+    f->qc_cap[t] = c;
+  }
   f->feeds = 0;
   /* Consumers come after their inputs. */
   for (int32_t v = f->nv - 1; v >= 0; v--) {
