@@ -33,7 +33,7 @@
  * request answered meanwhile lives until the parse is back; its result is
  * then thrown away. A request still waiting for a parse when the drain
  * begins gets 503 draining when its turn comes; one whose parse is under
- * way gets it from the batcher once the parse is back (serve.c waits for
+ * way gets it from window.c once the parse is back (serve.c waits for
  * both).
  *
  * The pool thread runs cn__infer_parse_into: jansson, then

@@ -10,7 +10,7 @@
  * </s> or reaches its cap: its answer goes back to the loop in a job of
  * its own, while the session goes on. While a session takes joins, the
  * loop closes the model's window at the end of each loop turn
- * (CN__CLOSE_JOIN in batcher.c), so a newcomer waits for the next step,
+ * (CN__CLOSE_JOIN in window.c), so a newcomer waits for the next step,
  * not for max-delay-us.
  *
  * A session's graph bookkeeping grows with every instance it ever took

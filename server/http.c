@@ -4,7 +4,7 @@
  *
  * Everything runs on the loop thread. A request answered at once is sent
  * before the handler returns. An inference (or a repository load) waits:
- * it goes to the batcher (or a loader thread), and the loop answers it
+ * it goes to window.c (or a loader thread), and the loop answers it
  * later with cn__req_answer, which writes the answer on its connection;
  * conn.c reads nothing more of that connection's requests meanwhile.
  */
@@ -88,13 +88,13 @@ static void answer_cn_err(cn__req *r, const cn_err *e) {
 }
 
 /* A request that waits (an inference for its run, a load for its loader
- * thread) goes to the batcher; cn__req_answer answers it. */
+ * thread) goes to window.c; cn__req_answer answers it. */
 static void hand_over(cn__req *r) {
   cn__server *s = r->srv;
   if (s->hand_over != NULL) s->hand_over(s, r);
   else if (r->route == CN__RT_REPO_LOAD)
     cn__repo_load_async(s, r->model_name, r);
-  else cn__batcher_submit(s, r);
+  else cn__window_submit(s, r);
 }
 
 static void http_parsed(cn__req *r);
@@ -109,8 +109,8 @@ static void infer_ready(cn__req *r) {
     return;
   }
   char full[160];
-  if (s->hand_over == NULL && cn__batcher_full(s, full, sizeof(full))) {
-    answer_err(r, CN_E_OVERLOADED, full); /* not parsed: batcher.c */
+  if (s->hand_over == NULL && cn__window_full(s, full, sizeof(full))) {
+    answer_err(r, CN_E_OVERLOADED, full); /* not parsed: window.c */
     return;
   }
   /* a compressed body is parsed off the loop whatever its size: it may
@@ -578,10 +578,10 @@ static void http_complete(cn__req *r) {
 }
 
 /* The client hung up: a request waiting for its run leaves it (the
- * batcher answers it 499, which closes the connection). */
+ * window.c answers it 499, which closes the connection). */
 static void http_hangup(cn__req *r) {
   if (r->state == CN__REQ_WAITING && r->route == CN__RT_INFER)
-    cn__batcher_cancel(r, "disconnect", 499);
+    cn__window_cancel(r, "disconnect", 499);
 }
 
 const cn__http_hooks cn__http_handlers = {

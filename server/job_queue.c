@@ -1,7 +1,7 @@
 /* job_queue.c - the two queues between the loop and the workers: closed runs
  * go to the workers (cn__jobs_push, a FIFO under qmu, a worker woken), and
  * finished ones come back (cn__jobs_done, a stack under dmu, the loop
- * woken through done_async). Below the batcher, which fills the first, and
+ * woken through done_async). Below window.c, which fills the first, and
  * the workers and decode sessions, which take from it and fill the second.
  * The queue, its counts and the busy workers are read and written here
  * only.

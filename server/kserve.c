@@ -2,7 +2,7 @@
  * mapping onto /v1 (docs/api.md "Open Inference Protocol"): metadata from
  * what the model describes, a request turned into the /v1 request it asks
  * for (then parsed, checked, batched and run by /v1's own path: infer.c,
- * batcher.c, worker.c), and /v1's per-instance outputs laid out as v2
+ * window.c, worker.c), and /v1's per-instance outputs laid out as v2
  * tensors. Nothing here computes: every number of a v2 answer is the very
  * JSON value /v1 would have printed, so the two answers hold the same
  * bytes for the same instance.

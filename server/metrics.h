@@ -173,7 +173,7 @@ void cn__metrics_answer_refused(cn__metrics *m);
 enum { CN__RETRAIN_SWAPPED = 0, CN__RETRAIN_KEPT, CN__RETRAIN_FAILED,
        CN__N_RETRAIN };
 void cn__metrics_retrain(cn__metrics *m, int model, int result);
-/* Why an aggregation window closed into a run (batcher.c). */
+/* Why an aggregation window closed into a run (window.c). */
 typedef enum {
   CN__CLOSE_IDLE_WORKER = 0, /* a request found a worker idle: start now  */
   CN__CLOSE_WORKER_FREED,    /* a worker finished: it takes what waits    */

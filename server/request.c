@@ -3,7 +3,7 @@
  * account (metrics and the log line, once), and the answer written on its
  * connection (conn.c), in /v1's error form or, for a v2 route, the Open
  * Inference Protocol's. Called by the handlers (http.c, repo.c,
- * bigparse.c) and the batching side (batcher.c, worker.c), never calling
+ * bigparse.c) and the batching side (window.c, worker.c), never calling
  * them: it sits below both, above the connections.
  */
 #include <ctype.h>

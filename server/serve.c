@@ -153,7 +153,7 @@ static void drain_check(uv_timer_t *t) {
   if (waited_ms > s->cfg.serve.drain_grace_ms && s->waiting != NULL) {
     CN_LOG(CN_LOG_WARN, "msg=drain-grace-expired in_flight=%d",
            atomic_load(&s->in_flight));
-    cn__batcher_fail_waiting(s, CN_E_DRAINING,
+    cn__window_fail_waiting(s, CN_E_DRAINING,
                              "the server shut down before the answer");
   }
   /* Done when nothing is in flight and no client is still talking: a
@@ -334,7 +334,7 @@ static void init_loop_handles(cn__server *s) {
     uv_timer_start(&s->poll_timer, on_poll_timer,
                    (uint64_t)sc->poll_interval_s * 1000,
                    (uint64_t)sc->poll_interval_s * 1000);
-  uv_async_init(&s->loop, &s->done_async, cn__batcher_on_done);
+  uv_async_init(&s->loop, &s->done_async, cn__window_on_done);
   s->done_async.data = s;
   uv_timer_init(&s->loop, &s->drain_timer);
   s->drain_timer.data = s;
@@ -405,14 +405,14 @@ static int check_budget(cn__server *s, cn_err *err) {
  * what still waits, close the handles, join the threads, answer the
  * runs finished after the loop, free the metrics. */
 static void server_stop(cn__server *s) {
-  cn__batcher_fail_waiting(s, CN_E_DRAINING, "the server shut down");
+  cn__window_fail_waiting(s, CN_E_DRAINING, "the server shut down");
   cn__http_close_handles(s);
   uv_walk(&s->loop, close_walk, NULL);
   uv_run(&s->loop, UV_RUN_DEFAULT);
   cn__retrainer_join(s);
   cn__workers_stop(s);
   cn__repo_loads_join(s); /* loads the drain did not wait for */
-  cn__batcher_on_done(&s->done_async); /* runs finished after the loop */
+  cn__window_on_done(&s->done_async); /* runs finished after the loop */
   free((void *)s->metrics.model_names);
   cn__metrics_free(&s->metrics);
 }

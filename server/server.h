@@ -135,7 +135,7 @@ struct cn__model_slot {
                                 is not freed while one is              */
   atomic_llong arena_per_kvertex; /* arena bytes per 1,024 vertices of its
                                 runs at the policy's batch count (EWMA,
-                                worker.c): the batcher closes a window
+                                worker.c): window.c closes a window
                                 that would pass memory-budget          */
 };
 

@@ -1,4 +1,4 @@
-/* batcher.c - per-model aggregation windows, admission and the hand-back
+/* window.c - per-model aggregation windows, admission and the hand-back
  * of finished runs. Everything here runs on the loop thread.
  *
  * A model's window opens with the first request that finds none open and
@@ -12,7 +12,7 @@
  * closed at the end of the loop turn it arrived in (a uv_check: the
  * requests that arrived in the same poll join it, at no added delay), and
  * a worker that finishes a run takes every window that gathered while it
- * computed (cn__batcher_on_done). Under load runs are
+ * computed (cn__window_on_done). Under load runs are
  * therefore as large as the load makes them, with no timer involved;
  * max-delay-us is only the most a request waits when every worker stays
  * busy. Each close is counted by reason (canopy_window_closes_total).
@@ -164,7 +164,7 @@ static int job_append(cn__job *j, cn__req *r) {
 }
 
 static void on_timeout(uv_timer_t *t) {
-  cn__batcher_cancel(t->data, "timeout", 504);
+  cn__window_cancel(t->data, "timeout", 504);
 }
 
 static void full_msg(cn__server *s, int waiting, char *msg, size_t cap) {
@@ -173,13 +173,13 @@ static void full_msg(cn__server *s, int waiting, char *msg, size_t cap) {
 }
 
 /* Before a request's body is parsed: a queue with no room for even one
- * instance refuses it as cn__batcher_submit would, and parsing the JSON
+ * instance refuses it as cn__window_submit would, and parsing the JSON
  * and building its instances only to refuse them is saved. Under
  * overload about half the requests are refused, and that parsing took
  * loop-thread time the runs' dispatch needed, lowering the goodput under
  * overload. A request that could never fit (413) hears so once the
  * queue has room. */
-bool cn__batcher_full(cn__server *s, char *msg, size_t cap) {
+bool cn__window_full(cn__server *s, char *msg, size_t cap) {
   int waiting = atomic_load(&s->waiting_instances);
   if (waiting < s->cfg.serve.queue_depth) return false;
   full_msg(s, waiting, msg, cap);
@@ -187,7 +187,7 @@ bool cn__batcher_full(cn__server *s, char *msg, size_t cap) {
   return true;
 }
 
-void cn__batcher_submit(cn__server *s, cn__req *r) {
+void cn__window_submit(cn__server *s, cn__req *r) {
   cn__model_slot *sl = r->slot;
   const cn_serve_config *sc = &s->cfg.serve;
   r->state = CN__REQ_WAITING;
@@ -280,7 +280,7 @@ void cn__batcher_submit(cn__server *s, cn__req *r) {
 /* Gives up on a waiting request (timeout, disconnect): if its run has not
  * closed yet its instances leave the window now; if the run is queued the
  * worker skips it; if it is computing the result is thrown away. */
-void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
+void cn__window_cancel(cn__req *r, const char *reason, int status) {
   cn__server *s = r->srv;
   if (r->state != CN__REQ_WAITING) return;
   cn__model_slot *sl = r->slot;
@@ -316,7 +316,7 @@ void cn__batcher_cancel(cn__req *r, const char *reason, int status) {
 }
 
 /* Runs come back from the workers: answer the requests still waiting. */
-void cn__batcher_on_done(uv_async_t *a) {
+void cn__window_on_done(uv_async_t *a) {
   cn__server *s = a->data;
   pthread_mutex_lock(&s->dmu);
   cn__job *lifo = s->dhead;
@@ -345,14 +345,14 @@ void cn__batcher_on_done(uv_async_t *a) {
   close_for_idle(s, CN__CLOSE_WORKER_FREED);
 }
 
-void cn__batcher_flush_all(cn__server *s) {
+void cn__window_flush_all(cn__server *s) {
   int n = atomic_load(&s->n_models);
   for (int i = 0; i < n; i++) window_close(&s->models[i], CN__CLOSE_FLUSH);
 }
 
 /* Grace period over: whatever still waits is answered now. */
-void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg) {
-  cn__batcher_flush_all(s);
+void cn__window_fail_waiting(cn__server *s, int code, const char *msg) {
+  cn__window_flush_all(s);
   while (s->waiting != NULL)
     cn__req_answer(s->waiting, cn_err_http_status(code),
                    cn__error_body(code, msg, -1), "drain-expired");

@@ -1,5 +1,5 @@
 /* work.h - batching and the workers: aggregation windows
- * (batcher.c), the queues to and from the workers (job_queue.c), the worker
+ * (window.c), the queues to and from the workers (job_queue.c), the worker
  * threads (worker.c), decode sessions (decode.c), warm-ups (warmup.c),
  * learned policies (learned_policy.c), and the answers the workers lay out
  * (answer_parts.c, kserve_answer.c). No notion of sockets: requests are
@@ -9,15 +9,15 @@
 
 #include "request.h"
 
-/* batcher.c (loop thread) */
-void cn__batcher_submit(cn__server *s, cn__req *r);
+/* window.c (loop thread) */
+void cn__window_submit(cn__server *s, cn__req *r);
 /* The queue has no room for one instance: msg says so (for a 429), and
  * the refusal is counted. */
-bool cn__batcher_full(cn__server *s, char *msg, size_t cap);
-void cn__batcher_cancel(cn__req *r, const char *reason, int status);
-void cn__batcher_on_done(uv_async_t *a);
-void cn__batcher_flush_all(cn__server *s);
-void cn__batcher_fail_waiting(cn__server *s, int code, const char *msg);
+bool cn__window_full(cn__server *s, char *msg, size_t cap);
+void cn__window_cancel(cn__req *r, const char *reason, int status);
+void cn__window_on_done(uv_async_t *a);
+void cn__window_flush_all(cn__server *s);
+void cn__window_fail_waiting(cn__server *s, int code, const char *msg);
 int cn__retry_after_s(cn__server *s);
 
 /* job_queue.c: closed runs to the workers (the job queue), finished ones back

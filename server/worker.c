@@ -121,7 +121,7 @@ static void run_each(worker_arg *w, cn__job *j) {
 }
 
 /* Sizing runs by memory: the arena this model's runs needed per 1,024
- * vertices at the policy's batch count, a moving average the batcher
+ * vertices at the policy's batch count, a moving average window.c
  * reads. */
 static void note_memory(cn__model_slot *sl, const cn_run_stats *st) {
   if (sl == NULL || st->vertices <= 0) return;

@@ -96,7 +96,7 @@ SERVER_LAYERS = [
                   "repo_report.c",
                   "repo_dirs.c",
                   "kserve_ext.c"]),
-    ("work", ["batcher.c", "job_queue.c", "worker.c", "decode.c", "warmup.c",
+    ("work", ["window.c", "job_queue.c", "worker.c", "decode.c", "warmup.c",
               "learned_policy.c", "answer_parts.c", "kserve_answer.c"]),
     ("request", ["request.c", "versions.c"]),
     ("net", ["listen.c", "conn_parse.c", "conn.c", "conn_accept.c",

@@ -46,7 +46,7 @@ static char *all_body(const char *tree) {
   return s;
 }
 
-/* The small and the big request at once, in one window if the batcher
+/* The small and the big request at once, in one window if window.c
  * lets them: 200 for the one that fits, 413 naming the budget for the
  * other. */
 static void pair(const char *small, const char *big) {
@@ -94,7 +94,7 @@ Test(serve_memory, budget_plans_splits_and_refuses, .fini = teardown,
   cr_expect_str_eq(gs, ws, "the budget changed an answer");
   free(gs);
   free(ws);
-  /* now the batcher knows the model's bytes per vertex: the big request
+  /* now window.c knows the model's bytes per vertex: the big request
    * closes the window instead of joining it */
   pair(small, big);
   cr_expect_geq(
