@@ -111,9 +111,11 @@ int cn_lexicon_match(const cn_lexicon *lx, const char *const *chars,
 /* ---- safetensors (safetensors.c) ---------------------------------------
  * A .safetensors file read whole into memory of its own (never a mapping of
  * the file: what happens to the file afterwards cannot change or break a
- * loaded model), with its SHA-256; every tensor's header entry is checked
- * (dtype, shape product × dtype size == byte span, offsets inside the data
- * section, no overlap) before any is used. */
+ * loaded model); every tensor's header entry is checked (dtype, shape
+ * product × dtype size == byte span, offsets inside the data section, no
+ * overlap) before any is used. Its SHA-256 is computed on the first
+ * cn_safetensors_sha256: `canopy run` never asks for it, and hashing costs
+ * ~2 ms a MB on a core. */
 typedef struct cn_tensor {
   char name[96];
   int ndim;
@@ -125,7 +127,8 @@ typedef struct cn_tensor {
 typedef struct cn_safetensors {
   void *bytes;       /* the whole file, 64-byte aligned, owned */
   size_t n_bytes;
-  char sha256[65];   /* of the file, lowercase hex */
+  char sha256[65];   /* of the file, lowercase hex (cn_safetensors_sha256) */
+  _Atomic int sha256_state; /* 0 not computed, 1 being computed, 2 done */
   int n;
   cn_tensor *tensors;
 } cn_safetensors;
@@ -133,6 +136,9 @@ typedef struct cn_safetensors {
 int cn_safetensors_open(const char *path, cn_safetensors *st, cn_err *err);
 int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
                            cn_safetensors *st, cn_err *err);
+/* The file's SHA-256 in lowercase hex, computed on the first call; any
+ * thread may call it, and the others wait for the first. */
+const char *cn_safetensors_sha256(cn_safetensors *st);
 const cn_tensor *cn_safetensors_find(const cn_safetensors *st,
                                      const char *name);
 void cn_safetensors_close(cn_safetensors *st);

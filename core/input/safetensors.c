@@ -10,12 +10,15 @@
  * holds, only what the model keeps, and a model is either entirely valid or
  * not loaded. The data is read into memory of its own. It does not map the file: with a
  * mapping, copying other weights over the file changed a running daemon's
- * answers and truncating it killed the daemon with SIGBUS. It records the
- * file's SHA-256 (OpenSSL libcrypto), which names the weights a model
- * serves. Only F32 is accepted, and the host must be little endian (the
+ * answers and truncating it killed the daemon with SIGBUS. The SHA-256 of
+ * those bytes (OpenSSL libcrypto) names the weights a model serves; it is
+ * computed on first use (cn_safetensors_sha256), since `canopy run` never
+ * asks for it. Only F32 is accepted, and the host must be little endian (the
  * data is used in place). */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +164,17 @@ static void sha256_hex(const void *p, size_t n, char out[65]) {
   for (unsigned i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
+const char *cn_safetensors_sha256(cn_safetensors *st) {
+  int s = 0;
+  if (atomic_compare_exchange_strong(&st->sha256_state, &s, 1)) {
+    sha256_hex(st->bytes, st->n_bytes, st->sha256);
+    atomic_store(&st->sha256_state, 2);
+  } else {
+    while (atomic_load(&st->sha256_state) != 2) sched_yield();
+  }
+  return st->sha256;
+}
+
 /* Reads path into memory and checks its whole header (see the file
  * comment). On failure st is left empty (safe to close) and err names the
  * file and tensor. */
@@ -293,7 +307,6 @@ int cn_safetensors_open_at(int dirfd, const char *rel, const char *path,
                     "read" : strerror(rerr));
     goto out;
   }
-  sha256_hex(st->bytes, st->n_bytes, st->sha256);
   for (int i = 0; i < k; i++)
     st->tensors[spans[i].idx].data =
         (const float *)((const char *)st->bytes + data_at + spans[i].begin);

@@ -663,11 +663,16 @@ json_t *cn_model_describe(const cn_model *m) {
                         str_array(m->type_b_labels, m->n_type_b_labels));
   json_t *lex = json_object_get(m->json, "lexicon");
   if (lex != NULL) json_object_set(o, "lexicon", lex);
-  json_object_set_new(o, "weights_sha256", json_string(m->st.sha256));
+  json_object_set_new(o, "weights_sha256",
+                      json_string(cn_model_weights_sha256(m)));
   return o;
 }
 
-const char *cn_model_weights_sha256(const cn_model *m) { return m->st.sha256; }
+/* The hash is computed on first use (cn_safetensors_sha256): the model is
+ * const to its readers, but its digest is a cache filled once. */
+const char *cn_model_weights_sha256(const cn_model *m) {
+  return cn_safetensors_sha256((cn_safetensors *)&m->st);
+}
 
 const char *cn_model_named_version(const cn_model *m) {
   const char *v = json_string_value(json_object_get(m->json, "version"));
