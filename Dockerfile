@@ -10,7 +10,7 @@
 FROM debian:12 AS build
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends build-essential meson ninja-build pkg-config \
-      libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev zlib1g-dev \
+      libjansson-dev libuv1-dev libhttp-parser-dev nettle-dev zlib1g-dev \
       libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -28,7 +28,7 @@ FROM debian:12-slim
 # one directory it may write.
 RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
       --no-install-recommends libjansson4 libuv1 \
-      libhttp-parser2.9 libssl3 zlib1g libnghttp2-14 libprotobuf-c1 \
+      libhttp-parser2.9 libnettle8 zlib1g libnghttp2-14 libprotobuf-c1 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 canopy \
     && useradd --system --uid 10001 --gid 10001 --home /opt/canopy canopy \

@@ -4,7 +4,7 @@
 # already done, so a second start takes a moment, not a build:
 #   1. installs the Debian packages building needs, only those missing
 #      (scripts/deps.sh --demo: build-essential meson ninja-build
-#      pkg-config libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev
+#      pkg-config libjansson-dev libuv1-dev libhttp-parser-dev nettle-dev
 #      zlib1g-dev;
 #      apt-get, with sudo unless root). Nothing for the tests or PyTorch:
 #      scripts/test.sh installs those.

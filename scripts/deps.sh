@@ -5,7 +5,7 @@
 #   --demo: only what building and serving need (scripts/demo.sh)
 set -euo pipefail
 build_pkgs=(build-essential meson ninja-build pkg-config
-            libjansson-dev libuv1-dev libhttp-parser-dev libssl-dev
+            libjansson-dev libuv1-dev libhttp-parser-dev nettle-dev
             zlib1g-dev  # gzip/deflate bodies and answers (server/encoding.c)
             # the gRPC front end (server/grpc.c): HTTP/2, and the messages
             # generated from server/grpc_service.proto

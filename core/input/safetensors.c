@@ -11,18 +11,18 @@
  * not loaded. The data is read into memory of its own. It does not map the file: with a
  * mapping, copying other weights over the file changed a running daemon's
  * answers and truncating it killed the daemon with SIGBUS. The SHA-256 of
- * those bytes (OpenSSL libcrypto) names the weights a model serves; it is
+ * those bytes (Nettle) names the weights a model serves; it is
  * computed on first use (cn_safetensors_sha256), since `canopy run` never
  * asks for it. Only F32 is accepted, and the host must be little endian (the
  * data is used in place). */
 #include <errno.h>
 #include <fcntl.h>
+#include <nettle/sha2.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -156,12 +156,17 @@ static int read_whole(int fd, char *buf, size_t n) {
 }
 
 static void sha256_hex(const void *p, size_t n, char out[65]) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  out[0] = '\0';
-  if (EVP_Digest(p, n, md, &len, EVP_sha256(), NULL) != 1 || len != 32)
-    return;
-  for (unsigned i = 0; i < len; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+  static const char hex[] = "0123456789abcdef";
+  struct sha256_ctx c;
+  uint8_t md[SHA256_DIGEST_SIZE];
+  sha256_init(&c);
+  sha256_update(&c, n, p);
+  sha256_digest(&c, sizeof(md), md);
+  for (int i = 0; i < SHA256_DIGEST_SIZE; i++) {
+    out[2 * i] = hex[md[i] >> 4];
+    out[2 * i + 1] = hex[md[i] & 15];
+  }
+  out[64] = '\0';
 }
 
 const char *cn_safetensors_sha256(cn_safetensors *st) {
