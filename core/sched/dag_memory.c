@@ -54,11 +54,12 @@
 /* What the early walk (eval_early) reads and writes of one vertex, side by
  * side: a batch takes one vertex of each instance, so each vertex it
  * touches costs a cache line per array; with these in one place it costs
- * one line for all three. */
+ * one line for all four. */
 typedef struct mvert {
   int32_t pend;  /* inputs not yet taken */
   int32_t rem;   /* readers not yet taken */
   int32_t pos;   /* its position, -1 until taken */
+  int32_t dl;    /* its deadline (dl[v], copied) */
 } mvert;
 
 /* vflag[v]: v's type in the low bits, and these. */
@@ -232,7 +233,7 @@ static outcome eval_alap(mplan *P, int32_t K) {
 /* v became ready: due at its deadline, and a candidate to run earlier
  * when its inputs could ever free more than it takes (cand[v]). */
 static void push_ready(mplan *P, int32_t v) {
-  P->due[P->dtail[P->dl[v]]++] = v;
+  P->due[P->dtail[P->vx[v].dl]++] = v;
   if (P->vflag[v] & VF_CAND) {
     int t = P->vflag[v] & VF_TYPE;
     P->rdy[P->rbase[t] + P->rn[t]++] = v;
@@ -257,6 +258,7 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
     vx[v].pend = g->in_start[v + 1] - g->in_start[v];
     vx[v].rem = P->out_start[v + 1] - P->out_start[v];
     vx[v].pos = -1;
+    vx[v].dl = P->dl[v];
   }
   /* each position's bucket: room for the vertices whose deadline it is */
   memset(P->dhead, 0, ((size_t)K + 1) * sizeof(int32_t));
@@ -297,6 +299,12 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
       int32_t kept_n = 0, i = 0;
       for (; i < n; i++) {
         int32_t v = q[i];
+        if (i + 8 < n) { /* the lines of the candidates ahead */
+          __builtin_prefetch(&vx[q[i + 8]]);
+          __builtin_prefetch(&g->in_start[q[i + 8]]);
+        }
+        if (i + 4 < n && g->in_start[q[i + 4]] < g->in_start[q[i + 4] + 1])
+          __builtin_prefetch(&vx[g->in_edges[g->in_start[q[i + 4]]]]);
         if (vx[v].pos >= 0) continue; /* ran at or before its deadline */
         if (live + (int64_t)(P->n_take + 1) * w > cap) break; /* no room */
         int64_t gain = -w;
