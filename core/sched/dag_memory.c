@@ -231,7 +231,7 @@ static outcome eval_alap(mplan *P, int32_t K) {
 }
 
 /* v became ready: due at its deadline, and a candidate to run earlier
- * when its inputs could ever free more than it takes (cand[v]). */
+ * when its inputs could ever free more than it takes (VF_CAND). */
 static void push_ready(mplan *P, int32_t v) {
   P->due[P->dtail[P->vx[v].dl]++] = v;
   if (P->vflag[v] & VF_CAND) {
