@@ -155,13 +155,22 @@ typedef struct rel_free {
   int64_t lo, len;
 } rel_free;
 
+/* What the row plan keeps of one row, side by side: the plan walks the
+ * rows batch by batch, and a batch holds one row of each instance, so
+ * each row costs a cache line per array; in one struct it costs one. */
+typedef struct row_state {
+  int32_t batch; /* the batch that computes it */
+  int32_t death; /* the batch that reads it last (B: kept, never read) */
+  int32_t next;  /* the row after it in its batch's list of rows read later */
+  int32_t listed; /* already in such a list */
+} row_state;
+
 /* The scratch of one row plan (cn__run_plan_live), shared by its steps. */
 typedef struct live_plan {
-  int32_t *batch_of, *death;
-  /* next[v]: the row after v in its batch's list of rows read later;
-   * head[b]: that list's first (-1: none); seq: one batch's new entries */
-  int32_t *next, *head, *seq;
-  uint8_t *listed;
+  row_state *rs;
+  /* head[b]: the first of batch b's list of rows read later (-1: none);
+   * seq: one batch's new entries */
+  int32_t *head, *seq;
   int32_t *unit0;  /* the first unit (block) of each batch */
   int64_t *block;  /* each unit's offset */
   int32_t *n_at;   /* the frees after each batch */
@@ -175,14 +184,15 @@ typedef struct live_plan {
 static void plan_deaths(const cn_run *r, const uint8_t *keep,
                         live_plan *lp) {
   const int32_t B = r->n_batches, nv = r->nv;
-  int32_t *batch_of = lp->batch_of, *death = lp->death, *head = lp->head;
+  row_state *rs = lp->rs;
+  int32_t *head = lp->head;
   for (int32_t b = 0; b < B; b++) {
     const cn_run_batch *bt = &r->batches[b];
+    const int32_t *ord = r->order + bt->start;
     if (bt->n > lp->max_n) lp->max_n = bt->n;
     for (int32_t i = 0; i < bt->n; i++) {
-      int32_t v = r->order[bt->start + i];
-      batch_of[v] = b;
-      death[v] = b;
+      if (i + 8 < bt->n) __builtin_prefetch(&rs[ord[i + 8]], 1);
+      rs[ord[i]] = (row_state){b, b, -1, 0};
     }
     head[b] = -1;
   }
@@ -192,10 +202,10 @@ static void plan_deaths(const cn_run *r, const uint8_t *keep,
     int k;
     const int32_t *in = cn__run_inputs(r, v, &k);
     for (int q = 0; q < k; q++)
-      if (batch_of[v] > death[in[q]]) death[in[q]] = batch_of[v];
+      if (rs[v].batch > rs[in[q]].death) rs[in[q]].death = rs[v].batch;
   }
   for (int32_t v = 0; v < nv; v++)
-    if (keep == NULL || keep[v]) death[v] = B;
+    if (keep == NULL || keep[v]) rs[v].death = B;
 }
 
 /* Batch b's rows in their order (see cn__run_plan_live), the rows it
@@ -204,35 +214,44 @@ static void plan_deaths(const cn_run *r, const uint8_t *keep,
  * Batches are placed from the last back. -1: out of memory. */
 static int plan_batch_rows(cn_run *r, live_plan *lp, int32_t b) {
   const int32_t B = r->n_batches;
-  int32_t *batch_of = lp->batch_of, *death = lp->death, *next = lp->next,
-          *head = lp->head, *seq = lp->seq, *unit0 = lp->unit0,
+  row_state *rs = lp->rs;
+  int32_t *head = lp->head, *seq = lp->seq, *unit0 = lp->unit0,
           *n_at = lp->n_at;
-  uint8_t *listed = lp->listed;
   row_key *keys = lp->keys;
   const cn_run_batch *bt = &r->batches[b];
   int32_t *ord = r->order + bt->start, n = 0;
+  /* A batch holds one row of each instance: the rows a few places ahead
+   * are asked for while this one is read (prefetches change nothing). */
+  for (int32_t i = 0; i < bt->n; i++) {
+    if (i + 8 < bt->n) __builtin_prefetch(&rs[ord[i + 8]]);
+    if (rs[ord[i]].death == b) keys[n++] = (row_key){b, ord[i]};
+  }
+  for (int32_t v = head[b]; v >= 0; v = rs[v].next)
+    keys[n++] = (row_key){rs[v].death, v};
   for (int32_t i = 0; i < bt->n; i++)
-    if (death[ord[i]] == b) keys[n++] = (row_key){b, ord[i]};
-  for (int32_t v = head[b]; v >= 0; v = next[v])
-    keys[n++] = (row_key){death[v], v};
-  for (int32_t i = 0; i < bt->n; i++)
-    if (death[ord[i]] == B) keys[n++] = (row_key){B, ord[i]};
+    if (rs[ord[i]].death == B) keys[n++] = (row_key){B, ord[i]};
   if (n != bt->n) return -1; /* cannot happen: every row is in one part */
   int32_t ns = 0;
   for (int32_t i = 0; i < bt->n; i++) {
     int32_t v = ord[i] = keys[i].v;
+    if (i + 8 < bt->n) __builtin_prefetch(&r->in_start[keys[i + 8].v]);
+    if (i + 4 < bt->n) {
+      int k4;
+      const int32_t *in4 = cn__run_inputs(r, keys[i + 4].v, &k4);
+      if (k4 > 0) __builtin_prefetch(&rs[in4[0]], 1);
+    }
     int k;
     const int32_t *in = cn__run_inputs(r, v, &k);
     for (int q = 0; q < k; q++) /* the first (row, edge) reading it */
-      if (death[in[q]] == b && !listed[in[q]]) {
-        listed[in[q]] = 1;
+      if (rs[in[q]].death == b && !rs[in[q]].listed) {
+        rs[in[q]].listed = 1;
         seq[ns++] = in[q];
       }
   }
   while (ns > 0) { /* in front of each batch's list, in reading order */
     int32_t u = seq[--ns];
-    next[u] = head[batch_of[u]];
-    head[batch_of[u]] = u;
+    rs[u].next = head[rs[u].batch];
+    head[rs[u].batch] = u;
   }
   /* the frees of its blocks (one per unit), group by group as rows die:
    * each block from its front */
@@ -305,8 +324,11 @@ static int plan_place(cn_run *r, live_plan *lp, cn_offset_alloc *a) {
       int64_t size = round_up(nu * w), *at = &block[unit0[b] + u0 / ur];
       *at = 0;
       if (size > 0 && cn__oalloc_alloc(a, size, at)) return -1;
-      for (int32_t i = 0; i < nu; i++)
-        r->state_off[r->order[bt->start + u0 + i]] = *at + i * w;
+      const int32_t *ord = r->order + bt->start + u0;
+      for (int32_t i = 0; i < nu; i++) {
+        if (i + 8 < nu) __builtin_prefetch(&r->state_off[ord[i + 8]], 1);
+        r->state_off[ord[i]] = *at + i * w;
+      }
     }
   }
   for (; f < n_rel; f++) { /* freed after the last batches: poisoned too */
@@ -329,17 +351,13 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   const int32_t B = r->n_batches, nv = r->nv;
   int rc = -1;
   live_plan lp = {0};
-  lp.batch_of = malloc((size_t)nv * sizeof(int32_t) + 1);
-  lp.death = malloc((size_t)nv * sizeof(int32_t) + 1);
-  lp.next = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.rs = malloc((size_t)nv * sizeof(row_state) + 1);
   lp.head = malloc(((size_t)B + 1) * sizeof(int32_t));
   lp.seq = malloc((size_t)nv * sizeof(int32_t) + 1);
-  lp.listed = calloc((size_t)nv + 1, 1);
   lp.unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
   lp.n_at = calloc((size_t)B + 1, sizeof(int32_t));
   cn_offset_alloc a = {0};
-  if (!lp.batch_of || !lp.death || !lp.next || !lp.head || !lp.seq ||
-      !lp.listed || !lp.unit0 || !lp.n_at)
+  if (!lp.rs || !lp.head || !lp.seq || !lp.unit0 || !lp.n_at)
     goto out;
   lp.unit0[0] = 0;
   for (int32_t b = 0; b < B; b++) {
@@ -359,12 +377,9 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   rc = 0;
 out:
   cn__oalloc_done(&a);
-  free(lp.batch_of);
-  free(lp.death);
-  free(lp.next);
+  free(lp.rs);
   free(lp.head);
   free(lp.seq);
-  free(lp.listed);
   free(lp.block);
   free(lp.unit0);
   free(lp.n_at);

@@ -51,6 +51,22 @@
 
 #include "sched/sched_api.h"
 
+/* What the early walk (eval_early) reads and writes of one vertex, side by
+ * side: a batch takes one vertex of each instance, so each vertex it
+ * touches costs a cache line per array; with these in one place it costs
+ * one line for all four. */
+typedef struct mvert {
+  int32_t pend;  /* inputs not yet taken */
+  int32_t rem;   /* readers not yet taken */
+  int32_t pos;   /* its position, -1 until taken */
+  int32_t dl;    /* its deadline (dl[v], copied) */
+} mvert;
+
+/* vflag[v]: v's type in the low bits, and these. */
+#define VF_TYPE 0x0f
+#define VF_KEPT 0x10 /* read after the run (keep) */
+#define VF_CAND 0x20 /* could ever run early (gain > 0) */
+
 typedef struct mplan {
   const cn_dag *g;
   const cn_dag_mem *m;
@@ -61,13 +77,16 @@ typedef struct mplan {
   int32_t *group;                 /* [v]: its group (G > 1), else NULL */
   int32_t K0;                     /* one group's skeleton length */
   /* one evaluation's arrays; alt: a second pos[] (best_on) */
-  int32_t *dl, *pos, *alt, *pend, *rem, *rdy, *take, *prev;
+  int32_t *dl, *pos, *alt, *rdy, *take, *prev;
+  mvert *vx;                      /* [v]: the early walk's state */
+  uint8_t *vflag;                 /* [v]: type, VF_KEPT, VF_CAND */
   int32_t rbase[CN_MAX_TYPES + 1], rn[CN_MAX_TYPES];
   const uint8_t *skel;            /* the skeleton being walked */
-  int32_t *kcnt, *dhead, *dtail;  /* [position]: rows due, bucket ends */
+  int32_t *kcnt;                  /* [position]: rows due */
+  /* The vertices due at each position, in the order they became ready:
+   * due[dhead[p] .. dtail[p]) (eval_early) */
+  int32_t *dhead, *dtail, *due;
   int64_t *kfreed;                /* [position]: bytes freed after it */
-  int32_t *dnext;                 /* [v]: next in its deadline's bucket */
-  uint8_t *cand;                  /* [v]: could ever run early (gain > 0) */
   int32_t n_take;                 /* the batch being formed: take[0 ..) */
   int32_t *srcs;                  /* sources (no inputs), by group */
   int32_t *src_start;             /* [G + 1] */
@@ -140,10 +159,11 @@ static int64_t take(mplan *P, int32_t v, int32_t p) {
   const cn_dag *g = P->g;
   int64_t freed = 0;
   P->take[P->n_take++] = v;
-  P->pos[v] = p;
+  P->vx[v].pos = p;
   for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
     int32_t u = g->in_edges[e];
-    if (--P->rem[u] == 0 && !kept(P, u)) freed += vbytes(P, u);
+    if (--P->vx[u].rem == 0 && !(P->vflag[u] & VF_KEPT))
+      freed += P->m->bytes[P->vflag[u] & VF_TYPE];
   }
   return freed;
 }
@@ -211,15 +231,11 @@ static outcome eval_alap(mplan *P, int32_t K) {
 }
 
 /* v became ready: due at its deadline, and a candidate to run earlier
- * when its inputs could ever free more than it takes (cand[v]). */
+ * when its inputs could ever free more than it takes (VF_CAND). */
 static void push_ready(mplan *P, int32_t v) {
-  int32_t d = P->dl[v];
-  P->dnext[v] = -1;
-  if (P->dtail[d] < 0) P->dhead[d] = v;
-  else P->dnext[P->dtail[d]] = v;
-  P->dtail[d] = v;
-  if (P->cand[v]) {
-    int t = P->g->vtype[v];
+  P->due[P->dtail[P->vx[v].dl]++] = v;
+  if (P->vflag[v] & VF_CAND) {
+    int t = P->vflag[v] & VF_TYPE;
     P->rdy[P->rbase[t] + P->rn[t]++] = v;
   }
 }
@@ -236,13 +252,21 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
   const cn_dag *g = P->g;
   const uint8_t *skel = P->skel;
   outcome o = {0, 0, 0, 0, false};
+  mvert *vx = P->vx;
   P->evals++;
   for (int32_t v = 0; v < P->nv; v++) {
-    P->pend[v] = g->in_start[v + 1] - g->in_start[v];
-    P->rem[v] = P->out_start[v + 1] - P->out_start[v];
-    P->pos[v] = -1;
+    vx[v].pend = g->in_start[v + 1] - g->in_start[v];
+    vx[v].rem = P->out_start[v + 1] - P->out_start[v];
+    vx[v].pos = -1;
+    vx[v].dl = P->dl[v];
   }
-  for (int32_t p = 0; p < K; p++) P->dhead[p] = P->dtail[p] = -1;
+  /* each position's bucket: room for the vertices whose deadline it is */
+  memset(P->dhead, 0, ((size_t)K + 1) * sizeof(int32_t));
+  for (int32_t v = 0; v < P->nv; v++) P->dhead[P->dl[v] + 1]++;
+  for (int32_t p = 0; p < K; p++) {
+    P->dhead[p + 1] += P->dhead[p];
+    P->dtail[p] = P->dhead[p];
+  }
   memset(P->rn, 0, sizeof(P->rn));
   int64_t live = 0;
   int32_t done = 0;
@@ -256,19 +280,38 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
     const int64_t w = P->m->bytes[t];
     int64_t freed = 0;
     P->n_take = 0;
-    for (int32_t v = P->dhead[p]; v >= 0; v = P->dnext[v]) /* due now */
-      if (P->pos[v] < 0) freed += take(P, v, p);
+    for (int32_t j = P->dhead[p], je = P->dtail[p]; j < je; j++) {
+      int32_t v = P->due[j]; /* due now */
+      if (j + 8 < je) { /* the lines of a vertex ahead (see below) */
+        int32_t a = P->due[j + 8];
+        __builtin_prefetch(&vx[a], 1);
+        __builtin_prefetch(&g->in_start[a]);
+      }
+      if (j + 4 < je) {
+        int32_t a = P->due[j + 4];
+        if (g->in_start[a] < g->in_start[a + 1])
+          __builtin_prefetch(&vx[g->in_edges[g->in_start[a]]], 1);
+      }
+      if (vx[v].pos < 0) freed += take(P, v, p);
+    }
     int32_t *q = P->rdy + P->rbase[t], n = P->rn[t];
     if (n > 0 && live + (int64_t)(P->n_take + 1) * w <= cap) {
       int32_t kept_n = 0, i = 0;
       for (; i < n; i++) {
         int32_t v = q[i];
-        if (P->pos[v] >= 0) continue; /* ran at or before its deadline */
+        if (i + 8 < n) { /* the lines of the candidates ahead */
+          __builtin_prefetch(&vx[q[i + 8]]);
+          __builtin_prefetch(&g->in_start[q[i + 8]]);
+        }
+        if (i + 4 < n && g->in_start[q[i + 4]] < g->in_start[q[i + 4] + 1])
+          __builtin_prefetch(&vx[g->in_edges[g->in_start[q[i + 4]]]]);
+        if (vx[v].pos >= 0) continue; /* ran at or before its deadline */
         if (live + (int64_t)(P->n_take + 1) * w > cap) break; /* no room */
         int64_t gain = -w;
         for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
           int32_t u = g->in_edges[e];
-          if (P->rem[u] == 1 && !kept(P, u)) gain += vbytes(P, u);
+          if (vx[u].rem == 1 && !(P->vflag[u] & VF_KEPT))
+            gain += P->m->bytes[P->vflag[u] & VF_TYPE];
         }
         if (gain > 0)
           freed += take(P, v, p);
@@ -286,15 +329,28 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
     live = step - freed;
     for (int32_t i = 0; i < nt; i++) {
       int32_t v = P->take[i];
-      if (P->rem[v] == 0 && !kept(P, v)) live -= w; /* nobody reads it */
+      /* A batch takes one vertex of each instance: every vertex is a
+       * chain of misses (its consumers, their counts). The batch is known,
+       * so the lines of the vertices ahead are asked for in two stages:
+       * the first consumer's place, then (once that has come) its
+       * counts. Prefetches change nothing. */
+      if (i + 8 < nt) __builtin_prefetch(&P->out_start[P->take[i + 8]]);
+      if (i + 4 < nt) {
+        int32_t a = P->take[i + 4];
+        if (P->out_start[a] < P->out_start[a + 1])
+          __builtin_prefetch(&vx[P->out_edges[P->out_start[a]]], 1);
+      }
+      if (vx[v].rem == 0 && !(P->vflag[v] & VF_KEPT))
+        live -= w; /* nobody reads it */
       for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++) {
         int32_t c = P->out_edges[e];
-        if (--P->pend[c] == 0) push_ready(P, c);
+        if (--vx[c].pend == 0) push_ready(P, c);
       }
     }
     o.area += live;
     done += nt;
   }
+  for (int32_t v = 0; v < P->nv; v++) P->pos[v] = vx[v].pos;
   o.ok = done == P->nv;
   return o;
 }
@@ -452,15 +508,14 @@ static int plan_setup(mplan *P) {
   P->dl = malloc(nv1);
   P->pos = malloc(nv1);
   P->alt = malloc(nv1);
-  P->pend = malloc(nv1);
-  P->rem = malloc(nv1);
+  P->vx = malloc((size_t)g->nv * sizeof(mvert) + 1);
+  P->due = malloc(nv1);
   P->rdy = malloc(nv1);
   P->take = malloc(nv1);
   P->srcs = malloc(nv1);
-  P->dnext = malloc(nv1);
-  P->cand = malloc((size_t)g->nv + 1);
-  if (!P->dl || !P->pos || !P->alt || !P->pend || !P->rem || !P->rdy ||
-      !P->take || !P->srcs || !P->dnext || !P->cand)
+  P->vflag = malloc((size_t)g->nv + 1);
+  if (!P->dl || !P->pos || !P->alt || !P->vx || !P->due || !P->rdy || !P->take ||
+      !P->srcs || !P->vflag)
     return -1;
   /* An early run frees at most its inputs' rows (those not kept): a
    * vertex whose inputs cannot outweigh its own row never runs early. */
@@ -468,7 +523,8 @@ static int plan_setup(mplan *P) {
     int64_t gain = -vbytes(P, v);
     for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++)
       if (!kept(P, g->in_edges[e])) gain += vbytes(P, g->in_edges[e]);
-    P->cand[v] = gain > 0;
+    P->vflag[v] = (uint8_t)(g->vtype[v] | (kept(P, v) ? VF_KEPT : 0) |
+                            (gain > 0 ? VF_CAND : 0));
   }
   {
     int32_t cnt[CN_MAX_TYPES + 1] = {0};
@@ -496,7 +552,7 @@ static int group_scratch(mplan *P, int32_t k_max, uint8_t **skel,
   P->prev = malloc((size_t)P->T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
   size_t k1 = ((size_t)k_max + 1) * sizeof(int32_t);
   P->kcnt = malloc(k1);
-  P->dhead = malloc(k1);
+  P->dhead = malloc(k1 + sizeof(int32_t));
   P->dtail = malloc(k1);
   P->kfreed = malloc(((size_t)k_max + 1) * sizeof(int64_t));
   if (!*skel || !*cand || !P->prev || !P->kcnt || !P->dhead || !P->dtail ||
@@ -636,8 +692,8 @@ out:
   free(P.dl);
   free(P.pos);
   free(P.alt);
-  free(P.pend);
-  free(P.rem);
+  free(P.vx);
+  free(P.due);
   free(P.rdy);
   free(P.take);
   free(P.prev);
@@ -645,8 +701,7 @@ out:
   free(P.kfreed);
   free(P.dhead);
   free(P.dtail);
-  free(P.dnext);
-  free(P.cand);
+  free(P.vflag);
   free(skel);
   free(cand);
   free(base);
