@@ -322,6 +322,10 @@ void cn__window_on_done(uv_async_t *a) {
   cn__job *lifo = s->dhead;
   s->dhead = NULL;
   pthread_mutex_unlock(&s->dmu);
+  /* work-conserving: the freed workers take what gathered meanwhile
+   * first, and compute it while the loop writes the answers below (the
+   * other way round a worker sat idle for as long as the writes took) */
+  close_for_idle(s, CN__CLOSE_WORKER_FREED);
   /* the workers push finished runs on a stack: answer them in the order
    * they finished, so a run done first is never answered after a later
    * one that came back in the same loop turn */
@@ -341,8 +345,6 @@ void cn__window_on_done(uv_async_t *a) {
     cn__job_free(j);
     j = next;
   }
-  /* work-conserving: the freed workers take what gathered meanwhile */
-  close_for_idle(s, CN__CLOSE_WORKER_FREED);
 }
 
 void cn__window_flush_all(cn__server *s) {
