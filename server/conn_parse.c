@@ -225,8 +225,8 @@ static int on_headers_complete(http_parser *p) {
                           p->content_length != ULLONG_MAX);
   if (body) {
     c->phase = PH_BODY;
-    c->deadline = cn_now_s() + s->cfg.serve.body_timeout_s;
     cn__conn_progress_start(c);
+    c->deadline = c->credit_at + s->cfg.serve.body_timeout_s; /* now */
     c->trailer_len = 0;
     c->trailer_lines = 0;
     c->part = 0;
