@@ -108,7 +108,8 @@ void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
   cn_buf_puts(b, "],\"stats\":{\"queue_ms\":");
   cn_buf_double(b, st->queue_ms);
   cn_buf_puts(b, ",\"compute_ms\":");
-  cn_buf_double(b, st->compute_ms);
+  if (st->compute_text != NULL) cn_buf_puts(b, st->compute_text);
+  else cn_buf_double(b, st->compute_ms);
   cn_buf_puts(b, ",\"batches\":");
   cn_buf_int(b, st->batches);
   cn_buf_puts(b, ",\"lower_bound\":");

@@ -343,10 +343,10 @@ void cn__conn_respond(cn__req *r, int status, char *body, size_t blen,
   }
   if (!keep) c->must_close = true;
   c->phase = keep ? PH_IDLE : PH_LINGER;
-  if (keep) c->since = cn_now_s();
+  double now = cn_now_s();
+  if (keep) c->since = now;
   if (keep) c->served = true;
-  c->deadline = keep ? cn_now_s() + s->cfg.serve.idle_timeout_s
-                     : cn_now_s() + LINGER_S;
+  c->deadline = keep ? now + s->cfg.serve.idle_timeout_s : now + LINGER_S;
   if (keep && atomic_load(&s->draining)) cn__conn_drain_quiet(c);
   write_parts(c, out, hlen, body, blen);
   if (out != hbuf) free(out);

@@ -67,6 +67,7 @@ enum { PH_IDLE, PH_HEAD, PH_BODY, PH_ANSWER, PH_LINGER, PH_CLOSED };
 
 typedef struct hdr {
   size_t name, value; /* offsets into hb, NUL-terminated */
+  size_t name_len;    /* the name's bytes (on_headers_complete) */
 } hdr;
 
 struct cn__conn {

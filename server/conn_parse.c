@@ -54,11 +54,30 @@ static int head_too_large(cn__conn *c) {
  * 400 was once the header's own name, "X-Request-Id", echoed back. */
 const char *cn__conn_header(const cn__conn *c, const char *name) {
   int n = c->head_done ? c->nh : c->nh - 1;
-  for (int i = 0; i < n; i++)
+  size_t len = strlen(name);
+  for (int i = 0; i < n; i++) {
+    /* name_len is set once the head is done; before, every name is
+     * compared (the request id of a head refused mid-way) */
+    if (c->head_done && c->h[i].name_len != len) continue;
     if (strcasecmp(c->hb + c->h[i].name, name) == 0)
       return c->hb + c->h[i].value;
+  }
   return NULL;
 }
+
+/* RFC 9110 §5.6.2: the bytes of a token (a header name). Everything
+ * else (controls, space, DEL, bytes over 0x7f, and the separators
+ * "(),/:;<=>?@[\]{} and the double quote) is not. */
+static bool token_table[256]; /* filled once, by settings_init */
+
+static bool token_byte(unsigned char ch) { return token_table[ch]; }
+
+/* Whether the header name k of n bytes is lit (lit_len bytes), in any
+ * case: the lengths first, so most names cost one comparison. */
+static bool name_is(const char *k, size_t n, const char *lit, size_t lit_len) {
+  return n == lit_len && strcasecmp(k, lit) == 0;
+}
+#define NAME_IS(k, n, lit) name_is((k), (n), (lit), sizeof(lit) - 1)
 
 static int on_message_begin(http_parser *p) {
   cn__conn *c = p->data;
@@ -135,6 +154,8 @@ static int on_headers_complete(http_parser *p) {
   if (hb_put(c, "", 1)) return head_too_large(c);
   if (c->part == 1) c->h[c->nh - 1].value = c->hlen - 1; /* no value */
   c->head_done = true;
+  for (int i = 0; i < c->nh; i++) /* cn__conn_header compares these */
+    c->h[i].name_len = strlen(c->hb + c->h[i].name);
   int n_cl = 0, n_te = 0, n_host = 0;
   const char *te = NULL;
   for (int i = 0; i < c->nh; i++) {
@@ -142,21 +163,22 @@ static int on_headers_complete(http_parser *p) {
     /* RFC 9112 §5.1: no whitespace between a field name and its colon
      * (http_parser reads "Content-Length :" as the length; a proxy may
      * not), and a name is a token */
-    for (const char *q = k; *q; q++)
-      if (*q <= 0x20 || *q >= 0x7f || strchr("\"(),/:;<=>?@[\\]{}", *q))
+    size_t kl = c->h[i].name_len;
+    for (size_t q = 0; q < kl; q++)
+      if (!token_byte((unsigned char)k[q]))
         return refuse(c, CN_E_BAD_REQUEST,
                       "a header name holds whitespace or a separator");
     /* a value's trailing whitespace is not part of it (§5.5) */
     char *v = c->hb + c->h[i].value;
     for (size_t vl = strlen(v); vl > 0 && (v[vl - 1] == ' ' || v[vl - 1] == '\t');)
       v[--vl] = '\0';
-    if (strcasecmp(k, "Content-Length") == 0) n_cl++;
-    if (strcasecmp(k, "Host") == 0) n_host++;
-    if (strcasecmp(k, "Transfer-Encoding") == 0) {
+    if (NAME_IS(k, kl, "Content-Length")) n_cl++;
+    if (NAME_IS(k, kl, "Host")) n_host++;
+    if (NAME_IS(k, kl, "Transfer-Encoding")) {
       n_te++;
       te = c->hb + c->h[i].value;
     }
-    if (strcasecmp(k, "Expect") == 0) {
+    if (NAME_IS(k, kl, "Expect")) {
       if (strcasecmp(c->hb + c->h[i].value, "100-continue") == 0)
         c->expect_continue = true;
       else
@@ -203,8 +225,8 @@ static int on_headers_complete(http_parser *p) {
                           p->content_length != ULLONG_MAX);
   if (body) {
     c->phase = PH_BODY;
-    c->deadline = cn_now_s() + s->cfg.serve.body_timeout_s;
     cn__conn_progress_start(c);
+    c->deadline = c->credit_at + s->cfg.serve.body_timeout_s; /* now */
     c->trailer_len = 0;
     c->trailer_lines = 0;
     c->part = 0;
@@ -247,6 +269,8 @@ static int on_message_complete(http_parser *p) {
 }
 
 static void settings_init(void) {
+  for (int k = 0x21; k < 0x7f; k++)
+    token_table[k] = strchr("\"(),/:;<=>?@[\\]{}", k) == NULL;
   settings.on_message_begin = on_message_begin;
   settings.on_url = on_url;
   settings.on_header_field = on_header_field;

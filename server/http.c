@@ -222,7 +222,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   atomic_init(&r->cancelled, 0);
   r->srv = s;
   r->conn = c;
-  r->t_arrive = cn_now_s();
+  r->t_arrive = cn_now_s(); /* the clock read once for both below */
   r->timeout_ms = s->cfg.serve.timeout_ms;
   copy_cut(r->method, sizeof(r->method), method, strlen(method));
   /* logged inside quotes: keep it printable and quote-free */
@@ -233,7 +233,7 @@ static cn__req *req_new(cn__server *s, cn__conn *c, const char *url,
   body_framing(r, c);
   atomic_fetch_add(&s->in_flight, 1);
   atomic_fetch_add(&s->requests_seen, 1);
-  atomic_store(&s->last_request_us, (long long)(cn_now_s() * 1e6));
+  atomic_store(&s->last_request_us, (long long)(r->t_arrive * 1e6));
   return r;
 }
 

@@ -27,8 +27,11 @@ void cn__jobs_push(cn__server *s, cn__job *j) {
   else s->qhead = j;
   s->qtail = j;
   s->queued_jobs++;
-  pthread_cond_signal(&s->qcv);
   pthread_mutex_unlock(&s->qmu);
+  /* signalled after the unlock: a worker woken while the loop still held
+   * qmu would block on it at once, and the unlock would wake it a second
+   * time (two futex wakes a run, each preempting the loop) */
+  pthread_cond_signal(&s->qcv);
 }
 
 void cn__jobs_done(cn__server *s, cn__job *j) {

@@ -215,6 +215,19 @@ void cn__req_answer_now(cn__req *r, int status, char *body,
   send_body(r, status, body, ctype ? ctype : "application/json");
 }
 
+/* r leaves the timeout list; the list's timer stops once it is empty (an
+ * armed timer would keep a draining loop running). */
+static void tmo_unlink(cn__server *s, cn__req *r) {
+  if (!r->tmo_listed) return;
+  r->tmo_listed = false;
+  if (r->tprev) r->tprev->tnext = r->tnext;
+  else s->tmo_head = r->tnext;
+  if (r->tnext) r->tnext->tprev = r->tprev;
+  else s->tmo_tail = r->tprev;
+  r->tprev = r->tnext = NULL;
+  if (s->tmo_head == NULL) uv_timer_stop(&s->tmo_timer);
+}
+
 /* A waiting request answered (state, its timeout, the waiting list, the
  * account); false, with body freed, when it was answered already. */
 static bool answered(cn__req *r, int status, char *body, const char *reason) {
@@ -231,6 +244,7 @@ static bool answered(cn__req *r, int status, char *body, const char *reason) {
     r->tmo_open = false;
     uv_close((uv_handle_t *)&r->tmo, cn__handle_unref_cb);
   }
+  tmo_unlink(s, r);
   if (r->wprev) r->wprev->wnext = r->wnext;
   else s->waiting = r->wnext;
   if (r->wnext) r->wnext->wprev = r->wprev;

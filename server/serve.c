@@ -340,6 +340,8 @@ static void init_loop_handles(cn__server *s) {
   s->drain_timer.data = s;
   uv_check_init(&s->loop, &s->idle_check);
   s->idle_check.data = s;
+  uv_timer_init(&s->loop, &s->tmo_timer);
+  s->tmo_timer.data = s;
   uv_check_init(&s->loop, &s->parse_check);
   s->parse_check.data = s;
   uv_timer_init(&s->loop, &s->trim_timer);

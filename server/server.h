@@ -225,8 +225,13 @@ typedef struct cn__req {
   double queue_ms, compute_ms;
   /* loop thread only */
   int state;
-  uv_timer_t tmo;
+  uv_timer_t tmo;           /* a timeout_ms other than the default's  */
   bool tmo_open;
+  /* the default timeout_ms: due at tmo_due (the loop's clock, uv_now),
+   * in the server's timeout list (window.c; request.c unlinks) */
+  bool tmo_listed;
+  uint64_t tmo_due;
+  struct cn__req *tprev, *tnext;
   struct cn__req *wprev, *wnext; /* list of waiting requests */
   struct cn__req *lnext;    /* a slot's joined loads (repo.c)          */
   /* the answer */
@@ -336,6 +341,11 @@ struct cn__server {
   cn__job *dhead;
   /* loop thread */
   cn__req *waiting;          /* requests submitted and not yet answered */
+  /* loop: the waiting requests with the default timeout_ms, in the order
+   * they are due (submission order), and the one timer for its head:
+   * a timer per request cost a heap insert, a close and its callback */
+  cn__req *tmo_head, *tmo_tail;
+  uv_timer_t tmo_timer;
   double drain_started;
   pthread_t *threads;
   int n_threads;

@@ -167,6 +167,45 @@ static void on_timeout(uv_timer_t *t) {
   cn__window_cancel(t->data, "timeout", 504);
 }
 
+/* The timeout list's timer: every request due by now is answered 504
+ * (which unlinks it, request.c), then the timer waits for the next. */
+static void on_list_timeout(uv_timer_t *t) {
+  cn__server *s = t->data;
+  uint64_t now = uv_now(&s->loop);
+  while (s->tmo_head != NULL && s->tmo_head->tmo_due <= now) {
+    cn__req *r = s->tmo_head;
+    cn__window_cancel(r, "timeout", 504);
+    if (s->tmo_head == r) return; /* not answered: never so (a guard) */
+  }
+  if (s->tmo_head != NULL)
+    uv_timer_start(t, on_list_timeout, s->tmo_head->tmo_due - now, 0);
+}
+
+/* r's timeout: the default timeout_ms joins the list (due in submission
+ * order, so one timer serves them all), another one a timer of its own,
+ * as before (it holds a reference till the timer is closed). Either is
+ * due timeout_ms after now on the loop's clock, as a uv timer is. */
+static void timeout_start(cn__server *s, cn__req *r) {
+  if (r->timeout_ms != s->cfg.serve.timeout_ms) {
+    uv_timer_init(&s->loop, &r->tmo);
+    r->tmo.data = r;
+    atomic_fetch_add(&r->refs, 1);
+    r->tmo_open = true;
+    uv_timer_start(&r->tmo, on_timeout, (uint64_t)r->timeout_ms, 0);
+    return;
+  }
+  r->tmo_due = uv_now(&s->loop) + (uint64_t)r->timeout_ms;
+  r->tmo_listed = true;
+  r->tnext = NULL;
+  r->tprev = s->tmo_tail;
+  if (s->tmo_tail) s->tmo_tail->tnext = r;
+  else s->tmo_head = r;
+  s->tmo_tail = r;
+  if (!uv_is_active((uv_handle_t *)&s->tmo_timer))
+    uv_timer_start(&s->tmo_timer, on_list_timeout, (uint64_t)r->timeout_ms,
+                   0);
+}
+
 static void full_msg(cn__server *s, int waiting, char *msg, size_t cap) {
   snprintf(msg, cap, "the queue is full (%d instances waiting, queue-depth "
            "%d); retry later", waiting, s->cfg.serve.queue_depth);
@@ -260,13 +299,7 @@ void cn__window_submit(cn__server *s, cn__req *r) {
     return;
   }
   atomic_fetch_add(&s->waiting_instances, r->n_inst);
-  if (r->timeout_ms > 0) {
-    uv_timer_init(&s->loop, &r->tmo);
-    r->tmo.data = r;
-    atomic_fetch_add(&r->refs, 1);
-    r->tmo_open = true;
-    uv_timer_start(&r->tmo, on_timeout, (uint64_t)r->timeout_ms, 0);
-  }
+  if (r->timeout_ms > 0) timeout_start(s, r);
   if (sl->window->instances >= sc->max_instances ||
       sl->window->vertices >= (size_t)sc->max_vertices)
     window_close(sl, CN__CLOSE_SIZE);
@@ -322,6 +355,10 @@ void cn__window_on_done(uv_async_t *a) {
   cn__job *lifo = s->dhead;
   s->dhead = NULL;
   pthread_mutex_unlock(&s->dmu);
+  /* work-conserving: the freed workers take what gathered meanwhile
+   * first, and compute it while the loop writes the answers below (the
+   * other way round a worker sat idle for as long as the writes took) */
+  close_for_idle(s, CN__CLOSE_WORKER_FREED);
   /* the workers push finished runs on a stack: answer them in the order
    * they finished, so a run done first is never answered after a later
    * one that came back in the same loop turn */
@@ -341,8 +378,6 @@ void cn__window_on_done(uv_async_t *a) {
     cn__job_free(j);
     j = next;
   }
-  /* work-conserving: the freed workers take what gathered meanwhile */
-  close_for_idle(s, CN__CLOSE_WORKER_FREED);
 }
 
 void cn__window_flush_all(cn__server *s) {

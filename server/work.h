@@ -66,6 +66,9 @@ typedef struct cn__answer_stats {
   unsigned long long run;   /* the run's number (a session's: its first) */
   int run_requests;         /* < 0: no run_requests nor run_instances    */
   int run_instances;
+  /* compute_ms as cn_buf_double writes it, when the caller wrote it once
+   * for every answer of its run (NULL: written from compute_ms) */
+  const char *compute_text;
 } cn__answer_stats;
 /* /v1's answer envelope, written in one place for both: its head,
  * {"model":..,"model_version":..,"outputs":[ (the outputs follow), and its

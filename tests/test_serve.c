@@ -228,6 +228,55 @@ Test(serve, overload_429_and_timeout_504, .fini = teardown, .timeout = 60) {
   cr_expect_eq(th_stop(&d), 0);
 }
 
+/* The daemon's timeout-ms is served by one list of the waiting requests
+ * and one timer (a request's own timeout_ms by a timer of its own): each
+ * is answered 504 when due, one that leaves the list first (a client that
+ * hangs up) moves the timer on to the next, and a request with a longer
+ * timeout_ms of its own stays waiting meanwhile. The 60 s window keeps
+ * every request waiting; what is waited on is each answer. */
+Test(serve, default_timeout_list, .fini = teardown, .timeout = 60) {
+  th_models(&d, tree_only);
+  const char *flags[] = {"--workers", "1", "--max-delay-us", "60000000",
+                         "--work-conserving", "false", "--timeout-ms", "2000",
+                         NULL};
+  th_start(&d, flags);
+  const char *infer = "/v1/models/treelstm/infer";
+  int first = th_connect(d.port), a = th_connect(d.port),
+      own = th_connect(d.port);
+  th_send(first, "POST", infer, "{\"tree\": \"(2 a)\"}", NULL);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 1);
+  th_send(a, "POST", infer, "{\"tree\": \"(2 b)\"}", NULL);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 2);
+  th_send(own, "POST", infer, "{\"tree\": \"(2 c)\", \"timeout_ms\": 600000}",
+          NULL);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 3);
+  close(first); /* the list's head leaves it (499) */
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 2);
+  th_resp r;
+  cr_assert_eq(th_read(a, &r), 0);
+  cr_expect_eq(r.status, 504, "%s", r.body);
+  cr_expect(strstr(r.body, "no result within timeout_ms 2000") != NULL, "%s",
+            r.body);
+  th_resp_free(&r);
+  close(a);
+  /* the list is empty, its own timer still runs: one more joins it */
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 1);
+  int b = th_connect(d.port);
+  th_send(b, "POST", infer, "{\"tree\": \"(2 d)\"}", NULL);
+  cr_assert_eq(th_read(b, &r), 0);
+  cr_expect_eq(r.status, 504, "%s", r.body);
+  th_resp_free(&r);
+  close(b);
+  cr_assert_eq(th_http(d.port, "GET", "/metrics", NULL, NULL, &r), 0);
+  cr_expect_eq(th_metric(r.body, "canopy_queue_depth_instances"), 1,
+               "%s", r.body);
+  cr_expect_eq(th_metric(r.body, "canopy_runs_total"), 0);
+  th_resp_free(&r);
+  close(own);
+  th_metric_wait(d.port, "canopy_queue_depth_instances", 0);
+  cr_expect_eq(th_stop(&d), 0);
+}
+
 /* A full queue refuses a request before parsing it (under overload about
  * half the requests are refused, and parsing each one only to refuse it
  * took the loop thread's time): bad JSON is 429 while the queue is full,
