@@ -4,7 +4,9 @@
  * that reads back as it, and the closest of those when the correctly
  * rounded one of that length reads back; never longer than jansson's
  * "%.9g" text. Edge cases, every power of two, 10M random bit patterns;
- * the brute force on a sample. All 2^32 patterns: `ninja -C build
+ * the brute force on a sample; the layout against a plain one built from
+ * the shortest digits, and the array writer (cn_buf_floats) against the
+ * numbers one by one, within its room. All 2^32 patterns: `ninja -C build
  * f32fmt_all` (tests/f32fmt_all.c, minutes). */
 #include <criterion/criterion.h>
 #include <float.h>
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "canopy_core.h"
 
 static uint32_t bits_of(float x) {
@@ -181,6 +184,118 @@ Test(f32fmt, brute_force_shortest, .timeout = 600) {
                    "shortest is %.17g", b, out, v);
     cr_assert_leq(n, jansson_len(x), "%08x: '%s' is longer than %%.9g's",
                   b, out);
+  }
+}
+
+/* "%.9g"'s layout of digits·10^exp10, built the plain way (a decimal
+ * string of the digits, the point placed by copying): what cn_f32_json's
+ * word-at-a-time layout must print. */
+static void plain_layout(float x, char *out) {
+  uint32_t d;
+  int e;
+  if (cn_f32_shortest(x, &d, &e) != 0) {
+    strcpy(out, "null");
+    return;
+  }
+  char dig[16];
+  int n = snprintf(dig, sizeof(dig), "%u", d);
+  int X = e + n - 1;
+  char *p = out;
+  if (signbit(x)) *p++ = '-';
+  if (X >= -4 && X < 9) {
+    if (X < 0) {
+      p += sprintf(p, "0.");
+      for (int z = 0; z < -X - 1; z++) *p++ = '0';
+      p += sprintf(p, "%s", dig);
+    } else if (e >= 0) {
+      p += sprintf(p, "%s", dig);
+      for (int z = 0; z < e; z++) *p++ = '0';
+      p += sprintf(p, ".0");
+    } else {
+      memcpy(p, dig, (size_t)X + 1);
+      p += X + 1;
+      *p++ = '.';
+      p += sprintf(p, "%s", dig + X + 1);
+    }
+  } else {
+    *p++ = dig[0];
+    if (n > 1) p += sprintf(p, ".%s", dig + 1);
+    p += sprintf(p, "e%d", X);
+  }
+  *p = '\0';
+}
+
+/* Every layout (each count of digits, each decimal exponent, both signs)
+ * as the plain one, on random patterns and on the decades' edges. */
+Test(f32fmt, layout_as_plain) {
+  uint64_t st = 0xface;
+  for (int i = 0; i < 2000000; i++) {
+    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    uint32_t b = (uint32_t)(z ^ (z >> 31));
+    if (i % 2) /* half near 1e-5 .. 1e10, where the fixed layouts are */
+      b = (b & 0x807fffffu) | ((uint32_t)(110 + (z >> 40) % 50) << 23);
+    char want[64], got[CN_JSON_FLOAT_MAX + 1];
+    plain_layout(float_of(b), want);
+    cn_f32_json(float_of(b), got);
+    cr_assert_str_eq(got, want, "%08x", b);
+  }
+  for (int ex = -46; ex <= 39; ex++)
+    for (int k = 1; k <= 9; k++) {
+      char t[32], want[64], got[CN_JSON_FLOAT_MAX + 1];
+      snprintf(t, sizeof(t), "%.*s5e%d", k - 1, "12345678", ex);
+      float x = strtof(t, NULL);
+      plain_layout(x, want);
+      cn_f32_json(x, got);
+      cr_assert_str_eq(got, want, "%s", t);
+      plain_layout(-x, want);
+      cn_f32_json(-x, got);
+      cr_assert_str_eq(got, want, "-%s", t);
+    }
+}
+
+/* cn_buf_floats: "[" and the numbers as cn_f32_json prints them, ","
+ * between, "]"; the raw writer stays within the room it asks for
+ * (canary bytes after it) and reports a non-finite value. */
+Test(f32fmt, floats_array) {
+  uint64_t st = 0xbeef;
+  for (int len = 0; len < 40; len++) {
+    float x[40];
+    for (int i = 0; i < len; i++) {
+      uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      uint32_t b = (uint32_t)(z ^ (z >> 29));
+      x[i] = float_of(len % 3 ? b : (b & 0x807fffffu) | 0x3d000000u);
+    }
+    char want[40 * 16 + 8] = "[";
+    bool all_finite = true;
+    for (int i = 0; i < len; i++) {
+      char one[CN_JSON_FLOAT_MAX + 1];
+      cn_f32_json(x[i], one);
+      if (i > 0) strcat(want, ",");
+      strcat(want, one);
+      all_finite = all_finite && isfinite(x[i]);
+    }
+    strcat(want, "]");
+    cn_buf b = {0};
+    cn_buf_puts(&b, "k:");
+    int finite = cn_buf_floats(&b, x, len);
+    cr_assert_str_eq(b.p + 2, want, "%d floats", len);
+    cr_assert_eq(b.len, 2 + strlen(want));
+    cr_assert_eq(finite != 0, all_finite);
+    cn_buf_free(&b);
+    size_t room = 2 + (size_t)len * (CN_JSON_FLOAT_MAX + 1) + CN__JSON_SCRATCH;
+    char *raw = malloc(room + 64);
+    memset(raw, 0x5a, room + 64);
+    int f2 = 1;
+    char *end = cn__f32_json_array(raw, x, len, &f2);
+    cr_assert_eq((size_t)(end - raw), strlen(want));
+    cr_assert(memcmp(raw, want, strlen(want)) == 0);
+    for (size_t i = room; i < room + 64; i++)
+      cr_assert_eq((unsigned char)raw[i], 0x5a, "%d floats: byte %zu of "
+                   "%zu written", len, i, room);
+    free(raw);
   }
 }
 

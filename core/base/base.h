@@ -47,6 +47,21 @@ void cn__arena_free(cn_arena *a);
 double cn__now_ms(void);
 double cn__now_us(void);
 
+/* Numbers written without a bounds check each (f32fmt.c, jsonw.c): the
+ * writers below copy in fixed sizes and may write up to CN__JSON_SCRATCH
+ * bytes past the start of the last thing they write (never past that;
+ * what lies beyond their result is overwritten by what comes next), so
+ * the caller reserves that much beyond the text's bound. */
+enum { CN__JSON_SCRATCH = 48 };
+/* The n floats of x as a JSON array ("[a,b,c]", each as cn_f32_json
+ * writes it) at p, which has room for 2 + n·(CN_JSON_FLOAT_MAX + 1) +
+ * CN__JSON_SCRATCH bytes; returns the end (no NUL). Clears *finite if a
+ * value is NaN or infinite (printed null). */
+char *cn__f32_json_array(char *p, const float *x, int64_t n, int *finite);
+/* The n bytes of s as a JSON string, escaped as cn_buf_string escapes
+ * it, at p, which has room for 2 + 6·n bytes; returns the end (no NUL). */
+char *cn__json_string_at(char *p, const char *s, size_t n);
+
 /* The files of a model directory (file.c). cn__open_regular opens path
  * without blocking and checks with fstat that it is a regular file (a
  * symlink to one is fine) of at most max bytes: otherwise err says

@@ -208,36 +208,143 @@ int cn_f32_shortest(float x, uint32_t *digits, int *exp10) {
 }
 
 /* Decimal digits of v < 10^9 (a float32's shortest digits are at most
- * nine): compares, no division. */
+ * nine; 0 counts as one digit): the bit length's estimate of the
+ * logarithm, corrected by one compare, so no branch depends on the
+ * value's length. */
 static inline int n_digits(uint32_t v) {
-  return v < 10000 ? (v < 100 ? 1 + (v >= 10) : 3 + (v >= 1000))
-                   : v < 100000000
-                         ? (v < 1000000 ? 5 + (v >= 100000)
-                                        : 7 + (v >= 10000000))
-                         : 9 + (v >= 1000000000);
+  static const uint32_t pow10[10] = {1,      10,      100,      1000,
+                                     10000,  100000,  1000000,  10000000,
+                                     100000000, 1000000000};
+  uint32_t v1 = v | 1;
+  int t = ((32 - __builtin_clz(v1)) * 1233) >> 12; /* floor or one below */
+  return t + (v1 >= pow10[t]);
 }
 
+/* The eight decimal digits of v < 10^8, zero-padded, as the bytes of a
+ * little-endian word, most significant first: split into halves of four
+ * digits, the halves into pairs, the pairs into digits, every lane of the
+ * word at once (multiplications by reciprocals exact for these ranges:
+ * x·10486 >> 20 is x / 100 for x < 10^4, x·103 >> 10 is x / 10 for
+ * x < 100). */
+static inline uint64_t eight_digits(uint32_t v) {
+  uint32_t a = v / 10000, b = v - a * 10000;
+  uint64_t m = a | ((uint64_t)b << 32);
+  uint64_t top = ((m * 10486) >> 20) & ((0x7Full << 32) | 0x7Full);
+  uint64_t bot = m - 100 * top;
+  uint64_t hundreds = (bot << 16) + top;
+  uint64_t tens = (hundreds * 103) >> 10;
+  tens &= (0xFull << 48) | (0xFull << 32) | (0xFull << 16) | 0xFull;
+  tens += (hundreds - 10 * tens) << 8;
+  return tens + 0x3030303030303030ull;
+}
+
+/* "00" .. "99": an exponent's two digits in one copy. */
 static const char two_digits[201] =
     "00010203040506070809101112131415161718192021222324252627282930313233"
     "34353637383940414243444546474849505152535455565758596061626364656667"
     "68697071727374757677787980818283848586878889909192939495969798990";
 
-/* Writes v's n decimal digits to out[0 .. n), two at a time from the
- * right. */
-static inline void put_digits(char *out, uint32_t v, int n) {
-  char *p = out + n;
-  while (v >= 100) {
-    uint32_t q = v / 100, r = v - q * 100;
-    p -= 2;
-    memcpy(p, two_digits + 2 * r, 2);
-    v = q;
+/* How far past the start of a number put_f32 may write (its text is at
+ * most CN_JSON_FLOAT_MAX characters; the rest is scratch that the next
+ * number or the buffer's end overwrites). */
+#define F32_SCRATCH CN__JSON_SCRATCH
+
+/* Nine digits (d >= 10^8) in any layout: zero-padded in memory, each
+ * part copied from where it starts. */
+static inline char *put_nine(char *p, uint32_t d, int X) {
+  char pad[32];
+  uint32_t hi = d / 100000000u;
+  uint64_t lo = eight_digits(d - hi * 100000000u);
+  pad[0] = (char)('0' + hi);
+  memcpy(pad + 1, &lo, 8);
+  memset(pad + 9, 0, 16);
+  if (X >= -4 && X < 9) {
+    if (X < 0) {
+      memcpy(p, "0.000000", 8);
+      p += 1 - X;
+      memcpy(p, pad, 9);
+      return p + 9;
+    }
+    if (X == 8) { /* e == 0: digits, ".0" */
+      memcpy(p, pad, 9);
+      memcpy(p + 9, ".0", 2);
+      return p + 11;
+    }
+    memcpy(p, pad, (size_t)X + 1);
+    p[X + 1] = '.';
+    memcpy(p + X + 2, pad + X + 1, 16);
+    return p + 10;
   }
-  if (v >= 10) {
-    p -= 2;
-    memcpy(p, two_digits + 2 * v, 2);
+  p[0] = pad[0];
+  p[1] = '.';
+  memcpy(p + 2, pad + 1, 8);
+  return p + 10;
+}
+
+/* x laid out as cn_f32_json lays it out, at p; the length. Writes up to
+ * F32_SCRATCH bytes from p, so the caller leaves that much room after
+ * the last number: the digits (up to eight) are one word, shifted and
+ * stored whole, so that every part is a store of fixed size and only the
+ * choice of layout branches. No NUL. */
+static inline size_t put_f32(float x, char *p) {
+  uint32_t bits, d;
+  int e;
+  memcpy(&bits, &x, sizeof(bits));
+  if (shortest_of(bits, &d, &e) != 0) {
+    memcpy(p, "null", 4);
+    return 4;
+  }
+  char *p0 = p;
+  *p = '-';
+  p += bits >> 31;
+  int n = n_digits(d);
+  int X = e + n - 1; /* the exponent of the first digit */
+  if (n == 9) {
+    p = put_nine(p, d, X);
+    if (X >= -4 && X < 9) return (size_t)(p - p0);
   } else {
-    *--p = (char)('0' + v);
+    /* the n digits in the word's low bytes, first digit first */
+    uint64_t w = eight_digits(d) >> (8 * (8 - n));
+    if (X >= -4 && X < 9) { /* fixed, as %.9g chooses */
+      if (X < 0) { /* "0.", zeros, the digits: at most 0.0001dddddddd */
+        memcpy(p, "0.000000", 8);
+        p += 1 - X;
+        memcpy(p, &w, 8);
+        p += n;
+      } else if (e >= 0) { /* an integer: digits, zeros (e <= 8), ".0" */
+        memcpy(p, &w, 8);
+        p += n;
+        memcpy(p, "00000000", 8);
+        p += e;
+        memcpy(p, ".0", 2);
+        p += 2;
+      } else { /* the point inside the digits: X + 1 < n <= 8 of them */
+        uint64_t rest = w >> (8 * (X + 1));
+        memcpy(p, &w, 8);
+        p[X + 1] = '.';
+        memcpy(p + X + 2, &rest, 8);
+        p += n + 1;
+      }
+      return (size_t)(p - p0);
+    }
+    /* d.ddde-X: the first digit, the point, the others */
+    uint64_t rest = w >> 8;
+    p[0] = (char)w;
+    p[1] = '.';
+    memcpy(p + 2, &rest, 8);
+    p += n > 1 ? n + 1 : 1;
   }
+  /* the exponent: no '+', no leading zeros */
+  *p++ = 'e';
+  int ex = X;
+  if (ex < 0) *p++ = '-', ex = -ex;
+  if (ex >= 10) {
+    memcpy(p, two_digits + 2 * ex, 2);
+    p += 2;
+  } else {
+    *p++ = (char)('0' + ex);
+  }
+  return (size_t)(p - p0);
 }
 
 /* Why its own layout code rather than printf: the answers' numbers are
@@ -245,55 +352,23 @@ static inline void put_digits(char *out, uint32_t v, int n) {
  * -4..8, else d.ddde-X, ".0" after an integer) is a few copies once the
  * digits are known. */
 size_t cn_f32_json(float x, char *out) {
-  uint32_t bits, d;
-  int e;
-  memcpy(&bits, &x, sizeof(bits));
-  if (shortest_of(bits, &d, &e) != 0) {
-    memcpy(out, "null", 5);
-    return 4;
+  char t[F32_SCRATCH];
+  size_t n = put_f32(x, t);
+  t[n] = '\0';
+  memcpy(out, t, CN_JSON_FLOAT_MAX + 1);
+  return n;
+}
+
+char *cn__f32_json_array(char *p, const float *x, int64_t n, int *finite) {
+  *p++ = '[';
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t bits;
+    memcpy(&bits, &x[i], sizeof(bits));
+    if (((bits >> 23) & 0xffu) == 0xffu) *finite = 0;
+    p += put_f32(x[i], p);
+    *p++ = ',';
   }
-  char *p = out;
-  if (bits >> 31) *p++ = '-';
-  int n = n_digits(d);
-  int X = e + n - 1; /* the exponent of the first digit */
-  if (X >= -4 && X < 9) { /* fixed, as %.9g chooses */
-    if (X < 0) { /* "0.", zeros, the digits: at most 0.0001ddddddddd */
-      memcpy(p, "0.0000", 6);
-      p += 1 - X;
-      put_digits(p, d, n);
-      p += n;
-    } else if (e >= 0) { /* an integer: digits, zeros, ".0" */
-      put_digits(p, d, n);
-      p += n;
-      for (int z = 0; z < e; z++) *p++ = '0'; /* e <= 8: X < 9 */
-      memcpy(p, ".0", 2);
-      p += 2;
-    } else { /* the point inside the digits: write them one place on,
-              * then move the integer part back over the gap */
-      put_digits(p + 1, d, n);
-      memmove(p, p + 1, (size_t)X + 1);
-      p[X + 1] = '.';
-      p += n + 1;
-    }
-  } else { /* d.ddde-X: no '+', no leading zeros in the exponent */
-    put_digits(p + 1, d, n);
-    p[0] = p[1];
-    if (n > 1) {
-      p[1] = '.';
-      p += n + 1;
-    } else {
-      p += 1;
-    }
-    *p++ = 'e';
-    int ex = X;
-    if (ex < 0) *p++ = '-', ex = -ex;
-    if (ex >= 10) {
-      memcpy(p, two_digits + 2 * ex, 2);
-      p += 2;
-    } else {
-      *p++ = (char)('0' + ex);
-    }
-  }
-  *p = '\0';
-  return (size_t)(p - out);
+  if (n > 0) p--;
+  *p++ = ']';
+  return p;
 }

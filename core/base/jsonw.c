@@ -72,33 +72,30 @@ void cn_buf_int(cn_buf *b, long long v) {
   b->p[b->len] = '\0';
 }
 
+/* One reservation for the whole array, then no check per number. */
 int cn_buf_floats(cn_buf *b, const float *x, int64_t n) {
   int finite = 1;
-  char *at = cn_buf_room(b, 2 + (size_t)n * (CN_JSON_FLOAT_MAX + 1));
+  char *at = cn_buf_room(b, 2 + (size_t)n * (CN_JSON_FLOAT_MAX + 1) +
+                                CN__JSON_SCRATCH);
   if (at == NULL) return 1;
-  char *p = at;
-  *p++ = '[';
-  for (int64_t i = 0; i < n; i++) {
-    if (i > 0) *p++ = ',';
-    if (!isfinite(x[i])) finite = 0;
-    p += cn_f32_json(x[i], p);
-  }
-  *p++ = ']';
+  char *p = cn__f32_json_array(at, x, n, &finite);
   *p = '\0';
   b->len += (size_t)(p - at);
   return finite;
 }
 
-/* n bytes of s as a JSON string. */
-static void put_string(cn_buf *b, const char *s, size_t n) {
+/* Bytes that a JSON string holds as they are: not '"', '\\' or a control
+ * character. */
+static inline bool plain(unsigned char c) {
+  return c >= 0x20 && c != '"' && c != '\\';
+}
+
+char *cn__json_string_at(char *p, const char *s, size_t n) {
   static const char hex[] = "0123456789ABCDEF";
-  char *at = cn_buf_room(b, 2 + 6 * n); /* every byte as \u00XX at most */
-  if (at == NULL) return;
-  char *p = at;
   *p++ = '"';
   const unsigned char *end = (const unsigned char *)s + n;
   for (const unsigned char *c = (const unsigned char *)s; c < end; c++) {
-    if (*c >= 0x20 && *c != '"' && *c != '\\') {
+    if (plain(*c)) {
       *p++ = (char)*c;
       continue;
     }
@@ -117,6 +114,14 @@ static void put_string(cn_buf *b, const char *s, size_t n) {
     }
   }
   *p++ = '"';
+  return p;
+}
+
+/* n bytes of s as a JSON string. */
+static void put_string(cn_buf *b, const char *s, size_t n) {
+  char *at = cn_buf_room(b, 2 + 6 * n); /* every byte as \u00XX at most */
+  if (at == NULL) return;
+  char *p = cn__json_string_at(at, s, n);
   *p = '\0';
   b->len += (size_t)(p - at);
 }

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "families/families.h"
 
@@ -122,6 +123,7 @@ json_t *cn__tree_output(const cn_run *r, int slot, int h_floats) {
 }
 
 #define PUTL(b, lit) cn_buf_put(b, lit, sizeof(lit) - 1)
+#define LIT(s) ((int64_t)sizeof(s) - 1)
 
 /* The first non-finite field's name, as cn_output_check's find_null
  * walks the object: keys in order, "[i]" for an object in an array. */
@@ -242,6 +244,37 @@ json_t *cn__tagger_output(const cn_run *r, int slot, int h_floats,
   return o;
 }
 
+/* Tags remembered from the logits' pass, so that the tags and their
+ * names do not look the states up and take the argmax again; positions
+ * past it are computed again. */
+#define TAGS_KEPT 512
+/* Label names rendered once an answer: the first of each written as a
+ * JSON string, the others copied from it. */
+#define NAMES_KEPT 64
+
+static inline int tag_at(const cn_run *r, const cn_run_slot *s, int C,
+                         int32_t i) {
+  return r->out_tag != NULL
+             ? r->out_tag[s->out_v0 + i]
+             : cn__argmax(cn__run_state_host(r, s->out_v0 + i), C);
+}
+
+/* The decimal digits of v >= 0 at p; returns the end. */
+static inline char *put_uint(char *p, int v) {
+  if (v < 10) {
+    *p = (char)('0' + v);
+    return p + 1;
+  }
+  char tmp[12];
+  int n = 0;
+  for (unsigned u = (unsigned)v; u != 0; u /= 10) tmp[n++] = (char)('0' + u % 10);
+  for (int k = 0; k < n; k++) p[k] = tmp[n - 1 - k];
+  return p + n;
+}
+
+/* The logits, tags and tag names of a tagger answer are most of its
+ * bytes: room for all of them (their bound, as cn__bound_tagger counts
+ * it) is reserved once and they are written without a check each. */
 int cn__tagger_write(const cn_run *r, int slot, int h_floats,
                      void (*hidden)(const cn_run *r, int slot, int i,
                                     float *buf),
@@ -249,33 +282,66 @@ int cn__tagger_write(const cn_run *r, int slot, int h_floats,
   const cn_run_slot *s = &r->slots[slot];
   const cn_model *m = r->m;
   int C = (int)m->dims.C, rc = 0;
-  PUTL(b, "{\"logits\":[");
-  for (int32_t i = 0; i < s->n_out; i++) {
-    if (i > 0) PUTL(b, ",");
-    if (!cn_buf_floats(b, cn__run_state_host(r, s->out_v0 + i), C) &&
-        rc == 0)
-      rc = non_finite(field, cap, "logits", -1);
+  int32_t n = s->n_out;
+  int64_t need = LIT("{\"logits\":[]") + n * (cn__bound_floats(C) + 1) +
+                 LIT(",\"tags\":[]") + n * (cn__bound_int(C) + 1) +
+                 CN__JSON_SCRATCH;
+  if (m->labels != NULL)
+    need += LIT(",\"tag_names\":[]") + n * (m->json_label_max + 1);
+  if (need < 0 || (uint64_t)need > SIZE_MAX / 2) {
+    b->failed = 1;
+    return 0;
   }
-  PUTL(b, "],\"tags\":[");
-  for (int32_t i = 0; i < s->n_out; i++) {
+  char *p = cn_buf_room(b, (size_t)need);
+  if (p == NULL) return 0; /* b->failed: the caller's no-memory error */
+  int tags[TAGS_KEPT];
+  int finite = 1;
+  memcpy(p, "{\"logits\":[", 11);
+  p += 11;
+  for (int32_t i = 0; i < n; i++) {
     const float *z = cn__run_state_host(r, s->out_v0 + i);
-    int t = r->out_tag != NULL ? r->out_tag[s->out_v0 + i]
-                               : cn__argmax(z, C);
-    if (i > 0) PUTL(b, ",");
-    cn_buf_int(b, t);
+    p = cn__f32_json_array(p, z, C, &finite);
+    *p++ = ',';
+    if (i < TAGS_KEPT)
+      tags[i] = r->out_tag != NULL ? r->out_tag[s->out_v0 + i]
+                                   : cn__argmax(z, C);
   }
-  PUTL(b, "]");
+  if (n > 0) p--;
+  if (!finite) rc = non_finite(field, cap, "logits", -1);
+  memcpy(p, "],\"tags\":[", 10);
+  p += 10;
+  for (int32_t i = 0; i < n; i++) {
+    p = put_uint(p, i < TAGS_KEPT ? tags[i] : tag_at(r, s, C, i));
+    *p++ = ',';
+  }
+  if (n > 0) p--;
+  *p++ = ']';
   if (m->labels != NULL) {
-    PUTL(b, ",\"tag_names\":[");
-    for (int32_t i = 0; i < s->n_out; i++) {
-      const float *z = cn__run_state_host(r, s->out_v0 + i);
-      int t = r->out_tag != NULL ? r->out_tag[s->out_v0 + i]
-                                 : cn__argmax(z, C);
-      if (i > 0) PUTL(b, ",");
-      cn_buf_string(b, t < m->n_labels ? m->labels[t] : "");
+    const char *name_at[NAMES_KEPT] = {NULL};
+    size_t name_len[NAMES_KEPT];
+    memcpy(p, ",\"tag_names\":[", 14);
+    p += 14;
+    for (int32_t i = 0; i < n; i++) {
+      int t = i < TAGS_KEPT ? tags[i] : tag_at(r, s, C, i);
+      if (t >= 0 && t < NAMES_KEPT && name_at[t] != NULL) {
+        memcpy(p, name_at[t], name_len[t]);
+        p += name_len[t];
+      } else {
+        const char *name = t < m->n_labels ? m->labels[t] : "";
+        char *at = p;
+        p = cn__json_string_at(p, name, strlen(name));
+        if (t >= 0 && t < NAMES_KEPT) {
+          name_at[t] = at;
+          name_len[t] = (size_t)(p - at);
+        }
+      }
+      *p++ = ',';
     }
-    PUTL(b, "]");
+    if (n > 0) p--;
+    *p++ = ']';
   }
+  *p = '\0';
+  b->len = (size_t)(p - b->p);
   if (r->out_score != NULL) {
     float ps = r->out_score[slot];
     PUTL(b, ",\"path_score\":");
@@ -302,7 +368,6 @@ int cn__tagger_write(const cn_run *r, int slot, int h_floats,
 }
 
 /* ---- answer bounds ---- */
-#define LIT(s) ((int64_t)sizeof(s) - 1)
 
 int64_t cn__bound_floats(int64_t n) {
   return 2 + n * (CN_JSON_FLOAT_MAX + 1);
