@@ -60,6 +60,12 @@ typedef struct cn_tree_scratch {
 int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      const cn_limits *lim, cn_tree_scratch *sc,
                                      cn_err *err);
+/* The same with words and labels pointing into pool (len bytes of the
+ * caller's, which get the copy of s) rather than the scratch's own copy:
+ * a reader that keeps the tree copies its nodes as they are. */
+int cn__tree_parse_bracketed_into(const char *s, size_t len,
+                                  const cn_limits *lim, cn_tree_scratch *sc,
+                                  char *pool, cn_err *err);
 void cn__tree_scratch_free(cn_tree_scratch *sc);
 
 /* ---- vocabularies (vocab.c) --------------------------------------------

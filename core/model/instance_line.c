@@ -85,8 +85,10 @@ static bool only_keys(const cn_jline *j, int32_t obj, const char *const *keys,
 
 #define ALLOC(rd, n, T) ((T *)cn__arena_alloc(&(rd)->arena, (size_t)(n) * sizeof(T)))
 
-/* {"tree": "(...)"}: the bracketed parse into the scratch tree, copied
- * into the arena, then instance.c's own word ids and cell kinds. */
+/* {"tree": "(...)"}: the bracketed parse into the scratch tree, its words
+ * and labels already pointing into the arena's copy of the string, so
+ * the nodes are copied as they are; then instance.c's own word ids and
+ * cell kinds. */
 static int read_tree(const cn_model *m, cn_line_reader *rd,
                      const cn_limits *lim, cn_instance *in) {
   static const char *const keys[] = {"tree"};
@@ -95,29 +97,26 @@ static int read_tree(const cn_model *m, cn_line_reader *rd,
   if (t == NULL || t->kind != CN_JV_STR || !only_keys(j, 0, keys, 1)) return 1;
   cn_err err;
   cn_err_clear(&err);
-  if (cn__tree_parse_bracketed_scratch(t->s, (size_t)t->n, lim, &rd->ts,
-                                       &err) != 0)
+  cn_tree *dt = &in->tree;
+  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
+  if (dt->pool == NULL) return CN_E_NOMEM;
+  if (cn__tree_parse_bracketed_into(t->s, (size_t)t->n, lim, &rd->ts,
+                                    dt->pool, &err) != 0)
     return 1;
   const cn_tree *st = &rd->ts.t;
-  cn_tree *dt = &in->tree;
   int32_t n = st->n_nodes;
   dt->n_nodes = n;
   dt->height = st->height;
   dt->nodes = ALLOC(rd, n, cn_tree_node);
   dt->children = ALLOC(rd, n > 1 ? n - 1 : 1, int32_t);
-  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
   in->ids = ALLOC(rd, n, int32_t);
   in->node_type = ALLOC(rd, n, uint8_t);
-  if (!dt->nodes || !dt->children || !dt->pool || !in->ids || !in->node_type)
+  in->child_start = ALLOC(rd, n + 1, int32_t);
+  if (!dt->nodes || !dt->children || !in->ids || !in->node_type ||
+      !in->child_start)
     return CN_E_NOMEM;
   memcpy(dt->nodes, st->nodes, (size_t)n * sizeof(cn_tree_node));
   if (n > 1) memcpy(dt->children, st->children, (size_t)(n - 1) * sizeof(int32_t));
-  memcpy(dt->pool, st->pool, (size_t)t->n);
-  for (int32_t i = 0; i < n; i++) { /* words and labels: into the copy */
-    cn_tree_node *nd = &dt->nodes[i];
-    if (nd->word != NULL) nd->word = dt->pool + (nd->word - st->pool);
-    if (nd->label != NULL) nd->label = dt->pool + (nd->label - st->pool);
-  }
   return cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
 }
 
