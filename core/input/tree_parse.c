@@ -184,6 +184,34 @@ static const uint8_t br_class[256] = {
 
 #define BR_CLASS(ch) br_class[(unsigned char)(ch)]
 
+/* The bytes of w (8 bytes of the tree, first byte lowest) that end an
+ * atom - whitespace and control bytes (all below 0x21), '(', ')' and
+ * 0x7f - each marked by its high bit; bytes >= 0x80 are atom bytes and
+ * never marked. Exact byte for byte (no carry crosses a byte: every sum
+ * is of a 7-bit value and at most 0x7f), so the lowest mark is the end. */
+static inline uint64_t br_atom_end8(uint64_t w) {
+  const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80;
+  uint64_t h = w & ~high;
+  uint64_t below = ~(h + ones * 0x5f);           /* h < 0x21          */
+  uint64_t br = (h | ones) ^ (ones * 0x29);      /* 0 for '(' and ')' */
+  uint64_t del = h ^ (ones * 0x7f);              /* 0 for 0x7f        */
+  uint64_t m = below | ~(br + ones * 0x7f) | ~(del + ones * 0x7f);
+  return m & ~w & high;
+}
+
+/* The end of the atom whose first byte is s[i]: 8 bytes a step while 8
+ * remain, then byte by byte. */
+static inline size_t br_atom_end(const char *s, size_t len, size_t i) {
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    memcpy(&w, s + i, 8);
+    uint64_t m = br_atom_end8(w);
+    if (m != 0) return i + ((size_t)__builtin_ctzll(m) >> 3);
+  }
+  while (i < len && BR_CLASS(s[i]) == BC_ATOM) i++;
+  return i;
+}
+
 /* How many of the n bytes at s to print so that at most max bytes are
  * shown and a UTF-8 sequence is never cut (messages end up in JSON, which
  * must be valid UTF-8). */
@@ -565,7 +593,7 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
       goto out;
     default: {
       size_t start = i;
-      do i++; while (i < len && BR_CLASS(s[i]) == BC_ATOM);
+      i = br_atom_end(s, len, i + 1);
       if (i - start > (size_t)c.lim.max_token_len) {
         rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
                        "the word or label at byte %zu is %zu bytes long, "
