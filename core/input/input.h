@@ -84,6 +84,15 @@ int cn_vocab_size(const cn_vocab *v);
  * before look-up (the stored tokens are used as they are). */
 int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
                     bool lowercase);
+/* The same in two steps, for a reader with many words at hand: the hash
+ * of each (cn__vocab_hash) and its table entry asked for
+ * (cn__vocab_prefetch) first, so that the look-ups that follow
+ * (cn__vocab_lookup_hashed, with that hash) find their entries in cache
+ * rather than miss one after another. */
+uint32_t cn__vocab_hash(const char *s, size_t len, bool lowercase);
+void cn__vocab_prefetch(const cn_vocab *v, uint32_t h);
+int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
+                            size_t len, bool lowercase);
 const char *cn_vocab_token(const cn_vocab *v, int id); /* NULL if out of range */
 /* Writes one token a line. */
 int cn_vocab_write(const char *path, const char *const *tokens, int n,

@@ -102,16 +102,22 @@ static inline bool same(const char *t, const char *s, size_t len,
   return u[len] == 0;
 }
 
-/* Finds the slot holding s, or the empty slot where it would go. */
-static const vocab_slot *probe(const cn_vocab *v, const char *s, size_t len,
-                               bool lower) {
-  uint32_t h = hash(s, len, lower);
+/* Finds the slot holding s (whose hash is h), or the empty slot where it
+ * would go. */
+static inline const vocab_slot *probe_h(const cn_vocab *v, uint32_t h,
+                                        const char *s, size_t len,
+                                        bool lower) {
   uint32_t i = h & v->mask;
   for (;; i = (i + 1) & v->mask) {
     const vocab_slot *e = &v->slots[i];
     if (e->id < 0 || (e->hash == h && same(v->pool + e->off, s, len, lower)))
       return e;
   }
+}
+
+static const vocab_slot *probe(const cn_vocab *v, const char *s, size_t len,
+                               bool lower) {
+  return probe_h(v, hash(s, len, lower), s, len, lower);
 }
 
 /* Builds the table from tokens already in v->pool / off. A repeated
@@ -256,6 +262,21 @@ int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
                     bool lowercase) {
   if (v == NULL || v->n == 0) return 0;
   int32_t id = probe(v, s, len, lowercase)->id;
+  return id < 0 ? 0 : id;
+}
+
+uint32_t cn__vocab_hash(const char *s, size_t len, bool lowercase) {
+  return hash(s, len, lowercase);
+}
+
+void cn__vocab_prefetch(const cn_vocab *v, uint32_t h) {
+  if (v != NULL && v->n > 0) __builtin_prefetch(&v->slots[h & v->mask]);
+}
+
+int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
+                            size_t len, bool lowercase) {
+  if (v == NULL || v->n == 0) return 0;
+  int32_t id = probe_h(v, h, s, len, lowercase)->id;
   return id < 0 ? 0 : id;
 }
 

@@ -61,8 +61,19 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
   /* a JSON tree of treelstm-2type says its nodes' "type", not a label */
   bool by_label = cn_model_reads_labels(m) && (m->cells != NULL || !from_json);
   in->n_unknown_labels = 0;
+  /* the words' hashes, a block of nodes at a time, their table entries
+   * asked for before the first look-up (cn__vocab_prefetch) */
+  uint32_t hs[64];
   for (int32_t i = 0; i < t->n_nodes; i++) {
     const cn_tree_node *nd = &t->nodes[i];
+    if (i % 64 == 0)
+      for (int32_t k = i; k < t->n_nodes && k < i + 64; k++) {
+        const cn_tree_node *w = &t->nodes[k];
+        if (w->n_children > 0) continue;
+        hs[k - i] = cn__vocab_hash(w->word, (size_t)w->word_len,
+                                   m->lowercase);
+        cn__vocab_prefetch(m->vocab, hs[k - i]);
+      }
     if (nd->n_children > 0) {
       if (arity > 0 && nd->n_children > arity) {
         err->node = i;
@@ -91,8 +102,8 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
       bool b = from_json ? nd->type == 'b' : label_in(m, nd);
       in->node_type[i] = b ? 'b' : 'a';
     } else {
-      in->ids[i] = cn_vocab_lookup(m->vocab, nd->word, (size_t)nd->word_len,
-                                   m->lowercase);
+      in->ids[i] = cn__vocab_lookup_hashed(m->vocab, hs[i % 64], nd->word,
+                                           (size_t)nd->word_len, m->lowercase);
       in->node_type[i] =
           m->cells != NULL ? (uint8_t)cn__cells_tree_type(m, nd) : 0;
     }
