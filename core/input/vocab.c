@@ -31,7 +31,7 @@ struct cn_vocab {
   char *pool;       /* all tokens, each NUL-terminated */
   size_t *off;      /* n offsets into pool */
   vocab_slot *slots; /* cap entries */
-  uint32_t mask;    /* cap - 1, cap a power of two ≥ 2n */
+  uint32_t mask;    /* cap - 1, cap a power of two ≥ 1.5 n */
 };
 
 static inline unsigned char fold(unsigned char c, bool lower) {
@@ -125,7 +125,10 @@ static const vocab_slot *probe(const cn_vocab *v, const char *s, size_t len,
  * for them) but are never returned by look-up. */
 static int index_tokens(cn_vocab *v) {
   uint32_t cap = 16;
-  while (cap < 2u * (uint32_t)v->n) cap *= 2;
+  /* at most 2/3 full: the table of a large vocabulary stays small enough
+   * to stay in cache, and each entry holds its hash, so a probe past
+   * other entries reads no token */
+  while (cap < (uint32_t)v->n + (uint32_t)v->n / 2) cap *= 2;
   v->slots = cn__xcalloc(cap, sizeof(*v->slots));
   if (v->slots == NULL) return CN_E_NOMEM;
   for (uint32_t i = 0; i < cap; i++) v->slots[i].id = -1;

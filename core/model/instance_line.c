@@ -29,7 +29,9 @@ struct cn_line_reader {
   int32_t *sb, *se;    /* lattices: lexicon spans before they are copied */
   const char **cs;     /* the characters (lattices) or words of "text" */
   int32_t *cl;
-  int32_t keys_cap, sb_cap, se_cap;
+  uint32_t *hs;        /* lattices: each span word's hash (cn__vocab_hash) */
+  int32_t *tk;         /* lattices: the tape index of its "token", or -1 */
+  int32_t keys_cap, sb_cap, se_cap, hs_cap, tk_cap;
   int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
 };
 
@@ -49,6 +51,8 @@ void cn_line_reader_free(cn_line_reader *rd) {
   free(rd->keys);
   free(rd->sb);
   free(rd->se);
+  free(rd->hs);
+  free(rd->tk);
   free(rd->cs);
   free(rd->cl);
   free(rd);
@@ -197,18 +201,52 @@ static int lex_span(void *ctx, int32_t b, int32_t e) {
   return 0;
 }
 
-/* The word of span [b, e) with no "token": its characters joined (as
- * seq_parse.c's span_words, 1,024 bytes at most, else unknown: 0). */
-static int32_t span_word(const cn_model *m, const cn_line_reader *rd,
-                         int32_t b, int32_t e) {
-  char buf[1024];
+/* The word of span [b, e) with no "token": its characters joined into
+ * buf (as seq_parse.c's span_words, 1,024 bytes at most); its length, or
+ * -1 when longer (an unknown word: id 0). */
+static int32_t span_join(const cn_line_reader *rd, int32_t b, int32_t e,
+                         char buf[1024]) {
   size_t len = 0;
   for (int32_t c = b; c < e; c++) {
-    if (len + (size_t)rd->cl[c] > sizeof(buf)) return 0;
+    if (len + (size_t)rd->cl[c] > 1024) return -1;
     memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
     len += (size_t)rd->cl[c];
   }
-  return cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase);
+  return (int32_t)len;
+}
+
+/* The span words' ids in two passes (cn__vocab_prefetch): every word's
+ * hash computed and its table entry asked for, then the look-ups, whose
+ * entries have arrived meanwhile. A lattice has hundreds of words in a
+ * vocabulary too large to stay in cache; one by one, each look-up
+ * waited on its own miss. Span k's word is the string at tape index
+ * rd->tk[k] (its "token") or, when that is -1, its characters joined. */
+static void span_words(const cn_model *m, cn_line_reader *rd,
+                       const int32_t *sb, const int32_t *se, int32_t ns,
+                       int32_t *out) {
+  char buf[1024];
+  for (int32_t k = 0; k < ns; k++) {
+    const char *w = buf;
+    int32_t len;
+    if (rd->tk[k] >= 0)
+      w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
+    else
+      len = span_join(rd, sb[k], se[k], buf);
+    if (len < 0) continue;
+    rd->hs[k] = cn__vocab_hash(w, (size_t)len, m->lowercase);
+    cn__vocab_prefetch(m->word_vocab, rd->hs[k]);
+  }
+  for (int32_t k = 0; k < ns; k++) {
+    const char *w = buf;
+    int32_t len;
+    if (rd->tk[k] >= 0)
+      w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
+    else
+      len = span_join(rd, sb[k], se[k], buf);
+    out[k] = len < 0 ? 0
+                     : cn__vocab_lookup_hashed(m->word_vocab, rd->hs[k], w,
+                                               (size_t)len, m->lowercase);
+  }
 }
 
 /* The members of a word object v[q] ({"start", "end", "token"?}) in one
@@ -267,7 +305,9 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
     if (!in->span_start || !in->span_end || !in->span_word ||
-        grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)))
+        grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)) ||
+        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
+        grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
       return CN_E_NOMEM;
     bool sorted = true; /* the keys ascending as sent: no sort needed */
     for (int32_t k = 0, q = wat + 1; k < ns; k++, q = j->v[q].next) {
@@ -283,13 +323,9 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       rd->keys[k] = b << 32 | e;
       if (k > 0 && rd->keys[k] <= rd->keys[k - 1]) sorted = false;
       /* span k's word: its "token", else its characters joined */
-      if (jt != NULL) {
-        in->span_word[k] = cn_vocab_lookup(m->word_vocab, jt->s,
-                                           (size_t)jt->n, m->lowercase);
-        continue;
-      }
-      in->span_word[k] = span_word(m, rd, (int32_t)b, (int32_t)e);
+      rd->tk[k] = jt != NULL ? (int32_t)(jt - j->v) : -1;
     }
+    span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
     /* a repeated span is refused (jansson's path says which): strictly
      * ascending keys have none, else sorted they sit side by side */
     if (!sorted) {
@@ -306,12 +342,16 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_start = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
-    if (!in->span_start || !in->span_end || !in->span_word) return CN_E_NOMEM;
+    if (!in->span_start || !in->span_end || !in->span_word ||
+        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
+        grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
+      return CN_E_NOMEM;
     for (int32_t k = 0; k < ns; k++) {
       in->span_start[k] = rd->sb[k];
       in->span_end[k] = rd->se[k];
-      in->span_word[k] = span_word(m, rd, rd->sb[k], rd->se[k]);
+      rd->tk[k] = -1;
     }
+    span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
   } else {
     in->span_word = ALLOC(rd, 1, int32_t);
     if (in->span_word == NULL) return CN_E_NOMEM;
