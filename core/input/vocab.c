@@ -31,6 +31,9 @@ struct cn_vocab {
   char *pool;       /* all tokens, each NUL-terminated */
   size_t *off;      /* n offsets into pool */
   vocab_slot *slots; /* cap entries */
+  /* the id of each one-byte string, as is and ASCII-lowercased: a
+   * character of a lattice or of "text" is looked up by its byte */
+  int32_t byte_id[2][256];
   uint32_t mask;    /* cap - 1, cap a power of two ≥ 1.5 n */
 };
 
@@ -140,6 +143,12 @@ static int index_tokens(cn_vocab *v) {
     if (e->id < 0)
       *e = (vocab_slot){hash(t, len, false), id, v->off[id]};
   }
+  for (int c = 0; c < 256; c++)
+    for (int lower = 0; lower < 2; lower++) {
+      char b = (char)c;
+      int32_t id = probe(v, &b, 1, lower)->id;
+      v->byte_id[lower][c] = id < 0 ? 0 : id;
+    }
   return 0;
 }
 
@@ -264,6 +273,7 @@ int cn_vocab_size(const cn_vocab *v) { return v ? v->n : 0; }
 int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
                     bool lowercase) {
   if (v == NULL || v->n == 0) return 0;
+  if (len == 1) return v->byte_id[lowercase][(unsigned char)s[0]];
   int32_t id = probe(v, s, len, lowercase)->id;
   return id < 0 ? 0 : id;
 }

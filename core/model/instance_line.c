@@ -31,7 +31,11 @@ struct cn_line_reader {
   int32_t *cl;
   uint32_t *hs;        /* lattices: each span word's hash (cn__vocab_hash) */
   int32_t *tk;         /* lattices: the tape index of its "token", or -1 */
-  int32_t keys_cap, sb_cap, se_cap, hs_cap, tk_cap;
+  int32_t *wo, *wl;    /* lattices: its joined characters in jb, length
+                          (-1: longer than 1,024 bytes, unknown) */
+  char *jb;
+  size_t jb_cap;
+  int32_t keys_cap, sb_cap, se_cap, hs_cap, tk_cap, wo_cap, wl_cap;
   int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
 };
 
@@ -53,6 +57,9 @@ void cn_line_reader_free(cn_line_reader *rd) {
   free(rd->se);
   free(rd->hs);
   free(rd->tk);
+  free(rd->wo);
+  free(rd->wl);
+  free(rd->jb);
   free(rd->cs);
   free(rd->cl);
   free(rd);
@@ -203,14 +210,20 @@ static int lex_span(void *ctx, int32_t b, int32_t e) {
 
 /* The word of span [b, e) with no "token": its characters joined into
  * buf (as seq_parse.c's span_words, 1,024 bytes at most); its length, or
- * -1 when longer (an unknown word: id 0). */
+ * -1 when longer (an unknown word: id 0). Characters are mostly a byte
+ * or two: copied without a call. */
 static int32_t span_join(const cn_line_reader *rd, int32_t b, int32_t e,
-                         char buf[1024]) {
+                         char *buf) {
   size_t len = 0;
   for (int32_t c = b; c < e; c++) {
-    if (len + (size_t)rd->cl[c] > 1024) return -1;
-    memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
-    len += (size_t)rd->cl[c];
+    size_t l = (size_t)rd->cl[c];
+    if (len + l > 1024) return -1;
+    const char *p = rd->cs[c];
+    if (l <= 4)
+      for (size_t i = 0; i < l; i++) buf[len + i] = p[i];
+    else
+      memcpy(buf + len, p, l);
+    len += l;
   }
   return (int32_t)len;
 }
@@ -220,33 +233,49 @@ static int32_t span_join(const cn_line_reader *rd, int32_t b, int32_t e,
  * entries have arrived meanwhile. A lattice has hundreds of words in a
  * vocabulary too large to stay in cache; one by one, each look-up
  * waited on its own miss. Span k's word is the string at tape index
- * rd->tk[k] (its "token") or, when that is -1, its characters joined. */
-static void span_words(const cn_model *m, cn_line_reader *rd,
-                       const int32_t *sb, const int32_t *se, int32_t ns,
-                       int32_t *out) {
-  char buf[1024];
+ * rd->tk[k] (its "token") or, when that is -1, its characters joined
+ * (into rd->jb, once). */
+static int span_words(const cn_model *m, cn_line_reader *rd,
+                      const int32_t *sb, const int32_t *se, int32_t ns,
+                      int32_t *out) {
+  if (grow((void **)&rd->wo, &rd->wo_cap, ns, sizeof(int32_t)) ||
+      grow((void **)&rd->wl, &rd->wl_cap, ns, sizeof(int32_t)))
+    return CN_E_NOMEM;
+  size_t used = 0;
   for (int32_t k = 0; k < ns; k++) {
-    const char *w = buf;
+    const char *w;
     int32_t len;
-    if (rd->tk[k] >= 0)
+    if (rd->tk[k] >= 0) {
       w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
-    else
-      len = span_join(rd, sb[k], se[k], buf);
-    if (len < 0) continue;
+    } else {
+      if (rd->jb_cap - used < 1024) { /* room for the longest join */
+        size_t c = rd->jb_cap ? rd->jb_cap * 2 : 4096;
+        char *p = realloc(rd->jb, c);
+        if (p == NULL) return CN_E_NOMEM;
+        rd->jb = p, rd->jb_cap = c;
+      }
+      w = rd->jb + used;
+      len = span_join(rd, sb[k], se[k], rd->jb + used);
+      rd->wo[k] = (int32_t)used;
+      rd->wl[k] = len;
+      if (len < 0) continue;
+      used += (size_t)len;
+    }
     rd->hs[k] = cn__vocab_hash(w, (size_t)len, m->lowercase);
     cn__vocab_prefetch(m->word_vocab, rd->hs[k]);
   }
   for (int32_t k = 0; k < ns; k++) {
-    const char *w = buf;
+    const char *w;
     int32_t len;
     if (rd->tk[k] >= 0)
       w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
     else
-      len = span_join(rd, sb[k], se[k], buf);
+      w = rd->jb + rd->wo[k], len = rd->wl[k];
     out[k] = len < 0 ? 0
                      : cn__vocab_lookup_hashed(m->word_vocab, rd->hs[k], w,
                                                (size_t)len, m->lowercase);
   }
+  return 0;
 }
 
 /* The members of a word object v[q] ({"start", "end", "token"?}) in one
@@ -325,7 +354,8 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       /* span k's word: its "token", else its characters joined */
       rd->tk[k] = jt != NULL ? (int32_t)(jt - j->v) : -1;
     }
-    span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    rc = span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    if (rc != 0) return rc;
     /* a repeated span is refused (jansson's path says which): strictly
      * ascending keys have none, else sorted they sit side by side */
     if (!sorted) {
@@ -351,7 +381,8 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       in->span_end[k] = rd->se[k];
       rd->tk[k] = -1;
     }
-    span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    rc = span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    if (rc != 0) return rc;
   } else {
     in->span_word = ALLOC(rd, 1, int32_t);
     if (in->span_word == NULL) return CN_E_NOMEM;
