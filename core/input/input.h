@@ -60,6 +60,12 @@ typedef struct cn_tree_scratch {
 int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      const cn_limits *lim, cn_tree_scratch *sc,
                                      cn_err *err);
+/* The same with words and labels pointing into pool (len bytes of the
+ * caller's, which get the copy of s) rather than the scratch's own copy:
+ * a reader that keeps the tree copies its nodes as they are. */
+int cn__tree_parse_bracketed_into(const char *s, size_t len,
+                                  const cn_limits *lim, cn_tree_scratch *sc,
+                                  char *pool, cn_err *err);
 void cn__tree_scratch_free(cn_tree_scratch *sc);
 
 /* ---- vocabularies (vocab.c) --------------------------------------------
@@ -78,6 +84,15 @@ int cn_vocab_size(const cn_vocab *v);
  * before look-up (the stored tokens are used as they are). */
 int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
                     bool lowercase);
+/* The same in two steps, for a reader with many words at hand: the hash
+ * of each (cn__vocab_hash) and its table entry asked for
+ * (cn__vocab_prefetch) first, so that the look-ups that follow
+ * (cn__vocab_lookup_hashed, with that hash) find their entries in cache
+ * rather than miss one after another. */
+uint32_t cn__vocab_hash(const char *s, size_t len, bool lowercase);
+void cn__vocab_prefetch(const cn_vocab *v, uint32_t h);
+int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
+                            size_t len, bool lowercase);
 const char *cn_vocab_token(const cn_vocab *v, int id); /* NULL if out of range */
 /* Writes one token a line. */
 int cn_vocab_write(const char *path, const char *const *tokens, int n,

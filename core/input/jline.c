@@ -28,15 +28,17 @@ static inline bool str_plain(unsigned char c) {
   return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
 }
 
-/* Whether any of the 8 bytes in w is not plain: '"', '\\', a control
- * byte (< 0x20) or non-ASCII (>= 0x80). Exact as a whole (no byte is
- * missed, none is flagged wrongly when none is there): the byte-wise
- * zero test on w ^ '"', w ^ '\\', and w less 0x20, or a high bit. */
-static inline bool word_special(uint64_t w) {
+/* The bytes of w (first byte lowest) that are not plain: '"', '\\', a
+ * control byte (< 0x20) or non-ASCII (>= 0x80), each marked by its high
+ * bit: the byte-wise zero test on w ^ '"', w ^ '\\', and w less 0x20,
+ * or a high bit. No byte is missed; a borrow may mark a byte above a
+ * marked one, never below, so the lowest mark is exact (and the mask is
+ * 0 exactly when all 8 are plain). */
+static inline uint64_t word_special(uint64_t w) {
   const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
   uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
   uint64_t t = ((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w);
-  return ((t | w) & high) != 0;
+  return (t | w) & high;
 }
 
 static inline bool ws(unsigned char c) {
@@ -89,9 +91,14 @@ static int read_string(cn_jline *j, const char *s, size_t len, size_t *i,
    * tree's text), then byte by byte */
   for (uint64_t w; p + 8 <= len; p += 8) {
     memcpy(&w, s + p, 8);
-    if (word_special(w)) break;
+    uint64_t m = word_special(w);
+    if (m != 0) {
+      p += (size_t)__builtin_ctzll(m) >> 3;
+      goto found;
+    }
   }
   while (p < len && str_plain((unsigned char)s[p])) p++;
+found:
   if (p < len && s[p] == '"') { /* the common case: nothing to decode */
     *out = s + start;
     *out_len = (int32_t)(p - start);

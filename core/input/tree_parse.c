@@ -166,16 +166,50 @@ void cn_tree_free(cn_tree *t) {
 
 /* ---- bracketed form ---------------------------------------------------- */
 
-static int br_is_ws(unsigned char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+/* The byte classes of the grammar (the file comment), one table look-up a
+ * byte: whitespace, the two brackets, control bytes (0x00-0x1f but the
+ * whitespace, and 0x7f), and atom bytes (everything else, UTF-8 included:
+ * the zero the table is filled with from 0x80 on). */
+enum { BC_ATOM = 0, BC_WS, BC_OPEN, BC_CLOSE, BC_CTRL };
+static const uint8_t br_class[256] = {
+    /* 0x00 */ 4, 4, 4, 4, 4, 4, 4, 4, 4, 1, 1, 4, 4, 1, 4, 4,
+    /* 0x10 */ 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4,
+    /* 0x20 */ 1, 0, 0, 0, 0, 0, 0, 0, 2, 3, 0, 0, 0, 0, 0, 0,
+    /* 0x30 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* 0x40 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* 0x50 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* 0x60 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* 0x70 */ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4,
+};
+
+#define BR_CLASS(ch) br_class[(unsigned char)(ch)]
+
+/* The bytes of w (8 bytes of the tree, first byte lowest) that end an
+ * atom - whitespace and control bytes (all below 0x21), '(', ')' and
+ * 0x7f - each marked by its high bit; bytes >= 0x80 are atom bytes and
+ * never marked. Exact byte for byte (no carry crosses a byte: every sum
+ * is of a 7-bit value and at most 0x7f), so the lowest mark is the end. */
+static inline uint64_t br_atom_end8(uint64_t w) {
+  const uint64_t ones = 0x0101010101010101ull, high = ones * 0x80;
+  uint64_t h = w & ~high;
+  uint64_t below = ~(h + ones * 0x5f);           /* h < 0x21          */
+  uint64_t br = (h | ones) ^ (ones * 0x29);      /* 0 for '(' and ')' */
+  uint64_t del = h ^ (ones * 0x7f);              /* 0 for 0x7f        */
+  uint64_t m = below | ~(br + ones * 0x7f) | ~(del + ones * 0x7f);
+  return m & ~w & high;
 }
 
-static int br_is_ctrl(unsigned char c) {
-  return (c < 0x20 && !br_is_ws(c)) || c == 0x7f;
-}
-
-static int br_is_atom(unsigned char c) {
-  return !br_is_ws(c) && c != '(' && c != ')' && !br_is_ctrl(c);
+/* The end of the atom whose first byte is s[i]: 8 bytes a step while 8
+ * remain, then byte by byte. */
+static inline size_t br_atom_end(const char *s, size_t len, size_t i) {
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    memcpy(&w, s + i, 8);
+    uint64_t m = br_atom_end8(w);
+    if (m != 0) return i + ((size_t)__builtin_ctzll(m) >> 3);
+  }
+  while (i < len && BR_CLASS(s[i]) == BC_ATOM) i++;
+  return i;
 }
 
 /* How many of the n bytes at s to print so that at most max bytes are
@@ -209,26 +243,70 @@ enum {
 typedef struct br_frame {
   int32_t node;
   int32_t state;
-  size_t a1, a2;       /* offsets of the pending atoms */
   int32_t a1_len, a2_len;
+  size_t a1, a2;       /* offsets of the pending atoms */
 } br_frame;
 
+/* One parse's state. Nodes are written in place (no per-node call, no
+ * memset): a node's fields are set as its bracket or word is read, and
+ * each parent counts its children as they come, so the children arrays
+ * take one pass at the end (br_link). */
 typedef struct br_ctx {
   const char *s;
-  size_t len;
+  const char *pool;    /* where words and labels point: the copy of s */
   cn__tree_limits lim;
   cn_tree *t;
   int32_t cap;
+  int32_t height;
   br_frame *stack;
   int32_t sp, stack_cap;
   cn_err *err;
 } br_ctx;
 
+/* The node array doubled (at least 32), as cn__tree_add_node grows it.
+ * Out of line: it runs O(log n) times a tree, and never once warm. */
+static int br_grow(br_ctx *c, size_t where) {
+  int32_t ncap = c->cap < 32 ? 32 : (c->cap > INT32_MAX / 2 ? INT32_MAX
+                                                            : c->cap * 2);
+  cn_tree_node *nn = cn__xrealloc(c->t->nodes, (size_t)ncap, sizeof(*nn));
+  if (nn == NULL)
+    return cn__tree_fail(c->err, CN_E_NOMEM, (long long)where, -1,
+                         "out of memory growing a tree to %d nodes",
+                         (int)ncap);
+  c->t->nodes = nn;
+  c->cap = ncap;
+  return 0;
+}
+
+/* Appends node n_nodes under parent (-1: the root) at depth, starting at
+ * byte where; the same checks and messages as cn__tree_add_node. */
+static inline int br_node(br_ctx *c, int32_t parent, int32_t depth,
+                          size_t where, int32_t *idx) {
+  cn_tree *t = c->t;
+  int32_t n = t->n_nodes;
+  if (n >= c->lim.max_nodes)
+    return cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)where, n,
+                         "the tree has more nodes than the limit of %d "
+                         "(max-nodes); node %d starts at byte %lld",
+                         (int)c->lim.max_nodes, (int)n, (long long)where);
+  if (n == c->cap) {
+    int rc = br_grow(c, where);
+    if (rc) return rc;
+  }
+  t->nodes[n] = (cn_tree_node){.parent = parent, .depth = depth,
+                               .offset = (int64_t)where};
+  if (parent >= 0) t->nodes[parent].n_children++;
+  if (depth > c->height) c->height = depth;
+  t->n_nodes = n + 1;
+  *idx = n;
+  return 0;
+}
+
 /* Adds an unlabelled leaf for the bare word at s[off..off+wlen) under the
  * bracket at stack depth sp (so the leaf's depth is sp + 1). */
-static int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
+static inline int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
   int rc = 0;
-  int32_t idx;
+  int32_t idx = 0;
   int32_t depth = c->sp + 1;
   if (depth > c->lim.max_depth) {
     rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)off, c->t->n_nodes,
@@ -238,10 +316,9 @@ static int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
                    (int)c->lim.max_depth, off, (int)depth);
     goto out;
   }
-  rc = cn__tree_add_node(c->t, &c->cap, &c->lim, c->stack[c->sp - 1].node, depth,
-                     (int64_t)off, &idx, c->err);
+  rc = br_node(c, c->stack[c->sp - 1].node, depth, off, &idx);
   if (rc) goto out;
-  c->t->nodes[idx].word = c->t->pool + off;
+  c->t->nodes[idx].word = c->pool + off;
   c->t->nodes[idx].word_len = wlen;
 out:
   return rc;
@@ -251,30 +328,41 @@ out:
  * atom after its pending ones): its pending atoms now resolve. The first is
  * the label, a pending second one becomes a bare leaf, and the node is an
  * internal node from here on. */
-static int br_settle(br_ctx *c) {
+static inline int br_settle(br_ctx *c) {
   int rc = 0;
   br_frame *f = &c->stack[c->sp - 1];
-  cn_tree_node *n = &c->t->nodes[f->node];
-  if (f->state == BR_ATOM1 || f->state == BR_ATOM2) {
-    n->label = c->t->pool + f->a1;
+  if (f->state == BR_OPEN) goto out;
+  if (f->state != BR_EMPTY) {
+    cn_tree_node *n = &c->t->nodes[f->node];
+    n->label = c->pool + f->a1;
     n->label_len = f->a1_len;
   }
   if (f->state == BR_ATOM2) {
-    size_t a2 = f->a2;
-    int32_t a2_len = f->a2_len;
     f->state = BR_OPEN;
-    rc = br_bare_leaf(c, a2, a2_len);
+    rc = br_bare_leaf(c, f->a2, f->a2_len);
     if (rc) goto out;
   }
-  c->stack[c->sp - 1].state = BR_OPEN;
+  f->state = BR_OPEN;
 out:
   return rc;
 }
 
+/* The parser's stack doubled (at least 64 frames). */
+static int br_grow_stack(br_ctx *c, size_t i, int32_t depth) {
+  int32_t ncap = c->stack_cap < 64 ? 64 : c->stack_cap * 2;
+  br_frame *ns = cn__xrealloc(c->stack, (size_t)ncap, sizeof(*ns));
+  if (ns == NULL)
+    return cn__tree_fail(c->err, CN_E_NOMEM, (long long)i, -1,
+                         "out of memory at nesting depth %d", (int)depth);
+  c->stack = ns;
+  c->stack_cap = ncap;
+  return 0;
+}
+
 /* '(' at byte i: a new node, numbered now (pre-order), one level deeper. */
-static int br_open(br_ctx *c, size_t i) {
+static inline int br_open(br_ctx *c, size_t i) {
   int rc = 0;
-  int32_t idx;
+  int32_t idx = 0;
   if (c->sp > 0) {
     rc = br_settle(c);
     if (rc) goto out;
@@ -288,67 +376,56 @@ static int br_open(br_ctx *c, size_t i) {
                    (int)c->lim.max_depth, i, (int)depth);
     goto out;
   }
-  rc = cn__tree_add_node(c->t, &c->cap, &c->lim,
-                     c->sp > 0 ? c->stack[c->sp - 1].node : -1, depth,
-                     (int64_t)i, &idx, c->err);
+  rc = br_node(c, c->sp > 0 ? c->stack[c->sp - 1].node : -1, depth, i, &idx);
   if (rc) goto out;
   if (c->sp == c->stack_cap) {
-    int32_t ncap = c->stack_cap < 64 ? 64 : c->stack_cap * 2;
-    br_frame *ns = cn__xrealloc(c->stack, (size_t)ncap, sizeof(*ns));
-    if (ns == NULL) {
-      rc = cn__tree_fail(c->err, CN_E_NOMEM, (long long)i, -1,
-                     "out of memory at nesting depth %d", (int)depth);
-      goto out;
-    }
-    c->stack = ns;
-    c->stack_cap = ncap;
+    rc = br_grow_stack(c, i, depth);
+    if (rc) goto out;
   }
   br_frame *f = &c->stack[c->sp++];
-  memset(f, 0, sizeof(*f));
   f->node = idx;
   f->state = BR_EMPTY;
 out:
   return rc;
 }
 
-/* ')' at byte i closes the top bracket: decides what a bracket of one or
- * two atoms was, and rejects () and (w). */
-static int br_close(br_ctx *c) {
-  int rc = 0;
+/* ')' closing a bracket of no item or one atom: () and (w) are refused,
+ * each with its message. */
+static int br_close_bad(br_ctx *c) {
   br_frame *f = &c->stack[c->sp - 1];
-  cn_tree_node *n = &c->t->nodes[f->node];
-  switch (f->state) {
-  case BR_EMPTY:
-    rc = cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
-                   "empty brackets '()' at byte %lld (node %d): a node is "
-                   "(LABEL word) or (LABEL child ...)",
-                   (long long)n->offset, (int)f->node);
-    goto out;
-  case BR_ATOM1:
-    rc = cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
-                   "brackets at byte %lld (node %d) hold only the word "
-                   "'%.*s': a leaf is (LABEL word), and a bare word needs "
-                   "no brackets",
-                   (long long)n->offset, (int)f->node,
-                   (int)br_cut_utf8(c->s + f->a1, f->a1_len, 40),
-                   c->s + f->a1);
-    goto out;
-  case BR_ATOM2:
-    n->label = c->t->pool + f->a1;
+  const cn_tree_node *n = &c->t->nodes[f->node];
+  if (f->state == BR_EMPTY)
+    return cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+                         "empty brackets '()' at byte %lld (node %d): a node "
+                         "is (LABEL word) or (LABEL child ...)",
+                         (long long)n->offset, (int)f->node);
+  return cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+                       "brackets at byte %lld (node %d) hold only the word "
+                       "'%.*s': a leaf is (LABEL word), and a bare word needs "
+                       "no brackets",
+                       (long long)n->offset, (int)f->node,
+                       (int)br_cut_utf8(c->s + f->a1, f->a1_len, 40),
+                       c->s + f->a1);
+}
+
+/* ')' closes the top bracket: a bracket of two atoms is the leaf X:w. */
+static inline int br_close(br_ctx *c) {
+  br_frame *f = &c->stack[c->sp - 1];
+  if (f->state == BR_ATOM2) {
+    cn_tree_node *n = &c->t->nodes[f->node];
+    n->label = c->pool + f->a1;
     n->label_len = f->a1_len;
-    n->word = c->t->pool + f->a2;
+    n->word = c->pool + f->a2;
     n->word_len = f->a2_len;
-    break;
-  default:
-    break;
+  } else if (f->state != BR_OPEN) {
+    return br_close_bad(c);
   }
   c->sp--;
-out:
-  return rc;
+  return 0;
 }
 
 /* An atom s[start..start+alen) inside the top bracket. */
-static int br_atom(br_ctx *c, size_t start, int32_t alen) {
+static inline int br_atom(br_ctx *c, size_t start, int32_t alen) {
   int rc = 0;
   br_frame *f = &c->stack[c->sp - 1];
   switch (f->state) {
@@ -373,8 +450,28 @@ out:
   return rc;
 }
 
+/* The children arrays (pre-order CSR, as cn__tree_link_children_in makes
+ * them) from the counts br_node kept, in one pass: a parent precedes its
+ * children, so its first_child is set before the first of them is placed;
+ * its n_children counts again from 0 as they are. */
+static void br_link(cn_tree *t) {
+  cn_tree_node *nd = t->nodes;
+  int32_t *ch = t->children;
+  int32_t n = t->n_nodes, at = nd[0].n_children;
+  nd[0].first_child = 0;
+  nd[0].n_children = 0;
+  for (int32_t i = 1; i < n; i++) {
+    cn_tree_node *p = &nd[nd[i].parent];
+    ch[p->first_child + p->n_children++] = i;
+    nd[i].first_child = at;
+    at += nd[i].n_children;
+    nd[i].n_children = 0;
+  }
+}
+
 static int br_parse(const char *s, size_t len, const cn_limits *lim,
-                    cn_tree *out, cn_tree_scratch *sc, cn_err *err);
+                    cn_tree *out, cn_tree_scratch *sc, char *pool,
+                    cn_err *err);
 
 /* Why: requests carry trees as Penn / SST strings; this turns one into the
  * pre-order cn_tree every tree family builds its vertices from, or says
@@ -383,7 +480,7 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
 int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
                             cn_tree *out, cn_err *err) {
   memset(out, 0, sizeof(*out));
-  return br_parse(s, len, lim, out, NULL, err);
+  return br_parse(s, len, lim, out, NULL, NULL, err);
 }
 
 /* The same parse into a scratch tree whose arrays are reused from the
@@ -395,7 +492,15 @@ int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      cn_err *err) {
   sc->t.n_nodes = 0;
   sc->t.height = 0;
-  return br_parse(s, len, lim, &sc->t, sc, err);
+  return br_parse(s, len, lim, &sc->t, sc, NULL, err);
+}
+
+int cn__tree_parse_bracketed_into(const char *s, size_t len,
+                                  const cn_limits *lim, cn_tree_scratch *sc,
+                                  char *pool, cn_err *err) {
+  sc->t.n_nodes = 0;
+  sc->t.height = 0;
+  return br_parse(s, len, lim, &sc->t, sc, pool, err);
 }
 
 void cn__tree_scratch_free(cn_tree_scratch *sc) {
@@ -407,14 +512,16 @@ void cn__tree_scratch_free(cn_tree_scratch *sc) {
 /* Why one function serves both: the grammar and every message stay in
  * one place. sc == NULL: out is fresh and owns what it gets (freed on
  * failure); else out is sc->t and every array comes from, and goes back
- * to, the scratch. */
+ * to, the scratch. pool (scratch only; NULL: the scratch's own) is where
+ * the copy of s goes that words and labels point into: len bytes of the
+ * caller's. */
 static int br_parse(const char *s, size_t len, const cn_limits *lim,
-                    cn_tree *out, cn_tree_scratch *sc, cn_err *err) {
+                    cn_tree *out, cn_tree_scratch *sc, char *pool,
+                    cn_err *err) {
   int rc = 0;
   br_ctx c;
   memset(&c, 0, sizeof(c));
   c.s = s;
-  c.len = len;
   c.t = out;
   c.err = err;
   if (sc != NULL) {
@@ -429,7 +536,7 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
   }
 
   size_t i = 0;
-  while (i < len && br_is_ws((unsigned char)s[i])) i++;
+  while (i < len && BR_CLASS(s[i]) == BC_WS) i++;
   if (i == len) {
     rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                    "the tree is empty: expected '(' at byte %zu", i);
@@ -442,56 +549,51 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
                    br_show_byte((unsigned char)s[i], shown), i);
     goto out;
   }
-  if (sc == NULL) {
-    out->pool = malloc(len);
-  } else if (sc->pool_cap < len) {
-    char *p = realloc(out->pool, len);
-    if (p != NULL) out->pool = p, sc->pool_cap = len;
-    else free(out->pool), out->pool = NULL, sc->pool_cap = 0;
+  if (pool == NULL) {
+    if (sc == NULL) {
+      out->pool = malloc(len);
+    } else if (sc->pool_cap < len) {
+      char *p = realloc(out->pool, len);
+      if (p != NULL) out->pool = p, sc->pool_cap = len;
+      else free(out->pool), out->pool = NULL, sc->pool_cap = 0;
+    }
+    if (out->pool == NULL) {
+      rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
+                     "out of memory copying a tree of %zu bytes", len);
+      goto out;
+    }
+    pool = out->pool;
   }
-  if (out->pool == NULL) {
-    rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
-                   "out of memory copying a tree of %zu bytes", len);
-    goto out;
-  }
-  memcpy(out->pool, s, len);
+  memcpy(pool, s, len);
+  c.pool = pool;
 
-  int done = 0; /* the top-level tree has closed */
+  /* the top-level tree: until it closes, every byte is an item of the
+   * top bracket; after it, only whitespace may follow */
   while (i < len) {
     unsigned char ch = (unsigned char)s[i];
-    if (br_is_ws(ch)) {
+    switch (BR_CLASS(ch)) {
+    case BC_WS:
       i++;
       continue;
-    }
-    if (br_is_ctrl(ch)) {
+    case BC_OPEN:
+      rc = br_open(&c, i);
+      if (rc) goto out;
+      i++;
+      continue;
+    case BC_CLOSE:
+      rc = br_close(&c);
+      if (rc) goto out;
+      i++;
+      if (c.sp == 0) goto closed;
+      continue;
+    case BC_CTRL:
       rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
                      "control byte 0x%02x at byte %zu is not allowed in a "
                      "tree", ch, i);
       goto out;
-    }
-    if (done) {
-      if (ch == ')')
-        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
-                       "unbalanced ')' at byte %zu: the tree already closed",
-                       i);
-      else
-        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
-                       "text after the tree at byte %zu: a tree string holds "
-                       "exactly one top-level (...)", i);
-      goto out;
-    }
-    if (ch == '(') {
-      rc = br_open(&c, i);
-      if (rc) goto out;
-      i++;
-    } else if (ch == ')') {
-      rc = br_close(&c);
-      if (rc) goto out;
-      if (c.sp == 0) done = 1;
-      i++;
-    } else {
+    default: {
       size_t start = i;
-      while (i < len && br_is_atom((unsigned char)s[i])) i++;
+      i = br_atom_end(s, len, i + 1);
       if (i - start > (size_t)c.lim.max_token_len) {
         rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
                        "the word or label at byte %zu is %zu bytes long, "
@@ -502,17 +604,52 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
       rc = br_atom(&c, start, (int32_t)(i - start));
       if (rc) goto out;
     }
+    }
   }
-  if (c.sp > 0) {
-    rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, c.stack[c.sp - 1].node,
-                   "expected ')' at end of input (byte %zu): %d bracket%s "
-                   "still open, the innermost opened at byte %lld",
-                   len, (int)c.sp, c.sp == 1 ? "" : "s",
-                   (long long)out->nodes[c.stack[c.sp - 1].node].offset);
+  rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, c.stack[c.sp - 1].node,
+                 "expected ')' at end of input (byte %zu): %d bracket%s "
+                 "still open, the innermost opened at byte %lld",
+                 len, (int)c.sp, c.sp == 1 ? "" : "s",
+                 (long long)out->nodes[c.stack[c.sp - 1].node].offset);
+  goto out;
+
+closed:
+  for (; i < len; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    int k = BR_CLASS(ch);
+    if (k == BC_WS) continue;
+    if (k == BC_CTRL)
+      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                     "control byte 0x%02x at byte %zu is not allowed in a "
+                     "tree", ch, i);
+    else if (ch == ')')
+      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                     "unbalanced ')' at byte %zu: the tree already closed",
+                     i);
+    else
+      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
+                     "text after the tree at byte %zu: a tree string holds "
+                     "exactly one top-level (...)", i);
     goto out;
   }
-  rc = cn__tree_link_children_in(out, sc != NULL ? &sc->child_cap : NULL,
-                                 err);
+  out->height = c.height;
+  {
+    int32_t n = out->n_nodes;
+    if (sc == NULL) {
+      out->children = cn__xcalloc(n > 1 ? (size_t)(n - 1) : 1,
+                                  sizeof(int32_t));
+    } else if (sc->child_cap < n) { /* grown to the largest tree */
+      int32_t *ch = cn__xrealloc(out->children, (size_t)n, sizeof(int32_t));
+      if (ch != NULL) out->children = ch, sc->child_cap = n;
+      else free(out->children), out->children = NULL, sc->child_cap = 0;
+    }
+    if (out->children == NULL) {
+      rc = cn__tree_fail(err, CN_E_NOMEM, -1, -1,
+                     "out of memory linking a tree of %d nodes", (int)n);
+      goto out;
+    }
+    br_link(out);
+  }
 
 out:
   if (sc == NULL) {
@@ -526,4 +663,3 @@ out:
   }
   return rc;
 }
-

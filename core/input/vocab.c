@@ -17,61 +17,138 @@
  * path, a data file) rather than a vocabulary. */
 #define MAX_VOCAB_BYTES (1ull << 30)
 
+/* A table entry: the token's hash beside its id and offset, so that a
+ * probe reads one entry (a quarter of a cache line) and then, on a hash
+ * match, the token's bytes - nothing else. */
+typedef struct vocab_slot {
+  uint32_t hash;
+  int32_t id;       /* -1: empty */
+  size_t off;       /* the token's offset in pool */
+} vocab_slot;
+
 struct cn_vocab {
   int n;            /* tokens; id k is the k-th */
   char *pool;       /* all tokens, each NUL-terminated */
   size_t *off;      /* n offsets into pool */
-  uint32_t *len;    /* n lengths */
-  int32_t *slots;   /* cap entries: an id, or -1 when empty */
-  uint32_t mask;    /* cap - 1, cap a power of two ≥ 2n */
+  vocab_slot *slots; /* cap entries */
+  /* the id of each one-byte string, as is and ASCII-lowercased: a
+   * character of a lattice or of "text" is looked up by its byte */
+  int32_t byte_id[2][256];
+  uint32_t mask;    /* cap - 1, cap a power of two ≥ 1.5 n */
 };
 
 static inline unsigned char fold(unsigned char c, bool lower) {
   return lower && c >= 'A' && c <= 'Z' ? (unsigned char)(c + 32) : c;
 }
 
-/* FNV-1a over the (optionally folded) bytes. */
+/* fold() of the 8 bytes of w at once: each byte in 'A'..'Z' gains 0x20.
+ * A byte below 0x80 plus 0x3f reaches the high bit when it is >= 'A',
+ * plus 0x25 when it is > 'Z' (no carry leaves a byte); bytes >= 0x80
+ * stay as they are. */
+static inline uint64_t fold8(uint64_t w) {
+  const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+  uint64_t h = w & ~high;
+  uint64_t m = ((h + ones * 0x3f) ^ (h + ones * 0x25)) & ~w & high;
+  return w | m >> 2;
+}
+
+static inline uint64_t load8(const char *s) {
+  uint64_t w;
+  memcpy(&w, s, 8);
+  return w;
+}
+
+static inline uint64_t load4(const char *s) {
+  uint32_t w;
+  memcpy(&w, s, 4);
+  return w;
+}
+
+/* The hash of the (optionally folded) bytes, 8 at a time. What it reads
+ * of a short string (two overlapping 4-byte words; 3 bytes that cover 1
+ * to 3) is a function of its bytes and its length, which the hash
+ * starts from; a multiply and a shift mix each word in. */
 static uint32_t hash(const char *s, size_t len, bool lower) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < len; i++) {
-    h ^= fold((unsigned char)s[i], lower);
-    h *= 16777619u;
+  const uint64_t k = 0x9e3779b97f4a7c15ull;
+  uint64_t h = (uint64_t)len * k, w;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    w = load8(s + i);
+    if (lower) w = fold8(w);
+    h = (h ^ w) * k;
+    h ^= h >> 32;
   }
-  return h;
+  size_t r = len - i;
+  if (r == 0 && len > 0) goto done;
+  if (r >= 4)
+    w = load4(s + i) | load4(s + len - 4) << 32;
+  else if (r > 0)
+    w = (uint64_t)(unsigned char)s[i] |
+        (uint64_t)(unsigned char)s[i + r / 2] << 8 |
+        (uint64_t)(unsigned char)s[len - 1] << 16;
+  else
+    w = 0;
+  if (lower) w = fold8(w);
+  h = (h ^ w) * k;
+done:
+  h ^= h >> 29;
+  return (uint32_t)((h * 0xbf58476d1ce4e5b9ull) >> 32);
 }
 
-static bool same(const cn_vocab *v, int id, const char *s, size_t len,
-                 bool lower) {
-  if (v->len[id] != len) return false;
-  const unsigned char *t = (const unsigned char *)v->pool + v->off[id];
+/* Whether the token at t (NUL-terminated, no NUL inside) is s[0 .. len),
+ * folded when lower. It stops at t's NUL, so it never reads past t. */
+static inline bool same(const char *t, const char *s, size_t len,
+                        bool lower) {
+  const unsigned char *u = (const unsigned char *)t;
   for (size_t i = 0; i < len; i++)
-    if (fold((unsigned char)s[i], lower) != t[i]) return false;
-  return true;
+    if (u[i] == 0 || u[i] != fold((unsigned char)s[i], lower)) return false;
+  return u[len] == 0;
 }
 
-/* Finds the slot holding s, or the empty slot where it would go. */
-static uint32_t probe(const cn_vocab *v, const char *s, size_t len,
-                      bool lower) {
-  uint32_t i = hash(s, len, lower) & v->mask;
-  while (v->slots[i] >= 0 && !same(v, v->slots[i], s, len, lower))
-    i = (i + 1) & v->mask;
-  return i;
+/* Finds the slot holding s (whose hash is h), or the empty slot where it
+ * would go. */
+static inline const vocab_slot *probe_h(const cn_vocab *v, uint32_t h,
+                                        const char *s, size_t len,
+                                        bool lower) {
+  uint32_t i = h & v->mask;
+  for (;; i = (i + 1) & v->mask) {
+    const vocab_slot *e = &v->slots[i];
+    if (e->id < 0 || (e->hash == h && same(v->pool + e->off, s, len, lower)))
+      return e;
+  }
 }
 
-/* Builds the table from tokens already in v->pool / off / len. A repeated
+static const vocab_slot *probe(const cn_vocab *v, const char *s, size_t len,
+                               bool lower) {
+  return probe_h(v, hash(s, len, lower), s, len, lower);
+}
+
+/* Builds the table from tokens already in v->pool / off. A repeated
  * token keeps its first id; later ids still exist (cn_vocab_token answers
  * for them) but are never returned by look-up. */
 static int index_tokens(cn_vocab *v) {
   uint32_t cap = 16;
-  while (cap < 2u * (uint32_t)v->n) cap *= 2;
-  v->slots = malloc((size_t)cap * sizeof(*v->slots));
+  /* at most 2/3 full: the table of a large vocabulary stays small enough
+   * to stay in cache, and each entry holds its hash, so a probe past
+   * other entries reads no token */
+  while (cap < (uint32_t)v->n + (uint32_t)v->n / 2) cap *= 2;
+  v->slots = cn__xcalloc(cap, sizeof(*v->slots));
   if (v->slots == NULL) return CN_E_NOMEM;
-  memset(v->slots, 0xff, (size_t)cap * sizeof(*v->slots));
+  for (uint32_t i = 0; i < cap; i++) v->slots[i].id = -1;
   v->mask = cap - 1;
   for (int id = 0; id < v->n; id++) {
-    uint32_t i = probe(v, v->pool + v->off[id], v->len[id], false);
-    if (v->slots[i] < 0) v->slots[i] = id;
+    const char *t = v->pool + v->off[id];
+    size_t len = strlen(t);
+    vocab_slot *e = (vocab_slot *)probe(v, t, len, false);
+    if (e->id < 0)
+      *e = (vocab_slot){hash(t, len, false), id, v->off[id]};
   }
+  for (int c = 0; c < 256; c++)
+    for (int lower = 0; lower < 2; lower++) {
+      char b = (char)c;
+      int32_t id = probe(v, &b, 1, lower)->id;
+      v->byte_id[lower][c] = id < 0 ? 0 : id;
+    }
   return 0;
 }
 
@@ -79,7 +156,6 @@ void cn_vocab_free(cn_vocab *v) {
   if (v == NULL) return;
   free(v->pool);
   free(v->off);
-  free(v->len);
   free(v->slots);
   free(v);
 }
@@ -96,14 +172,11 @@ static int vocab_from_pool(char *pool, size_t pool_len, int n,
   v->pool = pool;
   v->n = n;
   v->off = cn__xcalloc((size_t)n, sizeof(*v->off));
-  v->len = cn__xcalloc((size_t)n, sizeof(*v->len));
-  if (v->off == NULL || v->len == NULL) goto out;
+  if (v->off == NULL) goto out;
   size_t p = 0;
   for (int id = 0; id < n && p < pool_len; id++) {
-    size_t l = strlen(pool + p);
     v->off[id] = p;
-    v->len[id] = (uint32_t)l;
-    p += l + 1;
+    p += strlen(pool + p) + 1;
   }
   rc = index_tokens(v);
 out:
@@ -200,7 +273,23 @@ int cn_vocab_size(const cn_vocab *v) { return v ? v->n : 0; }
 int cn_vocab_lookup(const cn_vocab *v, const char *s, size_t len,
                     bool lowercase) {
   if (v == NULL || v->n == 0) return 0;
-  int32_t id = v->slots[probe(v, s, len, lowercase)];
+  if (len == 1) return v->byte_id[lowercase][(unsigned char)s[0]];
+  int32_t id = probe(v, s, len, lowercase)->id;
+  return id < 0 ? 0 : id;
+}
+
+uint32_t cn__vocab_hash(const char *s, size_t len, bool lowercase) {
+  return hash(s, len, lowercase);
+}
+
+void cn__vocab_prefetch(const cn_vocab *v, uint32_t h) {
+  if (v != NULL && v->n > 0) __builtin_prefetch(&v->slots[h & v->mask]);
+}
+
+int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
+                            size_t len, bool lowercase) {
+  if (v == NULL || v->n == 0) return 0;
+  int32_t id = probe_h(v, h, s, len, lowercase)->id;
   return id < 0 ? 0 : id;
 }
 

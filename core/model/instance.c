@@ -51,13 +51,29 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
   in->n = t->n_nodes;
   if (in->ids == NULL) in->ids = malloc((size_t)t->n_nodes * sizeof(int32_t));
   if (in->node_type == NULL) in->node_type = malloc((size_t)t->n_nodes);
-  if (in->ids == NULL || in->node_type == NULL)
+  if (in->child_start == NULL)
+    in->child_start = malloc(((size_t)t->n_nodes + 1) * sizeof(int32_t));
+  if (in->ids == NULL || in->node_type == NULL || in->child_start == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
+  for (int32_t i = 0; i < t->n_nodes; i++)
+    in->child_start[i] = t->nodes[i].first_child;
+  in->child_start[t->n_nodes] = t->n_nodes > 0 ? t->n_nodes - 1 : 0;
   /* a JSON tree of treelstm-2type says its nodes' "type", not a label */
   bool by_label = cn_model_reads_labels(m) && (m->cells != NULL || !from_json);
   in->n_unknown_labels = 0;
+  /* the words' hashes, a block of nodes at a time, their table entries
+   * asked for before the first look-up (cn__vocab_prefetch) */
+  uint32_t hs[64];
   for (int32_t i = 0; i < t->n_nodes; i++) {
     const cn_tree_node *nd = &t->nodes[i];
+    if (i % 64 == 0)
+      for (int32_t k = i; k < t->n_nodes && k < i + 64; k++) {
+        const cn_tree_node *w = &t->nodes[k];
+        if (w->n_children > 0) continue;
+        hs[k - i] = cn__vocab_hash(w->word, (size_t)w->word_len,
+                                   m->lowercase);
+        cn__vocab_prefetch(m->vocab, hs[k - i]);
+      }
     if (nd->n_children > 0) {
       if (arity > 0 && nd->n_children > arity) {
         err->node = i;
@@ -86,8 +102,8 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
       bool b = from_json ? nd->type == 'b' : label_in(m, nd);
       in->node_type[i] = b ? 'b' : 'a';
     } else {
-      in->ids[i] = cn_vocab_lookup(m->vocab, nd->word, (size_t)nd->word_len,
-                                   m->lowercase);
+      in->ids[i] = cn__vocab_lookup_hashed(m->vocab, hs[i % 64], nd->word,
+                                           (size_t)nd->word_len, m->lowercase);
       in->node_type[i] =
           m->cells != NULL ? (uint8_t)cn__cells_tree_type(m, nd) : 0;
     }
@@ -224,7 +240,8 @@ int cn_instance_unknown(const cn_instance *in, int32_t *pos, int cap) {
   int n = 0, word = 0;
   for (int32_t i = 0; i < in->n; i++) {
     /* a tree's internal nodes read row 0 too, but hold no word */
-    if (in->kind == CN_INPUT_TREE && in->tree.nodes[i].n_children > 0)
+    if (in->kind == CN_INPUT_TREE &&
+        in->child_start[i + 1] > in->child_start[i])
       continue;
     if (in->ids[i] == 0) {
       if (pos != NULL && n < cap) pos[n] = word;
@@ -244,6 +261,7 @@ void cn_instance_free(cn_instance *in) {
   cn_tree_free(&in->tree);
   free(in->ids);
   free(in->node_type);
+  free(in->child_start);
   free(in->span_start);
   free(in->span_end);
   free(in->span_word);

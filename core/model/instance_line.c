@@ -29,7 +29,13 @@ struct cn_line_reader {
   int32_t *sb, *se;    /* lattices: lexicon spans before they are copied */
   const char **cs;     /* the characters (lattices) or words of "text" */
   int32_t *cl;
-  int32_t keys_cap, sb_cap, se_cap;
+  uint32_t *hs;        /* lattices: each span word's hash (cn__vocab_hash) */
+  int32_t *tk;         /* lattices: the tape index of its "token", or -1 */
+  int32_t *wo, *wl;    /* lattices: its joined characters in jb, length
+                          (-1: longer than 1,024 bytes, unknown) */
+  char *jb;
+  size_t jb_cap;
+  int32_t keys_cap, sb_cap, se_cap, hs_cap, tk_cap, wo_cap, wl_cap;
   int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
 };
 
@@ -49,6 +55,11 @@ void cn_line_reader_free(cn_line_reader *rd) {
   free(rd->keys);
   free(rd->sb);
   free(rd->se);
+  free(rd->hs);
+  free(rd->tk);
+  free(rd->wo);
+  free(rd->wl);
+  free(rd->jb);
   free(rd->cs);
   free(rd->cl);
   free(rd);
@@ -85,8 +96,10 @@ static bool only_keys(const cn_jline *j, int32_t obj, const char *const *keys,
 
 #define ALLOC(rd, n, T) ((T *)cn__arena_alloc(&(rd)->arena, (size_t)(n) * sizeof(T)))
 
-/* {"tree": "(...)"}: the bracketed parse into the scratch tree, copied
- * into the arena, then instance.c's own word ids and cell kinds. */
+/* {"tree": "(...)"}: the bracketed parse into the scratch tree, its words
+ * and labels already pointing into the arena's copy of the string, so
+ * the nodes are copied as they are; then instance.c's own word ids and
+ * cell kinds. */
 static int read_tree(const cn_model *m, cn_line_reader *rd,
                      const cn_limits *lim, cn_instance *in) {
   static const char *const keys[] = {"tree"};
@@ -95,29 +108,26 @@ static int read_tree(const cn_model *m, cn_line_reader *rd,
   if (t == NULL || t->kind != CN_JV_STR || !only_keys(j, 0, keys, 1)) return 1;
   cn_err err;
   cn_err_clear(&err);
-  if (cn__tree_parse_bracketed_scratch(t->s, (size_t)t->n, lim, &rd->ts,
-                                       &err) != 0)
+  cn_tree *dt = &in->tree;
+  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
+  if (dt->pool == NULL) return CN_E_NOMEM;
+  if (cn__tree_parse_bracketed_into(t->s, (size_t)t->n, lim, &rd->ts,
+                                    dt->pool, &err) != 0)
     return 1;
   const cn_tree *st = &rd->ts.t;
-  cn_tree *dt = &in->tree;
   int32_t n = st->n_nodes;
   dt->n_nodes = n;
   dt->height = st->height;
   dt->nodes = ALLOC(rd, n, cn_tree_node);
   dt->children = ALLOC(rd, n > 1 ? n - 1 : 1, int32_t);
-  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
   in->ids = ALLOC(rd, n, int32_t);
   in->node_type = ALLOC(rd, n, uint8_t);
-  if (!dt->nodes || !dt->children || !dt->pool || !in->ids || !in->node_type)
+  in->child_start = ALLOC(rd, n + 1, int32_t);
+  if (!dt->nodes || !dt->children || !in->ids || !in->node_type ||
+      !in->child_start)
     return CN_E_NOMEM;
   memcpy(dt->nodes, st->nodes, (size_t)n * sizeof(cn_tree_node));
   if (n > 1) memcpy(dt->children, st->children, (size_t)(n - 1) * sizeof(int32_t));
-  memcpy(dt->pool, st->pool, (size_t)t->n);
-  for (int32_t i = 0; i < n; i++) { /* words and labels: into the copy */
-    cn_tree_node *nd = &dt->nodes[i];
-    if (nd->word != NULL) nd->word = dt->pool + (nd->word - st->pool);
-    if (nd->label != NULL) nd->label = dt->pool + (nd->label - st->pool);
-  }
   return cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
 }
 
@@ -198,18 +208,74 @@ static int lex_span(void *ctx, int32_t b, int32_t e) {
   return 0;
 }
 
-/* The word of span [b, e) with no "token": its characters joined (as
- * seq_parse.c's span_words, 1,024 bytes at most, else unknown: 0). */
-static int32_t span_word(const cn_model *m, const cn_line_reader *rd,
-                         int32_t b, int32_t e) {
-  char buf[1024];
+/* The word of span [b, e) with no "token": its characters joined into
+ * buf (as seq_parse.c's span_words, 1,024 bytes at most); its length, or
+ * -1 when longer (an unknown word: id 0). Characters are mostly a byte
+ * or two: copied without a call. */
+static int32_t span_join(const cn_line_reader *rd, int32_t b, int32_t e,
+                         char *buf) {
   size_t len = 0;
   for (int32_t c = b; c < e; c++) {
-    if (len + (size_t)rd->cl[c] > sizeof(buf)) return 0;
-    memcpy(buf + len, rd->cs[c], (size_t)rd->cl[c]);
-    len += (size_t)rd->cl[c];
+    size_t l = (size_t)rd->cl[c];
+    if (len + l > 1024) return -1;
+    const char *p = rd->cs[c];
+    if (l <= 4)
+      for (size_t i = 0; i < l; i++) buf[len + i] = p[i];
+    else
+      memcpy(buf + len, p, l);
+    len += l;
   }
-  return cn_vocab_lookup(m->word_vocab, buf, len, m->lowercase);
+  return (int32_t)len;
+}
+
+/* The span words' ids in two passes (cn__vocab_prefetch): every word's
+ * hash computed and its table entry asked for, then the look-ups, whose
+ * entries have arrived meanwhile. A lattice has hundreds of words in a
+ * vocabulary too large to stay in cache; one by one, each look-up
+ * waited on its own miss. Span k's word is the string at tape index
+ * rd->tk[k] (its "token") or, when that is -1, its characters joined
+ * (into rd->jb, once). */
+static int span_words(const cn_model *m, cn_line_reader *rd,
+                      const int32_t *sb, const int32_t *se, int32_t ns,
+                      int32_t *out) {
+  if (grow((void **)&rd->wo, &rd->wo_cap, ns, sizeof(int32_t)) ||
+      grow((void **)&rd->wl, &rd->wl_cap, ns, sizeof(int32_t)))
+    return CN_E_NOMEM;
+  size_t used = 0;
+  for (int32_t k = 0; k < ns; k++) {
+    const char *w;
+    int32_t len;
+    if (rd->tk[k] >= 0) {
+      w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
+    } else {
+      if (rd->jb_cap - used < 1024) { /* room for the longest join */
+        size_t c = rd->jb_cap ? rd->jb_cap * 2 : 4096;
+        char *p = realloc(rd->jb, c);
+        if (p == NULL) return CN_E_NOMEM;
+        rd->jb = p, rd->jb_cap = c;
+      }
+      w = rd->jb + used;
+      len = span_join(rd, sb[k], se[k], rd->jb + used);
+      rd->wo[k] = (int32_t)used;
+      rd->wl[k] = len;
+      if (len < 0) continue;
+      used += (size_t)len;
+    }
+    rd->hs[k] = cn__vocab_hash(w, (size_t)len, m->lowercase);
+    cn__vocab_prefetch(m->word_vocab, rd->hs[k]);
+  }
+  for (int32_t k = 0; k < ns; k++) {
+    const char *w;
+    int32_t len;
+    if (rd->tk[k] >= 0)
+      w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
+    else
+      w = rd->jb + rd->wo[k], len = rd->wl[k];
+    out[k] = len < 0 ? 0
+                     : cn__vocab_lookup_hashed(m->word_vocab, rd->hs[k], w,
+                                               (size_t)len, m->lowercase);
+  }
+  return 0;
 }
 
 /* The members of a word object v[q] ({"start", "end", "token"?}) in one
@@ -268,7 +334,9 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
     if (!in->span_start || !in->span_end || !in->span_word ||
-        grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)))
+        grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)) ||
+        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
+        grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
       return CN_E_NOMEM;
     bool sorted = true; /* the keys ascending as sent: no sort needed */
     for (int32_t k = 0, q = wat + 1; k < ns; k++, q = j->v[q].next) {
@@ -284,13 +352,10 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       rd->keys[k] = b << 32 | e;
       if (k > 0 && rd->keys[k] <= rd->keys[k - 1]) sorted = false;
       /* span k's word: its "token", else its characters joined */
-      if (jt != NULL) {
-        in->span_word[k] = cn_vocab_lookup(m->word_vocab, jt->s,
-                                           (size_t)jt->n, m->lowercase);
-        continue;
-      }
-      in->span_word[k] = span_word(m, rd, (int32_t)b, (int32_t)e);
+      rd->tk[k] = jt != NULL ? (int32_t)(jt - j->v) : -1;
     }
+    rc = span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    if (rc != 0) return rc;
     /* a repeated span is refused (jansson's path says which): strictly
      * ascending keys have none, else sorted they sit side by side */
     if (!sorted) {
@@ -307,12 +372,17 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_start = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
-    if (!in->span_start || !in->span_end || !in->span_word) return CN_E_NOMEM;
+    if (!in->span_start || !in->span_end || !in->span_word ||
+        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
+        grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
+      return CN_E_NOMEM;
     for (int32_t k = 0; k < ns; k++) {
       in->span_start[k] = rd->sb[k];
       in->span_end[k] = rd->se[k];
-      in->span_word[k] = span_word(m, rd, rd->sb[k], rd->se[k]);
+      rd->tk[k] = -1;
     }
+    rc = span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    if (rc != 0) return rc;
   } else {
     in->span_word = ALLOC(rd, 1, int32_t);
     if (in->span_word == NULL) return CN_E_NOMEM;

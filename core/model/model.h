@@ -222,6 +222,11 @@ struct cn_instance {
   cn_tree tree;           /* CN_INPUT_TREE */
   int32_t *ids;           /* per node: word id (trees), token ids (seq)... */
   uint8_t *node_type;     /* trees: per node vertex type (family's index) */
+  /* trees: node i's children are tree.children[child_start[i] ..
+   * child_start[i + 1]) (n + 1 entries): the nodes' first_child and
+   * n_children in 4 bytes a node, for what walks a run's trees long
+   * after they were parsed (cn__tree_build) */
+  int32_t *child_start;
   int32_t n;              /* tree nodes / tokens / chars / DAG nodes */
   /* lattices: word spans [start, end) and their word_vocab ids, sorted by
    * (end, start); DAGs: predecessors of node j are
