@@ -470,10 +470,17 @@ typedef struct ew_step {
   __attribute__((always_inline)) static inline void ew_##NAME##_pair(      \
       int w, float *pd0, float *pd1, const float *pa0, const float *pa1,   \
       const float *pb0, const float *pb1) {                                \
-    int j0 = w & ~15;                                                      \
-    if (j0 > 0) {                                                          \
-      ew_##NAME(j0, pd0, pa0, pb0);                                        \
-      ew_##NAME(j0, pd1, pa1, pb1);                                        \
+    int j0 = w & ~15, j = 0;                                               \
+    {                                                                      \
+      float *pd = pd0;                                                     \
+      const float *pa = pa0, *pb = pb0;                                    \
+      EW_BLOCK(cn_v16, ARITY, EXPR)                                        \
+    }                                                                      \
+    j = 0;                                                                 \
+    {                                                                      \
+      float *pd = pd1;                                                     \
+      const float *pa = pa1, *pb = pb1;                                    \
+      EW_BLOCK(cn_v16, ARITY, EXPR)                                        \
     }                                                                      \
     {                                                                      \
       cn_v16 a = EW_JOIN(pa0, pa1, j0), b = {0}, d_;                       \
@@ -485,7 +492,7 @@ typedef struct ew_step {
       memcpy(pd0 + j0, &lo, sizeof(lo));                                   \
       memcpy(pd1 + j0, &hi, sizeof(hi));                                   \
     }                                                                      \
-    for (int j = j0 + 8; j < w; j++) { /* w % 8 floats, row by row */      \
+    for (j = j0 + 8; j < w; j++) { /* w % 8 floats, row by row */          \
       float a = pa0[j], b = ARITY == 2 ? pb0[j] : 0.0f;                    \
       (void)b;                                                             \
       pd0[j] = (EXPR);                                                     \
@@ -562,8 +569,8 @@ ew_row_k(const ew_rowsof *o, int64_t k) {
  * segment loop (r1 = r0 + 1) its edge operands at edge e. Always inlined:
  * each clone of ew_rows (target_clones) gets its own vectorised copy.
  * Operands left where they lie (off) and edge operands are resolved once
- * per call, then row by row (two rows at a time where pairs pay); a row
- * with no destination is not written, a missing source reads `zero`. */
+ * per call, then row by row; a row with no destination is not written,
+ * a missing source reads `zero`. */
 __attribute__((always_inline)) static inline void
 ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
              const float *zero) {
@@ -588,7 +595,6 @@ ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
   for (int q = 0; q < 3; q++)
     x[q] = ew_rows_of(&s->x[q], s->x[q].edge ? e : r0, r0 - t0);
   const int64_t rows = r1 - r0;
-  const bool pairs = !s->serial && (w & 15) >= 8;
   switch (s->op) {
 #define EW_CASE(NAME, ARITY, EXPR)                                         \
   case CN_EW_##NAME:                                                       \
@@ -599,24 +605,6 @@ ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
       if (ARITY == 2) {                                                    \
         b = ew_row_k(&x[2], k);                                            \
         if (b == NULL) b = zero;                                           \
-      }                                                                    \
-      if (pairs && k + 1 < rows) {                                         \
-        float *d1 = ew_row_k(&x[0], k + 1);                                \
-        const float *a1 = ew_row_k(&x[1], k + 1), *b1 = zero;              \
-        if (a1 == NULL) a1 = zero;                                         \
-        if (ARITY == 2) {                                                  \
-          b1 = ew_row_k(&x[2], k + 1);                                     \
-          if (b1 == NULL) b1 = zero;                                       \
-        }                                                                  \
-        if (d != NULL && d1 != NULL) {                                     \
-          ew_##NAME##_pair(w, d, d1, a, a1, b, b1);                        \
-        } else if (d1 != NULL) { /* never write a missing row */          \
-          ew_##NAME(w, d1, a1, b1);                                        \
-        } else if (d != NULL) {                                            \
-          ew_##NAME(w, d, a, b);                                           \
-        }                                                                  \
-        k++;                                                               \
-        continue;                                                          \
       }                                                                    \
       if (d == NULL) continue; /* never write a missing row */            \
       if (s->serial)                                                       \
