@@ -421,24 +421,19 @@ typedef struct ew_step {
   ew_operand x[3]; /* d, a, b */
 } ew_step;
 
-__attribute__((always_inline)) static inline float *
-ew_row(const ew_operand *o, int64_t r, int64_t t) {
-  switch (o->kind) {
-  case EWK_ROWS: return o->base + r * o->ld;
-  case EWK_OFF: return o->off[r] < 0 ? NULL : o->base + o->off[r];
-  case EWK_TMP: return o->base + t * o->ld;
-  case EWK_FIXED: return o->base;
-  default: return NULL;
-  }
-}
-
-/* For each op of the list, three loops:
+/* For each op of the list, four loops:
  * ew_<op>: one row of w floats, in blocks of 16 and 8 (vectors: each
  *   read whole before any of it is written, so d may be a or b exactly,
  *   an accumulating chain; no overlap check), then the floats left one by
  *   one;
- * ew_<op>_2d: that over `rows` rows, each operand ld floats after the
- *   last (ld 0: the same row every time);
+ * ew_<op>_pair: that on two rows at once, where w % 16 >= 8: each row's
+ *   blocks of 16, then the two rows' last 8 as one vector of 16 (at H = 8
+ *   a row is 8 floats: half the vector operations, full-width exp and
+ *   divides). Each float is the same expression of the same operands as
+ *   in ew_<op> (fastmath.h: a lane has the same bits in a vector of 8 or
+ *   16), and within a row the blocks keep their order;
+ * ew_<op>_2d: over `rows` rows, each operand ld floats after the last
+ *   (ld 0: the same row every time), two rows at a time where pairs pay;
  * ew_<op>_serial: the plain loop in column order, for an instruction
  *   whose d overlaps a source at other columns (core emits none). */
 #define EW_BLOCK(V, ARITY, EXPR)                                           \
@@ -450,6 +445,16 @@ ew_row(const ew_operand *o, int64_t r, int64_t t) {
     d_ = (EXPR);                                                           \
     memcpy(pd + j, &d_, sizeof(V));                                        \
   }
+/* Two blocks of 8 (x at j of rows 0 and 1) as one vector of 16, and back */
+#define EW_LO16 0, 1, 2, 3, 4, 5, 6, 7
+#define EW_HI16 8, 9, 10, 11, 12, 13, 14, 15
+#define EW_JOIN(x0, x1, j)                                                 \
+  __extension__({                                                          \
+    cn_v8 lo_, hi_;                                                        \
+    memcpy(&lo_, (x0) + (j), sizeof(lo_));                                 \
+    memcpy(&hi_, (x1) + (j), sizeof(hi_));                                 \
+    __builtin_shufflevector(lo_, hi_, EW_LO16, EW_HI16);                   \
+  })
 #define EW_OP_FN(NAME, ARITY, EXPR)                                        \
   __attribute__((always_inline)) static inline void ew_##NAME(             \
       int w, float *pd, const float *pa, const float *pb) {                \
@@ -462,10 +467,51 @@ ew_row(const ew_operand *o, int64_t r, int64_t t) {
       pd[j] = (EXPR);                                                      \
     }                                                                      \
   }                                                                        \
+  __attribute__((always_inline)) static inline void ew_##NAME##_pair(      \
+      int w, float *pd0, float *pd1, const float *pa0, const float *pa1,   \
+      const float *pb0, const float *pb1) {                                \
+    int j0 = w & ~15, j = 0;                                               \
+    {                                                                      \
+      float *pd = pd0;                                                     \
+      const float *pa = pa0, *pb = pb0;                                    \
+      EW_BLOCK(cn_v16, ARITY, EXPR)                                        \
+    }                                                                      \
+    j = 0;                                                                 \
+    {                                                                      \
+      float *pd = pd1;                                                     \
+      const float *pa = pa1, *pb = pb1;                                    \
+      EW_BLOCK(cn_v16, ARITY, EXPR)                                        \
+    }                                                                      \
+    {                                                                      \
+      cn_v16 a = EW_JOIN(pa0, pa1, j0), b = {0}, d_;                       \
+      if (ARITY == 2) b = EW_JOIN(pb0, pb1, j0);                           \
+      (void)b;                                                             \
+      d_ = (EXPR);                                                         \
+      cn_v8 lo = __builtin_shufflevector(d_, d_, EW_LO16);                 \
+      cn_v8 hi = __builtin_shufflevector(d_, d_, EW_HI16);                 \
+      memcpy(pd0 + j0, &lo, sizeof(lo));                                   \
+      memcpy(pd1 + j0, &hi, sizeof(hi));                                   \
+    }                                                                      \
+    for (j = j0 + 8; j < w; j++) { /* w % 8 floats, row by row */          \
+      float a = pa0[j], b = ARITY == 2 ? pb0[j] : 0.0f;                    \
+      (void)b;                                                             \
+      pd0[j] = (EXPR);                                                     \
+      a = pa1[j], b = ARITY == 2 ? pb1[j] : 0.0f;                          \
+      pd1[j] = (EXPR);                                                     \
+    }                                                                      \
+  }                                                                        \
   __attribute__((always_inline)) static inline void ew_##NAME##_2d(        \
       int64_t rows, int w, float *pd, int64_t ldd, const float *pa,        \
       int64_t lda, const float *pb, int64_t ldb) {                         \
-    for (int64_t r = 0; r < rows; r++) {                                   \
+    int64_t r = 0;                                                         \
+    if ((w & 15) >= 8)                                                     \
+      for (; r + 2 <= rows; r += 2) {                                      \
+        ew_##NAME##_pair(w, pd, pd + ldd, pa, pa + lda, pb, pb + ldb);     \
+        pd += 2 * ldd;                                                     \
+        pa += 2 * lda;                                                     \
+        pb += 2 * ldb;                                                     \
+      }                                                                    \
+    for (; r < rows; r++) {                                                \
       ew_##NAME(w, pd, pa, pb);                                            \
       pd += ldd;                                                           \
       pa += lda;                                                           \
@@ -493,9 +539,38 @@ static inline float *ew_flat(const ew_operand *o, int64_t r0, int64_t *ld) {
   }
 }
 
+/* An operand over the rows of one call of ew_step_rows, resolved once:
+ * row k (0 ..) at p + k·ld, or, where off != NULL, at base + off[k]
+ * (NULL where off[k] < 0: a missing row). NONE: every row NULL. */
+typedef struct ew_rowsof {
+  float *p, *base;
+  const int64_t *off;
+  int64_t ld;
+} ew_rowsof;
+
+__attribute__((always_inline)) static inline ew_rowsof
+ew_rows_of(const ew_operand *o, int64_t i0, int64_t t) {
+  switch (o->kind) {
+  case EWK_ROWS: return (ew_rowsof){o->base + i0 * o->ld, NULL, NULL, o->ld};
+  case EWK_OFF: return (ew_rowsof){NULL, o->base, o->off + i0, 0};
+  case EWK_TMP: return (ew_rowsof){o->base + t * o->ld, NULL, NULL, o->ld};
+  case EWK_FIXED: return (ew_rowsof){o->base, NULL, NULL, 0};
+  default: return (ew_rowsof){NULL, NULL, NULL, 0};
+  }
+}
+
+__attribute__((always_inline)) static inline float *
+ew_row_k(const ew_rowsof *o, int64_t k) {
+  if (o->off != NULL) return o->off[k] < 0 ? NULL : o->base + o->off[k];
+  return o->p + k * o->ld;
+}
+
 /* Step s on the rows [r0, r1) of the tile starting at row t0; in a
  * segment loop (r1 = r0 + 1) its edge operands at edge e. Always inlined:
- * each clone of ew_rows (target_clones) gets its own vectorised copy. */
+ * each clone of ew_rows (target_clones) gets its own vectorised copy.
+ * Operands left where they lie (off) and edge operands are resolved once
+ * per call, then row by row; a row with no destination is not written,
+ * a missing source reads `zero`. */
 __attribute__((always_inline)) static inline void
 ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
              const float *zero) {
@@ -516,19 +591,22 @@ ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
     }
     return;
   }
+  ew_rowsof x[3];
+  for (int q = 0; q < 3; q++)
+    x[q] = ew_rows_of(&s->x[q], s->x[q].edge ? e : r0, r0 - t0);
+  const int64_t rows = r1 - r0;
   switch (s->op) {
 #define EW_CASE(NAME, ARITY, EXPR)                                         \
   case CN_EW_##NAME:                                                       \
-    for (int64_t r = r0; r < r1; r++) {                                    \
-      float *d = ew_row(&s->x[0], s->x[0].edge ? e : r, r - t0);           \
-      if (d == NULL) continue; /* never write a missing row */            \
-      const float *a = ew_row(&s->x[1], s->x[1].edge ? e : r, r - t0);     \
-      const float *b = NULL;                                               \
+    for (int64_t k = 0; k < rows; k++) {                                   \
+      float *d = ew_row_k(&x[0], k);                                       \
+      const float *a = ew_row_k(&x[1], k), *b = zero;                      \
       if (a == NULL) a = zero;                                             \
       if (ARITY == 2) {                                                    \
-        b = ew_row(&s->x[2], s->x[2].edge ? e : r, r - t0);                \
+        b = ew_row_k(&x[2], k);                                            \
         if (b == NULL) b = zero;                                           \
       }                                                                    \
+      if (d == NULL) continue; /* never write a missing row */            \
       if (s->serial)                                                       \
         ew_##NAME##_serial(w, d, a, b);                                    \
       else                                                                 \

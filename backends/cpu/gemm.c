@@ -199,8 +199,8 @@ CN_T_AVX512 static void store_avx512(const job *p, int i, int j0, int nr,
   _mm512_mask_storeu_ps(c + 16, m1, s1);
 }
 
-#define AVX512_BLOCK(MR)                                                     \
-  CN_T_AVX512 static void block_avx512_##MR(const job *p, int i0, int j0,     \
+#define AVX512_BLOCK_(NAME, MR, HALF)                                        \
+  CN_T_AVX512 static void NAME##_##MR(const job *p, int i0, int j0,          \
                                             int nr, int st) {                 \
     __m512 s0[MR], s1[MR];                                                   \
     const float *a[MR];                                                      \
@@ -211,30 +211,37 @@ CN_T_AVX512 static void store_avx512(const job *p, int i, int j0, int nr,
       for (int i = 0; i < MR; i++) a[i] = row_of(p, pt, i0 + i);             \
       for (int k = 0; k < pt->K; k++) {                                      \
         const float *b = P + (size_t)k * NR;                                 \
-        __m512 w0 = _mm512_loadu_ps(b), w1 = _mm512_loadu_ps(b + 16);        \
+        __m512 w0 = _mm512_loadu_ps(b);                                      \
+        __m512 w1 = HALF ? w0 : _mm512_loadu_ps(b + 16);                     \
         for (int i = 0; i < MR; i++) {                                       \
           __m512 x = _mm512_set1_ps(a[i][k]);                                \
           s0[i] = _mm512_fmadd_ps(x, w0, s0[i]);                             \
-          s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                             \
+          if (!HALF) s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                  \
         }                                                                    \
       }                                                                      \
     }                                                                        \
     for (int i = 0; i < MR; i++)                                             \
       store_avx512(p, i0 + i, j0, nr, s0[i], s1[i]);                         \
   }
+#define AVX512_BLOCK(MR) AVX512_BLOCK_(block_avx512, MR, 0) \
+  AVX512_BLOCK_(blockh_avx512, MR, 1)
 AVX512_BLOCK(1)
 AVX512_BLOCK(2)
 AVX512_BLOCK(3)
 AVX512_BLOCK(4)
 AVX512_BLOCK(5)
 AVX512_BLOCK(6)
+/* blockh_avx512_MR, block2h_avx512_MR: the same blocks where the last
+ * strip's columns 16 .. 31 are past N (N = 40 at H = 8: 5·H), so their
+ * sums are neither computed nor stored (mask 0); every stored element is
+ * the same sum as in the full block. */
 
 /* Two strips side by side (64 columns): 6 rows × 4 vectors of running
  * sums, one broadcast of A per 4 FMAs instead of 2. Each element's sum is
  * the same one (k ascending, one FMA a step), so the bits are those of
  * two single-strip blocks; it only loads A half as often. */
-#define AVX512_BLOCK2(MR)                                                    \
-  CN_T_AVX512 static void block2_avx512_##MR(const job *p, int i0, int j0,    \
+#define AVX512_BLOCK2_(NAME, MR, HALF)                                       \
+  CN_T_AVX512 static void NAME##_##MR(const job *p, int i0, int j0,          \
                                              int nr, int st) {                \
     __m512 s0[MR], s1[MR], s2[MR], s3[MR];                                   \
     const float *a[MR];                                                      \
@@ -247,13 +254,14 @@ AVX512_BLOCK(6)
       for (int k = 0; k < pt->K; k++) {                                      \
         const float *b = P + (size_t)k * NR, *c = Q + (size_t)k * NR;        \
         __m512 w0 = _mm512_loadu_ps(b), w1 = _mm512_loadu_ps(b + 16);        \
-        __m512 w2 = _mm512_loadu_ps(c), w3 = _mm512_loadu_ps(c + 16);        \
+        __m512 w2 = _mm512_loadu_ps(c);                                      \
+        __m512 w3 = HALF ? w2 : _mm512_loadu_ps(c + 16);                     \
         for (int i = 0; i < MR; i++) {                                       \
           __m512 x = _mm512_set1_ps(a[i][k]);                                \
           s0[i] = _mm512_fmadd_ps(x, w0, s0[i]);                             \
           s1[i] = _mm512_fmadd_ps(x, w1, s1[i]);                             \
           s2[i] = _mm512_fmadd_ps(x, w2, s2[i]);                             \
-          s3[i] = _mm512_fmadd_ps(x, w3, s3[i]);                             \
+          if (!HALF) s3[i] = _mm512_fmadd_ps(x, w3, s3[i]);                  \
         }                                                                    \
       }                                                                      \
     }                                                                        \
@@ -262,6 +270,8 @@ AVX512_BLOCK(6)
       store_avx512(p, i0 + i, j0 + NR, nr - NR, s2[i], s3[i]);               \
     }                                                                        \
   }
+#define AVX512_BLOCK2(MR) AVX512_BLOCK2_(block2_avx512, MR, 0) \
+  AVX512_BLOCK2_(block2h_avx512, MR, 1)
 AVX512_BLOCK2(1)
 AVX512_BLOCK2(2)
 AVX512_BLOCK2(3)
@@ -269,10 +279,22 @@ AVX512_BLOCK2(4)
 AVX512_BLOCK2(5)
 AVX512_BLOCK2(6)
 
-/* A block of mr ≤ 6 rows by the kernel unrolled for that many: NAME_mr */
-#define AVX512_BY_ROWS(NAME)                                                 \
+/* A block of mr ≤ 6 rows by the kernel unrolled for that many: NAME_mr,
+ * or HNAME_mr where the last strip's columns past 16 are not wanted
+ * (last > 0: the columns the block's last strip stores). */
+#define AVX512_BY_ROWS(NAME, HNAME, LAST)                                    \
   CN_T_AVX512 static void NAME(const job *p, int i0, int mr, int j0, int nr, \
                                int st) {                                     \
+    if ((LAST) <= 16) {                                                      \
+      switch (mr) {                                                          \
+      case 6: HNAME##_6(p, i0, j0, nr, st); return;                          \
+      case 5: HNAME##_5(p, i0, j0, nr, st); return;                          \
+      case 4: HNAME##_4(p, i0, j0, nr, st); return;                          \
+      case 3: HNAME##_3(p, i0, j0, nr, st); return;                          \
+      case 2: HNAME##_2(p, i0, j0, nr, st); return;                          \
+      default: HNAME##_1(p, i0, j0, nr, st); return;                         \
+      }                                                                      \
+    }                                                                        \
     switch (mr) {                                                            \
     case 6: NAME##_6(p, i0, j0, nr, st); break;                              \
     case 5: NAME##_5(p, i0, j0, nr, st); break;                              \
@@ -283,9 +305,9 @@ AVX512_BLOCK2(6)
     }                                                                        \
   }
 /* strip st (nr ≤ NR columns) */
-AVX512_BY_ROWS(block_avx512)
+AVX512_BY_ROWS(block_avx512, blockh_avx512, nr)
 /* strips st and st + 1 (nr: the columns of both, > NR) */
-AVX512_BY_ROWS(block2_avx512)
+AVX512_BY_ROWS(block2_avx512, block2h_avx512, nr - NR)
 #endif /* CN_X86 */
 
 /* ---- paths ---- */
