@@ -61,6 +61,8 @@ char *cn__f32_json_array(char *p, const float *x, int64_t n, int *finite);
 /* The n bytes of s as a JSON string, escaped as cn_buf_string escapes
  * it, at p, which has room for 2 + 6·n bytes; returns the end (no NUL). */
 char *cn__json_string_at(char *p, const char *s, size_t n);
+/* The decimal digits of v at p (at most 20 bytes); returns the end. */
+char *cn__json_int_at(char *p, long long v);
 
 /* The files of a model directory (file.c). cn__open_regular opens path
  * without blocking and checks with fstat that it is a regular file (a

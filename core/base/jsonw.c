@@ -55,9 +55,7 @@ void cn_buf_float(cn_buf *b, float x) {
   if (at != NULL) b->len += cn_f32_json(x, at);
 }
 
-void cn_buf_int(cn_buf *b, long long v) {
-  char *at = cn_buf_room(b, 24);
-  if (at == NULL) return;
+char *cn__json_int_at(char *p, long long v) {
   char tmp[24];
   int n = 0;
   unsigned long long u = v < 0 ? 0ull - (unsigned long long)v
@@ -66,10 +64,17 @@ void cn_buf_int(cn_buf *b, long long v) {
     tmp[n++] = (char)('0' + u % 10);
     u /= 10;
   } while (u != 0);
-  if (v < 0) *at++ = '-', b->len++;
-  for (int i = 0; i < n; i++) at[i] = tmp[n - 1 - i];
-  b->len += (size_t)n;
-  b->p[b->len] = '\0';
+  if (v < 0) *p++ = '-';
+  for (int i = 0; i < n; i++) p[i] = tmp[n - 1 - i];
+  return p + n;
+}
+
+void cn_buf_int(cn_buf *b, long long v) {
+  char *at = cn_buf_room(b, 24);
+  if (at == NULL) return;
+  char *p = cn__json_int_at(at, v);
+  *p = '\0';
+  b->len += (size_t)(p - at);
 }
 
 /* One reservation for the whole array, then no check per number. */

@@ -271,19 +271,6 @@ static inline int tag_at(const cn_run *r, const cn_run_slot *s, int C,
              : cn__argmax(cn__run_state_host(r, s->out_v0 + i), C);
 }
 
-/* The decimal digits of v >= 0 at p; returns the end. */
-static inline char *put_uint(char *p, int v) {
-  if (v < 10) {
-    *p = (char)('0' + v);
-    return p + 1;
-  }
-  char tmp[12];
-  int n = 0;
-  for (unsigned u = (unsigned)v; u != 0; u /= 10) tmp[n++] = (char)('0' + u % 10);
-  for (int k = 0; k < n; k++) p[k] = tmp[n - 1 - k];
-  return p + n;
-}
-
 /* The logits, tags and tag names of a tagger answer are most of its
  * bytes: room for all of them (their bound, as cn__bound_tagger counts
  * it) is reserved once and they are written without a check each. */
@@ -323,7 +310,7 @@ int cn__tagger_write(const cn_run *r, int slot, int h_floats,
   memcpy(p, "],\"tags\":[", 10);
   p += 10;
   for (int32_t i = 0; i < n; i++) {
-    p = put_uint(p, i < TAGS_KEPT ? tags[i] : tag_at(r, s, C, i));
+    p = cn__json_int_at(p, i < TAGS_KEPT ? tags[i] : tag_at(r, s, C, i));
     *p++ = ',';
   }
   if (n > 0) p--;
