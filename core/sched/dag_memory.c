@@ -66,6 +66,7 @@ typedef struct mvert {
 #define VF_TYPE 0x0f
 #define VF_KEPT 0x10 /* read after the run (keep) */
 #define VF_CAND 0x20 /* could ever run early (gain > 0) */
+_Static_assert(CN_MAX_TYPES <= VF_TYPE + 1, "a type fits VF_TYPE");
 
 typedef struct mplan {
   const cn_dag *g;
@@ -99,6 +100,13 @@ static int64_t vbytes(const mplan *P, int32_t v) {
 
 static bool kept(const mplan *P, int32_t v) {
   return P->m->keep != NULL && P->m->keep[v];
+}
+
+/* The bytes v's row frees when its last reader is taken (0: kept), from
+ * its flag byte: what kept() and vbytes() say, on the early walk's lines. */
+static inline int64_t freed_bytes(const mplan *P, int32_t v) {
+  uint8_t f = P->vflag[v];
+  return f & VF_KEPT ? 0 : P->m->bytes[f & VF_TYPE];
 }
 
 /* Groups of consecutive components, G of them of equal vertex counts;
@@ -162,8 +170,7 @@ static int64_t take(mplan *P, int32_t v, int32_t p) {
   P->vx[v].pos = p;
   for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
     int32_t u = g->in_edges[e];
-    if (--P->vx[u].rem == 0 && !(P->vflag[u] & VF_KEPT))
-      freed += P->m->bytes[P->vflag[u] & VF_TYPE];
+    if (--P->vx[u].rem == 0) freed += freed_bytes(P, u);
   }
   return freed;
 }
@@ -310,8 +317,7 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
         int64_t gain = -w;
         for (int32_t e = g->in_start[v]; e < g->in_start[v + 1]; e++) {
           int32_t u = g->in_edges[e];
-          if (vx[u].rem == 1 && !(P->vflag[u] & VF_KEPT))
-            gain += P->m->bytes[P->vflag[u] & VF_TYPE];
+          if (vx[u].rem == 1) gain += freed_bytes(P, u);
         }
         if (gain > 0)
           freed += take(P, v, p);
@@ -340,8 +346,7 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
         if (P->out_start[a] < P->out_start[a + 1])
           __builtin_prefetch(&vx[P->out_edges[P->out_start[a]]], 1);
       }
-      if (vx[v].rem == 0 && !(P->vflag[v] & VF_KEPT))
-        live -= w; /* nobody reads it */
+      if (vx[v].rem == 0) live -= freed_bytes(P, v); /* nobody reads it */
       for (int32_t e = P->out_start[v]; e < P->out_start[v + 1]; e++) {
         int32_t c = P->out_edges[e];
         if (--vx[c].pend == 0) push_ready(P, c);
