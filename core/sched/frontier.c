@@ -468,7 +468,7 @@ static void clear_instances(cn_frontier *f, int t) {
 #define AHEAD_EDGE 8
 #define AHEAD_DST 4
 
-/* Why: a batch takes one vertex from each of the run's instances, so
+/* A batch takes one vertex from each of the run's instances, so
  * every vertex the commit walks sits on its own cache lines of each
  * per-vertex array, and the walk is a chain of dependent misses (the
  * vertex's first out-edge, its consumer, the consumer's counts). The
@@ -480,9 +480,11 @@ static void clear_instances(cn_frontier *f, int t) {
  * nothing it changes, so the walk and its results are the same. Inlined
  * early on purpose: a call of a function made only of prefetches counts
  * as free of side effects and is dropped. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const cn_frontier *f, const int32_t *st,
-                                  const int32_t *out, int32_t i, int32_t n) {
-  if (i + AHEAD_HEAD < n) __builtin_prefetch(&f->out_head[out[i + AHEAD_HEAD]]);
+__attribute__((always_inline)) static inline void
+prefetch_ahead(const cn_frontier *f, const int32_t *st, const int32_t *out,
+               int32_t i, int32_t n) {
+  if (i + AHEAD_HEAD < n)
+    __builtin_prefetch(&f->out_head[out[i + AHEAD_HEAD]]);
   if (i + AHEAD_EDGE < n) {
     int32_t k = f->out_head[out[i + AHEAD_EDGE]];
     if (k >= 0) {
