@@ -232,6 +232,55 @@ Test(seq, lexicon_matches_brute_force) {
   cn_lexicon_free(lx);
 }
 
+/* Random word lists (repeats, shared prefixes, any order: siblings move
+ * to the front as words are inserted) against brute force on random
+ * inputs, each span checked both ways: found iff a word. */
+Test(seq, lexicon_random_lists_match_brute_force) {
+  srand(11);
+  for (int list = 0; list < 40; list++) {
+    char store[48][8];
+    const char *words[48];
+    int nw = 1 + rand() % 48;
+    for (int i = 0; i < nw; i++) {
+      int len = 1 + rand() % 6;
+      for (int k = 0; k < len; k++) store[i][k] = "abcd"[rand() % 4];
+      store[i][len] = 0;
+      words[i] = store[i];
+    }
+    cn_lexicon *lx;
+    cr_assert_eq(cn_lexicon_from_list(words, nw, &lx), 0);
+    for (int trial = 0; trial < 50; trial++) {
+      int n = 1 + rand() % 20;
+      char s[24];
+      const char *cs[24];
+      int32_t ls[24];
+      for (int i = 0; i < n; i++) {
+        s[i] = "abcd"[rand() % 4];
+        cs[i] = &s[i];
+        ls[i] = 1;
+      }
+      ng = 0;
+      cn_lexicon_match(lx, cs, ls, n, false, collect, NULL);
+      int k = 0;
+      for (int b = 0; b < n; b++)
+        for (int e = b + 2; e <= n; e++) {
+          bool in = false;
+          for (int q = 0; q < nw && !in; q++)
+            in = (int)strlen(words[q]) == e - b &&
+                 memcmp(words[q], s + b, (size_t)(e - b)) == 0;
+          if (!in) continue;
+          cr_assert_lt(k, ng, "list %d: missing span [%d,%d)", list, b, e);
+          cr_assert(got[k][0] == b && got[k][1] == e,
+                    "list %d: span %d is [%d,%d), expected [%d,%d)", list,
+                    k, got[k][0], got[k][1], b, e);
+          k++;
+        }
+      cr_assert_eq(k, ng, "list %d: %d extra spans", list, ng - k);
+    }
+    cn_lexicon_free(lx);
+  }
+}
+
 /* ---- tiny hand-checked cases ---- */
 static double sg(double x) { return 1.0 / (1.0 + exp(-x)); }
 
