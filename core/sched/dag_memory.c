@@ -94,10 +94,19 @@ typedef struct mplan {
   int32_t rbase[CN_MAX_TYPES + 1], rn[CN_MAX_TYPES];
   const uint8_t *skel;            /* the skeleton being walked */
   int32_t *kcnt;                  /* [position]: rows due (deadlines) */
+  int32_t *kn;                    /* [position]: rows the early walk took */
   /* The vertices due at each position, in the order they became ready:
    * due[dhead[p] .. dtail[p]) (eval_early) */
   int32_t *dhead, *dtail, *due;
   int64_t *kfreed;                /* [position]: bytes ALAP frees after it */
+  /* bo[v]: v's batch in the policy's schedule (nb0 batches), read by
+   * the first deadlines(), which adds the bytes freed after each batch
+   * into pdies[] (a row dies after its last reader's batch, its own when
+   * none, or at nb0 when kept); NULL after it */
+  const int32_t *bo;
+  int32_t nb0;
+  int64_t *pdies;
+  bool pdone; /* pdies[] complete (no vertex without a deadline) */
   int32_t *srcs;                  /* sources (no inputs), by group */
   int32_t n_srcs;                 /* how many (listed by plan_setup) */
   int32_t *src_start;             /* [G + 1] */
@@ -179,7 +188,10 @@ typedef struct outcome {
  * deadline (a row dies after its last reader's batch, after its own when
  * it has none, never when kept); and the early walk's counts (vx[v]). */
 __attribute__((always_inline)) static inline bool
-deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped) {
+deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped,
+           const bool policy) {
+  const int32_t *bo = P->bo;
+  int64_t *pdies = P->pdies;
   const int32_t *os = P->out_start, *oe = P->out_edges;
   const int32_t *is = P->g->in_start, *grp = P->group;
   const uint8_t *vflag = P->vflag;
@@ -205,12 +217,15 @@ deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped) {
     const int32_t e0 = os[v];
     int32_t lim = grouped ? (grp[v] + 1) * K0 : K;
     int32_t death = -1; /* the last reader's deadline */
+    int32_t pd = policy ? bo[v] : 0; /* its last reader's policy batch */
     for (int32_t e = e0; e < e_end; e++) {
-      int32_t dc = vx[oe[e]].dl;
+      const int32_t c = oe[e], dc = vx[c].dl;
       if (dc < lim) lim = dc;
       if (dc > death) death = dc;
+      if (policy && bo[c] > pd) pd = bo[c];
     }
     const uint8_t f = vflag[v];
+    if (policy) pdies[f & VF_KEPT ? P->nb0 : pd] += P->m->bytes[f & VF_TYPE];
     int32_t d = prev[f & VF_TYPE][lim];
     if (d < 0 || (grouped && d < grp[v] * K0)) return false;
     vx[v] = (mvert){is[v + 1] - is[v], e_end - e0, -1, d};
@@ -222,8 +237,13 @@ deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped) {
 }
 
 static bool deadlines(mplan *P, const uint8_t *skel, int32_t K) {
-  return P->group ? deadlines_(P, skel, K, true)
-                  : deadlines_(P, skel, K, false);
+  if (P->bo != NULL) { /* the first: one group, the policy's skeleton */
+    P->pdone = deadlines_(P, skel, K, false, true);
+    P->bo = NULL;
+    return P->pdone;
+  }
+  return P->group ? deadlines_(P, skel, K, true, false)
+                  : deadlines_(P, skel, K, false, false);
 }
 
 /* The walk with every vertex at its deadline (as late as possible), given
@@ -321,6 +341,7 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
   const int32_t *is = w.is, *ie = w.ie, *os = P->out_start,
                 *oe = P->out_edges, *dhead = P->dhead, *take_ = w.take;
   const int32_t *due = w.due;
+  int32_t *kn = P->kn;
   for (int t = 0; t < P->T; t++) w.rb[t] = P->rbase[t], w.rn[t] = 0;
   P->evals++;
   /* each position's bucket: room for the vertices whose deadline it is */
@@ -368,6 +389,7 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
       w.rn[t] = kept_n + (n - i);
     }
     const int32_t nt = w.nt;
+    kn[p] = nt;
     if (nt == 0) continue;
     o.batches++;
     int64_t step = live + (int64_t)nt * wt;
@@ -416,21 +438,25 @@ static inline int32_t vpos(const mplan *P, int32_t v) {
 }
 
 /* The schedule of best_on's plan (positions < K) into order/batches,
- * empty positions dropped; returns the batch count. */
+ * empty positions dropped; returns the batch count. The rows at each
+ * position are its walk's: kcnt (ALAP: those due there) or kn. */
 static int32_t write_schedule(const mplan *P, const uint8_t *skel, int32_t K,
                               int32_t *order, cn_run_batch *batches) {
-  int32_t *cnt = calloc((size_t)K + 1, sizeof(int32_t));
-  if (cnt == NULL) return -1;
-  for (int32_t v = 0; v < P->nv; v++) cnt[vpos(P, v)]++;
-  int32_t nb = 0, at = 0;
+  const int32_t *n = P->at_dl ? P->kcnt : P->kn;
+  int32_t *at = malloc(((size_t)K + 1) * sizeof(int32_t));
+  if (at == NULL) return -1;
+  int32_t nb = 0, off = 0;
   for (int32_t p = 0; p < K; p++) {
-    int32_t c = cnt[p];
-    cnt[p] = at;
-    if (c > 0) batches[nb++] = (cn_run_batch){skel[p], at, c};
-    at += c;
+    at[p] = off;
+    if (n[p] > 0) batches[nb++] = (cn_run_batch){skel[p], off, n[p]};
+    off += n[p];
   }
-  for (int32_t v = 0; v < P->nv; v++) order[cnt[vpos(P, v)]++] = v;
-  free(cnt);
+  const mvert *vx = P->vx;
+  if (P->at_dl)
+    for (int32_t v = 0; v < P->nv; v++) order[at[vx[v].dl]++] = v;
+  else
+    for (int32_t v = 0; v < P->nv; v++) order[at[vx[v].pos]++] = v;
+  free(at);
   return nb;
 }
 
@@ -541,87 +567,84 @@ static void waiting_at_peak(const mplan *P, int32_t K, int32_t at,
  * cn__dag_consumers lists them), its flags (VF_CAND: an early run frees
  * at most its inputs' rows, those not kept, so a vertex whose inputs
  * cannot outweigh its own row never runs early), where each type's
- * ready list starts (rbase), the sources (for one group); and the peak of
- * the policy's schedule (order, batches[0 .. nb)), as cn__dag_mem_peak
- * computes it, into *peak. -1: out of memory (what was allocated is freed
- * with the plan). */
+ * ready list starts (rbase), the sources (for one group); and bo[v], v's
+ * batch in the policy's schedule (order, batches[0 .. nb)), from which
+ * the first deadlines() adds up the policy's peak. -1: out of memory
+ * (what was allocated is freed with the plan). */
 static int plan_setup(mplan *P, const int32_t *order,
-                      const cn_run_batch *batches, int32_t nb,
-                      int64_t *peak) {
+                      const cn_run_batch *batches, int32_t nb) {
   const cn_dag *g = P->g;
   const int32_t nv = g->nv, *is = g->in_start, *ie = g->in_edges;
   const int64_t *bytes = P->m->bytes;
-  const uint8_t *keep = P->m->keep;
+  const uint8_t *keep = P->m->keep, *vtype = g->vtype;
   size_t nv1 = (size_t)nv * sizeof(int32_t) + 1;
-  P->out_start = calloc((size_t)nv + 2, sizeof(int32_t));
-  P->out_edges = malloc((size_t)is[nv] * sizeof(int32_t) + 1);
-  P->dl = malloc(nv1);
-  P->pos = malloc(nv1);
-  P->vx = malloc((size_t)nv * sizeof(mvert) + 1);
-  /* the walk reads PF_AHEAD entries past its lists' ends (its
-   * prefetches): room for them, and every entry a vertex id from the
-   * start */
+  /* the walk reads PF_AHEAD entries past the end of what it listed (its
+   * prefetches): room for them, every entry a vertex */
   size_t nvp = ((size_t)nv + PF_AHEAD) * sizeof(int32_t);
-  P->due = calloc(1, nvp);
-  P->rdy = calloc(1, nvp);
-  P->take = calloc(1, nvp);
-  P->srcs = malloc(nv1);
-  P->vflag = malloc((size_t)nv + 1);
-  int64_t *dies = calloc((size_t)nb + 1, sizeof(int64_t));
-  int32_t *os = P->out_start, *oe = P->out_edges;
-  if (!os || !oe || !P->dl || !P->pos || !P->vx || !P->due || !P->rdy ||
-      !P->take || !P->srcs || !P->vflag || !dies) {
-    free(dies);
+  int32_t *os = P->out_start = calloc((size_t)nv + 2, sizeof(int32_t));
+  int32_t *oe = P->out_edges = malloc((size_t)is[nv] * sizeof(int32_t) + 1);
+  int32_t *bo = P->pos = malloc(nv1);
+  P->dl = malloc(nv1);
+  P->vx = malloc((size_t)nv * sizeof(mvert) + 1);
+  int32_t *due = P->due = malloc(nvp);
+  int32_t *rdy = P->rdy = malloc(nvp);
+  int32_t *take = P->take = malloc(nvp);
+  int32_t *srcs = P->srcs = malloc(nv1);
+  uint8_t *vflag = P->vflag = malloc((size_t)nv + 1);
+  P->pdies = calloc((size_t)nb + 1, sizeof(int64_t));
+  if (!os || !oe || !bo || !P->dl || !P->vx || !due || !rdy || !take ||
+      !srcs || !vflag || !P->pdies)
     return -1;
-  }
   /* the consumers' counts: os[u + 2]; then os[u + 1] is u's fill cursor */
   for (int32_t e = 0; e < is[nv]; e++) os[ie[e] + 2]++;
   for (int32_t v = 0; v < nv; v++) os[v + 2] += os[v + 1];
-  /* bo[v]: v's batch in the policy's schedule; pd[v], the last batch
-   * that reads it (its own when none) */
-  int32_t *bo = P->pos, *pd = P->dl;
-  memset(bo, 0, (size_t)nv * sizeof(int32_t));
+  int64_t placed = 0;
+  for (int32_t b = 0; b < nb; b++) placed += batches[b].n;
+  if (placed != nv) /* not a whole schedule: the rest at batch 0 */
+    memset(bo, 0, (size_t)nv * sizeof(int32_t));
   for (int32_t b = 0; b < nb; b++)
     for (int32_t i = 0; i < batches[b].n; i++)
       bo[order[batches[b].start + i]] = b;
+  P->bo = bo;
+  P->nb0 = nb;
   for (int f = 0; f <= VF_FREES; f++)
     P->fbt[f] = f & VF_KEPT || (f & VF_TYPE) >= P->T ? 0 : bytes[f & VF_TYPE];
+  const int64_t *fbt = P->fbt;
   int32_t cnt[CN_MAX_TYPES + 1] = {0}, n_src = 0;
   for (int32_t v = 0; v < nv; v++) {
-    const int t = g->vtype[v];
-    const int32_t b = bo[v];
+    const int t = vtype[v];
+    const int32_t e1 = is[v + 1];
+    int32_t e = is[v];
     int64_t gain = -bytes[t];
-    pd[v] = b;
-    if (is[v] == is[v + 1]) P->srcs[n_src++] = v;
-    for (int32_t e = is[v]; e < is[v + 1]; e++) {
+    if (e == e1) srcs[n_src++] = v;
+    due[v] = rdy[v] = take[v] = v;
+    for (; e < e1; e++) {
       int32_t u = ie[e]; /* u < v: its flags are set */
       oe[os[u + 1]++] = v;
-      if (pd[u] < b) pd[u] = b;
-      gain += freed_bytes(P, u);
+      gain += fbt[vflag[u] & VF_FREES];
     }
-    P->vflag[v] = (uint8_t)(t | (keep != NULL && keep[v] ? VF_KEPT : 0) |
-                            (gain > 0 ? VF_CAND : 0));
+    vflag[v] = (uint8_t)(t | (keep != NULL && keep[v] ? VF_KEPT : 0) |
+                         (gain > 0 ? VF_CAND : 0));
     cnt[t]++;
   }
   P->n_srcs = n_src;
+  for (int i = 0; i < PF_AHEAD; i++) due[nv + i] = rdy[nv + i] = take[nv + i] = 0;
   P->rbase[0] = 0;
   for (int t = 0; t < P->T; t++) P->rbase[t + 1] = P->rbase[t] + cnt[t];
-  /* the policy's peak: a row is freed after the batch of its last
-   * reader, never when kept */
-  for (int32_t v = 0; v < nv; v++) {
-    const uint8_t f = P->vflag[v];
-    dies[f & VF_KEPT ? nb : pd[v]] += bytes[f & VF_TYPE];
-
-  }
-  int64_t live = 0;
-  *peak = 0;
-  for (int32_t b = 0; b < nb; b++) {
-    live += (int64_t)batches[b].n * bytes[batches[b].type];
-    if (live > *peak) *peak = live;
-    live -= dies[b];
-  }
-  free(dies);
   return 0;
+}
+
+/* The peak of the policy's schedule (plan_setup's bo[]), from the bytes
+ * that die after each of its batches (pdies, added up by the first
+ * deadlines()), as cn__dag_mem_peak computes it. */
+static int64_t policy_peak(const mplan *P, const cn_run_batch *batches) {
+  int64_t live = 0, peak = 0;
+  for (int32_t b = 0; b < P->nb0; b++) {
+    live += (int64_t)batches[b].n * P->m->bytes[batches[b].type];
+    if (live > peak) peak = live;
+    live -= P->pdies[b];
+  }
+  return peak;
 }
 
 /* The scratch of one round of groups, for skeletons of up to k_max
@@ -633,6 +656,7 @@ static int group_scratch(mplan *P, int32_t k_max, uint8_t **skel,
   free(*cand);
   free(P->prev);
   free(P->kcnt);
+  free(P->kn);
   free(P->kfreed);
   free(P->dhead);
   free(P->dtail);
@@ -641,10 +665,12 @@ static int group_scratch(mplan *P, int32_t k_max, uint8_t **skel,
   P->prev = malloc((size_t)P->T * ((size_t)k_max + 1) * sizeof(int32_t) + 1);
   size_t k1 = ((size_t)k_max + 1) * sizeof(int32_t);
   P->kcnt = malloc(k1);
+  P->kn = malloc(k1);
   P->dhead = malloc(k1 + sizeof(int32_t));
   P->dtail = malloc(k1);
   P->kfreed = malloc(((size_t)k_max + 1) * sizeof(int64_t));
-  if (!*skel || !*cand || !P->prev || !P->kcnt || !P->dhead || !P->dtail ||
+  if (!*skel || !*cand || !P->prev || !P->kcnt || !P->kn || !P->dhead ||
+      !P->dtail ||
       !P->kfreed)
     return -1;
   return 0;
@@ -713,14 +739,12 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     res->fits = budget <= 0 || res->peak_before <= budget;
     return res->peak_before < 0 ? CN_E_NOMEM : 0;
   }
-  if (plan_setup(&P, order, batches, nb0, &res->peak_before) != 0) goto out;
-  res->peak = res->peak_before;
-  res->fits = budget <= 0 || res->peak_before <= budget;
+  if (plan_setup(&P, order, batches, nb0) != 0) goto out;
   size_t nv1 = (size_t)g->nv * sizeof(int32_t) + 1;
   base = malloc((size_t)nb0 + 1);
   if (base == NULL) goto out;
   for (int32_t b = 0; b < nb0; b++) base[b] = (uint8_t)batches[b].type;
-  outcome cur = {res->peak_before, 0, nb0, 0, true};
+  outcome cur = {0, 0, nb0, 0, true}; /* the policy's; its peak below */
   for (int32_t G = 1;; G = G * 2 < P.n_comp ? G * 2 : P.n_comp) {
     if (set_groups(&P, G) != 0) goto out;
     /* G = 1: one skeleton, sources ready at its start; G > 1: group k
@@ -731,18 +755,24 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
     if (group_scratch(&P, k_max, &skel, &cand) != 0) goto out;
     for (int32_t k = 0; k < G; k++) memcpy(skel + (size_t)k * nb0, base, nb0);
     outcome o = best_on(&P, skel, K, budget);
+    if (G == 1) { /* batches[] is still the policy's */
+      cur.peak = P.pdone ? policy_peak(&P, batches)
+                         : cn__dag_mem_peak(g, m, order, batches, nb0);
+      if (cur.peak < 0) goto out;
+      res->peak_before = res->peak = cur.peak;
+    }
     /* Under a budget, one group: insert batches while that lowers the
      * peak (or, four times at most in a row, only the sum of live bytes,
      * to get off a plateau where two batches share the peak). */
     int stall = 0;
-    bool stale = false; /* pos[] holds a candidate's schedule, not o's */
+    bool stale = false; /* vx[] holds a candidate's schedule, not o's */
     while (G == 1 && budget > 0 && o.ok && o.peak > budget && K < k_max &&
            stall < 4) {
       outcome ob;
       int tb;
       int32_t pb;
       best_insertion(&P, skel, K, o, budget, cand, &ob, &tb, &pb);
-      stale = true; /* P.dl borrowed; the candidates overwrote pos[] */
+      stale = true; /* the candidates overwrote vx[] */
       if (tb < 0) break;
       if (ob.peak < o.peak) stall = 0;
       else if (ob.peak == o.peak && ob.area < o.area) stall++;
@@ -754,7 +784,7 @@ int cn__dag_mem_order(const cn_dag *g, const cn_dag_mem *m, int64_t budget,
       stale = false;
       res->inserted++;
     }
-    if (stale) o = best_on(&P, skel, K, budget); /* pos[]: o's again */
+    if (stale) o = best_on(&P, skel, K, budget); /* vx[]: o's again */
     if (o.ok && (o.peak < cur.peak ||
                  (o.peak == cur.peak && o.batches < cur.batches))) {
       int32_t nb = write_schedule(&P, skel, K, order, batches);
@@ -790,10 +820,12 @@ out:
   free(P.take);
   free(P.prev);
   free(P.kcnt);
+  free(P.kn);
   free(P.kfreed);
   free(P.dhead);
   free(P.dtail);
   free(P.vflag);
+  free(P.pdies);
   free(skel);
   free(cand);
   free(base);
