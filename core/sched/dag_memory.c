@@ -190,8 +190,9 @@ typedef struct outcome {
 __attribute__((always_inline)) static inline bool
 deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped,
            const bool policy) {
-  const int32_t *bo = P->bo;
+  const int32_t *bo = P->bo, nb0 = P->nb0;
   int64_t *pdies = P->pdies;
+  const int64_t *pbytes = P->m->bytes;
   const int32_t *os = P->out_start, *oe = P->out_edges;
   const int32_t *is = P->g->in_start, *grp = P->group;
   const uint8_t *vflag = P->vflag;
@@ -225,7 +226,7 @@ deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped,
       if (policy && bo[c] > pd) pd = bo[c];
     }
     const uint8_t f = vflag[v];
-    if (policy) pdies[f & VF_KEPT ? P->nb0 : pd] += P->m->bytes[f & VF_TYPE];
+    if (policy) pdies[f & VF_KEPT ? nb0 : pd] += pbytes[f & VF_TYPE];
     int32_t d = prev[f & VF_TYPE][lim];
     if (d < 0 || (grouped && d < grp[v] * K0)) return false;
     vx[v] = (mvert){is[v + 1] - is[v], e_end - e0, -1, d};
@@ -322,8 +323,9 @@ __attribute__((always_inline)) static inline void push_ready(walk *w,
  * run from a list per type that holds only vertices whose inputs could
  * ever free more than they take (cand) and is scanned only when the cap
  * leaves room for one more row: the same choices as scanning every ready
- * vertex at every batch. */
-static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
+ * vertex at every batch. A step over stop ends the walk (not ok): a plan
+ * that peaks there loses to the one that set it. */
+static outcome eval_early(mplan *P, int32_t K, int64_t cap, int64_t stop) {
   const cn_dag *g = P->g;
   const uint8_t *skel = P->skel;
   outcome o = {0, 0, 0, 0, false};
@@ -368,13 +370,16 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
       if (vx[v].pos < 0) freed += take(&w, v, p);
     }
     int32_t *q = w.rdy + w.rb[t], n = w.rn[t];
-    if (n > 0 && live + (int64_t)(w.nt + 1) * wt <= cap) {
+    /* the batch may grow while live + (nt + 1)·wt <= cap: to room rows */
+    const int64_t room = live > cap ? -1 : wt > 0 ? (cap - live) / wt
+                                                  : INT64_MAX;
+    if (n > 0 && w.nt + 1 <= room) {
       int32_t kept_n = 0, i = 0;
       for (; i < n; i++) {
         int32_t v = q[i];
         __builtin_prefetch(&vx[q[i + PF_AHEAD]]);
         if (vx[v].pos >= 0) continue; /* ran at or before its deadline */
-        if (live + (int64_t)(w.nt + 1) * wt > cap) break; /* no room */
+        if (w.nt + 1 > room) break; /* no room */
         int64_t gain = -wt;
         for (int32_t e = is[v]; e < is[v + 1]; e++) {
           int32_t u = ie[e];
@@ -394,6 +399,7 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap) {
     o.batches++;
     int64_t step = live + (int64_t)nt * wt;
     if (step > o.peak) o.peak = step, o.at = p;
+    if (step > stop) return o; /* o.ok: false */
     live = step - freed;
     for (int32_t i = 0; i < nt; i++) {
       int32_t v = take_[i];
@@ -428,7 +434,7 @@ static outcome eval(mplan *P, const uint8_t *skel, int32_t K, bool early,
     P->evals++;
     return none;
   }
-  return early ? eval_early(P, K, cap) : eval_alap(P, K);
+  return early ? eval_early(P, K, cap, INT64_MAX) : eval_alap(P, K);
 }
 
 /* Where best_on's plan runs v: its deadline (ALAP) or the early walk's
@@ -475,10 +481,11 @@ static outcome best_on(mplan *P, const uint8_t *skel, int32_t K,
                        int64_t budget) {
   outcome a = eval(P, skel, K, false, 0);
   int64_t cap = budget > 0 ? budget : a.ok ? a.peak : INT64_MAX;
-  /* the same deadlines as a's: walked again only when they are valid */
+  /* the same deadlines as a's: walked again only when they are valid,
+   * and no further than a's peak (a walk over it cannot be better) */
   outcome b = a;
   b.ok = false;
-  if (a.ok) b = eval_early(P, K, cap);
+  if (a.ok) b = eval_early(P, K, cap, a.peak);
   else P->evals++;
   P->at_dl = !better(b, a);
   return P->at_dl ? a : b;
@@ -610,6 +617,10 @@ static int plan_setup(mplan *P, const int32_t *order,
   for (int f = 0; f <= VF_FREES; f++)
     P->fbt[f] = f & VF_KEPT || (f & VF_TYPE) >= P->T ? 0 : bytes[f & VF_TYPE];
   const int64_t *fbt = P->fbt;
+  /* keep[v & kmask]: whether v is kept (without keep, nothing is) */
+  static const uint8_t none = 0;
+  const int32_t kmask = P->m->keep != NULL ? -1 : 0;
+  if (keep == NULL) keep = &none;
   int32_t cnt[CN_MAX_TYPES + 1] = {0}, n_src = 0;
   for (int32_t v = 0; v < nv; v++) {
     const int t = vtype[v];
@@ -623,8 +634,8 @@ static int plan_setup(mplan *P, const int32_t *order,
       oe[os[u + 1]++] = v;
       gain += fbt[vflag[u] & VF_FREES];
     }
-    vflag[v] = (uint8_t)(t | (keep != NULL && keep[v] ? VF_KEPT : 0) |
-                         (gain > 0 ? VF_CAND : 0));
+    vflag[v] = (uint8_t)(t | (keep[v & kmask] != 0) * VF_KEPT |
+                         (gain > 0) * VF_CAND);
     cnt[t]++;
   }
   P->n_srcs = n_src;
