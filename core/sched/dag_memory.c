@@ -51,18 +51,20 @@
 
 #include "sched/sched_api.h"
 
-/* What the early walk (eval_early) reads and writes of one vertex, side by
- * side: a batch takes one vertex of each instance, so each vertex it
- * touches costs a cache line per array; with these in one place it costs
- * one line for all four. */
+/* What the walks read and write of one vertex, side by side: a batch
+ * takes one vertex of each instance, so each vertex the early walk
+ * (eval_early) touches costs a cache line per array; with these in one
+ * place it costs one line for all four. deadlines() sets them. */
 typedef struct mvert {
   int32_t pend;  /* inputs not yet taken */
   int32_t rem;   /* readers not yet taken */
-  int32_t pos;   /* its position, -1 until taken */
-  int32_t dl;    /* its deadline (dl[v], copied) */
+  int32_t pos;   /* its position, -1 until taken: the early walk's plan */
+  int32_t dl;    /* its deadline: the ALAP plan */
 } mvert;
 
-/* How far ahead the walk prefetches a vertex's lines. */
+/* How many places ahead in a list of vertices the early walk asks for a
+ * vertex's line (the list is known before it is walked; one vertex of
+ * each instance is a miss each). */
 #define PF_AHEAD 8
 
 /* vflag[v]: v's type in the low bits, and these. */
@@ -81,7 +83,7 @@ typedef struct mplan {
   int32_t *comp, n_comp;          /* instances (computed for G > 1) */
   int32_t *group;                 /* [v]: its group (G > 1), else NULL */
   int32_t K0;                     /* one group's skeleton length */
-  /* pos[] and dl[]: scratch of nv (the policy's peak, the insertions) */
+  /* pos[] and dl[]: scratch of nv (bo[], the insertions' positions) */
   int32_t *dl, *pos, *rdy, *take, *prev;
   /* [v]: the last walk's state. The ALAP schedule is vx[v].dl (its
    * deadline), the early walk's vx[v].pos; at_dl: best_on kept ALAP's. */
@@ -91,7 +93,7 @@ typedef struct mplan {
   /* fbt[vflag & VF_FREES]: the bytes a row frees when its last reader is
    * taken: its type's, 0 when kept */
   int64_t fbt[VF_FREES + 1];
-  int32_t rbase[CN_MAX_TYPES + 1], rn[CN_MAX_TYPES];
+  int32_t rbase[CN_MAX_TYPES + 1]; /* where type t's ready list starts */
   const uint8_t *skel;            /* the skeleton being walked */
   int32_t *kcnt;                  /* [position]: rows due (deadlines) */
   int32_t *kn;                    /* [position]: rows the early walk took */
@@ -218,7 +220,7 @@ deadlines_(mplan *P, const uint8_t *skel, int32_t K, const bool grouped,
     const int32_t e0 = os[v];
     int32_t lim = grouped ? (grp[v] + 1) * K0 : K;
     int32_t death = -1; /* the last reader's deadline */
-    int32_t pd = policy ? bo[v] : 0; /* its last reader's policy batch */
+    int32_t pd = policy ? bo[v] : 0; /* its death in the policy's plan */
     for (int32_t e = e0; e < e_end; e++) {
       const int32_t c = oe[e], dc = vx[c].dl;
       if (dc < lim) lim = dc;
@@ -403,11 +405,8 @@ static outcome eval_early(mplan *P, int32_t K, int64_t cap, int64_t stop) {
     live = step - freed;
     for (int32_t i = 0; i < nt; i++) {
       int32_t v = take_[i];
-      /* A batch takes one vertex of each instance: every vertex is a
-       * chain of misses (its consumers, their counts). The batch is known,
-       * so the lines of the vertices ahead are asked for in two stages:
-       * the first consumer's place, then (once that has come) its
-       * counts. Prefetches change nothing. */
+      /* the consumers' place of a vertex ahead (PF_AHEAD): the batch is
+       * known; prefetches change nothing */
       __builtin_prefetch(&os[take_[i + PF_AHEAD]]);
       if (vx[v].rem == 0) live -= walk_freed(&w, v); /* nobody reads it */
       for (int32_t e = os[v]; e < os[v + 1]; e++) {
@@ -639,7 +638,8 @@ static int plan_setup(mplan *P, const int32_t *order,
     cnt[t]++;
   }
   P->n_srcs = n_src;
-  for (int i = 0; i < PF_AHEAD; i++) due[nv + i] = rdy[nv + i] = take[nv + i] = 0;
+  for (int i = 0; i < PF_AHEAD; i++)
+    due[nv + i] = rdy[nv + i] = take[nv + i] = 0;
   P->rbase[0] = 0;
   for (int t = 0; t < P->T; t++) P->rbase[t + 1] = P->rbase[t] + cnt[t];
   return 0;
@@ -681,8 +681,7 @@ static int group_scratch(mplan *P, int32_t k_max, uint8_t **skel,
   P->dtail = malloc(k1);
   P->kfreed = malloc(((size_t)k_max + 1) * sizeof(int64_t));
   if (!*skel || !*cand || !P->prev || !P->kcnt || !P->kn || !P->dhead ||
-      !P->dtail ||
-      !P->kfreed)
+      !P->dtail || !P->kfreed)
     return -1;
   return 0;
 }
