@@ -5,7 +5,8 @@
  * must never beat that optimum (it would mean the model or the search is
  * wrong), must keep the schedule valid, must not add batches without a
  * budget, and must reach the optimum or the budget often enough; the
- * fractions it reaches are printed. */
+ * fractions it reaches are printed. On larger graphs, the peaks it
+ * reports must be those cn__dag_mem_peak computes on its own. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,4 +223,81 @@ Test(dag_memory, against_brute_force, .timeout = 120) {
    * sequence and inserts batches into it; the optimum is free of it. */
   cr_expect_geq(at_opt, trials * 55 / 100);
   cr_expect_geq(fits, budget_trials * 55 / 100);
+}
+
+/* Larger random DAGs (up to a few thousand vertices, many instances,
+ * with and without kept rows and budgets), where brute force is out of
+ * reach: the peaks the order reports, before and after, are those
+ * cn__dag_mem_peak computes on its own for the given and the returned
+ * schedule; the schedule is valid (every vertex once, one type a batch,
+ * inputs in earlier batches) and, without a budget, has no more batches
+ * and no higher peak than the policy's. */
+Test(dag_memory, large_graphs_against_the_model, .timeout = 120) {
+  for (int trial = 0; trial < 300; trial++) {
+    const int T = 1 + (int)rnd(4);
+    const int32_t nv = 1 + (int32_t)rnd(trial % 10 == 0 ? 5000 : 400);
+    uint8_t *vtype = malloc((size_t)nv), *keep = malloc((size_t)nv);
+    int32_t *in_start = malloc(((size_t)nv + 1) * sizeof(int32_t));
+    int32_t *in_edges = malloc((size_t)nv * 3 * sizeof(int32_t) + 1);
+    int32_t ne = 0, inst = 0;
+    for (int32_t v = 0; v < nv; v++) {
+      if (rnd(30) == 0) inst = v; /* a new instance starts at v */
+      in_start[v] = ne;
+      int32_t k = v > inst ? (int32_t)rnd(4) : 0;
+      for (int32_t i = 0; i < k; i++) /* lattice-like: near inputs */
+        in_edges[ne++] = v - 1 - (int32_t)rnd((uint32_t)(v - inst < 6
+                                                          ? v - inst : 6));
+      vtype[v] = (uint8_t)(k == 0 ? 0 : rnd((uint32_t)T));
+      keep[v] = rnd(5) == 0;
+    }
+    in_start[nv] = ne;
+    int64_t bytes[4];
+    for (int t = 0; t < T; t++) bytes[t] = 64 * (1 + rnd(6));
+    cn_dag d = {T, nv, vtype, in_start, in_edges};
+    cn_dag_mem mem = {bytes, trial % 3 == 0 ? NULL : keep};
+    int32_t *order = malloc((size_t)nv * sizeof(int32_t));
+    cn_run_batch *batches = malloc((size_t)nv * sizeof(cn_run_batch));
+    int32_t *batch_of = malloc((size_t)nv * sizeof(int32_t));
+    int32_t nb = 0;
+    cr_assert_eq(cn__sched_dag(&d, trial % 2 ? CN_POLICY_AGENDA
+                                             : CN_POLICY_SUFFICIENT,
+                               NULL, 1, order, batches, &nb), 0);
+    const int32_t nb0 = nb;
+    int64_t base = cn__dag_mem_peak(&d, &mem, order, batches, nb);
+    int64_t budget = trial % 4 == 3 ? base * (40 + rnd(50)) / 100 : 0;
+    cn_dag_mem_result res;
+    cr_assert_eq(
+        cn__dag_mem_order(&d, &mem, budget, order, batches, &nb, &res), 0);
+    cr_assert_eq(res.peak_before, base, "trial %d: the policy's peak", trial);
+    cr_assert_eq(cn__dag_mem_peak(&d, &mem, order, batches, nb), res.peak,
+                 "trial %d: the reported peak", trial);
+    for (int32_t v = 0; v < nv; v++) batch_of[v] = -1;
+    for (int32_t b = 0; b < nb; b++) {
+      cr_assert_gt(batches[b].n, 0, "trial %d: an empty batch", trial);
+      for (int32_t i = 0; i < batches[b].n; i++) {
+        int32_t v = order[batches[b].start + i];
+        cr_assert_eq(batch_of[v], -1, "trial %d: vertex %d twice", trial, v);
+        cr_assert_eq(vtype[v], batches[b].type);
+        for (int32_t e = in_start[v]; e < in_start[v + 1]; e++) {
+          int32_t u = in_edges[e];
+          cr_assert(batch_of[u] >= 0 && batch_of[u] < b,
+                    "trial %d: vertex %d before its input %d", trial, v, u);
+        }
+        batch_of[v] = b;
+      }
+    }
+    for (int32_t v = 0; v < nv; v++)
+      cr_assert_geq(batch_of[v], 0, "trial %d: vertex %d not run", trial, v);
+    if (budget == 0) {
+      cr_assert_leq(nb, nb0, "trial %d: batches added", trial);
+      cr_assert_leq(res.peak, base, "trial %d: the peak rose", trial);
+    }
+    free(vtype);
+    free(keep);
+    free(in_start);
+    free(in_edges);
+    free(order);
+    free(batches);
+    free(batch_of);
+  }
 }
