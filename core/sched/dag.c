@@ -8,9 +8,9 @@
 
 #include "sched/sched_api.h"
 
-int64_t cn__dag_lower_bound(const cn_dag *g) {
+/* The bound from one int32 counter per (vertex, type): for any DAG. */
+static int64_t lower_bound_wide(const cn_dag *g) {
   int T = g->n_types;
-  if (g->nv == 0) return 0;
   /* cnt[v][t]: most type-t vertices on any path ending at v. */
   int32_t *cnt = cn__xcalloc((size_t)g->nv * (size_t)T, sizeof(int32_t));
   if (cnt == NULL) return -1;
@@ -29,6 +29,56 @@ int64_t cn__dag_lower_bound(const cn_dag *g) {
   free(cnt);
   int64_t lb = 0;
   for (int t = 0; t < T; t++) lb += best[t];
+  return lb;
+}
+
+/* Lane-wise max of two words of counters, each below half its lane (H:
+ * the lanes' high bits, w: the lane width): the high bit of a lane of
+ * (a | H) - b is set where a's lane >= b's (no borrow crosses a lane,
+ * since every lane of a | H is at least half its range and b's is
+ * below), widened to the lane's mask. */
+static inline uint64_t max_lanes(uint64_t a, uint64_t b, uint64_t H, int w) {
+  uint64_t ge = ((a | H) - b) & H;
+  uint64_t m = ge | (ge - (ge >> (w - 1)));
+  return b ^ ((a ^ b) & m);
+}
+
+_Static_assert(CN_MAX_TYPES <= 8, "a type's counter fits a byte lane");
+
+/* Why not the wide counters only: they cost a calloc of nv × T int32 and
+ * a loop over the types per edge, as much as planning the run itself.
+ * The same counters fit one word per vertex, a lane per type (16 bits
+ * for up to 4 types, 8 for up to 8), while each stays below half its
+ * lane (32,768 or 128 vertices of a type along a path); the max over an
+ * edge is then a few word operations. A counter reaching half its lane
+ * hands the DAG to the wide counters from the start: the same value
+ * either way. */
+int64_t cn__dag_lower_bound(const cn_dag *g) {
+  int T = g->n_types;
+  if (g->nv == 0) return 0;
+  if (T < 1 || T > CN_MAX_TYPES) return lower_bound_wide(g);
+  uint64_t *cnt = malloc((size_t)g->nv * sizeof(uint64_t));
+  if (cnt == NULL) return -1;
+  const int w = T <= 4 ? 16 : 8;
+  const uint64_t H = w == 16 ? 0x8000800080008000ull : 0x8080808080808080ull;
+  const int32_t *is = g->in_start, *ie = g->in_edges;
+  uint64_t best = 0;
+  int32_t v;
+  for (v = 0; v < g->nv; v++) {
+    int32_t i = is[v], e = is[v + 1];
+    if (g->vtype[v] >= T) break; /* the wide counters' business */
+    uint64_t c = i < e ? cnt[ie[i++]] : 0;
+    for (; i < e; i++) c = max_lanes(c, cnt[ie[i]], H, w);
+    c += (uint64_t)1 << (w * g->vtype[v]);
+    if (c & H) break; /* a counter reached half its lane */
+    cnt[v] = c;
+    best = max_lanes(best, c, H, w);
+  }
+  free(cnt);
+  if (v < g->nv) return lower_bound_wide(g);
+  int64_t lb = 0;
+  for (int t = 0; t < T; t++)
+    lb += (int64_t)(best >> (w * t) & (((uint64_t)1 << w) - 1));
   return lb;
 }
 

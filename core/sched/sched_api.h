@@ -154,8 +154,15 @@ typedef struct cn_frontier {
   uint8_t *vtype, *done;
   int32_t *depth, *pending, *in_start, *in_edges;
   int32_t *out_head, *out_tail, *e_next, *e_dst; /* out-edges, per source  */
+  bool csr;                      /* out-edges as ranges: v's consumers are
+                                    e_dst[out_head[v] .. out_head[v + 1])
+                                    (a DAG added at once), not lists      */
   int32_t *sub;                  /* [v][t]: inputs with a type-t vertex left
                                     at or above them (track_sub)          */
+  uint64_t *sub0;                /* [v]: byte t is sub[t][v] before any
+                                    commit, for the rows of sub_lazy      */
+  uint32_t sub_lazy;             /* bit t: sub's row t is not written yet
+                                    (a DAG added at once), sub0 holds it   */
   int32_t *q[CN_MAX_TYPES];      /* ready FIFO per type                    */
   int64_t qhead[CN_MAX_TYPES], qtail[CN_MAX_TYPES], qcap[CN_MAX_TYPES];
   int32_t *stack;
