@@ -45,6 +45,33 @@ static inline uint64_t max_lanes(uint64_t a, uint64_t b, uint64_t H, int w) {
 
 _Static_assert(CN_MAX_TYPES <= 8, "a type's counter fits a byte lane");
 
+/* The bound in lanes of w bits (16 or 8), cnt: nv words of scratch;
+ * -2 where a counter reaches half its lane or a type is not below
+ * n_types (one[] is 0 there). Inlined once per lane width, so that w is
+ * a constant. */
+__attribute__((always_inline)) static inline int64_t
+lower_bound_lanes(const cn_dag *g, uint64_t *cnt, const int w) {
+  const int T = g->n_types;
+  const uint64_t H = w == 16 ? 0x8000800080008000ull : 0x8080808080808080ull;
+  const int32_t *is = g->in_start, *ie = g->in_edges, nv = g->nv;
+  const uint8_t *vt = g->vtype;
+  uint64_t one[256] = {0}, best = 0; /* one[t]: 1 in type t's lane */
+  for (int t = 0; t < T; t++) one[t] = (uint64_t)1 << (w * t);
+  for (int32_t v = 0; v < nv; v++) {
+    int32_t i = is[v], e = is[v + 1];
+    uint64_t c = i < e ? cnt[ie[i++]] : 0;
+    for (; i < e; i++) c = max_lanes(c, cnt[ie[i]], H, w);
+    c += one[vt[v]];
+    if ((c & H) || vt[v] >= T) return -2;
+    cnt[v] = c;
+    best = max_lanes(best, c, H, w);
+  }
+  int64_t lb = 0;
+  for (int t = 0; t < T; t++)
+    lb += (int64_t)(best >> (w * t) & (((uint64_t)1 << w) - 1));
+  return lb;
+}
+
 /* Why not the wide counters only: they cost a calloc of nv × T int32 and
  * a loop over the types per edge, as much as planning the run itself.
  * The same counters fit one word per vertex, a lane per type (16 bits
@@ -59,27 +86,10 @@ int64_t cn__dag_lower_bound(const cn_dag *g) {
   if (T < 1 || T > CN_MAX_TYPES) return lower_bound_wide(g);
   uint64_t *cnt = malloc((size_t)g->nv * sizeof(uint64_t));
   if (cnt == NULL) return -1;
-  const int w = T <= 4 ? 16 : 8;
-  const uint64_t H = w == 16 ? 0x8000800080008000ull : 0x8080808080808080ull;
-  const int32_t *is = g->in_start, *ie = g->in_edges;
-  uint64_t best = 0;
-  int32_t v;
-  for (v = 0; v < g->nv; v++) {
-    int32_t i = is[v], e = is[v + 1];
-    if (g->vtype[v] >= T) break; /* the wide counters' business */
-    uint64_t c = i < e ? cnt[ie[i++]] : 0;
-    for (; i < e; i++) c = max_lanes(c, cnt[ie[i]], H, w);
-    c += (uint64_t)1 << (w * g->vtype[v]);
-    if (c & H) break; /* a counter reached half its lane */
-    cnt[v] = c;
-    best = max_lanes(best, c, H, w);
-  }
+  int64_t lb = T <= 4 ? lower_bound_lanes(g, cnt, 16)
+                      : lower_bound_lanes(g, cnt, 8);
   free(cnt);
-  if (v < g->nv) return lower_bound_wide(g);
-  int64_t lb = 0;
-  for (int t = 0; t < T; t++)
-    lb += (int64_t)(best >> (w * t) & (((uint64_t)1 << w) - 1));
-  return lb;
+  return lb == -2 ? lower_bound_wide(g) : lb;
 }
 
 /* tail[v×T + t]: the most type-t vertices on a path from v to a sink,

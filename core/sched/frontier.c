@@ -150,10 +150,10 @@ static void sub_rows(cn_frontier *f, uint32_t rows) {
   rows &= f->sub_lazy;
   for (int t = 0; rows != 0; t++, rows >>= 1) {
     if (!(rows & 1)) continue;
-    int32_t *row = f->sub + (size_t)t * f->cap_v;
+    int32_t *row = f->sub + (size_t)t * f->cap_v, nv = f->nv;
     const uint64_t *s0 = f->sub0;
     const int sh = 8 * t;
-    for (int32_t v = 0; v < f->nv; v++) row[v] = (int32_t)(s0[v] >> sh & 255);
+    for (int32_t v = 0; v < nv; v++) row[v] = (int32_t)(s0[v] >> sh & 255);
     f->sub_lazy &= ~(1u << t);
   }
 }
@@ -233,11 +233,16 @@ static int reserve_e(cn_frontier *f, size_t c) {
 
 /* Turns consumer ranges (f->csr: v's at e_dst[out_head[v] ..
  * out_head[v + 1])) into the lists every other reader walks (out_head,
- * out_tail, e_next): the same consumers in the same order. Once, before
- * the first vertex is added to a frontier added at once, or its tails are
- * computed. */
+ * out_tail, e_next): the same consumers in the same order; and marks
+ * the vertices committed so far done. Once, before the first vertex is
+ * added to a frontier added at once, or its tails are computed. */
 static void link_consumers(cn_frontier *f) {
   if (!f->csr) return;
+  /* done[]: the vertices the queues have handed out (a commit over
+   * ranges does not mark them; see cn__frontier_commit) */
+  memset(f->done, 0, (size_t)f->nv);
+  for (int t = 0; t < f->n_types; t++)
+    for (int64_t i = 0; i < f->qhead[t]; i++) f->done[f->q[t][i]] = 1;
   int32_t s = f->nv > 0 ? f->out_head[0] : 0;
   for (int32_t v = 0; v < f->nv; v++) {
     int32_t e = f->out_head[v + 1]; /* still a start: v + 1 is not linked */
@@ -337,8 +342,7 @@ static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
     f->sub0 = s0 = cn__xrealloc(NULL, (size_t)nv, sizeof(uint64_t));
     if (s0 == NULL) return CN_E_NOMEM;
   }
-  memcpy(f->vtype, vt, (size_t)nv);
-  memset(f->done, 0, (size_t)nv);
+  memcpy(f->vtype, vt, (size_t)nv); /* done[]: see cn__frontier_commit */
   memcpy(f->in_start, is, ((size_t)nv + 1) * sizeof(int32_t));
   if (is[nv] > 0) memcpy(f->in_edges, ie, (size_t)is[nv] * sizeof(int32_t));
   f->ne = is[nv];
@@ -393,11 +397,16 @@ static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
     }
     if (b == e && push_ready(f, v)) return CN_E_NOMEM; /* vertex order */
   }
-  /* integer depths: the sums of the vertex-by-vertex doubles, exactly */
+  /* integer depths: the sums of the vertex-by-vertex doubles, exactly;
+   * a queue holds at most its type's vertices (reserve_queues) */
   for (int t = 0; t < T; t++) {
     f->n_of_type[t] += n_of[t];
     f->depth_sum[t] += (double)dsum[t];
     f->n_sub[t] += n_sub[t];
+    if (n_of[t] > f->qcap[t]) {
+      if (grow32(&f->q[t], (size_t)n_of[t])) return CN_E_NOMEM;
+      f->qcap[t] = n_of[t];
+    }
   }
   if (track) {
     f->sub_lazy = (1u << T) - 1;
@@ -443,12 +452,12 @@ int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
   if ((size_t)f->nv + (size_t)g->nv > (size_t)f->cap_v &&
       reserve_v(f, (size_t)f->nv + (size_t)g->nv) != 0)
     return CN_E_NOMEM;
-  if (reserve_queues(f, g) != 0) return CN_E_NOMEM;
   if ((size_t)f->ne + (size_t)g->in_start[g->nv] > (size_t)f->cap_e &&
       reserve_e(f, (size_t)f->ne + (size_t)g->in_start[g->nv]) != 0)
     return CN_E_NOMEM;
   if (fresh && g->nv > 0 && f->comp == NULL && f->tail == NULL)
-    return add_dag_fresh(f, g);
+    return add_dag_fresh(f, g); /* sizes the queues from its type counts */
+  if (reserve_queues(f, g) != 0) return CN_E_NOMEM;
   for (int32_t v = 0; v < g->nv; v++) {
     int32_t b = g->in_start[v];
     /* a DAG without edges may have no edge array: no offset on NULL */
@@ -635,14 +644,15 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
   if (t < 0 || t >= f->n_types) return 0;
   int64_t h = f->qhead[t], e = f->qtail[t];
   f->qhead[t] = e;
-  int32_t n = 0;
+  int32_t n = (int32_t)(e - h);
+  memcpy(out, f->q[t] + h, (size_t)n * sizeof(int32_t));
   /* Mark the whole batch done first: its vertices' outputs are computed
-   * together, and none of them is an input of another (all were ready). */
-  for (int64_t i = h; i < e; i++) {
-    int32_t v = f->q[t][i];
-    f->done[v] = 1;
-    out[n++] = v;
-  }
+   * together, and none of them is an input of another (all were ready).
+   * Only settle reads done, for a vertex added later or a reset, so over
+   * ranges (f->csr) it is left to link_consumers, which the first
+   * cn__frontier_add runs, and to the reset, which clears it. */
+  if (!f->csr)
+    for (int32_t i = 0; i < n; i++) f->done[out[i]] = 1;
   f->n_done += n;
   f->n_ready[t] -= n;
   memset(f->mt[t], 0, sizeof(f->mt[t]));
