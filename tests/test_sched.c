@@ -844,6 +844,41 @@ Test(sched, frontier_added_at_once_as_one_by_one) {
   }
 }
 
+/* A frontier that reads its DAG in place (borrow) schedules as one that
+ * copies it, and refuses vertices added after it (they would be written
+ * into the caller's arrays). */
+Test(sched, frontier_borrowing_its_dag) {
+  for (unsigned seed = 1; seed <= 10; seed++) {
+    cn_run *r = random_run(1 + (int)seed % 5, 40 + (int)seed * 23, seed);
+    cn_dag g = cn__run_dag(r);
+    cn_frontier a, b;
+    cr_assert_eq(cn__frontier_init(&a, 3, true), 0);
+    cr_assert_eq(cn__frontier_init(&b, 3, true), 0);
+    a.borrow = true;
+    cr_assert_eq(cn__frontier_add_dag(&a, &g), 0);
+    cr_assert_eq(cn__frontier_add_dag(&b, &g), 0);
+    cr_assert(a.borrowed);
+    cr_assert_eq((const void *)a.in_edges, (const void *)g.in_edges);
+    int32_t *oa = malloc((size_t)g.nv * sizeof(int32_t) + 4);
+    int32_t *ob = malloc((size_t)g.nv * sizeof(int32_t) + 4);
+    int t;
+    while ((t = cn__frontier_next(&a, CN_POLICY_SUFFICIENT, NULL)) >= 0) {
+      cr_assert_eq(t, cn__frontier_next(&b, CN_POLICY_SUFFICIENT, NULL));
+      int32_t n = cn__frontier_commit(&a, t, oa);
+      cr_assert_eq(n, cn__frontier_commit(&b, t, ob));
+      cr_assert_arr_eq(oa, ob, (size_t)n * sizeof(int32_t));
+    }
+    int32_t in = 0;
+    cr_expect_eq(cn__frontier_add(&a, 0, &in, 1), CN_E_INTERNAL);
+    cr_expect_eq(cn__frontier_add_dag(&a, &g), CN_E_INTERNAL);
+    free(oa);
+    free(ob);
+    cn__frontier_free(&a);
+    cn__frontier_free(&b);
+    cn_run_free(r);
+  }
+}
+
 /* The same where some vertices read 256 inputs or more (their sub counts
  * do not fit the byte a type add_dag_fresh sums them in): sources of
  * random types, chains over them, and wide vertices reading 250-400 of

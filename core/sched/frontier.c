@@ -72,12 +72,14 @@ int cn__frontier_init(cn_frontier *f, int n_types, bool track_sub) {
 }
 
 void cn__frontier_free(cn_frontier *f) {
-  free(f->vtype);
+  if (!f->borrowed) {
+    free(f->vtype);
+    free(f->in_start);
+    free(f->in_edges);
+  }
   free(f->done);
   free(f->depth);
   free(f->pending);
-  free(f->in_start);
-  free(f->in_edges);
   free(f->out_head);
   free(f->out_tail);
   free(f->e_next);
@@ -258,7 +260,8 @@ int32_t cn__frontier_add(cn_frontier *f, int type, const int32_t *inputs,
                          int n_inputs) {
   int T = f->n_types;
   int32_t v = f->nv;
-  if (type < 0 || type >= T || n_inputs < 0) return CN_E_INTERNAL;
+  if (type < 0 || type >= T || n_inputs < 0 || f->borrowed)
+    return CN_E_INTERNAL;
   for (int i = 0; i < n_inputs; i++)
     if (inputs[i] < 0 || inputs[i] >= v) return CN_E_INTERNAL;
   link_consumers(f);
@@ -342,9 +345,20 @@ static int add_dag_fresh(cn_frontier *f, const cn_dag *g) {
     f->sub0 = s0 = cn__xrealloc(NULL, (size_t)nv, sizeof(uint64_t));
     if (s0 == NULL) return CN_E_NOMEM;
   }
-  memcpy(f->vtype, vt, (size_t)nv); /* done[]: see cn__frontier_commit */
-  memcpy(f->in_start, is, ((size_t)nv + 1) * sizeof(int32_t));
-  if (is[nv] > 0) memcpy(f->in_edges, ie, (size_t)is[nv] * sizeof(int32_t));
+  if (f->borrow && ie != NULL) { /* read in place (cn_frontier.borrow) */
+    free(f->vtype);
+    free(f->in_start);
+    free(f->in_edges);
+    f->vtype = (uint8_t *)vt;
+    f->in_start = (int32_t *)is;
+    f->in_edges = (int32_t *)ie;
+    f->borrowed = true;
+  } else {
+    memcpy(f->vtype, vt, (size_t)nv);
+    memcpy(f->in_start, is, ((size_t)nv + 1) * sizeof(int32_t));
+    if (is[nv] > 0)
+      memcpy(f->in_edges, ie, (size_t)is[nv] * sizeof(int32_t));
+  } /* done[]: see cn__frontier_commit */
   f->ne = is[nv];
   f->nv = nv;
   /* above(p, a) for every a at once: anc[p], the types among p and its
@@ -448,6 +462,7 @@ static int reserve_queues(cn_frontier *f, const cn_dag *g) {
 
 int cn__frontier_add_dag(cn_frontier *f, const cn_dag *g) {
   bool fresh = f->nv == 0;
+  if (f->borrowed) return CN_E_INTERNAL; /* nothing can be added */
   /* every array sized once, not doubled vertex by vertex */
   if ((size_t)f->nv + (size_t)g->nv > (size_t)f->cap_v &&
       reserve_v(f, (size_t)f->nv + (size_t)g->nv) != 0)
@@ -616,10 +631,12 @@ static int commit_csr(cn_frontier *f, int t, const int32_t *out, int32_t n) {
   const int32_t *os = f->out_head, *dst = f->e_dst;
   const uint8_t *vt = f->vtype;
   int32_t *pending = f->pending;
+  /* no room to check: add_dag_fresh sized each queue to its type's
+   * vertices, each is pushed once (a reset starts the queues over), and
+   * ranges end when a vertex is added */
 #define PUSH(w)                                                          \
   do {                                                                   \
     int tw_ = vt[w];                                                     \
-    if (f->qtail[tw_] == f->qcap[tw_] && grow_queue(f, tw_)) return -1;  \
     f->q[tw_][f->qtail[tw_]++] = (w);                                    \
   } while (0)
   if (!f->track_sub) {

@@ -172,6 +172,13 @@ typedef struct cn_frontier {
   int32_t tails_nv;              /* vertices the tails were computed for   */
   uint32_t feeds;                /* (tails) bit t: a type-t vertex has
                                     consumers (cn__dag_feeding_types)     */
+  bool borrow;                   /* set by the caller before
+                                    cn__frontier_add_dag on an empty
+                                    frontier: the DAG outlives it and no
+                                    vertex will be added, so its vtype,
+                                    in_start and in_edges are read in
+                                    place, not copied                     */
+  bool borrowed;                 /* they were (not the frontier's to free) */
   bool complete;                 /* set by the caller: no vertex will be
                                     added, so a type that feeds nothing can
                                     wait (lookahead2)                     */
