@@ -5,6 +5,9 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "sched/sched_api.h"
 
@@ -45,27 +48,51 @@ static inline uint64_t max_lanes(uint64_t a, uint64_t b, uint64_t H, int w) {
 
 _Static_assert(CN_MAX_TYPES <= 8, "a type's counter fits a byte lane");
 
-/* The bound in lanes of w bits (16 or 8), cnt: nv words of scratch;
- * -2 where a counter reaches half its lane or a type is not below
- * n_types (one[] is 0 there). Inlined once per lane width, so that w is
- * a constant. */
+/* The lane-wise max of cnt[0 .. nv) (lanes of w bits, each below half
+ * its lane). With SSE2, two words at a time: signed 16-bit lanes (a
+ * value below half its lane is not negative) or unsigned 8-bit ones. */
+static uint64_t max_all_lanes(const uint64_t *cnt, int32_t nv, uint64_t H,
+                              const int w) {
+  uint64_t best = 0;
+  int32_t v = 0;
+#ifdef __SSE2__
+  __m128i m = _mm_setzero_si128();
+  for (; v + 2 <= nv; v += 2) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(cnt + v));
+    m = w == 16 ? _mm_max_epi16(m, x) : _mm_max_epu8(m, x);
+  }
+  uint64_t two[2];
+  _mm_storeu_si128((__m128i *)two, m);
+  best = max_lanes(two[0], two[1], H, w);
+#endif
+  for (; v < nv; v++) best = max_lanes(best, cnt[v], H, w);
+  return best;
+}
+
+/* The bound in lanes of w bits (16 or 8), cnt: nv words of scratch; -2
+ * where a counter reaches half its lane. A type not below n_types counts
+ * in no lane (one[] is 0 there). Inlined once per lane width, so that w
+ * is a constant. */
 __attribute__((always_inline)) static inline int64_t
 lower_bound_lanes(const cn_dag *g, uint64_t *cnt, const int w) {
   const int T = g->n_types;
   const uint64_t H = w == 16 ? 0x8000800080008000ull : 0x8080808080808080ull;
   const int32_t *is = g->in_start, *ie = g->in_edges, nv = g->nv;
   const uint8_t *vt = g->vtype;
-  uint64_t one[256] = {0}, best = 0; /* one[t]: 1 in type t's lane */
+  uint64_t one[256] = {0}, over = 0; /* one[t]: 1 in type t's lane */
   for (int t = 0; t < T; t++) one[t] = (uint64_t)1 << (w * t);
   for (int32_t v = 0; v < nv; v++) {
     int32_t i = is[v], e = is[v + 1];
     uint64_t c = i < e ? cnt[ie[i++]] : 0;
     for (; i < e; i++) c = max_lanes(c, cnt[ie[i]], H, w);
     c += one[vt[v]];
-    if ((c & H) || vt[v] >= T) return -2;
+    over |= c; /* the first counter to reach half its lane sets its bit */
     cnt[v] = c;
-    best = max_lanes(best, c, H, w);
   }
+  if (over & H) return -2;
+  /* cnt only grows along edges, so the most of each type on a path is
+   * the most in any vertex's counter */
+  uint64_t best = max_all_lanes(cnt, nv, H, w);
   int64_t lb = 0;
   for (int t = 0; t < T; t++)
     lb += (int64_t)(best >> (w * t) & (((uint64_t)1 << w) - 1));
