@@ -146,8 +146,19 @@ static inline int push_ready(cn_frontier *f, int32_t v) {
 }
 
 /* Writes the rows of sub named in `rows` that are still lazy (sub_lazy)
- * from sub0, where add_dag_fresh left them: a pass a row, the first time
- * a row is walked, instead of T stores a vertex while the DAG is added. */
+ * from sub0, where add_dag_fresh left them and a commit over ranges
+ * counts them down in place (commit_csr): a pass a row, only where the
+ * rows are needed (a vertex added, a commit over lists), instead of T
+ * stores a vertex while the DAG is added. */
+/* Byte t of sub0[v] in memory, where a commit counts it down in place. */
+static inline uint8_t *sub0_lane(const cn_frontier *f, int t) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return (uint8_t *)f->sub0 + (7 - t);
+#else
+  return (uint8_t *)f->sub0 + t;
+#endif
+}
+
 static void sub_rows(cn_frontier *f, uint32_t rows) {
   rows &= f->sub_lazy;
   for (int t = 0; rows != 0; t++, rows >>= 1) {
@@ -606,8 +617,8 @@ prefetch_ahead(const cn_frontier *f, const int32_t *st, const int32_t *out,
  * A range's first slot may be the end of e_dst (a vertex without
  * consumers at the end): a prefetch there reads nothing. */
 __attribute__((always_inline)) static inline void
-prefetch_csr(const cn_frontier *f, const int32_t *st, const int32_t *out,
-             int32_t i, int32_t n) {
+prefetch_csr(const cn_frontier *f, const int32_t *st, const uint8_t *sb,
+             const int32_t *out, int32_t i, int32_t n) {
   const int32_t *os = f->out_head, *dst = f->e_dst;
   if (i + AHEAD_HEAD >= n) {
     prefetch_ahead(f, st, out, i, n);
@@ -620,17 +631,22 @@ prefetch_csr(const cn_frontier *f, const int32_t *st, const int32_t *out,
     int32_t w = dst[k];
     __builtin_prefetch(&f->pending[w], 1);
     if (st != NULL) __builtin_prefetch(&st[w], 1);
+    if (sb != NULL) __builtin_prefetch(&sb[(size_t)w * 8], 1);
   }
 }
 
 /* The commit walk over consumer ranges (f->csr, so no tails and no lists
  * to follow): cn__frontier_commit's walk, edge for edge, with the ready
  * counts left to the caller (qtail - qhead) instead of counted per
- * push. */
-static int commit_csr(cn_frontier *f, int t, const int32_t *out, int32_t n) {
+ * push. The counts "a type-t vertex left at or above" of w are st[w]
+ * (a written row) or, while the row is lazy, byte t of sub0[w] (sb[8w]),
+ * counted down where add_dag_fresh left it: inlined once for each. */
+__attribute__((always_inline)) static inline void
+commit_csr_walk(cn_frontier *f, int t, const int32_t *out, int32_t n,
+                int32_t *st, uint8_t *sb) {
   const int32_t *os = f->out_head, *dst = f->e_dst;
   const uint8_t *vt = f->vtype;
-  int32_t *pending = f->pending;
+  int32_t *pending = f->pending, *stack = f->stack;
   /* no room to check: add_dag_fresh sized each queue to its type's
    * vertices, each is pushed once (a reset starts the queues over), and
    * ranges end when a vertex is added */
@@ -639,25 +655,25 @@ static int commit_csr(cn_frontier *f, int t, const int32_t *out, int32_t n) {
     int tw_ = vt[w];                                                     \
     f->q[tw_][f->qtail[tw_]++] = (w);                                    \
   } while (0)
+#define DEC(w) (sb != NULL ? --sb[(size_t)(w) * 8] : --st[w])
   if (!f->track_sub) {
     for (int32_t i = 0; i < n; i++) {
-      prefetch_csr(f, NULL, out, i, n);
+      prefetch_csr(f, NULL, NULL, out, i, n);
       int32_t v = out[i];
       for (int32_t k = os[v]; k < os[v + 1]; k++) {
         int32_t w = dst[k];
         if (--pending[w] == 0) PUSH(w);
       }
     }
-    return 0;
+    return;
   }
-  int32_t *st = f->sub + (size_t)t * f->cap_v, *stack = f->stack;
   for (int32_t i = 0; i < n; i++) {
     int32_t v = out[i], sp = 0;
-    prefetch_csr(f, st, out, i, n);
+    prefetch_csr(f, st, sb, out, i, n);
     for (int32_t k = os[v]; k < os[v + 1]; k++) {
       int32_t w = dst[k];
       if (--pending[w] == 0) PUSH(w);
-      if (--st[w] != 0) continue;
+      if (DEC(w) != 0) continue;
       if (vt[w] == t)
         f->n_sub[t]++; /* w now heads G^t */
       else
@@ -667,7 +683,7 @@ static int commit_csr(cn_frontier *f, int t, const int32_t *out, int32_t n) {
       int32_t u = stack[--sp];
       for (int32_t k = os[u]; k < os[u + 1]; k++) {
         int32_t w = dst[k];
-        if (--st[w] != 0) continue;
+        if (DEC(w) != 0) continue;
         if (vt[w] == t)
           f->n_sub[t]++;
         else
@@ -675,8 +691,17 @@ static int commit_csr(cn_frontier *f, int t, const int32_t *out, int32_t n) {
       }
     }
   }
+#undef DEC
 #undef PUSH
-  return 0;
+}
+
+static void commit_csr(cn_frontier *f, int t, const int32_t *out, int32_t n) {
+  if (!f->track_sub)
+    commit_csr_walk(f, t, out, n, NULL, NULL);
+  else if (f->sub_lazy >> t & 1)
+    commit_csr_walk(f, t, out, n, NULL, sub0_lane(f, t));
+  else
+    commit_csr_walk(f, t, out, n, f->sub + (size_t)t * f->cap_v, NULL);
 }
 
 int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
@@ -697,12 +722,9 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
   memset(f->mt[t], 0, sizeof(f->mt[t]));
   clear_instances(f, t);
   f->qc_n[t] = 0;
-  if (f->track_sub) {
-    f->n_sub[t] -= n;
-    sub_rows(f, 1u << t);
-  }
+  if (f->track_sub) f->n_sub[t] -= n;
   if (f->csr) {
-    if (commit_csr(f, t, out, n)) return CN_E_NOMEM;
+    commit_csr(f, t, out, n);
     for (int a = 0; a < f->n_types; a++)
       f->n_ready[a] = f->qtail[a] - f->qhead[a];
     return n;
@@ -717,6 +739,7 @@ int32_t cn__frontier_commit(cn_frontier *f, int t, int32_t *out) {
     }
     return n;
   }
+  sub_rows(f, 1u << t); /* lists: the row, written out if lazy */
   /* With sub: one walk over each vertex's consumers both counts their
    * inputs down and starts the walk that clears the flag "a type-t vertex left at or
    * above" for them (the rest of which follows
