@@ -16,8 +16,8 @@
  * before any other type-t batch. The ratio of the two is eq. 1's second
  * term and the sufficient condition of Lemma 1 / §5.3. Kept incrementally:
  * sub[t][v] counts v's inputs p with "a type-t vertex left at or above p"
- * (one row per type, so that a type-t commit walks one row: a quarter of
- * the memory of [v][t] with four types);
+ * (one int32 row per type; a DAG added at once keeps them a byte per
+ * type in one word per vertex, sub0, until a row is needed);
  * committing a type-t vertex clears that flag for it, and a zero count
  * clears it for a non-t consumer in turn. Each (vertex, type) flag clears at
  * most once, so a whole schedule costs O((V + E)·T).
