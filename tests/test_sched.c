@@ -119,6 +119,81 @@ Test(sched, bound_counts_types_across_other_types) {
   cn_run_free(r);
 }
 
+/* ---- the bound against longest paths, one type at a time -------------
+ * cn__dag_lower_bound keeps its counters in lanes of a word while they
+ * are small and in int32 otherwise; the reference is Σ_t of the longest
+ * path counted in type-t vertices, one plain DP per type. The DAGs
+ * straddle the lanes' limits: types 1-8 (16-bit lanes up to 4 types,
+ * 8-bit beyond), chains that reach 127, 128, 32,767 and 32,768 vertices
+ * of a type, and random inputs among the last few vertices. */
+static int64_t bound_by_type(int T, int32_t nv, const uint8_t *vt,
+                             const int32_t *is, const int32_t *ie) {
+  int64_t *d = malloc(((size_t)nv + 1) * sizeof(int64_t)), lb = 0;
+  for (int t = 0; t < T; t++) {
+    int64_t best = 0;
+    for (int32_t v = 0; v < nv; v++) {
+      int64_t m = 0;
+      for (int32_t i = is[v]; i < is[v + 1]; i++)
+        if (d[ie[i]] > m) m = d[ie[i]];
+      d[v] = m + (vt[v] == t);
+      if (d[v] > best) best = d[v];
+    }
+    lb += best;
+  }
+  free(d);
+  return lb;
+}
+
+/* A DAG of nv vertices: vertex v's type is pick(v), and it reads up to
+ * `fan` of the `reach` vertices before it (none with fan 0: a chain reads
+ * v - 1). */
+static void check_bound_dag(int T, int32_t nv, int fan, int reach,
+                            int chain_type) {
+  uint8_t *vt = malloc((size_t)nv);
+  int32_t *is = malloc(((size_t)nv + 1) * sizeof(int32_t));
+  int32_t *ie = malloc(((size_t)nv * 4 + 1) * sizeof(int32_t));
+  int32_t ne = 0;
+  is[0] = 0;
+  for (int32_t v = 0; v < nv; v++) {
+    vt[v] = (uint8_t)(chain_type >= 0 ? (v % 3 ? chain_type : rand() % T)
+                                      : rand() % T);
+    if (fan == 0 && v > 0) ie[ne++] = v - 1;
+    int k = fan > 0 && v > 0 ? rand() % (fan + 1) : 0;
+    for (int j = 0; j < k; j++) {
+      int32_t lo = v > reach ? v - reach : 0;
+      ie[ne++] = lo + rand() % (v - lo);
+    }
+    is[v + 1] = ne;
+  }
+  cn_dag g = {T, nv, vt, is, ie};
+  int64_t want = bound_by_type(T, nv, vt, is, ie);
+  cr_expect_eq(cn__dag_lower_bound(&g), want,
+               "%d types, %d vertices, fan %d: bound %lld, longest paths "
+               "%lld", T, nv, fan, (long long)cn__dag_lower_bound(&g),
+               (long long)want);
+  free(vt);
+  free(is);
+  free(ie);
+}
+
+Test(sched, bound_against_longest_paths_per_type, .timeout = 60) {
+  srand(4242);
+  for (int T = 1; T <= CN_MAX_TYPES; T++) {
+    for (int trial = 0; trial < 40; trial++)
+      check_bound_dag(T, 1 + rand() % 400, 1 + rand() % 3, 1 + rand() % 8,
+                      -1);
+    /* one type every third vertex at least: 127 / 128 of it and more */
+    int32_t lim8[] = {190, 191, 192, 193, 400};
+    for (int i = 0; i < 5; i++) check_bound_dag(T, lim8[i], 0, 1, T - 1);
+  }
+  /* 16-bit lanes (up to 4 types): one type's count crosses 32,767 */
+  for (int T = 1; T <= 4; T++) {
+    check_bound_dag(T, 32767 * 3 / 2 - 2, 0, 1, 0);
+    check_bound_dag(T, 32768 * 3 / 2 + 2, 0, 1, 0);
+    check_bound_dag(T, 60000, 2, 3, 0);
+  }
+}
+
 /* A random DAG of n vertices, up to 3 inputs each, and 3 types. */
 /* n random vertices appended to r, inputs among the n only. */
 static void random_part(cn_run *r, int n) {
@@ -713,43 +788,123 @@ static void frontier_one_by_one(cn_frontier *f, const cn_dag *g) {
   }
 }
 
+/* Drives a (g added at once) and b (vertex by vertex) side by side. */
+static void compare_added(const cn_dag *g, int n_types, bool track,
+                          unsigned seed) {
+  /* after the second batch, both grow by the same vertices, reading
+   * committed vertices and others (a graph that grows while it runs) */
+  const int grow = 24;
+  cn_policy_kind pol = track ? CN_POLICY_SUFFICIENT : CN_POLICY_AGENDA;
+  cn_frontier a, b;
+  cr_assert_eq(cn__frontier_init(&a, n_types, track), 0);
+  cr_assert_eq(cn__frontier_init(&b, n_types, track), 0);
+  cr_assert_eq(cn__frontier_add_dag(&a, g), 0);
+  frontier_one_by_one(&b, g);
+  int32_t *oa = malloc(((size_t)g->nv + grow) * sizeof(int32_t) + 4);
+  int32_t *ob = malloc(((size_t)g->nv + grow) * sizeof(int32_t) + 4);
+  for (int step = 0;; step++) {
+    if (step == 2 && a.n_done < a.nv)
+      for (int k = 0; k < grow; k++) {
+        int32_t in[3], nin = rand() % 4;
+        for (int j = 0; j < nin; j++) in[j] = rand() % a.nv;
+        int type = rand() % n_types;
+        cr_assert_eq(cn__frontier_add(&a, type, in, nin), a.nv - 1);
+        cr_assert_eq(cn__frontier_add(&b, type, in, nin), b.nv - 1);
+      }
+    for (int t = 0; t < n_types; t++) {
+      cr_assert_eq(a.n_ready[t], b.n_ready[t], "seed %u step %d", seed, step);
+      cr_assert_eq(a.n_sub[t], b.n_sub[t], "seed %u step %d", seed, step);
+      cr_assert_eq(a.depth_sum[t], b.depth_sum[t]);
+    }
+    int ta = cn__frontier_next(&a, pol, NULL);
+    cr_assert_eq(ta, cn__frontier_next(&b, pol, NULL));
+    if (ta < 0) break;
+    int32_t na = cn__frontier_commit(&a, ta, oa);
+    cr_assert_eq(na, cn__frontier_commit(&b, ta, ob));
+    cr_assert_gt(na, 0);
+    cr_assert_arr_eq(oa, ob, (size_t)na * sizeof(int32_t), "seed %u step %d",
+                     seed, step);
+  }
+  cr_assert_eq(a.n_done, a.nv);
+  cr_assert_eq(b.n_done, b.nv);
+  free(oa);
+  free(ob);
+  cn__frontier_free(&a);
+  cn__frontier_free(&b);
+}
+
 Test(sched, frontier_added_at_once_as_one_by_one) {
   for (unsigned seed = 1; seed <= 40; seed++) {
     cn_run *r = random_run(1 + (int)seed % 7, 20 + (int)(seed * 37) % 300,
                            seed);
     cn_dag g = cn__run_dag(r);
-    for (int track = 0; track <= 1; track++) {
-      cn_policy_kind pol = track ? CN_POLICY_SUFFICIENT : CN_POLICY_AGENDA;
-      cn_frontier a, b;
-      cr_assert_eq(cn__frontier_init(&a, 3, track), 0);
-      cr_assert_eq(cn__frontier_init(&b, 3, track), 0);
-      cr_assert_eq(cn__frontier_add_dag(&a, &g), 0);
-      frontier_one_by_one(&b, &g);
-      int32_t *oa = malloc((size_t)g.nv * sizeof(int32_t) + 4);
-      int32_t *ob = malloc((size_t)g.nv * sizeof(int32_t) + 4);
-      for (int step = 0;; step++) {
-        for (int t = 0; t < 3; t++) {
-          cr_assert_eq(a.n_ready[t], b.n_ready[t], "seed %u step %d", seed,
-                       step);
-          cr_assert_eq(a.n_sub[t], b.n_sub[t], "seed %u step %d", seed,
-                       step);
-          cr_assert_eq(a.depth_sum[t], b.depth_sum[t]);
-        }
-        int ta = cn__frontier_next(&a, pol, NULL);
-        cr_assert_eq(ta, cn__frontier_next(&b, pol, NULL));
-        if (ta < 0) break;
-        int32_t na = cn__frontier_commit(&a, ta, oa);
-        cr_assert_eq(na, cn__frontier_commit(&b, ta, ob));
-        cr_assert_gt(na, 0);
-        cr_assert_arr_eq(oa, ob, (size_t)na * sizeof(int32_t),
-                         "seed %u step %d", seed, step);
-      }
-      cr_assert_eq(a.n_done, g.nv);
-      free(oa);
-      free(ob);
-      cn__frontier_free(&a);
-      cn__frontier_free(&b);
-    }
+    for (int track = 0; track <= 1; track++)
+      compare_added(&g, 3, track, seed);
     cn_run_free(r);
+  }
+}
+
+/* A frontier that reads its DAG in place (borrow) schedules as one that
+ * copies it, and refuses vertices added after it (they would be written
+ * into the caller's arrays). */
+Test(sched, frontier_borrowing_its_dag) {
+  for (unsigned seed = 1; seed <= 10; seed++) {
+    cn_run *r = random_run(1 + (int)seed % 5, 40 + (int)seed * 23, seed);
+    cn_dag g = cn__run_dag(r);
+    cn_frontier a, b;
+    cr_assert_eq(cn__frontier_init(&a, 3, true), 0);
+    cr_assert_eq(cn__frontier_init(&b, 3, true), 0);
+    a.borrow = true;
+    cr_assert_eq(cn__frontier_add_dag(&a, &g), 0);
+    cr_assert_eq(cn__frontier_add_dag(&b, &g), 0);
+    cr_assert(a.borrowed);
+    cr_assert_eq((const void *)a.in_edges, (const void *)g.in_edges);
+    int32_t *oa = malloc((size_t)g.nv * sizeof(int32_t) + 4);
+    int32_t *ob = malloc((size_t)g.nv * sizeof(int32_t) + 4);
+    int t;
+    while ((t = cn__frontier_next(&a, CN_POLICY_SUFFICIENT, NULL)) >= 0) {
+      cr_assert_eq(t, cn__frontier_next(&b, CN_POLICY_SUFFICIENT, NULL));
+      int32_t n = cn__frontier_commit(&a, t, oa);
+      cr_assert_eq(n, cn__frontier_commit(&b, t, ob));
+      cr_assert_arr_eq(oa, ob, (size_t)n * sizeof(int32_t));
+    }
+    int32_t in = 0;
+    cr_expect_eq(cn__frontier_add(&a, 0, &in, 1), CN_E_INTERNAL);
+    cr_expect_eq(cn__frontier_add_dag(&a, &g), CN_E_INTERNAL);
+    free(oa);
+    free(ob);
+    cn__frontier_free(&a);
+    cn__frontier_free(&b);
+    cn_run_free(r);
+  }
+}
+
+/* The same where some vertices read 256 inputs or more (their sub counts
+ * do not fit the byte a type add_dag_fresh sums them in): sources of
+ * random types, chains over them, and wide vertices reading 250-400 of
+ * the vertices before them. */
+Test(sched, frontier_added_at_once_with_wide_vertices) {
+  for (unsigned seed = 1; seed <= 12; seed++) {
+    srand(seed);
+    int T = 2 + (int)seed % 4;
+    int32_t nv = 900, ne = 0;
+    uint8_t *vt = malloc((size_t)nv);
+    int32_t *is = malloc(((size_t)nv + 1) * sizeof(int32_t));
+    int32_t *ie = malloc((size_t)nv * 400 * sizeof(int32_t));
+    is[0] = 0;
+    for (int32_t v = 0; v < nv; v++) {
+      vt[v] = (uint8_t)(rand() % T);
+      int k = v < 300 ? rand() % 2 : rand() % 9 == 0 ? 250 + rand() % 151
+                                                    : 1 + rand() % 3;
+      if (k > v) k = v;
+      int32_t lo = v - k - rand() % (v - k + 1);
+      for (int j = 0; j < k; j++) ie[ne++] = lo + j; /* distinct inputs */
+      is[v + 1] = ne;
+    }
+    cn_dag g = {T, nv, vt, is, ie};
+    for (int track = 0; track <= 1; track++) compare_added(&g, T, track, seed);
+    free(vt);
+    free(is);
+    free(ie);
   }
 }

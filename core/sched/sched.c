@@ -112,6 +112,7 @@ static int plan_frontier(const cn_dag *g, cn_policy_kind policy,
   int rc = cn__frontier_init(&f, g->n_types, policy == CN_POLICY_SUFFICIENT);
   int32_t *tmp = p->order ? NULL : malloc(((size_t)g->nv + 1) * 4);
   if (rc == 0 && p->order == NULL && tmp == NULL) rc = CN_E_NOMEM;
+  f.borrow = true; /* g outlives f, and nothing is added */
   if (rc == 0) rc = cn__frontier_add_dag(&f, g);
   f.complete = true;
   if (rc == 0 && seq == NULL && cn__policy_needs_tails(policy, fsm))

@@ -154,8 +154,15 @@ typedef struct cn_frontier {
   uint8_t *vtype, *done;
   int32_t *depth, *pending, *in_start, *in_edges;
   int32_t *out_head, *out_tail, *e_next, *e_dst; /* out-edges, per source  */
+  bool csr;                      /* out-edges as ranges: v's consumers are
+                                    e_dst[out_head[v] .. out_head[v + 1])
+                                    (a DAG added at once), not lists      */
   int32_t *sub;                  /* [v][t]: inputs with a type-t vertex left
                                     at or above them (track_sub)          */
+  uint64_t *sub0;                /* [v]: byte t is sub[t][v] before any
+                                    commit, for the rows of sub_lazy      */
+  uint32_t sub_lazy;             /* bit t: sub's row t is not written yet
+                                    (a DAG added at once), sub0 holds it   */
   int32_t *q[CN_MAX_TYPES];      /* ready FIFO per type                    */
   int64_t qhead[CN_MAX_TYPES], qtail[CN_MAX_TYPES], qcap[CN_MAX_TYPES];
   int32_t *stack;
@@ -165,6 +172,13 @@ typedef struct cn_frontier {
   int32_t tails_nv;              /* vertices the tails were computed for   */
   uint32_t feeds;                /* (tails) bit t: a type-t vertex has
                                     consumers (cn__dag_feeding_types)     */
+  bool borrow;                   /* set by the caller before
+                                    cn__frontier_add_dag on an empty
+                                    frontier: the DAG outlives it and no
+                                    vertex will be added, so its vtype,
+                                    in_start and in_edges are read in
+                                    place, not copied                     */
+  bool borrowed;                 /* they were (not the frontier's to free) */
   bool complete;                 /* set by the caller: no vertex will be
                                     added, so a type that feeds nothing can
                                     wait (lookahead2)                     */
