@@ -448,6 +448,29 @@ typedef struct ew_step {
     d_ = (EXPR);                                                           \
     memcpy(pd + j, &d_, sizeof(V));                                        \
   }
+/* `rows` rows of w floats, w a multiple of the block, as one loop over
+ * the blocks: row by row, each row's blocks in order (the blocks
+ * EW_BLOCK makes of it), with nothing to set up per row, so the op's
+ * constants stay in registers across the rows (at H = 8 a row is one
+ * block, and setting up exp's constants per row cost a third as much
+ * again). */
+#define EW_BLOCKS_2D(V, ARITY, EXPR)                                       \
+  for (int j = 0; r < rows;) {                                             \
+    V a, b = {0}, d_;                                                      \
+    memcpy(&a, pa + j, sizeof(V));                                         \
+    if (ARITY == 2) memcpy(&b, pb + j, sizeof(V));                         \
+    (void)b;                                                               \
+    d_ = (EXPR);                                                           \
+    memcpy(pd + j, &d_, sizeof(V));                                        \
+    j += (int)(sizeof(V) / 4);                                             \
+    if (j == w) {                                                          \
+      j = 0;                                                               \
+      r++;                                                                 \
+      pd += ldd;                                                           \
+      pa += lda;                                                           \
+      pb += ldb;                                                           \
+    }                                                                      \
+  }
 /* Two blocks of 8 (x at j of rows 0 and 1) as one vector of 16, and back */
 #define EW_LO16 0, 1, 2, 3, 4, 5, 6, 7
 #define EW_HI16 8, 9, 10, 11, 12, 13, 14, 15
@@ -458,6 +481,12 @@ typedef struct ew_step {
     memcpy(&hi_, (x1) + (j), sizeof(hi_));                                 \
     __builtin_shufflevector(lo_, hi_, EW_LO16, EW_HI16);                   \
   })
+/* Whether two rows' last 8 floats pay as one vector of 16: for exp and
+ * what is made of it (a few dozen operations a vector, then half as many
+ * vectors); an add or a product costs less than joining and splitting the
+ * rows, and a divide takes as long per float either way. */
+#define EW_PAIR_PAYS(OP)                                                   \
+  ((OP) == CN_EW_SIGMOID || (OP) == CN_EW_TANH || (OP) == CN_EW_EXP)
 #define EW_OP_FN(NAME, ARITY, EXPR)                                        \
   __attribute__((always_inline)) static inline void ew_##NAME(             \
       int w, float *pd, const float *pa, const float *pb, bool wide) {     \
@@ -507,7 +536,15 @@ typedef struct ew_step {
       int64_t rows, int w, float *pd, int64_t ldd, const float *pa,        \
       int64_t lda, const float *pb, int64_t ldb, bool wide) {              \
     int64_t r = 0;                                                         \
-    if (wide && (w & 15) >= 8)                                             \
+    bool pair = wide && EW_PAIR_PAYS(CN_EW_##NAME) && (w & 15) >= 8;       \
+    if (!pair && w > 0 && w % (wide ? 16 : 8) == 0) {                      \
+      if (wide)                                                            \
+        EW_BLOCKS_2D(cn_v16, ARITY, EXPR)                                  \
+      else                                                                 \
+        EW_BLOCKS_2D(cn_v8, ARITY, EXPR)                                   \
+      return;                                                              \
+    }                                                                      \
+    if (pair)                                                              \
       for (; r + 2 <= rows; r += 2) {                                      \
         ew_##NAME##_pair(w, pd, pd + ldd, pa, pa + lda, pb, pb + ldb);     \
         pd += 2 * ldd;                                                     \
@@ -600,25 +637,29 @@ ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
     x[q] = ew_rows_of(&s->x[q], s->x[q].edge ? e : r0, r0 - t0);
   const int64_t rows = r1 - r0;
   switch (s->op) {
+/* the rows one by one, the serial loop or the vector one chosen once */
+#define EW_ROWS_LOOP(ARITY, CALL)                                          \
+  for (int64_t k = 0; k < rows; k++) {                                     \
+    float *d = ew_row_k(&x[0], k);                                         \
+    const float *a = ew_row_k(&x[1], k), *b = zero;                        \
+    if (a == NULL) a = zero;                                               \
+    if (ARITY == 2) {                                                      \
+      b = ew_row_k(&x[2], k);                                              \
+      if (b == NULL) b = zero;                                             \
+    }                                                                      \
+    if (d == NULL) continue; /* never write a missing row */              \
+    CALL;                                                                  \
+  }
 #define EW_CASE(NAME, ARITY, EXPR)                                         \
   case CN_EW_##NAME:                                                       \
-    for (int64_t k = 0; k < rows; k++) {                                   \
-      float *d = ew_row_k(&x[0], k);                                       \
-      const float *a = ew_row_k(&x[1], k), *b = zero;                      \
-      if (a == NULL) a = zero;                                             \
-      if (ARITY == 2) {                                                    \
-        b = ew_row_k(&x[2], k);                                            \
-        if (b == NULL) b = zero;                                           \
-      }                                                                    \
-      if (d == NULL) continue; /* never write a missing row */            \
-      if (s->serial)                                                       \
-        ew_##NAME##_serial(w, d, a, b);                                    \
-      else                                                                 \
-        ew_##NAME(w, d, a, b, wide);                                       \
-    }                                                                      \
+    if (s->serial)                                                         \
+      EW_ROWS_LOOP(ARITY, ew_##NAME##_serial(w, d, a, b))                  \
+    else                                                                   \
+      EW_ROWS_LOOP(ARITY, ew_##NAME(w, d, a, b, wide))                     \
     break;
     CN_EW_OPS(EW_CASE)
 #undef EW_CASE
+#undef EW_ROWS_LOOP
   default: break;
   }
 }
