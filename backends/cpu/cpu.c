@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "backends.h"
+#include "cpu_ew.h"
 #include "fastmath.h"
 #include "gemm.h"
 #include "packs.h"
@@ -707,12 +708,36 @@ CN_EW_TARGET("avx2") static void ew_rows_avx2(const ew_run *u) {
 static void ew_rows_base(const ew_run *u) { ew_rows(u, false); }
 #endif
 
-/* The copy of ew_rows for this CPU's widest vectors. */
+/* The copy cn__cpu_ew_force chose: 0 the widest this CPU runs, 1 wide,
+ * 2 avx2, 3 base. */
+static int ew_forced;
+
+int cn__cpu_ew_force(const char *name) {
+  int k = name == NULL ? 0
+          : strcmp(name, "wide") == 0 ? 1
+          : strcmp(name, "avx2") == 0 ? 2
+          : strcmp(name, "base") == 0 ? 3 : -1;
+#if CN_EW_X86
+  if (k == 1 && !__builtin_cpu_supports("avx512f")) k = -1;
+  if (k == 2 && !__builtin_cpu_supports("avx2")) k = -1;
+#else
+  if (k > 1) k = -1;
+#endif
+  if (k < 0) return -1;
+  ew_forced = k;
+  return 0;
+}
+
+/* The copy of ew_rows for this CPU's widest vectors (or the forced one). */
 static void ew_rows_run(const ew_run *u) {
 #if CN_EW_X86
-  if (__builtin_cpu_supports("avx512f"))
+  int k = ew_forced;
+  if (k == 0)
+    k = __builtin_cpu_supports("avx512f") ? 1
+        : __builtin_cpu_supports("avx2") ? 2 : 3;
+  if (k == 1)
     ew_rows_wide(u);
-  else if (__builtin_cpu_supports("avx2"))
+  else if (k == 2)
     ew_rows_avx2(u);
   else
     ew_rows_base(u);
