@@ -425,7 +425,7 @@ typedef struct ew_step {
   ew_operand x[3]; /* d, a, b */
 } ew_step;
 
-/* For each op of the list, four loops:
+/* For each op of the list, four loops (blocks of 16 only where `wide`):
  * ew_<op>: one row of w floats, in blocks of 16 and 8 (vectors: each
  *   read whole before any of it is written, so d may be a or b exactly,
  *   an accumulating chain; no overlap check), then the floats left one by
@@ -437,7 +437,9 @@ typedef struct ew_step {
  *   in ew_<op> (fastmath.h: a lane has the same bits in a vector of 8 or
  *   16), and within a row the blocks keep their order;
  * ew_<op>_2d: over `rows` rows, each operand ld floats after the last
- *   (ld 0: the same row every time), two rows at a time where pairs pay;
+ *   (ld 0: the same row every time): two rows at a time where pairs pay
+ *   (EW_PAIR_PAYS), else one loop over the blocks where w is a multiple
+ *   of the block (EW_BLOCKS_2D), else row by row;
  * ew_<op>_serial: the plain loop in column order, for an instruction
  *   whose d overlaps a source at other columns (core emits none). */
 #define EW_BLOCK(V, ARITY, EXPR)                                           \
