@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "backends.h"
+#include "cpu_ew.h"
 #include "fastmath.h"
 #include "gemm.h"
 #include "packs.h"
@@ -56,14 +57,17 @@ static const float *zeros(cn_backend_ctx *bk, int n) {
 
 
 /* The fused loops are compiled three times, for AVX-512, AVX2 and the
- * x86-64 baseline, and picked at load time (gcc function multi-versioning).
- * None of the three may contract a multiply and an add into FMA (avx512f
- * alone does not enable it), so each computes the same floats, only wider:
- * answers do not depend on which the CPU runs. */
+ * x86-64 baseline (ew_rows_wide, ew_rows_avx2, ew_rows_base), and
+ * cpu_ew_program picks one by what the CPU supports. None of the three may
+ * contract a multiply and an add into FMA (avx512f alone does not enable
+ * it), so each computes the same floats, only wider: answers do not depend
+ * on which the CPU runs. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CN_VEC __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CN_EW_X86 1
+#define CN_EW_TARGET(t) __attribute__((target(t)))
 #else
-#define CN_VEC
+#define CN_EW_X86 0
+#define CN_EW_TARGET(t)
 #endif
 
 /* A block is [64-byte header holding its size | 64-aligned payload]. */
@@ -421,7 +425,7 @@ typedef struct ew_step {
   ew_operand x[3]; /* d, a, b */
 } ew_step;
 
-/* For each op of the list, four loops:
+/* For each op of the list, four loops (blocks of 16 only where `wide`):
  * ew_<op>: one row of w floats, in blocks of 16 and 8 (vectors: each
  *   read whole before any of it is written, so d may be a or b exactly,
  *   an accumulating chain; no overlap check), then the floats left one by
@@ -433,7 +437,9 @@ typedef struct ew_step {
  *   in ew_<op> (fastmath.h: a lane has the same bits in a vector of 8 or
  *   16), and within a row the blocks keep their order;
  * ew_<op>_2d: over `rows` rows, each operand ld floats after the last
- *   (ld 0: the same row every time), two rows at a time where pairs pay;
+ *   (ld 0: the same row every time): two rows at a time where pairs pay
+ *   (EW_PAIR_PAYS), else one loop over the blocks where w is a multiple
+ *   of the block (EW_BLOCKS_2D), else row by row;
  * ew_<op>_serial: the plain loop in column order, for an instruction
  *   whose d overlaps a source at other columns (core emits none). */
 #define EW_BLOCK(V, ARITY, EXPR)                                           \
@@ -445,6 +451,29 @@ typedef struct ew_step {
     d_ = (EXPR);                                                           \
     memcpy(pd + j, &d_, sizeof(V));                                        \
   }
+/* `rows` rows of w floats, w a multiple of the block, as one loop over
+ * the blocks: row by row, each row's blocks in order (the blocks
+ * EW_BLOCK makes of it), with nothing to set up per row, so the op's
+ * constants stay in registers across the rows (at H = 8 a row is one
+ * block, and setting up exp's constants per row cost a third as much
+ * again). */
+#define EW_BLOCKS_2D(V, ARITY, EXPR)                                       \
+  for (int j = 0; r < rows;) {                                             \
+    V a, b = {0}, d_;                                                      \
+    memcpy(&a, pa + j, sizeof(V));                                         \
+    if (ARITY == 2) memcpy(&b, pb + j, sizeof(V));                         \
+    (void)b;                                                               \
+    d_ = (EXPR);                                                           \
+    memcpy(pd + j, &d_, sizeof(V));                                        \
+    j += (int)(sizeof(V) / 4);                                             \
+    if (j == w) {                                                          \
+      j = 0;                                                               \
+      r++;                                                                 \
+      pd += ldd;                                                           \
+      pa += lda;                                                           \
+      pb += ldb;                                                           \
+    }                                                                      \
+  }
 /* Two blocks of 8 (x at j of rows 0 and 1) as one vector of 16, and back */
 #define EW_LO16 0, 1, 2, 3, 4, 5, 6, 7
 #define EW_HI16 8, 9, 10, 11, 12, 13, 14, 15
@@ -455,11 +484,17 @@ typedef struct ew_step {
     memcpy(&hi_, (x1) + (j), sizeof(hi_));                                 \
     __builtin_shufflevector(lo_, hi_, EW_LO16, EW_HI16);                   \
   })
+/* Whether two rows' last 8 floats pay as one vector of 16: for exp and
+ * what is made of it (a few dozen operations a vector, then half as many
+ * vectors); an add or a product costs less than joining and splitting the
+ * rows, and a divide takes as long per float either way. */
+#define EW_PAIR_PAYS(OP)                                                   \
+  ((OP) == CN_EW_SIGMOID || (OP) == CN_EW_TANH || (OP) == CN_EW_EXP)
 #define EW_OP_FN(NAME, ARITY, EXPR)                                        \
   __attribute__((always_inline)) static inline void ew_##NAME(             \
-      int w, float *pd, const float *pa, const float *pb) {                \
+      int w, float *pd, const float *pa, const float *pb, bool wide) {     \
     int j = 0;                                                             \
-    EW_BLOCK(cn_v16, ARITY, EXPR)                                          \
+    if (wide) EW_BLOCK(cn_v16, ARITY, EXPR)                                \
     EW_BLOCK(cn_v8, ARITY, EXPR)                                           \
     for (; j < w; j++) {                                                   \
       float a = pa[j], b = ARITY == 2 ? pb[j] : 0.0f;                      \
@@ -502,9 +537,17 @@ typedef struct ew_step {
   }                                                                        \
   __attribute__((always_inline)) static inline void ew_##NAME##_2d(        \
       int64_t rows, int w, float *pd, int64_t ldd, const float *pa,        \
-      int64_t lda, const float *pb, int64_t ldb) {                         \
+      int64_t lda, const float *pb, int64_t ldb, bool wide) {              \
     int64_t r = 0;                                                         \
-    if ((w & 15) >= 8)                                                     \
+    bool pair = wide && EW_PAIR_PAYS(CN_EW_##NAME) && (w & 15) >= 8;       \
+    if (!pair && w > 0 && w % (wide ? 16 : 8) == 0) {                      \
+      if (wide)                                                            \
+        EW_BLOCKS_2D(cn_v16, ARITY, EXPR)                                  \
+      else                                                                 \
+        EW_BLOCKS_2D(cn_v8, ARITY, EXPR)                                   \
+      return;                                                              \
+    }                                                                      \
+    if (pair)                                                              \
       for (; r + 2 <= rows; r += 2) {                                      \
         ew_##NAME##_pair(w, pd, pd + ldd, pa, pa + lda, pb, pb + ldb);     \
         pd += 2 * ldd;                                                     \
@@ -512,7 +555,7 @@ typedef struct ew_step {
         pb += 2 * ldb;                                                     \
       }                                                                    \
     for (; r < rows; r++) {                                                \
-      ew_##NAME(w, pd, pa, pb);                                            \
+      ew_##NAME(w, pd, pa, pb, wide);                                      \
       pd += ldd;                                                           \
       pa += lda;                                                           \
       pb += ldb;                                                           \
@@ -567,13 +610,14 @@ ew_row_k(const ew_rowsof *o, int64_t k) {
 
 /* Step s on the rows [r0, r1) of the tile starting at row t0; in a
  * segment loop (r1 = r0 + 1) its edge operands at edge e. Always inlined:
- * each clone of ew_rows (target_clones) gets its own vectorised copy.
+ * each copy of ew_rows (one per instruction set) gets its own vectorised
+ * copy.
  * Operands left where they lie (off) and edge operands are resolved once
  * per call, then row by row; a row with no destination is not written,
  * a missing source reads `zero`. */
 __attribute__((always_inline)) static inline void
 ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
-             const float *zero) {
+             const float *zero, bool wide) {
   const int w = s->width;
   if (s->flat) { /* the rows [r0, r1) as one 2-D loop */
     int64_t ldd, lda, ldb = 0;
@@ -583,7 +627,7 @@ ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
     switch (s->op) {
 #define EW_CASE(NAME, ARITY, EXPR)                                         \
   case CN_EW_##NAME:                                                       \
-    ew_##NAME##_2d(r1 - r0, w, d, ldd, a, lda, b, ldb);                    \
+    ew_##NAME##_2d(r1 - r0, w, d, ldd, a, lda, b, ldb, wide);              \
     break;
       CN_EW_OPS(EW_CASE)
 #undef EW_CASE
@@ -596,45 +640,112 @@ ew_step_rows(const ew_step *s, int64_t r0, int64_t r1, int64_t t0, int64_t e,
     x[q] = ew_rows_of(&s->x[q], s->x[q].edge ? e : r0, r0 - t0);
   const int64_t rows = r1 - r0;
   switch (s->op) {
+/* the rows one by one, the serial loop or the vector one chosen once */
+#define EW_ROWS_LOOP(ARITY, CALL)                                          \
+  for (int64_t k = 0; k < rows; k++) {                                     \
+    float *d = ew_row_k(&x[0], k);                                         \
+    const float *a = ew_row_k(&x[1], k), *b = zero;                        \
+    if (a == NULL) a = zero;                                               \
+    if (ARITY == 2) {                                                      \
+      b = ew_row_k(&x[2], k);                                              \
+      if (b == NULL) b = zero;                                             \
+    }                                                                      \
+    if (d == NULL) continue; /* never write a missing row */              \
+    CALL;                                                                  \
+  }
 #define EW_CASE(NAME, ARITY, EXPR)                                         \
   case CN_EW_##NAME:                                                       \
-    for (int64_t k = 0; k < rows; k++) {                                   \
-      float *d = ew_row_k(&x[0], k);                                       \
-      const float *a = ew_row_k(&x[1], k), *b = zero;                      \
-      if (a == NULL) a = zero;                                             \
-      if (ARITY == 2) {                                                    \
-        b = ew_row_k(&x[2], k);                                            \
-        if (b == NULL) b = zero;                                           \
-      }                                                                    \
-      if (d == NULL) continue; /* never write a missing row */            \
-      if (s->serial)                                                       \
-        ew_##NAME##_serial(w, d, a, b);                                    \
-      else                                                                 \
-        ew_##NAME(w, d, a, b);                                             \
-    }                                                                      \
+    if (s->serial)                                                         \
+      EW_ROWS_LOOP(ARITY, ew_##NAME##_serial(w, d, a, b))                  \
+    else                                                                   \
+      EW_ROWS_LOOP(ARITY, ew_##NAME(w, d, a, b, wide))                     \
     break;
     CN_EW_OPS(EW_CASE)
 #undef EW_CASE
+#undef EW_ROWS_LOOP
   default: break;
   }
 }
 
 /* The rows [0, n) through every step, a tile of `tile` rows at a time;
- * the segment loop's steps [eb, ee) once per edge of each row. One
- * function compiled per instruction set, the ops' loops inlined. */
-CN_VEC static void ew_rows(const ew_step *st, int n_st, int64_t n,
-                           int64_t tile, const float *zero, int eb, int ee,
-                           const int64_t *seg) {
-  for (int64_t r0 = 0; r0 < n; r0 += tile) {
-    int64_t r1 = r0 + tile < n ? r0 + tile : n;
-    for (int i = 0; i < eb; i++) ew_step_rows(&st[i], r0, r1, r0, 0, zero);
+ * the segment loop's steps [eb, ee) once per edge of each row. Inlined
+ * into one function per instruction set (below), the ops' loops with it.
+ * wide: vectors of 16 (and two rows of 8 as one) where the instruction
+ * set has them. Without AVX-512, gcc lowers a 16-float vector's
+ * comparisons and shuffles float by float (exp's clamps and floor: a
+ * few hundred scalar instructions a vector), so there blocks of 8 do
+ * all the work: the same floats (fastmath.h), each row in one pass. */
+typedef struct ew_run {
+  const ew_step *st;
+  int n_st, eb, ee;
+  int64_t n, tile;
+  const float *zero;
+  const int64_t *seg;
+} ew_run;
+
+__attribute__((always_inline)) static inline void ew_rows(const ew_run *u,
+                                                          bool wide) {
+  const ew_step *st = u->st;
+  const int eb = u->eb, ee = u->ee;
+  for (int64_t r0 = 0; r0 < u->n; r0 += u->tile) {
+    int64_t r1 = r0 + u->tile < u->n ? r0 + u->tile : u->n;
+    for (int i = 0; i < eb; i++)
+      ew_step_rows(&st[i], r0, r1, r0, 0, u->zero, wide);
     for (int64_t r = r0; ee > eb && r < r1; r++)
-      for (int64_t e = seg[r]; e < seg[r + 1]; e++)
+      for (int64_t e = u->seg[r]; e < u->seg[r + 1]; e++)
         for (int i = eb; i < ee; i++)
-          ew_step_rows(&st[i], r, r + 1, r0, e, zero);
-    for (int i = ee > eb ? ee : eb; i < n_st; i++)
-      ew_step_rows(&st[i], r0, r1, r0, 0, zero);
+          ew_step_rows(&st[i], r, r + 1, r0, e, u->zero, wide);
+    for (int i = ee > eb ? ee : eb; i < u->n_st; i++)
+      ew_step_rows(&st[i], r0, r1, r0, 0, u->zero, wide);
   }
+}
+
+CN_EW_TARGET("avx512f") static void ew_rows_wide(const ew_run *u) {
+  ew_rows(u, true);
+}
+#if CN_EW_X86
+CN_EW_TARGET("avx2") static void ew_rows_avx2(const ew_run *u) {
+  ew_rows(u, false);
+}
+static void ew_rows_base(const ew_run *u) { ew_rows(u, false); }
+#endif
+
+/* The copy cn__cpu_ew_force chose: 0 the widest this CPU runs, 1 wide,
+ * 2 avx2, 3 base. */
+static int ew_forced;
+
+int cn__cpu_ew_force(const char *name) {
+  int k = name == NULL ? 0
+          : strcmp(name, "wide") == 0 ? 1
+          : strcmp(name, "avx2") == 0 ? 2
+          : strcmp(name, "base") == 0 ? 3 : -1;
+#if CN_EW_X86
+  if (k == 1 && !__builtin_cpu_supports("avx512f")) k = -1;
+  if (k == 2 && !__builtin_cpu_supports("avx2")) k = -1;
+#else
+  if (k > 1) k = -1;
+#endif
+  if (k < 0) return -1;
+  ew_forced = k;
+  return 0;
+}
+
+/* The copy of ew_rows for this CPU's widest vectors (or the forced one). */
+static void ew_rows_run(const ew_run *u) {
+#if CN_EW_X86
+  int k = ew_forced;
+  if (k == 0)
+    k = __builtin_cpu_supports("avx512f") ? 1
+        : __builtin_cpu_supports("avx2") ? 2 : 3;
+  if (k == 1)
+    ew_rows_wide(u);
+  else if (k == 2)
+    ew_rows_avx2(u);
+  else
+    ew_rows_base(u);
+#else
+  ew_rows_wide(u);
+#endif
 }
 
 /* Whether operands x and y of one instruction of width w are the same
@@ -729,8 +840,9 @@ static void cpu_ew_program(cn_backend_ctx *bk, const cn_ew_prog *p,
         s->flat = false;
     }
   }
-  ew_rows(st, p->n_insn, n, tile, zero, loop ? p->edge_begin : 0,
-          loop ? p->edge_end : 0, p->seg);
+  ew_run u = {st, p->n_insn, loop ? p->edge_begin : 0,
+              loop ? p->edge_end : 0, n, tile, zero, p->seg};
+  ew_rows_run(&u);
 }
 
 static const cn_backend_vt cpu_vt = {

@@ -53,9 +53,10 @@ typedef int32_t cn_v16i __attribute__((vector_size(64)));
 /* m ? x : y lane by lane, m a comparison's all-ones or zeros. */
 #define CN_VSEL_(VI, m, x, y) ((__typeof__(x))(((VI)(x) & (m)) | ((VI)(y) & ~(m))))
 
-/* Always inlined: each clone of the fused loops (cpu.c's target_clones)
- * must get its own copy, never a call that passes a vector between code
- * built for different instruction sets (gcc's -Wpsabi). */
+/* Always inlined: each of cpu.c's copies of the fused loops (one per
+ * instruction set) must get its own copy, never a call that passes a
+ * vector between code built for different instruction sets (gcc's
+ * -Wpsabi). */
 #define CN_VINL_ __attribute__((always_inline)) static inline
 #define CN_VEC_MATH_(V, VI, S)                                              \
   CN_VINL_ V cn_exp_##S(V x) {                                         \

@@ -119,11 +119,12 @@ CN_T_AVX2 static inline __m256i mask8(int n) {
                             _mm256_loadu_si256((const void *)ramp));
 }
 
-/* store_row on four vectors of sums. */
-CN_T_AVX2 static void store_avx2(const job *p, int i, int j0, int nr,
-                                 const __m256 s[4]) {
+/* store_row on nv ≤ 4 vectors of sums; inlined into each block, whose
+ * nv is a constant. */
+CN_T_AVX2 __attribute__((always_inline)) static inline void
+store_avx2(const job *p, int i, int j0, int nr, const __m256 s[4], int nv) {
   float *c = p->C + (size_t)i * p->ldc + j0;
-  for (int q = 0; q < 4; q++) {
+  for (int q = 0; q < nv; q++) {
     int n = nr - 8 * q;
     if (n <= 0) break;
     __m256i m = mask8(n);
@@ -138,9 +139,12 @@ CN_T_AVX2 static void store_avx2(const job *p, int i, int j0, int nr,
   }
 }
 
-#define AVX2_BLOCK(MR)                                                       \
-  CN_T_AVX2 static void block_avx2_##MR(const job *p, int i0, int j0,         \
-                                        int nr, int st) {                     \
+/* MR rows by the strip's first NV vectors (nr <= 8·NV: the columns past
+ * them are past N, neither computed nor stored). Each stored element is
+ * the same sum whatever NV, so the bits do not depend on it. */
+#define AVX2_BLOCK(MR, NV)                                                   \
+  CN_T_AVX2 static void block_avx2_##MR##_##NV(const job *p, int i0, int j0, \
+                                               int nr, int st) {              \
     __m256 s[MR][4];                                                         \
     const float *a[MR];                                                      \
     for (int i = 0; i < MR; i++)                                             \
@@ -151,26 +155,36 @@ CN_T_AVX2 static void store_avx2(const job *p, int i, int j0, int nr,
       for (int i = 0; i < MR; i++) a[i] = row_of(p, pt, i0 + i);             \
       for (int k = 0; k < pt->K; k++) {                                      \
         const float *b = P + (size_t)k * NR;                                 \
-        __m256 w[4];                                                         \
-        for (int q = 0; q < 4; q++) w[q] = _mm256_loadu_ps(b + 8 * q);       \
+        __m256 w[NV];                                                        \
+        for (int q = 0; q < NV; q++) w[q] = _mm256_loadu_ps(b + 8 * q);      \
         for (int i = 0; i < MR; i++) {                                       \
           __m256 x = _mm256_broadcast_ss(a[i] + k);                          \
-          for (int q = 0; q < 4; q++)                                        \
+          for (int q = 0; q < NV; q++)                                       \
             s[i][q] = _mm256_fmadd_ps(x, w[q], s[i][q]);                     \
         }                                                                    \
       }                                                                      \
     }                                                                        \
-    for (int i = 0; i < MR; i++) store_avx2(p, i0 + i, j0, nr, s[i]);        \
+    for (int i = 0; i < MR; i++) store_avx2(p, i0 + i, j0, nr, s[i], NV);    \
   }
-AVX2_BLOCK(1)
-AVX2_BLOCK(2)
+#define AVX2_BLOCKS(MR)                                                      \
+  AVX2_BLOCK(MR, 1) AVX2_BLOCK(MR, 2) AVX2_BLOCK(MR, 3) AVX2_BLOCK(MR, 4)
+AVX2_BLOCKS(1)
+AVX2_BLOCKS(2)
 
+/* A block by the kernel for its rows and the vectors its columns need
+ * (N = 40 at H = 8: the second strip is one vector of 8, not four). */
 CN_T_AVX2 static void block_avx2(const job *p, int i0, int mr, int j0,
                                  int nr, int st) {
-  if (mr == 2)
-    block_avx2_2(p, i0, j0, nr, st);
-  else
-    block_avx2_1(p, i0, j0, nr, st);
+  switch ((mr == 2 ? 4 : 0) + (nr > 24 ? 3 : nr > 16 ? 2 : nr > 8 ? 1 : 0)) {
+  case 0: block_avx2_1_1(p, i0, j0, nr, st); break;
+  case 1: block_avx2_1_2(p, i0, j0, nr, st); break;
+  case 2: block_avx2_1_3(p, i0, j0, nr, st); break;
+  case 3: block_avx2_1_4(p, i0, j0, nr, st); break;
+  case 4: block_avx2_2_1(p, i0, j0, nr, st); break;
+  case 5: block_avx2_2_2(p, i0, j0, nr, st); break;
+  case 6: block_avx2_2_3(p, i0, j0, nr, st); break;
+  default: block_avx2_2_4(p, i0, j0, nr, st); break;
+  }
 }
 
 /* ---- AVX-512: a row of a strip is two 16-float vectors ---- */
@@ -181,8 +195,10 @@ static inline __mmask16 mask16(int n) {
                  : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
-CN_T_AVX512 static void store_avx512(const job *p, int i, int j0, int nr,
-                                     __m512 s0, __m512 s1) {
+/* Inlined into each block: a call per row and strip cost more than the
+ * row's sums at H = 8. */
+CN_T_AVX512 __attribute__((always_inline)) static inline void
+store_avx512(const job *p, int i, int j0, int nr, __m512 s0, __m512 s1) {
   float *c = p->C + (size_t)i * p->ldc + j0;
   __mmask16 m0 = mask16(nr), m1 = mask16(nr - 16);
   if (p->beta != 0.0f) {
