@@ -60,12 +60,11 @@ typedef struct cn_tree_scratch {
 int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      const cn_limits *lim, cn_tree_scratch *sc,
                                      cn_err *err);
-/* The same with words and labels pointing into pool (len bytes of the
- * caller's, which get the copy of s) rather than the scratch's own copy:
- * a reader that keeps the tree copies its nodes as they are. */
-int cn__tree_parse_bracketed_into(const char *s, size_t len,
+/* The same with words and labels pointing into s itself, no copy: for a
+ * caller done with them before s goes. */
+int cn__tree_parse_bracketed_view(const char *s, size_t len,
                                   const cn_limits *lim, cn_tree_scratch *sc,
-                                  char *pool, cn_err *err);
+                                  cn_err *err);
 void cn__tree_scratch_free(cn_tree_scratch *sc);
 
 /* ---- vocabularies (vocab.c) --------------------------------------------

@@ -41,6 +41,10 @@
 
 #include "input/tree_impl.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* ---- shared helpers ---------------------------------------------------- */
 
 
@@ -202,12 +206,14 @@ static inline uint64_t br_atom_end8(uint64_t w) {
 /* The end of the atom whose first byte is s[i]: 8 bytes a step while 8
  * remain, then byte by byte. */
 static inline size_t br_atom_end(const char *s, size_t len, size_t i) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* the first byte lowest */
   for (; i + 8 <= len; i += 8) {
     uint64_t w;
     memcpy(&w, s + i, 8);
     uint64_t m = br_atom_end8(w);
     if (m != 0) return i + ((size_t)__builtin_ctzll(m) >> 3);
   }
+#endif
   while (i < len && BR_CLASS(s[i]) == BC_ATOM) i++;
   return i;
 }
@@ -271,10 +277,10 @@ static int br_fail_depth(cn_err *err, int32_t max_depth, int32_t n,
                        (int)max_depth, off, (int)depth);
 }
 
-/* ')' closing a bracket of no item (state BR_EMPTY) or one atom
- * s[a1 .. a1 + a1_len): () and (w) are refused, each with its message. */
-static int br_fail_close(cn_err *err, const char *s, const cn_tree_node *nd,
-                         int32_t node, int state, size_t a1, int32_t a1_len) {
+/* ')' closing a bracket of no item (state BR_EMPTY) or of the one atom
+ * a1[0 .. a1_len): () and (w) are refused, each with its message. */
+static int br_fail_close(cn_err *err, const cn_tree_node *nd, int32_t node,
+                         int state, const char *a1, int32_t a1_len) {
   long long off = (long long)nd[node].offset;
   if (state == BR_EMPTY)
     return cn__tree_fail(err, CN_E_BAD_TREE, off, node,
@@ -285,8 +291,7 @@ static int br_fail_close(cn_err *err, const char *s, const cn_tree_node *nd,
                        "brackets at byte %lld (node %d) hold only the word "
                        "'%.*s': a leaf is (LABEL word), and a bare word needs "
                        "no brackets",
-                       off, (int)node, (int)br_cut_utf8(s + a1, a1_len, 40),
-                       s + a1);
+                       off, (int)node, (int)br_cut_utf8(a1, a1_len, 40), a1);
 }
 
 /* The node array doubled (at least 32) from *cap, as cn__tree_add_node
@@ -305,16 +310,19 @@ static int br_grow(cn_tree *t, int32_t *cap, size_t where, cn_err *err) {
   return 0;
 }
 
-/* The parser's stack of open brackets' nodes doubled (at least 64). */
-static int br_grow_stack(int32_t **stack, int32_t *cap, size_t i,
-                         int32_t depth, cn_err *err) {
-  int32_t ncap = *cap < 64 ? 64 : *cap * 2;
-  int32_t *ns = cn__xrealloc(*stack, (size_t)ncap, sizeof(*ns));
+/* The parser's stack of open brackets' nodes sized for the deepest the
+ * tree can be: max_depth brackets, and never more than it has bytes. */
+static int br_size_stack(int32_t **stack, int32_t *cap, size_t len,
+                         int32_t max_depth, cn_err *err) {
+  int32_t need = len < (size_t)max_depth ? (int32_t)len + 1 : max_depth + 1;
+  if (need <= *cap) return 0;
+  int32_t *ns = cn__xrealloc(*stack, (size_t)need, sizeof(*ns));
   if (ns == NULL)
-    return cn__tree_fail(err, CN_E_NOMEM, (long long)i, -1,
-                         "out of memory at nesting depth %d", (int)depth);
+    return cn__tree_fail(err, CN_E_NOMEM, -1, -1,
+                         "out of memory for a tree %d brackets deep",
+                         (int)need);
   *stack = ns;
-  *cap = ncap;
+  *cap = need;
   return 0;
 }
 
@@ -338,8 +346,7 @@ static void br_link(cn_tree *t) {
 }
 
 static int br_parse(const char *s, size_t len, const cn_limits *lim,
-                    cn_tree *out, cn_tree_scratch *sc, char *pool,
-                    cn_err *err);
+                    cn_tree *out, cn_tree_scratch *sc, bool view, cn_err *err);
 
 /* Why: requests carry trees as Penn / SST strings; this turns one into the
  * pre-order cn_tree every tree family builds its vertices from, or says
@@ -348,7 +355,7 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
 int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
                             cn_tree *out, cn_err *err) {
   memset(out, 0, sizeof(*out));
-  return br_parse(s, len, lim, out, NULL, NULL, err);
+  return br_parse(s, len, lim, out, NULL, false, err);
 }
 
 /* The same parse into a scratch tree whose arrays are reused from the
@@ -360,15 +367,15 @@ int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      cn_err *err) {
   sc->t.n_nodes = 0;
   sc->t.height = 0;
-  return br_parse(s, len, lim, &sc->t, sc, NULL, err);
+  return br_parse(s, len, lim, &sc->t, sc, false, err);
 }
 
-int cn__tree_parse_bracketed_into(const char *s, size_t len,
+int cn__tree_parse_bracketed_view(const char *s, size_t len,
                                   const cn_limits *lim, cn_tree_scratch *sc,
-                                  char *pool, cn_err *err) {
+                                  cn_err *err) {
   sc->t.n_nodes = 0;
   sc->t.height = 0;
-  return br_parse(s, len, lim, &sc->t, sc, pool, err);
+  return br_parse(s, len, lim, &sc->t, sc, true, err);
 }
 
 void cn__tree_scratch_free(cn_tree_scratch *sc) {
@@ -377,75 +384,113 @@ void cn__tree_scratch_free(cn_tree_scratch *sc) {
   memset(sc, 0, sizeof(*sc));
 }
 
+/* The 64 bytes at b classified for the parse loop: *stop marks every
+ * byte that is not an atom byte (whitespace, brackets, control bytes),
+ * *ws the whitespace among them; bit k is byte k. SSE2 (every x86-64)
+ * does 16 bytes an instruction; elsewhere the byte table does it. */
+static inline void br_classify64(const char *b, uint64_t *stop,
+                                 uint64_t *ws) {
+#if defined(__SSE2__)
+  uint64_t st = 0, w = 0;
+  const __m128i open = _mm_set1_epi8('('), close = _mm_set1_epi8(')');
+  const __m128i space = _mm_set1_epi8(' '), del = _mm_set1_epi8(0x7f);
+  const __m128i tab = _mm_set1_epi8('\t'), nl = _mm_set1_epi8('\n');
+  const __m128i cr = _mm_set1_epi8('\r');
+  for (int k = 0; k < 4; k++) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * k));
+    /* x <= 0x20 (unsigned): whitespace and control bytes */
+    __m128i low = _mm_cmpeq_epi8(_mm_min_epu8(x, space), x);
+    __m128i s = _mm_or_si128(
+        _mm_or_si128(low, _mm_cmpeq_epi8(x, del)),
+        _mm_or_si128(_mm_cmpeq_epi8(x, open), _mm_cmpeq_epi8(x, close)));
+    __m128i sp = _mm_or_si128(
+        _mm_or_si128(_mm_cmpeq_epi8(x, space), _mm_cmpeq_epi8(x, tab)),
+        _mm_or_si128(_mm_cmpeq_epi8(x, nl), _mm_cmpeq_epi8(x, cr)));
+    st |= (uint64_t)(uint16_t)_mm_movemask_epi8(s) << (16 * k);
+    w |= (uint64_t)(uint16_t)_mm_movemask_epi8(sp) << (16 * k);
+  }
+  *stop = st;
+  *ws = w;
+#else
+  uint64_t st = 0, w = 0;
+  for (int k = 0; k < 64; k++) {
+    int c = BR_CLASS(b[k]);
+    st |= (uint64_t)(c != BC_ATOM) << k;
+    w |= (uint64_t)(c == BC_WS) << k;
+  }
+  *stop = st;
+  *ws = w;
+#endif
+}
+
 /* Appends node n under par (-1: the root) at depth d, starting at byte
- * w, into idx: the max_nodes check, the array grown, the parent's child
- * counted. The loop's state lives in locals (a store through the node
- * array would otherwise make the compiler reload every field of a
- * context struct after it). */
-#define BR_NODE(par, d, w, idx)                                         \
+ * w, into idx: the max_nodes check and the array grown (one compare
+ * against nlim, the lower of the two, while neither is near), the
+ * parent's child counted. The loop's state lives in locals (a store
+ * through the node array would otherwise make the compiler reload every
+ * field of a context struct after it). */
+#define BR_NODE(par, d, w, idx)                                            \
   do {                                                                     \
-    if (n >= lm.max_nodes) {                                               \
-      rc = br_fail_nodes(err, lm.max_nodes, n, (w));                       \
-      goto out;                                                            \
-    }                                                                      \
-    if (n == cap) {                                                        \
+    if (n >= nlim) {                                                       \
+      if (n >= lm.max_nodes) {                                             \
+        rc = br_fail_nodes(err, lm.max_nodes, n, (w));                     \
+        goto out;                                                          \
+      }                                                                    \
       rc = br_grow(out, &cap, (w), err);                                   \
       if (rc) goto out;                                                    \
       nd = out->nodes;                                                     \
+      nlim = cap < lm.max_nodes ? cap : lm.max_nodes;                      \
     }                                                                      \
-    nd[n] = (cn_tree_node){.parent = (par), .depth = (d),               \
+    nd[n] = (cn_tree_node){.parent = (par), .depth = (d),                  \
                            .offset = (int64_t)(w)};                        \
-    if ((par) >= 0) nd[par].n_children++;                            \
+    if ((par) >= 0) nd[par].n_children++;                                  \
     if ((d) > height) height = (d);                                        \
     (idx) = n++;                                                           \
   } while (0)
 
-/* An unlabelled leaf for the bare word s[off .. off + wl) under the top
- * bracket (so at depth sp + 1). */
+/* An unlabelled leaf for the bare word at byte off, wl bytes, under the
+ * top bracket (so at depth sp + 1). */
 #define BR_BARE_LEAF(off, wl)                                              \
   do {                                                                     \
-    int32_t d_ = sp + 1, x_;                                               \
-    if (d_ > lm.max_depth) {                                               \
-      rc = br_fail_depth(err, lm.max_depth, n, (off), d_, true);           \
+    int32_t x_;                                                            \
+    if (sp >= lm.max_depth) {                                              \
+      rc = br_fail_depth(err, lm.max_depth, n, (off), sp + 1, true);       \
       goto out;                                                            \
     }                                                                      \
-    BR_NODE(top, d_, (off), x_);                                           \
+    BR_NODE(top, sp + 1, (off), x_);                                       \
     nd[x_].word = pool + (off);                                            \
     nd[x_].word_len = (wl);                                                \
   } while (0)
 
 /* The top bracket gets one more item that is not a ')' (a bracket or an
- * atom after its pending ones): its pending atoms resolve. The first is
- * the label, a pending second one becomes a bare leaf, and the node is an
- * internal node from here on. */
+ * atom after its pending ones): its pending atoms resolve. The first,
+ * already its label, stays; a pending second one, held as its word,
+ * becomes a bare leaf; the node is an internal node from here on. */
 #define BR_SETTLE()                                                        \
   do {                                                                     \
-    if (state != BR_OPEN) {                                                \
-      if (state != BR_EMPTY) {                                             \
-        nd[top].label = pool + a1;                                         \
-        nd[top].label_len = a1_len;                                        \
-      }                                                                    \
-      if (state == BR_ATOM2) {                                             \
-        state = BR_OPEN;                                                   \
-        BR_BARE_LEAF(a2, a2_len);                                          \
-      }                                                                    \
+    if (state == BR_ATOM2) {                                               \
+      size_t o_ = (size_t)(nd[top].word - pool);                           \
+      int32_t l_ = nd[top].word_len;                                       \
+      nd[top].word = NULL;                                                 \
+      nd[top].word_len = 0;                                                \
       state = BR_OPEN;                                                     \
+      BR_BARE_LEAF(o_, l_);                                                \
     }                                                                      \
+    state = BR_OPEN;                                                       \
   } while (0)
 
 /* Why one function serves both: the grammar and every message stay in
  * one place. sc == NULL: out is fresh and owns what it gets (freed on
  * failure); else out is sc->t and every array comes from, and goes back
- * to, the scratch. pool (scratch only; NULL: the scratch's own) is where
- * the copy of s goes that words and labels point into: len bytes of the
- * caller's.
+ * to, the scratch. Words and labels point into a copy of s (the tree's
+ * pool) or, with view (scratch only), into s itself.
  *
  * One loop over the bytes, a table look-up each; an atom is scanned 8
  * bytes a step (br_atom_end). Nodes are written in place as their
  * bracket or word is read, each parent counting its children, so the
  * children arrays take one pass at the end (br_link). */
 static int br_parse(const char *s, size_t len, const cn_limits *lim,
-                    cn_tree *out, cn_tree_scratch *sc, char *pool,
+                    cn_tree *out, cn_tree_scratch *sc, bool view,
                     cn_err *err) {
   int rc = 0;
   cn__tree_limits lm;
@@ -476,7 +521,8 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
                    br_show_byte((unsigned char)s[i], shown), i);
     goto out;
   }
-  if (pool == NULL) {
+  const char *pool = s; /* where the words point */
+  if (!view) {
     if (sc == NULL) {
       out->pool = malloc(len);
     } else if (sc->pool_cap < len) {
@@ -489,86 +535,108 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
                      "out of memory copying a tree of %zu bytes", len);
       goto out;
     }
+    memcpy(out->pool, s, len);
     pool = out->pool;
   }
-  memcpy(pool, s, len);
+
+  rc = br_size_stack(&stk, &scap, len, lm.max_depth, err);
+  if (rc) goto out;
 
   /* the top-level tree: until it closes, every byte is an item of the
    * top bracket; after it, only whitespace may follow. The innermost
-   * bracket (node top, sp deep) and its pending atoms live in locals. */
+   * bracket (node top, sp deep) and its state live in locals; its
+   * pending atoms are written into its node as they come (the first as
+   * its label, the second as its word) and moved if they turn out to be
+   * something else (BR_SETTLE). */
   cn_tree_node *nd = out->nodes;
   int32_t n = 0, height = 0, sp = 0, top = -1;
+  int32_t nlim = cap < lm.max_nodes ? cap : lm.max_nodes;
   int state = BR_OPEN;
-  size_t a1 = 0, a2 = 0;
-  int32_t a1_len = 0, a2_len = 0;
+  /* 64 bytes a step (br_classify64): the events - brackets, control
+   * bytes and the first byte of each atom - are its bits, taken lowest
+   * first, so whitespace and the inside of atoms cost nothing. A step
+   * starts where no atom is under way (an atom running past the block
+   * is scanned to its end, and the next step starts there). The last
+   * bytes are classified from a copy padded with spaces. */
   while (i < len) {
-    unsigned char ch = (unsigned char)s[i];
-    switch (BR_CLASS(ch)) {
-    case BC_WS:
-      i++;
-      continue;
-    case BC_ATOM: {
-      size_t start = i;
-      i = br_atom_end(s, len, i + 1);
-      if (i - start > (size_t)lm.max_token_len) {
-        rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
-                       "the word or label at byte %zu is %zu bytes long, "
-                       "over the limit of %d (max-token-len)",
-                       start, i - start, (int)lm.max_token_len);
-        goto out;
-      }
-      int32_t alen = (int32_t)(i - start);
-      if (state == BR_EMPTY) {
-        a1 = start, a1_len = alen, state = BR_ATOM1;
-      } else if (state == BR_ATOM1) {
-        a2 = start, a2_len = alen, state = BR_ATOM2;
-      } else {
-        BR_SETTLE();
-        BR_BARE_LEAF(start, alen);
-      }
-      continue;
+    const char *b = s + i;
+    char tail[64];
+    if (len - i < 64) {
+      memset(tail, ' ', sizeof(tail));
+      memcpy(tail, b, len - i);
+      b = tail;
     }
-    case BC_OPEN: {
-      /* a new node, numbered now (pre-order), one level deeper */
-      if (sp > 0) BR_SETTLE();
-      int32_t depth = sp + 1, idx;
-      if (depth > lm.max_depth) {
-        rc = br_fail_depth(err, lm.max_depth, n, i, depth, false);
+    uint64_t stop, ws;
+    br_classify64(b, &stop, &ws);
+    uint64_t atom = ~stop;
+    uint64_t ev = (stop & ~ws) | (atom & ~(atom << 1));
+    for (; ev != 0; ev &= ev - 1) {
+      unsigned k = (unsigned)__builtin_ctzll(ev);
+      size_t at = i + k;
+      unsigned char ch = (unsigned char)b[k];
+      if (ch == '(') {
+        /* a new node, numbered now (pre-order), one level deeper */
+        if (sp > 0) BR_SETTLE();
+        int32_t idx;
+        if (sp >= lm.max_depth) {
+          rc = br_fail_depth(err, lm.max_depth, n, at, sp + 1, false);
+          goto out;
+        }
+        BR_NODE(top, sp + 1, at, idx);
+        stk[sp++] = idx;
+        top = idx;
+        state = BR_EMPTY;
+      } else if (ch == ')') {
+        /* a bracket of two atoms is the leaf X:w (its label and word
+         * are in place); () and (w) are refused */
+        if (state < BR_ATOM2) {
+          rc = br_fail_close(err, nd, top, state, nd[top].label,
+                             nd[top].label_len);
+          goto out;
+        }
+        if (--sp == 0) {
+          i = at + 1;
+          goto closed;
+        }
+        top = stk[sp - 1];
+        state = BR_OPEN;
+      } else if ((stop >> k) & 1) { /* a control byte */
+        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)at, -1,
+                       "control byte 0x%02x at byte %zu is not allowed in a "
+                       "tree", ch, at);
         goto out;
+      } else { /* an atom */
+        uint64_t after = stop & (~0ull << k);
+        size_t end = after != 0 ? i + (size_t)__builtin_ctzll(after)
+                                : br_atom_end(s, len, i + 64);
+        if (end - at > (size_t)lm.max_token_len) {
+          rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)at, -1,
+                         "the word or label at byte %zu is %zu bytes long, "
+                         "over the limit of %d (max-token-len)",
+                         at, end - at, (int)lm.max_token_len);
+          goto out;
+        }
+        int32_t alen = (int32_t)(end - at);
+        if (state == BR_EMPTY) {
+          nd[top].label = pool + at;
+          nd[top].label_len = alen;
+          state = BR_ATOM1;
+        } else if (state == BR_ATOM1) {
+          nd[top].word = pool + at;
+          nd[top].word_len = alen;
+          state = BR_ATOM2;
+        } else {
+          BR_SETTLE();
+          BR_BARE_LEAF(at, alen);
+        }
+        if (after == 0) { /* the atom ran past the block */
+          i = end;
+          goto next;
+        }
       }
-      BR_NODE(top, depth, i, idx);
-      if (sp == scap) {
-        rc = br_grow_stack(&stk, &scap, i, depth, err);
-        if (rc) goto out;
-      }
-      stk[sp++] = idx;
-      top = idx;
-      state = BR_EMPTY;
-      i++;
-      continue;
     }
-    case BC_CLOSE:
-      /* a bracket of two atoms is the leaf X:w; () and (w) are refused */
-      if (state == BR_ATOM2) {
-        nd[top].label = pool + a1;
-        nd[top].label_len = a1_len;
-        nd[top].word = pool + a2;
-        nd[top].word_len = a2_len;
-      } else if (state != BR_OPEN) {
-        rc = br_fail_close(err, s, nd, top, state, a1, a1_len);
-        goto out;
-      }
-      i++;
-      if (--sp == 0) goto closed;
-      top = stk[sp - 1];
-      state = BR_OPEN;
-      continue;
-    default:
-      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
-                     "control byte 0x%02x at byte %zu is not allowed in a "
-                     "tree", ch, i);
-      goto out;
-    }
+    i += 64;
+  next:;
   }
   rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, top,
                  "expected ')' at end of input (byte %zu): %d bracket%s "
