@@ -97,9 +97,11 @@ static bool only_keys(const cn_jline *j, int32_t obj, const char *const *keys,
 #define ALLOC(rd, n, T) ((T *)cn__arena_alloc(&(rd)->arena, (size_t)(n) * sizeof(T)))
 
 /* {"tree": "(...)"}: the bracketed parse into the scratch tree, its words
- * and labels already pointing into the arena's copy of the string, so
- * the nodes are copied as they are; then instance.c's own word ids and
- * cell kinds. */
+ * and labels pointing into the line; then instance.c's own word ids and
+ * cell kinds, read from the scratch's nodes. What a run reads of the
+ * tree - its children, child_start, ids and node types - goes into the
+ * arena; the nodes, words and labels stay behind (tree.nodes and
+ * tree.pool are NULL: nothing reads them after cn__tree_finish). */
 static int read_tree(const cn_model *m, cn_line_reader *rd,
                      const cn_limits *lim, cn_instance *in) {
   static const char *const keys[] = {"tree"};
@@ -109,26 +111,24 @@ static int read_tree(const cn_model *m, cn_line_reader *rd,
   cn_err err;
   cn_err_clear(&err);
   cn_tree *dt = &in->tree;
-  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
-  if (dt->pool == NULL) return CN_E_NOMEM;
-  if (cn__tree_parse_bracketed_into(t->s, (size_t)t->n, lim, &rd->ts,
-                                    dt->pool, &err) != 0)
+  if (cn__tree_parse_bracketed_view(t->s, (size_t)t->n, lim, &rd->ts,
+                                    &err) != 0)
     return 1;
   const cn_tree *st = &rd->ts.t;
   int32_t n = st->n_nodes;
   dt->n_nodes = n;
   dt->height = st->height;
-  dt->nodes = ALLOC(rd, n, cn_tree_node);
   dt->children = ALLOC(rd, n > 1 ? n - 1 : 1, int32_t);
   in->ids = ALLOC(rd, n, int32_t);
   in->node_type = ALLOC(rd, n, uint8_t);
   in->child_start = ALLOC(rd, n + 1, int32_t);
-  if (!dt->nodes || !dt->children || !in->ids || !in->node_type ||
-      !in->child_start)
+  if (!dt->children || !in->ids || !in->node_type || !in->child_start)
     return CN_E_NOMEM;
-  memcpy(dt->nodes, st->nodes, (size_t)n * sizeof(cn_tree_node));
   if (n > 1) memcpy(dt->children, st->children, (size_t)(n - 1) * sizeof(int32_t));
-  return cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
+  dt->nodes = st->nodes; /* for cn__tree_finish only */
+  int rc = cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
+  dt->nodes = NULL;
+  return rc;
 }
 
 /* An array of non-empty strings within the limits (the checks of
