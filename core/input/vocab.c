@@ -71,7 +71,7 @@ static inline uint64_t load4(const char *s) {
  * of a short string (two overlapping 4-byte words; 3 bytes that cover 1
  * to 3) is a function of its bytes and its length, which the hash
  * starts from; a multiply and a shift mix each word in. */
-static uint32_t hash(const char *s, size_t len, bool lower) {
+static inline uint32_t hash(const char *s, size_t len, bool lower) {
   const uint64_t k = 0x9e3779b97f4a7c15ull;
   uint64_t h = (uint64_t)len * k, w;
   size_t i = 0;
