@@ -22,6 +22,10 @@
 
 #include "input/input.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* Bytes that end a run of plain string bytes: '"', '\\', controls and
  * non-ASCII (checked one by one as UTF-8). */
 static inline bool str_plain(unsigned char c) {
@@ -154,11 +158,31 @@ static int read_string_rest(cn_jline *j, const char *s, size_t len,
 
 /* A string starting after its opening quote at *i; on success *i is past
  * the closing quote. Plain ASCII up to the quote (the common case) is
- * found here, 8 bytes a step while 8 remain; anything else goes on in
- * read_string_rest. */
+ * found here, 16 bytes a step (SSE2) or 8 (elsewhere) while they remain;
+ * anything else goes on in read_string_rest. */
 static inline int read_string(cn_jline *j, const char *s, size_t len,
                               size_t *i, const char **out, int32_t *out_len) {
   size_t p = *i, start = p;
+#if defined(__SSE2__)
+  /* 16 bytes a step: '"', '\\', and, compared as signed bytes, every
+   * byte below 0x20 - the controls and the non-ASCII (>= 0x80) both */
+  {
+    const __m128i quote = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+    const __m128i sp = _mm_set1_epi8(0x20);
+    for (; p + 16 <= len; p += 16) {
+      __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+      __m128i m = _mm_or_si128(
+          _mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bs)),
+          _mm_cmplt_epi8(x, sp));
+      unsigned bits = (unsigned)_mm_movemask_epi8(m);
+      if (bits != 0) {
+        p += (size_t)__builtin_ctz(bits);
+        goto found;
+      }
+    }
+  }
+#endif
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* the first byte lowest */
   for (uint64_t w; p + 8 <= len; p += 8) {
     memcpy(&w, s + p, 8);
     uint64_t m = word_special(w);
@@ -167,6 +191,7 @@ static inline int read_string(cn_jline *j, const char *s, size_t len,
       goto found;
     }
   }
+#endif
   while (p < len && str_plain((unsigned char)s[p])) p++;
 found:
   if (p < len && s[p] == '"') {
