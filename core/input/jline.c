@@ -84,12 +84,42 @@ static int tape_grow(cn_jline *j) {
   return 0;
 }
 
+/* The first byte at or after p that is not plain ('"', '\\', a control
+ * byte or non-ASCII), or len: 16 bytes a step with SSE2 - the quote, the
+ * backslash, and, compared as signed bytes, every byte below 0x20, which
+ * takes the controls and the non-ASCII bytes both - or 8 (word_special)
+ * elsewhere, while they remain; then byte by byte. */
+static inline size_t plain_end(const char *s, size_t len, size_t p) {
+#if defined(__SSE2__)
+  const __m128i quote = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+  const __m128i sp = _mm_set1_epi8(0x20);
+  for (; p + 16 <= len; p += 16) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+    __m128i m = _mm_or_si128(
+        _mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bs)),
+        _mm_cmplt_epi8(x, sp));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m);
+    if (bits != 0) return p + (size_t)__builtin_ctz(bits);
+  }
+#endif
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* the first byte lowest */
+  for (uint64_t w; p + 8 <= len; p += 8) {
+    memcpy(&w, s + p, 8);
+    uint64_t m = word_special(w);
+    if (m != 0) return p + ((size_t)__builtin_ctzll(m) >> 3);
+  }
+#endif
+  while (p < len && str_plain((unsigned char)s[p])) p++;
+  return p;
+}
+
 /* The rest of a string from s[p], the first byte the fast scan stopped
  * at that is not '"' (an escape, a control byte, non-ASCII, or the end);
  * start is its first byte. Valid UTF-8 is checked where it is; the
  * string still points into the line unless an escape needs decoding,
  * which goes into j->buf (sized by the caller to the line's length, so
- * it never moves while a line is read). */
+ * it never moves while a line is read). Plain runs between are found by
+ * plain_end and copied whole. */
 static int read_string_rest(cn_jline *j, const char *s, size_t len,
                             size_t start, size_t p, size_t *i,
                             const char **out, int32_t *out_len) {
@@ -111,6 +141,7 @@ static int read_string_rest(cn_jline *j, const char *s, size_t len,
       if (l == 0) return 1;
       p += (size_t)l;
     }
+    p = plain_end(s, len, p);
   }
   char *d = j->buf + j->buf_used, *d0 = d;
   memcpy(d, s + start, p - start);
@@ -152,49 +183,22 @@ static int read_string_rest(cn_jline *j, const char *s, size_t len,
       d += l;
       p += (size_t)l;
     }
+    size_t q = plain_end(s, len, p);
+    memcpy(d, s + p, q - p);
+    d += q - p;
+    p = q;
   }
   return 1; /* unterminated */
 }
 
 /* A string starting after its opening quote at *i; on success *i is past
  * the closing quote. Plain ASCII up to the quote (the common case) is
- * found here, 16 bytes a step (SSE2) or 8 (elsewhere) while they remain;
- * anything else goes on in read_string_rest. */
+ * found here (plain_end); anything else goes on in read_string_rest. */
 static inline int read_string(cn_jline *j, const char *s, size_t len,
                               size_t *i, const char **out, int32_t *out_len) {
   size_t p = *i, start = p;
-#if defined(__SSE2__)
-  /* 16 bytes a step: '"', '\\', and, compared as signed bytes, every
-   * byte below 0x20 - the controls and the non-ASCII (>= 0x80) both */
-  {
-    const __m128i quote = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
-    const __m128i sp = _mm_set1_epi8(0x20);
-    for (; p + 16 <= len; p += 16) {
-      __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
-      __m128i m = _mm_or_si128(
-          _mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bs)),
-          _mm_cmplt_epi8(x, sp));
-      unsigned bits = (unsigned)_mm_movemask_epi8(m);
-      if (bits != 0) {
-        p += (size_t)__builtin_ctz(bits);
-        goto found;
-      }
-    }
-  }
-#endif
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* the first byte lowest */
-  for (uint64_t w; p + 8 <= len; p += 8) {
-    memcpy(&w, s + p, 8);
-    uint64_t m = word_special(w);
-    if (m != 0) {
-      p += (size_t)__builtin_ctzll(m) >> 3;
-      goto found;
-    }
-  }
-#endif
-  while (p < len && str_plain((unsigned char)s[p])) p++;
-found:
-  if (p < len && s[p] == '"') {
+  p = plain_end(s, len, p);
+  if (__builtin_expect(p < len && s[p] == '"', 1)) {
     *out = s + start;
     *out_len = (int32_t)(p - start);
     *i = p + 1;
