@@ -310,6 +310,33 @@ int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
   return id < 0 ? 0 : id;
 }
 
+void cn__vocab_lookup_many(const cn_vocab *v, const char *const *words,
+                           const int32_t *lens, int32_t n, bool lowercase,
+                           int32_t *ids) {
+  if (v == NULL || v->n == 0) {
+    for (int32_t k = 0; k < n; k++) ids[k] = 0;
+    return;
+  }
+  uint32_t hs[64];
+  for (int32_t k0 = 0; k0 < n; k0 += 64) {
+    int32_t k1 = n - k0 > 64 ? k0 + 64 : n;
+    for (int32_t k = k0; k < k1; k++) {
+      if (lens[k] < 0) continue;
+      hs[k - k0] = hash(words[k], (size_t)lens[k], lowercase);
+      __builtin_prefetch(&v->slots[hs[k - k0] & v->mask]);
+    }
+    for (int32_t k = k0; k < k1; k++) {
+      if (lens[k] < 0) {
+        ids[k] = 0;
+        continue;
+      }
+      int32_t id = probe_h(v, hs[k - k0], words[k], (size_t)lens[k],
+                           lowercase)->id;
+      ids[k] = id < 0 ? 0 : id;
+    }
+  }
+}
+
 const char *cn_vocab_token(const cn_vocab *v, int id) {
   if (v == NULL || id < 0 || id >= v->n) return NULL;
   return v->pool + v->off[id];

@@ -45,9 +45,9 @@ static bool label_unknown(const cn_model *m, const cn_tree_node *nd) {
 
 /* Word ids and cell kinds of a parsed tree; arity checked for the family.
  * A block of 64 nodes at a time: first their child_start and their
- * words' hashes, each word's table entry asked for (cn__vocab_prefetch),
- * then the look-ups, whose entries have arrived meanwhile, and the
- * checks in node order. The arrays and counts are locals: a store
+ * words, looked up together (cn__vocab_lookup_many: each word's table
+ * entry asked for before the first look-up), then the checks in node
+ * order. The arrays and counts are locals: a store
  * through one of in's arrays would otherwise make the compiler load
  * t->n_nodes and the array pointers again. */
 int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
@@ -73,21 +73,23 @@ int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
   /* a JSON tree of treelstm-2type says its nodes' "type", not a label */
   bool by_label = cn_model_reads_labels(m) && (cells || !from_json);
   int32_t unknown = 0;
-  uint32_t hs[64];
+  const char *words[64];
+  int32_t lens[64], wid[64];
   for (int32_t i0 = 0; i0 < n; i0 += 64) {
-    int32_t i1 = n - i0 > 64 ? i0 + 64 : n;
+    int32_t i1 = n - i0 > 64 ? i0 + 64 : n, nw = 0;
     for (int32_t i = i0; i < i1; i++) {
       const cn_tree_node *w = &nodes[i];
       cs[i] = w->first_child;
       if (w->n_children > 0) continue;
-      hs[i - i0] = cn__vocab_hash(w->word, (size_t)w->word_len, lower);
-      cn__vocab_prefetch(voc, hs[i - i0]);
+      words[nw] = w->word;
+      lens[nw++] = w->word_len;
     }
+    cn__vocab_lookup_many(voc, words, lens, nw, lower, wid);
+    nw = 0;
     for (int32_t i = i0; i < i1; i++) {
       const cn_tree_node *nd = &nodes[i];
       if (nd->n_children == 0) {
-        ids[i] = cn__vocab_lookup_hashed(voc, hs[i - i0], nd->word,
-                                         (size_t)nd->word_len, lower);
+        ids[i] = wid[nw++];
         types[i] = cells ? (uint8_t)cn__cells_tree_type(m, nd) : 0;
         continue;
       }

@@ -29,12 +29,13 @@ struct cn_line_reader {
   int32_t *sb, *se;    /* lattices: lexicon spans before they are copied */
   const char **cs;     /* the characters (lattices) or words of "text" */
   int32_t *cl;
-  uint32_t *hs;        /* lattices: each span word's hash (cn__vocab_hash) */
+  const char **ws;     /* lattices: each span's word (span_word), ... */
+  int32_t *wl;         /* ... and its length */
   int32_t *tk;         /* lattices: the tape index of its "token", or -1 */
   char *jb;            /* lattices: the characters joined, ... */
   int32_t *co;         /* ... character c from jb[co[c]] (n + 1 entries) */
   size_t jb_cap;
-  int32_t keys_cap, sb_cap, se_cap, hs_cap, tk_cap, co_cap;
+  int32_t keys_cap, sb_cap, se_cap, ws_cap, wl_cap, tk_cap, co_cap;
   int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
 };
 
@@ -54,7 +55,8 @@ void cn_line_reader_free(cn_line_reader *rd) {
   free(rd->keys);
   free(rd->sb);
   free(rd->se);
-  free(rd->hs);
+  free(rd->ws);
+  free(rd->wl);
   free(rd->tk);
   free(rd->co);
   free(rd->jb);
@@ -253,31 +255,21 @@ static inline const char *span_word(const cn_line_reader *rd,
   return rd->jb + b;
 }
 
-/* The span words' ids in two passes (cn__vocab_prefetch): every word's
- * hash computed and its table entry asked for, then the look-ups, whose
- * entries have arrived meanwhile. A lattice has hundreds of words in a
- * vocabulary too large to stay in cache; one by one, each look-up
- * waited on its own miss. The characters are joined first (join_chars),
- * once for every span. */
+/* The span words' ids, looked up together (cn__vocab_lookup_many: a
+ * lattice has hundreds of words in a vocabulary too large to stay in
+ * cache, and one by one each look-up waited on its own miss). The
+ * characters are joined first (join_chars), once for every span. */
 static int span_words(const cn_model *m, cn_line_reader *rd, int32_t n,
                       const int32_t *sb, const int32_t *se, int32_t ns,
                       int32_t *out) {
   int rc = join_chars(rd, n);
   if (rc != 0) return rc;
-  for (int32_t k = 0; k < ns; k++) {
-    int32_t len;
-    const char *w = span_word(rd, sb, se, k, &len);
-    if (len < 0) continue;
-    rd->hs[k] = cn__vocab_hash(w, (size_t)len, m->lowercase);
-    cn__vocab_prefetch(m->word_vocab, rd->hs[k]);
-  }
-  for (int32_t k = 0; k < ns; k++) {
-    int32_t len;
-    const char *w = span_word(rd, sb, se, k, &len);
-    out[k] = len < 0 ? 0
-                     : cn__vocab_lookup_hashed(m->word_vocab, rd->hs[k], w,
-                                               (size_t)len, m->lowercase);
-  }
+  if (grow((void **)&rd->ws, &rd->ws_cap, ns, sizeof(char *)) ||
+      grow((void **)&rd->wl, &rd->wl_cap, ns, sizeof(int32_t)))
+    return CN_E_NOMEM;
+  for (int32_t k = 0; k < ns; k++)
+    rd->ws[k] = span_word(rd, sb, se, k, &rd->wl[k]);
+  cn__vocab_lookup_many(m->word_vocab, rd->ws, rd->wl, ns, m->lowercase, out);
   return 0;
 }
 
@@ -338,7 +330,6 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
     if (!in->span_start || !in->span_end || !in->span_word ||
         grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)) ||
-        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
         grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
       return CN_E_NOMEM;
     bool sorted = true; /* the keys ascending as sent: no sort needed */
@@ -376,7 +367,6 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
     if (!in->span_start || !in->span_end || !in->span_word ||
-        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
         grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
       return CN_E_NOMEM;
     for (int32_t k = 0; k < ns; k++) {
