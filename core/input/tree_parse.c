@@ -1,7 +1,8 @@
 /* tree_parse.c - bracketed (Penn / SST) and JSON trees into cn_tree.
  *
- * Both parsers are iterative: the only stack is an array on the heap that
- * grows with the nesting depth (and never past lim->max_depth), so a
+ * Both parsers are iterative: the only stack is an array on the heap (the
+ * bracketed parser's sized once for the deepest the string can nest, never
+ * past lim->max_depth; the JSON one's grown with the depth), so a
  * 100000-deep adversarial tree costs memory, not the C stack.
  *
  * Bracketed grammar (docs/api.md "Details that are part of the contract"), as
