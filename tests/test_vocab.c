@@ -110,3 +110,61 @@ Test(vocab, rank_by_count_then_bytes) {
   free(out);
   for (int i = 0; i < 9; i++) free(bag[i]);
 }
+
+/* cn__vocab_lookup_many against cn_vocab_lookup word by word, and both
+ * against a linear search of the token list (the reference): tokens of
+ * every length around the 4- and 8-byte steps of the comparison, the
+ * same bytes in other case, one byte more or less, unknown words, a
+ * negative length; 300 words, so several blocks of 64. */
+Test(vocab, lookup_many_against_linear_search) {
+  enum { NT = 200, NW = 300 };
+  char tok[NT][24];
+  const char *toks[NT];
+  unsigned seed = 7;
+  for (int i = 0; i < NT; i++) {
+    int l = 1 + i % 19;
+    for (int c = 0; c < l; c++) tok[i][c] = "abcXYZ._-"[rand_r(&seed) % 9];
+    tok[i][l] = '\0';
+    snprintf(tok[i] + (l > 3 ? l - 3 : l), 4, "%03d", i % 1000);
+    toks[i] = tok[i];
+  }
+  toks[0] = "<unk>";
+  cn_vocab *v;
+  cr_assert_eq(cn_vocab_from_list(toks, NT, &v), 0);
+  char buf[NW][32];
+  const char *w[NW];
+  int32_t len[NW], ids[NW];
+  for (int lower = 0; lower < 2; lower++) {
+    for (int k = 0; k < NW; k++) {
+      const char *t = toks[rand_r(&seed) % NT];
+      size_t l = strlen(t);
+      memcpy(buf[k], t, l + 1);
+      int how = rand_r(&seed) % 5;
+      if (how == 1) for (size_t c = 0; c < l; c++) /* other case */
+          if (buf[k][c] >= 'a' && buf[k][c] <= 'z') buf[k][c] -= 32;
+      if (how == 2) buf[k][l++] = 'q';           /* one byte more */
+      if (how == 3 && l > 1) l--;                /* one byte less */
+      w[k] = buf[k];
+      len[k] = how == 4 && k % 2 ? -1 : (int32_t)l;
+    }
+    cn__vocab_lookup_many(v, w, len, NW, lower, ids);
+    for (int k = 0; k < NW; k++) {
+      int want = 0;
+      for (int i = 1; len[k] >= 0 && i < NT && want == 0; i++) {
+        if (strlen(toks[i]) != (size_t)len[k]) continue;
+        int same = 1;
+        for (int32_t c = 0; c < len[k] && same; c++) {
+          char x = w[k][c];
+          if (lower && x >= 'A' && x <= 'Z') x += 32;
+          same = x == toks[i][c];
+        }
+        if (same) want = i;
+      }
+      cr_assert_eq(ids[k], want, "word %d '%.*s' lower %d: %d, want %d", k,
+                   len[k] < 0 ? 0 : len[k], w[k], lower, ids[k], want);
+      if (len[k] >= 0)
+        cr_assert_eq(cn_vocab_lookup(v, w[k], (size_t)len[k], lower), want);
+    }
+  }
+  cn_vocab_free(v);
+}

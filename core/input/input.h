@@ -60,12 +60,11 @@ typedef struct cn_tree_scratch {
 int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      const cn_limits *lim, cn_tree_scratch *sc,
                                      cn_err *err);
-/* The same with words and labels pointing into pool (len bytes of the
- * caller's, which get the copy of s) rather than the scratch's own copy:
- * a reader that keeps the tree copies its nodes as they are. */
-int cn__tree_parse_bracketed_into(const char *s, size_t len,
+/* The same with words and labels pointing into s itself, no copy: for a
+ * caller done with them before s goes. */
+int cn__tree_parse_bracketed_view(const char *s, size_t len,
                                   const cn_limits *lim, cn_tree_scratch *sc,
-                                  char *pool, cn_err *err);
+                                  cn_err *err);
 void cn__tree_scratch_free(cn_tree_scratch *sc);
 
 /* ---- vocabularies (vocab.c) --------------------------------------------
@@ -93,6 +92,12 @@ uint32_t cn__vocab_hash(const char *s, size_t len, bool lowercase);
 void cn__vocab_prefetch(const cn_vocab *v, uint32_t h);
 int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
                             size_t len, bool lowercase);
+/* The ids of n words at once, words[k] of lens[k] bytes (a negative
+ * length: an unknown word, id 0), into ids: the two steps above inside
+ * vocab.c, 64 words at a time, with no call per word. */
+void cn__vocab_lookup_many(const cn_vocab *v, const char *const *words,
+                           const int32_t *lens, int32_t n, bool lowercase,
+                           int32_t *ids);
 const char *cn_vocab_token(const cn_vocab *v, int id); /* NULL if out of range */
 /* Writes one token a line. */
 int cn_vocab_write(const char *path, const char *const *tokens, int n,

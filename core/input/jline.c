@@ -22,6 +22,10 @@
 
 #include "input/input.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 /* Bytes that end a run of plain string bytes: '"', '\\', controls and
  * non-ASCII (checked one by one as UTF-8). */
 static inline bool str_plain(unsigned char c) {
@@ -42,7 +46,8 @@ static inline uint64_t word_special(uint64_t w) {
 }
 
 static inline bool ws(unsigned char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+  /* ' ', '\t', '\n', '\r' as bits of one constant */
+  return c <= ' ' && ((0x100002600ull >> c) & 1) != 0;
 }
 
 /* Length of the valid UTF-8 sequence at s[0 .. n), or 0 when it is not
@@ -68,42 +73,75 @@ static int utf8_seq(const unsigned char *s, size_t n) {
   return len;
 }
 
-/* Room for one more value on the tape; -1: no memory. */
-static int32_t tape_push(cn_jline *j) {
-  if (j->n == j->cap) {
-    int32_t c = j->cap ? j->cap * 2 : 256;
-    cn_jval *t = cn__xrealloc(j->v, (size_t)c, sizeof(*t));
-    if (t == NULL) return -1;
-    j->v = t;
-    j->cap = c;
-  }
-  return j->n++;
+/* The tape doubled (at least 256 values); -1: no memory. Out of line:
+ * it runs a few times, then never once the tape has grown. */
+static int tape_grow(cn_jline *j) {
+  int32_t c = j->cap ? j->cap * 2 : 256;
+  cn_jval *t = cn__xrealloc(j->v, (size_t)c, sizeof(*t));
+  if (t == NULL) return -1;
+  j->v = t;
+  j->cap = c;
+  return 0;
 }
 
-/* A string starting after its opening quote at *i; on success *i is past
- * the closing quote. Escapes other than \uXXXX are decoded into j->buf
- * (sized by the caller to the line's length, so it never moves while a
- * line is read). */
-static int read_string(cn_jline *j, const char *s, size_t len, size_t *i,
-                       const char **out, int32_t *out_len) {
-  size_t p = *i, start = p;
-  /* eight bytes at a time while none ends the run (long strings: a
-   * tree's text), then byte by byte */
+/* The first byte at or after p that is not plain ('"', '\\', a control
+ * byte or non-ASCII), or len: 16 bytes a step with SSE2 - the quote, the
+ * backslash, and, compared as signed bytes, every byte below 0x20, which
+ * takes the controls and the non-ASCII bytes both - or 8 (word_special)
+ * elsewhere, while they remain; then byte by byte. */
+static inline size_t plain_end(const char *s, size_t len, size_t p) {
+#if defined(__SSE2__)
+  const __m128i quote = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+  const __m128i sp = _mm_set1_epi8(0x20);
+  for (; p + 16 <= len; p += 16) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(s + p));
+    __m128i m = _mm_or_si128(
+        _mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bs)),
+        _mm_cmplt_epi8(x, sp));
+    unsigned bits = (unsigned)_mm_movemask_epi8(m);
+    if (bits != 0) return p + (size_t)__builtin_ctz(bits);
+  }
+#endif
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* the first byte lowest */
   for (uint64_t w; p + 8 <= len; p += 8) {
     memcpy(&w, s + p, 8);
     uint64_t m = word_special(w);
-    if (m != 0) {
-      p += (size_t)__builtin_ctzll(m) >> 3;
-      goto found;
-    }
+    if (m != 0) return p + ((size_t)__builtin_ctzll(m) >> 3);
   }
+#endif
   while (p < len && str_plain((unsigned char)s[p])) p++;
-found:
-  if (p < len && s[p] == '"') { /* the common case: nothing to decode */
-    *out = s + start;
-    *out_len = (int32_t)(p - start);
-    *i = p + 1;
-    return 0;
+  return p;
+}
+
+/* The rest of a string from s[p], the first byte the fast scan stopped
+ * at that is not '"' (an escape, a control byte, non-ASCII, or the end);
+ * start is its first byte. Valid UTF-8 is checked where it is; the
+ * string still points into the line unless an escape needs decoding,
+ * which goes into j->buf (sized by the caller to the line's length, so
+ * it never moves while a line is read). Plain runs between are found by
+ * plain_end and copied whole. */
+static int read_string_rest(cn_jline *j, const char *s, size_t len,
+                            size_t start, size_t p, size_t *i,
+                            const char **out, int32_t *out_len) {
+  for (;;) { /* no escape yet: the bytes stay in the line */
+    if (p >= len) return 1; /* unterminated */
+    unsigned char c = (unsigned char)s[p];
+    if (c == '"') {
+      *out = s + start;
+      *out_len = (int32_t)(p - start);
+      *i = p + 1;
+      return 0;
+    }
+    if (c == '\\') break;
+    if (c < 0x20) return 1;
+    if (c < 0x80) {
+      p++;
+    } else {
+      int l = utf8_seq((const unsigned char *)s + p, len - p);
+      if (l == 0) return 1;
+      p += (size_t)l;
+    }
+    p = plain_end(s, len, p);
   }
   char *d = j->buf + j->buf_used, *d0 = d;
   memcpy(d, s + start, p - start);
@@ -145,18 +183,46 @@ found:
       d += l;
       p += (size_t)l;
     }
+    size_t q = plain_end(s, len, p);
+    memcpy(d, s + p, q - p);
+    d += q - p;
+    p = q;
   }
   return 1; /* unterminated */
+}
+
+/* A string starting after its opening quote at *i; on success *i is past
+ * the closing quote. Plain ASCII up to the quote (the common case) is
+ * found here (plain_end); anything else goes on in read_string_rest. */
+static inline int read_string(cn_jline *j, const char *s, size_t len,
+                              size_t *i, const char **out, int32_t *out_len) {
+  size_t p = *i, start = p;
+  p = plain_end(s, len, p);
+  if (__builtin_expect(p < len && s[p] == '"', 1)) {
+    *out = s + start;
+    *out_len = (int32_t)(p - start);
+    *i = p + 1;
+    return 0;
+  }
+  return read_string_rest(j, s, len, start, p, i, out, out_len);
 }
 
 /* Why: the tape lets instance_line.c walk a line's values by index,
  * without a heap node per value, and decline to jansson on anything
  * outside the subset (the file comment). Returns 0, 1 (declined) or
- * CN_E_NOMEM. */
+ * CN_E_NOMEM.
+ *
+ * The grammar is a few states, each a label: value (a value is next),
+ * key (a member's key, then ':'), after (',' or the closer of the
+ * innermost container), close. The tape, its length and the innermost
+ * container (its index, kind and count) stay in locals between them: a
+ * store to the tape through j would otherwise make every j->v[...] read
+ * after it load j->v again. */
 int cn__jline_read(cn_jline *j, const char *s, size_t len) {
   int32_t stack[CN_JLINE_MAX_DEPTH];
   int32_t sp = 0;
   size_t i = 0;
+  int rc = 1;
   j->n = 0;
   j->buf_used = 0;
   if (len + 1 > j->buf_cap) {
@@ -165,101 +231,135 @@ int cn__jline_read(cn_jline *j, const char *s, size_t len) {
     j->buf = b;
     j->buf_cap = len + 1;
   }
-  /* expect: 0 a value, 1 a key or '}' (after '{'), 2 ',' or a closer,
-   * 3 a value or ']' (after '['), 4 a key (after ',' in an object) */
-  int expect = 0;
   while (i < len && ws((unsigned char)s[i])) i++;
   if (i == len || s[i] != '{') return 1; /* jansson's own message */
-  for (;;) {
-    while (i < len && ws((unsigned char)s[i])) i++;
-    if (i == len) return 1;
-    unsigned char c = (unsigned char)s[i];
-    int32_t top = sp > 0 ? stack[sp - 1] : -1;
-    if (expect == 2) {
-      if (c == ',') {
-        i++;
-        expect = j->v[top].kind == CN_JV_OBJ ? 4 : 0;
-        continue;
-      }
-      if ((c == '}' && j->v[top].kind == CN_JV_OBJ) ||
-          (c == ']' && j->v[top].kind == CN_JV_ARR)) {
-        i++;
-        j->v[top].next = j->n;
-        sp--;
-        if (sp == 0) break;
-        expect = 2;
-        continue;
-      }
-      return 1;
-    }
-    if ((expect == 1 && c == '}') || (expect == 3 && c == ']')) {
-      i++;
-      j->v[top].next = j->n;
-      sp--;
-      if (sp == 0) break;
-      expect = 2;
-      continue;
-    }
-    if (expect == 1 || expect == 4) { /* a key, then ':' */
-      if (c != '"') return 1;
-      i++;
-      int32_t k = tape_push(j);
-      if (k < 0) return CN_E_NOMEM;
-      cn_jval *kv = &j->v[k];
-      kv->kind = CN_JV_STR;
-      kv->next = k + 1;
-      int rc = read_string(j, s, len, &i, &kv->s, &kv->n);
-      if (rc) return rc;
-      /* a duplicate key: jansson refuses it (JSON_REJECT_DUPLICATES);
-       * the keys of the object so far are its members' first entries */
-      cn_jval *o = &j->v[top];
-      if (o->n >= 16) return 1;
-      for (int32_t q = top + 1; q < k; q = j->v[j->v[q].next].next)
-        if (j->v[q].n == kv->n && memcmp(j->v[q].s, kv->s, (size_t)kv->n) == 0)
-          return 1;
-      o->n++;
-      while (i < len && ws((unsigned char)s[i])) i++;
-      if (i == len || s[i] != ':') return 1;
-      i++;
-      expect = 0;
-      continue;
-    }
-    /* a value (expect 0 or 3) */
-    int32_t k = tape_push(j);
-    if (k < 0) return CN_E_NOMEM;
-    cn_jval *v = &j->v[k];
-    v->next = k + 1;
-    if (top >= 0 && j->v[top].kind == CN_JV_ARR) j->v[top].n++;
+  cn_jval *v = j->v;
+  int32_t n = 0, cap = j->cap;
+  int32_t top = -1;   /* the innermost open container, -1 before the root */
+  bool in_obj = false; /* and whether it is an object */
+  int32_t cnt = 0;     /* its members or items so far (its n at close) */
+  int32_t cnts[CN_JLINE_MAX_DEPTH]; /* cnt of each container it is in */
+  unsigned char c;
+#define SKIP_WS()                                                          \
+  while (i < len && ws((unsigned char)s[i])) i++
+#define PUSH(k)                                                            \
+  do {                                                                     \
+    if (n == cap) {                                                        \
+      if (tape_grow(j) != 0) {                                             \
+        rc = CN_E_NOMEM;                                                   \
+        goto out;                                                          \
+      }                                                                    \
+      v = j->v;                                                            \
+      cap = j->cap;                                                        \
+    }                                                                      \
+    (k) = n++;                                                             \
+  } while (0)
+
+value: /* a value at s[i] or after whitespace */
+  SKIP_WS();
+  if (i == len) goto out;
+  c = (unsigned char)s[i];
+  {
+    int32_t k;
+    PUSH(k);
+    cn_jval *x = &v[k];
+    x->next = k + 1;
+    if (!in_obj) cnt++; /* an array's item (and the root's count, unused) */
     if (c == '"') {
       i++;
-      v->kind = CN_JV_STR;
-      int rc = read_string(j, s, len, &i, &v->s, &v->n);
-      if (rc) return rc;
-      expect = 2;
-    } else if (c >= '0' && c <= '9') {
-      size_t st = i;
-      int64_t x = 0;
-      for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
-        if (i - st < 18) x = x * 10 + (s[i] - '0'); /* longer: declined */
-      if ((s[st] == '0' && i - st > 1) || i - st > 18) return 1;
-      if (i < len && (s[i] == '.' || s[i] == 'e' || s[i] == 'E')) return 1;
-      v->kind = CN_JV_INT;
-      v->i = x;
-      v->n = 0;
-      expect = 2;
-    } else if (c == '{' || c == '[') {
-      if (sp == CN_JLINE_MAX_DEPTH) return 1;
-      i++;
-      v->kind = c == '{' ? CN_JV_OBJ : CN_JV_ARR;
-      v->n = 0;
-      stack[sp++] = k;
-      expect = c == '{' ? 1 : 3;
-    } else {
-      return 1; /* true, false, null, signs, garbage: jansson's */
+      x->kind = CN_JV_STR;
+      int r = read_string(j, s, len, &i, &x->s, &x->n);
+      if (r) {
+        rc = r;
+        goto out;
+      }
+      goto after;
     }
+    if (c >= '0' && c <= '9') {
+      /* a fraction or an exponent after the digits is declined by
+       * after, which takes none of '.', 'e', 'E' */
+      size_t st = i;
+      uint64_t y = 0; /* wraps past 18 digits: declined then */
+      for (unsigned d; i < len && (d = (unsigned char)s[i] - '0') <= 9; i++)
+        y = y * 10 + d;
+      if (i - st > 18 || (c == '0' && i - st > 1)) goto out;
+      x->kind = CN_JV_INT;
+      x->i = (int64_t)y;
+      x->n = 0;
+      goto after;
+    }
+    if (c != '{' && c != '[') goto out; /* true, false, null, signs... */
+    if (sp == CN_JLINE_MAX_DEPTH) goto out;
+    i++;
+    in_obj = c == '{';
+    x->kind = in_obj ? CN_JV_OBJ : CN_JV_ARR;
+    cnts[sp] = cnt; /* the outer container's count, back at close */
+    stack[sp++] = top = k;
+    cnt = 0;
+    SKIP_WS();
+    if (i == len) goto out;
+    if (s[i] == (in_obj ? '}' : ']')) goto close;
+    if (in_obj) goto key;
+    goto value;
   }
-  while (i < len && ws((unsigned char)s[i])) i++;
-  return i == len ? 0 : 1;
+
+key: /* a key at s[i] of object top, then ':' */
+  if (s[i] != '"') goto out;
+  i++;
+  {
+    int32_t k;
+    PUSH(k);
+    cn_jval *kv = &v[k];
+    kv->kind = CN_JV_STR;
+    kv->next = k + 1;
+    int r = read_string(j, s, len, &i, &kv->s, &kv->n);
+    if (r) {
+      rc = r;
+      goto out;
+    }
+    /* a duplicate key: jansson refuses it (JSON_REJECT_DUPLICATES);
+     * the keys of the object so far are its members' first entries */
+    if (cnt >= 16) goto out;
+    for (int32_t q = top + 1; q < k; q = v[v[q].next].next)
+      if (v[q].n == kv->n && memcmp(v[q].s, kv->s, (size_t)kv->n) == 0)
+        goto out;
+    cnt++;
+  }
+  SKIP_WS();
+  if (i == len || s[i] != ':') goto out;
+  i++;
+  goto value;
+
+after: /* after a value: ',' or the closer of top */
+  SKIP_WS();
+  if (i == len) goto out;
+  c = (unsigned char)s[i];
+  if (c == ',') {
+    i++;
+    if (!in_obj) goto value;
+    SKIP_WS();
+    if (i == len) goto out;
+    goto key;
+  }
+  if (c != (in_obj ? '}' : ']')) goto out;
+
+close: /* s[i] closes top */
+  i++;
+  v[top].next = n;
+  v[top].n = cnt;
+  if (--sp > 0) {
+    top = stack[sp - 1];
+    in_obj = v[top].kind == CN_JV_OBJ;
+    cnt = cnts[sp];
+    goto after;
+  }
+  SKIP_WS();
+  rc = i == len ? 0 : 1;
+#undef SKIP_WS
+#undef PUSH
+out:
+  j->n = n;
+  return rc;
 }
 
 const cn_jval *cn__jline_get(const cn_jline *j, int32_t obj, const char *key,

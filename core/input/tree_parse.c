@@ -1,7 +1,8 @@
 /* tree_parse.c - bracketed (Penn / SST) and JSON trees into cn_tree.
  *
- * Both parsers are iterative: the only stack is an array on the heap that
- * grows with the nesting depth (and never past lim->max_depth), so a
+ * Both parsers are iterative: the only stack is an array on the heap (the
+ * bracketed parser's sized once for the deepest the string can nest, never
+ * past lim->max_depth; the JSON one's grown with the depth), so a
  * 100000-deep adversarial tree costs memory, not the C stack.
  *
  * Bracketed grammar (docs/api.md "Details that are part of the contract"), as
@@ -40,6 +41,10 @@
 #include <string.h>
 
 #include "input/tree_impl.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* ---- shared helpers ---------------------------------------------------- */
 
@@ -202,12 +207,14 @@ static inline uint64_t br_atom_end8(uint64_t w) {
 /* The end of the atom whose first byte is s[i]: 8 bytes a step while 8
  * remain, then byte by byte. */
 static inline size_t br_atom_end(const char *s, size_t len, size_t i) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ /* the first byte lowest */
   for (; i + 8 <= len; i += 8) {
     uint64_t w;
     memcpy(&w, s + i, 8);
     uint64_t m = br_atom_end8(w);
     if (m != 0) return i + ((size_t)__builtin_ctzll(m) >> 3);
   }
+#endif
   while (i < len && BR_CLASS(s[i]) == BC_ATOM) i++;
   return i;
 }
@@ -232,7 +239,9 @@ static const char *br_show_byte(unsigned char ch, char buf[8]) {
 
 /* What an open bracket has seen so far. Its first one or two atoms stay
  * pending until the next item says whether they are a label, a word or
- * bare leaves. */
+ * bare leaves. Only the innermost bracket can have pending atoms: an item
+ * that opens a child settles its parent first, so every bracket below the
+ * top is BR_OPEN and the stack holds node indices alone. */
 enum {
   BR_EMPTY = 0, /* "("                                            */
   BR_ATOM1,     /* "(X"        X is a label or (w) is an error    */
@@ -240,218 +249,86 @@ enum {
   BR_OPEN       /* an internal node: label settled, has a child   */
 };
 
-typedef struct br_frame {
-  int32_t node;
-  int32_t state;
-  int32_t a1_len, a2_len;
-  size_t a1, a2;       /* offsets of the pending atoms */
-} br_frame;
+/* ---- the failures, out of line (the loop keeps its state in registers,
+ * and none of these runs on a tree that parses) ---------------------- */
 
-/* One parse's state. Nodes are written in place (no per-node call, no
- * memset): a node's fields are set as its bracket or word is read, and
- * each parent counts its children as they come, so the children arrays
- * take one pass at the end (br_link). */
-typedef struct br_ctx {
-  const char *s;
-  const char *pool;    /* where words and labels point: the copy of s */
-  cn__tree_limits lim;
-  cn_tree *t;
-  int32_t cap;
-  int32_t height;
-  br_frame *stack;
-  int32_t sp, stack_cap;
-  cn_err *err;
-} br_ctx;
-
-/* The node array doubled (at least 32), as cn__tree_add_node grows it.
- * Out of line: it runs O(log n) times a tree, and never once warm. */
-static int br_grow(br_ctx *c, size_t where) {
-  int32_t ncap = c->cap < 32 ? 32 : (c->cap > INT32_MAX / 2 ? INT32_MAX
-                                                            : c->cap * 2);
-  cn_tree_node *nn = cn__xrealloc(c->t->nodes, (size_t)ncap, sizeof(*nn));
-  if (nn == NULL)
-    return cn__tree_fail(c->err, CN_E_NOMEM, (long long)where, -1,
-                         "out of memory growing a tree to %d nodes",
-                         (int)ncap);
-  c->t->nodes = nn;
-  c->cap = ncap;
-  return 0;
+/* A node past lim->max_nodes: node n would start at byte where. */
+static int br_fail_nodes(cn_err *err, int32_t max_nodes, int32_t n,
+                         size_t where) {
+  return cn__tree_fail(err, CN_E_TOO_LARGE, (long long)where, n,
+                       "the tree has more nodes than the limit of %d "
+                       "(max-nodes); node %d starts at byte %lld",
+                       (int)max_nodes, (int)n, (long long)where);
 }
 
-/* Appends node n_nodes under parent (-1: the root) at depth, starting at
- * byte where; the same checks and messages as cn__tree_add_node. */
-static inline int br_node(br_ctx *c, int32_t parent, int32_t depth,
-                          size_t where, int32_t *idx) {
-  cn_tree *t = c->t;
-  int32_t n = t->n_nodes;
-  if (n >= c->lim.max_nodes)
-    return cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)where, n,
-                         "the tree has more nodes than the limit of %d "
-                         "(max-nodes); node %d starts at byte %lld",
-                         (int)c->lim.max_nodes, (int)n, (long long)where);
-  if (n == c->cap) {
-    int rc = br_grow(c, where);
-    if (rc) return rc;
-  }
-  t->nodes[n] = (cn_tree_node){.parent = parent, .depth = depth,
-                               .offset = (int64_t)where};
-  if (parent >= 0) t->nodes[parent].n_children++;
-  if (depth > c->height) c->height = depth;
-  t->n_nodes = n + 1;
-  *idx = n;
-  return 0;
+/* A bracket (word false) or a bare word (word true) at byte off, at
+ * depth past lim->max_depth; n is the node it would have been. */
+static int br_fail_depth(cn_err *err, int32_t max_depth, int32_t n,
+                         size_t off, int32_t depth, bool word) {
+  if (word)
+    return cn__tree_fail(err, CN_E_TOO_LARGE, (long long)off, n,
+                         "the tree is deeper than the limit of %d levels "
+                         "(max-depth): "
+                         "the word at byte %zu is at depth %d",
+                         (int)max_depth, off, (int)depth);
+  return cn__tree_fail(err, CN_E_TOO_LARGE, (long long)off, n,
+                       "the tree is deeper than the limit of %d levels "
+                       "(max-depth): "
+                       "the bracket at byte %zu is at depth %d",
+                       (int)max_depth, off, (int)depth);
 }
 
-/* Adds an unlabelled leaf for the bare word at s[off..off+wlen) under the
- * bracket at stack depth sp (so the leaf's depth is sp + 1). */
-static inline int br_bare_leaf(br_ctx *c, size_t off, int32_t wlen) {
-  int rc = 0;
-  int32_t idx = 0;
-  int32_t depth = c->sp + 1;
-  if (depth > c->lim.max_depth) {
-    rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)off, c->t->n_nodes,
-                   "the tree is deeper than the limit of %d levels "
-                   "(max-depth): "
-                   "the word at byte %zu is at depth %d",
-                   (int)c->lim.max_depth, off, (int)depth);
-    goto out;
-  }
-  rc = br_node(c, c->stack[c->sp - 1].node, depth, off, &idx);
-  if (rc) goto out;
-  c->t->nodes[idx].word = c->pool + off;
-  c->t->nodes[idx].word_len = wlen;
-out:
-  return rc;
-}
-
-/* The top bracket gets one more item that is not a ')' (a bracket or an
- * atom after its pending ones): its pending atoms now resolve. The first is
- * the label, a pending second one becomes a bare leaf, and the node is an
- * internal node from here on. */
-static inline int br_settle(br_ctx *c) {
-  int rc = 0;
-  br_frame *f = &c->stack[c->sp - 1];
-  if (f->state == BR_OPEN) goto out;
-  if (f->state != BR_EMPTY) {
-    cn_tree_node *n = &c->t->nodes[f->node];
-    n->label = c->pool + f->a1;
-    n->label_len = f->a1_len;
-  }
-  if (f->state == BR_ATOM2) {
-    f->state = BR_OPEN;
-    rc = br_bare_leaf(c, f->a2, f->a2_len);
-    if (rc) goto out;
-  }
-  f->state = BR_OPEN;
-out:
-  return rc;
-}
-
-/* The parser's stack doubled (at least 64 frames). */
-static int br_grow_stack(br_ctx *c, size_t i, int32_t depth) {
-  int32_t ncap = c->stack_cap < 64 ? 64 : c->stack_cap * 2;
-  br_frame *ns = cn__xrealloc(c->stack, (size_t)ncap, sizeof(*ns));
-  if (ns == NULL)
-    return cn__tree_fail(c->err, CN_E_NOMEM, (long long)i, -1,
-                         "out of memory at nesting depth %d", (int)depth);
-  c->stack = ns;
-  c->stack_cap = ncap;
-  return 0;
-}
-
-/* '(' at byte i: a new node, numbered now (pre-order), one level deeper. */
-static inline int br_open(br_ctx *c, size_t i) {
-  int rc = 0;
-  int32_t idx = 0;
-  if (c->sp > 0) {
-    rc = br_settle(c);
-    if (rc) goto out;
-  }
-  int32_t depth = c->sp + 1;
-  if (depth > c->lim.max_depth) {
-    rc = cn__tree_fail(c->err, CN_E_TOO_LARGE, (long long)i, c->t->n_nodes,
-                   "the tree is deeper than the limit of %d levels "
-                   "(max-depth): "
-                   "the bracket at byte %zu is at depth %d",
-                   (int)c->lim.max_depth, i, (int)depth);
-    goto out;
-  }
-  rc = br_node(c, c->sp > 0 ? c->stack[c->sp - 1].node : -1, depth, i, &idx);
-  if (rc) goto out;
-  if (c->sp == c->stack_cap) {
-    rc = br_grow_stack(c, i, depth);
-    if (rc) goto out;
-  }
-  br_frame *f = &c->stack[c->sp++];
-  f->node = idx;
-  f->state = BR_EMPTY;
-out:
-  return rc;
-}
-
-/* ')' closing a bracket of no item or one atom: () and (w) are refused,
- * each with its message. */
-static int br_close_bad(br_ctx *c) {
-  br_frame *f = &c->stack[c->sp - 1];
-  const cn_tree_node *n = &c->t->nodes[f->node];
-  if (f->state == BR_EMPTY)
-    return cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+/* ')' closing a bracket of no item (state BR_EMPTY) or of the one atom
+ * a1[0 .. a1_len): () and (w) are refused, each with its message. */
+static int br_fail_close(cn_err *err, const cn_tree_node *nd, int32_t node,
+                         int state, const char *a1, int32_t a1_len) {
+  long long off = (long long)nd[node].offset;
+  if (state == BR_EMPTY)
+    return cn__tree_fail(err, CN_E_BAD_TREE, off, node,
                          "empty brackets '()' at byte %lld (node %d): a node "
                          "is (LABEL word) or (LABEL child ...)",
-                         (long long)n->offset, (int)f->node);
-  return cn__tree_fail(c->err, CN_E_BAD_TREE, (long long)n->offset, f->node,
+                         off, (int)node);
+  return cn__tree_fail(err, CN_E_BAD_TREE, off, node,
                        "brackets at byte %lld (node %d) hold only the word "
                        "'%.*s': a leaf is (LABEL word), and a bare word needs "
                        "no brackets",
-                       (long long)n->offset, (int)f->node,
-                       (int)br_cut_utf8(c->s + f->a1, f->a1_len, 40),
-                       c->s + f->a1);
+                       off, (int)node, (int)br_cut_utf8(a1, a1_len, 40), a1);
 }
 
-/* ')' closes the top bracket: a bracket of two atoms is the leaf X:w. */
-static inline int br_close(br_ctx *c) {
-  br_frame *f = &c->stack[c->sp - 1];
-  if (f->state == BR_ATOM2) {
-    cn_tree_node *n = &c->t->nodes[f->node];
-    n->label = c->pool + f->a1;
-    n->label_len = f->a1_len;
-    n->word = c->pool + f->a2;
-    n->word_len = f->a2_len;
-  } else if (f->state != BR_OPEN) {
-    return br_close_bad(c);
-  }
-  c->sp--;
+/* The node array doubled (at least 32) from *cap, as cn__tree_add_node
+ * grows it. Out of line: it runs O(log n) times a tree, and never once
+ * warm. */
+static int br_grow(cn_tree *t, int32_t *cap, size_t where, cn_err *err) {
+  int32_t ncap = *cap < 32 ? 32 : (*cap > INT32_MAX / 2 ? INT32_MAX
+                                                        : *cap * 2);
+  cn_tree_node *nn = cn__xrealloc(t->nodes, (size_t)ncap, sizeof(*nn));
+  if (nn == NULL)
+    return cn__tree_fail(err, CN_E_NOMEM, (long long)where, -1,
+                         "out of memory growing a tree to %d nodes",
+                         (int)ncap);
+  t->nodes = nn;
+  *cap = ncap;
   return 0;
 }
 
-/* An atom s[start..start+alen) inside the top bracket. */
-static inline int br_atom(br_ctx *c, size_t start, int32_t alen) {
-  int rc = 0;
-  br_frame *f = &c->stack[c->sp - 1];
-  switch (f->state) {
-  case BR_EMPTY:
-    f->a1 = start;
-    f->a1_len = alen;
-    f->state = BR_ATOM1;
-    break;
-  case BR_ATOM1:
-    f->a2 = start;
-    f->a2_len = alen;
-    f->state = BR_ATOM2;
-    break;
-  default: /* BR_ATOM2 or BR_OPEN */
-    rc = br_settle(c);
-    if (rc) goto out;
-    rc = br_bare_leaf(c, start, alen);
-    if (rc) goto out;
-    break;
-  }
-out:
-  return rc;
+/* The parser's stack of open brackets' nodes sized for the deepest the
+ * tree can be: max_depth brackets, and never more than it has bytes. */
+static int br_size_stack(int32_t **stack, int32_t *cap, size_t len,
+                         int32_t max_depth, cn_err *err) {
+  int32_t need = len < (size_t)max_depth ? (int32_t)len + 1 : max_depth + 1;
+  if (need <= *cap) return 0;
+  int32_t *ns = cn__xrealloc(*stack, (size_t)need, sizeof(*ns));
+  if (ns == NULL)
+    return cn__tree_fail(err, CN_E_NOMEM, -1, -1,
+                         "out of memory for a tree %d brackets deep",
+                         (int)need);
+  *stack = ns;
+  *cap = need;
+  return 0;
 }
 
 /* The children arrays (pre-order CSR, as cn__tree_link_children_in makes
- * them) from the counts br_node kept, in one pass: a parent precedes its
+ * them) from the counts the parse kept, in one pass: a parent precedes its
  * children, so its first_child is set before the first of them is placed;
  * its n_children counts again from 0 as they are. */
 static void br_link(cn_tree *t) {
@@ -470,8 +347,7 @@ static void br_link(cn_tree *t) {
 }
 
 static int br_parse(const char *s, size_t len, const cn_limits *lim,
-                    cn_tree *out, cn_tree_scratch *sc, char *pool,
-                    cn_err *err);
+                    cn_tree *out, cn_tree_scratch *sc, bool view, cn_err *err);
 
 /* Why: requests carry trees as Penn / SST strings; this turns one into the
  * pre-order cn_tree every tree family builds its vertices from, or says
@@ -480,7 +356,7 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
 int cn_tree_parse_bracketed(const char *s, size_t len, const cn_limits *lim,
                             cn_tree *out, cn_err *err) {
   memset(out, 0, sizeof(*out));
-  return br_parse(s, len, lim, out, NULL, NULL, err);
+  return br_parse(s, len, lim, out, NULL, false, err);
 }
 
 /* The same parse into a scratch tree whose arrays are reused from the
@@ -492,15 +368,15 @@ int cn__tree_parse_bracketed_scratch(const char *s, size_t len,
                                      cn_err *err) {
   sc->t.n_nodes = 0;
   sc->t.height = 0;
-  return br_parse(s, len, lim, &sc->t, sc, NULL, err);
+  return br_parse(s, len, lim, &sc->t, sc, false, err);
 }
 
-int cn__tree_parse_bracketed_into(const char *s, size_t len,
+int cn__tree_parse_bracketed_view(const char *s, size_t len,
                                   const cn_limits *lim, cn_tree_scratch *sc,
-                                  char *pool, cn_err *err) {
+                                  cn_err *err) {
   sc->t.n_nodes = 0;
   sc->t.height = 0;
-  return br_parse(s, len, lim, &sc->t, sc, pool, err);
+  return br_parse(s, len, lim, &sc->t, sc, true, err);
 }
 
 void cn__tree_scratch_free(cn_tree_scratch *sc) {
@@ -509,27 +385,124 @@ void cn__tree_scratch_free(cn_tree_scratch *sc) {
   memset(sc, 0, sizeof(*sc));
 }
 
+/* The 64 bytes at b classified for the parse loop: *stop marks every
+ * byte that is not an atom byte (whitespace, brackets, control bytes),
+ * *ws the whitespace among them; bit k is byte k. SSE2 (every x86-64)
+ * does 16 bytes an instruction; elsewhere the byte table does it. */
+static inline void br_classify64(const char *b, uint64_t *stop,
+                                 uint64_t *ws) {
+#if defined(__SSE2__)
+  uint64_t st = 0, w = 0;
+  const __m128i open = _mm_set1_epi8('('), close = _mm_set1_epi8(')');
+  const __m128i space = _mm_set1_epi8(' '), del = _mm_set1_epi8(0x7f);
+  const __m128i tab = _mm_set1_epi8('\t'), nl = _mm_set1_epi8('\n');
+  const __m128i cr = _mm_set1_epi8('\r');
+  for (int k = 0; k < 4; k++) {
+    __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(b + 16 * k));
+    /* x <= 0x20 (unsigned): whitespace and control bytes */
+    __m128i low = _mm_cmpeq_epi8(_mm_min_epu8(x, space), x);
+    __m128i s = _mm_or_si128(
+        _mm_or_si128(low, _mm_cmpeq_epi8(x, del)),
+        _mm_or_si128(_mm_cmpeq_epi8(x, open), _mm_cmpeq_epi8(x, close)));
+    __m128i sp = _mm_or_si128(
+        _mm_or_si128(_mm_cmpeq_epi8(x, space), _mm_cmpeq_epi8(x, tab)),
+        _mm_or_si128(_mm_cmpeq_epi8(x, nl), _mm_cmpeq_epi8(x, cr)));
+    st |= (uint64_t)(uint16_t)_mm_movemask_epi8(s) << (16 * k);
+    w |= (uint64_t)(uint16_t)_mm_movemask_epi8(sp) << (16 * k);
+  }
+  *stop = st;
+  *ws = w;
+#else
+  uint64_t st = 0, w = 0;
+  for (int k = 0; k < 64; k++) {
+    int c = BR_CLASS(b[k]);
+    st |= (uint64_t)(c != BC_ATOM) << k;
+    w |= (uint64_t)(c == BC_WS) << k;
+  }
+  *stop = st;
+  *ws = w;
+#endif
+}
+
+/* Appends node n under par (-1: the root) at depth d, starting at byte
+ * w, into idx: the max_nodes check and the array grown (one compare
+ * against nlim, the lower of the two, while neither is near), the
+ * parent's child counted. The loop's state lives in locals (a store
+ * through the node array would otherwise make the compiler reload every
+ * field of a context struct after it). */
+#define BR_NODE(par, d, w, idx)                                            \
+  do {                                                                     \
+    if (n >= nlim) {                                                       \
+      if (n >= lm.max_nodes) {                                             \
+        rc = br_fail_nodes(err, lm.max_nodes, n, (w));                     \
+        goto out;                                                          \
+      }                                                                    \
+      rc = br_grow(out, &cap, (w), err);                                   \
+      if (rc) goto out;                                                    \
+      nd = out->nodes;                                                     \
+      nlim = cap < lm.max_nodes ? cap : lm.max_nodes;                      \
+    }                                                                      \
+    nd[n] = (cn_tree_node){.parent = (par), .depth = (d),                  \
+                           .offset = (int64_t)(w)};                        \
+    if ((par) >= 0) nd[par].n_children++;                                  \
+    if ((d) > height) height = (d);                                        \
+    (idx) = n++;                                                           \
+  } while (0)
+
+/* An unlabelled leaf for the bare word at byte off, wl bytes, under the
+ * top bracket (so at depth sp + 1). */
+#define BR_BARE_LEAF(off, wl)                                              \
+  do {                                                                     \
+    int32_t x_;                                                            \
+    if (sp >= lm.max_depth) {                                              \
+      rc = br_fail_depth(err, lm.max_depth, n, (off), sp + 1, true);       \
+      goto out;                                                            \
+    }                                                                      \
+    BR_NODE(top, sp + 1, (off), x_);                                       \
+    nd[x_].word = pool + (off);                                            \
+    nd[x_].word_len = (wl);                                                \
+  } while (0)
+
+/* The top bracket gets one more item that is not a ')' (a bracket or an
+ * atom after its pending ones): its pending atoms resolve. The first,
+ * already its label, stays; a pending second one, held as its word,
+ * becomes a bare leaf; the node is an internal node from here on. */
+#define BR_SETTLE()                                                        \
+  do {                                                                     \
+    if (state == BR_ATOM2) {                                               \
+      size_t o_ = (size_t)(nd[top].word - pool);                           \
+      int32_t l_ = nd[top].word_len;                                       \
+      nd[top].word = NULL;                                                 \
+      nd[top].word_len = 0;                                                \
+      state = BR_OPEN;                                                     \
+      BR_BARE_LEAF(o_, l_);                                                \
+    }                                                                      \
+    state = BR_OPEN;                                                       \
+  } while (0)
+
 /* Why one function serves both: the grammar and every message stay in
  * one place. sc == NULL: out is fresh and owns what it gets (freed on
  * failure); else out is sc->t and every array comes from, and goes back
- * to, the scratch. pool (scratch only; NULL: the scratch's own) is where
- * the copy of s goes that words and labels point into: len bytes of the
- * caller's. */
+ * to, the scratch. Words and labels point into a copy of s (the tree's
+ * pool) or, with view (scratch only), into s itself.
+ *
+ * One loop over the bytes, a table look-up each; an atom is scanned 8
+ * bytes a step (br_atom_end). Nodes are written in place as their
+ * bracket or word is read, each parent counting its children, so the
+ * children arrays take one pass at the end (br_link). */
 static int br_parse(const char *s, size_t len, const cn_limits *lim,
-                    cn_tree *out, cn_tree_scratch *sc, char *pool,
+                    cn_tree *out, cn_tree_scratch *sc, bool view,
                     cn_err *err) {
   int rc = 0;
-  br_ctx c;
-  memset(&c, 0, sizeof(c));
-  c.s = s;
-  c.t = out;
-  c.err = err;
+  cn__tree_limits lm;
+  int32_t cap = 0, scap = 0;
+  int32_t *stk = NULL;
   if (sc != NULL) {
-    c.cap = sc->node_cap;
-    c.stack = sc->stack;
-    c.stack_cap = sc->stack_cap;
+    cap = sc->node_cap;
+    stk = sc->stack;
+    scap = sc->stack_cap;
   }
-  cn__tree_limits_resolve(lim, &c.lim);
+  cn__tree_limits_resolve(lim, &lm);
   if (s == NULL && len > 0) {
     rc = cn__tree_fail(err, CN_E_INTERNAL, -1, -1, "no tree string given");
     goto out;
@@ -549,7 +522,8 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
                    br_show_byte((unsigned char)s[i], shown), i);
     goto out;
   }
-  if (pool == NULL) {
+  const char *pool = s; /* where the words point */
+  if (!view) {
     if (sc == NULL) {
       out->pool = malloc(len);
     } else if (sc->pool_cap < len) {
@@ -562,55 +536,114 @@ static int br_parse(const char *s, size_t len, const cn_limits *lim,
                      "out of memory copying a tree of %zu bytes", len);
       goto out;
     }
+    memcpy(out->pool, s, len);
     pool = out->pool;
   }
-  memcpy(pool, s, len);
-  c.pool = pool;
+
+  rc = br_size_stack(&stk, &scap, len, lm.max_depth, err);
+  if (rc) goto out;
 
   /* the top-level tree: until it closes, every byte is an item of the
-   * top bracket; after it, only whitespace may follow */
+   * top bracket; after it, only whitespace may follow. The innermost
+   * bracket (node top, sp deep) and its state live in locals; its
+   * pending atoms are written into its node as they come (the first as
+   * its label, the second as its word) and moved if they turn out to be
+   * something else (BR_SETTLE). */
+  cn_tree_node *nd = out->nodes;
+  int32_t n = 0, height = 0, sp = 0, top = -1;
+  int32_t nlim = cap < lm.max_nodes ? cap : lm.max_nodes;
+  int state = BR_OPEN;
+  /* 64 bytes a step (br_classify64): the events - brackets, control
+   * bytes and the first byte of each atom - are its bits, taken lowest
+   * first, so whitespace and the inside of atoms cost nothing. A step
+   * starts where no atom is under way (an atom running past the block
+   * is scanned to its end, and the next step starts there). The last
+   * bytes are classified from a copy padded with spaces. */
   while (i < len) {
-    unsigned char ch = (unsigned char)s[i];
-    switch (BR_CLASS(ch)) {
-    case BC_WS:
-      i++;
-      continue;
-    case BC_OPEN:
-      rc = br_open(&c, i);
-      if (rc) goto out;
-      i++;
-      continue;
-    case BC_CLOSE:
-      rc = br_close(&c);
-      if (rc) goto out;
-      i++;
-      if (c.sp == 0) goto closed;
-      continue;
-    case BC_CTRL:
-      rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)i, -1,
-                     "control byte 0x%02x at byte %zu is not allowed in a "
-                     "tree", ch, i);
-      goto out;
-    default: {
-      size_t start = i;
-      i = br_atom_end(s, len, i + 1);
-      if (i - start > (size_t)c.lim.max_token_len) {
-        rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)start, -1,
-                       "the word or label at byte %zu is %zu bytes long, "
-                       "over the limit of %d (max-token-len)",
-                       start, i - start, (int)c.lim.max_token_len);
+    const char *b = s + i;
+    char tail[64];
+    if (len - i < 64) {
+      memset(tail, ' ', sizeof(tail));
+      memcpy(tail, b, len - i);
+      b = tail;
+    }
+    uint64_t stop, ws;
+    br_classify64(b, &stop, &ws);
+    uint64_t atom = ~stop;
+    uint64_t ev = (stop & ~ws) | (atom & ~(atom << 1));
+    for (; ev != 0; ev &= ev - 1) {
+      unsigned k = (unsigned)__builtin_ctzll(ev);
+      size_t at = i + k;
+      unsigned char ch = (unsigned char)b[k];
+      if (ch == '(') {
+        /* a new node, numbered now (pre-order), one level deeper */
+        if (sp > 0) BR_SETTLE();
+        int32_t idx;
+        if (sp >= lm.max_depth) {
+          rc = br_fail_depth(err, lm.max_depth, n, at, sp + 1, false);
+          goto out;
+        }
+        BR_NODE(top, sp + 1, at, idx);
+        stk[sp++] = idx;
+        top = idx;
+        state = BR_EMPTY;
+      } else if (ch == ')') {
+        /* a bracket of two atoms is the leaf X:w (its label and word
+         * are in place); () and (w) are refused */
+        if (state < BR_ATOM2) {
+          rc = br_fail_close(err, nd, top, state, nd[top].label,
+                             nd[top].label_len);
+          goto out;
+        }
+        if (--sp == 0) {
+          i = at + 1;
+          goto closed;
+        }
+        top = stk[sp - 1];
+        state = BR_OPEN;
+      } else if ((stop >> k) & 1) { /* a control byte */
+        rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)at, -1,
+                       "control byte 0x%02x at byte %zu is not allowed in a "
+                       "tree", ch, at);
         goto out;
+      } else { /* an atom */
+        uint64_t after = stop & (~0ull << k);
+        size_t end = after != 0 ? i + (size_t)__builtin_ctzll(after)
+                                : br_atom_end(s, len, i + 64);
+        if (end - at > (size_t)lm.max_token_len) {
+          rc = cn__tree_fail(err, CN_E_TOO_LARGE, (long long)at, -1,
+                         "the word or label at byte %zu is %zu bytes long, "
+                         "over the limit of %d (max-token-len)",
+                         at, end - at, (int)lm.max_token_len);
+          goto out;
+        }
+        int32_t alen = (int32_t)(end - at);
+        if (state == BR_EMPTY) {
+          nd[top].label = pool + at;
+          nd[top].label_len = alen;
+          state = BR_ATOM1;
+        } else if (state == BR_ATOM1) {
+          nd[top].word = pool + at;
+          nd[top].word_len = alen;
+          state = BR_ATOM2;
+        } else {
+          BR_SETTLE();
+          BR_BARE_LEAF(at, alen);
+        }
+        if (after == 0) { /* the atom ran past the block */
+          i = end;
+          goto next;
+        }
       }
-      rc = br_atom(&c, start, (int32_t)(i - start));
-      if (rc) goto out;
     }
-    }
+    i += 64;
+  next:;
   }
-  rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, c.stack[c.sp - 1].node,
+  rc = cn__tree_fail(err, CN_E_BAD_TREE, (long long)len, top,
                  "expected ')' at end of input (byte %zu): %d bracket%s "
                  "still open, the innermost opened at byte %lld",
-                 len, (int)c.sp, c.sp == 1 ? "" : "s",
-                 (long long)out->nodes[c.stack[c.sp - 1].node].offset);
+                 len, (int)sp, sp == 1 ? "" : "s",
+                 (long long)nd[top].offset);
   goto out;
 
 closed:
@@ -632,9 +665,8 @@ closed:
                      "exactly one top-level (...)", i);
     goto out;
   }
-  out->height = c.height;
+  out->height = height;
   {
-    int32_t n = out->n_nodes;
     if (sc == NULL) {
       out->children = cn__xcalloc(n > 1 ? (size_t)(n - 1) : 1,
                                   sizeof(int32_t));
@@ -648,17 +680,18 @@ closed:
                      "out of memory linking a tree of %d nodes", (int)n);
       goto out;
     }
+    out->n_nodes = n;
     br_link(out);
   }
 
 out:
   if (sc == NULL) {
-    free(c.stack);
+    free(stk);
     if (rc) cn_tree_free(out);
   } else {
-    sc->node_cap = c.cap;
-    sc->stack = c.stack;
-    sc->stack_cap = c.stack_cap;
+    sc->node_cap = cap;
+    sc->stack = stk;
+    sc->stack_cap = scap;
     if (rc) out->n_nodes = 0;
   }
   return rc;

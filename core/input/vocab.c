@@ -17,13 +17,16 @@
  * path, a data file) rather than a vocabulary. */
 #define MAX_VOCAB_BYTES (1ull << 30)
 
-/* A table entry: the token's hash beside its id and offset, so that a
- * probe reads one entry (a quarter of a cache line) and then, on a hash
- * match, the token's bytes - nothing else. */
+/* A table entry: the token's hash beside its id, offset and length, so
+ * that a probe reads one entry (a quarter of a cache line) and then, on a
+ * hash and length match, the token's bytes - nothing else. A pool is at
+ * most MAX_VOCAB_BYTES (cn_vocab_from_list checks its own), so 32 bits
+ * hold both. */
 typedef struct vocab_slot {
   uint32_t hash;
   int32_t id;       /* -1: empty */
-  size_t off;       /* the token's offset in pool */
+  uint32_t off;     /* the token's offset in pool */
+  uint32_t len;     /* and its length */
 } vocab_slot;
 
 struct cn_vocab {
@@ -68,7 +71,7 @@ static inline uint64_t load4(const char *s) {
  * of a short string (two overlapping 4-byte words; 3 bytes that cover 1
  * to 3) is a function of its bytes and its length, which the hash
  * starts from; a multiply and a shift mix each word in. */
-static uint32_t hash(const char *s, size_t len, bool lower) {
+static inline uint32_t hash(const char *s, size_t len, bool lower) {
   const uint64_t k = 0x9e3779b97f4a7c15ull;
   uint64_t h = (uint64_t)len * k, w;
   size_t i = 0;
@@ -95,14 +98,25 @@ done:
   return (uint32_t)((h * 0xbf58476d1ce4e5b9ull) >> 32);
 }
 
-/* Whether the token at t (NUL-terminated, no NUL inside) is s[0 .. len),
- * folded when lower. It stops at t's NUL, so it never reads past t. */
+/* Whether the token at t, of the same length len, is s[0 .. len),
+ * folded when lower: 8 bytes a step, a tail of 4 to 7 as two overlapping
+ * 4-byte words, shorter ones byte by byte. It reads len bytes of each. */
 static inline bool same(const char *t, const char *s, size_t len,
                         bool lower) {
-  const unsigned char *u = (const unsigned char *)t;
-  for (size_t i = 0; i < len; i++)
-    if (u[i] == 0 || u[i] != fold((unsigned char)s[i], lower)) return false;
-  return u[len] == 0;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w = load8(s + i);
+    if (lower) w = fold8(w);
+    if (w != load8(t + i)) return false;
+  }
+  if (len - i >= 4) {
+    uint64_t w = load4(s + i) | load4(s + len - 4) << 32;
+    if (lower) w = fold8(w);
+    return w == (load4(t + i) | load4(t + len - 4) << 32);
+  }
+  for (; i < len; i++)
+    if ((unsigned char)t[i] != fold((unsigned char)s[i], lower)) return false;
+  return true;
 }
 
 /* Finds the slot holding s (whose hash is h), or the empty slot where it
@@ -113,7 +127,8 @@ static inline const vocab_slot *probe_h(const cn_vocab *v, uint32_t h,
   uint32_t i = h & v->mask;
   for (;; i = (i + 1) & v->mask) {
     const vocab_slot *e = &v->slots[i];
-    if (e->id < 0 || (e->hash == h && same(v->pool + e->off, s, len, lower)))
+    if (e->id < 0 || (e->hash == h && e->len == len &&
+                      same(v->pool + e->off, s, len, lower)))
       return e;
   }
 }
@@ -141,7 +156,8 @@ static int index_tokens(cn_vocab *v) {
     size_t len = strlen(t);
     vocab_slot *e = (vocab_slot *)probe(v, t, len, false);
     if (e->id < 0)
-      *e = (vocab_slot){hash(t, len, false), id, v->off[id]};
+      *e = (vocab_slot){hash(t, len, false), id, (uint32_t)v->off[id],
+                        (uint32_t)len};
   }
   for (int c = 0; c < 256; c++)
     for (int lower = 0; lower < 2; lower++) {
@@ -196,6 +212,7 @@ int cn_vocab_from_list(const char *const *tokens, int n, cn_vocab **out) {
     if (tokens[i] == NULL) return CN_E_INTERNAL;
     total += strlen(tokens[i]) + 1;
   }
+  if (total > MAX_VOCAB_BYTES) return CN_E_TOO_LARGE; /* a slot's 32 bits */
   char *pool = malloc(total);
   if (pool == NULL) return CN_E_NOMEM;
   size_t p = 0;
@@ -291,6 +308,33 @@ int cn__vocab_lookup_hashed(const cn_vocab *v, uint32_t h, const char *s,
   if (v == NULL || v->n == 0) return 0;
   int32_t id = probe_h(v, h, s, len, lowercase)->id;
   return id < 0 ? 0 : id;
+}
+
+void cn__vocab_lookup_many(const cn_vocab *v, const char *const *words,
+                           const int32_t *lens, int32_t n, bool lowercase,
+                           int32_t *ids) {
+  if (v == NULL || v->n == 0) {
+    for (int32_t k = 0; k < n; k++) ids[k] = 0;
+    return;
+  }
+  uint32_t hs[64];
+  for (int32_t k0 = 0; k0 < n; k0 += 64) {
+    int32_t k1 = n - k0 > 64 ? k0 + 64 : n;
+    for (int32_t k = k0; k < k1; k++) {
+      if (lens[k] < 0) continue;
+      hs[k - k0] = hash(words[k], (size_t)lens[k], lowercase);
+      __builtin_prefetch(&v->slots[hs[k - k0] & v->mask]);
+    }
+    for (int32_t k = k0; k < k1; k++) {
+      if (lens[k] < 0) {
+        ids[k] = 0;
+        continue;
+      }
+      int32_t id = probe_h(v, hs[k - k0], words[k], (size_t)lens[k],
+                           lowercase)->id;
+      ids[k] = id < 0 ? 0 : id;
+    }
+  }
 }
 
 const char *cn_vocab_token(const cn_vocab *v, int id) {

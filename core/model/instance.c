@@ -43,71 +43,83 @@ static bool label_unknown(const cn_model *m, const cn_tree_node *nd) {
   return true;
 }
 
-/* Word ids and cell kinds of a parsed tree; arity checked for the family. */
+/* Word ids and cell kinds of a parsed tree; arity checked for the family.
+ * A block of 64 nodes at a time: first their child_start and their
+ * words, looked up together (cn__vocab_lookup_many: each word's table
+ * entry asked for before the first look-up), then the checks in node
+ * order. The arrays and counts are locals: a store
+ * through one of in's arrays would otherwise make the compiler load
+ * t->n_nodes and the array pointers again. */
 int cn__tree_finish(const cn_model *m, const cn_limits *lim, bool from_json,
                     cn_instance *in, cn_err *err) {
   const cn_tree *t = &in->tree;
   int arity = m->fam->max_arity;
-  in->n = t->n_nodes;
-  if (in->ids == NULL) in->ids = malloc((size_t)t->n_nodes * sizeof(int32_t));
-  if (in->node_type == NULL) in->node_type = malloc((size_t)t->n_nodes);
+  int32_t n = t->n_nodes;
+  in->n = n;
+  if (in->ids == NULL) in->ids = malloc((size_t)n * sizeof(int32_t));
+  if (in->node_type == NULL) in->node_type = malloc((size_t)n);
   if (in->child_start == NULL)
-    in->child_start = malloc(((size_t)t->n_nodes + 1) * sizeof(int32_t));
+    in->child_start = malloc(((size_t)n + 1) * sizeof(int32_t));
   if (in->ids == NULL || in->node_type == NULL || in->child_start == NULL)
     return cn_err_set(err, CN_E_NOMEM, "no memory for the instance");
-  for (int32_t i = 0; i < t->n_nodes; i++)
-    in->child_start[i] = t->nodes[i].first_child;
-  in->child_start[t->n_nodes] = t->n_nodes > 0 ? t->n_nodes - 1 : 0;
+  const cn_tree_node *nodes = t->nodes;
+  int32_t *ids = in->ids, *cs = in->child_start;
+  uint8_t *types = in->node_type;
+  const cn_vocab *voc = m->vocab;
+  bool lower = m->lowercase, cells = m->cells != NULL;
+  /* the most children a node may have, and what exceeding it is */
+  int32_t most = arity > 0 ? arity : lim->max_children;
+  cs[n] = n > 0 ? n - 1 : 0;
   /* a JSON tree of treelstm-2type says its nodes' "type", not a label */
-  bool by_label = cn_model_reads_labels(m) && (m->cells != NULL || !from_json);
-  in->n_unknown_labels = 0;
-  /* the words' hashes, a block of nodes at a time, their table entries
-   * asked for before the first look-up (cn__vocab_prefetch) */
-  uint32_t hs[64];
-  for (int32_t i = 0; i < t->n_nodes; i++) {
-    const cn_tree_node *nd = &t->nodes[i];
-    if (i % 64 == 0)
-      for (int32_t k = i; k < t->n_nodes && k < i + 64; k++) {
-        const cn_tree_node *w = &t->nodes[k];
-        if (w->n_children > 0) continue;
-        hs[k - i] = cn__vocab_hash(w->word, (size_t)w->word_len,
-                                   m->lowercase);
-        cn__vocab_prefetch(m->vocab, hs[k - i]);
+  bool by_label = cn_model_reads_labels(m) && (cells || !from_json);
+  int32_t unknown = 0;
+  const char *words[64];
+  int32_t lens[64], wid[64];
+  for (int32_t i0 = 0; i0 < n; i0 += 64) {
+    int32_t i1 = n - i0 > 64 ? i0 + 64 : n, nw = 0;
+    for (int32_t i = i0; i < i1; i++) {
+      const cn_tree_node *w = &nodes[i];
+      cs[i] = w->first_child;
+      if (w->n_children > 0) continue;
+      words[nw] = w->word;
+      lens[nw++] = w->word_len;
+    }
+    cn__vocab_lookup_many(voc, words, lens, nw, lower, wid);
+    nw = 0;
+    for (int32_t i = i0; i < i1; i++) {
+      const cn_tree_node *nd = &nodes[i];
+      if (nd->n_children == 0) {
+        ids[i] = wid[nw++];
+        types[i] = cells ? (uint8_t)cn__cells_tree_type(m, nd) : 0;
+        continue;
       }
-    if (nd->n_children > 0) {
-      if (arity > 0 && nd->n_children > arity) {
+      if ((arity >= 0 && nd->n_children > most)) {
         err->node = i;
         err->offset = nd->offset;
-        return cn_err_set(err, CN_E_TOO_MANY_CHILDREN,
-                          "node %d has %d children; family %s takes at most "
-                          "%d (use childsum-treelstm for any arity)",
-                          i, nd->n_children, m->fam->name, arity);
-      }
-      if (arity == 0 && nd->n_children > lim->max_children) {
-        err->node = i;
-        err->offset = nd->offset;
+        in->n_unknown_labels = unknown;
+        if (arity > 0)
+          return cn_err_set(err, CN_E_TOO_MANY_CHILDREN,
+                            "node %d has %d children; family %s takes at "
+                            "most %d (use childsum-treelstm for any arity)",
+                            i, nd->n_children, m->fam->name, arity);
         return cn_err_set(err, CN_E_TOO_LARGE,
                           "node %d has %d children, over the limit of %d "
                           "(max-children)", i, nd->n_children,
                           lim->max_children);
       }
-      in->ids[i] = 0;
-      if (by_label && label_unknown(m, nd)) in->n_unknown_labels++;
-      if (m->cells != NULL) { /* docs/cells.md: leaf, internal, by label */
-        in->node_type[i] = (uint8_t)cn__cells_tree_type(m, nd);
+      ids[i] = 0;
+      if (by_label && label_unknown(m, nd)) unknown++;
+      if (cells) { /* docs/cells.md: leaf, internal, by label */
+        types[i] = (uint8_t)cn__cells_tree_type(m, nd);
         continue;
       }
-      /* docs/models.md treelstm-2type: a bracket label listed in type_b_labels,
-       * or in JSON input the node's "type". */
+      /* docs/models.md treelstm-2type: a bracket label listed in
+       * type_b_labels, or in JSON input the node's "type". */
       bool b = from_json ? nd->type == 'b' : label_in(m, nd);
-      in->node_type[i] = b ? 'b' : 'a';
-    } else {
-      in->ids[i] = cn__vocab_lookup_hashed(m->vocab, hs[i % 64], nd->word,
-                                           (size_t)nd->word_len, m->lowercase);
-      in->node_type[i] =
-          m->cells != NULL ? (uint8_t)cn__cells_tree_type(m, nd) : 0;
+      types[i] = b ? 'b' : 'a';
     }
   }
+  in->n_unknown_labels = unknown;
   return 0;
 }
 

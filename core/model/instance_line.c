@@ -29,13 +29,13 @@ struct cn_line_reader {
   int32_t *sb, *se;    /* lattices: lexicon spans before they are copied */
   const char **cs;     /* the characters (lattices) or words of "text" */
   int32_t *cl;
-  uint32_t *hs;        /* lattices: each span word's hash (cn__vocab_hash) */
+  const char **ws;     /* lattices: each span's word (span_word), ... */
+  int32_t *wl;         /* ... and its length */
   int32_t *tk;         /* lattices: the tape index of its "token", or -1 */
-  int32_t *wo, *wl;    /* lattices: its joined characters in jb, length
-                          (-1: longer than 1,024 bytes, unknown) */
-  char *jb;
+  char *jb;            /* lattices: the characters joined, ... */
+  int32_t *co;         /* ... character c from jb[co[c]] (n + 1 entries) */
   size_t jb_cap;
-  int32_t keys_cap, sb_cap, se_cap, hs_cap, tk_cap, wo_cap, wl_cap;
+  int32_t keys_cap, sb_cap, se_cap, ws_cap, wl_cap, tk_cap, co_cap;
   int32_t text_cap;    /* of cs and cl both (cn__split_text grows them) */
 };
 
@@ -55,10 +55,10 @@ void cn_line_reader_free(cn_line_reader *rd) {
   free(rd->keys);
   free(rd->sb);
   free(rd->se);
-  free(rd->hs);
-  free(rd->tk);
-  free(rd->wo);
+  free(rd->ws);
   free(rd->wl);
+  free(rd->tk);
+  free(rd->co);
   free(rd->jb);
   free(rd->cs);
   free(rd->cl);
@@ -97,9 +97,11 @@ static bool only_keys(const cn_jline *j, int32_t obj, const char *const *keys,
 #define ALLOC(rd, n, T) ((T *)cn__arena_alloc(&(rd)->arena, (size_t)(n) * sizeof(T)))
 
 /* {"tree": "(...)"}: the bracketed parse into the scratch tree, its words
- * and labels already pointing into the arena's copy of the string, so
- * the nodes are copied as they are; then instance.c's own word ids and
- * cell kinds. */
+ * and labels pointing into the line; then instance.c's own word ids and
+ * cell kinds, read from the scratch's nodes. What a run reads of the
+ * tree - its children, child_start, ids and node types - goes into the
+ * arena; the nodes, words and labels stay behind (tree.nodes and
+ * tree.pool are NULL: nothing reads them after cn__tree_finish). */
 static int read_tree(const cn_model *m, cn_line_reader *rd,
                      const cn_limits *lim, cn_instance *in) {
   static const char *const keys[] = {"tree"};
@@ -109,26 +111,24 @@ static int read_tree(const cn_model *m, cn_line_reader *rd,
   cn_err err;
   cn_err_clear(&err);
   cn_tree *dt = &in->tree;
-  dt->pool = ALLOC(rd, t->n > 0 ? t->n : 1, char);
-  if (dt->pool == NULL) return CN_E_NOMEM;
-  if (cn__tree_parse_bracketed_into(t->s, (size_t)t->n, lim, &rd->ts,
-                                    dt->pool, &err) != 0)
+  if (cn__tree_parse_bracketed_view(t->s, (size_t)t->n, lim, &rd->ts,
+                                    &err) != 0)
     return 1;
   const cn_tree *st = &rd->ts.t;
   int32_t n = st->n_nodes;
   dt->n_nodes = n;
   dt->height = st->height;
-  dt->nodes = ALLOC(rd, n, cn_tree_node);
   dt->children = ALLOC(rd, n > 1 ? n - 1 : 1, int32_t);
   in->ids = ALLOC(rd, n, int32_t);
   in->node_type = ALLOC(rd, n, uint8_t);
   in->child_start = ALLOC(rd, n + 1, int32_t);
-  if (!dt->nodes || !dt->children || !in->ids || !in->node_type ||
-      !in->child_start)
+  if (!dt->children || !in->ids || !in->node_type || !in->child_start)
     return CN_E_NOMEM;
-  memcpy(dt->nodes, st->nodes, (size_t)n * sizeof(cn_tree_node));
   if (n > 1) memcpy(dt->children, st->children, (size_t)(n - 1) * sizeof(int32_t));
-  return cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
+  dt->nodes = st->nodes; /* for cn__tree_finish only */
+  int rc = cn__tree_finish(m, lim, false, in, &err) != 0 ? 1 : 0;
+  dt->nodes = NULL;
+  return rc;
 }
 
 /* An array of non-empty strings within the limits (the checks of
@@ -208,73 +208,68 @@ static int lex_span(void *ctx, int32_t b, int32_t e) {
   return 0;
 }
 
-/* The word of span [b, e) with no "token": its characters joined into
- * buf (as seq_parse.c's span_words, 1,024 bytes at most); its length, or
- * -1 when longer (an unknown word: id 0). Characters are mostly a byte
- * or two: copied without a call. */
-static int32_t span_join(const cn_line_reader *rd, int32_t b, int32_t e,
-                         char *buf) {
-  size_t len = 0;
-  for (int32_t c = b; c < e; c++) {
-    size_t l = (size_t)rd->cl[c];
-    if (len + l > 1024) return -1;
-    const char *p = rd->cs[c];
-    if (l <= 4)
-      for (size_t i = 0; i < l; i++) buf[len + i] = p[i];
-    else
-      memcpy(buf + len, p, l);
-    len += l;
+/* The n characters rd->cs / rd->cl joined once into rd->jb, character c
+ * at rd->co[c]: the word of span [b, e) with no "token" is then
+ * jb[co[b] .. co[e]), read in place rather than joined span by span
+ * (a character is in several spans). */
+static int join_chars(cn_line_reader *rd, int32_t n) {
+  if (grow((void **)&rd->co, &rd->co_cap, n + 1, sizeof(int32_t)))
+    return CN_E_NOMEM;
+  size_t total = 0;
+  for (int32_t c = 0; c < n; c++) total += (size_t)rd->cl[c];
+  if (total > INT32_MAX) return 1; /* no line is that long */
+  if (total + 8 > rd->jb_cap) {
+    size_t cap = rd->jb_cap ? rd->jb_cap : 4096;
+    while (cap < total + 8) cap *= 2;
+    char *p = realloc(rd->jb, cap);
+    if (p == NULL) return CN_E_NOMEM;
+    rd->jb = p, rd->jb_cap = cap;
   }
-  return (int32_t)len;
+  int32_t at = 0;
+  for (int32_t c = 0; c < n; c++) {
+    rd->co[c] = at;
+    const char *p = rd->cs[c];
+    int32_t l = rd->cl[c];
+    if (l <= 4) /* characters are mostly a byte or two: no call */
+      for (int32_t i = 0; i < l; i++) rd->jb[at + i] = p[i];
+    else
+      memcpy(rd->jb + at, p, (size_t)l);
+    at += l;
+  }
+  rd->co[n] = at;
+  return 0;
 }
 
-/* The span words' ids in two passes (cn__vocab_prefetch): every word's
- * hash computed and its table entry asked for, then the look-ups, whose
- * entries have arrived meanwhile. A lattice has hundreds of words in a
- * vocabulary too large to stay in cache; one by one, each look-up
- * waited on its own miss. Span k's word is the string at tape index
- * rd->tk[k] (its "token") or, when that is -1, its characters joined
- * (into rd->jb, once). */
-static int span_words(const cn_model *m, cn_line_reader *rd,
+/* Span k's word: its "token" (the string at tape index rd->tk[k]) or its
+ * characters joined (join_chars), as seq_parse.c's span_words makes it;
+ * *len -1 when that is longer than 1,024 bytes (an unknown word, id 0). */
+static inline const char *span_word(const cn_line_reader *rd,
+                                    const int32_t *sb, const int32_t *se,
+                                    int32_t k, int32_t *len) {
+  if (rd->tk[k] >= 0) {
+    *len = rd->j.v[rd->tk[k]].n;
+    return rd->j.v[rd->tk[k]].s;
+  }
+  int32_t b = rd->co[sb[k]], l = rd->co[se[k]] - b;
+  *len = l > 1024 ? -1 : l;
+  return rd->jb + b;
+}
+
+/* The span words' ids, looked up together (cn__vocab_lookup_many: a
+ * lattice has hundreds of words in a vocabulary too large to stay in
+ * cache, and one by one each look-up waited on its own miss). The
+ * characters are joined first (join_chars), once for every span. */
+static int span_words(const cn_model *m, cn_line_reader *rd, int32_t n,
                       const int32_t *sb, const int32_t *se, int32_t ns,
                       int32_t *out) {
-  if (grow((void **)&rd->wo, &rd->wo_cap, ns, sizeof(int32_t)) ||
+  int rc = join_chars(rd, n);
+  if (rc != 0) return rc;
+  if (grow((void **)&rd->ws, &rd->ws_cap, ns, sizeof(char *)) ||
       grow((void **)&rd->wl, &rd->wl_cap, ns, sizeof(int32_t)))
     return CN_E_NOMEM;
-  size_t used = 0;
-  for (int32_t k = 0; k < ns; k++) {
-    const char *w;
-    int32_t len;
-    if (rd->tk[k] >= 0) {
-      w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
-    } else {
-      if (rd->jb_cap - used < 1024) { /* room for the longest join */
-        size_t c = rd->jb_cap ? rd->jb_cap * 2 : 4096;
-        char *p = realloc(rd->jb, c);
-        if (p == NULL) return CN_E_NOMEM;
-        rd->jb = p, rd->jb_cap = c;
-      }
-      w = rd->jb + used;
-      len = span_join(rd, sb[k], se[k], rd->jb + used);
-      rd->wo[k] = (int32_t)used;
-      rd->wl[k] = len;
-      if (len < 0) continue;
-      used += (size_t)len;
-    }
-    rd->hs[k] = cn__vocab_hash(w, (size_t)len, m->lowercase);
-    cn__vocab_prefetch(m->word_vocab, rd->hs[k]);
-  }
-  for (int32_t k = 0; k < ns; k++) {
-    const char *w;
-    int32_t len;
-    if (rd->tk[k] >= 0)
-      w = rd->j.v[rd->tk[k]].s, len = rd->j.v[rd->tk[k]].n;
-    else
-      w = rd->jb + rd->wo[k], len = rd->wl[k];
-    out[k] = len < 0 ? 0
-                     : cn__vocab_lookup_hashed(m->word_vocab, rd->hs[k], w,
-                                               (size_t)len, m->lowercase);
-  }
+  for (int32_t k = 0; k < ns; k++)
+    rd->ws[k] = span_word(rd, sb, se, k, &rd->wl[k]);
+  cn__vocab_lookup_many(m->word_vocab, rd->ws, rd->wl, ns, m->lowercase, out);
   return 0;
 }
 
@@ -335,7 +330,6 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
     if (!in->span_start || !in->span_end || !in->span_word ||
         grow((void **)&rd->keys, &rd->keys_cap, ns, sizeof(int64_t)) ||
-        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
         grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
       return CN_E_NOMEM;
     bool sorted = true; /* the keys ascending as sent: no sort needed */
@@ -354,7 +348,7 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       /* span k's word: its "token", else its characters joined */
       rd->tk[k] = jt != NULL ? (int32_t)(jt - j->v) : -1;
     }
-    rc = span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    rc = span_words(m, rd, n, in->span_start, in->span_end, ns, in->span_word);
     if (rc != 0) return rc;
     /* a repeated span is refused (jansson's path says which): strictly
      * ascending keys have none, else sorted they sit side by side */
@@ -373,7 +367,6 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
     in->span_end = ALLOC(rd, ns ? ns : 1, int32_t);
     in->span_word = ALLOC(rd, ns ? ns : 1, int32_t);
     if (!in->span_start || !in->span_end || !in->span_word ||
-        grow((void **)&rd->hs, &rd->hs_cap, ns, sizeof(uint32_t)) ||
         grow((void **)&rd->tk, &rd->tk_cap, ns, sizeof(int32_t)))
       return CN_E_NOMEM;
     for (int32_t k = 0; k < ns; k++) {
@@ -381,7 +374,7 @@ static int read_lattice(const cn_model *m, cn_line_reader *rd,
       in->span_end[k] = rd->se[k];
       rd->tk[k] = -1;
     }
-    rc = span_words(m, rd, in->span_start, in->span_end, ns, in->span_word);
+    rc = span_words(m, rd, n, in->span_start, in->span_end, ns, in->span_word);
     if (rc != 0) return rc;
   } else {
     in->span_word = ALLOC(rd, 1, int32_t);

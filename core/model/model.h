@@ -219,7 +219,9 @@ int cn__cells_tree_type(const cn_model *m, const cn_tree_node *nd);
 struct cn_instance {
   const cn_model *m;
   cn_input_kind kind;
-  cn_tree tree;           /* CN_INPUT_TREE */
+  cn_tree tree;           /* CN_INPUT_TREE; a line reader's (in_arena)
+                             has n_nodes, height and children, no nodes
+                             or pool: only cn__tree_finish read them */
   int32_t *ids;           /* per node: word id (trees), token ids (seq)... */
   uint8_t *node_type;     /* trees: per node vertex type (family's index) */
   /* trees: node i's children are tree.children[child_start[i] ..
