@@ -64,7 +64,31 @@ typedef struct cell_rows {
   const float *eout;
   const int64_t *eseg;
   int64_t edges;
+  struct rows_memo *memo; /* what this batch's sources already derived */
 } cell_rows;
+
+/* The index arrays one batch has written, for the sources after them:
+ * sources read the same input edges at other columns (a state's h and c,
+ * the edge cell's l and cw, the vertex cell's segments over the same
+ * edges), so a walk of the batch's inputs is done once per edge list and
+ * each further source's offsets are the first one's moved by a column.
+ * Valid for one cn__cell_exec (the index room is rewritten per batch). */
+#define MEMO_MAX 8
+typedef struct memo_seg {
+  int from1;
+  int64_t *seg, edges;
+} memo_seg;
+typedef struct memo_off {
+  int kind, from1, edge; /* kind: CN_SRC_INPUT, or CN_SRC_EDGE for every
+                            source with a row per counted edge */
+  int32_t col;
+  int64_t *off, len;
+} memo_off;
+typedef struct rows_memo {
+  int n_seg, n_off;
+  memo_seg seg[MEMO_MAX];
+  memo_off off[MEMO_MAX];
+} rows_memo;
 
 /* Whether input vertex u counts for a source over edges from type
  * from1 - 1 (0: every edge). */
@@ -75,7 +99,12 @@ static inline bool counts(const cn_run *r, int32_t u, int from1) {
 /* Vertex i's input edges (those from1 counts) are rows seg[i] ..
  * seg[i + 1]. */
 static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
-                              int from1, int64_t *edges) {
+                              int from1, int64_t *edges, rows_memo *mm) {
+  for (int i = 0; mm != NULL && i < mm->n_seg; i++)
+    if (mm->seg[i].from1 == from1) {
+      *edges = mm->seg[i].edges;
+      return mm->seg[i].seg;
+    }
   int64_t *sg = cn__run_idx(r, n + 1), e = 0;
   sg[0] = 0;
   for (int i = 0; i < n; i++) {
@@ -85,7 +114,36 @@ static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
     sg[i + 1] = e;
   }
   *edges = e;
+  if (mm != NULL && mm->n_seg < MEMO_MAX)
+    mm->seg[mm->n_seg++] = (memo_seg){from1, sg, e};
   return sg;
+}
+
+/* An earlier source's offsets over the same input edges, moved to column
+ * col (an absent edge, -1, stays absent); NULL when none was written. */
+static int64_t *memo_offsets(cn_run *r, rows_memo *mm, int kind, int from1,
+                             int edge, int32_t col) {
+  for (int i = 0; mm != NULL && i < mm->n_off; i++) {
+    if (mm->off[i].kind != kind || mm->off[i].from1 != from1 ||
+        mm->off[i].edge != edge)
+      continue;
+    const int64_t *o = mm->off[i].off, len = mm->off[i].len;
+    int64_t d = (int64_t)col - mm->off[i].col;
+    int64_t *off = cn__run_idx(r, len);
+    if (kind == CN_SRC_INPUT)
+      for (int64_t e = 0; e < len; e++) off[e] = o[e] < 0 ? -1 : o[e] + d;
+    else
+      for (int64_t e = 0; e < len; e++) off[e] = o[e] + d;
+    return off;
+  }
+  return NULL;
+}
+
+static void memo_keep(rows_memo *mm, int kind, int from1, int edge,
+                      int32_t col, int64_t *off, int64_t len) {
+  if (mm != NULL && mm->n_off < MEMO_MAX)
+    mm->off[mm->n_off++] =
+        (memo_off){kind, from1, edge, col, off, len};
 }
 
 /* Per-row offsets of a source (state or embedding floats), staged in the
@@ -109,7 +167,10 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
     return off;
   }
   if (s->kind == CN_SRC_INPUT) { /* the edge-th input (that counts) */
-    int64_t *off = cn__run_idx(r, n);
+    int64_t *off =
+        memo_offsets(r, rw->memo, CN_SRC_INPUT, s->from1, s->edge, s->col);
+    if (off != NULL) return off;
+    off = cn__run_idx(r, n);
     for (int i = 0; i < n; i++) {
       int k, seen = 0;
       const int32_t *in = cn__run_inputs(r, verts[i], &k);
@@ -118,6 +179,7 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
         if (counts(r, in[q], s->from1) && seen++ == s->edge)
           off[i] = r->state_off[in[q]] + s->col;
     }
+    memo_keep(rw->memo, CN_SRC_INPUT, s->from1, s->edge, s->col, off, n);
     return off;
   }
   if (s->kind == CN_SRC_SEG) { /* the edge cell's results, per segment */
@@ -129,15 +191,19 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
     return off;
   }
   int64_t e;
-  int64_t *sg = edge_segments(r, verts, n, s->from1, &e);
-  int64_t *off = cn__run_idx(r, e);
-  for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    int64_t at = sg[i];
-    for (int q = 0; q < k; q++)
-      if (counts(r, in[q], s->from1))
-        off[at++] = r->state_off[in[q]] + s->col;
+  int64_t *sg = edge_segments(r, verts, n, s->from1, &e, rw->memo);
+  int64_t *off = memo_offsets(r, rw->memo, CN_SRC_EDGE, s->from1, -1, s->col);
+  if (off == NULL) {
+    off = cn__run_idx(r, e);
+    for (int i = 0; i < n; i++) {
+      int k;
+      const int32_t *in = cn__run_inputs(r, verts[i], &k);
+      int64_t at = sg[i];
+      for (int q = 0; q < k; q++)
+        if (counts(r, in[q], s->from1))
+          off[at++] = r->state_off[in[q]] + s->col;
+    }
+    memo_keep(rw->memo, CN_SRC_EDGE, s->from1, -1, s->col, off, e);
   }
   if (s->kind == CN_SRC_EDGE) return off; /* a row per edge */
   *seg = sg;
@@ -453,16 +519,18 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
                    float *out) {
   float *scratch = cn__run_scratch(r);
   float *state = out != NULL ? out : r->arena + r->state_off[verts[0]];
-  cell_rows rw = {verts, n, NULL, NULL, 0};
+  rows_memo memo;
+  memo.n_seg = memo.n_off = 0;
+  cell_rows rw = {verts, n, NULL, NULL, 0, &memo};
   cn__rows_plan *pv = &r->rows_plans[0], *pe = NULL;
   int64_t idx0 = r->idx_used;
   if (c->edge != NULL) { /* segment ops: the edge cell first (cell.h) */
     const cn_cell *e = c->edge;
     pe = &r->rows_plans[1];
-    rw.eseg = edge_segments(r, verts, n, c->edge_from1, &rw.edges);
+    rw.eseg = edge_segments(r, verts, n, c->edge_from1, &rw.edges, &memo);
     float *eout = scratch + cn__cell_scratch_floats(c, n, 0);
     float *escratch = eout + rw.edges * c->edge_floats;
-    cell_rows er = {verts, n, NULL, NULL, 0};
+    cell_rows er = {verts, n, NULL, NULL, 0, &memo};
     if (rw.edges > 0) {
       rows_prepare(r, pe, e, &er, (int)rw.edges, escratch, eout, NULL);
     } else { /* no edge at all: the loop's edge slots are never read */
