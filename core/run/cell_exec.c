@@ -90,12 +90,6 @@ typedef struct rows_memo {
   memo_off off[MEMO_MAX];
 } rows_memo;
 
-/* Whether input vertex u counts for a source over edges from type
- * from1 - 1 (0: every edge). */
-static inline bool counts(const cn_run *r, int32_t u, int from1) {
-  return from1 == 0 || r->vtype[u] == from1 - 1;
-}
-
 /* Vertex i's input edges (those from1 counts) are rows seg[i] ..
  * seg[i + 1]. */
 static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
@@ -105,12 +99,16 @@ static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
       *edges = mm->seg[i].edges;
       return mm->seg[i].seg;
     }
+  const int32_t *in_start = r->in_start, *in_edges = r->in_edges;
+  const uint8_t *vtype = r->vtype;
   int64_t *sg = cn__run_idx(r, n + 1), e = 0;
   sg[0] = 0;
   for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    for (int q = 0; q < k; q++) e += counts(r, in[q], from1);
+    int32_t q = in_start[verts[i]], q1 = in_start[verts[i] + 1];
+    if (from1 == 0)
+      e += q1 - q;
+    else
+      for (; q < q1; q++) e += vtype[in_edges[q]] == from1 - 1;
     sg[i + 1] = e;
   }
   *edges = e;
@@ -119,21 +117,24 @@ static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
   return sg;
 }
 
-/* An earlier source's offsets over the same input edges, moved to column
- * col (an absent edge, -1, stays absent); NULL when none was written. */
+/* An earlier source's offsets over the same input edges, for column col:
+ * the same array read from *shift floats further (an absent edge, -1,
+ * stays absent: it is never read at an offset), or moved into a copy
+ * when col lies left of the earlier one's; NULL when none was written. */
 static int64_t *memo_offsets(cn_run *r, rows_memo *mm, int kind, int from1,
-                             int edge, int32_t col) {
+                             int edge, int32_t col, int64_t *shift) {
   for (int i = 0; mm != NULL && i < mm->n_off; i++) {
     if (mm->off[i].kind != kind || mm->off[i].from1 != from1 ||
         mm->off[i].edge != edge)
       continue;
-    const int64_t *o = mm->off[i].off, len = mm->off[i].len;
+    int64_t *o = mm->off[i].off, len = mm->off[i].len;
     int64_t d = (int64_t)col - mm->off[i].col;
+    if (d >= 0) {
+      *shift = d;
+      return o;
+    }
     int64_t *off = cn__run_idx(r, len);
-    if (kind == CN_SRC_INPUT)
-      for (int64_t e = 0; e < len; e++) off[e] = o[e] < 0 ? -1 : o[e] + d;
-    else
-      for (int64_t e = 0; e < len; e++) off[e] = o[e] + d;
+    for (int64_t e = 0; e < len; e++) off[e] = o[e] < 0 ? -1 : o[e] + d;
     return off;
   }
   return NULL;
@@ -147,37 +148,53 @@ static void memo_keep(rows_memo *mm, int kind, int from1, int edge,
 }
 
 /* Per-row offsets of a source (state or embedding floats), staged in the
- * run's index room; pooled sources also fill *seg. */
+ * run's index room, to be read from *shift floats past the source's base
+ * (an earlier source's array shared, memo_offsets); pooled sources also
+ * fill *seg. */
 static int64_t *source_offsets(cn_run *r, const cn_cell *c,
                                const cn_cell_src *s, const cell_rows *rw,
-                               int64_t **seg, int64_t *edges) {
+                               int64_t **seg, int64_t *edges,
+                               int64_t *shift) {
   const int32_t *verts = rw->verts;
+  const int32_t *in_start = r->in_start, *in_edges = r->in_edges;
+  const int64_t *state_off = r->state_off;
+  const int64_t col = s->col;
   int n = rw->nv;
+  *shift = 0;
   if (s->kind == CN_SRC_EMBED) {
     /* a row of the table (any rank: its first dimension is the rows); a
      * token past the table's rows reads row 0, as MV-RNN's leaf.M asks
      * (K matrices for the K most frequent words) */
     const cn_tensor *T = r->m->w[s->t];
+    const int32_t *vaux = r->vaux;
     int64_t rows = T->shape[0], len = rows > 0 ? T->numel / rows : 0;
     int64_t *off = cn__run_idx(r, n);
     for (int i = 0; i < n; i++) {
-      int64_t w = r->vaux[verts[i]];
-      off[i] = (w >= 0 && w < rows ? w : 0) * len + s->col;
+      int64_t w = vaux[verts[i]];
+      off[i] = (w >= 0 && w < rows ? w : 0) * len + col;
     }
     return off;
   }
   if (s->kind == CN_SRC_INPUT) { /* the edge-th input (that counts) */
-    int64_t *off =
-        memo_offsets(r, rw->memo, CN_SRC_INPUT, s->from1, s->edge, s->col);
+    int64_t *off = memo_offsets(r, rw->memo, CN_SRC_INPUT, s->from1,
+                                s->edge, s->col, shift);
     if (off != NULL) return off;
     off = cn__run_idx(r, n);
+    const uint8_t *vtype = r->vtype;
+    const int from1 = s->from1, edge = s->edge;
     for (int i = 0; i < n; i++) {
-      int k, seen = 0;
-      const int32_t *in = cn__run_inputs(r, verts[i], &k);
-      off[i] = -1;
-      for (int q = 0; q < k && off[i] < 0; q++)
-        if (counts(r, in[q], s->from1) && seen++ == s->edge)
-          off[i] = r->state_off[in[q]] + s->col;
+      int32_t q = in_start[verts[i]], q1 = in_start[verts[i] + 1];
+      int64_t o = -1;
+      if (from1 == 0) {
+        if (q1 - q > edge) o = state_off[in_edges[q + edge]] + col;
+      } else {
+        for (int seen = 0; q < q1; q++)
+          if (vtype[in_edges[q]] == from1 - 1 && seen++ == edge) {
+            o = state_off[in_edges[q]] + col;
+            break;
+          }
+      }
+      off[i] = o;
     }
     memo_keep(rw->memo, CN_SRC_INPUT, s->from1, s->edge, s->col, off, n);
     return off;
@@ -185,23 +202,25 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
   if (s->kind == CN_SRC_SEG) { /* the edge cell's results, per segment */
     int64_t *off = cn__run_idx(r, rw->edges);
     for (int64_t e = 0; e < rw->edges; e++)
-      off[e] = e * c->edge_floats + s->col;
+      off[e] = e * c->edge_floats + col;
     *seg = (int64_t *)rw->eseg;
     *edges = rw->edges;
     return off;
   }
   int64_t e;
   int64_t *sg = edge_segments(r, verts, n, s->from1, &e, rw->memo);
-  int64_t *off = memo_offsets(r, rw->memo, CN_SRC_EDGE, s->from1, -1, s->col);
+  int64_t *off = memo_offsets(r, rw->memo, CN_SRC_EDGE, s->from1, -1, s->col,
+                              shift);
   if (off == NULL) {
+    const uint8_t *vtype = r->vtype;
+    const int from1 = s->from1;
     off = cn__run_idx(r, e);
     for (int i = 0; i < n; i++) {
-      int k;
-      const int32_t *in = cn__run_inputs(r, verts[i], &k);
       int64_t at = sg[i];
-      for (int q = 0; q < k; q++)
-        if (counts(r, in[q], s->from1))
-          off[at++] = r->state_off[in[q]] + s->col;
+      for (int32_t q = in_start[verts[i]], q1 = in_start[verts[i] + 1];
+           q < q1; q++)
+        if (from1 == 0 || vtype[in_edges[q]] == from1 - 1)
+          off[at++] = state_off[in_edges[q]] + col;
     }
     memo_keep(rw->memo, CN_SRC_EDGE, s->from1, -1, s->col, off, e);
   }
@@ -405,11 +424,12 @@ static void rows_prepare(cn_run *r, cn__rows_plan *pl, const cn_cell *c,
   for (int s = 0; s < c->n_srcs; s++) {
     const cn_cell_src *src = &c->srcs[s];
     if (src->fused) continue; /* summed inside a kernel (segment loop) */
-    int64_t *seg = NULL, edges = 0;
-    int64_t *off = source_offsets(r, c, src, rw, &seg, &edges);
-    const float *base = src->kind == CN_SRC_EMBED ? r->wb[src->t]
-                        : src->kind == CN_SRC_SEG ? rw->eout
-                                                  : r->arena;
+    int64_t *seg = NULL, edges = 0, shift;
+    int64_t *off = source_offsets(r, c, src, rw, &seg, &edges, &shift);
+    const float *base = (src->kind == CN_SRC_EMBED ? r->wb[src->t]
+                         : src->kind == CN_SRC_SEG ? rw->eout
+                                                   : r->arena) +
+                        shift;
     if (src->var < 0) {
       const float *fb = src->fill_buf != NULL
                             ? bk->vt->weights(bk, src->fill_buf,
