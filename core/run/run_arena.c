@@ -151,12 +151,15 @@ typedef struct rel_free {
 /* What the row plan keeps of one row, side by side: the plan walks the
  * rows batch by batch, and a batch holds one row of each instance, so
  * each row costs a cache line per array; in one struct it costs one. */
-typedef struct row_state {
-  int32_t batch; /* the batch that computes it */
+typedef struct row_death {
   int32_t death; /* the batch that reads it last (B: kept, never read) */
-  int32_t next;  /* the row after it in its batch's list of rows read later */
   int32_t todo;  /* its death until its death batch lists it, then -1: one
                     comparison says both "dies here" and "not yet listed" */
+} row_death;
+typedef struct row_state {
+  int32_t batch; /* the batch that computes it */
+  int32_t next;  /* the row after it in its batch's list of rows read later */
+  row_death d;   /* written together, as one word */
 } row_state;
 
 /* The scratch of one row plan (cn__run_plan_live), shared by its steps. */
@@ -169,9 +172,12 @@ typedef struct live_plan {
   int64_t *block;  /* each unit's offset */
   int32_t *n_at;   /* the frees after each batch */
   rel_free *rel, *sorted;
-  /* one batch's rows dying in it, then its rows kept (from the end), and
-   * the start of each group of rows dying together in its new order */
+  /* one batch's rows dying in it, and the start of each group of rows
+   * dying together in its new order */
   int32_t *first, *grp;
+  /* the rows kept, batch b's from kept0[b], in the scheduler's order;
+   * each batch's rows in lists */
+  int32_t *kept, *kept0, *n_list;
   int64_t n_rel, cap_rel, max_n;
 } live_plan;
 
@@ -179,29 +185,43 @@ typedef struct live_plan {
  * never read), in one pass over the batches in order: a row's readers
  * come in later batches, so the last to write its death is its last
  * reader (Serenity §3.1's out-degree count, as the batch of the last
- * consumer); a kept row starts at B, which no reader passes. */
-static void plan_deaths(const cn_run *r, const uint8_t *keep,
-                        live_plan *lp) {
+ * consumer); the rows kept are collected batch by batch, in the
+ * scheduler's order, and set to B after. */
+static inline void plan_deaths_(const cn_run *r, const uint8_t *keep,
+                                bool all_kept, live_plan *lp) {
   const int32_t B = r->n_batches;
   const int32_t *in_start = r->in_start, *in_edges = r->in_edges;
   row_state *rs = lp->rs;
-  int32_t *head = lp->head;
+  int32_t *head = lp->head, *kept = lp->kept, *kept0 = lp->kept0, nk = 0;
   for (int32_t b = 0; b < B; b++) {
     const cn_run_batch *bt = &r->batches[b];
     const int32_t *ord = r->order + bt->start;
+    const row_state init = {b, -1, {b, b}};
+    const row_death read_here = {b, b};
     if (bt->n > lp->max_n) lp->max_n = bt->n;
+    kept0[b] = nk;
     for (int32_t i = 0; i < bt->n; i++) {
       int32_t v = ord[i];
-      int32_t d = keep == NULL || keep[v] ? B : b;
-      rs[v] = (row_state){b, d, -1, d};
+      rs[v] = init;
+      kept[nk] = v;
+      nk += all_kept || keep[v];
       for (int32_t q = in_start[v], q1 = in_start[v + 1]; q < q1; q++) {
-        row_state *u = &rs[in_edges[q]];
-        int32_t du = u->death > b ? u->death : b;
-        u->death = u->todo = du;
+        rs[in_edges[q]].d = read_here;
       }
     }
     head[b] = -1;
+    lp->n_list[b] = 0;
   }
+  kept0[B] = nk;
+  for (int32_t i = 0; i < nk; i++) rs[kept[i]].d = (row_death){B, B};
+}
+
+static void plan_deaths(const cn_run *r, const uint8_t *keep,
+                        live_plan *lp) {
+  if (keep == NULL)
+    plan_deaths_(r, keep, true, lp);
+  else
+    plan_deaths_(r, keep, false, lp);
 }
 
 /* Row v takes place `at` of its batch: the inputs it reads last (in
@@ -214,8 +234,8 @@ static inline int32_t place_row(const cn_run *r, row_state *rs, int32_t *ord,
   ord[at] = v;
   for (int32_t q = r->in_start[v], q1 = r->in_start[v + 1]; q < q1; q++) {
     int32_t u = in_edges[q];
-    if (rs[u].todo == b) {
-      rs[u].todo = -1;
+    if (rs[u].d.todo == b) {
+      rs[u].d.todo = -1;
       seq[ns++] = u;
     }
   }
@@ -227,22 +247,19 @@ static inline int32_t place_row(const cn_run *r, row_state *rs, int32_t *ord,
  * its blocks, group by group as rows die: each block from its front.
  * Batches are placed from the last back. -1: out of memory. */
 static int plan_batch_rows(cn_run *r, live_plan *lp, int32_t b) {
-  const int32_t B = r->n_batches;
   row_state *rs = lp->rs;
   int32_t *head = lp->head, *seq = lp->seq, *unit0 = lp->unit0,
           *n_at = lp->n_at, *first = lp->first, *grp = lp->grp;
   const cn_run_batch *bt = &r->batches[b];
   const int32_t n = bt->n;
   int32_t *ord = r->order + bt->start;
-  /* its rows dying in it (none reads them) from the front of `first`,
-   * its rows kept from the back, each part in the scheduler's order; the
-   * rest are in its list */
-  int32_t n1 = 0, n3 = 0;
-  for (int32_t i = 0; i < n; i++) {
-    int32_t v = ord[i], d = rs[v].death;
-    if (d == b) first[n1++] = v;
-    if (d == B) first[n - 1 - n3++] = v;
-  }
+  /* its rows kept (plan_deaths), those in its list, and the rest: those
+   * dying in it, none reading them, in the scheduler's order */
+  const int32_t *kept = lp->kept + lp->kept0[b];
+  int32_t n3 = lp->kept0[b + 1] - lp->kept0[b], n1 = 0;
+  if (n - n3 - lp->n_list[b] > 0)
+    for (int32_t i = 0; i < n; i++)
+      if (rs[ord[i]].d.death == b) first[n1++] = ord[i];
   /* the new order: those dying here, the list (by death, each death
    * batch's rows in its reading order), those kept; the groups of rows
    * dying together start at grp[0 .. ng), the kept rows' last */
@@ -250,24 +267,25 @@ static int plan_batch_rows(cn_run *r, live_plan *lp, int32_t b) {
   if (n1 > 0) grp[ng++] = 0, dprev = b;
   for (; at < n1; at++) ns = place_row(r, rs, ord, at, first[at], b, seq, ns);
   for (int32_t v = head[b]; v >= 0; v = rs[v].next, at++) {
-    if (rs[v].death != dprev) grp[ng++] = at, dprev = rs[v].death;
+    if (rs[v].d.death != dprev) grp[ng++] = at, dprev = rs[v].d.death;
     ns = place_row(r, rs, ord, at, v, b, seq, ns);
   }
   if (at + n3 != n) return -1; /* cannot happen: every row is in one part */
   grp[ng] = at; /* the end of the last group that dies */
-  for (int32_t i = n - 1; i >= n - n3; i--, at++)
-    ns = place_row(r, rs, ord, at, first[i], b, seq, ns);
+  for (int32_t i = 0; i < n3; i++, at++)
+    ns = place_row(r, rs, ord, at, kept[i], b, seq, ns);
   while (ns > 0) { /* in front of each batch's list, in reading order */
-    int32_t u = seq[--ns];
-    rs[u].next = head[rs[u].batch];
-    head[rs[u].batch] = u;
+    int32_t u = seq[--ns], c = rs[u].batch;
+    rs[u].next = head[c];
+    head[c] = u;
+    lp->n_list[c]++;
   }
   /* the frees of its blocks (one per unit), group by group as rows die:
    * each block from its front */
   int64_t w = r->state_floats[bt->type];
   int32_t ur = unit_rows(r, b);
   for (int32_t g = 0; g < ng; g++) {
-    int32_t i = grp[g], j = grp[g + 1], d = rs[ord[i]].death;
+    int32_t i = grp[g], j = grp[g + 1], d = rs[ord[i]].d.death;
     for (int32_t x = i; x < j;) { /* [x, z): the group within one unit */
       int32_t u0 = x / ur * ur, u1 = u0 + ur < n ? u0 + ur : n;
       int32_t z = j < u1 ? j : u1;
@@ -334,7 +352,14 @@ static int plan_place(cn_run *r, live_plan *lp, cn_offset_alloc *a) {
       if (size > 0 && cn__oalloc_alloc(a, size, at)) return -1;
       const int32_t *ord = r->order + bt->start + u0;
       int64_t o = *at;
-      for (int32_t i = 0; i < nu; i++, o += w) state_off[ord[i]] = o;
+      int32_t i = 0;
+      for (; i + 4 <= nu; i += 4, o += 4 * w) { /* the loop tested per 4 */
+        state_off[ord[i]] = o;
+        state_off[ord[i + 1]] = o + w;
+        state_off[ord[i + 2]] = o + 2 * w;
+        state_off[ord[i + 3]] = o + 3 * w;
+      }
+      for (; i < nu; i++, o += w) state_off[ord[i]] = o;
     }
   }
   for (; f < n_rel; f++) { /* freed after the last batches: poisoned too */
@@ -363,8 +388,12 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   lp.seq = malloc((size_t)nv * sizeof(int32_t) + 1);
   lp.unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
   lp.n_at = calloc((size_t)B + 1, sizeof(int32_t));
+  lp.kept = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.kept0 = malloc(((size_t)B + 1) * sizeof(int32_t));
+  lp.n_list = malloc(((size_t)B + 1) * sizeof(int32_t));
   cn_offset_alloc a = {0};
-  if (!lp.rs || !lp.head || !lp.seq || !lp.unit0 || !lp.n_at)
+  if (!lp.rs || !lp.head || !lp.seq || !lp.unit0 || !lp.n_at || !lp.kept ||
+      !lp.kept0 || !lp.n_list)
     goto out;
   lp.unit0[0] = 0;
   for (int32_t b = 0; b < B; b++) {
@@ -395,6 +424,9 @@ out:
   free(lp.sorted);
   free(lp.first);
   free(lp.grp);
+  free(lp.kept);
+  free(lp.kept0);
+  free(lp.n_list);
   return rc;
 }
 
