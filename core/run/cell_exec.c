@@ -71,7 +71,7 @@ typedef struct cell_rows {
  * sources read the same input edges at other columns (a state's h and c,
  * the edge cell's l and cw, the vertex cell's segments over the same
  * edges), so a walk of the batch's inputs is done once per edge list and
- * each further source's offsets are the first one's moved by a column.
+ * each further source reads the first one's offsets from its own column.
  * Valid for one cn__cell_exec (the index room is rewritten per batch). */
 #define MEMO_MAX 8
 typedef struct memo_seg {
@@ -119,24 +119,17 @@ static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
 
 /* An earlier source's offsets over the same input edges, for column col:
  * the same array read from *shift floats further (an absent edge, -1,
- * stays absent: it is never read at an offset), or moved into a copy
- * when col lies left of the earlier one's; NULL when none was written. */
-static int64_t *memo_offsets(cn_run *r, rows_memo *mm, int kind, int from1,
-                             int edge, int32_t col, int64_t *shift) {
-  for (int i = 0; mm != NULL && i < mm->n_off; i++) {
-    if (mm->off[i].kind != kind || mm->off[i].from1 != from1 ||
-        mm->off[i].edge != edge)
-      continue;
-    int64_t *o = mm->off[i].off, len = mm->off[i].len;
-    int64_t d = (int64_t)col - mm->off[i].col;
-    if (d >= 0) {
-      *shift = d;
-      return o;
+ * stays absent: it is never read at an offset). NULL when none was
+ * written, or col lies left of its column (a base is never moved below
+ * the arena's start): the caller walks the edges itself. */
+static int64_t *memo_offsets(rows_memo *mm, int kind, int from1, int edge,
+                             int32_t col, int64_t *shift) {
+  for (int i = 0; mm != NULL && i < mm->n_off; i++)
+    if (mm->off[i].kind == kind && mm->off[i].from1 == from1 &&
+        mm->off[i].edge == edge && col >= mm->off[i].col) {
+      *shift = (int64_t)col - mm->off[i].col;
+      return mm->off[i].off;
     }
-    int64_t *off = cn__run_idx(r, len);
-    for (int64_t e = 0; e < len; e++) off[e] = o[e] < 0 ? -1 : o[e] + d;
-    return off;
-  }
   return NULL;
 }
 
@@ -176,8 +169,8 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
     return off;
   }
   if (s->kind == CN_SRC_INPUT) { /* the edge-th input (that counts) */
-    int64_t *off = memo_offsets(r, rw->memo, CN_SRC_INPUT, s->from1,
-                                s->edge, s->col, shift);
+    int64_t *off = memo_offsets(rw->memo, CN_SRC_INPUT, s->from1, s->edge,
+                                s->col, shift);
     if (off != NULL) return off;
     off = cn__run_idx(r, n);
     const uint8_t *vtype = r->vtype;
@@ -209,8 +202,8 @@ static int64_t *source_offsets(cn_run *r, const cn_cell *c,
   }
   int64_t e;
   int64_t *sg = edge_segments(r, verts, n, s->from1, &e, rw->memo);
-  int64_t *off = memo_offsets(r, rw->memo, CN_SRC_EDGE, s->from1, -1, s->col,
-                              shift);
+  int64_t *off =
+      memo_offsets(rw->memo, CN_SRC_EDGE, s->from1, -1, s->col, shift);
   if (off == NULL) {
     const uint8_t *vtype = r->vtype;
     const int from1 = s->from1;
