@@ -64,80 +64,158 @@ typedef struct cell_rows {
   const float *eout;
   const int64_t *eseg;
   int64_t edges;
+  struct rows_memo *memo; /* what this batch's sources already derived */
 } cell_rows;
 
-/* Whether input vertex u counts for a source over edges from type
- * from1 - 1 (0: every edge). */
-static inline bool counts(const cn_run *r, int32_t u, int from1) {
-  return from1 == 0 || r->vtype[u] == from1 - 1;
-}
+/* The index arrays one batch has written, for the sources after them:
+ * sources read the same input edges at other columns (a state's h and c,
+ * the edge cell's l and cw, the vertex cell's segments over the same
+ * edges), so a walk of the batch's inputs is done once per edge list and
+ * each further source reads the first one's offsets from its own column.
+ * Valid for one cn__cell_exec (the index room is rewritten per batch). */
+#define MEMO_MAX 8
+typedef struct memo_seg {
+  int from1;
+  int64_t *seg, edges;
+} memo_seg;
+typedef struct memo_off {
+  int kind, from1, edge; /* kind: CN_SRC_INPUT, or CN_SRC_EDGE for every
+                            source with a row per counted edge */
+  int32_t col;
+  int64_t *off, len;
+} memo_off;
+typedef struct rows_memo {
+  int n_seg, n_off;
+  memo_seg seg[MEMO_MAX];
+  memo_off off[MEMO_MAX];
+} rows_memo;
 
 /* Vertex i's input edges (those from1 counts) are rows seg[i] ..
  * seg[i + 1]. */
 static int64_t *edge_segments(cn_run *r, const int32_t *verts, int n,
-                              int from1, int64_t *edges) {
+                              int from1, int64_t *edges, rows_memo *mm) {
+  for (int i = 0; mm != NULL && i < mm->n_seg; i++)
+    if (mm->seg[i].from1 == from1) {
+      *edges = mm->seg[i].edges;
+      return mm->seg[i].seg;
+    }
+  const int32_t *in_start = r->in_start, *in_edges = r->in_edges;
+  const uint8_t *vtype = r->vtype;
   int64_t *sg = cn__run_idx(r, n + 1), e = 0;
   sg[0] = 0;
   for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    for (int q = 0; q < k; q++) e += counts(r, in[q], from1);
+    int32_t q = in_start[verts[i]], q1 = in_start[verts[i] + 1];
+    if (from1 == 0)
+      e += q1 - q;
+    else
+      for (; q < q1; q++) e += vtype[in_edges[q]] == from1 - 1;
     sg[i + 1] = e;
   }
   *edges = e;
+  if (mm != NULL && mm->n_seg < MEMO_MAX)
+    mm->seg[mm->n_seg++] = (memo_seg){from1, sg, e};
   return sg;
 }
 
+/* An earlier source's offsets over the same input edges, for column col:
+ * the same array read from *shift floats further (an absent edge, -1,
+ * stays absent: it is never read at an offset). NULL when none was
+ * written, or col lies left of its column (a base is never moved below
+ * the arena's start): the caller walks the edges itself. */
+static int64_t *memo_offsets(rows_memo *mm, int kind, int from1, int edge,
+                             int32_t col, int64_t *shift) {
+  for (int i = 0; mm != NULL && i < mm->n_off; i++)
+    if (mm->off[i].kind == kind && mm->off[i].from1 == from1 &&
+        mm->off[i].edge == edge && col >= mm->off[i].col) {
+      *shift = (int64_t)col - mm->off[i].col;
+      return mm->off[i].off;
+    }
+  return NULL;
+}
+
+static void memo_keep(rows_memo *mm, int kind, int from1, int edge,
+                      int32_t col, int64_t *off, int64_t len) {
+  if (mm != NULL && mm->n_off < MEMO_MAX)
+    mm->off[mm->n_off++] =
+        (memo_off){kind, from1, edge, col, off, len};
+}
+
 /* Per-row offsets of a source (state or embedding floats), staged in the
- * run's index room; pooled sources also fill *seg. */
+ * run's index room, to be read from *shift floats past the source's base
+ * (an earlier source's array shared, memo_offsets); pooled sources also
+ * fill *seg. */
 static int64_t *source_offsets(cn_run *r, const cn_cell *c,
                                const cn_cell_src *s, const cell_rows *rw,
-                               int64_t **seg, int64_t *edges) {
+                               int64_t **seg, int64_t *edges,
+                               int64_t *shift) {
   const int32_t *verts = rw->verts;
+  const int32_t *in_start = r->in_start, *in_edges = r->in_edges;
+  const int64_t *state_off = r->state_off;
+  const int64_t col = s->col;
   int n = rw->nv;
+  *shift = 0;
   if (s->kind == CN_SRC_EMBED) {
     /* a row of the table (any rank: its first dimension is the rows); a
      * token past the table's rows reads row 0, as MV-RNN's leaf.M asks
      * (K matrices for the K most frequent words) */
     const cn_tensor *T = r->m->w[s->t];
+    const int32_t *vaux = r->vaux;
     int64_t rows = T->shape[0], len = rows > 0 ? T->numel / rows : 0;
     int64_t *off = cn__run_idx(r, n);
     for (int i = 0; i < n; i++) {
-      int64_t w = r->vaux[verts[i]];
-      off[i] = (w >= 0 && w < rows ? w : 0) * len + s->col;
+      int64_t w = vaux[verts[i]];
+      off[i] = (w >= 0 && w < rows ? w : 0) * len + col;
     }
     return off;
   }
   if (s->kind == CN_SRC_INPUT) { /* the edge-th input (that counts) */
-    int64_t *off = cn__run_idx(r, n);
+    int64_t *off = memo_offsets(rw->memo, CN_SRC_INPUT, s->from1, s->edge,
+                                s->col, shift);
+    if (off != NULL) return off;
+    off = cn__run_idx(r, n);
+    const uint8_t *vtype = r->vtype;
+    const int from1 = s->from1, edge = s->edge;
     for (int i = 0; i < n; i++) {
-      int k, seen = 0;
-      const int32_t *in = cn__run_inputs(r, verts[i], &k);
-      off[i] = -1;
-      for (int q = 0; q < k && off[i] < 0; q++)
-        if (counts(r, in[q], s->from1) && seen++ == s->edge)
-          off[i] = r->state_off[in[q]] + s->col;
+      int32_t q = in_start[verts[i]], q1 = in_start[verts[i] + 1];
+      int64_t o = -1;
+      if (from1 == 0) {
+        if (q1 - q > edge) o = state_off[in_edges[q + edge]] + col;
+      } else {
+        for (int seen = 0; q < q1; q++)
+          if (vtype[in_edges[q]] == from1 - 1 && seen++ == edge) {
+            o = state_off[in_edges[q]] + col;
+            break;
+          }
+      }
+      off[i] = o;
     }
+    memo_keep(rw->memo, CN_SRC_INPUT, s->from1, s->edge, s->col, off, n);
     return off;
   }
   if (s->kind == CN_SRC_SEG) { /* the edge cell's results, per segment */
     int64_t *off = cn__run_idx(r, rw->edges);
     for (int64_t e = 0; e < rw->edges; e++)
-      off[e] = e * c->edge_floats + s->col;
+      off[e] = e * c->edge_floats + col;
     *seg = (int64_t *)rw->eseg;
     *edges = rw->edges;
     return off;
   }
   int64_t e;
-  int64_t *sg = edge_segments(r, verts, n, s->from1, &e);
-  int64_t *off = cn__run_idx(r, e);
-  for (int i = 0; i < n; i++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, verts[i], &k);
-    int64_t at = sg[i];
-    for (int q = 0; q < k; q++)
-      if (counts(r, in[q], s->from1))
-        off[at++] = r->state_off[in[q]] + s->col;
+  int64_t *sg = edge_segments(r, verts, n, s->from1, &e, rw->memo);
+  int64_t *off =
+      memo_offsets(rw->memo, CN_SRC_EDGE, s->from1, -1, s->col, shift);
+  if (off == NULL) {
+    const uint8_t *vtype = r->vtype;
+    const int from1 = s->from1;
+    off = cn__run_idx(r, e);
+    for (int i = 0; i < n; i++) {
+      int64_t at = sg[i];
+      for (int32_t q = in_start[verts[i]], q1 = in_start[verts[i] + 1];
+           q < q1; q++)
+        if (from1 == 0 || vtype[in_edges[q]] == from1 - 1)
+          off[at++] = state_off[in_edges[q]] + col;
+    }
+    memo_keep(rw->memo, CN_SRC_EDGE, s->from1, -1, s->col, off, e);
   }
   if (s->kind == CN_SRC_EDGE) return off; /* a row per edge */
   *seg = sg;
@@ -339,11 +417,12 @@ static void rows_prepare(cn_run *r, cn__rows_plan *pl, const cn_cell *c,
   for (int s = 0; s < c->n_srcs; s++) {
     const cn_cell_src *src = &c->srcs[s];
     if (src->fused) continue; /* summed inside a kernel (segment loop) */
-    int64_t *seg = NULL, edges = 0;
-    int64_t *off = source_offsets(r, c, src, rw, &seg, &edges);
-    const float *base = src->kind == CN_SRC_EMBED ? r->wb[src->t]
-                        : src->kind == CN_SRC_SEG ? rw->eout
-                                                  : r->arena;
+    int64_t *seg = NULL, edges = 0, shift;
+    int64_t *off = source_offsets(r, c, src, rw, &seg, &edges, &shift);
+    const float *base = (src->kind == CN_SRC_EMBED ? r->wb[src->t]
+                         : src->kind == CN_SRC_SEG ? rw->eout
+                                                   : r->arena) +
+                        shift;
     if (src->var < 0) {
       const float *fb = src->fill_buf != NULL
                             ? bk->vt->weights(bk, src->fill_buf,
@@ -453,16 +532,18 @@ void cn__cell_exec(cn_run *r, const cn_cell *c, const int32_t *verts, int n,
                    float *out) {
   float *scratch = cn__run_scratch(r);
   float *state = out != NULL ? out : r->arena + r->state_off[verts[0]];
-  cell_rows rw = {verts, n, NULL, NULL, 0};
+  rows_memo memo;
+  memo.n_seg = memo.n_off = 0;
+  cell_rows rw = {verts, n, NULL, NULL, 0, &memo};
   cn__rows_plan *pv = &r->rows_plans[0], *pe = NULL;
   int64_t idx0 = r->idx_used;
   if (c->edge != NULL) { /* segment ops: the edge cell first (cell.h) */
     const cn_cell *e = c->edge;
     pe = &r->rows_plans[1];
-    rw.eseg = edge_segments(r, verts, n, c->edge_from1, &rw.edges);
+    rw.eseg = edge_segments(r, verts, n, c->edge_from1, &rw.edges, &memo);
     float *eout = scratch + cn__cell_scratch_floats(c, n, 0);
     float *escratch = eout + rw.edges * c->edge_floats;
-    cell_rows er = {verts, n, NULL, NULL, 0};
+    cell_rows er = {verts, n, NULL, NULL, 0, &memo};
     if (rw.edges > 0) {
       rows_prepare(r, pe, e, &er, (int)rw.edges, escratch, eout, NULL);
     } else { /* no edge at all: the loop's edge slots are never read */

@@ -130,13 +130,6 @@ void cn__oalloc_done(cn_offset_alloc *a) {
 
 /* ---- planning a run's rows ---------------------------------------------- */
 
-/* A row of the batch being placed and the batch that reads it last
- * (n_batches: never). */
-typedef struct row_key {
-  int32_t death;
-  int32_t v;
-} row_key;
-
 /* The rows of batch b that one block holds: the whole batch, or under a
  * memory budget each slice a launch executes (run.c's slice_needs keeps a
  * slice's rows to a sixteenth of the budget), so a batch can fill the
@@ -158,11 +151,15 @@ typedef struct rel_free {
 /* What the row plan keeps of one row, side by side: the plan walks the
  * rows batch by batch, and a batch holds one row of each instance, so
  * each row costs a cache line per array; in one struct it costs one. */
+typedef struct row_death {
+  int32_t death; /* the batch that reads it last (B: kept, never read) */
+  int32_t todo;  /* its death until its death batch lists it, then -1: one
+                    comparison says both "dies here" and "not yet listed" */
+} row_death;
 typedef struct row_state {
   int32_t batch; /* the batch that computes it */
-  int32_t death; /* the batch that reads it last (B: kept, never read) */
   int32_t next;  /* the row after it in its batch's list of rows read later */
-  int32_t listed; /* already in such a list */
+  row_death d;   /* written together, as one word */
 } row_state;
 
 /* The scratch of one row plan (cn__run_plan_live), shared by its steps. */
@@ -175,37 +172,74 @@ typedef struct live_plan {
   int64_t *block;  /* each unit's offset */
   int32_t *n_at;   /* the frees after each batch */
   rel_free *rel, *sorted;
-  row_key *keys;
+  /* one batch's rows dying in it, and the start of each group of rows
+   * dying together in its new order */
+  int32_t *first, *grp;
+  /* the rows kept, batch b's from kept0[b], in the scheduler's order;
+   * each batch's rows in lists */
+  int32_t *kept, *kept0, *n_list;
   int64_t n_rel, cap_rel, max_n;
 } live_plan;
 
-/* Each batch's units, each row's batch, and each row's death: the batch
- * that reads it last (B: kept, or never read). */
-static void plan_deaths(const cn_run *r, const uint8_t *keep,
-                        live_plan *lp) {
-  const int32_t B = r->n_batches, nv = r->nv;
+/* Each row's batch and death, the batch that reads it last (B: kept, or
+ * never read), in one pass over the batches in order: a row's readers
+ * come in later batches, so the last to write its death is its last
+ * reader (Serenity §3.1's out-degree count, as the batch of the last
+ * consumer); the rows kept are collected batch by batch, in the
+ * scheduler's order, and set to B after. */
+static inline void plan_deaths_(const cn_run *r, const uint8_t *keep,
+                                bool all_kept, live_plan *lp) {
+  const int32_t B = r->n_batches;
+  const int32_t *in_start = r->in_start, *in_edges = r->in_edges;
   row_state *rs = lp->rs;
-  int32_t *head = lp->head;
+  int32_t *head = lp->head, *kept = lp->kept, *kept0 = lp->kept0, nk = 0;
   for (int32_t b = 0; b < B; b++) {
     const cn_run_batch *bt = &r->batches[b];
     const int32_t *ord = r->order + bt->start;
+    const row_state init = {b, -1, {b, b}};
+    const row_death read_here = {b, b};
     if (bt->n > lp->max_n) lp->max_n = bt->n;
+    kept0[b] = nk;
     for (int32_t i = 0; i < bt->n; i++) {
-      if (i + 8 < bt->n) __builtin_prefetch(&rs[ord[i + 8]], 1);
-      rs[ord[i]] = (row_state){b, b, -1, 0};
+      int32_t v = ord[i];
+      rs[v] = init;
+      kept[nk] = v;
+      nk += all_kept || keep[v];
+      for (int32_t q = in_start[v], q1 = in_start[v + 1]; q < q1; q++) {
+        rs[in_edges[q]].d = read_here;
+      }
     }
     head[b] = -1;
+    lp->n_list[b] = 0;
   }
-  /* the last reader of each row (Serenity §3.1's out-degree count, as the
-   * batch of the last consumer) */
-  for (int32_t v = 0; v < nv; v++) {
-    int k;
-    const int32_t *in = cn__run_inputs(r, v, &k);
-    for (int q = 0; q < k; q++)
-      if (rs[v].batch > rs[in[q]].death) rs[in[q]].death = rs[v].batch;
+  kept0[B] = nk;
+  for (int32_t i = 0; i < nk; i++) rs[kept[i]].d = (row_death){B, B};
+}
+
+static void plan_deaths(const cn_run *r, const uint8_t *keep,
+                        live_plan *lp) {
+  if (keep == NULL)
+    plan_deaths_(r, keep, true, lp);
+  else
+    plan_deaths_(r, keep, false, lp);
+}
+
+/* Row v takes place `at` of its batch: the inputs it reads last (in
+ * batch b) and not yet listed join the batch's new entries, in reading
+ * order (the first (row, edge) reading each). */
+static inline int32_t place_row(const cn_run *r, row_state *rs, int32_t *ord,
+                                int32_t at, int32_t v, int32_t b,
+                                int32_t *seq, int32_t ns) {
+  const int32_t *in_edges = r->in_edges;
+  ord[at] = v;
+  for (int32_t q = r->in_start[v], q1 = r->in_start[v + 1]; q < q1; q++) {
+    int32_t u = in_edges[q];
+    if (rs[u].d.todo == b) {
+      rs[u].d.todo = -1;
+      seq[ns++] = u;
+    }
   }
-  for (int32_t v = 0; v < nv; v++)
-    if (keep == NULL || keep[v]) rs[v].death = B;
+  return ns;
 }
 
 /* Batch b's rows in their order (see cn__run_plan_live), the rows it
@@ -213,60 +247,52 @@ static void plan_deaths(const cn_run *r, const uint8_t *keep,
  * its blocks, group by group as rows die: each block from its front.
  * Batches are placed from the last back. -1: out of memory. */
 static int plan_batch_rows(cn_run *r, live_plan *lp, int32_t b) {
-  const int32_t B = r->n_batches;
   row_state *rs = lp->rs;
   int32_t *head = lp->head, *seq = lp->seq, *unit0 = lp->unit0,
-          *n_at = lp->n_at;
-  row_key *keys = lp->keys;
+          *n_at = lp->n_at, *first = lp->first, *grp = lp->grp;
   const cn_run_batch *bt = &r->batches[b];
-  int32_t *ord = r->order + bt->start, n = 0;
-  /* A batch holds one row of each instance: the rows a few places ahead
-   * are asked for while this one is read (prefetches change nothing). */
-  for (int32_t i = 0; i < bt->n; i++) {
-    if (i + 8 < bt->n) __builtin_prefetch(&rs[ord[i + 8]]);
-    if (rs[ord[i]].death == b) keys[n++] = (row_key){b, ord[i]};
+  const int32_t n = bt->n;
+  int32_t *ord = r->order + bt->start;
+  /* its rows kept (plan_deaths), those in its list, and the rest: those
+   * dying in it, none reading them, in the scheduler's order */
+  const int32_t *kept = lp->kept + lp->kept0[b];
+  int32_t n3 = lp->kept0[b + 1] - lp->kept0[b], n1 = 0;
+  if (n - n3 - lp->n_list[b] > 0)
+    for (int32_t i = 0; i < n; i++)
+      if (rs[ord[i]].d.death == b) first[n1++] = ord[i];
+  /* the new order: those dying here, the list (by death, each death
+   * batch's rows in its reading order), those kept; the groups of rows
+   * dying together start at grp[0 .. ng), the kept rows' last */
+  int32_t at = 0, ns = 0, ng = 0, dprev = -1;
+  if (n1 > 0) grp[ng++] = 0, dprev = b;
+  for (; at < n1; at++) ns = place_row(r, rs, ord, at, first[at], b, seq, ns);
+  for (int32_t v = head[b]; v >= 0; v = rs[v].next, at++) {
+    if (rs[v].d.death != dprev) grp[ng++] = at, dprev = rs[v].d.death;
+    ns = place_row(r, rs, ord, at, v, b, seq, ns);
   }
-  for (int32_t v = head[b]; v >= 0; v = rs[v].next)
-    keys[n++] = (row_key){rs[v].death, v};
-  for (int32_t i = 0; i < bt->n; i++)
-    if (rs[ord[i]].death == B) keys[n++] = (row_key){B, ord[i]};
-  if (n != bt->n) return -1; /* cannot happen: every row is in one part */
-  int32_t ns = 0;
-  for (int32_t i = 0; i < bt->n; i++) {
-    int32_t v = ord[i] = keys[i].v;
-    if (i + 8 < bt->n) __builtin_prefetch(&r->in_start[keys[i + 8].v]);
-    if (i + 4 < bt->n) {
-      int k4;
-      const int32_t *in4 = cn__run_inputs(r, keys[i + 4].v, &k4);
-      if (k4 > 0) __builtin_prefetch(&rs[in4[0]], 1);
-    }
-    int k;
-    const int32_t *in = cn__run_inputs(r, v, &k);
-    for (int q = 0; q < k; q++) /* the first (row, edge) reading it */
-      if (rs[in[q]].death == b && !rs[in[q]].listed) {
-        rs[in[q]].listed = 1;
-        seq[ns++] = in[q];
-      }
-  }
+  if (at + n3 != n) return -1; /* cannot happen: every row is in one part */
+  grp[ng] = at; /* the end of the last group that dies */
+  for (int32_t i = 0; i < n3; i++, at++)
+    ns = place_row(r, rs, ord, at, kept[i], b, seq, ns);
   while (ns > 0) { /* in front of each batch's list, in reading order */
-    int32_t u = seq[--ns];
-    rs[u].next = head[rs[u].batch];
-    head[rs[u].batch] = u;
+    int32_t u = seq[--ns], c = rs[u].batch;
+    rs[u].next = head[c];
+    head[c] = u;
+    lp->n_list[c]++;
   }
   /* the frees of its blocks (one per unit), group by group as rows die:
    * each block from its front */
   int64_t w = r->state_floats[bt->type];
   int32_t ur = unit_rows(r, b);
-  for (int32_t i = 0; i < bt->n;) {
-    int32_t d = keys[i].death, j = i;
-    while (j < bt->n && keys[j].death == d) j++;
+  for (int32_t g = 0; g < ng; g++) {
+    int32_t i = grp[g], j = grp[g + 1], d = rs[ord[i]].d.death;
     for (int32_t x = i; x < j;) { /* [x, z): the group within one unit */
-      int32_t u0 = x / ur * ur, u1 = u0 + ur < bt->n ? u0 + ur : bt->n;
+      int32_t u0 = x / ur * ur, u1 = u0 + ur < n ? u0 + ur : n;
       int32_t z = j < u1 ? j : u1;
       int64_t lo = x == u0 ? 0 : ((x - u0) * w) & ~(int64_t)(GRAIN - 1);
       int64_t end = z == u1 ? round_up((u1 - u0) * w)
                             : ((z - u0) * w) & ~(int64_t)(GRAIN - 1);
-      if (d < B && end > lo) {
+      if (end > lo) {
         if (lp->n_rel == lp->cap_rel) {
           lp->cap_rel = lp->cap_rel ? 2 * lp->cap_rel : 256;
           rel_free *p = cn__xrealloc(lp->rel, (size_t)lp->cap_rel,
@@ -279,7 +305,6 @@ static int plan_batch_rows(cn_run *r, live_plan *lp, int32_t b) {
       }
       x = z;
     }
-    i = j;
   }
   return 0;
 }
@@ -291,6 +316,7 @@ static int plan_place(cn_run *r, live_plan *lp, cn_offset_alloc *a) {
   const int32_t B = r->n_batches;
   int32_t *n_at = lp->n_at, *unit0 = lp->unit0;
   int64_t *block = lp->block, n_rel = lp->n_rel;
+  int64_t *state_off = r->state_off;
   rel_free *rel = lp->rel, *sorted;
   /* the frees by the batch after which they happen (counting sort) */
   sorted = lp->sorted = malloc((size_t)n_rel * sizeof(rel_free) + 1);
@@ -325,10 +351,15 @@ static int plan_place(cn_run *r, live_plan *lp, cn_offset_alloc *a) {
       *at = 0;
       if (size > 0 && cn__oalloc_alloc(a, size, at)) return -1;
       const int32_t *ord = r->order + bt->start + u0;
-      for (int32_t i = 0; i < nu; i++) {
-        if (i + 8 < nu) __builtin_prefetch(&r->state_off[ord[i + 8]], 1);
-        r->state_off[ord[i]] = *at + i * w;
+      int64_t o = *at;
+      int32_t i = 0;
+      for (; i + 4 <= nu; i += 4, o += 4 * w) { /* the loop tested per 4 */
+        state_off[ord[i]] = o;
+        state_off[ord[i + 1]] = o + w;
+        state_off[ord[i + 2]] = o + 2 * w;
+        state_off[ord[i + 3]] = o + 3 * w;
       }
+      for (; i < nu; i++, o += w) state_off[ord[i]] = o;
     }
   }
   for (; f < n_rel; f++) { /* freed after the last batches: poisoned too */
@@ -345,8 +376,9 @@ static int plan_place(cn_run *r, live_plan *lp, cn_offset_alloc *a) {
  * last are listed in that order as d is placed, each list put in front
  * of its batch's (lists from later batches come after), so a batch's
  * order is its rows dying in it (the scheduler's order), its list, then
- * the rows kept (the scheduler's order): O(rows + edges) in all. Then
- * the blocks are placed by simulating the frees (plan_place). */
+ * the rows kept (the scheduler's order): O(rows + edges) in all, each
+ * row's inputs read twice (its death, its place). Then the blocks are
+ * placed by simulating the frees (plan_place). */
 int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   const int32_t B = r->n_batches, nv = r->nv;
   int rc = -1;
@@ -356,8 +388,12 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   lp.seq = malloc((size_t)nv * sizeof(int32_t) + 1);
   lp.unit0 = malloc(((size_t)B + 1) * sizeof(int32_t));
   lp.n_at = calloc((size_t)B + 1, sizeof(int32_t));
+  lp.kept = malloc((size_t)nv * sizeof(int32_t) + 1);
+  lp.kept0 = malloc(((size_t)B + 1) * sizeof(int32_t));
+  lp.n_list = malloc(((size_t)B + 1) * sizeof(int32_t));
   cn_offset_alloc a = {0};
-  if (!lp.rs || !lp.head || !lp.seq || !lp.unit0 || !lp.n_at)
+  if (!lp.rs || !lp.head || !lp.seq || !lp.unit0 || !lp.n_at || !lp.kept ||
+      !lp.kept0 || !lp.n_list)
     goto out;
   lp.unit0[0] = 0;
   for (int32_t b = 0; b < B; b++) {
@@ -367,8 +403,9 @@ int cn__run_plan_live(cn_run *r, const uint8_t *keep, int64_t *states) {
   lp.block = malloc((size_t)lp.unit0[B] * sizeof(int64_t) + 1);
   if (lp.block == NULL) goto out;
   plan_deaths(r, keep, &lp);
-  lp.keys = malloc((size_t)lp.max_n * sizeof(row_key) + 1);
-  if (lp.keys == NULL) goto out;
+  lp.first = malloc((size_t)lp.max_n * sizeof(int32_t) + 1);
+  lp.grp = malloc(((size_t)lp.max_n + 2) * sizeof(int32_t));
+  if (lp.first == NULL || lp.grp == NULL) goto out;
   for (int32_t b = B - 1; b >= 0; b--)
     if (plan_batch_rows(r, &lp, b) != 0) goto out;
   if (plan_place(r, &lp, &a) != 0) goto out;
@@ -385,7 +422,11 @@ out:
   free(lp.n_at);
   free(lp.rel);
   free(lp.sorted);
-  free(lp.keys);
+  free(lp.first);
+  free(lp.grp);
+  free(lp.kept);
+  free(lp.kept0);
+  free(lp.n_list);
   return rc;
 }
 
