@@ -121,6 +121,13 @@ Test(serve_policy, online_retrain_swap_and_cache, .fini = teardown,
     usleep(100000);
   }
   cr_assert(p != NULL, "the policy never became \"online\"; see %s", d.log);
+  /* "online" is published before the swap is counted and its file
+   * stored; the log line that says where it went comes after all three */
+  th_log_wait(&d, "msg=policy-swapped model=treelstm", 1);
+  log = th_read_file(d.log);
+  cr_expect(log && strstr(log, "stored=yes"), "the policy was not stored: "
+            "%s", log);
+  free(log);
   long long bat = json_integer_value(json_object_get(p, "batches"));
   long long ag = json_integer_value(json_object_get(p, "agenda_batches"));
   long long lb = json_integer_value(json_object_get(p, "lower_bound"));
