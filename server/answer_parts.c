@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "encoding.h"
+#include "numtext.h"
 #include "work.h"
 
 /* stats.unknown_labels (models that type tree nodes by label): the
@@ -100,16 +101,12 @@ void cn__answer_head(cn_buf *b, const cn__model_entry *me) {
   cn_buf_puts(b, ",\"outputs\":[");
 }
 
-/* Why: the stats are the same keys in the same order whether an answer
- * is written as text (/v1) or built as a json_t (v2): one list of them,
- * the two forms side by side. */
-void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
-                     const cn__req *r) {
-  cn_buf_puts(b, "],\"stats\":{\"queue_ms\":");
-  cn_buf_double(b, st->queue_ms);
+/* The stats every answer of a run shares, compute_ms through
+ * run_instances: written once a run (worker.c) and copied into each of
+ * its answers, or written here for one answer (decode.c). */
+void cn__answer_run_text(cn_buf *b, const cn__answer_stats *st) {
   cn_buf_puts(b, ",\"compute_ms\":");
-  if (st->compute_text != NULL) cn_buf_puts(b, st->compute_text);
-  else cn_buf_double(b, st->compute_ms);
+  cn_buf_double(b, st->compute_ms);
   cn_buf_puts(b, ",\"batches\":");
   cn_buf_int(b, st->batches);
   cn_buf_puts(b, ",\"lower_bound\":");
@@ -124,6 +121,18 @@ void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
     cn_buf_puts(b, ",\"run_instances\":");
     cn_buf_int(b, st->run_instances);
   }
+}
+
+/* Why: the stats are the same keys in the same order whether an answer
+ * is written as text (/v1) or built as a json_t (v2): one list of them,
+ * the two forms side by side. Only queue_ms and the unknown words are
+ * the request's own; the rest is the run's (cn__answer_run_text). */
+void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
+                     const cn__req *r) {
+  cn_buf_puts(b, "],\"stats\":{\"queue_ms\":");
+  cn__buf_ms(b, st->queue_ms);
+  if (st->run_text != NULL) cn_buf_put(b, st->run_text, st->run_text_len);
+  else cn__answer_run_text(b, st);
   cn__stats_unknown_write(b, r);
   cn_buf_puts(b, "}}");
 }

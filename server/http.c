@@ -520,7 +520,20 @@ static int http_head_done(cn__req *r, unsigned long long body_len) {
     too_large(r);
     return 1;
   }
+  r->body_declared = (size_t)body_len;
   return 0;
+}
+
+/* A body's first buffer: the length it declared where that is below
+ * 4 KiB, else 4 KiB, grown by doubling as its bytes arrive (so a big
+ * declared length holds no memory before its bytes come). A small body
+ * in a buffer of its own size comes from malloc's per-thread cache: a
+ * 4 KiB buffer for a 600-byte tree took ~240 instructions more to
+ * allocate and free (callgrind, one tree a request). */
+#define BODY_FIRST_CAP 4096
+static size_t body_first_cap(const cn__req *r) {
+  size_t d = r->body_declared;
+  return d > 0 && d < BODY_FIRST_CAP ? d : BODY_FIRST_CAP;
 }
 
 /* A piece of the body: kept for an inference, dropped otherwise. Over
@@ -533,7 +546,7 @@ static int http_body(cn__req *r, const char *data, size_t n) {
     return 1;
   }
   if (r->body_len + n > r->body_cap) {
-    size_t cap = r->body_cap ? r->body_cap : 4096;
+    size_t cap = r->body_cap ? r->body_cap : body_first_cap(r);
     while (cap < r->body_len + n) cap *= 2;
     if (cap > max) cap = max;
     /* the bodies held at once are bounded (max-body-memory): many

@@ -135,26 +135,27 @@ static int count_request(cn__metrics *m, int model, int status,
   return model;
 }
 
-void cn__metrics_protocol(cn__metrics *m, int protocol) {
+/* Under mu: a request answered that arrived by protocol. */
+static void count_protocol(cn__metrics *m, int protocol) {
   if (protocol < 0 || protocol >= CN__N_PROTOS) protocol = CN__PROTO_HTTP;
-  pthread_mutex_lock(&m->mu);
   m->protocol_requests[protocol]++;
-  pthread_mutex_unlock(&m->mu);
 }
 
-void cn__metrics_request(cn__metrics *m, int model, int status,
+void cn__metrics_request(cn__metrics *m, int protocol, int model, int status,
                          int instances, double seconds) {
   pthread_mutex_lock(&m->mu);
+  count_protocol(m, protocol);
   count_request(m, model, status, instances, seconds);
   pthread_mutex_unlock(&m->mu);
 }
 
-void cn__metrics_infer_request(cn__metrics *m, int model, int status,
-                               int instances, double seconds, double queue_s,
-                               double compute_s) {
+void cn__metrics_infer_request(cn__metrics *m, int protocol, int model,
+                               int status, int instances, double seconds,
+                               double queue_s, double compute_s) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   pthread_mutex_lock(&m->mu);
+  count_protocol(m, protocol);
   model = count_request(m, model, status, instances, seconds);
   cn__infer_stats *st = &m->infer[model];
   if (status == 200) {

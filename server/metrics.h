@@ -119,17 +119,16 @@ void cn__metrics_set_models(cn__metrics *m, int n);
 void cn__metrics_reset_model(cn__metrics *m, int i);
 void cn__metrics_free(cn__metrics *m);
 /* A request answered (any status but 499) that arrived by protocol
- * (CN__PROTO_*). */
-void cn__metrics_protocol(cn__metrics *m, int protocol);
-/* model: index or -1 (no model) */
-void cn__metrics_request(cn__metrics *m, int model, int status,
+ * (CN__PROTO_*), counted by protocol and by status under one lock;
+ * model: index or -1 (no model) */
+void cn__metrics_request(cn__metrics *m, int protocol, int model, int status,
                          int instances, double seconds);
 /* The same for an inference request, which its model's statistics count
  * too: queue_s and compute_s as the request saw them (< 0: it never
  * reached a run). One lock, as cn__metrics_request. */
-void cn__metrics_infer_request(cn__metrics *m, int model, int status,
-                               int instances, double seconds, double queue_s,
-                               double compute_s);
+void cn__metrics_infer_request(cn__metrics *m, int protocol, int model,
+                               int status, int instances, double seconds,
+                               double queue_s, double compute_s);
 /* A copy of model slot i's inference counters (zeros for no model). */
 void cn__metrics_infer_stats(cn__metrics *m, int model, cn__infer_stats *out);
 /* input_s, output_s: the run's preparation of its instances (within

@@ -171,14 +171,14 @@ static void account(cn__req *r, int status, const char *reason) {
    * -1 where it never reached a run. A wrong version or method named no
    * inference: only the request counters have it. */
   int proto = r->conn != NULL ? cn__conn_protocol(r->conn) : CN__PROTO_HTTP;
-  if (status != 499) cn__metrics_protocol(&s->metrics, proto);
   if (status != 499 && r->route == CN__RT_INFER && r->me != NULL &&
       !r->version_bad && strcmp(r->method, "POST") == 0)
-    cn__metrics_infer_request(&s->metrics, model, status, r->n_inst, secs,
+    cn__metrics_infer_request(&s->metrics, proto, model, status, r->n_inst,
+                              secs,
                               r->queue_ms > 0 ? r->queue_ms / 1e3 : -1,
                               r->compute_ms > 0 ? r->compute_ms / 1e3 : -1);
   else if (status != 499)
-    cn__metrics_request(&s->metrics, model, status, r->n_inst, secs);
+    cn__metrics_request(&s->metrics, proto, model, status, r->n_inst, secs);
   CN_LOG(status >= 500 && status != 503 && status != 504 ? CN_LOG_ERROR
                                                          : CN_LOG_INFO,
          "msg=request id=%s method=%s path=\"%s\" model=%s version=%s "

@@ -42,24 +42,26 @@ static bool named(const char *path, const char *pre, const char *suffix,
 
 cn__route cn__route_find(cn__server *s, const char *path,
                          cn__route_match *m) {
+#define P(lit) lit, sizeof(lit) - 1
   static const struct {
     const char *path;
+    size_t len; /* strlen(path): most paths differ in it */
     cn__route rt;
     bool v2;
-  } fixed[] = {{"/healthz", CN__RT_LIVE, false},
-               {"/v2/health/live", CN__RT_V2_LIVE, true},
-               {"/readyz", CN__RT_READY, false},
-               {"/v2/health/ready", CN__RT_V2_READY, true},
-               {"/metrics", CN__RT_METRICS, false},
-               {"/v1/models", CN__RT_MODELS, false},
-               {"/v1/models/", CN__RT_MODELS, false},
-               {"/v2/repository/index", CN__RT_REPO_INDEX, true},
+  } fixed[] = {{P("/healthz"), CN__RT_LIVE, false},
+               {P("/v2/health/live"), CN__RT_V2_LIVE, true},
+               {P("/readyz"), CN__RT_READY, false},
+               {P("/v2/health/ready"), CN__RT_V2_READY, true},
+               {P("/metrics"), CN__RT_METRICS, false},
+               {P("/v1/models"), CN__RT_MODELS, false},
+               {P("/v1/models/"), CN__RT_MODELS, false},
+               {P("/v2/repository/index"), CN__RT_REPO_INDEX, true},
                /* the protocol's text says GET v2, its yaml /v2/ */
-               {"/v2", CN__RT_V2_SERVER, true},
-               {"/v2/", CN__RT_V2_SERVER, true},
+               {P("/v2"), CN__RT_V2_SERVER, true},
+               {P("/v2/"), CN__RT_V2_SERVER, true},
                /* every model's statistics: never a model named "stats"
                 * (as in Triton's statistics extension) */
-               {"/v2/models/stats", CN__RT_V2_STATS, true}};
+               {P("/v2/models/stats"), CN__RT_V2_STATS, true}};
   /* the Open Inference Protocol's paths name a version or not */
   static const struct {
     const char *pre, *suffix;
@@ -81,9 +83,11 @@ cn__route cn__route_find(cn__server *s, const char *path,
       {"/v2/repository/models/", "/load", CN__RT_REPO_LOAD, true, false},
       {"/v2/repository/models/", "/unload", CN__RT_REPO_UNLOAD, true,
        false}};
+#undef P
   memset(m, 0, sizeof(*m));
+  size_t n = strlen(path);
   for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-    if (strcmp(path, fixed[i].path) == 0) {
+    if (n == fixed[i].len && memcmp(path, fixed[i].path, n) == 0) {
       m->v2 = fixed[i].v2;
       return m->rt = fixed[i].rt;
     }

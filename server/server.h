@@ -215,6 +215,7 @@ typedef struct cn__req {
   double t_arrive;          /* first byte of the request seen (s)        */
   char *body;               /* the upload, bounded by max-body-bytes     */
   size_t body_len, body_cap;
+  size_t body_declared;     /* its Content-Length (0: none, or chunked)  */
   /* written by a worker, read by the loop after the run comes back */
   char *result;
   int result_status;

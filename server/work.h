@@ -66,9 +66,10 @@ typedef struct cn__answer_stats {
   unsigned long long run;   /* the run's number (a session's: its first) */
   int run_requests;         /* < 0: no run_requests nor run_instances    */
   int run_instances;
-  /* compute_ms as cn_buf_double writes it, when the caller wrote it once
-   * for every answer of its run (NULL: written from compute_ms) */
-  const char *compute_text;
+  /* cn__answer_run_text of these stats, when the caller wrote it once for
+   * every answer of its run (NULL: written from the fields) */
+  const char *run_text;
+  size_t run_text_len;
 } cn__answer_stats;
 /* /v1's answer envelope, written in one place for both: its head,
  * {"model":..,"model_version":..,"outputs":[ (the outputs follow), and its
@@ -76,6 +77,9 @@ typedef struct cn__answer_stats {
 void cn__answer_head(cn_buf *b, const cn__model_entry *me);
 void cn__answer_tail(cn_buf *b, const cn__answer_stats *st,
                      const cn__req *r);
+/* The part of the tail a run's answers share (compute_ms .. run_instances,
+ * each after a comma). */
+void cn__answer_run_text(cn_buf *b, const cn__answer_stats *st);
 /* The same stats as a json_t (a v2 answer's "parameters"), new reference. */
 json_t *cn__answer_stats_json(const cn__answer_stats *st, const cn__req *r);
 

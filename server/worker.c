@@ -49,17 +49,24 @@ static char *answer_non_finite(cn__job *j, int i, cn_err *err, int *status) {
   return body;
 }
 
-/* The stats of r's answer from run j; compute_text: the run's compute_ms
- * as text, the same in each of its answers (NULL: none). */
-static cn__answer_stats run_stats(const cn__job *j, const cn__req *r,
-                                  const char *compute_text) {
+/* The stats of an answer from run j. */
+static cn__answer_stats run_stats(const cn__job *j, double queue_ms,
+                                  double compute_ms) {
   cn__answer_stats st = {
-      .queue_ms = r->queue_ms, .compute_ms = r->compute_ms,
+      .queue_ms = queue_ms, .compute_ms = compute_ms,
       .batches = j->st.batches, .lower_bound = j->st.lower_bound,
-      .run = j->id, .run_requests = j->n, .run_instances = j->instances,
-      .compute_text = compute_text};
+      .run = j->id, .run_requests = j->n, .run_instances = j->instances};
   return st;
 }
+
+/* What every /v1 answer of a run shares, written once for the run: the
+ * envelope's head (model and version) and the run's stats (compute_ms ..
+ * run_instances). Writing them per answer, a printf of compute_ms among
+ * them, took about a third of the worker's time on an answer's
+ * envelope. */
+typedef struct run_text {
+  cn_buf head, stats;
+} run_text;
 
 /* A v2 request's answer: v2's tensors are laid out from /v1's output
  * objects (kserve_answer.c). */
@@ -77,7 +84,7 @@ static char *format_v2(cn__job *j, cn__req *r, cn_run *run, int *slots,
     }
     json_array_append_new(outs, out);
   }
-  cn__answer_stats st = run_stats(j, r, NULL);
+  cn__answer_stats st = run_stats(j, r->queue_ms, r->compute_ms);
   return cn__kserve_answer(r, j->me, outs, cn__answer_stats_json(&st, r),
                            status);
 }
@@ -86,11 +93,12 @@ static char *format_v2(cn__job *j, cn__req *r, cn_run *run, int *slots,
  * around the outputs straight from the run's states
  * (cn_run_write_output). */
 static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
-                           const char *compute_text, int *status) {
+                           const run_text *rt, int *status) {
   *status = 200;
   if (r->v2) return format_v2(j, r, run, slots, status);
   cn_buf b = {0};
-  cn__answer_head(&b, j->me);
+  if (rt->head.failed) cn__answer_head(&b, j->me);
+  else cn_buf_put(&b, rt->head.p, rt->head.len);
   for (int i = 0; i < r->n_inst; i++) {
     cn_err err;
     cn_err_clear(&err);
@@ -102,7 +110,11 @@ static char *format_answer(cn__job *j, cn__req *r, cn_run *run, int *slots,
     }
     if (rc != 0) break; /* no memory: b.failed */
   }
-  cn__answer_stats st = run_stats(j, r, compute_text);
+  cn__answer_stats st = run_stats(j, r->queue_ms, r->compute_ms);
+  if (!rt->stats.failed) {
+    st.run_text = rt->stats.p;
+    st.run_text_len = rt->stats.len;
+  }
   cn__answer_tail(&b, &st, r);
   if (b.failed) cn_buf_free(&b);
   return b.p; /* NULL: no memory, as json_dumps's */
@@ -280,20 +292,22 @@ static void answer_job(worker_arg *w, inflight *f) {
   note_memory(j->slot, &j->st);
   double t_out = cn_now_s();
   double c0 = cn_thread_cpu_s();
-  /* compute_ms is the run's: its text, a printf of a double, is written
-   * once for all the run's answers (NULL without memory: each writes it) */
-  cn_buf ct = {0};
-  cn_buf_double(&ct, ms);
-  const char *compute_text = ct.failed ? NULL : ct.p;
+  /* the text the run's answers share, written once (without memory for
+   * it, failed: each answer writes its own) */
+  run_text rt = {{0}, {0}};
+  cn__answer_head(&rt.head, j->me);
+  cn__answer_stats rst = run_stats(j, 0, ms);
+  cn__answer_run_text(&rt.stats, &rst);
   for (int i = 0; i < j->n; i++) {
     cn__req *r = j->reqs[i];
     if (f->slots[i] == NULL) continue;
     r->compute_ms = ms;
-    r->result = format_answer(j, r, f->run, f->slots[i], compute_text,
+    r->result = format_answer(j, r, f->run, f->slots[i], &rt,
                               &r->result_status);
     cn__answer_compress(r);
   }
-  cn_buf_free(&ct);
+  cn_buf_free(&rt.head);
+  cn_buf_free(&rt.stats);
   /* counted once its answers are laid out: their time is the run's too */
   cn__metrics_run(&s->metrics, j->me->index, j->st.instances, 0, ms / 1e3,
                   f->t_added - f->t0, cn_now_s() - t_out, j->st.batches,

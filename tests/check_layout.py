@@ -104,7 +104,7 @@ SERVER_LAYERS = [
              "grpc_request.c",
              "grpc_service.c", "grpc_service.pb-c.c"]),
     ("base", ["log.c", "metrics.c", "metrics_text.c", "notify.c", "bodyscan.c",
-              "encoding.c"]),
+              "encoding.c", "numtext.c"]),
 ]
 
 # Where meson looks for a quoted include after the file's own folder
