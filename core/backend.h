@@ -43,7 +43,7 @@ struct cn_backend_ctx {
 /* The instruction set, written once: X(NAME, ARITY, EXPR) for each op,
  * in the order of its number (CN_EW_MOV = 0, ...). EXPR computes one float
  * of d from the floats a and b of the operands (b only when ARITY is 2);
- * a backend expands the list where it runs the ops (cpu.c's row loops,
+ * a backend expands the list where it runs the ops (cpu_ew.c's row loops,
  * cuda_ew.cu's kernel), after defining the functions EXPR calls:
  * cn_ew_sigmoid(x) = 1/(1+e^-x), cn_ew_tanh(x) and cn_ew_exp(x), each to
  * the accuracy of docs/models.md; cn_ew_relu(x) = x > 0 ? x : 0 and
