@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine_util.h"
 #include "internal.h"
@@ -279,6 +280,48 @@ Test(seq, lexicon_random_lists_match_brute_force) {
     }
     cn_lexicon_free(lx);
   }
+}
+
+/* A lexicon file (CRLF and LF lines, empty lines, trailing '\r's, no
+ * final newline) finds exactly the spans of its word list. */
+Test(seq, lexicon_file_lines_as_the_list) {
+  char path[] = "/tmp/canopy-lexicon-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  static const char text[] = "ab\r\n\r\nabc\n\nb\r\r\nbca\n\n\ncab";
+  cr_assert_eq(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+  close(fd);
+  const char *words[] = {"ab", "abc", "b", "bca", "cab"};
+  cn_lexicon *file, *list;
+  cn_err err;
+  cr_assert_eq(cn_lexicon_load(path, &file, &err), 0, "%s", err.msg);
+  unlink(path);
+  cr_assert_eq(cn_lexicon_from_list(words, 5, &list), 0);
+  srand(5);
+  for (int trial = 0; trial < 300; trial++) {
+    int n = 1 + rand() % 16;
+    char s[16];
+    const char *cs[16];
+    int32_t ls[16];
+    for (int i = 0; i < n; i++) {
+      s[i] = "abc\r"[rand() % 4];
+      cs[i] = &s[i];
+      ls[i] = 1;
+    }
+    int32_t want[600][2];
+    ng = 0;
+    cn_lexicon_match(list, cs, ls, n, false, collect, NULL);
+    int nw = ng;
+    memcpy(want, got, sizeof(int32_t) * 2 * (size_t)nw);
+    ng = 0;
+    cn_lexicon_match(file, cs, ls, n, false, collect, NULL);
+    cr_assert_eq(ng, nw, "trial %d: %d spans from the file, %d from the "
+                 "list", trial, ng, nw);
+    cr_assert(memcmp(want, got, sizeof(int32_t) * 2 * (size_t)nw) == 0,
+              "trial %d: other spans", trial);
+  }
+  cn_lexicon_free(file);
+  cn_lexicon_free(list);
 }
 
 /* ---- tiny hand-checked cases ---- */

@@ -17,10 +17,8 @@
  * on the siblings' order.
  */
 #include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "input/input.h"
 
@@ -119,38 +117,31 @@ int cn_lexicon_load(const char *path, cn_lexicon **out, cn_err *err) {
 
 int cn_lexicon_load_at(int dirfd, const char *rel, const char *path,
                        cn_lexicon **out, cn_err *err) {
-  int rc = 0;
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t len;
-  int fd;
-  uint64_t size;
+  char *buf = NULL;
+  size_t len = 0;
   cn_lexicon *lx = NULL;
-  rc = cn__open_regular_at(dirfd, rel, path, CN__MAX_LEXICON_BYTES, &fd,
-                           &size, err);
+  /* the whole file in one read, split at each '\n' below: a line's
+   * trailing '\r's are dropped and empty lines skipped */
+  int rc = cn__read_regular_at(dirfd, rel, path, CN__MAX_LEXICON_BYTES, 0,
+                               &buf, &len, err);
   if (rc != 0) return rc;
-  FILE *f = fdopen(fd, "r");
-  if (f == NULL) {
-    close(fd);
-    return cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);
-  }
   lx = lexicon_new();
   if (lx == NULL) {
     rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);
     goto out;
   }
-  while ((len = getline(&line, &cap, f)) >= 0) {
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-      line[--len] = '\0';
-    if (len == 0) continue;
-    if (insert(lx, line, (size_t)len) != 0) {
+  for (size_t at = 0; at < len;) {
+    const char *nl = memchr(buf + at, '\n', len - at);
+    size_t end = nl != NULL ? (size_t)(nl - buf) : len, next = end + 1;
+    while (end > at && buf[end - 1] == '\r') end--;
+    if (end > at && insert(lx, buf + at, end - at) != 0) {
       rc = cn_err_set(err, CN_E_NOMEM, "%s: no memory for the lexicon", path);
       goto out;
     }
+    at = next;
   }
 out:
-  free(line);
-  fclose(f);
+  free(buf);
   if (rc != 0) {
     cn_lexicon_free(lx);
     return rc;
