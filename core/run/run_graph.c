@@ -244,6 +244,23 @@ int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
   return v;
 }
 
+/* Why: a build() that knows how many vertices and edges its instance
+ * adds (a tree: its nodes and outputs) makes room once and writes the
+ * arrays in place, instead of a room test and a possible call a vertex.
+ * The arrays grow as cn__run_add_vertex_grow grows them, by doubling,
+ * to the same capacities. */
+int cn__run_vertex_room(cn_run *r, int32_t vertices, int32_t edges) {
+  int64_t nv = (int64_t)r->nv + vertices, ne = (int64_t)r->ne + edges;
+  if (vertices < 0 || edges < 0 || nv > INT32_MAX / 2 || ne > INT32_MAX)
+    return -1;
+  if (nv > r->cap_v) {
+    int64_t c = r->cap_v ? r->cap_v : 256;
+    while (c < nv) c *= 2;
+    if (vertex_room(r, (size_t)c) != 0) return -1;
+  }
+  return grow((void **)&r->in_edges, &r->cap_e, (int32_t)ne, sizeof(int32_t));
+}
+
 int32_t *cn__run_build_room(cn_run *r, int64_t n) {
   if (n <= r->cap_build_room) return r->build_room;
   int64_t c = r->cap_build_room ? r->cap_build_room : 256;
