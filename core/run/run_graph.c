@@ -271,8 +271,8 @@ int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
 /* Why: a build() that knows how many vertices and edges its instance
  * adds (a tree: its nodes and outputs) makes room once and writes the
  * arrays in place, instead of a room test and a possible call a vertex.
- * The arrays grow as cn__run_add_vertex_grow grows them, by doubling,
- * to the same capacities. */
+ * The arrays grow as cn__run_add_vertex_grow grows them: by doubling,
+ * to the run's projected size at once. */
 int cn__run_vertex_room(cn_run *r, int32_t vertices, int32_t edges) {
   int64_t nv = (int64_t)r->nv + vertices, ne = (int64_t)r->ne + edges;
   if (vertices < 0 || edges < 0 || nv > INT32_MAX / 2 || ne > INT32_MAX)
