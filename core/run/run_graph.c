@@ -191,16 +191,16 @@ static int vertex_room(cn_run *r, size_t c) {
  * by (cn_run_reserve), and grew them by doubling as its instances came,
  * copying each array a dozen times. When an array must grow, the slots
  * reserved for the run (cap_slots) tell how many instances are to come:
- * `used` entries for the n_slots added so far project to
- * used * cap_slots / n_slots for all of them, and the array grows to
- * that and an eighth at once (doubling still).
- * Returns what to grow to: at least `used`. */
+ * `used` entries for the n_slots - 1 instances added so far (and part
+ * of the one being added) project to used * cap_slots / (n_slots - 1)
+ * for all of them, and the array grows to that and an eighth at once
+ * (doubling still). Returns what to grow to: at least `used`. */
 static int64_t projected(const cn_run *r, int64_t used) {
   /* under 256 entries the instances so far are too few to go by (one
    * small tree first would leave the arrays to grow again) */
-  if (used < 256 || r->n_slots < 1 || r->cap_slots <= r->n_slots)
+  if (used < 256 || r->n_slots < 2 || r->cap_slots <= r->n_slots)
     return used;
-  int64_t p = used * r->cap_slots / r->n_slots;
+  int64_t p = used * r->cap_slots / (r->n_slots - 1);
   p += p / 8; /* the first instances may be smaller than the rest */
   if (p > INT32_MAX / 4) p = INT32_MAX / 4;
   return p > used ? p : used;
