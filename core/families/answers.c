@@ -10,6 +10,75 @@
 
 #include "families/families.h"
 
+/* A tree's vertices written straight into the run's arrays, which have
+ * room for them (cn__run_vertex_room): what cn__run_add_vertex does a
+ * vertex, in closed form. The nodes are added backwards (children come
+ * after their parent in pre-order, so every child before its parent):
+ * node i is vertex top - i, its inputs are top - child, and the edges
+ * before its own are those of the nodes after it, cs[n] - cs[i + 1].
+ * Nothing reads back what it wrote, so each array is one pass, and the
+ * arrays come in restrict-qualified, so that storing a vertex's type (a
+ * byte, which may alias anything) does not make the compiler reload the
+ * others after it. Then one output vertex for each of the first n_out
+ * nodes. Fills the slot's node map (nodev). */
+static void tree_vertices(const cn_tree_types *tt, const cn_instance *inst,
+                          int slot, int32_t n_out, int32_t nv0, int32_t ne0,
+                          int32_t *restrict nodev, uint8_t *restrict vtype,
+                          int32_t *restrict vslot, int32_t *restrict vnode,
+                          int32_t *restrict vaux, int32_t *restrict in_start,
+                          int32_t *restrict in_edges,
+                          int64_t *restrict n_of_type) {
+  const int32_t *restrict cs = inst->child_start;
+  const int32_t *restrict children = inst->tree.children;
+  const int32_t *restrict ids = inst->ids;
+  const uint8_t *restrict node_type = inst->node_type;
+  const int32_t n = inst->tree.n_nodes, top = nv0 + n - 1;
+  const int32_t ne_end = ne0 + (cs[n] - cs[0]); /* after the nodes' edges */
+  for (int32_t i = 0; i < n; i++) {
+    nodev[i] = top - i;
+    vslot[top - i] = slot;
+    vnode[top - i] = i;
+    vaux[top - i] = ids[i];
+    in_start[top - i + 1] = ne_end - (cs[i] - cs[0]);
+  }
+  if (tt->by_node_type) {
+    for (int32_t i = 0; i < n; i++) {
+      vtype[top - i] = node_type[i];
+      n_of_type[node_type[i]]++;
+    }
+  } else {
+    const int leaf = tt->leaf, ia = tt->internal_a, ib = tt->internal_b;
+    int32_t n_leaf = 0, n_b = 0;
+    for (int32_t i = 0; i < n; i++) {
+      int type = leaf;
+      if (cs[i + 1] == cs[i])
+        n_leaf++;
+      else if (ib >= 0 && node_type[i] == 'b')
+        type = ib, n_b++;
+      else
+        type = ia;
+      vtype[top - i] = (uint8_t)type;
+    }
+    n_of_type[leaf] += n_leaf;
+    n_of_type[ia] += n - n_leaf - n_b;
+    if (ib >= 0) n_of_type[ib] += n_b;
+  }
+  int32_t *restrict e = in_edges + ne0;
+  for (int32_t i = n - 1; i >= 0; i--)
+    for (int32_t k = cs[i]; k < cs[i + 1]; k++) *e++ = top - children[k];
+  const int out = tt->output;
+  for (int32_t i = 0; i < n_out; i++) {
+    int32_t v = top + 1 + i;
+    vtype[v] = (uint8_t)out;
+    vslot[v] = slot;
+    vnode[v] = i;
+    vaux[v] = 0;
+    in_edges[ne_end + i] = top - i;
+    in_start[v + 1] = ne_end + i + 1;
+  }
+  n_of_type[out] += n_out;
+}
+
 int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   const cn_instance *inst = r->slots[slot].inst;
   const cn_tree *t = &inst->tree;
@@ -29,8 +98,25 @@ int cn__tree_build(cn_run *r, int slot, const cn_tree_types *tt) {
   for (int32_t i = 0; i < n; i += 64) __builtin_prefetch(inst->node_type + i);
   int32_t base = cn__run_reserve_nodes(r, n);
   if (base < 0) return CN_E_NOMEM;
-  /* Children come after their parent in pre-order, so walking the nodes
-   * backwards adds every child before its parent. */
+  int32_t n_out = (flags & CN_OUT_ALL) ? n : 1;
+  if (r->live == NULL) {
+    /* a planned run: room for the whole tree at once (its edges: every
+     * node's children, and one an output), then written in place */
+    if (cn__run_vertex_room(r, n + n_out, (cs[n] - cs[0]) + n_out) != 0)
+      return CN_E_NOMEM;
+    int32_t nv = r->nv, ne = r->ne;
+    tree_vertices(tt, inst, slot, n_out, nv, ne, r->node_vertex + base,
+                  r->vtype, r->vslot, r->vnode, r->vaux, r->in_start,
+                  r->in_edges, r->n_of_type);
+    r->slots[slot].out_v0 = nv + n;
+    r->nv = nv + n + n_out;
+    r->ne = ne + (cs[n] - cs[0]) + n_out;
+    r->slots[slot].node_v0 = base;
+    r->slots[slot].n_out = n_out;
+    return 0;
+  }
+  /* A dynamic run: each vertex through cn__run_add_vertex, which tells
+   * the run's frontier of it. */
   for (int32_t i = n - 1; i >= 0; i--) {
     int32_t first = cs[i], n_children = cs[i + 1] - first;
     int type = tt->leaf;

@@ -182,6 +182,10 @@ static inline int32_t cn__run_add_vertex(cn_run *r, int type, int slot,
   r->n_of_type[type]++;
   return v;
 }
+/* Room for `vertices` more vertices and `edges` more input edges, for a
+ * build() that then writes the arrays itself (a planned run only: a
+ * dynamic run's frontier must see each vertex); 0 or -1 (no memory). */
+int cn__run_vertex_room(cn_run *r, int32_t vertices, int32_t edges);
 /* Reserves n entries of node_vertex for a slot; returns the first. */
 int32_t cn__run_reserve_nodes(cn_run *r, int32_t n);
 /* Room for n int32_t that a build() works in while it adds one instance

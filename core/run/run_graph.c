@@ -187,6 +187,25 @@ static int vertex_room(cn_run *r, size_t c) {
   return 0;
 }
 
+/* Why: a run's first chunk has no last run to size its graph arrays
+ * by (cn_run_reserve), and grew them by doubling as its instances came,
+ * copying each array a dozen times. When an array must grow, the slots
+ * reserved for the run (cap_slots) tell how many instances are to come:
+ * `used` entries for the n_slots - 1 instances added so far (and part
+ * of the one being added) project to used * cap_slots / (n_slots - 1)
+ * for all of them, and the array grows to that and an eighth at once
+ * (doubling still). Returns what to grow to: at least `used`. */
+static int64_t projected(const cn_run *r, int64_t used) {
+  /* under 256 entries the instances so far are too few to go by (one
+   * small tree first would leave the arrays to grow again) */
+  if (used < 256 || r->n_slots < 2 || r->cap_slots <= r->n_slots)
+    return used;
+  int64_t p = used * r->cap_slots / (r->n_slots - 1);
+  p += p / 8; /* the first instances may be smaller than the rest */
+  if (p > INT32_MAX / 4) p = INT32_MAX / 4;
+  return p > used ? p : used;
+}
+
 /* Why: a run of a thousand lattices grows its graph arrays from 256
  * entries by doubling, copying each array a dozen times; the caller
  * that knows the last run's size has them allocated at once. Edges are
@@ -210,11 +229,16 @@ int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
                                 int n_inputs) {
   int32_t v = r->nv;
   if (v + 1 > r->cap_v) {
-    /* All per-vertex arrays share one capacity, doubled when full. */
-    if (vertex_room(r, r->cap_v ? (size_t)r->cap_v * 2 : 256) != 0)
-      return -1;
+    /* All per-vertex arrays share one capacity, doubled when full (to
+     * the instances to come, projected, at once). */
+    int64_t c = r->cap_v ? (int64_t)r->cap_v * 2 : 256,
+            want = projected(r, (int64_t)v + 1);
+    while (c < want) c *= 2;
+    if (c > INT32_MAX / 2 || vertex_room(r, (size_t)c) != 0) return -1;
   }
-  if (grow((void **)&r->in_edges, &r->cap_e, r->ne + n_inputs,
+  if (r->ne + n_inputs > r->cap_e &&
+      grow((void **)&r->in_edges, &r->cap_e,
+           (int32_t)projected(r, (int64_t)r->ne + n_inputs),
            sizeof(int32_t)))
     return -1;
   r->vtype[v] = (uint8_t)type;
@@ -244,6 +268,26 @@ int32_t cn__run_add_vertex_grow(cn_run *r, int type, int slot, int node,
   return v;
 }
 
+/* Why: a build() that knows how many vertices and edges its instance
+ * adds (a tree: its nodes and outputs) makes room once and writes the
+ * arrays in place, instead of a room test and a possible call a vertex.
+ * The arrays grow as cn__run_add_vertex_grow grows them: by doubling,
+ * to the run's projected size at once. */
+int cn__run_vertex_room(cn_run *r, int32_t vertices, int32_t edges) {
+  int64_t nv = (int64_t)r->nv + vertices, ne = (int64_t)r->ne + edges;
+  if (vertices < 0 || edges < 0 || nv > INT32_MAX / 2 || ne > INT32_MAX)
+    return -1;
+  if (nv > r->cap_v) {
+    int64_t c = r->cap_v ? r->cap_v : 256, want = projected(r, nv);
+    while (c < want) c *= 2;
+    if (vertex_room(r, (size_t)c) != 0) return -1;
+  }
+  if (ne > r->cap_e)
+    return grow((void **)&r->in_edges, &r->cap_e, (int32_t)projected(r, ne),
+                sizeof(int32_t));
+  return 0;
+}
+
 int32_t *cn__run_build_room(cn_run *r, int64_t n) {
   if (n <= r->cap_build_room) return r->build_room;
   int64_t c = r->cap_build_room ? r->cap_build_room : 256;
@@ -258,7 +302,9 @@ int32_t *cn__run_build_room(cn_run *r, int64_t n) {
 /* Reserves the node -> vertex map of a slot (n nodes, filled by build()). */
 int32_t cn__run_reserve_nodes(cn_run *r, int32_t n) {
   int32_t at = r->n_nodev;
-  if (grow((void **)&r->node_vertex, &r->cap_nodev, at + n, sizeof(int32_t)))
+  if ((int64_t)at + n > r->cap_nodev &&
+      grow((void **)&r->node_vertex, &r->cap_nodev,
+           (int32_t)projected(r, (int64_t)at + n), sizeof(int32_t)))
     return -1;
   r->n_nodev = at + n;
   return at;
