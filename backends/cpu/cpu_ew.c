@@ -97,15 +97,19 @@ typedef struct ew_step {
  *   of the block (EW_BLOCKS_2D), else row by row;
  * ew_<op>_serial: the plain loop in column order, for an instruction
  *   whose d overlaps a source at other columns (core emits none). */
-#define EW_BLOCK(V, ARITY, EXPR)                                           \
-  for (; j + (int)(sizeof(V) / 4) <= w; j += (int)(sizeof(V) / 4)) {      \
+/* One block of V at column j: a (and b) loaded, EXPR stored to d. */
+#define EW_ONE(V, ARITY, EXPR)                                             \
+  do {                                                                     \
     V a, b = {0}, d_;                                                      \
     memcpy(&a, pa + j, sizeof(V));                                         \
     if (ARITY == 2) memcpy(&b, pb + j, sizeof(V));                         \
     (void)b;                                                               \
     d_ = (EXPR);                                                           \
     memcpy(pd + j, &d_, sizeof(V));                                        \
-  }
+  } while (0)
+#define EW_BLOCK(V, ARITY, EXPR)                                           \
+  for (; j + (int)(sizeof(V) / 4) <= w; j += (int)(sizeof(V) / 4))        \
+    EW_ONE(V, ARITY, EXPR);
 /* `rows` rows of w floats, w a multiple of the block, as one loop over
  * the blocks: row by row, each row's blocks in order (the blocks
  * EW_BLOCK makes of it), with nothing to set up per row, so the op's
@@ -114,12 +118,7 @@ typedef struct ew_step {
  * again). */
 #define EW_BLOCKS_2D(V, ARITY, EXPR)                                       \
   for (int j = 0; r < rows;) {                                             \
-    V a, b = {0}, d_;                                                      \
-    memcpy(&a, pa + j, sizeof(V));                                         \
-    if (ARITY == 2) memcpy(&b, pb + j, sizeof(V));                         \
-    (void)b;                                                               \
-    d_ = (EXPR);                                                           \
-    memcpy(pd + j, &d_, sizeof(V));                                        \
+    EW_ONE(V, ARITY, EXPR);                                                \
     j += (int)(sizeof(V) / 4);                                             \
     if (j == w) {                                                          \
       j = 0;                                                               \
